@@ -1,0 +1,86 @@
+# CERNenv Lab — GNU make entry points. `make` (or `make help`) lists targets.
+#
+# Everything runs inside $(VENV), which `make setup` creates on demand from
+# requirements.txt (+ the cernenv package in editable mode).
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(PY) -m pip
+PIP_FLAGS ?= --progress-bar off
+
+# Stamp: (re)install only when requirements.txt or pyproject.toml change.
+STAMP = $(VENV)/.installed
+
+# Jupyter kernel used by papermill. It is installed into the venv prefix
+# (--sys-prefix), so its kernel.json points at $(VENV)/bin/python by absolute
+# path and is found first when jupyter runs from the venv.
+KERNEL      ?= cernenv
+KERNEL_SPEC  = $(VENV)/share/jupyter/kernels/$(KERNEL)/kernel.json
+
+# pytest-xdist workers (the machines have 2 cores).
+JOBS        ?= 2
+PYTEST_ARGS ?=
+
+# Notebooks executed headlessly by `make reproduce`, in this order.
+# Append later notebooks here (names without .ipynb, relative to notebooks/).
+NOTEBOOKS ?= 01_explore_environment
+BUILD     ?= build
+NB_OUT     = $(addprefix $(BUILD)/,$(addsuffix .ipynb,$(NOTEBOOKS)))
+PAPERMILL_FLAGS ?= --no-progress-bar
+
+# lib/ is imported from the repo root (not installed); notebooks run with
+# --cwd notebooks and bench scripts run from bench/, so put the root on the path.
+RUN_ENV = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" MPLBACKEND=Agg
+
+.PHONY: help setup test reproduce bench clean distclean FORCE
+
+help: ## list targets
+	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+setup: $(STAMP) $(KERNEL_SPEC) ## create the venv and install requirements.txt + cernenv (-e)
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 required, found " + sys.version.split()[0])'
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): requirements.txt pyproject.toml | $(PY)
+	$(PIP) install $(PIP_FLAGS) --upgrade pip
+	$(PIP) install $(PIP_FLAGS) -r requirements.txt
+	$(PIP) install $(PIP_FLAGS) --no-deps -e .
+	$(PY) -c 'import torch; print("torch", torch.__version__, "cuda:", torch.cuda.is_available())'
+	touch $@
+
+$(KERNEL_SPEC): $(STAMP)
+	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python ($(KERNEL))"
+
+test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
+	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+
+reproduce: setup $(NB_OUT) ## execute NOTEBOOKS headlessly with papermill into build/
+
+# Always re-executed (FORCE): outputs depend on code, not just the .ipynb.
+# `make build/<name>.ipynb` runs a single notebook.
+$(BUILD)/%.ipynb: setup FORCE
+	@test -f notebooks/$*.ipynb || { echo "error: notebooks/$*.ipynb not found" >&2; exit 1; }
+	@mkdir -p $(@D)
+	$(RUN_ENV) $(PY) -m papermill notebooks/$*.ipynb $@ --cwd notebooks -k $(KERNEL) $(PAPERMILL_FLAGS)
+
+bench: setup ## run the environment benchmark (bench/bench_env.py)
+	$(RUN_ENV) $(PY) bench/bench_env.py
+
+clean: ## remove build/ and caches (keeps the venv)
+	rm -rf $(BUILD) dist .pytest_cache .hypothesis .ipynb_checkpoints *.egg-info
+	find . -path ./$(VENV) -prune -o -path ./.git -prune -o \
+	  \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 | xargs -0 -r rm -rf
+
+distclean: clean ## clean + remove the venv
+	rm -rf $(VENV)
+
+FORCE:
