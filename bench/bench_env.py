@@ -1,0 +1,84 @@
+"""In-process, single-core throughput of CERNenv.
+
+    make bench            # or: python bench/bench_env.py --random-steps 20000 --heuristic-episodes 300
+
+Prints steps/s for uniformly random actions (RandomAgent, episodes reset as they end)
+and episodes/s for HeuristicAgent over a fixed mix of curated and procedural scenarios.
+Targets (issue 2): >= 2,000 random steps/s and >= 50 heuristic episodes/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # single core: no BLAS threads
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from cernenv import CERNCollisionEnvironment  # noqa: E402
+from cernenv.scenarios import DIFFICULTIES, list_scenarios  # noqa: E402
+from lib.agents import HeuristicAgent, RandomAgent  # noqa: E402
+
+RANDOM_STEPS_TARGET = 2000.0
+HEURISTIC_EPISODES_TARGET = 50.0
+
+
+def episode_specs(n: int):
+    """A fixed mix: every curated scenario, then procedural ones of every difficulty."""
+    curated = list_scenarios()
+    for i in range(n):
+        if i % 2 == 0:
+            yield i, curated[(i // 2) % len(curated)], None
+        else:
+            yield i, None, DIFFICULTIES[(i // 2) % len(DIFFICULTIES)]
+
+
+def bench_random(n_steps: int) -> float:
+    env, agent = CERNCollisionEnvironment(), RandomAgent(seed=0)
+    specs = episode_specs(10**9)
+    steps = 0
+    start = time.perf_counter()
+    while steps < n_steps:
+        seed, scenario, difficulty = next(specs)
+        agent.reset()
+        obs = env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
+        while not obs.done and steps < n_steps:
+            obs = env.step(agent.act(obs))
+            steps += 1
+    return steps / (time.perf_counter() - start)
+
+
+def bench_heuristic(n_episodes: int) -> tuple[float, float]:
+    env, agent = CERNCollisionEnvironment(), HeuristicAgent()
+    steps = 0
+    start = time.perf_counter()
+    for seed, scenario, difficulty in episode_specs(n_episodes):
+        agent.reset()
+        obs = env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
+        while not obs.done:
+            obs = env.step(agent.act(obs))
+            steps += 1
+    elapsed = time.perf_counter() - start
+    return n_episodes / elapsed, steps / elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--random-steps", type=int, default=20000)
+    parser.add_argument("--heuristic-episodes", type=int, default=300)
+    args = parser.parse_args()
+    bench_heuristic(4)  # warm-up: imports, caches
+    random_rate = bench_random(args.random_steps)
+    episode_rate, step_rate = bench_heuristic(args.heuristic_episodes)
+    print(f"{'benchmark':<34}{'measured':>12}{'target':>10}")
+    print(f"{'random actions [steps/s]':<34}{random_rate:>12.0f}{RANDOM_STEPS_TARGET:>10.0f}")
+    print(f"{'HeuristicAgent [episodes/s]':<34}{episode_rate:>12.1f}{HEURISTIC_EPISODES_TARGET:>10.0f}")
+    print(f"{'HeuristicAgent [steps/s]':<34}{step_rate:>12.0f}{'':>10}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

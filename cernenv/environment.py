@@ -1,0 +1,747 @@
+"""`CERNCollisionEnvironment`: an LHC discovery campaign as an OpenEnv environment."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import numpy as np
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import EnvironmentMetadata
+
+from cernenv.actions import ACTION_TABLE, Prerequisite, render_action_table_markdown
+from cernenv.detector import (
+    BEAM_ENERGIES,
+    CALIBRATION_BIAS_FACTOR,
+    CHANNELS,
+    MAX_CALIBRATION_LEVEL,
+    mass_resolution_gev,
+    PILEUP_SETTINGS,
+    RECONSTRUCTIONS,
+    TRIGGERS,
+)
+from cernenv.models import (
+    ActionType,
+    CernState,
+    ChannelData,
+    CollisionObservation,
+    DiscoveryClaim,
+    ExperimentAction,
+    ResourceUsage,
+    TaskInfo,
+)
+from cernenv.physics.angular import allowed_spins, spin_likelihoods
+from cernenv.physics.shapes import background_bin_fractions, signal_bin_fractions
+from cernenv.physics.fitting import fit_background_only, fit_signal_plus_background
+from cernenv.physics.scan import scan_local_significance
+from cernenv.physics.significance import (
+    asimov_significance,
+    count_upcrossings,
+    expected_upcrossings,
+    global_significance,
+    profile_likelihood_significance,
+)
+from cernenv.rewards import (
+    COMPONENT_NAMES,
+    MILESTONE_REWARD,
+    REDUNDANCY_PENALTY,
+    VIOLATION_PENALTY,
+    grade_claim,
+    render_reward_table_markdown,
+)
+from cernenv.rules import SOFT_VIOLATIONS, RuleViolation, Violation, check_resources, missing_prerequisite, parse_action
+from cernenv.scenarios import Scenario, make_scenario
+from cernenv.simulation import MAX_SPECTRUM_BINS, MIN_SPECTRUM_BINS, CollisionRecorder, Spectrum
+
+# Spurious-signal systematic: background mismodelling can fake a signal. ATLAS's H→γγ
+# analysis accepted a background function only if its spurious signal stayed below 20%
+# of the statistical uncertainty of the fitted signal (PLB 716 (2012) 1, Sect. 5.4); we
+# take that largest allowed value, 0.2·√B with B the background within ±2σ_m.
+SPURIOUS_SIGNAL_STAT_FRACTION = 0.2
+LUMINOSITY_UNCERTAINTY_FRAC = 0.017  # ATLAS Run-2 luminosity, EPJC 83 (2023) 982
+HISTORY_LENGTH = 12
+
+
+def _r(value: Optional[float], digits: int = 4) -> Optional[float]:
+    """Round to `digits` significant figures: compact, text-friendly and byte-stable."""
+    if value is None or not np.isfinite(value):
+        return None
+    return float(f"{float(value):.{digits}g}")
+
+
+@dataclass
+class _Episode:
+    scenario: Scenario
+    seed: int
+    recorder: CollisionRecorder
+    episode_id: str
+    beam_energy_tev: Optional[float] = None
+    pileup: Optional[str] = None
+    trigger: Optional[str] = None
+    channel: Optional[str] = None
+    booked_fb: float = 0.0
+    luminosity_fb: float = 0.0
+    budget_used_musd: float = 0.0
+    time_used_days: float = 0.0
+    spectrum: Optional[Spectrum] = None
+    background_only: Any = None  # background-only fit of `spectrum`, computed once
+    background_fit: Any = None  # from subtract_background (possibly a sideband fit)
+    resonance_fit: Any = None
+    scan: Any = None
+    systematics: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    analysed_luminosity_fb: float = 0.0
+    candidates_gev: List[float] = field(default_factory=list)
+    best_significance: float = 0.0
+    milestones: Set[str] = field(default_factory=set)
+    paid_milestones: Set[str] = field(default_factory=set)
+    terminal_components: Dict[str, float] = field(default_factory=dict)
+    seen_actions: Set[str] = field(default_factory=set)
+    data_version: int = 0
+    history: List[str] = field(default_factory=list)
+    latest_result: Dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+
+
+class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservation, CernState]):
+    __doc__ = ""  # assembled below from the models, so the tables cannot drift
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, default_max_steps: Optional[int] = None) -> None:
+        super().__init__()
+        self._default_max_steps = default_max_steps
+        self._episode: Optional[_Episode] = None
+        self._state = CernState()
+
+    # OpenEnv API -----------------------------------------------------------------------
+
+    @property
+    def max_steps(self) -> int:
+        if self._episode is not None:
+            return self._default_max_steps or self._episode.scenario.max_steps
+        return self._default_max_steps or 30
+
+    @property
+    def state(self) -> CernState:
+        return self._state.model_copy(deep=True)
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, scenario: Optional[str] = None,
+              difficulty: Optional[str] = None, **kwargs: Any) -> CollisionObservation:
+        """Start a campaign. Same `seed` (and scenario/difficulty) → same hidden world."""
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy % (2**31))
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        chosen = make_scenario(int(seed), scenario=scenario, difficulty=difficulty)
+        rng = np.random.default_rng([int(seed), 31337])
+        recorder = CollisionRecorder(chosen.search_window_gev, chosen.channels, chosen.truth, rng)
+        episode_id = episode_id or str(uuid.UUID(int=int(rng.integers(2**63)) << 64 | int(seed), version=4))
+        self._episode = _Episode(scenario=chosen, seed=int(seed), recorder=recorder, episode_id=episode_id)
+        self._state = CernState(episode_id=episode_id, step_count=0, scenario_name=chosen.name,
+                                difficulty=chosen.difficulty,
+                                reward_components={name: 0.0 for name in COMPONENT_NAMES})
+        self._episode.latest_result = {"message": "campaign started: configure the beam"}
+        return self._observation(reward=0.0, breakdown={}, violations=[])
+
+    def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
+        """Apply one action. Never raises on bad input: the observation carries the violation."""
+        episode = self._episode
+        if episode is None:
+            self.reset(seed=0)
+            episode = self._episode
+        if episode.done:
+            message = str(RuleViolation(Violation.EPISODE_DONE, "the episode is over; call reset() to start another"))
+            return self._observation(reward=0.0, breakdown={}, violations=[message])
+
+        self._state.step_count += 1
+        breakdown = {name: 0.0 for name in ("milestones", "violations", "redundancy")}
+        violations: List[str] = []
+        label = "invalid"
+        try:
+            parsed, params = parse_action(action)
+            label = parsed.action_type.value
+            redundancy_key = self._redundancy_key(parsed)
+            result = self._execute(parsed.action_type, params)
+            if redundancy_key in episode.seen_actions:
+                violations.append(str(RuleViolation(Violation.REDUNDANT_ACTION,
+                                                    "same action and parameters on unchanged data: same result")))
+                breakdown["redundancy"] = REDUNDANCY_PENALTY
+            episode.seen_actions.add(redundancy_key)
+            episode.latest_result = {"action": label, **result}
+            episode.history.append(f"{label}: ok")
+        except RuleViolation as violation:
+            violations.append(str(violation))
+            breakdown["violations"] = VIOLATION_PENALTY
+            episode.latest_result = {"action": label, "error": str(violation)}
+            episode.history.append(f"{label}: {violation.code.value}")
+        except Exception as error:  # a bug must not take the episode down; report it as a violation
+            violations.append(f"{Violation.INVALID_PARAMETERS.value}: could not run {label}: "
+                              f"{type(error).__name__}: {str(error)[:200]}")
+            breakdown["violations"] = VIOLATION_PENALTY
+            episode.latest_result = {"action": label, "error": violations[-1]}
+            episode.history.append(f"{label}: failed")
+
+        new_milestones = episode.milestones - episode.paid_milestones
+        episode.paid_milestones |= new_milestones
+        breakdown["milestones"] = MILESTONE_REWARD * len(new_milestones)
+        if not episode.done:
+            ended = self._end_reason()
+            if ended:
+                episode.latest_result["episode_end"] = ended
+                self._grade(None)
+        if episode.done:
+            breakdown.update(episode.terminal_components)
+        return self._observation(reward=float(sum(breakdown.values())), breakdown=breakdown, violations=violations)
+
+    def hidden_truth(self) -> Dict[str, Any]:
+        """The hidden particle, for graders and evaluation code only (never for the agent)."""
+        if self._episode is None:
+            raise RuntimeError("call reset() before hidden_truth()")
+        return self._episode.scenario.hidden_truth()
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return EnvironmentMetadata(
+            name="cernenv",
+            description="A simulated LHC discovery campaign: take data, fit a spectrum, claim a discovery (or not).",
+            version="0.1.0",
+        )
+
+    # Bookkeeping -----------------------------------------------------------------------
+
+    def _redundancy_key(self, action: ExperimentAction) -> str:
+        params = json.dumps(action.parameters, sort_keys=True, default=str)
+        return f"{action.action_type.value}|{params}|{self._episode.data_version}"
+
+    def _end_reason(self) -> Optional[str]:
+        episode = self._episode
+        if self._state.step_count >= self.max_steps:
+            return "max_steps reached without a claim"
+        if episode.scenario.budget_musd - episode.budget_used_musd <= 1e-9:
+            return "budget exhausted without a claim"
+        if episode.scenario.time_days - episode.time_used_days <= 1e-9:
+            return "time exhausted without a claim"
+        return None
+
+    def _charge(self, cost_musd: float, time_days: float) -> None:
+        episode = self._episode
+        check_resources(cost_musd, time_days, episode.scenario.budget_musd - episode.budget_used_musd,
+                        episode.scenario.time_days - episode.time_used_days)
+        episode.budget_used_musd += cost_musd
+        episode.time_used_days += time_days
+
+    def _satisfied(self, channel: Optional[str]) -> Dict[Prerequisite, bool]:
+        episode = self._episode
+        record = episode.recorder.records.get(channel) if channel else None
+        selected = episode.recorder.records.get(episode.channel) if episode.channel else None
+        return {
+            Prerequisite.BEAM_CONFIGURED: episode.beam_energy_tev is not None,
+            Prerequisite.TRIGGER_SET: episode.trigger is not None,
+            Prerequisite.LUMINOSITY_ALLOCATED: episode.booked_fb > 0,
+            Prerequisite.CHANNEL_DATA: record is not None and record.luminosity_fb > 0,
+            Prerequisite.CHANNEL_SELECTED: episode.channel is not None,
+            Prerequisite.RECONSTRUCTED: selected is not None and selected.reconstruction is not None,
+            Prerequisite.SPECTRUM_BUILT: episode.spectrum is not None,
+            Prerequisite.FIT_DONE: episode.resonance_fit is not None,
+        }
+
+    def _require_option(self, kind: str, value: Any, options: Tuple[Any, ...]) -> None:
+        if value not in options:
+            raise RuleViolation(Violation.UNAVAILABLE_OPTION,
+                                f"{kind} {value!r} is not available in this task; choose one of {list(options)}")
+
+    # Actions ---------------------------------------------------------------------------
+
+    def _execute(self, action_type: ActionType, params: Any) -> Dict[str, Any]:
+        channel = getattr(params, "channel", None)
+        if channel is not None:
+            self._require_option("channel", channel, self._episode.scenario.channels)
+        prerequisite = missing_prerequisite(action_type, self._satisfied(channel))
+        if prerequisite is not None:
+            raise prerequisite
+        handler: Callable[[Any], Dict[str, Any]] = getattr(self, f"_do_{action_type.value}")
+        return handler(params)  # each handler checks its rules and charges before it changes state
+
+    def _charge_table(self, action_type: ActionType, extra_musd: float = 0.0, extra_days: float = 0.0) -> None:
+        spec = ACTION_TABLE[action_type]
+        self._charge(spec.cost_musd + extra_musd, spec.time_days + extra_days)
+
+    def _do_configure_beam(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        energy = float(params.beam_energy_tev)
+        self._require_option("beam_energy_tev", energy, episode.scenario.beam_energies_tev)
+        if episode.luminosity_fb > 0:
+            raise RuleViolation(Violation.BEAM_LOCKED, "collisions are already recorded at "
+                                f"{episode.beam_energy_tev:g} TeV; one campaign runs at one beam setting")
+        self._charge_table(ActionType.CONFIGURE_BEAM)
+        episode.beam_energy_tev, episode.pileup = energy, params.pileup
+        beam, pileup = BEAM_ENERGIES[energy], PILEUP_SETTINGS[params.pileup]
+        return {"beam_energy_tev": energy, "pileup": params.pileup,
+                "cost_musd_per_fb": beam.cost_musd_per_fb,
+                "days_per_fb": _r(beam.days_per_fb / pileup.luminosity_rate_factor)}
+
+    def _do_allocate_luminosity(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        requested = float(params.luminosity_fb)
+        left = episode.scenario.luminosity_fb - episode.luminosity_fb - episode.booked_fb
+        if requested > left + 1e-9:
+            raise RuleViolation(Violation.LUMINOSITY_LIMIT,
+                                f"only {left:.4g} fb^-1 of the campaign's {episode.scenario.luminosity_fb:g} are left")
+        cost = requested * BEAM_ENERGIES[episode.beam_energy_tev].cost_musd_per_fb
+        self._charge_table(ActionType.ALLOCATE_LUMINOSITY, extra_musd=cost)
+        episode.booked_fb += requested
+        return {"booked_fb": _r(episode.booked_fb), "cost_musd": _r(cost)}
+
+    def _do_set_trigger(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        self._require_option("trigger", params.trigger, episode.scenario.triggers)
+        self._charge_table(ActionType.SET_TRIGGER)
+        episode.trigger = params.trigger
+        factor = PILEUP_SETTINGS[episode.pileup].trigger_efficiency_factor
+        return {"trigger": params.trigger,
+                "efficiency": {ch: _r(TRIGGERS[params.trigger].get(ch, 0.0) * factor)
+                               for ch in episode.scenario.channels}}
+
+    def _do_collect_collisions(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        requested = float(params.luminosity_fb)
+        if requested > episode.booked_fb + 1e-9:
+            raise RuleViolation(Violation.NOT_ENOUGH_BOOKED,
+                                f"{episode.booked_fb:.4g} fb^-1 booked; allocate_luminosity for more")
+        days = requested * BEAM_ENERGIES[episode.beam_energy_tev].days_per_fb
+        days /= PILEUP_SETTINGS[episode.pileup].luminosity_rate_factor
+        self._charge_table(ActionType.COLLECT_COLLISIONS, extra_days=days)
+        recorded = episode.recorder.collect(requested, episode.beam_energy_tev, episode.pileup, TRIGGERS[episode.trigger])
+        episode.booked_fb -= requested
+        episode.luminosity_fb += requested
+        episode.data_version += 1
+        if any(recorded.values()):
+            episode.milestones.add("collisions_collected")
+        return {"luminosity_fb": _r(requested), "days": _r(days), "events_recorded": recorded}
+
+    def _do_calibrate_detector(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        record = episode.recorder.records[params.channel]
+        if record.calibration_level >= MAX_CALIBRATION_LEVEL:
+            raise RuleViolation(Violation.FULLY_CALIBRATED,
+                                f"{params.channel} is already at the highest calibration level")
+        self._charge_table(ActionType.CALIBRATE_DETECTOR)
+        record.calibration_level += 1
+        episode.data_version += 1
+        return {"channel": params.channel, "calibration_level": record.calibration_level,
+                "energy_scale_uncertainty_frac": _r(self._scale_uncertainty(params.channel)),
+                "resolution_at_window_centre_gev": _r(self._resolution(params.channel))}
+
+    def _do_reconstruct_tracks(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        quality = RECONSTRUCTIONS[params.quality]
+        self._charge(quality.cost_musd, quality.days)
+        record = episode.recorder.records[params.channel]
+        record.reconstruction = params.quality
+        episode.data_version += 1
+        return {"channel": params.channel, "quality": params.quality,
+                "resolution_at_window_centre_gev": _r(self._resolution(params.channel))}
+
+    def _do_select_channel(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        self._charge_table(ActionType.SELECT_CHANNEL)
+        if episode.channel != params.channel:
+            episode.channel = params.channel
+            episode.spectrum = episode.background_only = episode.background_fit = None
+            episode.resonance_fit = episode.scan = None
+        record = episode.recorder.records[params.channel]
+        return {"channel": params.channel, "luminosity_fb": _r(record.luminosity_fb),
+                "recorded_events": record.recorded_events, "reconstructed": record.reconstruction is not None}
+
+    def _do_build_invariant_mass(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        lo_window, hi_window = episode.scenario.search_window_gev
+        lo = max(lo_window, params.mass_min_gev or lo_window)
+        hi = min(hi_window, params.mass_max_gev or hi_window)
+        if hi <= lo:
+            raise RuleViolation(Violation.INVALID_PARAMETERS,
+                                f"the range must overlap the search window [{lo_window:g}, {hi_window:g}] GeV")
+        finest = float(self._record_resolution(episode.channel, lo))
+        width = params.bin_width_gev or self._default_bin_width(episode.channel, lo, hi)
+        if width > finest * 1.0001:
+            raise RuleViolation(Violation.INVALID_PARAMETERS,
+                                f"bin_width_gev {width:.4g} is wider than the mass resolution {finest:.4g} GeV at "
+                                f"{lo:g} GeV: a narrow peak would be lost in one bin; choose bins ≤ {finest:.4g} GeV")
+        n_bins = (hi - lo) / width
+        if not MIN_SPECTRUM_BINS <= n_bins <= MAX_SPECTRUM_BINS:
+            raise RuleViolation(Violation.INVALID_PARAMETERS,
+                                f"{n_bins:.0f} bins; choose bin_width_gev between {(hi - lo) / MAX_SPECTRUM_BINS:.3g} "
+                                f"and {(hi - lo) / MIN_SPECTRUM_BINS:.3g} GeV")
+        self._charge_table(ActionType.BUILD_INVARIANT_MASS)
+        spectrum = episode.recorder.build_spectrum(episode.channel, (lo, hi), width, episode.beam_energy_tev,
+                                                   episode.pileup)
+        episode.spectrum, episode.background_only, episode.background_fit = spectrum, None, None
+        episode.resonance_fit = episode.scan = None
+        episode.data_version += 1
+        episode.milestones.add("spectrum_built")
+        counts, edges = spectrum.counts, spectrum.edges_gev
+        peak = int(np.argmax(counts / np.diff(edges)))
+        return {"channel": episode.channel, "events": int(counts.sum()), "bins": int(counts.size),
+                "range_gev": [_r(edges[0]), _r(edges[-1])], "bin_width_gev": _r(edges[1] - edges[0]),
+                "resolution_at_window_centre_gev": _r(self._resolution(episode.channel)),
+                "densest_bin_gev": _r(0.5 * (edges[peak] + edges[peak + 1]))}
+
+    def _do_subtract_background(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        spectrum = episode.spectrum
+        edges, counts = spectrum.edges_gev, spectrum.counts
+        centres = 0.5 * (edges[:-1] + edges[1:])
+        mask = np.ones_like(counts, dtype=bool)
+        region = params.signal_region_gev
+        if params.method == "sideband":
+            mask = (centres < region[0]) | (centres > region[1])
+            if mask.sum() < 6:
+                raise RuleViolation(Violation.INVALID_PARAMETERS, "the signal region leaves too few sideband bins")
+        self._charge_table(ActionType.SUBTRACT_BACKGROUND)
+        fit = (fit_background_only(edges, counts, spectrum.sqrt_s_tev, mask=mask) if params.method == "sideband"
+               else self._background_only(spectrum))
+        expected = background_expectation(fit, edges, spectrum.sqrt_s_tev)
+        episode.background_fit = fit
+        residual = (counts - expected) / np.sqrt(np.maximum(expected, 1.0))
+        worst = int(np.argmax(residual))
+        result: Dict[str, Any] = {"method": params.method, "background_fit_converged": bool(fit.converged),
+                                  "largest_excess_gev": _r(centres[worst]),
+                                  "largest_excess_bin_pull": _r(residual[worst], 3)}
+        if region is not None:
+            inside = (centres >= region[0]) & (centres <= region[1])
+            observed, background = float(counts[inside].sum()), float(expected[inside].sum())
+            result.update({"signal_region_gev": [_r(region[0]), _r(region[1])], "observed": int(observed),
+                           "expected_background": _r(background), "excess": _r(observed - background),
+                           "excess_error": _r(np.sqrt(max(observed, 1.0)))})
+        return result
+
+    def _do_fit_resonance(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        spectrum = episode.spectrum
+        edges = spectrum.edges_gev
+        start = params.mass_hint_gev or (episode.scan.best_mass_gev if episode.scan else None)
+        if start is None:
+            counts = spectrum.counts
+            background = (episode.background_background_expectation(fit, edges, spectrum.sqrt_s_tev)
+                          if episode.background_fit else np.median(counts))
+            centres = 0.5 * (edges[:-1] + edges[1:])
+            start = float(centres[int(np.argmax(counts - background))])
+        if not edges[0] < start < edges[-1]:
+            raise RuleViolation(Violation.INVALID_PARAMETERS,
+                                f"mass_hint_gev must lie in the spectrum [{edges[0]:g}, {edges[-1]:g}] GeV")
+        self._charge_table(ActionType.FIT_RESONANCE)
+        resolution = float(spectrum.resolution_gev(start))
+        window_width = edges[-1] - edges[0]
+        fit = fit_signal_plus_background(edges, spectrum.counts, spectrum.sqrt_s_tev, resolution, start,
+                                         max_width_gev=(0.25 * window_width if params.float_width else 0.0),
+                                         background=self._background_only(spectrum))
+        episode.resonance_fit = fit
+        episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
+        episode.milestones.add("resonance_fitted")
+        return {"mass_gev": _r(fit.mass_gev, 6), "mass_err_gev": _r(fit.mass_err_gev, 3),
+                "width_gev": _r(fit.width_gev, 3), "width_err_gev": _r(fit.width_err_gev, 3),
+                "signal_yield": _r(fit.signal_yield), "signal_yield_err": _r(fit.signal_yield_err, 3),
+                "background_yield": _r(fit.background_yield), "resolution_gev": _r(resolution, 3),
+                "chi2_per_ndof": _r(fit.chi2 / max(fit.ndof, 1), 3), "fit_p_value": _r(fit.fit_p_value, 3),
+                "converged": bool(fit.converged)}
+
+    def _do_scan_bump(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        spectrum = episode.spectrum
+        edges = spectrum.edges_gev
+        centre = 0.5 * (edges[0] + edges[-1])
+        step = params.step_gev or float(spectrum.resolution_gev(centre))
+        n_points = int((edges[-1] - edges[0]) / step)
+        if not 5 <= n_points <= 400:
+            raise RuleViolation(Violation.INVALID_PARAMETERS,
+                                f"{n_points} scan points; choose step_gev between {(edges[-1] - edges[0]) / 400:.3g} "
+                                f"and {(edges[-1] - edges[0]) / 5:.3g} GeV")
+        self._charge_table(ActionType.SCAN_BUMP)
+        grid = np.linspace(edges[0] + step, edges[-1] - step, max(n_points - 1, 3))
+        scan = scan_local_significance(edges, spectrum.counts, spectrum.sqrt_s_tev, spectrum.resolution_gev, grid,
+                                       background=self._background_only(spectrum))
+        episode.scan = scan
+        episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
+        episode.candidates_gev = [_r(m, 5) for m in scan.candidates_gev]
+        return {"best_mass_gev": _r(scan.best_mass_gev, 5), "best_z_local": _r(scan.best_z_local, 3),
+                "candidates_gev": episode.candidates_gev, "points": int(len(grid)),
+                "upcrossings_z1": int(count_upcrossings(np.asarray(scan.z_local), 1.0))}
+
+    def _do_measure_angular(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        spectrum = episode.spectrum
+        sigma = float(spectrum.resolution_gev(params.mass_gev))
+        half = params.window_sigma * sigma
+        cos_counts = spectrum.cos_counts(params.mass_gev - half, params.mass_gev + half)
+        if cos_counts.sum() < 5:
+            raise RuleViolation(Violation.INVALID_PARAMETERS,
+                                f"only {int(cos_counts.sum())} events within ±{params.window_sigma:g}σ of "
+                                f"{params.mass_gev:g} GeV; pick the candidate mass or widen window_sigma")
+        self._charge_table(ActionType.MEASURE_ANGULAR)
+        result = spin_likelihoods(cos_counts, spectrum.channel,
+                                  signal_fraction=self._fitted_signal_fraction(params.mass_gev, half, cos_counts.sum()))
+        return {"mass_gev": _r(params.mass_gev), "events": int(cos_counts.sum()),
+                "allowed_spins": list(allowed_spins(spectrum.channel)),
+                "relative_likelihood": {f"spin_{j}": _r(p, 3) for j, p in result.relative_likelihood.items()},
+                "best_spin": int(result.best_spin), "separation_2dlnl": _r(result.separation, 3),
+                "signal_fraction": _r(result.signal_fraction, 3)}
+
+    def _do_estimate_significance(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        spectrum = episode.spectrum
+        edges = spectrum.edges_gev
+        if not edges[0] < params.mass_gev < edges[-1]:
+            raise RuleViolation(Violation.INVALID_PARAMETERS,
+                                f"mass_gev must lie in the spectrum [{edges[0]:g}, {edges[-1]:g}] GeV")
+        self._charge_table(ActionType.ESTIMATE_SIGNIFICANCE)
+        with_systematics = spectrum.channel in episode.systematics
+        result = self._significance(spectrum, params.mass_gev, with_systematics,
+                                    scan_z=np.asarray(episode.scan.z_local) if episode.scan else None)
+        episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
+        episode.best_significance = max(episode.best_significance, result["z_global"] or 0.0)
+        episode.milestones.add("significance_estimated")
+        return result
+
+    def _do_request_systematics(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        self._charge_table(ActionType.REQUEST_SYSTEMATICS)
+        channel = episode.spectrum.channel
+        spectrum = episode.spectrum
+        centre = 0.5 * (spectrum.edges_gev[0] + spectrum.edges_gev[-1])
+        systematics = {
+            "energy_scale_frac": _r(self._scale_uncertainty(channel)),
+            "resolution_frac": 0.1,
+            "luminosity_frac": LUMINOSITY_UNCERTAINTY_FRAC,
+            "spurious_signal_frac_of_stat_error": SPURIOUS_SIGNAL_STAT_FRACTION,
+            "mass_scale_error_at_centre_gev": _r(self._scale_uncertainty(channel) * centre, 3),
+        }
+        episode.systematics[channel] = systematics
+        return {"channel": channel, **systematics, "note": "estimate_significance now includes systematics"}
+
+    def _do_request_theory_review(self, params) -> Dict[str, Any]:
+        episode = self._episode
+        spectrum, fit = episode.spectrum, episode.resonance_fit
+        self._charge_table(ActionType.REQUEST_THEORY_REVIEW)
+        sigma = float(spectrum.resolution_gev(params.mass_gev))
+        background = self._background_under_peak(spectrum, params.mass_gev, sigma)
+        signal = max(fit.signal_yield, 0.0) * 0.95
+        z_now = float(asimov_significance(signal, max(background, 1e-3))) if signal > 0 else 0.0
+        lumi = spectrum.luminosity_fb
+        needed = lumi * (5.0 / z_now) ** 2 if z_now > 0 else None
+        narrow = fit.width_gev < 2.0 * max(fit.width_err_gev, 1e-9) or fit.width_gev < 0.5 * sigma
+        return {"channel": spectrum.channel, "allowed_spins": list(allowed_spins(spectrum.channel)),
+                "landau_yang": spectrum.channel == "diphoton",
+                "expected_z_at_current_yield": _r(z_now, 3),
+                "luminosity_for_expected_5sigma_fb": _r(needed, 3),
+                "background_per_fb_under_peak": _r(background / max(lumi, 1e-12), 3),
+                "width_consistent_with_resolution": bool(narrow)}
+
+    def _do_submit_discovery_claim(self, claim: DiscoveryClaim) -> Dict[str, Any]:
+        components = self._grade(claim)
+        return {"graded": True, **{k: _r(v, 3) for k, v in components.items()}}
+
+    # Physics helpers -------------------------------------------------------------------
+
+    def _record_resolution(self, channel: str, mass_gev: float) -> float:
+        """Mass resolution [GeV] of `channel` at `mass_gev` in its current detector state."""
+        episode = self._episode
+        record = episode.recorder.records[channel]
+        return float(mass_resolution_gev(record.channel, mass_gev, record.calibration_level,
+                                         record.reconstruction or "standard", episode.pileup or "nominal"))
+
+    def _default_bin_width(self, channel: str, lo_gev: float, hi_gev: float) -> float:
+        """Half the resolution at the window centre, at most 100 bins, never wider than the
+        resolution at the low edge (so a narrow peak spans several bins)."""
+        finest = self._record_resolution(channel, lo_gev)
+        return min(finest, max(0.5 * self._resolution(channel), (hi_gev - lo_gev) / 100))
+
+    def _resolution(self, channel: str) -> float:
+        lo, hi = self._episode.scenario.search_window_gev
+        return self._record_resolution(channel, 0.5 * (lo + hi))
+
+    def _fitted_signal_fraction(self, mass_gev: float, half_width_gev: float, events: float) -> Optional[float]:
+        """Signal fraction in [m − half, m + half] from the resonance fit, when one was made near
+        `mass_gev`; None lets the spin fit profile it (less powerful: spin 0 + background can
+        mimic spin 1)."""
+        fit = self._episode.resonance_fit
+        if fit is None or abs(fit.mass_gev - mass_gev) > half_width_gev or events <= 0:
+            return None
+        sigma = float(self._episode.spectrum.resolution_gev(fit.mass_gev))
+        edges = np.linspace(mass_gev - half_width_gev, mass_gev + half_width_gev, 41)
+        inside = float(signal_bin_fractions(edges, fit.mass_gev, fit.width_gev, sigma).sum())
+        return float(np.clip(max(fit.signal_yield, 0.0) * inside / events, 0.0, 1.0))
+
+    def _scale_uncertainty(self, channel: str) -> float:
+        """Residual energy-scale uncertainty (1σ of the uniform bias range) after calibration."""
+        record = self._episode.recorder.records[channel]
+        return record.channel.energy_scale_bias_max_frac * CALIBRATION_BIAS_FACTOR[record.calibration_level] / np.sqrt(3)
+
+    def _background_only(self, spectrum: Spectrum):
+        """The background-only fit of `spectrum`, fitted once and reused by every action."""
+        episode = self._episode
+        if episode.spectrum is spectrum:
+            if episode.background_only is None:
+                episode.background_only = fit_background_only(spectrum.edges_gev, spectrum.counts,
+                                                              spectrum.sqrt_s_tev)
+            return episode.background_only
+        return fit_background_only(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev)
+
+    def _background_under_peak(self, spectrum: Spectrum, mass_gev: float, sigma_gev: float,
+                               background=None) -> float:
+        fit = background or self._background_only(spectrum)
+        expected = background_expectation(fit, spectrum.edges_gev, spectrum.sqrt_s_tev)
+        centres = 0.5 * (spectrum.edges_gev[:-1] + spectrum.edges_gev[1:])
+        return float(expected[np.abs(centres - mass_gev) <= 2.0 * sigma_gev].sum())
+
+    def _significance(self, spectrum: Spectrum, mass_gev: float, with_systematics: bool,
+                      scan_z: Optional[np.ndarray]) -> Dict[str, Any]:
+        sigma = float(spectrum.resolution_gev(mass_gev))
+        background = self._background_only(spectrum)
+        spurious = (SPURIOUS_SIGNAL_STAT_FRACTION
+                    * np.sqrt(self._background_under_peak(spectrum, mass_gev, sigma, background))
+                    if with_systematics else 0.0)
+        local = profile_likelihood_significance(
+            spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev, sigma, mass_gev,
+            spurious_signal_events=spurious, mass_bounds_gev=(mass_gev - 2 * sigma, mass_gev + 2 * sigma),
+            background=background)
+        if scan_z is not None:
+            upcrossings, source = count_upcrossings(scan_z, 1.0), "scan"
+        else:
+            upcrossings = expected_upcrossings(spectrum.edges_gev[-1] - spectrum.edges_gev[0], sigma, 1.0)
+            source = "analytic"
+        p_global, z_global, trials = global_significance(local.z_local, upcrossings, 1.0)
+        return {"mass_gev": _r(mass_gev), "q0": _r(local.q0, 4), "z_local": _r(local.z_local, 3),
+                "p_local": _r(local.p_local, 3), "z_global": _r(z_global, 3), "p_global": _r(p_global, 3),
+                "trials_factor": _r(trials, 3), "upcrossings_source": source,
+                "systematics_included": bool(with_systematics)}
+
+    def _grade(self, claim: Optional[DiscoveryClaim]) -> Dict[str, float]:
+        """Terminal components; ends the episode and fills the grading fields of the state."""
+        episode = self._episode
+        z_local = z_global = 0.0
+        if claim is not None and claim.discovered and claim.channel in episode.recorder.records:
+            record = episode.recorder.records[claim.channel]
+            lo, hi = episode.scenario.search_window_gev
+            if record.luminosity_fb > 0 and lo < claim.mass_gev < hi:
+                reference = episode.recorder.build_spectrum(
+                    claim.channel, (lo, hi), self._default_bin_width(claim.channel, lo, hi),
+                    episode.beam_energy_tev, episode.pileup)
+                result = self._significance(reference, claim.mass_gev, True, None)
+                z_local, z_global = result["z_local"] or 0.0, result["z_global"] or 0.0
+        grade = grade_claim(
+            claim, episode.scenario.hidden_truth(), reference_z_local=z_local, reference_z_global=z_global,
+            luminosity_analysed_fraction=episode.analysed_luminosity_fb / episode.scenario.luminosity_fb,
+            budget_left_fraction=1.0 - episode.budget_used_musd / episode.scenario.budget_musd)
+        episode.done = True
+        episode.terminal_components = dict(grade.components)
+        state = self._state
+        state.terminal_reward = float(sum(grade.components.values()))
+        state.discovered = grade.discovered
+        state.correct_mass, state.correct_channel, state.correct_spin = (
+            grade.correct_mass, grade.correct_channel, grade.correct_spin)
+        episode.latest_result["reference_z_local"] = _r(z_local, 3)
+        episode.latest_result["reference_z_global"] = _r(z_global, 3)
+        return grade.components
+
+    # Observation -----------------------------------------------------------------------
+
+    def _observation(self, reward: float, breakdown: Dict[str, float], violations: List[str]) -> CollisionObservation:
+        episode = self._episode
+        scenario = episode.scenario
+        if breakdown:
+            self._state.cumulative_reward += reward
+            for name, value in breakdown.items():
+                self._state.reward_components[name] = self._state.reward_components.get(name, 0.0) + value
+        task = TaskInfo(
+            scenario_name=scenario.name if scenario.curated else "procedural", difficulty=scenario.difficulty,
+            problem_statement=scenario.summary, search_window_gev=scenario.search_window_gev,
+            available_channels=list(scenario.channels), available_triggers=list(scenario.triggers),
+            available_beam_energies_tev=list(scenario.beam_energies_tev), budget_total_musd=scenario.budget_musd,
+            luminosity_total_fb=scenario.luminosity_fb, time_total_days=scenario.time_days, max_steps=self.max_steps)
+        usage = ResourceUsage(
+            budget_used_musd=_r(episode.budget_used_musd, 6),
+            budget_remaining_musd=_r(scenario.budget_musd - episode.budget_used_musd, 6),
+            luminosity_used_fb=_r(episode.luminosity_fb, 6),
+            luminosity_remaining_fb=_r(scenario.luminosity_fb - episode.luminosity_fb, 6),
+            luminosity_allocated_fb=_r(episode.booked_fb, 6),
+            time_used_days=_r(episode.time_used_days, 6),
+            time_remaining_days=_r(scenario.time_days - episode.time_used_days, 6))
+        data = {name: ChannelData(luminosity_fb=_r(rec.luminosity_fb, 6), recorded_events=rec.recorded_events,
+                                  calibration_level=rec.calibration_level, reconstruction=rec.reconstruction)
+                for name, rec in episode.recorder.records.items() if rec.luminosity_fb > 0}
+        return CollisionObservation(
+            task=task, step_index=self._state.step_count, resource_usage=usage,
+            selected_beam_energy=episode.beam_energy_tev, selected_pileup=episode.pileup,
+            selected_trigger=episode.trigger, selected_channel=episode.channel, data_collected=data,
+            latest_result=dict(episode.latest_result), candidate_masses_gev=list(episode.candidates_gev),
+            cumulative_significance=_r(episode.best_significance, 3) or 0.0,
+            pipeline_history=episode.history[-HISTORY_LENGTH:], rule_violations=violations,
+            reward_breakdown={k: _r(v, 6) for k, v in breakdown.items()}, done=episode.done,
+            reward=_r(reward, 6))
+
+
+def background_expectation(fit, edges_gev: np.ndarray, sqrt_s_tev: float) -> np.ndarray:
+    """Expected background per bin from a background-only fit."""
+    return fit.background_yield * background_bin_fractions(edges_gev, sqrt_s_tev, fit.p1, fit.p2)
+
+
+def _field_table(model) -> str:
+    rows = ["| field | type | description |", "|---|---|---|"]
+    for name, info in model.model_fields.items():
+        if name == "metadata":
+            continue
+        annotation = str(info.annotation).replace("typing.", "").replace("cernenv.models.", "")
+        annotation = getattr(info.annotation, "__name__", annotation)
+        rows.append(f"| `{name}` | {annotation} | {(info.description or '').replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+CERNCollisionEnvironment.__doc__ = f"""A simulated LHC discovery campaign, as an OpenEnv environment.
+
+## Description
+The agent runs a resonance search: it configures the beam, books and collects
+luminosity, chooses a trigger and a decay channel, calibrates and reconstructs,
+builds an invariant-mass spectrum, fits it (extended binned likelihood, iminuit),
+scans for bumps, measures the decay-angle distribution, estimates the
+profile-likelihood significance with the look-elsewhere effect, and finally
+submits a discovery claim. The claim is graded against a hidden particle, or
+against "nothing there" in null scenarios.
+
+## Action Space
+`ExperimentAction(action_type, parameters, justification)`; the parameters of each
+verb are validated against its model in `cernenv.actions.ACTION_TABLE`:
+
+{render_action_table_markdown()}
+
+## Observation Space
+`CollisionObservation`:
+
+{_field_table(CollisionObservation)}
+
+`task` (`TaskInfo`) states the problem without the answer:
+
+{_field_table(TaskInfo)}
+
+## Rewards
+{render_reward_table_markdown()}
+
+## Starting State
+`reset(seed, scenario=None, difficulty=None)` picks a curated scenario by name
+(`cernenv.scenarios.list_scenarios()`), else a procedural one of the difficulty
+(`easy|medium|hard`, drawn from the seed when not given). Nothing is configured,
+no data are recorded, the full budget, luminosity and time are available.
+
+## Episode End
+The episode ends on `submit_discovery_claim`, when the budget or the time is
+exhausted, or after `max_steps` steps; the last two are graded as "no claim".
+Stepping after the end returns an observation with an `EPISODE_DONE` violation.
+
+## Example
+>>> from cernenv import CERNCollisionEnvironment, ExperimentAction
+>>> env = CERNCollisionEnvironment()
+>>> obs = env.reset(seed=7, scenario="higgs_diphoton_125")
+>>> obs = env.step(ExperimentAction(action_type="configure_beam", parameters={{"beam_energy_tev": 13.6}}))
+>>> obs.selected_beam_energy
+13.6
+"""

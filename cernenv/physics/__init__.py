@@ -1,0 +1,50 @@
+"""Physics and statistics layer of CERNenv: line shapes, fits, significance, bump scan, spin.
+
+Pure functions on numpy arrays; no environment or agent state.
+"""
+
+from .angular import (
+    CHANNELS,
+    SpinResult,
+    allowed_spins,
+    angular_bin_probabilities,
+    angular_density,
+    background_angular_probabilities,
+    spin_likelihoods,
+)
+from .fitting import BackgroundFit, ResonanceFit, fit_background_only, fit_signal_plus_background
+from .scan import BumpScan, scan_local_significance
+from .significance import (
+    LocalSignificance,
+    asimov_significance,
+    count_upcrossings,
+    expected_upcrossings,
+    global_significance,
+    p_from_z,
+    profile_likelihood_significance,
+    z_from_p,
+)
+
+__all__ = [
+    "CHANNELS",
+    "BackgroundFit",
+    "BumpScan",
+    "LocalSignificance",
+    "ResonanceFit",
+    "SpinResult",
+    "allowed_spins",
+    "angular_bin_probabilities",
+    "angular_density",
+    "asimov_significance",
+    "background_angular_probabilities",
+    "count_upcrossings",
+    "expected_upcrossings",
+    "fit_background_only",
+    "fit_signal_plus_background",
+    "global_significance",
+    "p_from_z",
+    "profile_likelihood_significance",
+    "scan_local_significance",
+    "spin_likelihoods",
+    "z_from_p",
+]

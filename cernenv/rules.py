@@ -1,0 +1,108 @@
+"""The rules engine: every way an action can be refused, with a message a person can act on.
+
+Hard violations stop the action from running (and cost `VIOLATION_PENALTY`); the
+soft one (`REDUNDANT_ACTION`) lets it run and costs `REDUNDANCY_PENALTY`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Dict, Optional, Tuple
+
+from pydantic import BaseModel, ValidationError
+
+from cernenv.actions import ACTION_TABLE, Prerequisite
+from cernenv.models import ActionType, ExperimentAction
+
+
+class Violation(str, Enum):
+    INVALID_ACTION = "INVALID_ACTION"
+    INVALID_PARAMETERS = "INVALID_PARAMETERS"
+    EPISODE_DONE = "EPISODE_DONE"
+    MISSING_PREREQUISITE = "MISSING_PREREQUISITE"
+    UNAVAILABLE_OPTION = "UNAVAILABLE_OPTION"
+    BEAM_LOCKED = "BEAM_LOCKED"
+    INSUFFICIENT_BUDGET = "INSUFFICIENT_BUDGET"
+    INSUFFICIENT_TIME = "INSUFFICIENT_TIME"
+    LUMINOSITY_LIMIT = "LUMINOSITY_LIMIT"
+    NOT_ENOUGH_BOOKED = "NOT_ENOUGH_BOOKED"
+    FULLY_CALIBRATED = "FULLY_CALIBRATED"
+    REDUNDANT_ACTION = "REDUNDANT_ACTION"
+
+
+SOFT_VIOLATIONS = frozenset({Violation.REDUNDANT_ACTION})
+
+# What to do when a prerequisite is missing.
+PREREQUISITE_HINTS: Dict[Prerequisite, str] = {
+    Prerequisite.BEAM_CONFIGURED: "configure_beam first",
+    Prerequisite.TRIGGER_SET: "set_trigger first",
+    Prerequisite.LUMINOSITY_ALLOCATED: "allocate_luminosity first",
+    Prerequisite.CHANNEL_DATA: "collect_collisions with a trigger that records this channel first",
+    Prerequisite.CHANNEL_SELECTED: "select_channel first",
+    Prerequisite.RECONSTRUCTED: "reconstruct_tracks for the selected channel first",
+    Prerequisite.SPECTRUM_BUILT: "build_invariant_mass first",
+    Prerequisite.FIT_DONE: "fit_resonance first",
+}
+
+
+@dataclass(frozen=True)
+class RuleViolation(Exception):
+    code: Violation
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.code.value}: {self.message}"
+
+
+def _describe(error: ValidationError, limit: int = 3) -> str:
+    parts = []
+    for item in error.errors()[:limit]:
+        where = ".".join(str(p) for p in item.get("loc", ())) or "parameters"
+        parts.append(f"{where}: {item.get('msg', 'invalid')}")
+    more = len(error.errors()) - limit
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def parse_action(raw: Any) -> Tuple[ExperimentAction, BaseModel]:
+    """Validate any JSON-compatible input into (action, its typed parameters), or raise RuleViolation."""
+    if isinstance(raw, ExperimentAction):
+        action = raw
+    elif isinstance(raw, dict):
+        action_type = raw.get("action_type")
+        if action_type not in {a.value for a in ActionType} and not isinstance(action_type, ActionType):
+            raise RuleViolation(Violation.INVALID_ACTION,
+                                f"unknown action_type {str(action_type)[:60]!r}; use one of "
+                                f"{', '.join(a.value for a in ActionType)}")
+        try:
+            action = ExperimentAction.model_validate(raw)
+        except ValidationError as error:
+            raise RuleViolation(Violation.INVALID_ACTION, f"malformed action: {_describe(error)}") from None
+    else:
+        raise RuleViolation(Violation.INVALID_ACTION,
+                            'an action is a JSON object {"action_type": ..., "parameters": {...}}, '
+                            f"got {type(raw).__name__}")
+    spec = ACTION_TABLE[action.action_type]
+    try:
+        params = spec.params.model_validate(action.parameters)
+    except ValidationError as error:
+        raise RuleViolation(Violation.INVALID_PARAMETERS,
+                            f"{action.action_type.value}: {_describe(error)}") from None
+    return action, params
+
+
+def missing_prerequisite(action_type: ActionType, satisfied: Dict[Prerequisite, bool]) -> Optional[RuleViolation]:
+    for prerequisite in ACTION_TABLE[action_type].prerequisites:
+        if not satisfied[prerequisite]:
+            return RuleViolation(Violation.MISSING_PREREQUISITE,
+                                 f"{action_type.value} needs {prerequisite.value}: {PREREQUISITE_HINTS[prerequisite]}")
+    return None
+
+
+def check_resources(cost_musd: float, time_days: float, budget_left_musd: float, time_left_days: float) -> None:
+    if cost_musd > budget_left_musd + 1e-9:
+        raise RuleViolation(Violation.INSUFFICIENT_BUDGET,
+                            f"needs {cost_musd:.4g} M$ but {budget_left_musd:.4g} M$ are left; do less, or claim")
+    if time_days > time_left_days + 1e-9:
+        raise RuleViolation(Violation.INSUFFICIENT_TIME,
+                            f"needs {time_days:.4g} days but {time_left_days:.4g} are left; do less, or claim")

@@ -1,0 +1,197 @@
+"""Recorded collisions and their reconstruction into invariant-mass spectra.
+
+Background is recorded as Poisson counts on a fine (mass × |cos θ*|) grid over the
+search window; the smooth continuum is insensitive to the detector smearing, so it
+is drawn directly at reconstructed level (an approximation we accept). Signal is
+recorded event by event (true mass, a standard-normal smearing draw, a selection
+draw and a decay-angle bin), so a later calibration or reconstruction re-processes
+*the same events*, as re-reconstruction does in a real experiment.
+
+Every random draw comes from the episode's generator, so an episode is reproducible
+from its seed and its actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import hist
+import numpy as np
+
+from cernenv.detector import (
+    CALIBRATION_BIAS_FACTOR,
+    CHANNELS,
+    PILEUP_SETTINGS,
+    RECONSTRUCTIONS,
+    Channel,
+    cross_section_scale,
+    expected_background_events,
+    mass_resolution_gev,
+)
+from cernenv.physics.angular import angular_bin_probabilities, background_angular_probabilities
+from cernenv.scenarios import ParticleTruth
+
+N_FINE_BINS = 1200
+N_COS_BINS = 10
+MIN_SPECTRUM_BINS = 10
+MAX_SPECTRUM_BINS = 400
+# The loosest selection ("fast") keeps this much background relative to "standard";
+# background is recorded at that level and thinned for tighter selections.
+_LOOSEST_BACKGROUND = max(r.background_efficiency_factor for r in RECONSTRUCTIONS.values())
+
+
+@dataclass
+class ChannelRecord:
+    """Everything recorded in one decay channel during the episode."""
+
+    channel: Channel
+    background_counts: np.ndarray  # (N_FINE_BINS, N_COS_BINS), loosest selection
+    energy_scale_bias_frac: float  # hidden; calibration shrinks it
+    luminosity_fb: float = 0.0
+    signal_true_mass_gev: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    signal_smear: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    signal_selection_draw: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    signal_cos_bin: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    calibration_level: int = 0
+    reconstruction: Optional[str] = None
+    selection_seed: int = 0
+
+    @property
+    def recorded_events(self) -> int:
+        return int(self.background_counts.sum() / _LOOSEST_BACKGROUND) + int(self.signal_true_mass_gev.size)
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """A reconstructed invariant-mass histogram (mass × |cos θ*| bin) of one channel."""
+
+    channel: str
+    histogram: hist.Hist
+    sqrt_s_tev: float
+    calibration_level: int
+    reconstruction: str
+    pileup: str
+    luminosity_fb: float
+
+    @property
+    def edges_gev(self) -> np.ndarray:
+        return self.histogram.axes[0].edges
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.histogram.values().sum(axis=1)
+
+    def resolution_gev(self, mass_gev):
+        return mass_resolution_gev(CHANNELS[self.channel], mass_gev, self.calibration_level,
+                                   self.reconstruction, self.pileup)
+
+    def cos_counts(self, mass_lo_gev: float, mass_hi_gev: float) -> np.ndarray:
+        """|cos θ*| counts of events with reconstructed mass in [lo, hi) (whole bins)."""
+        centres = self.histogram.axes[0].centers
+        inside = (centres >= mass_lo_gev) & (centres < mass_hi_gev)
+        return self.histogram.values()[inside].sum(axis=0)
+
+
+class CollisionRecorder:
+    """The episode's recorded data, channel by channel."""
+
+    def __init__(self, window_gev: Tuple[float, float], channels: Tuple[str, ...], truth: Optional[ParticleTruth],
+                 rng: np.random.Generator) -> None:
+        self.window_gev = window_gev
+        self.fine_edges_gev = np.linspace(window_gev[0], window_gev[1], N_FINE_BINS + 1)
+        self.truth = truth
+        self.rng = rng
+        self.records: Dict[str, ChannelRecord] = {}
+        for name in channels:
+            spec = CHANNELS[name]
+            self.records[name] = ChannelRecord(
+                channel=spec,
+                background_counts=np.zeros((N_FINE_BINS, N_COS_BINS), dtype=np.int64),
+                energy_scale_bias_frac=float(rng.uniform(-1, 1) * spec.energy_scale_bias_max_frac),
+                selection_seed=int(rng.integers(2**31)),
+            )
+
+    def collect(self, luminosity_fb: float, sqrt_s_tev: float, pileup: str,
+                trigger_efficiency: Dict[str, float]) -> Dict[str, int]:
+        """Record `luminosity_fb` of collisions; returns the events recorded per channel."""
+        recorded: Dict[str, int] = {}
+        pileup_factor = PILEUP_SETTINGS[pileup].trigger_efficiency_factor
+        for name, record in self.records.items():
+            efficiency = trigger_efficiency.get(name, 0.0) * pileup_factor
+            if efficiency <= 0.0:
+                continue
+            spec = record.channel
+            background = expected_background_events(spec, self.fine_edges_gev, sqrt_s_tev, luminosity_fb)
+            expected = np.outer(background * efficiency * _LOOSEST_BACKGROUND,
+                                background_angular_probabilities(name, N_COS_BINS))
+            drawn = self.rng.poisson(expected)
+            record.background_counts += drawn
+            n_signal = self._record_signal(record, luminosity_fb, sqrt_s_tev, efficiency)
+            record.luminosity_fb += luminosity_fb
+            recorded[name] = int(drawn.sum() / _LOOSEST_BACKGROUND) + n_signal
+        return recorded
+
+    def _record_signal(self, record: ChannelRecord, luminosity_fb: float, sqrt_s_tev: float,
+                       efficiency: float) -> int:
+        truth = self.truth
+        name = record.channel.name
+        if truth is None or truth.sigma_br_fb.get(name, 0.0) <= 0.0:
+            return 0
+        mean = (truth.sigma_br_fb[name] * cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production)
+                * luminosity_fb * record.channel.signal_efficiency * efficiency)
+        n = int(self.rng.poisson(mean))
+        if n == 0:
+            return 0
+        if truth.width_gev > 0:
+            true_mass = truth.mass_gev + 0.5 * truth.width_gev * self.rng.standard_cauchy(n)
+        else:
+            true_mass = np.full(n, truth.mass_gev)
+        probabilities = angular_bin_probabilities(truth.spin, name, N_COS_BINS)
+        record.signal_true_mass_gev = np.concatenate([record.signal_true_mass_gev, true_mass])
+        record.signal_smear = np.concatenate([record.signal_smear, self.rng.standard_normal(n)])
+        record.signal_selection_draw = np.concatenate([record.signal_selection_draw, self.rng.random(n)])
+        record.signal_cos_bin = np.concatenate([record.signal_cos_bin,
+                                                self.rng.choice(N_COS_BINS, size=n, p=probabilities)])
+        return n
+
+    def build_spectrum(self, channel: str, mass_range_gev: Tuple[float, float], bin_width_gev: float,
+                       sqrt_s_tev: float, pileup: str) -> Spectrum:
+        """Histogram the reconstructed events of `channel`. The range and bin width snap to the
+        fine recording grid (the returned histogram's edges are the ones used)."""
+        record = self.records[channel]
+        reconstruction = RECONSTRUCTIONS[record.reconstruction or "standard"]
+        fine_width = self.fine_edges_gev[1] - self.fine_edges_gev[0]
+        group = max(1, int(round(bin_width_gev / fine_width)))
+        first = int(np.clip(np.floor((mass_range_gev[0] - self.window_gev[0]) / fine_width + 1e-9), 0, N_FINE_BINS - 1))
+        last = int(np.clip(np.ceil((mass_range_gev[1] - self.window_gev[0]) / fine_width - 1e-9), first + 1, N_FINE_BINS))
+        n_bins = max(1, (last - first) // group)
+        last = first + n_bins * group
+        edges = self.fine_edges_gev[first:last + 1:group]
+
+        # Background: thin the loosest selection to this reconstruction, reproducibly.
+        thin_rng = np.random.default_rng([record.selection_seed, list(RECONSTRUCTIONS).index(reconstruction.name),
+                                          int(round(record.luminosity_fb * 1e6))])
+        kept_fraction = reconstruction.background_efficiency_factor / _LOOSEST_BACKGROUND
+        background = record.background_counts[first:last]
+        if kept_fraction < 1.0:
+            background = thin_rng.binomial(background, kept_fraction)
+        background = background.reshape(n_bins, group, N_COS_BINS).sum(axis=1)
+
+        histogram = hist.Hist(
+            hist.axis.Variable(edges, name="mass_gev", label=f"m({record.channel.final_state}) [GeV]"),
+            hist.axis.Integer(0, N_COS_BINS, name="cos_theta_bin", label="|cos θ*| bin", underflow=False,
+                              overflow=False),
+            storage=hist.storage.Int64(),
+        )
+        histogram.view()[...] = background
+        keep = record.signal_selection_draw < reconstruction.signal_efficiency_factor
+        if keep.any():
+            true_mass = record.signal_true_mass_gev[keep]
+            scale = 1.0 + record.energy_scale_bias_frac * CALIBRATION_BIAS_FACTOR[record.calibration_level]
+            sigma = mass_resolution_gev(record.channel, true_mass, record.calibration_level, reconstruction.name,
+                                        pileup)
+            reco_mass = true_mass * scale + sigma * record.signal_smear[keep]
+            histogram.fill(mass_gev=reco_mass, cos_theta_bin=record.signal_cos_bin[keep])
+        return Spectrum(channel, histogram, sqrt_s_tev, record.calibration_level, reconstruction.name, pileup,
+                        record.luminosity_fb)

@@ -1,0 +1,1 @@
+"""The learning side of CERNenv Lab: agents, rollouts, evaluation, evidence, training."""
