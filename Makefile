@@ -37,7 +37,7 @@ PAPERMILL_FLAGS ?= --no-progress-bar
 # --cwd notebooks and bench scripts run from bench/, so put the root on the path.
 RUN_ENV = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" MPLBACKEND=Agg
 
-.PHONY: help setup test reproduce bench clean distclean FORCE
+.PHONY: help setup test reproduce docs bench clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -71,6 +71,9 @@ $(BUILD)/%.ipynb: setup FORCE
 	@test -f notebooks/$*.ipynb || { echo "error: notebooks/$*.ipynb not found" >&2; exit 1; }
 	@mkdir -p $(@D)
 	$(RUN_ENV) $(PY) -m papermill notebooks/$*.ipynb $@ --cwd notebooks -k $(KERNEL) $(PAPERMILL_FLAGS)
+
+docs: $(STAMP) ## regenerate docs/environment.md from the code (cernenv.docs)
+	$(PY) -m cernenv.docs --write docs/environment.md
 
 bench: setup ## run the environment benchmark (bench/bench_env.py)
 	$(RUN_ENV) $(PY) bench/bench_env.py

@@ -6,6 +6,7 @@ all read `ACTION_TABLE`; nothing else lists actions.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Dict, List, Literal, Optional, Tuple, Type
@@ -80,7 +81,7 @@ class FitParams(_Params):
 
 
 class ScanParams(_Params):
-    step_gev: Optional[float] = Field(default=None, gt=0, lt=1.0e4, description="Scan step [GeV]; default: resolution.",
+    step_gev: Optional[float] = Field(default=None, gt=0, lt=1.0e4, description="Scan step [GeV]; default: half the resolution.",
                                       **_FINITE)
 
 
@@ -181,13 +182,23 @@ def parameter_schema(action_type: ActionType) -> Dict[str, Any]:
     return ACTION_TABLE[action_type].params.model_json_schema()
 
 
+def type_label(annotation: Any) -> str:
+    """A type as a person reads it in the docs: `Optional[float]`, `Literal['fast', 'tight']`."""
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    return re.sub(r"\b(typing|cernenv\.models|cernenv\.actions)\.", "", text)
+
+
+def markdown_cell(text: str) -> str:
+    """Escape what would break a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def _parameter_summary(model: Type[BaseModel]) -> str:
     parts: List[str] = []
     for name, field in model.model_fields.items():
-        annotation = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
         default = "" if field.is_required() else f"={field.default!r}"
-        parts.append(f"{name}: {annotation}{default}")
-    return ", ".join(parts) or "—"
+        parts.append(f"{name}: {type_label(field.annotation)}{default}")
+    return markdown_cell(", ".join(parts)) or "—"
 
 
 def render_action_table_markdown() -> str:
@@ -197,5 +208,5 @@ def render_action_table_markdown() -> str:
         cost = f"{spec.cost_musd:g} M$, {spec.time_days:g} d" + (f" {spec.cost_note}" if spec.cost_note else "")
         needs = ", ".join(p.value for p in spec.prerequisites) or "—"
         rows.append(f"| `{spec.action_type.value}` | {_parameter_summary(spec.params)} | {cost} | {needs} | "
-                    f"{spec.summary} Returns: {spec.returns}. |")
+                    f"{markdown_cell(spec.summary)} Returns: {markdown_cell(spec.returns)}. |")
     return "\n".join(rows)

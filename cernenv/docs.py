@@ -19,30 +19,12 @@ from cernenv.actions import ACTION_TABLE, Prerequisite, render_action_table_mark
 from cernenv.environment import _field_table
 from cernenv.models import ActionType, ChannelData, CollisionObservation, ResourceUsage, TaskInfo
 from cernenv.rewards import REDUNDANCY_PENALTY, VIOLATION_PENALTY, render_reward_table_markdown
-from cernenv.rules import PREREQUISITE_HINTS, SOFT_VIOLATIONS, Violation
+from cernenv.rules import PREREQUISITE_HINTS, SOFT_VIOLATIONS, VIOLATION_MEANINGS, Violation
 from cernenv.scenarios import CURATED, DIFFICULTIES
 
 DEFAULT_PATH = Path("docs") / "environment.md"
 # Stepping a finished episode is refused without a penalty (the episode is already graded).
 _UNPENALISED = frozenset({Violation.EPISODE_DONE})
-
-# What each violation code means (the messages themselves are written where they are raised).
-VIOLATION_MEANINGS: Dict[Violation, str] = {
-    Violation.INVALID_ACTION: "The input is not an action: unknown `action_type` or a malformed object.",
-    Violation.INVALID_PARAMETERS: "The parameters do not validate against the verb's model, or make no sense "
-                                  "for the current data (range outside the window, too many bins, ...).",
-    Violation.EPISODE_DONE: "The episode has ended; call `reset()`.",
-    Violation.MISSING_PREREQUISITE: "A condition the verb needs is not met (see the table below).",
-    Violation.UNAVAILABLE_OPTION: "A channel, trigger or beam energy that this task does not offer.",
-    Violation.BEAM_LOCKED: "The beam cannot be reconfigured once collisions are recorded.",
-    Violation.INSUFFICIENT_BUDGET: "The action costs more money than is left.",
-    Violation.INSUFFICIENT_TIME: "The action takes more days than are left.",
-    Violation.LUMINOSITY_LIMIT: "Booking more luminosity than the campaign's cap allows.",
-    Violation.NOT_ENOUGH_BOOKED: "Collecting more luminosity than was booked with `allocate_luminosity`.",
-    Violation.FULLY_CALIBRATED: "The channel is already at the highest calibration level.",
-    Violation.REDUNDANT_ACTION: "The same action with the same parameters on unchanged data: it runs, "
-                                "but gives the same result.",
-}
 
 OVERVIEW = """\
 CERNenv simulates an LHC resonance search as an [OpenEnv](https://pypi.org/project/openenv/)

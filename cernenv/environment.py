@@ -11,7 +11,7 @@ import numpy as np
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
-from cernenv.actions import ACTION_TABLE, Prerequisite, render_action_table_markdown
+from cernenv.actions import ACTION_TABLE, Prerequisite, markdown_cell, render_action_table_markdown, type_label
 from cernenv.detector import (
     BEAM_ENERGIES,
     CALIBRATION_BIAS_FACTOR,
@@ -137,7 +137,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         chosen = make_scenario(int(seed), scenario=scenario, difficulty=difficulty)
         rng = np.random.default_rng([int(seed), 31337])
         recorder = CollisionRecorder(chosen.search_window_gev, chosen.channels, chosen.truth, rng)
-        episode_id = episode_id or str(uuid.UUID(int=int(rng.integers(2**63)) << 64 | int(seed), version=4))
+        episode_id = episode_id or str(uuid.UUID(bytes=rng.bytes(16), version=4))
         self._episode = _Episode(scenario=chosen, seed=int(seed), recorder=recorder, episode_id=episode_id)
         self._state = CernState(episode_id=episode_id, step_count=0, scenario_name=chosen.name,
                                 difficulty=chosen.difficulty,
@@ -228,8 +228,9 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         episode = self._episode
         check_resources(cost_musd, time_days, episode.scenario.budget_musd - episode.budget_used_musd,
                         episode.scenario.time_days - episode.time_used_days)
-        episode.budget_used_musd += cost_musd
-        episode.time_used_days += time_days
+        # within the rounding tolerance of check_resources, never past the totals
+        episode.budget_used_musd = min(episode.budget_used_musd + cost_musd, episode.scenario.budget_musd)
+        episode.time_used_days = min(episode.time_used_days + time_days, episode.scenario.time_days)
 
     def _satisfied(self, channel: Optional[str]) -> Dict[Prerequisite, bool]:
         episode = self._episode
@@ -423,7 +424,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         start = params.mass_hint_gev or (episode.scan.best_mass_gev if episode.scan else None)
         if start is None:
             counts = spectrum.counts
-            background = (episode.background_background_expectation(fit, edges, spectrum.sqrt_s_tev)
+            background = (background_expectation(episode.background_fit, edges, spectrum.sqrt_s_tev)
                           if episode.background_fit else np.median(counts))
             centres = 0.5 * (edges[:-1] + edges[1:])
             start = float(centres[int(np.argmax(counts - background))])
@@ -451,7 +452,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         spectrum = episode.spectrum
         edges = spectrum.edges_gev
         centre = 0.5 * (edges[0] + edges[-1])
-        step = params.step_gev or float(spectrum.resolution_gev(centre))
+        step = params.step_gev or 0.5 * float(spectrum.resolution_gev(centre))  # grid ≤ σ_m/2: no peak missed
         n_points = int((edges[-1] - edges[0]) / step)
         if not 5 <= n_points <= 400:
             raise RuleViolation(Violation.INVALID_PARAMETERS,
@@ -551,10 +552,11 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
                                          record.reconstruction or "standard", episode.pileup or "nominal"))
 
     def _default_bin_width(self, channel: str, lo_gev: float, hi_gev: float) -> float:
-        """Half the resolution at the window centre, at most 100 bins, never wider than the
+        """Half the resolution at the window centre, with 20 to 100 bins, never wider than the
         resolution at the low edge (so a narrow peak spans several bins)."""
         finest = self._record_resolution(channel, lo_gev)
-        return min(finest, max(0.5 * self._resolution(channel), (hi_gev - lo_gev) / 100))
+        span = hi_gev - lo_gev
+        return min(finest, span / 20, max(0.5 * self._resolution(channel), span / 100))
 
     def _resolution(self, channel: str) -> float:
         lo, hi = self._episode.scenario.search_window_gev
@@ -654,7 +656,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             for name, value in breakdown.items():
                 self._state.reward_components[name] = self._state.reward_components.get(name, 0.0) + value
         task = TaskInfo(
-            scenario_name=scenario.name if scenario.curated else "procedural", difficulty=scenario.difficulty,
+            campaign_type="curated" if scenario.curated else "procedural", difficulty=scenario.difficulty,
             problem_statement=scenario.summary, search_window_gev=scenario.search_window_gev,
             available_channels=list(scenario.channels), available_triggers=list(scenario.triggers),
             available_beam_energies_tev=list(scenario.beam_energies_tev), budget_total_musd=scenario.budget_musd,
@@ -677,8 +679,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             latest_result=dict(episode.latest_result), candidate_masses_gev=list(episode.candidates_gev),
             cumulative_significance=_r(episode.best_significance, 3) or 0.0,
             pipeline_history=episode.history[-HISTORY_LENGTH:], rule_violations=violations,
-            reward_breakdown={k: _r(v, 6) for k, v in breakdown.items()}, done=episode.done,
-            reward=_r(reward, 6))
+            reward_breakdown=dict(breakdown), done=episode.done, reward=float(reward))
 
 
 def background_expectation(fit, edges_gev: np.ndarray, sqrt_s_tev: float) -> np.ndarray:
@@ -691,9 +692,8 @@ def _field_table(model) -> str:
     for name, info in model.model_fields.items():
         if name == "metadata":
             continue
-        annotation = str(info.annotation).replace("typing.", "").replace("cernenv.models.", "")
-        annotation = getattr(info.annotation, "__name__", annotation)
-        rows.append(f"| `{name}` | {annotation} | {(info.description or '').replace('|', '/')} |")
+        rows.append(f"| `{name}` | {markdown_cell(type_label(info.annotation))} | "
+                    f"{markdown_cell(info.description or '')} |")
     return "\n".join(rows)
 
 

@@ -57,7 +57,7 @@ class DiscoveryClaim(BaseModel):
                                                   description="One-sigma uncertainty on the mass [GeV]; required when discovered.")
     channel: Optional[str] = Field(default=None, max_length=40, description="Decay channel in which it was seen.")
     spin: Optional[int] = Field(default=None, ge=0, le=2, description="Claimed spin J (0, 1 or 2).")
-    significance_sigma: float = Field(default=0.0, ge=0, le=100, allow_inf_nan=False,
+    significance_sigma: float = Field(default=0.0, ge=0, le=1000, allow_inf_nan=False,
                                       description="Claimed global significance [standard deviations].")
     confidence: float = Field(ge=0, le=1, allow_inf_nan=False,
                               description="Probability the agent gives that this claim is correct.")
@@ -81,7 +81,8 @@ class TaskInfo(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    scenario_name: str
+    campaign_type: str = Field(description="curated or procedural (a curated campaign's name is withheld: "
+                                           "it would give the answer away).")
     difficulty: str
     problem_statement: str
     search_window_gev: Tuple[float, float]
@@ -122,22 +123,28 @@ class ChannelData(BaseModel):
 class CollisionObservation(Observation):
     """What the agent sees after each step (compact and text-friendly)."""
 
-    task: TaskInfo
-    step_index: int = 0
-    resource_usage: ResourceUsage = Field(default_factory=ResourceUsage)
+    task: TaskInfo = Field(description="The problem statement and the options of this campaign.")
+    step_index: int = Field(default=0, description="Steps taken so far.")
+    resource_usage: ResourceUsage = Field(default_factory=ResourceUsage,
+                                          description="Budget [M$], luminosity [fb^-1] and time [days] used and left.")
     selected_beam_energy: Optional[float] = Field(default=None, description="Beam energy √s [TeV].")
-    selected_pileup: Optional[str] = None
-    selected_trigger: Optional[str] = None
-    selected_channel: Optional[str] = None
-    data_collected: Dict[str, ChannelData] = Field(default_factory=dict)
+    selected_pileup: Optional[str] = Field(default=None, description="Pileup regime: low, nominal or high.")
+    selected_trigger: Optional[str] = Field(default=None, description="Trigger recording collisions now.")
+    selected_channel: Optional[str] = Field(default=None, description="Decay channel under analysis.")
+    data_collected: Dict[str, ChannelData] = Field(
+        default_factory=dict, description="Per channel: luminosity, events, calibration, reconstruction.")
     latest_result: Dict[str, Any] = Field(default_factory=dict,
                                           description="Numeric summary of the last action's result.")
-    candidate_masses_gev: List[float] = Field(default_factory=list)
+    candidate_masses_gev: List[float] = Field(default_factory=list,
+                                              description="Local excesses from the last bump scan [GeV].")
     cumulative_significance: float = Field(default=0.0,
                                            description="Best global significance measured so far [sigma].")
-    pipeline_history: List[str] = Field(default_factory=list)
-    rule_violations: List[str] = Field(default_factory=list)
-    reward_breakdown: Dict[str, float] = Field(default_factory=dict)
+    pipeline_history: List[str] = Field(default_factory=list,
+                                        description="The last actions and their status (ok or a violation code).")
+    rule_violations: List[str] = Field(default_factory=list,
+                                       description="'CODE: what to do' for each rule the last action broke.")
+    reward_breakdown: Dict[str, float] = Field(default_factory=dict,
+                                               description="The last step's reward, component by component.")
 
 
 class CernState(State):

@@ -13,6 +13,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from cernenv.actions import markdown_cell
 from cernenv.models import DiscoveryClaim
 
 
@@ -37,6 +38,9 @@ MISSED_DISCOVERY = -1.0
 NO_CLAIM = -1.0
 # A discovery counts only if the agent's own data support it at this local significance.
 EVIDENCE_Z_LOCAL = 3.0
+# A claimed mass uncertainty above this fraction of the mass is too vague to count as a
+# measurement (a dijet resonance's statistical precision is ~2-4%).
+MAX_CLAIM_UNCERTAINTY_FRAC = 0.05
 # A null claim earns full credit only with at least this fraction of the luminosity cap analysed.
 NULL_EVIDENCE_LUMINOSITY_FRACTION = 0.25
 
@@ -54,8 +58,9 @@ REWARD_COMPONENTS: Tuple[RewardComponent, ...] = (
                     f"{WRONG_MASS_DISCOVERY:+g} discovery at a wrong mass; {MISSED_DISCOVERY:+g} missed; "
                     f"{NO_CLAIM:+g} no claim; 0 for a right guess without evidence."),
     RewardComponent("mass", "terminal", (-0.5, 1.0),
-                    "+1 if |m_claim − m_true| ≤ 2·√(σ_claim² + (0.001 m)²) with σ_claim ≤ 3% of m; else −0.5 "
-                    "(discoveries of a real particle only)."),
+                    f"+1 if |m_claim − m_true| ≤ 2·√(σ_claim² + (0.001 m)²) with σ_claim ≤ "
+                    f"{MAX_CLAIM_UNCERTAINTY_FRAC:.0%} of m; else −0.5. Mass, channel and spin are graded "
+                    "for discoveries of a real particle that the agent's data support; else 0."),
     RewardComponent("channel", "terminal", (-0.25, 0.5), "+0.5 right decay channel, −0.25 wrong."),
     RewardComponent("spin", "terminal", (-0.25, 0.5), "+0.5 right spin, −0.25 wrong, 0 not claimed."),
     RewardComponent("significance_calibration", "terminal", (-2.0, 0.0),
@@ -71,7 +76,8 @@ COMPONENT_NAMES = tuple(c.name for c in REWARD_COMPONENTS)
 def render_reward_table_markdown() -> str:
     rows = ["| component | paid | range | rule |", "|---|---|---|---|"]
     for c in REWARD_COMPONENTS:
-        rows.append(f"| `{c.name}` | {c.when} | [{c.value_range[0]:g}, {c.value_range[1]:g}] | {c.description} |")
+        rows.append(f"| `{c.name}` | {c.when} | [{c.value_range[0]:g}, {c.value_range[1]:g}] | "
+                    f"{markdown_cell(c.description)} |")
     return "\n".join(rows)
 
 
@@ -87,7 +93,8 @@ class Grade:
 
 def mass_is_correct(claim_mass_gev: float, claim_uncertainty_gev: float, true_mass_gev: float) -> bool:
     tolerance = 2.0 * float(np.hypot(claim_uncertainty_gev, 0.001 * true_mass_gev))
-    return claim_uncertainty_gev <= 0.03 * true_mass_gev and abs(claim_mass_gev - true_mass_gev) <= tolerance
+    return claim_uncertainty_gev <= MAX_CLAIM_UNCERTAINTY_FRAC * true_mass_gev and abs(
+        claim_mass_gev - true_mass_gev) <= tolerance
 
 
 def grade_claim(claim: Optional[DiscoveryClaim], truth: Optional[dict], *, reference_z_local: float,
@@ -115,12 +122,13 @@ def grade_claim(claim: Optional[DiscoveryClaim], truth: Optional[dict], *, refer
         if correct:
             components["outcome"] = CORRECT_DISCOVERY
         elif correct_mass:
-            components["outcome"] = 0.0
+            components["outcome"] = 0.0  # a right guess, without evidence
         else:
             components["outcome"] = WRONG_MASS_DISCOVERY
-        components["mass"] = 1.0 if correct_mass else -0.5
-        components["channel"] = 0.5 if correct_channel else -0.25
-        components["spin"] = 0.0 if claim.spin is None else (0.5 if correct_spin else -0.25)
+        if supported:
+            components["mass"] = 1.0 if correct_mass else -0.5
+            components["channel"] = 0.5 if correct_channel else -0.25
+            components["spin"] = 0.0 if claim.spin is None else (0.5 if correct_spin else -0.25)
     elif exists:
         correct = False
         correct_mass = correct_channel = correct_spin = False

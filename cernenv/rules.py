@@ -33,6 +33,25 @@ class Violation(str, Enum):
 
 SOFT_VIOLATIONS = frozenset({Violation.REDUNDANT_ACTION})
 
+# What each violation code means (the messages themselves are written where they are raised).
+VIOLATION_MEANINGS: Dict[Violation, str] = {
+    Violation.INVALID_ACTION: "The input is not an action: unknown `action_type` or a malformed object.",
+    Violation.INVALID_PARAMETERS: "The parameters do not validate against the verb's model, or make no sense "
+                                  "for the current data (range outside the window, too many bins, ...).",
+    Violation.EPISODE_DONE: "The episode has ended; call `reset()`.",
+    Violation.MISSING_PREREQUISITE: "A condition the verb needs is not met (see the table below).",
+    Violation.UNAVAILABLE_OPTION: "A channel, trigger or beam energy that this task does not offer.",
+    Violation.BEAM_LOCKED: "The beam cannot be reconfigured once collisions are recorded.",
+    Violation.INSUFFICIENT_BUDGET: "The action costs more money than is left.",
+    Violation.INSUFFICIENT_TIME: "The action takes more days than are left.",
+    Violation.LUMINOSITY_LIMIT: "Booking more luminosity than the campaign's cap allows.",
+    Violation.NOT_ENOUGH_BOOKED: "Collecting more luminosity than was booked with `allocate_luminosity`.",
+    Violation.FULLY_CALIBRATED: "The channel is already at the highest calibration level.",
+    Violation.REDUNDANT_ACTION: "The same action with the same parameters on unchanged data: it runs, "
+                                "but gives the same result.",
+}
+
+
 # What to do when a prerequisite is missing.
 PREREQUISITE_HINTS: Dict[Prerequisite, str] = {
     Prerequisite.BEAM_CONFIGURED: "configure_beam first",
@@ -70,7 +89,7 @@ def parse_action(raw: Any) -> Tuple[ExperimentAction, BaseModel]:
         action = raw
     elif isinstance(raw, dict):
         action_type = raw.get("action_type")
-        if action_type not in {a.value for a in ActionType} and not isinstance(action_type, ActionType):
+        if not isinstance(action_type, str) or action_type not in ActionType._value2member_map_:
             raise RuleViolation(Violation.INVALID_ACTION,
                                 f"unknown action_type {str(action_type)[:60]!r}; use one of "
                                 f"{', '.join(a.value for a in ActionType)}")

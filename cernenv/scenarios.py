@@ -46,7 +46,8 @@ class Scenario:
     name: str
     difficulty: str
     summary: str
-    """Problem statement shown to the agent: context only, never the answer."""
+    """Problem statement shown to the agent: context only, never the answer (no citation
+    either: naming the paper a campaign is modelled on would name the particle)."""
     search_window_gev: Tuple[float, float]
     channels: Tuple[str, ...]
     beam_energies_tev: Tuple[float, ...]
@@ -57,6 +58,8 @@ class Scenario:
     triggers: Tuple[str, ...] = tuple(TRIGGERS)
     max_steps: int = DEFAULT_MAX_STEPS
     curated: bool = True
+    reference: str = ""
+    """Where the numbers come from: for people and graders, never shown to the agent."""
 
     def hidden_truth(self) -> Dict[str, object]:
         if self.truth is None:
@@ -83,56 +86,65 @@ CURATED: Dict[str, Scenario] = {
     for s in [
         Scenario(
             "higgs_diphoton_125", "medium",
-            "Run-2 search for a light scalar decaying to two photons between 110 and 160 GeV, "
-            "with the four-lepton channel also available. Modelled on ATLAS/CMS 2012 (PLB 716 (2012) 1, 30).",
+            "Search for a new resonance decaying to two photons between 110 and 160 GeV; the "
+            "four-lepton channel is also available. There may be a particle in the window, or nothing at all.",
             (110.0, 160.0), ("diphoton", "four_lepton"), (13.0, 13.6),
             budget_musd=180.0, luminosity_fb=60.0, time_days=200.0, truth=_HIGGS,
+            reference="The Higgs boson: ATLAS, PLB 716 (2012) 1; CMS, PLB 716 (2012) 30.",
         ),
         Scenario(
             "higgs_4l_125", "easy",
-            "Golden-channel search in four charged leptons between 110 and 160 GeV: few events, almost no "
-            "background. Modelled on CMS H→ZZ→4ℓ (PLB 716 (2012) 30; JHEP 11 (2017) 047).",
+            "Search for a new resonance decaying to four charged leptons between 110 and 160 GeV: few "
+            "events, almost no background. There may be a particle in the window, or nothing at all.",
             (110.0, 160.0), ("four_lepton",), (13.0, 13.6),
             budget_musd=90.0, luminosity_fb=30.0, time_days=120.0,
+            reference="H→ZZ*→4ℓ: CMS, PLB 716 (2012) 30; JHEP 11 (2017) 047.",
             truth=replace(_HIGGS, sigma_br_fb={"four_lepton": 55.1e3 * 1.25e-4}),
         ),
         Scenario(
             "z_mumu_91", "easy",
-            "Early-data rediscovery of a dilepton resonance between 60 and 120 GeV with at most 50 pb^-1 "
-            "at 7 TeV. Modelled on CMS's 2010 Z measurement with 36 pb^-1 (JHEP 10 (2011) 132).",
+            "Early-data search for a resonance decaying to a lepton pair between 60 and 120 GeV, with at "
+            "most 50 pb^-1 at 7 TeV. There may be a particle in the window, or nothing at all.",
             (60.0, 120.0), ("dimuon", "dielectron"), (7.0,),
             budget_musd=20.0, luminosity_fb=0.05, time_days=40.0, truth=_Z,
+            reference="The Z boson in CMS's first 36 pb^-1: JHEP 10 (2011) 132.",
         ),
         Scenario(
             "zprime_dilepton_4000", "medium",
-            "High-mass dilepton search between 1.5 and 6 TeV for a new gauge boson. Resolution, acceptance "
-            "and the 3% width of a sequential-SM Z' follow ATLAS, PLB 796 (2019) 68; σ·B is set near that "
-            "search's 139 fb^-1 sensitivity.",
+            "High-mass search for a new resonance decaying to a lepton pair between 1.5 and 6 TeV. "
+            "There may be a particle in the window, or nothing at all.",
             (1500.0, 6000.0), ("dielectron", "dimuon"), (13.0, 13.6),
             budget_musd=400.0, luminosity_fb=200.0, time_days=400.0,
+            reference="A sequential-SM-like Z' (Γ/m = 3%); resolution and acceptance from ATLAS, PLB 796 (2019) "
+                      "68; σ·B set near that search's 139 fb^-1 sensitivity.",
             truth=ParticleTruth(4000.0, 120.0, 1, "qq", {"dielectron": 0.12, "dimuon": 0.12}),
         ),
         Scenario(
             "dijet_2500", "hard",
-            "Dijet resonance search between 1.5 and 4 TeV: a huge QCD continuum and 7% mass resolution. "
-            "Modelled on CMS, JHEP 08 (2018) 130; σ·B·A near that search's 36 fb^-1 sensitivity.",
+            "Search for a new resonance decaying to two jets between 1.5 and 4 TeV: a huge QCD "
+            "continuum and 7% mass resolution. There may be a particle in the window, or nothing at all.",
             (1500.0, 4000.0), ("dijet",), (13.0, 13.6),
             budget_musd=200.0, luminosity_fb=80.0, time_days=200.0,
+            reference="A W'/Z'-like qq̄ resonance; resolution from CMS, JHEP 08 (2018) 130; σ·B·A near that "
+                      "search's 36 fb^-1 sensitivity.",
             truth=ParticleTruth(2500.0, 25.0, 1, "qq", {"dijet": 60.0}),
         ),
         Scenario(
             "null_diphoton_750", "medium",
-            "Diphoton search between 500 and 1500 GeV, where ATLAS and CMS saw a 3σ local excess at 750 GeV "
-            "in 2015 that vanished with more data (ATLAS, JHEP 09 (2016) 001; CMS, PLB 767 (2017) 147).",
+            "Search for a new resonance decaying to two photons between 500 and 1500 GeV. There may be "
+            "a particle in the window, or nothing at all.",
             (500.0, 1500.0), ("diphoton",), (13.0, 13.6),
             budget_musd=150.0, luminosity_fb=60.0, time_days=200.0, truth=None,
+            reference="The 750 GeV diphoton excess of 2015 that vanished with more data: ATLAS, JHEP 09 (2016) "
+                      "001; CMS, PLB 767 (2017) 147.",
         ),
         Scenario(
             "null_dilepton_highmass", "medium",
-            "High-mass dilepton search between 1 and 5 TeV: the Standard Model Drell–Yan tail only "
-            "(ATLAS, PLB 796 (2019) 68 saw no excess).",
+            "High-mass search for a new resonance decaying to a lepton pair between 1 and 5 TeV. There "
+            "may be a particle in the window, or nothing at all.",
             (1000.0, 5000.0), ("dielectron", "dimuon"), (13.0, 13.6),
             budget_musd=300.0, luminosity_fb=150.0, time_days=350.0, truth=None,
+            reference="The Drell–Yan tail alone: ATLAS, PLB 796 (2019) 68 saw no excess.",
         ),
     ]
 }
@@ -184,7 +196,9 @@ def procedural_scenario(seed: int, difficulty: str) -> Scenario:
     null_probability, z_range, window_factor = _DIFFICULTY[difficulty]
     family = str(rng.choice(sorted(_FAMILIES)))
     channels, spins, production, (mass_lo, mass_hi) = _FAMILIES[family]
-    factor = float(rng.uniform(*window_factor))
+    # A search window spans at least ~12 mass resolutions, or there is no sideband to fit.
+    widest_resolution = max(CHANNELS[ch].resolution_frac for ch in channels)
+    factor = max(float(rng.uniform(*window_factor)), 1.0 + 12.0 * widest_resolution)
     lo = float(np.exp(rng.uniform(np.log(mass_lo), np.log(mass_hi / factor))))
     window = (round(lo, -1) if lo > 300 else round(lo), round(lo * factor, -1) if lo > 300 else round(lo * factor))
     energies = (13.0, 13.6) if rng.random() < 0.7 else (8.0, 13.0, 13.6)
@@ -211,7 +225,7 @@ def procedural_scenario(seed: int, difficulty: str) -> Scenario:
     summary = (f"Search for a new resonance decaying to {kind} between {window[0]:g} and {window[1]:g} GeV. "
                "There may be a particle in the window, or nothing at all.")
     return Scenario(
-        name=f"procedural_{difficulty}_{seed}", difficulty=difficulty, summary=summary,
+        name=f"procedural_{difficulty}", difficulty=difficulty, summary=summary,
         search_window_gev=(float(window[0]), float(window[1])), channels=channels, beam_energies_tev=energies,
         budget_musd=float(budget), luminosity_fb=luminosity_cap, time_days=float(time_days), truth=truth,
         curated=False,

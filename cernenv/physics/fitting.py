@@ -48,6 +48,13 @@ _SQRT2 = float(np.sqrt(2.0))
 _SQRT2PI = float(np.sqrt(2.0 * np.pi))
 _TWO_I_OVER_SQRTPI = 2j / float(np.sqrt(np.pi))
 _BARRIER = 1e9  # deviance returned (plus violation) when a bin expectation is <= 0
+# The backgrounds modelled here (Drell-Yan, γγ and ZZ* continua, QCD dijets) fall with
+# mass. Without that constraint a fit to a few events (or to a huge peak) bends the
+# "background" into the signal. The log-log slope -dln f/dln m = p2 + p1·x/(1-x) is
+# monotone in x, so requiring it >= 0 at both window edges keeps the dijet function
+# falling over the whole window (without constraining p1 and p2 separately, which are
+# nearly degenerate over a narrow window). Enforced by a smooth quadratic wall.
+_SHAPE_PENALTY = 1e2
 
 # parameter order used by the internal cost
 _NAMES = ("background_yield", "a1", "a2", "signal_yield", "mass_gev", "width_gev", "theta")
@@ -83,6 +90,8 @@ class ResonanceFit:
     signal_yield: float
     signal_yield_err: float
     background_yield: float
+    p1: float
+    p2: float
     nll: float
     chi2: float
     ndof: int
@@ -115,6 +124,9 @@ class BinnedTemplate:
         self.log_1mx = np.log1p(-x)
         self.log_x = np.log(x)
         self._logs = np.vstack([np.ones_like(x), self.log_1mx, -self.log_x])
+        edge_x = x[[0, -1]]
+        # rows: window edges; columns: d(slope)/d(p1, p2) with slope = p2 + p1·x/(1-x)
+        self.slope_matrix = np.stack([edge_x / (1.0 - edge_x), np.ones(2)], axis=1)
 
     def simpson(self, values: np.ndarray) -> np.ndarray:
         """Bin integrals from values at the nodes (last axis): strided sums, O(n)."""
@@ -231,9 +243,14 @@ class _Deviance:
             return _BARRIER * (1.0 + float(np.sum(np.clip(-mu, 0.0, None))))
         return 2.0 * (float(mu[self.mask].sum()) - float(self.n_pos @ np.log(mu_pos)) + self.const) + th * th
 
+    def _negative_slope(self, par):
+        """Negative parts of the log-log slope at the two window edges."""
+        return np.minimum(self.t.slope_matrix @ np.array(self.shape_params(par[_A1], par[_A2])), 0.0)
+
     def __call__(self, *par):
         mu, _ = self.expected(par)
-        return self._deviance(mu, par[_TH])
+        negative = self._negative_slope(par)
+        return self._deviance(mu, par[_TH]) + _SHAPE_PENALTY * float(negative @ negative)
 
     def grad(self, *par):
         mu, jac = self.expected(par, grad=True)
@@ -241,6 +258,7 @@ class _Deviance:
         r[self.pos] -= self.n_pos / np.maximum(mu[self.pos], 1e-300)
         g = 2.0 * (jac @ r)
         g[_TH] += 2.0 * par[_TH]
+        g[[_A1, _A2]] += 2.0 * _SHAPE_PENALTY * (self.T.T @ (self.t.slope_matrix.T @ self._negative_slope(par)))
         return g
 
     def deviance_terms(self, par):
@@ -478,6 +496,8 @@ def _resonance_result(m, cost, n_bins) -> ResonanceFit:
         signal_yield=par[_NS],
         signal_yield_err=err("signal_yield"),
         background_yield=par[_NB],
+        p1=float(cost.shape_params(par[_A1], par[_A2])[0]),
+        p2=float(cost.shape_params(par[_A1], par[_A2])[1]),
         nll=0.5 * float(m.fval),
         chi2=float(dev),
         ndof=ndof,

@@ -93,6 +93,7 @@ def profile_fixed_mass(tmpl: BinnedTemplate, counts: np.ndarray, bkg: Background
         return mu, f, df1, df2
 
     every = np.arange(k)
+    slope_floor = np.minimum(theta[:, 1:3] @ tmpl.slope_matrix.T, 0.0) - 1e-9
     mu, f, df1, df2 = model(theta, every)
     active = np.ones(k, dtype=bool)
     for _ in range(n_iter):
@@ -113,13 +114,17 @@ def profile_fixed_mass(tmpl: BinnedTemplate, counts: np.ndarray, bkg: Background
             trial = th.copy()
             trial[:, :n_par] += alpha[:, None] * step
             mu_t, f_t, df1_t, df2_t = model(trial, rows)
-            bad = ~np.all(mu_t > 0, axis=1)
+            # positive expectations, and a falling background (as in fitting._SHAPE_PENALTY)
+            # (relative to the start, which the soft wall of the Minuit fit may leave just below 0)
+            falling = np.all(trial[:, 1:3] @ tmpl.slope_matrix.T >= slope_floor[rows], axis=1)
+            bad = ~np.all(mu_t > 0, axis=1) | ~falling
             if not bad.any():
                 break
             alpha[bad] *= 0.5
         theta[rows], mu[rows], f[rows], df1[rows], df2[rows] = trial, mu_t, f_t, df1_t, df2_t
         active[rows] = decrement > 1e-7  # NLL within ~5e-8 of its maximum: q0 to ~1e-7
-    nll = np.sum(mu - n * np.log(mu), axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a failed row gives NaN: no excess
+        nll = np.sum(mu - n * np.log(mu), axis=1)
     return theta[:, 3], nll
 
 
@@ -177,7 +182,8 @@ def scan_local_significance(
     bkg = background if background is not None else _fit_background(tmpl, counts)
     res = _resolutions(resolution_gev_fn, grid)
     ns, q0 = local_q0(tmpl, counts, bkg, gaussian_bin_fractions(tmpl, grid, res))
-    z = np.sqrt(q0)
+    # A hypothesis whose profile failed numerically (empty high-mass bins) shows no excess.
+    z = np.where(np.isfinite(q0), np.sqrt(np.where(np.isfinite(q0), q0, 0.0)), 0.0)
     best = int(np.argmax(z))
     return BumpScan(
         mass_grid_gev=tuple(float(v) for v in grid),

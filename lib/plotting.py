@@ -1,0 +1,181 @@
+"""Plots of a CERNenv analysis in the style physicists read (mplhep).
+
+Data are points with Poisson error bars, fitted models are lines, significances sit
+in the legend. Each function builds its artists inside `plt.style.context(STYLE)`
+(mplhep's CMS style), so importing this module leaves matplotlib's global style alone.
+Every plot function takes an optional `ax` and returns the axes it drew on.
+
+matplotlib resolves part of the text (mathtext fonts, the experiment label's offsets)
+when a figure is *drawn*, not when it is built: save with `savefig` here, which draws
+inside the style, and in a notebook call `use_style()` once so inline figures match.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
+
+import matplotlib.pyplot as plt
+import mplhep
+import numpy as np
+
+from cernenv.physics.angular import SpinResult, angular_bin_probabilities, background_angular_probabilities
+from cernenv.physics.fitting import BackgroundFit, ResonanceFit
+from cernenv.physics.scan import BumpScan
+from cernenv.physics.shapes import background_bin_fractions, signal_bin_fractions
+from cernenv.simulation import Spectrum
+
+STYLE = mplhep.style.CMS
+EXPERIMENT = "CERNenv"
+# Model curves are drawn on this many sub-bins per data bin, scaled to events per data bin.
+CURVE_SUBBINS = 8
+SNAPSHOT_FIELDS = ("spectrum", "resonance_fit", "background_fit", "scan")
+DISCOVERY_LINES_SIGMA = (3.0, 5.0)
+
+
+def analysis_snapshot(env: Any) -> Dict[str, Any]:
+    """The environment's current analysis objects: spectrum, resonance_fit, background_fit, scan.
+
+    Reads the environment's *private* episode (`env._episode`), for plotting only: an
+    agent sees numbers in its observations, never these objects. Values are None until
+    the corresponding action has run (a `select_channel` to another channel clears them).
+    """
+    episode = getattr(env, "_episode", None)
+    if episode is None:
+        raise RuntimeError("the environment has no episode yet: call env.reset() first")
+    return {name: getattr(episode, name, None) for name in SNAPSHOT_FIELDS}
+
+
+def use_style() -> None:
+    """Make the house style global (for notebooks, whose inline figures are drawn after the cell)."""
+    plt.style.use(STYLE)
+
+
+def savefig(fig: plt.Figure, path: Any, **kwargs: Any) -> None:
+    """`fig.savefig` drawn inside the house style (see the module docstring)."""
+    with plt.style.context(STYLE):
+        fig.savefig(path, **kwargs)
+
+
+def subplots(nrows: int = 1, ncols: int = 1, **kwargs: Any):
+    """`plt.subplots` in the house style (axes made outside the style keep matplotlib's fonts)."""
+    with plt.style.context(STYLE):
+        kwargs.setdefault("figsize", (10 * ncols, 8 * nrows))
+        kwargs.setdefault("layout", "constrained")
+        return plt.subplots(nrows, ncols, **kwargs)
+
+
+def _new_axes(ax: Optional[plt.Axes]) -> plt.Axes:
+    return subplots()[1] if ax is None else ax
+
+
+def _label(ax: plt.Axes, luminosity_fb: Optional[float] = None, sqrt_s_tev: Optional[float] = None) -> None:
+    mplhep.label.exp_label(exp=EXPERIMENT, data=False, ax=ax, loc=0,
+                           lumi=None if luminosity_fb is None else f"{luminosity_fb:.3g}",
+                           com=None if sqrt_s_tev is None else f"{sqrt_s_tev:g}")
+
+
+def model_curves(spectrum: Spectrum, fit: Union[ResonanceFit, BackgroundFit]) -> Dict[str, np.ndarray]:
+    """Fitted model as smooth curves in events per data bin: {"mass_gev", "background", "total"}.
+
+    Built from `cernenv.physics.shapes` on sub-bins of the data binning, with the fit's own
+    background yield and shape (p1, p2); the resolution is the spectrum's at the fitted mass.
+    """
+    edges = spectrum.edges_gev
+    fine = np.linspace(edges[0], edges[-1], CURVE_SUBBINS * (edges.size - 1) + 1)
+    per_data_bin = (edges[-1] - edges[0]) / (edges.size - 1) / np.diff(fine)
+    centres = 0.5 * (fine[:-1] + fine[1:])
+    b = fit.background_yield * background_bin_fractions(fine, spectrum.sqrt_s_tev, fit.p1, fit.p2)
+    total = b
+    if isinstance(fit, ResonanceFit):
+        resolution = float(spectrum.resolution_gev(fit.mass_gev))
+        total = b + fit.signal_yield * signal_bin_fractions(fine, fit.mass_gev, fit.width_gev, resolution)
+    return {"mass_gev": centres, "background": b * per_data_bin, "total": total * per_data_bin}
+
+
+def plot_spectrum(spectrum: Spectrum, fit: Union[ResonanceFit, BackgroundFit, None] = None,
+                  ax: Optional[plt.Axes] = None, *,
+                  z_local: Optional[float] = None) -> plt.Axes:
+    """Invariant-mass spectrum as data points; with `fit`, the fitted model as lines.
+
+    A `ResonanceFit` draws the signal+background model (solid) and its background
+    component (dashed); a `BackgroundFit` draws the background model alone. `z_local`
+    (e.g. from `estimate_significance`) is written into the fit's legend entry.
+    """
+    with plt.style.context(STYLE):
+        ax = _new_axes(ax)
+        edges, counts = spectrum.edges_gev, spectrum.counts
+        title = spectrum.channel
+        mplhep.histplot(counts, edges, histtype="errorbar", color="black", label="Data", ax=ax, markersize=5)
+        if fit is not None:
+            curves = model_curves(spectrum, fit)
+            if isinstance(fit, ResonanceFit):
+                label = "S+B fit" + ("" if z_local is None else f", $Z_{{local}}$ = {z_local:.1f}σ")
+                ax.plot(curves["mass_gev"], curves["total"], color="tab:red", lw=2, label=label)
+                title += (f"\n$m$ = {fit.mass_gev:.5g} ± {fit.mass_err_gev:.2g} GeV"
+                          f"\n$N_s$ = {fit.signal_yield:.0f} ± {fit.signal_yield_err:.0f}")
+                ax.plot(curves["mass_gev"], curves["background"], color="tab:blue", lw=2, ls="--",
+                        label="Background component")
+            else:
+                ax.plot(curves["mass_gev"], curves["background"], color="tab:blue", lw=2, ls="--",
+                        label="Background-only fit")
+        width = float(edges[1] - edges[0])
+        ax.set_xlabel(spectrum.histogram.axes[0].label)
+        ax.set_ylabel(f"Events / {width:.3g} GeV")
+        ax.set_xlim(edges[0], edges[-1])
+        ax.set_ylim(bottom=0, top=1.35 * max(float(counts.max()), 1.0))
+        ax.legend(loc="upper right", fontsize="small", title=title, title_fontsize="small")
+        _label(ax, spectrum.luminosity_fb, spectrum.sqrt_s_tev)
+    return ax
+
+
+def plot_scan(scan: BumpScan, ax: Optional[plt.Axes] = None) -> plt.Axes:
+    """Local significance Z(m) of the bump scan, candidates marked, 3σ and 5σ lines."""
+    with plt.style.context(STYLE):
+        ax = _new_axes(ax)
+        mass, z = np.asarray(scan.mass_grid_gev), np.asarray(scan.z_local)
+        ax.plot(mass, z, color="black", lw=2,
+                label=f"Local $Z$ (best {scan.best_z_local:.1f}σ at {scan.best_mass_gev:.4g} GeV)")
+        if scan.candidates_gev:
+            candidates = np.asarray(scan.candidates_gev)
+            ax.plot(candidates, np.interp(candidates, mass, z), "v", color="tab:red", ms=12, ls="none",
+                    label="Candidates")
+        for level, colour in zip(DISCOVERY_LINES_SIGMA, ("tab:orange", "tab:red")):
+            ax.axhline(level, color=colour, ls=":", lw=1.5, label=f"{level:g}σ")
+        ax.set_xlabel("Mass hypothesis [GeV]")
+        ax.set_ylabel("Local significance $Z_{local}$ [σ]")
+        ax.set_xlim(mass[0], mass[-1])
+        z_max = float(np.nanmax(z)) if np.isfinite(z).any() else 0.0
+        ax.set_ylim(0, 1.6 * max(z_max, DISCOVERY_LINES_SIGMA[-1] + 0.5))
+        ax.legend(loc="upper right", fontsize="small")
+        _label(ax)
+    return ax
+
+
+def plot_spin(result: SpinResult, cos_counts: Sequence[float], channel: str, ax: Optional[plt.Axes] = None) -> plt.Axes:
+    """|cos θ*| of signal-region events against each spin hypothesis of a `SpinResult`.
+
+    Each hypothesis is drawn as f·A_J + (1 − f)·A_bkg with its own profiled (or given)
+    signal fraction f, scaled to the observed events; the legend gives L_J / ΣL.
+    """
+    counts = np.asarray(cos_counts, dtype=float)
+    edges = np.linspace(0.0, 1.0, counts.size + 1)
+    fractions: Mapping[int, float] = result.signal_fraction_by_spin or {result.best_spin: result.signal_fraction}
+    with plt.style.context(STYLE):
+        ax = _new_axes(ax)
+        mplhep.histplot(counts, edges, histtype="errorbar", color="black", label="Data (signal region)", ax=ax,
+                        markersize=5)
+        background = background_angular_probabilities(channel, counts.size)
+        for spin, relative in result.relative_likelihood.items():
+            f = fractions.get(spin, result.signal_fraction)
+            expected = counts.sum() * (f * angular_bin_probabilities(spin, channel, counts.size)
+                                       + (1.0 - f) * background)
+            mplhep.histplot(expected, edges, histtype="step", lw=2, ax=ax,
+                            label=f"$J$ = {spin}: $L_J/\\Sigma L$ = {relative:.2f}")
+        ax.set_xlabel(r"$|\cos\theta^*|$")
+        ax.set_ylabel(f"Events / {1.0 / counts.size:.2g}")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.5 * max(float(counts.max()), 1.0))
+        ax.legend(loc="upper right", fontsize="small", title=f"best spin {result.best_spin}",
+                  title_fontsize="small")
+        _label(ax)
+    return ax

@@ -1,0 +1,55 @@
+"""The notebooks run headlessly (papermill) and are committed clean: parameters cell, no outputs."""
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# Small values for the parameters cell of notebook 01 (one short tour episode).
+SMALL_01 = {"SEED": 3, "N_TOUR_EPISODES": 1, "TOUR_SCENARIOS": ["higgs_4l_125"]}
+
+
+def _kernel_name() -> str:
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    return "cernenv" if "cernenv" in KernelSpecManager().find_kernel_specs() else "python3"
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks found in notebooks/"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_clean(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1 and tagged[0].cell_type == "code", f"{path.name}: tag exactly one code cell `parameters`"
+    dirty = [i for i, c in enumerate(nb.cells)
+             if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]
+    assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and "colab.research.google.com" in first.source, "Open in Colab badge"
+
+
+@pytest.mark.notebook
+def test_notebook_01_runs(tmp_path, monkeypatch):
+    papermill = pytest.importorskip("papermill")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    output = tmp_path / "01_explore_environment.ipynb"
+    figures = tmp_path / "figures"
+    papermill.execute_notebook(
+        str(ROOT / "notebooks" / "01_explore_environment.ipynb"), str(output),
+        parameters={**SMALL_01, "FIGURE_DIR": str(figures)}, kernel_name=_kernel_name(),
+        cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=120)
+    nb = nbformat.read(output, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 2, "spectrum/scan and spin figures"
+    markdown = "\n".join(o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
+    assert "| scenario | seed | steps |" in markdown and "`higgs_4l_125`" in markdown, "episode summary table"
+    assert (figures / "01_spectrum_scan.png").stat().st_size > 10_000

@@ -1,0 +1,118 @@
+"""lib.plotting draws a spectrum, its fit and a bump scan with the expected artists."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.container import ErrorbarContainer  # noqa: E402
+
+from cernenv import CERNCollisionEnvironment, ExperimentAction  # noqa: E402
+from cernenv.physics.angular import spin_likelihoods  # noqa: E402
+from cernenv.physics.fitting import fit_background_only, fit_signal_plus_background  # noqa: E402
+from cernenv.physics.scan import scan_local_significance  # noqa: E402
+from lib import plotting  # noqa: E402
+
+SETUP = [
+    ("configure_beam", {"beam_energy_tev": 13.6}),
+    ("set_trigger", {"trigger": "diphoton"}),
+    ("allocate_luminosity", {"luminosity_fb": 40.0}),
+    ("collect_collisions", {"luminosity_fb": 40.0}),
+    ("reconstruct_tracks", {"channel": "diphoton", "quality": "tight"}),
+    ("select_channel", {"channel": "diphoton"}),
+    ("build_invariant_mass", {}),
+]
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = CERNCollisionEnvironment()
+    env.reset(seed=3, scenario="higgs_diphoton_125")
+    for action_type, parameters in SETUP:
+        obs = env.step(ExperimentAction(action_type=action_type, parameters=parameters))
+        assert not obs.rule_violations, obs.rule_violations
+    return env
+
+
+@pytest.fixture(scope="module")
+def spectrum(env):
+    return plotting.analysis_snapshot(env)["spectrum"]
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _save(ax, path):
+    plotting.savefig(ax.figure, path, dpi=50)
+    assert path.stat().st_size > 5_000
+    return path
+
+
+def test_importing_plotting_leaves_the_global_style_alone():
+    assert plt.rcParams["font.size"] != plotting.STYLE["font.size"]
+
+
+def test_analysis_snapshot_reads_the_current_analysis(env, spectrum):
+    snapshot = plotting.analysis_snapshot(env)
+    assert set(snapshot) == {"spectrum", "resonance_fit", "background_fit", "scan"}
+    assert spectrum.counts.sum() > 0
+    with pytest.raises(RuntimeError, match="reset"):
+        plotting.analysis_snapshot(CERNCollisionEnvironment())
+
+
+def test_plot_spectrum_with_resonance_fit(spectrum, tmp_path):
+    fit = fit_signal_plus_background(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev,
+                                     float(spectrum.resolution_gev(125.0)), 125.0)
+    ax = plotting.plot_spectrum(spectrum, fit, z_local=4.2)
+    assert any(isinstance(c, ErrorbarContainer) for c in ax.containers), "data drawn as error bars"
+    assert len(ax.get_lines()) >= 2, "s+b model and background component"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("4.2σ" in label for label in labels), labels
+    assert "GeV" in ax.get_xlabel() and ax.get_ylabel().startswith("Events /")
+    _save(ax, tmp_path / "spectrum.png")
+
+
+def test_model_curves_integrate_to_the_fitted_yields(spectrum):
+    fit = fit_signal_plus_background(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev,
+                                     float(spectrum.resolution_gev(125.0)), 125.0)
+    curves = plotting.model_curves(spectrum, fit)
+    # curves are events per data bin on CURVE_SUBBINS sub-bins: their mean times the bins is the yield
+    n_bins = spectrum.counts.size
+    assert np.mean(curves["background"]) * n_bins == pytest.approx(fit.background_yield, rel=1e-6)
+    assert np.sum(curves["total"]) / plotting.CURVE_SUBBINS == pytest.approx(spectrum.counts.sum(), rel=0.02)
+
+
+def test_plot_spectrum_with_background_fit_only(spectrum, tmp_path):
+    fit = fit_background_only(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev)
+    ax = plotting.plot_spectrum(spectrum, fit)
+    assert len(ax.get_lines()) >= 1
+    _save(ax, tmp_path / "background.png")
+
+
+def test_plot_scan_marks_candidates_and_thresholds(spectrum, tmp_path):
+    grid = np.linspace(112.0, 158.0, 47)
+    scan = scan_local_significance(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev,
+                                   spectrum.resolution_gev, grid)
+    ax = plotting.plot_scan(scan)
+    horizontal = [line for line in ax.get_lines() if np.ptp(line.get_ydata()) == 0]
+    assert sorted(float(line.get_ydata()[0]) for line in horizontal) == [3.0, 5.0]
+    curve = ax.get_lines()[0]
+    np.testing.assert_allclose(curve.get_xdata(), grid)
+    if scan.candidates_gev:
+        assert any(line.get_marker() == "v" for line in ax.get_lines())
+    _save(ax, tmp_path / "scan.png")
+
+
+def test_plot_spin(spectrum, tmp_path):
+    cos_counts = spectrum.cos_counts(122.0, 128.0)
+    result = spin_likelihoods(cos_counts, spectrum.channel)
+    fig, ax = plotting.subplots()
+    assert plotting.plot_spin(result, cos_counts, spectrum.channel, ax=ax) is ax
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert sum("$J$ =" in label for label in labels) == len(result.relative_likelihood)
+    _save(ax, tmp_path / "spin.png")
