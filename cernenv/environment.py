@@ -640,6 +640,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         state = self._state
         state.terminal_reward = float(sum(grade.components.values()))
         state.discovered = grade.discovered
+        state.correct_outcome = grade.correct_outcome
         state.correct_mass, state.correct_channel, state.correct_spin = (
             grade.correct_mass, grade.correct_channel, grade.correct_spin)
         episode.latest_result["reference_z_local"] = _r(z_local, 3)

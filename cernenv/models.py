@@ -155,6 +155,8 @@ class CernState(State):
     cumulative_reward: float = 0.0
     terminal_reward: Optional[float] = None
     discovered: Optional[bool] = None
+    correct_outcome: Optional[bool] = Field(
+        default=None, description="A supported discovery at the right mass, or a well-founded null claim.")
     correct_mass: Optional[bool] = None
     correct_channel: Optional[bool] = None
     correct_spin: Optional[bool] = None
