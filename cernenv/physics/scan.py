@@ -109,20 +109,26 @@ def profile_fixed_mass(tmpl: BinnedTemplate, counts: np.ndarray, bkg: Background
         except np.linalg.LinAlgError:
             step = -np.einsum("kpq,kq->kp", np.linalg.pinv(info), score)
         decrement = -np.einsum("kp,kp->k", step, score)  # Newton decrement^2
-        alpha = np.ones(rows.size)
+        # Falling background (as in fitting._SHAPE_PENALTY): the slope constraint is linear in
+        # (p1, p2), so the longest feasible step is exact (relative to the start, which the
+        # Minuit fit's soft wall may leave just below 0). A row stopped by it has converged
+        # onto the boundary.
+        slope_now = th[:, 1:3] @ tmpl.slope_matrix.T
+        slope_step = step[:, 1:3] @ tmpl.slope_matrix.T
+        with np.errstate(divide="ignore", invalid="ignore"):
+            limit = np.where(slope_step < 0, (slope_floor[rows] - slope_now) / slope_step, np.inf)
+        alpha = np.clip(limit.min(axis=1), 0.0, 1.0)
+        on_boundary = alpha < 1e-9
         for _ in range(30):  # halve until all expectations are positive
             trial = th.copy()
             trial[:, :n_par] += alpha[:, None] * step
             mu_t, f_t, df1_t, df2_t = model(trial, rows)
-            # positive expectations, and a falling background (as in fitting._SHAPE_PENALTY)
-            # (relative to the start, which the soft wall of the Minuit fit may leave just below 0)
-            falling = np.all(trial[:, 1:3] @ tmpl.slope_matrix.T >= slope_floor[rows], axis=1)
-            bad = ~np.all(mu_t > 0, axis=1) | ~falling
+            bad = ~np.all(mu_t > 0, axis=1)
             if not bad.any():
                 break
             alpha[bad] *= 0.5
         theta[rows], mu[rows], f[rows], df1[rows], df2[rows] = trial, mu_t, f_t, df1_t, df2_t
-        active[rows] = decrement > 1e-7  # NLL within ~5e-8 of its maximum: q0 to ~1e-7
+        active[rows] = (decrement > 1e-7) & ~on_boundary  # NLL within ~5e-8 of its maximum: q0 to ~1e-7
     with np.errstate(invalid="ignore", divide="ignore"):  # a failed row gives NaN: no excess
         nll = np.sum(mu - n * np.log(mu), axis=1)
     return theta[:, 3], nll
@@ -137,6 +143,13 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
 
 
 def _resolutions(resolution_gev_fn, masses):
+    """σ(m) on the grid: one vectorised call when the function takes arrays, else one per mass."""
+    try:
+        res = np.asarray(resolution_gev_fn(masses), dtype=float)
+        if res.shape == masses.shape:
+            return res
+    except (TypeError, ValueError):
+        pass
     return np.array([float(resolution_gev_fn(float(m))) for m in masses])
 
 
@@ -169,7 +182,8 @@ def scan_local_significance(
 ) -> BumpScan:
     """Local significance Z(m) of a narrow resonance for each mass in ``mass_grid_gev``.
 
-    ``resolution_gev_fn(mass_gev) -> sigma_gev`` (called once per grid point);
+    ``resolution_gev_fn(mass_gev) -> sigma_gev`` (called on the whole grid if it accepts
+    arrays, else once per grid point);
     ``background``: a background-only fit of the same histogram, to save refitting it.
     Narrow-width hypothesis; all background parameters profiled at every mass (see
     the module docstring). Candidates: see ``BumpScan``.

@@ -1,0 +1,176 @@
+"""The held-out evaluation suite and agent metrics with 95% bootstrap confidence intervals.
+
+Every agent — baselines, the policy before training and after — is measured on the same
+fixed, versioned suite, so "before" and "after" are comparable. Seeds of the suite live
+in their own range, disjoint from any training seed (`TRAINING_SEEDS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from scipy import stats
+
+from cernenv.scenarios import DIFFICULTIES, list_scenarios
+
+SUITE_VERSION = "v1"
+HELDOUT_SEED_START = 900_000
+TRAINING_SEEDS = range(0, HELDOUT_SEED_START)
+"""Seeds training may use; the held-out suite never does."""
+CURATED_SEEDS_PER_SCENARIO = 6
+PROCEDURAL_SEEDS_PER_DIFFICULTY = 26
+CONFIDENCE = 0.95
+N_BOOTSTRAP = 2000
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode of a suite: the seed and either a curated scenario or a difficulty."""
+
+    seed: int
+    scenario: Optional[str] = None
+    difficulty: Optional[str] = None
+
+
+def heldout_suite(version: str = SUITE_VERSION) -> Tuple[EpisodeSpec, ...]:
+    """The fixed held-out suite: every curated scenario (null ones included) and procedural
+    campaigns of every difficulty (which include null cases). v1: 7×6 + 3×26 = 120 episodes."""
+    if version != "v1":
+        raise ValueError(f"unknown suite version {version!r}; this code knows 'v1'")
+    specs: List[EpisodeSpec] = []
+    seed = HELDOUT_SEED_START
+    for scenario in list_scenarios():
+        for _ in range(CURATED_SEEDS_PER_SCENARIO):
+            specs.append(EpisodeSpec(seed, scenario=scenario))
+            seed += 1
+    for difficulty in DIFFICULTIES:
+        for _ in range(PROCEDURAL_SEEDS_PER_DIFFICULTY):
+            specs.append(EpisodeSpec(seed, difficulty=difficulty))
+            seed += 1
+    return tuple(specs)
+
+
+def assert_disjoint_from_suite(training_seeds: Iterable[int], suite: Sequence[EpisodeSpec] = ()) -> None:
+    """Raise if any training seed is a held-out seed."""
+    heldout = {spec.seed for spec in (suite or heldout_suite())}
+    overlap = heldout.intersection(training_seeds)
+    if overlap:
+        raise ValueError(f"training seeds overlap the held-out suite: {sorted(overlap)[:5]}...; "
+                         f"train on seeds below {HELDOUT_SEED_START}")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean with its 95% bootstrap confidence interval."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    def __str__(self) -> str:
+        if self.n == 0:
+            return "—"
+        return f"{self.mean:.3g} [{self.low:.3g}, {self.high:.3g}]"
+
+
+def bootstrap_mean(values: Sequence[float], *, seed: int = 0) -> Estimate:
+    """Mean and percentile-bootstrap 95% interval (scipy.stats.bootstrap, 2000 resamples)."""
+    data = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
+    if data.size == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+    mean = float(data.mean())
+    if data.size == 1 or np.all(data == data[0]):
+        return Estimate(mean, mean, mean, int(data.size))
+    result = stats.bootstrap((data,), np.mean, n_resamples=N_BOOTSTRAP, confidence_level=CONFIDENCE,
+                             method="percentile", random_state=np.random.default_rng(seed))
+    interval = result.confidence_interval
+    return Estimate(mean, float(interval.low), float(interval.high), int(data.size))
+
+
+def _as_dict(episode: Any) -> Mapping[str, Any]:
+    return asdict(episode) if is_dataclass(episode) else episode
+
+
+def _exists(episode: Mapping[str, Any]) -> bool:
+    return bool((episode.get("truth") or {}).get("exists"))
+
+
+def _parse_rate(episode: Mapping[str, Any]) -> Optional[float]:
+    steps = episode.get("steps") or []
+    if not steps:
+        return None
+    return float(np.mean([bool(step.get("parsed_ok", True)) for step in steps]))
+
+
+# Metric name → (what it means, which episodes it averages over, value per episode).
+METRICS: Dict[str, Tuple[str, Callable[[Mapping[str, Any]], bool], Callable[[Mapping[str, Any]], Any]]] = {
+    "mean_reward": ("episode reward", lambda e: True, lambda e: e.get("cumulative_reward")),
+    "success_rate": ("correct discovery or correct null", lambda e: True,
+                     lambda e: float(bool(e.get("correct_outcome")))),
+    "mass_accuracy": ("right mass, particle exists", _exists, lambda e: float(bool(e.get("correct_mass")))),
+    "channel_accuracy": ("right channel, particle exists", _exists,
+                         lambda e: float(bool(e.get("correct_channel")))),
+    "spin_accuracy": ("right spin, particle exists", _exists, lambda e: float(bool(e.get("correct_spin")))),
+    "false_discovery_rate": ("discovery claimed, nothing there", lambda e: not _exists(e),
+                             lambda e: float(bool(e.get("discovered")))),
+    "parse_rate": ("actions that parsed", lambda e: True, _parse_rate),
+    "mean_steps": ("steps per episode", lambda e: True, lambda e: e.get("n_steps", len(e.get("steps") or []))),
+    "budget_used_fraction": ("budget spent", lambda e: True,
+                             lambda e: _fraction(e, "budget_used_musd", "budget_remaining_musd")),
+    "time_used_fraction": ("time spent", lambda e: True,
+                           lambda e: _fraction(e, "time_used_days", "time_remaining_days")),
+}
+
+
+def _fraction(episode: Mapping[str, Any], used: str, remaining: str) -> Optional[float]:
+    resources = episode.get("resources") or {}
+    if used not in resources or remaining not in resources:
+        return None
+    total = resources[used] + resources[remaining]
+    return resources[used] / total if total > 0 else None
+
+
+def agent_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Estimate]:
+    """Every metric of `METRICS` with its 95% bootstrap interval."""
+    records = [_as_dict(e) for e in episodes]
+    return {name: bootstrap_mean([value(e) for e in records if include(e)], seed=seed)
+            for name, (_, include, value) in METRICS.items()}
+
+
+def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, *, seed: int = 0) -> Estimate:
+    """after − before of `metric`, paired by episode (seed, scenario, difficulty): the 95%
+    interval of the mean per-episode difference. Both sides must cover the same episodes."""
+    _, include, value = METRICS[metric]
+
+    def keyed(episodes):
+        out = {}
+        for e in map(_as_dict, episodes):
+            if include(e):
+                out[(e.get("seed"), e.get("scenario"), e.get("difficulty"))] = value(e)
+        return out
+
+    pre, post = keyed(before), keyed(after)
+    if set(pre) != set(post):
+        raise ValueError("paired_difference needs the same episodes before and after "
+                         f"({len(set(pre) ^ set(post))} differ); evaluate both on the same suite")
+    return bootstrap_mean([post[k] - pre[k] for k in sorted(pre, key=str)
+                           if pre[k] is not None and post[k] is not None], seed=seed)
+
+
+def comparison_table(results: Mapping[str, Mapping[str, Estimate]],
+                     metrics: Sequence[str] = ("mean_reward", "success_rate", "mass_accuracy",
+                                               "channel_accuracy", "spin_accuracy", "false_discovery_rate",
+                                               "parse_rate", "mean_steps", "budget_used_fraction")) -> str:
+    """A Markdown table: one row per agent, `mean [95% CI]` per metric."""
+    header = "| agent | " + " | ".join(metrics) + " |"
+    rule = "|---|" + "---|" * len(metrics)
+    rows = [f"| {agent} | " + " | ".join(str(result[m]) for m in metrics) + " |"
+            for agent, result in results.items()]
+    return "\n".join([header, rule, *rows])
+
+
+def estimates_to_json(results: Mapping[str, Mapping[str, Estimate]]) -> Dict[str, Dict[str, Dict[str, float]]]:
+    return {agent: {name: asdict(est) for name, est in metrics.items()} for agent, metrics in results.items()}
