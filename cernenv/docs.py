@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from cernenv.actions import ACTION_TABLE, Prerequisite, render_action_table_markdown
 from cernenv.environment import _field_table

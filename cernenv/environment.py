@@ -15,7 +15,6 @@ from cernenv.actions import ACTION_TABLE, Prerequisite, markdown_cell, render_ac
 from cernenv.detector import (
     BEAM_ENERGIES,
     CALIBRATION_BIAS_FACTOR,
-    CHANNELS,
     MAX_CALIBRATION_LEVEL,
     mass_resolution_gev,
     PILEUP_SETTINGS,
@@ -51,7 +50,7 @@ from cernenv.rewards import (
     grade_claim,
     render_reward_table_markdown,
 )
-from cernenv.rules import SOFT_VIOLATIONS, RuleViolation, Violation, check_resources, missing_prerequisite, parse_action
+from cernenv.rules import RuleViolation, Violation, check_resources, missing_prerequisite, parse_action
 from cernenv.scenarios import Scenario, make_scenario
 from cernenv.simulation import MAX_SPECTRUM_BINS, MIN_SPECTRUM_BINS, CollisionRecorder, Spectrum
 
@@ -146,7 +145,9 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         return self._observation(reward=0.0, breakdown={}, violations=[])
 
     def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
-        """Apply one action. Never raises on bad input: the observation carries the violation."""
+        """Apply one action. Never raises on bad input: the observation carries the violation.
+
+        A step before any `reset()` first resets with seed 0, so a bare environment is usable."""
         episode = self._episode
         if episode is None:
             self.reset(seed=0)

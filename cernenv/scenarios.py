@@ -6,7 +6,7 @@ separately, the hidden `ParticleTruth` (None for a null scenario: nothing there)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np

@@ -14,7 +14,7 @@ from its seed and its actions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import hist
 import numpy as np
