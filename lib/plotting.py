@@ -179,3 +179,24 @@ def plot_spin(result: SpinResult, cos_counts: Sequence[float], channel: str, ax:
                   title_fontsize="small")
         _label(ax)
     return ax
+
+
+def plot_reward_distributions(rewards_by_agent: Mapping[str, Sequence[float]], ax: Optional[plt.Axes] = None,
+                              bins: int = 24) -> plt.Axes:
+    """Episode-reward histograms of several agents on shared bins, with each mean in the legend."""
+    with plt.style.context(STYLE):
+        ax = _new_axes(ax)
+        values = [np.asarray(v, dtype=float) for v in rewards_by_agent.values() if len(v)]
+        if not values:
+            ax.text(0.5, 0.5, "no episodes yet", transform=ax.transAxes, ha="center")
+            return ax
+        edges = np.histogram_bin_edges(np.concatenate(values), bins=bins)
+        for name, rewards in rewards_by_agent.items():
+            rewards = np.asarray(rewards, dtype=float)
+            if rewards.size:
+                ax.hist(rewards, bins=edges, histtype="step", lw=2,
+                        label=f"{name} (mean {rewards.mean():+.2f}, n={rewards.size})")
+        ax.set_xlabel("episode reward")
+        ax.set_ylabel("episodes")
+        ax.legend(fontsize="small")
+    return ax

@@ -1,39 +1,233 @@
-"""Playing episodes and recording what happened."""
+"""Playing episodes and recording them step by step: prompt, completion, action, reward.
+
+`collect_episode` runs an LLM (a `generate_fn`) in process against
+`CERNCollisionEnvironment`; `collect_agent_episode` runs any agent with the
+`reset()`/`act(obs)` protocol (the baselines). Both return the same `EpisodeRecord`,
+which `save_episodes_jsonl` / `load_episodes_jsonl` store one episode per line.
+
+A completion that is not a valid action is recorded (`parsed_ok=False`, `parse_error`)
+and sent to the environment as it is: the environment refuses it and charges the
+violation penalty. Nothing substitutes a good move for it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import inspect
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from cernenv import CERNCollisionEnvironment, CernState
+from tqdm.auto import tqdm
+
+from cernenv import CERNCollisionEnvironment, CollisionObservation, ExperimentAction
+from cernenv.rules import RuleViolation
+from cernenv.rules import parse_action as validate_action
+from lib.agents import LLMAgent, LLMAgentConfig
+
+PromptFn = Callable[[List[Dict[str, str]]], str]
+"""Formats a chat into the model's prompt, e.g. a tokenizer's `apply_chat_template(..., tokenize=False,
+add_generation_prompt=True)`."""
+GenerateFn = Callable[[str, LLMAgentConfig], str]
+"""Runs the model on a prompt with the config's sampling settings; returns the raw completion."""
 
 
-@dataclass(frozen=True)
-class EpisodeOutcome:
-    """The graded end of one episode played by a non-LLM agent."""
+@dataclass
+class StepRecord:
+    """One step: what the agent saw and said, what was sent, and what it earned."""
+
+    step: int
+    prompt: str
+    completion: str
+    action: Any
+    """What was sent to `env.step`, as JSON: the action, or the unparsed object or text."""
+    parsed_ok: bool
+    reward: float
+    done: bool
+    rule_violations: List[str]
+    observation_summary: Dict[str, Any] = field(default_factory=dict)
+    parse_error: Optional[str] = None
+    reward_breakdown: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeRecord:
+    """One episode and its grade. `truth` is for evaluation only: no prompt ever contains it."""
 
     seed: int
     scenario: Optional[str]
     difficulty: Optional[str]
+    truth: Optional[Dict[str, Any]]
     total_reward: float
-    n_steps: int
-    state: CernState
-    truth: dict
+    cumulative_reward: float
+    terminal_reward: Optional[float]
+    discovered: Optional[bool]
+    correct_mass: Optional[bool]
+    correct_channel: Optional[bool]
+    correct_spin: Optional[bool]
+    steps: List[StepRecord]
+    agent: str = ""
+    correct_outcome: Optional[bool] = None
+    reward_components: Dict[str, float] = field(default_factory=dict)
+    resources: Dict[str, float] = field(default_factory=dict)
+    """Final `resource_usage`: budget [M$], luminosity [fb^-1], time [days], used and left."""
+    n_steps: int = 0
 
 
-def play_episode(env: CERNCollisionEnvironment, agent, *, seed: int, scenario: Optional[str] = None,
-                 difficulty: Optional[str] = None) -> EpisodeOutcome:
-    """Run `agent` (reset()/act(obs) protocol) for one episode; an agent with a
-    `reset(truth=...)` (the oracle) is handed the hidden truth."""
-    obs = env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
+def _summarise(obs: CollisionObservation) -> Dict[str, Any]:
+    return {
+        "step_index": obs.step_index,
+        "selected_channel": obs.selected_channel,
+        "selected_beam_energy": obs.selected_beam_energy,
+        "n_candidates": len(obs.candidate_masses_gev),
+        "best_significance": obs.cumulative_significance,
+        "budget_remaining_musd": obs.resource_usage.budget_remaining_musd,
+        "luminosity_remaining_fb": obs.resource_usage.luminosity_remaining_fb,
+    }
+
+
+def _as_json(payload: Any) -> Any:
+    return payload.model_dump(mode="json") if isinstance(payload, ExperimentAction) else payload
+
+
+def _parse_status(agent: Any, payload: Any) -> Tuple[bool, Optional[str]]:
+    """(parsed_ok, parse_error): the LLM agent's own parse, else whether the payload validates."""
+    parse = getattr(agent, "last_parse", None)
+    if parse is not None:
+        return parse.ok, parse.error
     try:
+        validate_action(payload)
+    except RuleViolation as violation:
+        return False, str(violation)
+    return True, None
+
+
+def _reset_agent(agent: Any, env: CERNCollisionEnvironment) -> None:
+    """`reset()`; an agent whose `reset` takes `truth` (the oracle) is handed the hidden truth."""
+    if "truth" in inspect.signature(agent.reset).parameters:
         agent.reset(truth=env.hidden_truth())
-    except TypeError:
+    else:
         agent.reset()
-    total, steps = 0.0, 0
-    while not obs.done:
-        obs = env.step(agent.act(obs))
-        total += float(obs.reward or 0.0)
-        steps += 1
+
+
+def transitions(env: CERNCollisionEnvironment, agent: Any, *, seed: int, scenario: Optional[str] = None,
+                difficulty: Optional[str] = None, max_steps: Optional[int] = None,
+                ) -> Iterator[Tuple[CollisionObservation, Any, CollisionObservation]]:
+    """Play one episode, yielding (observation, what the agent sent, next observation)."""
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps must be at least 1 (or None for the environment's), got {max_steps}")
+    obs = env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
+    _reset_agent(agent, env)
+    for _ in range(max_steps or env.max_steps):
+        if obs.done:
+            return
+        payload = agent.act(obs)
+        next_obs = env.step(payload)
+        yield obs, payload, next_obs
+        obs = next_obs
+
+
+def collect_agent_episode(*, env: CERNCollisionEnvironment, agent: Any, seed: int, scenario: Optional[str] = None,
+                          difficulty: Optional[str] = None, max_steps: Optional[int] = None,
+                          agent_name: Optional[str] = None) -> EpisodeRecord:
+    """Play and record one episode of `agent` (prompt and completion are the LLM agent's, else "")."""
+    steps: List[StepRecord] = []
+    total_reward = 0.0
+    for obs, payload, next_obs in transitions(env, agent, seed=seed, scenario=scenario, difficulty=difficulty,
+                                              max_steps=max_steps):
+        parsed_ok, parse_error = _parse_status(agent, payload)
+        reward = float(next_obs.reward or 0.0)
+        total_reward += reward
+        steps.append(StepRecord(
+            step=obs.step_index, prompt=getattr(agent, "last_prompt", ""),
+            completion=getattr(agent, "last_completion", ""), action=_as_json(payload), parsed_ok=parsed_ok,
+            reward=reward, done=next_obs.done, rule_violations=list(next_obs.rule_violations),
+            observation_summary=_summarise(obs), parse_error=parse_error,
+            reward_breakdown=dict(next_obs.reward_breakdown)))
     state = env.state
-    return EpisodeOutcome(seed, scenario, difficulty, total, steps, state, env.hidden_truth())
+    return EpisodeRecord(
+        seed=seed, scenario=state.scenario_name, difficulty=state.difficulty, truth=env.hidden_truth(),
+        total_reward=total_reward, cumulative_reward=float(state.cumulative_reward),
+        terminal_reward=state.terminal_reward, discovered=state.discovered, correct_mass=state.correct_mass,
+        correct_channel=state.correct_channel, correct_spin=state.correct_spin, steps=steps,
+        agent=agent_name or type(agent).__name__, correct_outcome=state.correct_outcome,
+        reward_components=dict(state.reward_components), resources=next_obs.resource_usage.model_dump(),
+        n_steps=len(steps))
+
+
+def collect_episode(*, env: CERNCollisionEnvironment, seed: int, scenario: Optional[str], difficulty: Optional[str],
+                    prompt_fn: PromptFn, generate_fn: GenerateFn, config: LLMAgentConfig = LLMAgentConfig(),
+                    max_steps: Optional[int] = None) -> EpisodeRecord:
+    """Play and record one episode of the LLM behind `generate_fn(prompt, config)`."""
+    agent = LLMAgent(lambda prompt: generate_fn(prompt, config), prompt_fn, config)
+    return collect_agent_episode(env=env, agent=agent, seed=seed, scenario=scenario, difficulty=difficulty,
+                                 max_steps=max_steps)
+
+
+def _spec(item: Any) -> Dict[str, Any]:
+    """seed, scenario and difficulty of a spec: an object with those attributes (such as
+    `lib.evaluation.EpisodeSpec`), a mapping, or a (seed, scenario, difficulty) tuple."""
+    if isinstance(item, Mapping):
+        spec = dict(item)
+    elif hasattr(item, "seed"):
+        spec = {"seed": item.seed, "scenario": getattr(item, "scenario", None),
+                "difficulty": getattr(item, "difficulty", None)}
+    else:
+        spec = dict(zip(("seed", "scenario", "difficulty"), item))
+    return {"scenario": None, "difficulty": None, **spec}
+
+
+def collect_episodes(specs: Iterable[Any], *, env: Optional[CERNCollisionEnvironment] = None,
+                     make_env: Optional[Callable[[], CERNCollisionEnvironment]] = None, agent: Any = None,
+                     prompt_fn: Optional[PromptFn] = None, generate_fn: Optional[GenerateFn] = None,
+                     config: LLMAgentConfig = LLMAgentConfig(), max_steps: Optional[int] = None,
+                     progress: bool = True, desc: str = "episodes") -> List[EpisodeRecord]:
+    """Record one episode per spec (`lib.evaluation.EpisodeSpec`, a mapping or a tuple), with
+    either `agent` or an LLM (`prompt_fn` and `generate_fn`), in one environment (`env`, or
+    one made by `make_env`, else a new `CERNCollisionEnvironment`)."""
+    if (agent is None) == (generate_fn is None):
+        raise ValueError("collect_episodes needs either agent=... or prompt_fn=... and generate_fn=..., not both")
+    if generate_fn is not None:
+        if prompt_fn is None:
+            raise ValueError("an LLM needs prompt_fn (e.g. a tokenizer's apply_chat_template) with generate_fn")
+        agent = LLMAgent(lambda prompt: generate_fn(prompt, config), prompt_fn, config)
+    env = env or (make_env() if make_env is not None else CERNCollisionEnvironment())
+    specs = [_spec(item) for item in specs]
+    return [collect_agent_episode(env=env, agent=agent, max_steps=max_steps, **spec)
+            for spec in tqdm(specs, desc=desc, disable=not progress)]
+
+
+def save_episodes_jsonl(episodes: Sequence[Union[EpisodeRecord, Dict[str, Any]]], path: str) -> None:
+    """Write one episode per line, atomically: a reader never sees a half-written file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".jsonl")
+    try:
+        with os.fdopen(handle, "w") as f:
+            for episode in episodes:
+                f.write(json.dumps(asdict(episode) if isinstance(episode, EpisodeRecord) else episode) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def load_episodes_jsonl(path: str) -> List[Dict[str, Any]]:
+    """Read episodes written by `save_episodes_jsonl` (or appended line by line): a truncated
+    last line, from a writer that was interrupted, is skipped with a warning."""
+    with open(path) as f:
+        lines = [line for line in f.read().split("\n") if line.strip()]
+    episodes = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            episodes.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number < len(lines):
+                raise ValueError(f"{path}:{number} is not JSON ({error}); only the last line may be "
+                                 "truncated") from None
+            warnings.warn(f"{path}:{number}: skipped a truncated last line ({len(line)} characters)", stacklevel=2)
+    return episodes

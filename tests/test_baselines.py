@@ -7,19 +7,19 @@ import pytest
 
 from cernenv import CERNCollisionEnvironment
 from lib.agents import HeuristicAgent, OracleAgent, RandomAgent
-from lib.rollouts import play_episode
+from lib.rollouts import collect_agent_episode
 
 
 def _play(agent, specs):
     env = CERNCollisionEnvironment()
-    return [play_episode(env, agent, seed=seed, scenario=scenario, difficulty=difficulty)
+    return [collect_agent_episode(env=env, agent=agent, seed=seed, scenario=scenario, difficulty=difficulty)
             for seed, scenario, difficulty in specs]
 
 
 @pytest.mark.slow
 def test_heuristic_is_right_in_90_percent_of_easy_campaigns():
     outcomes = _play(HeuristicAgent(), [(20000 + i, None, "easy") for i in range(60)])
-    rate = np.mean([bool(o.state.correct_outcome) for o in outcomes])
+    rate = np.mean([bool(o.correct_outcome) for o in outcomes])
     assert rate >= 0.9, f"correct outcome in {rate:.0%} of easy episodes"
 
 
@@ -29,7 +29,7 @@ def test_heuristic_rarely_claims_a_discovery_when_nothing_is_there():
     specs += [(22000 + i, name, None) for i in range(8) for name in ("null_diphoton_750", "null_dilepton_highmass")]
     nulls = [o for o in _play(HeuristicAgent(), specs) if not o.truth["exists"]]
     assert len(nulls) >= 40
-    false_discovery_rate = np.mean([bool(o.state.discovered) for o in nulls])
+    false_discovery_rate = np.mean([bool(o.discovered) for o in nulls])
     assert false_discovery_rate <= 0.10, f"{false_discovery_rate:.0%} false discoveries on {len(nulls)} nulls"
 
 

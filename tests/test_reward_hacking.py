@@ -12,7 +12,7 @@ import pytest
 from cernenv import ActionType, CERNCollisionEnvironment, ExperimentAction
 from cernenv.scenarios import DIFFICULTIES, list_scenarios
 from lib.agents import HeuristicAgent, RandomAgent
-from lib.rollouts import play_episode
+from lib.rollouts import collect_agent_episode
 
 N_EPISODES = 210
 
@@ -73,7 +73,8 @@ DEGENERATE = {
 
 def mean_reward(make_agent) -> float:
     env, agent = CERNCollisionEnvironment(), make_agent()
-    rewards = [play_episode(env, agent, seed=s, scenario=sc, difficulty=d).total_reward for s, sc, d in suite()]
+    rewards = [collect_agent_episode(env=env, agent=agent, seed=s, scenario=sc, difficulty=d).total_reward
+               for s, sc, d in suite()]
     return float(np.mean(rewards))
 
 

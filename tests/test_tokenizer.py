@@ -1,0 +1,81 @@
+"""The stand-in model's tokenizer: deterministic training, chat template, round trips, cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+import lib.tokenizer as tokenizer_module
+from cernenv import CERNCollisionEnvironment
+from lib.agents import SYSTEM_PROMPT, HeuristicAgent, action_to_json, build_chat
+from lib.rollouts import transitions
+from lib.tokenizer import ASSISTANT, END, PAD, SPECIAL_TOKENS, build_tokenizer, make_prompt_fn
+
+SMALL = {"vocab_size": 512, "n_episodes": 4}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("tokenizer")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(cache):
+    return build_tokenizer(cache_dir=str(cache), **SMALL)
+
+
+@pytest.fixture(scope="module")
+def episode():
+    env = CERNCollisionEnvironment()
+    return list(transitions(env, HeuristicAgent(), seed=900_001, scenario="higgs_diphoton_125"))
+
+
+def test_same_inputs_give_the_same_vocabulary(tokenizer, tmp_path):
+    again = build_tokenizer(cache_dir=str(tmp_path), **SMALL)  # trained afresh in another directory
+    assert again.get_vocab() == tokenizer.get_vocab()
+    assert json.loads(again.backend_tokenizer.to_str())["model"]["merges"] == \
+        json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    assert len(tokenizer) == SMALL["vocab_size"] and isinstance(tokenizer, PreTrainedTokenizerFast)
+
+
+def test_special_tokens_and_chat_template(tokenizer, episode):
+    assert tokenizer.eos_token == END and tokenizer.pad_token == PAD and tokenizer.pad_token_id != tokenizer.eos_token_id
+    for token in SPECIAL_TOKENS:
+        assert tokenizer.convert_tokens_to_ids(token) != tokenizer.unk_token_id
+        assert tokenizer(token, add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids(token)]
+    obs, action, _ = episode[5]
+    prompt = make_prompt_fn(tokenizer)(build_chat(obs))
+    assert prompt.startswith(f"<|system|>\n{SYSTEM_PROMPT}<|end|>\n<|user|>\n")
+    assert prompt.endswith(f"<|end|>\n{ASSISTANT}\n")
+    full = tokenizer.apply_chat_template(build_chat(obs) + [{"role": "assistant", "content": action_to_json(action)}],
+                                         tokenize=False)
+    assert full == prompt + action_to_json(action) + "<|end|>\n"
+
+
+def test_prompts_and_actions_round_trip(tokenizer, episode):
+    prompt_fn = make_prompt_fn(tokenizer)
+    for obs, action, _ in episode[::4]:
+        for text in (prompt_fn(build_chat(obs)), action_to_json(action), "odd output: ü ∆ {\"x\": 1e-9} \t\n"):
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            assert tokenizer.decode(ids) == text
+    ids = tokenizer(prompt_fn(build_chat(episode[0][0])), add_special_tokens=False)["input_ids"]
+    assert len(ids) < 0.6 * len(prompt_fn(build_chat(episode[0][0])))  # BPE learned the environment's words
+
+
+def test_cached_tokenizer_is_reloaded_not_retrained(tokenizer, cache, monkeypatch):
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached tokenizer should have been loaded")
+
+    monkeypatch.setattr(tokenizer_module, "train_tokenizer", no_training)
+    reloaded = build_tokenizer(cache_dir=str(cache), **SMALL)
+    assert reloaded.get_vocab() == tokenizer.get_vocab()
+    assert reloaded.chat_template == tokenizer.chat_template and reloaded.eos_token == END
+    with pytest.raises(AssertionError, match="cached"):  # other settings are another tokenizer
+        build_tokenizer(cache_dir=str(cache), vocab_size=600, n_episodes=SMALL["n_episodes"])
+
+
+def test_vocab_size_must_cover_the_bytes(cache):
+    with pytest.raises(ValueError, match="256 bytes"):
+        build_tokenizer(cache_dir=str(cache), vocab_size=100, n_episodes=1)
