@@ -129,6 +129,8 @@ def grade_claim(claim: Optional[DiscoveryClaim], truth: Optional[dict], *, refer
             components["mass"] = 1.0 if correct_mass else -0.5
             components["channel"] = 0.5 if correct_channel else -0.25
             components["spin"] = 0.0 if claim.spin is None else (0.5 if correct_spin else -0.25)
+        else:  # a guess is not a measurement: nothing counts as right
+            correct_mass = correct_channel = correct_spin = False
     elif exists:
         correct = False
         correct_mass = correct_channel = correct_spin = False

@@ -225,7 +225,7 @@ class OracleAgent:
 
     def __init__(self, truth: Optional[Dict[str, Any]] = None) -> None:
         self.truth = truth
-        self._heuristic = HeuristicAgent(discovery_z_global=-1.0, first_block_fraction=1.0)
+        self._heuristic = HeuristicAgent(discovery_z_global=-1.0)
 
     def reset(self, truth: Optional[Dict[str, Any]] = None) -> None:
         if truth is not None:

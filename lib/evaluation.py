@@ -174,3 +174,33 @@ def comparison_table(results: Mapping[str, Mapping[str, Estimate]],
 
 def estimates_to_json(results: Mapping[str, Mapping[str, Estimate]]) -> Dict[str, Dict[str, Dict[str, float]]]:
     return {agent: {name: asdict(est) for name, est in metrics.items()} for agent, metrics in results.items()}
+
+
+def evaluate_agents(agents: Mapping[str, Any], suite: Sequence[EpisodeSpec], *, progress: bool = True
+                    ) -> Dict[str, List[Any]]:
+    """Play every agent on every episode of `suite`: {agent name: [EpisodeRecord, ...]}."""
+    from lib.rollouts import collect_episodes  # lib.rollouts imports this module's EpisodeSpec
+
+    return {name: collect_episodes(suite, agent=agent, progress=progress, desc=name)
+            for name, agent in agents.items()}
+
+
+def write_baseline_evidence(episodes_by_agent: Mapping[str, Sequence[Any]], evidence_dir: Any, *,
+                            suite_version: str = SUITE_VERSION) -> Dict[str, Any]:
+    """evidence/baselines.json (every metric with its interval) and evidence/baselines.md (the table)."""
+    import json
+    from pathlib import Path
+
+    results = {name: agent_metrics(episodes) for name, episodes in episodes_by_agent.items()}
+    n_episodes = {name: len(episodes) for name, episodes in episodes_by_agent.items()}
+    directory = Path(evidence_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {"suite_version": suite_version, "n_episodes": n_episodes, "confidence": CONFIDENCE,
+               "bootstrap_resamples": N_BOOTSTRAP, "metrics": estimates_to_json(results)}
+    (directory / "baselines.json").write_text(json.dumps(payload, indent=2, allow_nan=True) + "\n")
+    lines = [f"# Baselines on the held-out suite {suite_version}", "",
+             f"Episodes per agent: {', '.join(f'{k} {v}' for k, v in n_episodes.items())}. "
+             f"Each cell: mean [{CONFIDENCE:.0%} bootstrap interval].", "", comparison_table(results), "",
+             "Metrics: " + "; ".join(f"`{name}`: {meaning}" for name, (meaning, _, _) in METRICS.items()) + "."]
+    (directory / "baselines.md").write_text("\n".join(lines) + "\n")
+    return results

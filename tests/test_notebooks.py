@@ -53,3 +53,25 @@ def test_notebook_01_runs(tmp_path, monkeypatch):
     markdown = "\n".join(o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
     assert "| scenario | seed | steps |" in markdown and "`higgs_4l_125`" in markdown, "episode summary table"
     assert (figures / "01_spectrum_scan.png").stat().st_size > 10_000
+
+
+@pytest.mark.notebook
+def test_notebook_02_runs_and_writes_the_baselines(tmp_path, monkeypatch):
+    papermill = pytest.importorskip("papermill")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    output, evidence = tmp_path / "02_baseline_rollouts.ipynb", tmp_path / "evidence"
+    papermill.execute_notebook(
+        str(ROOT / "notebooks" / "02_baseline_rollouts.ipynb"), str(output),
+        parameters={"MAX_EPISODES": 4, "EVIDENCE_DIR": str(evidence), "N_TRAJECTORIES": 2},
+        kernel_name=_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=180)
+    nb = nbformat.read(output, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    import json
+
+    baselines = json.loads((evidence / "baselines.json").read_text())
+    assert set(baselines["metrics"]) == {"random", "heuristic", "oracle"}
+    assert baselines["n_episodes"] == {"random": 4, "heuristic": 4, "oracle": 4}
+    assert "| heuristic |" in (evidence / "baselines.md").read_text()
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1, "reward distributions"

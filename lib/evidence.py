@@ -1,0 +1,930 @@
+"""Evidence that training improved the agent: logs written during training, plots and
+before/after metrics rendered from them.
+
+Three kinds of evidence, all under one folder (`EvidencePaths`):
+
+1. Per-step training metrics (`TrainingLogWriter` → training_log.csv) and per-rollout
+   reward components (`RewardComponentLogWriter` → reward_components.csv).
+2. Held-out evaluations at checkpoints (`CheckpointEvalWriter` → checkpoint_evals.csv).
+3. Episodes before and after training (pre_eval.jsonl / post_eval.jsonl, one episode per
+   line) → before_after_metrics.json with 95% bootstrap intervals, two plots and a
+   Markdown sample of trajectories.
+
+Logs are append-only and may be written by several processes and threads at once, and
+a run may be killed at any moment. Each row is therefore one `write` of one complete line
+under an exclusive `fcntl.flock`, and a row exists only once its newline is on disk:
+readers skip an unterminated last line, and the next writer cuts it off before
+appending. Readers skip malformed lines, count them and log a warning.
+
+Renderers draw what exists and never raise on missing, empty or partial data: with
+nothing to show they return None and write nothing (an artifact on disk always holds
+evidence; no placeholder images). Outputs are written to a temporary file and renamed,
+so a server publishing the folder never serves half a PNG. Figures are built with
+`matplotlib.figure.Figure` on an Agg canvas: no pyplot, no global backend or style change.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import io
+import json
+import logging
+import math
+import os
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from lib.evaluation import CONFIDENCE, METRICS, N_BOOTSTRAP
+
+logger = logging.getLogger(__name__)
+
+BOOTSTRAP_SEED = 0
+"""numpy seed of every bootstrap here, so a re-render gives the same intervals."""
+PAIR_KEY = ("seed", "scenario", "difficulty")
+"""An episode before and one after training are the same task when these agree."""
+DPI = 140
+MAX_TABLE_STEPS = 40
+"""Steps listed per episode in sample_trajectories.md; the rest are counted."""
+_MARKER_MAX_POINTS = 60  # below this many points, mark each one (a lone point is invisible as a line)
+
+
+@dataclass
+class EvidencePaths:
+    """Every evidence artifact of one training run, under `root`."""
+
+    root: Path
+    training_log_csv: Path = field(init=False)
+    reward_components_csv: Path = field(init=False)
+    checkpoint_evals_csv: Path = field(init=False)
+    training_curve_png: Path = field(init=False)
+    reward_components_png: Path = field(init=False)
+    checkpoint_progression_png: Path = field(init=False)
+    before_after_summary_png: Path = field(init=False)
+    reward_distribution_png: Path = field(init=False)
+    before_after_metrics_json: Path = field(init=False)
+    sample_trajectories_md: Path = field(init=False)
+    pre_eval_jsonl: Path = field(init=False)
+    post_eval_jsonl: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        for name in self.__dataclass_fields__:
+            if name != "root":
+                stem, _, suffix = name.rpartition("_")
+                setattr(self, name, self.root / f"{stem}.{suffix}")
+
+    def ensure(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+
+# ----------------------------------------------------------------------------- writing
+
+_path_locks: Dict[str, threading.Lock] = {}
+_path_locks_guard = threading.Lock()
+
+
+def _reset_locks_after_fork() -> None:
+    # A lock held by another thread at fork time would never be released in the child.
+    global _path_locks, _path_locks_guard
+    _path_locks, _path_locks_guard = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_locks_after_fork)
+
+
+def _thread_lock(path: Path) -> threading.Lock:
+    """One lock per file per process, shared by every writer instance of that file."""
+    key = os.path.realpath(path)
+    with _path_locks_guard:
+        return _path_locks.setdefault(key, threading.Lock())
+
+
+def _cut_partial_last_line(fd: int, path: Path) -> int:
+    """Truncate bytes after the last newline (a row whose writer was killed); return the size."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        cut = os.pread(fd, end - start, start).rfind(b"\n")
+        if cut >= 0:
+            end = start + cut + 1
+            break
+        end = start
+    logger.warning("%s: dropped an unfinished last line %r (its writer was interrupted)",
+                   path, os.pread(fd, min(size - end, 200), end))
+    os.ftruncate(fd, end)
+    return end
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar, 0-d array, torch tensor
+        value = value.item()
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ""
+    return str(value).replace("\r", " ").replace("\n", " ")  # one row, one physical line
+
+
+def _csv_line(cells: Sequence[str]) -> bytes:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(cells)
+    return buffer.getvalue().encode("utf-8")
+
+
+class _CsvLog:
+    """Append-only CSV with a fixed header, safe across processes, threads and kills.
+
+    Missing keys are written empty, as are None, NaN and ±inf (plots skip them); an
+    unknown key raises, so a typo cannot silently drop a metric.
+    """
+
+    COLUMNS: Tuple[str, ...] = ()
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._header = _csv_line(self.COLUMNS)
+        self._append_line(b"")  # create the file with its header now, as the seed did
+
+    def _append_row(self, row: Mapping[str, Any]) -> None:
+        unknown = [key for key in row if key not in self.COLUMNS]
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unknown column(s) {unknown} for {self.path.name}; "
+                             f"the columns are {list(self.COLUMNS)}")
+        self._append_line(_csv_line([_csv_cell(row.get(column)) for column in self.COLUMNS]))
+
+    def _append_line(self, line: bytes) -> None:
+        with _thread_lock(self.path):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+                if _cut_partial_last_line(fd, self.path) == 0:
+                    line = self._header + line
+                else:
+                    self._check_header(fd)
+                if line:
+                    _write_all(fd, line)
+            finally:
+                os.close(fd)
+
+    def _check_header(self, fd: int) -> None:
+        found = os.pread(fd, len(self._header) + 1, 0).split(b"\n")[0].rstrip(b"\r")  # csv's default ends \r\n
+        if found != self._header.rstrip(b"\n"):
+            raise ValueError(f"{self.path} starts with {found!r}, not the columns {list(self.COLUMNS)}; "
+                             "move the old file aside or log to a new evidence folder")
+
+
+class TrainingLogWriter(_CsvLog):
+    """One row per trainer logging step: GRPO loss, reward, KL, gradient norm, learning rate."""
+
+    COLUMNS = ("step", "epoch", "loss", "reward", "reward_std", "kl", "grad_norm", "learning_rate", "wall_time_s")
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        self._append_row(row)
+
+
+class RewardComponentLogWriter(_CsvLog):
+    """One row per rollout batch: each reward component and outcome rate on its own, so a
+    rising total can be traced to the grade rather than to shaping."""
+
+    COLUMNS = ("step", "n", "mean_cumulative", "mean_terminal", "mean_step_shaping", "discovered_rate",
+               "mass_correct_rate", "channel_correct_rate", "spin_correct_rate", "parsed_rate", "mean_n_steps")
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        self._append_row(row)
+
+
+class CheckpointEvalWriter(_CsvLog):
+    """One row per held-out evaluation during training (see `checkpoint_row`)."""
+
+    COLUMNS = ("step", "fraction_done", "episodes", "mean_reward", "success_rate", "mass_acc", "channel_acc")
+
+    def append(self, **row: Any) -> None:
+        self._append_row(row)
+
+
+# ----------------------------------------------------------------------------- reading
+
+@dataclass
+class Records:
+    """What `read_records` could read: complete rows, and how many lines it skipped."""
+
+    rows: List[Dict[str, Any]]
+    n_skipped: int = 0
+    columns: Tuple[str, ...] = ()
+    """The CSV header (empty for JSONL)."""
+
+
+def read_records(path: Path) -> Records:
+    """Rows of a CSV log (values as strings) or episodes of a JSONL file (dicts).
+
+    Skips, counts and warns about lines that are not records: undecodable bytes (a crash
+    can leave NULs), wrong field counts, invalid JSON, and an unterminated last CSV line
+    (a prefix of a row can look like a row). An unterminated last JSONL line is kept when
+    it parses: no prefix of a JSON object is itself an object. A missing file is empty.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return Records([])
+    raw_lines = data.split(b"\n")
+    complete, tail = raw_lines[:-1], raw_lines[-1]
+    jsonl = path.suffix.lower() in (".jsonl", ".ndjson")
+    skipped = 0
+    if tail.strip():
+        if jsonl:
+            complete.append(tail)
+        else:
+            skipped += 1
+    lines: List[str] = []
+    for raw in complete:
+        try:
+            text = raw.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError:
+            skipped += 1
+            continue
+        if "\x00" in text:
+            skipped += 1
+        elif text.strip():
+            lines.append(text)
+    records = _parse_jsonl(lines) if jsonl else _parse_csv(lines)
+    records.n_skipped += skipped
+    if records.n_skipped:
+        logger.warning("%s: skipped %d malformed or unfinished line(s)", path, records.n_skipped)
+    return records
+
+
+def _parse_jsonl(lines: List[str]) -> Records:
+    rows, skipped = [], 0
+    for text in lines:
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict):
+            rows.append(record)
+        else:
+            skipped += 1
+    return Records(rows, skipped)
+
+
+def _parse_csv(lines: List[str]) -> Records:
+    if not lines:
+        return Records([])
+    header = tuple(_csv_fields(lines[0]) or ())
+    rows, skipped = [], 0
+    for text in lines[1:]:
+        fields = _csv_fields(text)  # line by line: a stray quote must not swallow the next row
+        if fields is None or len(fields) != len(header) or tuple(fields) == header:
+            skipped += 1
+        else:
+            rows.append(dict(zip(header, fields)))
+    return Records(rows, skipped, header)
+
+
+def _csv_fields(text: str) -> Optional[List[str]]:
+    try:
+        return next(csv.reader([text], strict=True))
+    except csv.Error:
+        return None
+
+
+def _number(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return number if math.isfinite(number) else math.nan
+
+
+def _column(rows: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
+    """Values of one column as floats; missing, empty and non-finite values are NaN."""
+    return np.array([_number(row.get(name)) for row in rows], dtype=float)
+
+
+# ----------------------------------------------------------------------------- figures
+
+def _new_figure(nrows: int, ncols: int, figsize: Tuple[float, float], **subplots_kw: Any):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        logger.warning("cannot plot evidence without matplotlib (%s); pip install matplotlib", exc)
+        return None, None
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **subplots_kw)
+
+
+def _atomic_write(path: Path, write) -> Path:
+    """Write through a temporary file in the same folder and rename it over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _save_figure(fig, path: Path) -> Path:
+    return _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))
+
+
+@dataclass(frozen=True)
+class _Series:
+    column: str
+    label: str
+    color: str
+    band: Optional[str] = None
+    """Column holding a ±1 standard deviation, drawn as a shaded band."""
+    style: str = "-"
+
+
+@dataclass(frozen=True)
+class _Panel:
+    title: str
+    ylabel: str
+    series: Tuple[_Series, ...]
+    rate: bool = False
+    """Values are fractions: fix the y range to [0, 1]."""
+
+
+def _x_axis(rows: Sequence[Mapping[str, Any]]) -> Tuple[np.ndarray, str]:
+    steps = _column(rows, "step")
+    if np.isfinite(steps).any():
+        return steps, "training step [optimizer updates]"
+    return np.arange(len(rows), dtype=float), "log row (no step recorded)"
+
+
+def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Panel, xlabel: str) -> None:
+    drawn = 0
+    order = np.argsort(x, kind="stable")  # rows from several processes or a resumed run arrive out of order
+    for s in panel.series:
+        y = _column(rows, s.column)[order]
+        xs = x[order]
+        ok = np.isfinite(xs) & np.isfinite(y)
+        if not ok.any():
+            continue
+        marker = "o" if ok.sum() <= _MARKER_MAX_POINTS else None
+        ax.plot(xs[ok], y[ok], s.style, color=s.color, label=s.label, marker=marker, markersize=3, lw=1.5)
+        if s.band:
+            spread = _column(rows, s.band)[order]
+            good = ok & np.isfinite(spread)
+            if good.any():
+                ax.fill_between(xs[good], (y - spread)[good], (y + spread)[good], color=s.color, alpha=0.2,
+                                lw=0, label=f"± 1 std ({s.band})")
+        drawn += 1
+    ax.set_title(panel.title, fontsize=10)
+    ax.set_ylabel(panel.ylabel)
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.25)
+    if panel.rate:
+        ax.set_ylim(-0.02, 1.02)
+    if drawn:
+        ax.legend(fontsize=8, loc="best")
+    else:
+        ax.text(0.5, 0.5, "not logged yet", transform=ax.transAxes, ha="center", va="center", color="0.5")
+
+
+def _render_csv_panels(csv_path: Path, png_path: Path, title: str, panels: Sequence[_Panel],
+                       ncols: int = 1) -> Optional[Path]:
+    """Draw `panels` (one per axes, sharing the step axis) from a CSV log; None if nothing to draw."""
+    rows = read_records(csv_path).rows
+    if not rows:
+        return None
+    x, xlabel = _x_axis(rows)
+    has_data = any((np.isfinite(x) & np.isfinite(_column(rows, s.column))).any()
+                   for panel in panels for s in panel.series)
+    if not has_data:
+        return None
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = _new_figure(nrows, ncols, (6.0 * ncols, 2.9 * nrows + 0.6))
+    if fig is None:
+        return None
+    for ax, panel in zip(axes.flat, panels):
+        _draw_panel(ax, x, rows, panel, xlabel)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{title}  ({len(rows)} rows from {Path(csv_path).name})", fontsize=12)
+    return _save_figure(fig, png_path)
+
+
+_TRAINING_PANELS = (
+    _Panel("Reward of sampled completions", "mean reward per completion",
+           (_Series("reward", "mean reward", "#1d4ed8", band="reward_std"),)),
+    _Panel("GRPO loss", "loss", (_Series("loss", "loss", "#c026d3"),)),
+    _Panel("KL divergence to the reference policy", "KL [nats per token]", (_Series("kl", "KL", "#ea580c"),)),
+    _Panel("Gradient norm (before clipping)", "‖g‖₂", (_Series("grad_norm", "gradient norm", "#0f766e"),)),
+    _Panel("Learning rate schedule", "learning rate", (_Series("learning_rate", "learning rate", "#64748b"),)),
+    _Panel("Wall-clock time", "elapsed [s]", (_Series("wall_time_s", "wall time", "#0f172a"),)),
+)
+
+_COMPONENT_PANELS = (
+    _Panel("Reward per rollout, by component", "mean reward per episode",
+           (_Series("mean_cumulative", "total (cumulative)", "#0f172a"),
+            _Series("mean_terminal", "terminal grade", "#1d4ed8"),
+            _Series("mean_step_shaping", "step shaping", "#9333ea", style="--"))),
+    _Panel("Outcome rates over the rollouts of each logging step", "fraction of episodes",
+           (_Series("discovered_rate", "discovery claimed", "#16a34a"),
+            _Series("mass_correct_rate", "mass correct", "#9333ea", style="--"),
+            _Series("channel_correct_rate", "channel correct", "#ea580c", style="--"),
+            _Series("spin_correct_rate", "spin correct", "#0891b2", style="--"),
+            _Series("parsed_rate", "action parsed", "#64748b", style=":")), rate=True),
+    _Panel("Episode length", "mean steps per episode", (_Series("mean_n_steps", "steps", "#0f766e"),)),
+)
+
+_CHECKPOINT_PANELS = (
+    _Panel("Mean episode reward on the held-out suite", "mean episode reward",
+           (_Series("mean_reward", "mean reward", "#1d4ed8"),)),
+    _Panel("Held-out rates (success = correct discovery or correct null)", "fraction of episodes",
+           (_Series("success_rate", "success (correct outcome)", "#16a34a"),
+            _Series("mass_acc", "mass accuracy", "#9333ea", style="--"),
+            _Series("channel_acc", "channel accuracy", "#ea580c", style="--")), rate=True),
+)
+
+
+def render_training_curve(csv_path: Path, png_path: Path) -> Optional[Path]:
+    """Every training_log.csv column against step; None (nothing written) without data."""
+    return _render_csv_panels(csv_path, png_path, "CERNenv GRPO training", _TRAINING_PANELS, ncols=2)
+
+
+def render_reward_components(csv_path: Path, png_path: Path) -> Optional[Path]:
+    """Terminal grade vs step shaping, and outcome rates, per logging step; None without data."""
+    return _render_csv_panels(csv_path, png_path, "CERNenv reward components during training", _COMPONENT_PANELS)
+
+
+def render_checkpoint_progression(csv_path: Path, png_path: Path) -> Optional[Path]:
+    """Held-out reward and success/mass/channel rates at each checkpoint; None without data."""
+    return _render_csv_panels(csv_path, png_path, "CERNenv held-out evaluation during training",
+                              _CHECKPOINT_PANELS)
+
+
+# ----------------------------------------------------------------------------- before / after
+
+# Key in the JSON and checkpoint CSV → metric of `lib.evaluation.METRICS` (one definition of each).
+SUMMARY_METRICS = {
+    "mean_reward": "mean_reward",
+    "success_rate": "success_rate",
+    "mass_acc": "mass_accuracy",
+    "channel_acc": "channel_accuracy",
+    "spin_acc": "spin_accuracy",
+}
+DIFFERENCE_METRICS = ("mean_reward", "success_rate")
+"""Metrics whose post − pre difference gets a bootstrap interval."""
+_RATE_LABELS = {"success_rate": "success\n(correct outcome)", "mass_acc": "mass\naccuracy",
+                "channel_acc": "channel\naccuracy", "spin_acc": "spin\naccuracy"}
+
+
+def _episode_values(episodes: Sequence[Mapping[str, Any]], key: str) -> List[Tuple[Tuple, float]]:
+    """(pair key, value) for the episodes `key` averages over; None and non-numbers dropped."""
+    _, include, value = METRICS[SUMMARY_METRICS[key]]
+    out = []
+    for episode in episodes:
+        if include(episode):
+            number = _number(value(episode))
+            if not math.isnan(number):
+                out.append((tuple(episode.get(k) for k in PAIR_KEY), number))
+    return out
+
+
+def _mean(values: Sequence[float]) -> Optional[float]:
+    return float(np.mean(values)) if len(values) else None
+
+
+def summarise_episodes(episodes: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """n, mean/median reward, success rate and mass/channel/spin accuracy (None when no
+    episode qualifies; accuracies count only episodes whose particle exists)."""
+    rewards = [v for _, v in _episode_values(episodes, "mean_reward")]
+    summary: Dict[str, Any] = {
+        "n": len(episodes),
+        "n_with_particle": sum(bool((e.get("truth") or {}).get("exists")) for e in episodes),
+        "median_reward": float(np.median(rewards)) if rewards else None,
+    }
+    for key in SUMMARY_METRICS:
+        summary[key] = _mean([v for _, v in _episode_values(episodes, key)])
+    return summary
+
+
+def checkpoint_row(step: int, episodes: Sequence[Mapping[str, Any]], *,
+                   fraction_done: Optional[float] = None) -> Dict[str, Any]:
+    """A `CheckpointEvalWriter.append(**row)` row computed from evaluated episodes."""
+    s = summarise_episodes(episodes)
+    return {"step": step, "fraction_done": fraction_done, "episodes": s["n"],
+            **{k: s[k] for k in ("mean_reward", "success_rate", "mass_acc", "channel_acc")}}
+
+
+def _percentile_interval(resampled_means: np.ndarray) -> List[float]:
+    tail = 100 * (1 - CONFIDENCE) / 2
+    low, high = np.percentile(resampled_means, [tail, 100 - tail])
+    return [float(low), float(high)]
+
+
+def _resampled_means(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return values[rng.integers(0, values.size, size=(N_BOOTSTRAP, values.size))].mean(axis=1)
+
+
+def bootstrap_interval(values: Sequence[float]) -> Optional[List[float]]:
+    """Percentile-bootstrap 95% interval of a mean ([low, high]; None without values)."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return None
+    return _percentile_interval(_resampled_means(data, np.random.default_rng(BOOTSTRAP_SEED)))
+
+
+def _pairable(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> bool:
+    keys = [[tuple(e.get(k) for k in PAIR_KEY) for e in side] for side in (pre, post)]
+    return bool(pre) and all(len(set(k)) == len(k) for k in keys) and set(keys[0]) == set(keys[1])
+
+
+def difference_interval(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]],
+                        key: str) -> Dict[str, Any]:
+    """95% bootstrap interval of post − pre for `key` (a `SUMMARY_METRICS` name).
+
+    Paired (resampling per-task differences) when both sides hold the same episodes by
+    (seed, scenario, difficulty), which removes task-to-task variance; otherwise the two
+    sides are resampled independently.
+    """
+    pre_values, post_values = _episode_values(pre, key), _episode_values(post, key)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    if _pairable(pre, post):
+        before = dict(pre_values)
+        diffs = np.array([v - before[k] for k, v in post_values if k in before])
+        if diffs.size == 0:
+            return {"method": "paired", "n_pairs": 0, "ci95": None}
+        return {"method": "paired", "n_pairs": int(diffs.size),
+                "ci95": _percentile_interval(_resampled_means(diffs, rng))}
+    a = np.array([v for _, v in pre_values])
+    b = np.array([v for _, v in post_values])
+    if a.size == 0 or b.size == 0:
+        return {"method": "unpaired", "n_pairs": 0, "ci95": None}
+    return {"method": "unpaired", "n_pairs": 0,
+            "ci95": _percentile_interval(_resampled_means(b, rng) - _resampled_means(a, rng))}
+
+
+def before_after_metrics(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The content of before_after_metrics.json (documented in `render_before_after`)."""
+    pre_stats, post_stats = summarise_episodes(pre), summarise_episodes(post)
+    keys = ("mean_reward", "median_reward", *[k for k in SUMMARY_METRICS if k != "mean_reward"])
+    delta = {k: (post_stats[k] - pre_stats[k] if pre_stats[k] is not None and post_stats[k] is not None else None)
+             for k in keys}
+    intervals = {k: difference_interval(pre, post, k) for k in DIFFERENCE_METRICS}
+    return {
+        "pre": pre_stats,
+        "post": post_stats,
+        "delta": delta,
+        "delta_ci95": {k: v["ci95"] for k, v in intervals.items()},
+        "pre_ci95": {k: bootstrap_interval([v for _, v in _episode_values(pre, k)]) for k in SUMMARY_METRICS},
+        "post_ci95": {k: bootstrap_interval([v for _, v in _episode_values(post, k)]) for k in SUMMARY_METRICS},
+        "n": {"pre": len(pre), "post": len(post), "pairs": intervals["mean_reward"]["n_pairs"]},
+        "bootstrap": {
+            "pairing": intervals["mean_reward"]["method"],
+            "paired_by": list(PAIR_KEY),
+            "interval": "percentile",
+            "confidence": CONFIDENCE,
+            "n_resamples": N_BOOTSTRAP,
+            "numpy_seed": BOOTSTRAP_SEED,
+        },
+    }
+
+
+def _draw_bars(ax, keys: Sequence[str], payload: Mapping[str, Any]) -> None:
+    width = 0.38
+    x = np.arange(len(keys))
+    for offset, side, color, label in ((-width / 2, "pre", "#94a3b8", "before training"),
+                                       (width / 2, "post", "#1d4ed8", "after training")):
+        stats, cis = payload[side], payload[f"{side}_ci95"]
+        if not stats["n"]:
+            continue
+        for i, key in enumerate(keys):
+            if stats[key] is None:
+                continue
+            low, high = cis[key]
+            ax.bar(x[i] + offset, stats[key], width, color=color,
+                   yerr=[[stats[key] - low], [high - stats[key]]], capsize=4, ecolor="#0f172a",
+                   label=f"{label} (n={stats['n']})" if i == 0 else None)
+    for i, key in enumerate(keys):
+        delta = payload["delta"].get(key)
+        if delta is None:
+            continue
+        text = f"Δ {delta:+.2f}"
+        ci = payload["delta_ci95"].get(key)
+        if ci is not None:
+            text += f"\n95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]"
+        ax.annotate(text, xy=(x[i], 1.0), xycoords=("data", "axes fraction"), xytext=(0, -4),
+                    textcoords="offset points", ha="center", va="top", fontsize=8)
+    ax.set_xticks(x, [_RATE_LABELS.get(k, k.replace("_", " ")) for k in keys])
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.grid(axis="y", alpha=0.25)
+
+
+def _render_summary(payload: Mapping[str, Any], png_path: Path) -> Optional[Path]:
+    fig, axes = _new_figure(1, 2, (11, 4.8), width_ratios=[1, 3])
+    if fig is None:
+        return None
+    reward_ax, rate_ax = axes[0]
+    _draw_bars(reward_ax, ["mean_reward"], payload)
+    reward_ax.set_ylabel("mean episode reward")
+    reward_ax.set_title("Mean episode reward")
+    lo, hi = reward_ax.get_ylim()
+    reward_ax.set_ylim(lo, hi + 0.35 * (hi - lo))  # room for the Δ label
+    _draw_bars(rate_ax, [k for k in SUMMARY_METRICS if k != "mean_reward"], payload)
+    rate_ax.set_ylim(0, 1.3)
+    rate_ax.set_ylabel("fraction of episodes (accuracies: particle exists)")
+    rate_ax.set_title("Outcome rates")
+    handles, labels = reward_ax.get_legend_handles_labels()
+    if handles:
+        rate_ax.legend(handles, labels, loc="upper right", bbox_to_anchor=(1.0, 0.83), fontsize=8)
+    fig.suptitle(f"CERNenv before vs after training: error bars are 95% bootstrap intervals "
+                 f"(Δ intervals {payload['bootstrap']['pairing']})", fontsize=11)
+    return _save_figure(fig, png_path)
+
+
+def _shared_bins(values: np.ndarray, max_bins: int = 40) -> np.ndarray:
+    low, high = float(values.min()), float(values.max())
+    if low == high:
+        return np.array([low - 0.5, high + 0.5])
+    edges = np.histogram_bin_edges(values, bins="auto")
+    return edges if len(edges) - 1 <= max_bins else np.linspace(low, high, max_bins + 1)
+
+
+def _render_distribution(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]],
+                         png_path: Path) -> Optional[Path]:
+    sides = [(label, color, np.array([v for _, v in _episode_values(eps, "mean_reward")]))
+             for label, color, eps in (("before training", "#94a3b8", pre), ("after training", "#1d4ed8", post))]
+    sides = [s for s in sides if s[2].size]
+    if not sides:
+        return None
+    fig, axes = _new_figure(1, 1, (8, 4.6))
+    if fig is None:
+        return None
+    ax = axes[0, 0]
+    bins = _shared_bins(np.concatenate([values for _, _, values in sides]))
+    for label, color, values in sides:
+        weights = np.full(values.size, 1.0 / values.size)  # fractions: comparable when n differ
+        ax.hist(values, bins=bins, weights=weights, histtype="stepfilled", alpha=0.35, color=color)
+        ax.hist(values, bins=bins, weights=weights, histtype="step", lw=1.8, color=color,
+                label=f"{label}: n={values.size}, mean={values.mean():+.2f}")
+        ax.axvline(values.mean(), color=color, ls="--", lw=1.2)
+    ax.set_xlabel("episode cumulative reward (step rewards + terminal grade)")
+    ax.set_ylabel("fraction of episodes per bin")
+    ax.set_title(f"Episode reward distribution, before vs after training ({len(bins) - 1} shared bins; "
+                 "dashed: means)", fontsize=10)
+    ax.grid(alpha=0.25)
+    ax.legend(fontsize=8)
+    return _save_figure(fig, png_path)
+
+
+def _render_before_after(pre_jsonl: Path, post_jsonl: Path, summary_png: Path, distribution_png: Path,
+                         metrics_json: Path) -> Tuple[Optional[Dict[str, Any]], Dict[str, Optional[Path]]]:
+    pre, post = read_records(pre_jsonl).rows, read_records(post_jsonl).rows
+    written: Dict[str, Optional[Path]] = {"metrics_json": None, "summary_png": None, "distribution_png": None}
+    if not pre and not post:
+        return None, written
+    payload = before_after_metrics(pre, post)
+    payload["sources"] = {"pre": str(pre_jsonl), "post": str(post_jsonl)}
+    text = json.dumps(payload, indent=2, allow_nan=False)
+    written["metrics_json"] = _atomic_write(metrics_json, lambda tmp: Path(tmp).write_text(text + "\n"))
+    written["summary_png"] = _render_summary(payload, summary_png)
+    written["distribution_png"] = _render_distribution(pre, post, distribution_png)
+    return payload, written
+
+
+def render_before_after(*, pre_jsonl: Path, post_jsonl: Path, summary_png: Path, distribution_png: Path,
+                        metrics_json: Path) -> Optional[Dict[str, Any]]:
+    """Before/after metrics JSON, bar chart with 95% intervals and shared-bin reward histogram.
+
+    Returns the JSON payload, or None (nothing written) when neither file holds an episode;
+    with one side only, that side is drawn and deltas are null. JSON keys: `pre`/`post`
+    (n, n_with_particle, mean_reward, median_reward, success_rate = correct_outcome rate,
+    mass_acc/channel_acc/spin_acc over episodes whose particle exists, None counted wrong),
+    `delta` (post − pre), `pre_ci95`/`post_ci95` (bootstrap interval of each mean),
+    `delta_ci95` (interval of post − pre for mean_reward and success_rate), `n` and
+    `bootstrap` (pairing "paired" or "unpaired", resamples, numpy seed).
+    """
+    return _render_before_after(Path(pre_jsonl), Path(post_jsonl), Path(summary_png), Path(distribution_png),
+                                Path(metrics_json))[0]
+
+
+# ----------------------------------------------------------------------------- trajectories
+
+def _md(text: Any, limit: int = 120) -> str:
+    """Text safe inside a Markdown table cell, cut to `limit` characters."""
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value)
+
+
+def _format_reward(value: Any) -> str:
+    number = _number(value)
+    return "—" if math.isnan(number) else f"{number:+.3f}"
+
+
+def _truth_summary(truth: Any) -> str:
+    if not isinstance(truth, Mapping) or "exists" not in truth:
+        return "unknown (no truth recorded)"
+    if not truth["exists"]:
+        return "no particle (a null scenario: the right answer is no discovery)"
+    parts = []
+    if truth.get("mass_gev") is not None:
+        parts.append(f"mass {_format_value(_number(truth['mass_gev']))} GeV")
+    if truth.get("width_gev") is not None:
+        parts.append(f"width {_format_value(_number(truth['width_gev']))} GeV")
+    if truth.get("spin") is not None:
+        parts.append(f"spin {truth['spin']}")
+    if truth.get("channels"):
+        parts.append("channels " + ", ".join(map(str, truth["channels"])))
+    if truth.get("cross_section_fb") is not None:
+        parts.append(f"σ {_format_value(_number(truth['cross_section_fb']))} fb")
+    return "a particle" + (": " + "; ".join(parts) if parts else "")
+
+
+def _verdict(value: Any) -> str:
+    return "n/a" if value is None else ("✓" if value else "✗")
+
+
+def _format_episode(episode: Mapping[str, Any], heading: str) -> List[str]:
+    steps = episode.get("steps") or []
+    steps = steps if isinstance(steps, list) else []
+    outcome = episode.get("correct_outcome")
+    lines = [
+        f"### {heading}",
+        "",
+        f"- **Task**: scenario `{episode.get('scenario')}`, difficulty `{episode.get('difficulty')}`, "
+        f"seed `{episode.get('seed')}`",
+        f"- **Truth**: {_truth_summary(episode.get('truth'))}",
+        f"- **Outcome**: {'correct ✓' if outcome else 'wrong ✗' if outcome is not None else 'not graded'}; "
+        f"discovery claimed {_verdict(episode.get('discovered'))}, mass {_verdict(episode.get('correct_mass'))}, "
+        f"channel {_verdict(episode.get('correct_channel'))}, spin {_verdict(episode.get('correct_spin'))}",
+        f"- **Reward**: {_format_reward(episode.get('cumulative_reward'))} over {len(steps)} step(s)",
+        "",
+    ]
+    if not steps:
+        return lines + ["_No steps recorded._", ""]
+    lines += ["| # | action | key parameters | reward | parsed | rule violations |", "|---|---|---|---|---|---|"]
+    for i, step in enumerate(steps[:MAX_TABLE_STEPS], start=1):
+        step = step if isinstance(step, Mapping) else {"action": step}
+        action = step.get("action")
+        if isinstance(action, Mapping):
+            kind = action.get("action_type", "?")
+            params = action.get("parameters") or {}
+            params = (", ".join(f"{k}={_format_value(v)}" for k, v in params.items())
+                      if isinstance(params, Mapping) else _format_value(params))
+        else:
+            kind, params = "(unparsed)", "" if action is None else f"raw: {action}"
+        violations = step.get("rule_violations") or []
+        violations = "; ".join(map(str, violations)) if isinstance(violations, list) else str(violations)
+        parsed = step.get("parsed_ok")
+        lines.append(f"| {i} | `{_md(kind, 40)}` | {_md(params) or '—'} | {_format_reward(step.get('reward'))} "
+                     f"| {_verdict(parsed) if parsed is not None else '—'} | {_md(violations) or '—'} |")
+    if len(steps) > MAX_TABLE_STEPS:
+        lines.append(f"| … | {len(steps) - MAX_TABLE_STEPS} more step(s) | | | | |")
+    return lines + [""]
+
+
+def _reward_rank(episode: Mapping[str, Any]) -> Tuple[bool, float]:
+    reward = _number(episode.get("cumulative_reward"))
+    return (True, 0.0) if math.isnan(reward) else (False, reward)
+
+
+def _spread(episodes: Sequence[Mapping[str, Any]], n: int) -> List[Mapping[str, Any]]:
+    """`n` episodes spread evenly over the reward ranking (lowest, …, highest): not cherry-picked."""
+    ranked = sorted(episodes, key=_reward_rank)
+    if len(ranked) <= n:
+        return ranked
+    return [ranked[int(round(i))] for i in np.linspace(0, len(ranked) - 1, n)]
+
+
+def _pair_key(episode: Mapping[str, Any]) -> Tuple:
+    return tuple(episode.get(k) for k in PAIR_KEY)
+
+
+def render_sample_trajectories(*, pre_jsonl: Path, post_jsonl: Path, md_path: Path,
+                               n_samples: int = 3) -> Optional[Path]:
+    """Markdown of sample episodes before and after training; None without episodes.
+
+    When both files hold the same tasks, the same `n_samples` tasks are shown before and
+    after, chosen evenly over the pre-training reward ranking; otherwise each side's own
+    episodes are chosen that way. Every step lists its action, key parameters, reward and
+    rule violations.
+    """
+    pre, post = read_records(Path(pre_jsonl)).rows, read_records(Path(post_jsonl)).rows
+    if not pre and not post:
+        return None
+    md = ["# CERNenv: sample trajectories before and after training", ""]
+    if _pairable(pre, post):
+        after = {_pair_key(e): e for e in post}
+        md += [f"The same {min(n_samples, len(pre))} task(s) before and after training, spread from the lowest "
+               f"to the highest pre-training reward ({len(pre)} tasks evaluated).", ""]
+        for i, episode in enumerate(_spread(pre, n_samples), start=1):
+            md += [f"## Task {i}", ""]
+            md += _format_episode(episode, "Before training")
+            md += _format_episode(after[_pair_key(episode)], "After training")
+    else:
+        md += ["Episodes spread from the lowest to the highest reward of each side "
+               "(the two sides are different tasks).", ""]
+        for label, episodes in (("Before training", pre), ("After training", post)):
+            md += [f"## {label} ({len(episodes)} episodes)", ""]
+            chosen = _spread(episodes, n_samples)
+            for i, episode in enumerate(chosen, start=1):
+                md += _format_episode(episode, f"Episode {i} of {len(chosen)}")
+            if not chosen:
+                md += ["_No episodes yet._", ""]
+    text = "\n".join(md)
+    return _atomic_write(Path(md_path), lambda tmp: Path(tmp).write_text(text))
+
+
+# ----------------------------------------------------------------------------- everything
+
+def render_all(paths: EvidencePaths) -> Dict[str, Optional[Path]]:
+    """Regenerate every PNG, JSON and Markdown artifact from the data that exist.
+
+    Keys are `EvidencePaths` attribute names; a value is None when there was nothing to
+    render or rendering failed (logged, never raised: a training callback must not die
+    because a plot did).
+    """
+    plots = {
+        "training_curve_png": lambda: render_training_curve(paths.training_log_csv, paths.training_curve_png),
+        "reward_components_png": lambda: render_reward_components(paths.reward_components_csv,
+                                                                  paths.reward_components_png),
+        "checkpoint_progression_png": lambda: render_checkpoint_progression(paths.checkpoint_evals_csv,
+                                                                            paths.checkpoint_progression_png),
+        "sample_trajectories_md": lambda: render_sample_trajectories(
+            pre_jsonl=paths.pre_eval_jsonl, post_jsonl=paths.post_eval_jsonl, md_path=paths.sample_trajectories_md),
+    }
+    out: Dict[str, Optional[Path]] = {}
+    for key, render in plots.items():
+        try:
+            out[key] = render()
+        except Exception:
+            logger.exception("rendering %s failed; the other evidence is still rendered", key)
+            out[key] = None
+    written: Dict[str, Optional[Path]] = {}
+    try:
+        written = _render_before_after(paths.pre_eval_jsonl, paths.post_eval_jsonl, paths.before_after_summary_png,
+                                       paths.reward_distribution_png, paths.before_after_metrics_json)[1]
+    except Exception:
+        logger.exception("rendering the before/after metrics failed; the other evidence is still rendered")
+    out["before_after_metrics_json"] = written.get("metrics_json")
+    out["before_after_summary_png"] = written.get("summary_png")
+    out["reward_distribution_png"] = written.get("distribution_png")
+    return out
+
+
+__all__ = [
+    "EvidencePaths",
+    "TrainingLogWriter",
+    "RewardComponentLogWriter",
+    "CheckpointEvalWriter",
+    "Records",
+    "read_records",
+    "summarise_episodes",
+    "checkpoint_row",
+    "bootstrap_interval",
+    "difference_interval",
+    "before_after_metrics",
+    "render_training_curve",
+    "render_reward_components",
+    "render_checkpoint_progression",
+    "render_before_after",
+    "render_sample_trajectories",
+    "render_all",
+]
+
+
+def format_episode_markdown(episode: Any, heading: str) -> str:
+    """One episode (an `EpisodeRecord` or its dict) as readable Markdown: task, truth, outcome, steps."""
+    if is_dataclass(episode):
+        episode = asdict(episode)
+    return "\n".join(_format_episode(episode, heading))
