@@ -28,7 +28,7 @@ PYTEST_ARGS ?=
 
 # Notebooks executed headlessly by `make reproduce`, in this order.
 # Append later notebooks here (names without .ipynb, relative to notebooks/).
-NOTEBOOKS ?= 01_explore_environment
+NOTEBOOKS ?= 01_explore_environment 02_baseline_rollouts
 BUILD     ?= build
 NB_OUT     = $(addprefix $(BUILD)/,$(addsuffix .ipynb,$(NOTEBOOKS)))
 PAPERMILL_FLAGS ?= --no-progress-bar
@@ -37,7 +37,7 @@ PAPERMILL_FLAGS ?= --no-progress-bar
 # --cwd notebooks and bench scripts run from bench/, so put the root on the path.
 RUN_ENV = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" MPLBACKEND=Agg
 
-.PHONY: help setup test reproduce docs bench clean distclean FORCE
+.PHONY: help setup test reproduce docs bench bench-server serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -77,6 +77,16 @@ docs: $(STAMP) ## regenerate docs/environment.md from the code (cernenv.docs)
 
 bench: setup ## run the environment benchmark (bench/bench_env.py)
 	$(RUN_ENV) $(PY) bench/bench_env.py
+
+# All sessions share one Python process: BLAS threads would only fight over the cores.
+SERVE_ENV  = OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+SERVE_ARGS ?=
+
+serve: setup ## serve CERNenv over OpenEnv's HTTP/WebSocket API on 127.0.0.1:8000 (SERVE_ARGS="--port 8001 ...")
+	$(RUN_ENV) $(SERVE_ENV) $(PY) -m cernenv.server $(SERVE_ARGS)
+
+bench-server: setup ## in-process vs WebSocket throughput at 1, 8, 32 sessions (bench/bench_server.py)
+	$(RUN_ENV) $(SERVE_ENV) $(PY) bench/bench_server.py
 
 clean: ## remove build/ and caches (keeps the venv)
 	rm -rf $(BUILD) dist .pytest_cache .hypothesis .ipynb_checkpoints *.egg-info

@@ -1,0 +1,123 @@
+"""Throughput of CERNenv in process and over OpenEnv's WebSocket API (`python -m cernenv.server`).
+
+    make bench-server      # or: python bench/bench_server.py --sessions 1 8 32 --episodes 128
+
+The same HeuristicAgent episodes in every row: the first `--episodes` of bench_env.py's
+fixed mix of curated and procedural campaigns. In process: one environment, one core. Remote: a server subprocess on
+127.0.0.1 and N concurrent sessions, one async `CERNEnvClient` each, all on one event loop
+in this process. Prints episodes/s and steps/s, and remote/in-process.
+Target (issue 7): remote throughput at 32 sessions >= 30% of in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import List, Optional, Tuple
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # single core: no BLAS threads (the server inherits these)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+from bench_env import episode_specs  # noqa: E402
+from cernenv import CERNCollisionEnvironment  # noqa: E402
+from cernenv.client import CERNEnvClient  # noqa: E402
+from lib.agents import HeuristicAgent  # noqa: E402
+
+TARGET_RATIO_AT_32 = 0.30
+Spec = Tuple[int, Optional[str], Optional[str]]
+
+
+def in_process(specs: List[Spec]) -> Tuple[float, float]:
+    """(episodes/s, steps/s) of one environment played sequentially."""
+    env, agent, steps = CERNCollisionEnvironment(), HeuristicAgent(), 0
+    start = time.perf_counter()
+    for seed, scenario, difficulty in specs:
+        agent.reset()
+        obs = env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
+        while not obs.done:
+            obs = env.step(agent.act(obs))
+            steps += 1
+    elapsed = time.perf_counter() - start
+    return len(specs) / elapsed, steps / elapsed
+
+
+async def _session(url: str, specs: List[Spec]) -> int:
+    agent, steps = HeuristicAgent(), 0
+    async with CERNEnvClient(base_url=url) as env:
+        for seed, scenario, difficulty in specs:
+            agent.reset()
+            result = await env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
+            while not result.done:
+                result = await env.step(agent.act(result.observation))
+                steps += 1
+    return steps
+
+
+def remote(url: str, specs: List[Spec], sessions: int) -> Tuple[float, float]:
+    """(episodes/s, steps/s) of `sessions` concurrent sessions sharing `specs` round-robin."""
+
+    async def run() -> List[int]:
+        return await asyncio.gather(*(_session(url, specs[i::sessions]) for i in range(sessions)))
+
+    start = time.perf_counter()
+    steps = sum(asyncio.run(run()))
+    elapsed = time.perf_counter() - start
+    return len(specs) / elapsed, steps / elapsed
+
+
+def start_server(max_sessions: int) -> Tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "cernenv.server", "--port", str(port),
+                                "--max-sessions", str(max_sessions)], cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).close()
+            return process, url
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"the server on {url} did not start")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--episodes", type=int, default=128, help="episodes per row")
+    args = parser.parse_args()
+    specs = list(episode_specs(args.episodes))
+    in_process(specs[:4])  # warm-up: imports, caches
+    base_episodes, base_steps = in_process(specs)
+    rows = [("in-process", 1, len(specs), base_episodes, base_steps)]
+    process, url = start_server(max(args.sessions))
+    try:
+        remote(url, specs[:4], 1)  # warm-up of the server
+        for sessions in args.sessions:
+            rows.append(("websocket", sessions, len(specs), *remote(url, specs, sessions)))
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    print(f"{'mode':<12}{'sessions':>9}{'episodes':>10}{'episodes/s':>12}{'steps/s':>10}{'remote/in-process':>19}")
+    for mode, sessions, n, episodes_per_s, steps_per_s in rows:
+        print(f"{mode:<12}{sessions:>9}{n:>10}{episodes_per_s:>12.1f}{steps_per_s:>10.0f}"
+              f"{episodes_per_s / base_episodes:>19.2f}")
+    at_32 = [r[3] / base_episodes for r in rows if r[0] == "websocket" and r[1] == 32]
+    if at_32:
+        print(f"target: remote/in-process at 32 sessions >= {TARGET_RATIO_AT_32:.2f}: "
+              f"{'met' if at_32[0] >= TARGET_RATIO_AT_32 else 'NOT met'} ({at_32[0]:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

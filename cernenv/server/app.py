@@ -1,0 +1,286 @@
+"""The CERNenv server: OpenEnv's `create_app` around `CERNCollisionEnvironment`.
+
+    python -m cernenv.server                  # 127.0.0.1:8000; --help for the options
+    uvicorn cernenv.server.app:app            # configured by the CERNENV_* variables (and uvicorn's flags)
+
+Routes (all from `openenv.core.env_server.create_app`, plus `/sessions`):
+
+| route | what it does |
+|---|---|
+| `WS /ws` | one session = one environment: messages `reset`, `step`, `state`, `close` |
+| `GET /health`, `/metadata`, `/schema` | liveness; name and version; JSON schemas of action, observation, state |
+| `POST /reset` | the first observation of a fresh environment (seed, scenario, difficulty), then forgotten |
+| `POST /step`, `GET /state` | a fresh environment per request (OpenEnv 0.10): 409; the empty state |
+| `GET /sessions` | environments open now (one per WebSocket session) and the session limit |
+
+What the server adds to the environment (`ServedEnvironment`): a step before any reset is
+an error rather than an implicit seed-0 episode; unknown or ill-typed reset parameters are
+errors; `hidden_truth()` is refused; any JSON value sent as an action is judged by the
+environment's rules, so malformed actions cost the same penalty as in process; all
+sessions' resets and steps run on one thread. The `MessageLimit` middleware refuses
+messages over `ServerConfig.max_message_bytes` with an error (the WebSocket session goes
+on) and frames over `ws_frame_limit_bytes` by closing the connection (code 1009).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.types import Action
+from pydantic import ConfigDict
+
+from cernenv.client import RAW_ACTION_KEY
+from cernenv.environment import CERNCollisionEnvironment
+from cernenv.models import CernState, CollisionObservation, ExperimentAction
+
+ENV_PREFIX = "CERNENV_"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the server runs; each field can be set by the variable CERNENV_<FIELD> (e.g. CERNENV_PORT)."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind; the default serves this machine only."""
+    port: int = 8000
+    """TCP port."""
+    max_sessions: int = 64
+    """Concurrent WebSocket sessions (one environment each); one more is refused with CAPACITY_REACHED."""
+    max_message_bytes: int = 64 * 1024
+    """Largest request accepted [bytes]: a larger WebSocket message gets an error frame, a larger HTTP body 413.
+    An action with the longest justification (2,000 characters) takes under 3 KiB."""
+
+    @property
+    def ws_frame_limit_bytes(self) -> int:
+        """Frames above this [bytes] are not even read: the connection closes with code 1009."""
+        return max(1024 * 1024, 2 * self.max_message_bytes)
+
+    @classmethod
+    def from_env(cls, environ: Optional[Dict[str, str]] = None, **overrides: Any) -> "ServerConfig":
+        """Defaults, then CERNENV_* variables, then `overrides` that are not None."""
+        environ = os.environ if environ is None else environ
+        values: Dict[str, Any] = {}
+        for f in fields(cls):
+            text = environ.get(ENV_PREFIX + f.name.upper())
+            if text is not None:
+                try:
+                    values[f.name] = type(f.default)(text)
+                except ValueError:
+                    raise ValueError(f"{ENV_PREFIX}{f.name.upper()}={text!r} is not a valid {f.name}") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        config = cls(**values)
+        if config.max_sessions < 1 or config.max_message_bytes < 1024 or not 0 <= config.port < 65536:
+            raise ValueError(f"invalid server configuration {config}: max_sessions >= 1, "
+                             "max_message_bytes >= 1024 and 0 <= port < 65536")
+        return config
+
+
+class RequestError(ValueError):
+    """A request the environment cannot serve as asked; the message says what to send instead."""
+
+    status_code = 400
+
+
+class NoEpisodeError(RequestError):
+    status_code = 409
+
+
+class WireAction(Action):
+    """Whatever JSON object a step message carries, handed to the environment's own rules.
+
+    OpenEnv validates a step's data against the action class before the environment sees
+    it; validating against `ExperimentAction` there would turn a malformed action into a
+    protocol error, where in process it is a rule violation with a penalty. `/schema` still
+    publishes `ExperimentAction`'s schema."""
+
+    model_config = ConfigDict(extra="allow")
+    metadata: Any = None
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        return ExperimentAction.model_json_schema(*args, **kwargs)
+
+    def unwrap(self) -> Any:
+        data = self.model_dump(exclude_unset=True)
+        if set(data) == {RAW_ACTION_KEY}:
+            return data[RAW_ACTION_KEY]
+        return data
+
+
+class EnvironmentCount:
+    """Environments alive in one app: every session's, plus any stateless HTTP request's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.open = 0
+
+    def change(self, delta: int) -> None:
+        with self._lock:
+            self.open += delta
+
+
+class ServedEnvironment(CERNCollisionEnvironment):
+    """`CERNCollisionEnvironment` as one server session runs it (see the module docstring)."""
+
+    RESET_PARAMETERS = ("seed", "episode_id", "scenario", "difficulty")
+    # Every session's reset and step run on one shared thread, in arrival order. The physics holds
+    # the GIL, so a thread per session only adds contention: at 32 sessions it doubled the server's
+    # CPU time per episode (170 vs 87 ms) and cut throughput by a third (bench/bench_server.py).
+    REQUIRES_SINGLE_THREAD_EXECUTOR = True
+
+    def __init__(self, count: EnvironmentCount) -> None:
+        super().__init__()
+        self._count = count
+        self._closed = False
+        count.change(+1)
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, scenario: Optional[str] = None,
+              difficulty: Optional[str] = None, **unknown: Any) -> CollisionObservation:
+        if unknown:
+            raise RequestError(f"unknown reset parameter(s) {sorted(unknown)}; "
+                               f"accepted: {', '.join(self.RESET_PARAMETERS)}")
+        for name, value in (("episode_id", episode_id), ("scenario", scenario), ("difficulty", difficulty)):
+            if value is not None and not (isinstance(value, str) and len(value) <= 255):
+                raise RequestError(f"{name} must be a string of at most 255 characters, got {str(value)[:60]!r}")
+        try:
+            return super().reset(seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty)
+        except ValueError as error:
+            raise RequestError(str(error)) from None
+
+    def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
+        if self._episode is None:
+            raise NoEpisodeError("no episode in this session: send reset (seed, scenario or difficulty) first; "
+                                 "over HTTP each request gets a fresh environment, so play episodes on the "
+                                 "WebSocket /ws (cernenv.client.CERNEnvClient)")
+        if isinstance(action, WireAction):
+            action = action.unwrap()
+        return super().step(action, timeout_s=timeout_s, **kwargs)
+
+    def hidden_truth(self) -> Dict[str, Any]:
+        raise PermissionError("the hidden truth is not served; grade with CernState (correct_outcome, ...) "
+                              "once the episode is done")
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._count.change(-1)
+        super().close()
+
+
+class MessageLimit:
+    """ASGI middleware: bounds what a client may send, and answers what OpenEnv would not.
+
+    WebSocket: a message over `max_bytes`, a binary frame, or JSON that is not an object gets
+    an OpenEnv-style error frame `{"type": "error", "data": {"message", "code"}}` and is
+    dropped; the session goes on. HTTP: a body over `max_bytes` gets 413."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            return await self.app(scope, self._guarded_receive(receive, send), send)
+        if scope["type"] == "http":
+            return await self._http(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    def _guarded_receive(self, receive: Any, send: Any) -> Any:
+        async def guarded() -> Dict[str, Any]:
+            while True:  # one client message per turn: the client, not the server, drives this loop
+                message = await receive()
+                if message["type"] != "websocket.receive":
+                    return message
+                problem = self._problem(message)
+                if problem is None:
+                    return message
+                await send({"type": "websocket.send", "text": json.dumps({"type": "error", "data": problem})})
+
+        return guarded
+
+    def _problem(self, message: Dict[str, Any]) -> Optional[Dict[str, str]]:
+        text = message.get("text")
+        if text is None:
+            return {"code": "VALIDATION_ERROR", "message": "send JSON text frames, not binary ones"}
+        size = len(text.encode("utf-8"))
+        if size > self.max_bytes:
+            return {"code": "MESSAGE_TOO_LARGE",
+                    "message": f"message of {size} bytes is over the server's limit of {self.max_bytes} bytes"}
+        if not text.lstrip().startswith("{"):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                return None  # OpenEnv answers INVALID_JSON
+            return {"code": "VALIDATION_ERROR",
+                    "message": f'a message is a JSON object {{"type": ..., "data": ...}}, got {type(value).__name__}'}
+        return None
+
+    async def _http(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None:
+            if length.isdigit() and int(length) > self.max_bytes:
+                return await self._too_large(send, int(length))
+            return await self.app(scope, receive, send)
+        chunks, size = [], 0  # no Content-Length (chunked): read at most max_bytes, then replay
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, _replay([message]), send)
+            chunks.append(message)
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                return await self._too_large(send, size)
+            if not message.get("more_body", False):
+                return await self.app(scope, _replay(chunks, receive), send)
+
+    async def _too_large(self, send: Any, size: int) -> None:
+        body = json.dumps({"detail": f"request body of {size} bytes is over the server's limit of "
+                                     f"{self.max_bytes} bytes"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _replay(messages: list, then: Any = None) -> Any:
+    pending = list(messages)
+
+    async def receive() -> Dict[str, Any]:
+        if pending:
+            return pending.pop(0)
+        if then is None:
+            return {"type": "http.disconnect"}
+        return await then()
+
+    return receive
+
+
+def create_cernenv_app(config: Optional[ServerConfig] = None) -> Any:
+    """The ASGI app: OpenEnv's routes for `ServedEnvironment`, `/sessions`, and `MessageLimit` in front."""
+    config = config or ServerConfig.from_env()
+    count = EnvironmentCount()
+    app: FastAPI = create_app(functools.partial(ServedEnvironment, count), WireAction, CollisionObservation,
+                              env_name="cernenv", max_concurrent_envs=config.max_sessions, state_cls=CernState)
+
+    async def request_error(request: Request, error: RequestError) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=error.status_code)
+
+    app.add_exception_handler(RequestError, request_error)
+
+    @app.get("/sessions", tags=["Health"], summary="Open environments and the session limit")
+    async def sessions() -> Dict[str, int]:
+        return {"open_environments": count.open, "max_sessions": config.max_sessions}
+
+    app.add_middleware(MessageLimit, max_bytes=config.max_message_bytes)
+    app.state.cernenv_config = config
+    return app
+
+
+app = create_cernenv_app()

@@ -1,0 +1,658 @@
+"""cernenv.server and cernenv.client: OpenEnv's HTTP/WebSocket API around CERNCollisionEnvironment.
+
+Routes; a remote episode equals the in-process one; the hidden truth never crosses the
+wire; bad input gets a clear error and harms no other session; capacity and session
+release; the manifest; the TRL wrapper of docs/openenv.md; and (slow) 32 concurrent
+sessions x 20 episodes against their in-process twins, with a memory bound.
+
+The server runs as a subprocess on 127.0.0.1 (a free port) for the module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import psutil
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from cernenv import CERNCollisionEnvironment, __version__
+from cernenv.client import RAW_ACTION_KEY, CERNEnvClient, parse_observation
+from cernenv.models import CernState, CollisionObservation, ExperimentAction
+from cernenv.rewards import MILESTONE_REWARD, MILESTONES, REDUNDANCY_PENALTY, REWARD_COMPONENTS, VIOLATION_PENALTY
+from cernenv.scenarios import CURATED, DEFAULT_MAX_STEPS, list_scenarios
+from cernenv.server import ServedEnvironment, ServerConfig, create_cernenv_app
+from cernenv.server.__main__ import main as server_main
+from cernenv.server.app import EnvironmentCount
+from lib.agents import HeuristicAgent, RandomAgent, best_trigger
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_SESSIONS = 48
+WAIT_S = 60.0  # longest wait for anything the server should do
+TRUTH_FIELDS = {"truth", "hidden_truth", "exists", "width_gev", "cross_section_fb"}
+
+
+# The server ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python -m cernenv.server` in a subprocess, with helpers to talk to it."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
+        self.log = tempfile.TemporaryFile()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.process = subprocess.Popen([sys.executable, "-m", "cernenv.server", "--port", str(self.port), *args],
+                                        cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.process.returncode}: {self.output()}")
+            try:
+                if self.http("GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the server did not answer /health within {WAIT_S:g} s: {self.output()}")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.log.close()
+
+    def http(self, method: str, path: str, body: Any = None, data: Optional[bytes] = None,
+             headers: Optional[Dict[str, str]] = None) -> Tuple[int, Any]:
+        """(status, parsed JSON or text) of one request."""
+        if body is not None:
+            data = json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                status, text = response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            status, text = error.code, error.read().decode()
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
+
+    def ws(self) -> ClientConnection:
+        return connect(self.ws_url, compression=None, open_timeout=10, close_timeout=5, max_size=None)
+
+    def client(self) -> Any:
+        return CERNEnvClient(base_url=self.url).sync()
+
+    def open_environments(self) -> int:
+        return self.http("GET", "/sessions")[1]["open_environments"]
+
+    def wait_open_environments(self, expected: int) -> int:
+        deadline = time.monotonic() + WAIT_S
+        while (count := self.open_environments()) != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return count
+
+
+@pytest.fixture(scope="module")
+def server():
+    server = Server("--max-sessions", str(MAX_SESSIONS))
+    yield server
+    server.stop()
+
+
+def call(ws: ClientConnection, message: Any) -> Dict[str, Any]:
+    """Send one message (a str or bytes as is, anything else as JSON) and read the one reply."""
+    ws.send(message if isinstance(message, (str, bytes)) else json.dumps(message))
+    return json.loads(ws.recv(timeout=WAIT_S))
+
+
+def error_of(reply: Dict[str, Any]) -> Tuple[str, str]:
+    assert reply["type"] == "error", reply
+    return reply["data"]["code"], reply["data"]["message"]
+
+
+# Playing an episode in both places ----------------------------------------------------
+
+
+def lockstep(client: Any, agent_factory: Callable[[], Any], seed: int, scenario: Optional[str] = None,
+             difficulty: Optional[str] = None) -> int:
+    """Play one episode remotely and in process with twin agents; every observation must match."""
+    env, local_agent, remote_agent = CERNCollisionEnvironment(), agent_factory(), agent_factory()
+    local = env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
+    remote = client.reset(seed=seed, scenario=scenario, difficulty=difficulty).observation
+    assert isinstance(remote, CollisionObservation)
+    assert remote.model_dump_json() == local.model_dump_json()
+    local_agent.reset()
+    remote_agent.reset()
+    for step in range(DEFAULT_MAX_STEPS + 1):
+        if local.done:
+            break
+        local = env.step(local_agent.act(local))
+        result = client.step(remote_agent.act(remote))
+        remote = result.observation
+        assert remote.model_dump_json() == local.model_dump_json(), f"step {step + 1}"
+        assert (result.reward, result.done) == (local.reward, local.done)
+    assert local.done
+    state = client.state()
+    assert isinstance(state, CernState)
+    assert state.model_dump_json() == env.state.model_dump_json()
+    return step
+
+
+def episode_digest(observations: List[CollisionObservation], state: CernState) -> str:
+    digest = hashlib.sha256()
+    for observation in observations:
+        digest.update(observation.model_dump_json().encode())
+    digest.update(state.model_dump_json().encode())
+    return digest.hexdigest()
+
+
+def play(reset: Callable[..., CollisionObservation], step: Callable[[Any], CollisionObservation],
+         state: Callable[[], CernState], seed: int, scenario: str) -> Tuple[str, int]:
+    """(digest of every observation and the final state, steps) of a HeuristicAgent episode."""
+    agent = HeuristicAgent()
+    observations = [reset(seed=seed, scenario=scenario)]
+    for _ in range(DEFAULT_MAX_STEPS):
+        if observations[-1].done:
+            break
+        observations.append(step(agent.act(observations[-1])))
+    assert observations[-1].done
+    return episode_digest(observations, state()), len(observations) - 1
+
+
+def play_remote(client: Any, seed: int, scenario: str) -> Tuple[str, int]:
+    return play(lambda **kw: client.reset(**kw).observation, lambda a: client.step(a).observation,
+                client.state, seed, scenario)
+
+
+def play_local(seed: int, scenario: str) -> Tuple[str, int]:
+    env = CERNCollisionEnvironment()
+    return play(env.reset, env.step, lambda: env.state, seed, scenario)
+
+
+# Routes -------------------------------------------------------------------------------
+
+
+def test_app_has_the_openenv_routes():
+    paths = {getattr(route, "path", None) for route in create_cernenv_app(ServerConfig()).routes}
+    assert {"/health", "/schema", "/metadata", "/state", "/reset", "/step", "/ws", "/sessions"} <= paths
+
+
+def test_http_routes(server):
+    assert server.http("GET", "/health") == (200, {"status": "healthy"})
+    status, metadata = server.http("GET", "/metadata")
+    assert status == 200 and (metadata["name"], metadata["version"]) == ("cernenv", __version__)
+    status, schema = server.http("GET", "/schema")
+    assert status == 200
+    assert schema["action"] == ExperimentAction.model_json_schema()
+    assert schema["observation"] == CollisionObservation.model_json_schema()
+    assert schema["state"] == CernState.model_json_schema()
+    status, state = server.http("GET", "/state")
+    assert status == 200 and CernState.model_validate(state) == CernState()  # stateless: a fresh environment
+    assert server.http("GET", "/sessions")[1]["max_sessions"] == MAX_SESSIONS
+    assert server.wait_open_environments(0) == 0
+
+
+def test_http_reset_forwards_seed_scenario_and_difficulty(server):
+    for body in ({"seed": 7, "scenario": "higgs_diphoton_125"}, {"seed": 4, "difficulty": "hard"},
+                 {"seed": 5, "scenario": "z_mumu_91", "episode_id": "run-5"}):
+        status, reply = server.http("POST", "/reset", body)
+        assert status == 200, reply
+        local = CERNCollisionEnvironment().reset(**body)
+        remote = parse_observation(reply)
+        assert remote.model_dump_json() == local.model_dump_json()
+
+
+def test_http_step_is_stateless_and_says_where_episodes_are_played(server):
+    status, reply = server.http("POST", "/step", {"action": {"action_type": "configure_beam",
+                                                             "parameters": {"beam_energy_tev": 13.6}}})
+    assert status == 409 and "send reset" in reply["detail"] and "/ws" in reply["detail"]
+
+
+def test_websocket_route_serves_a_session(server):
+    with server.ws() as ws:
+        reply = call(ws, {"type": "reset", "data": {"seed": 1, "scenario": "higgs_4l_125"}})
+        assert reply["type"] == "observation" and reply["data"]["done"] is False
+        reply = call(ws, {"type": "state"})
+        assert reply["type"] == "state" and reply["data"]["scenario_name"] == "higgs_4l_125"
+
+
+# Remote = in process ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario, difficulty, seed", [
+    ("higgs_diphoton_125", None, 7), ("higgs_4l_125", None, 0), ("z_mumu_91", None, 3),
+    ("null_diphoton_750", None, 1), (None, "easy", 2), (None, "hard", 8)])
+def test_heuristic_episode_is_identical_remote_and_in_process(server, scenario, difficulty, seed):
+    with server.client() as client:
+        assert lockstep(client, HeuristicAgent, seed, scenario, difficulty) > 3
+
+
+def test_random_and_malformed_actions_are_judged_as_in_process(server):
+    """Invalid actions are rule violations in the observation (with their penalty), not protocol errors."""
+    malformed = [{"action_type": "warp_drive"}, {"action_type": "configure_beam", "colour": "red"},
+                 {"action_type": "configure_beam", "parameters": {"beam_energy_tev": "hot"}},
+                 {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 99.0}},
+                 {"parameters": {}}, "configure the beam, please", None, 42, ["configure_beam"],
+                 {RAW_ACTION_KEY: "x", "action_type": "scan_bump"}, {"action_type": "scan_bump", "metadata": 5}]
+    with server.client() as client:
+        for seed in range(3):
+            lockstep(client, lambda: RandomAgent(seed=11), seed, "higgs_4l_125")
+        env = CERNCollisionEnvironment()
+        local, remote = env.reset(seed=2, difficulty="medium"), client.reset(seed=2, difficulty="medium")
+        for action in malformed:
+            local, remote = env.step(action), client.step(action).observation
+            assert local.rule_violations and local.reward < 0, action
+            assert remote.model_dump_json() == local.model_dump_json(), action
+
+
+def test_each_client_is_its_own_session(server):
+    with server.client() as a, server.client() as b:
+        a.reset(seed=1, scenario="higgs_4l_125")
+        b.reset(seed=2, scenario="z_mumu_91")
+        a.step(ExperimentAction(action_type="configure_beam", parameters={"beam_energy_tev": 13.6}))
+        assert (a.state().step_count, b.state().step_count) == (1, 0)
+        assert (a.state().scenario_name, b.state().scenario_name) == ("higgs_4l_125", "z_mumu_91")
+
+
+# No leak of the hidden truth ----------------------------------------------------------
+
+_NUMBER = r"(?<![\d.])%s(?!\.?\d)"
+
+
+def truth_patterns(truth: Dict[str, Any]) -> List[re.Pattern]:
+    """The true mass, width and cross-section as they could be written in JSON."""
+    texts = set()
+    for value in (truth["mass_gev"], truth["width_gev"], truth["cross_section_fb"]):
+        if value:
+            texts.add(repr(float(value)))
+            for digits in (4, 5, 6):
+                rounded = f"{float(value):.{digits}g}"
+                texts.update({rounded, repr(float(rounded))})
+    return [re.compile(_NUMBER % re.escape(text)) for text in texts]
+
+
+def assert_no_truth(text: str, truth: Dict[str, Any], scenario: Optional[str], where: str) -> None:
+    if scenario:
+        text = text.replace(scenario, "")  # the client chose the scenario; its name is not a leak
+    found = [p.pattern for p in truth_patterns(truth) if p.search(text)]
+    assert not found, f"hidden truth {found} in {where}: {text[:2000]}"
+    assert not TRUTH_FIELDS & set(re.findall(r'"(\w+)":', text)), f"a truth field in {where}"
+
+
+def json_keys(value: Any) -> set:
+    if isinstance(value, dict):
+        return set(value) | set().union(*(json_keys(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(json_keys(v) for v in value))
+    return set()
+
+
+def test_static_routes_publish_no_truth_fields(server):
+    for path in ("/schema", "/metadata", "/state", "/health", "/sessions", "/openapi.json"):
+        status, reply = server.http("GET", path)
+        assert status == 200
+        properties = json_keys(reply) if path != "/openapi.json" else json_keys(reply["components"])
+        assert not {"truth", "hidden_truth", "width_gev", "cross_section_fb"} & properties, path
+    assert not [p for p in server.http("GET", "/openapi.json")[1]["paths"] if "truth" in p.lower()]
+
+
+def pre_analysis_script(task) -> List[Dict[str, Any]]:
+    """Take data and prepare a channel, stopping before any spectrum or fit (as in test_environment.py)."""
+    channel, lumi = task.available_channels[0], 0.2 * task.luminosity_total_fb
+    return [{"action_type": verb, "parameters": parameters} for verb, parameters in [
+        ("configure_beam", {"beam_energy_tev": max(task.available_beam_energies_tev), "pileup": "nominal"}),
+        ("set_trigger", {"trigger": best_trigger(channel, task.available_triggers)}),
+        ("allocate_luminosity", {"luminosity_fb": lumi}), ("collect_collisions", {"luminosity_fb": lumi}),
+        ("calibrate_detector", {"channel": channel}),
+        ("reconstruct_tracks", {"channel": channel, "quality": "standard"}),
+        ("select_channel", {"channel": channel}), ("calibrate_detector", {"channel": channel})]]
+
+
+LEAK_CASES = ([(name, None, 0) for name in list_scenarios() if CURATED[name].truth is not None]
+              + [(None, "easy", 2), (None, "medium", 3), (None, "hard", 8)])
+
+
+@pytest.mark.parametrize("scenario, difficulty, seed", LEAK_CASES)
+def test_no_frame_reveals_the_truth_before_the_episode_ends(server, scenario, difficulty, seed):
+    """Every frame read as text: the HTTP reset, observations and states while data are taken,
+    then the state at every step of a HeuristicAgent episode until it is graded. Observation
+    frames carry the in-process observation and nothing else."""
+    twin = CERNCollisionEnvironment()
+    twin.reset(seed=seed, scenario=scenario, difficulty=difficulty)
+    truth = twin.hidden_truth()
+    assert truth["exists"]
+    reset = {"seed": seed, "scenario": scenario, "difficulty": difficulty}
+    assert_no_truth(json.dumps(server.http("POST", "/reset", reset)[1]), truth, scenario, "POST /reset")
+    with server.ws() as ws:
+        ws.send(json.dumps({"type": "reset", "data": reset}))
+        text = ws.recv(timeout=WAIT_S)
+        for action in pre_analysis_script(parse_observation(json.loads(text)["data"]).task):
+            assert_no_truth(text, truth, scenario, "an observation")
+            assert_no_truth(json.dumps(call(ws, {"type": "state"})), truth, scenario, "the state")
+            ws.send(json.dumps({"type": "step", "data": action}))
+            text = ws.recv(timeout=WAIT_S)
+            assert not json.loads(text)["data"]["observation"]["rule_violations"], action
+        assert_no_truth(text, truth, scenario, "an observation")
+
+        agent = HeuristicAgent()
+        ws.send(json.dumps({"type": "reset", "data": reset}))
+        for _ in range(DEFAULT_MAX_STEPS + 1):
+            frame = json.loads(ws.recv(timeout=WAIT_S))
+            assert set(frame) == {"type", "data"} and set(frame["data"]) == {"observation", "reward", "done"}
+            observation = parse_observation(frame["data"])
+            assert set(frame["data"]["observation"]) == set(CollisionObservation.model_fields) - {"reward", "done"}
+            state = call(ws, {"type": "state"})
+            assert set(state) == {"type", "data"} and set(state["data"]) == set(CernState.model_fields)
+            if observation.done:
+                assert state["data"]["correct_outcome"] is not None
+                break
+            assert state["data"]["terminal_reward"] is None and state["data"]["correct_outcome"] is None
+            assert_no_truth(json.dumps(state), truth, scenario, f"the state at step {observation.step_index}")
+            ws.send(json.dumps({"type": "step", "data": agent.act(observation).model_dump(mode="json")}))
+        assert observation.done
+
+
+def test_hidden_truth_cannot_be_called_remotely(server):
+    with pytest.raises(PermissionError):
+        ServedEnvironment(EnvironmentCount()).hidden_truth()
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "hidden_truth", "arguments": {}}}
+    with server.ws() as ws:
+        call(ws, {"type": "reset", "data": {"seed": 0, "scenario": "higgs_4l_125"}})
+        assert error_of(call(ws, {"type": "hidden_truth"}))[0] == "UNKNOWN_TYPE"
+        for method in ("tools/call", "tools/list"):
+            reply = call(ws, {"type": "mcp", "data": {**rpc, "method": method}})
+            assert reply["type"] == "mcp" and reply["data"]["error"] and not reply["data"].get("result")
+    status, reply = server.http("POST", "/mcp", rpc)
+    assert reply["error"] and not reply.get("result")
+    for path in ("/cernenv/splits", "/hidden_truth", "/truth"):
+        assert server.http("GET", path)[0] >= 400
+
+
+# Bad input ----------------------------------------------------------------------------
+
+
+def test_bad_websocket_input_gets_clear_errors_and_spares_other_sessions(server):
+    """A healthy session plays in lockstep with its in-process twin between every bad message."""
+    env, agent_local, agent_remote = CERNCollisionEnvironment(), HeuristicAgent(), HeuristicAgent()
+    with server.client() as healthy, server.ws() as bad:
+        local = env.reset(seed=3, scenario="higgs_4l_125")
+        remote = healthy.reset(seed=3, scenario="higgs_4l_125").observation
+
+        def healthy_step() -> None:
+            nonlocal local, remote
+            if not local.done:
+                local = env.step(agent_local.act(local))
+                remote = healthy.step(agent_remote.act(remote)).observation
+                assert remote.model_dump_json() == local.model_dump_json()
+
+        expectations = [  # (message, error code, words in the message)
+            ({"type": "step", "data": {"action_type": "scan_bump"}}, "EXECUTION_ERROR", "send reset"),
+            ("{not json", "INVALID_JSON", "Invalid JSON"),
+            ("[1, 2]", "VALIDATION_ERROR", "JSON object"),
+            ('"reset"', "VALIDATION_ERROR", "JSON object"),
+            ({"type": "teleport"}, "UNKNOWN_TYPE", "teleport"),
+            ({"data": {}}, "UNKNOWN_TYPE", "Unknown message type"),
+            ({"type": "step"}, "VALIDATION_ERROR", "Invalid message"),
+            ({"type": "step", "data": "configure_beam"}, "VALIDATION_ERROR", "Invalid message"),
+            ({"type": "reset", "data": {"seed": 1, "scenaro": "higgs_4l_125"}}, "EXECUTION_ERROR", "scenaro"),
+            ({"type": "reset", "data": {"seed": -1}}, "EXECUTION_ERROR", "non-negative"),
+            ({"type": "reset", "data": {"seed": "7"}}, "EXECUTION_ERROR", "non-negative integer"),
+            ({"type": "reset", "data": {"seed": 1, "scenario": "atlantis"}}, "EXECUTION_ERROR", "unknown scenario"),
+            ({"type": "reset", "data": {"seed": 1, "difficulty": ["easy"]}}, "EXECUTION_ERROR", "difficulty"),
+            ({"type": "reset", "data": {"seed": 1, "justification": "x" * 70_000}}, "MESSAGE_TOO_LARGE", "65536"),
+            (b"\x00\x01", "VALIDATION_ERROR", "text frames"),
+        ]
+        for message, code, words in expectations:
+            found_code, text = error_of(call(bad, message))
+            assert (found_code, words in text) == (code, True), (message if len(str(message)) < 200 else code, text)
+            healthy_step()
+
+        # The bad session still works, judges invalid actions in band, and refuses steps after the end.
+        reply = call(bad, {"type": "reset", "data": {"seed": 5, "scenario": "z_mumu_91"}})
+        assert reply["type"] == "observation"
+        reply = call(bad, {"type": "step", "data": {"action_type": "warp_drive"}})
+        assert reply["data"]["observation"]["rule_violations"][0].startswith("INVALID_ACTION")
+        claim = {"action_type": "submit_discovery_claim", "parameters": {"discovered": False, "confidence": 0.5}}
+        assert call(bad, {"type": "step", "data": claim})["data"]["done"] is True
+        reply = call(bad, {"type": "step", "data": claim})
+        assert reply["data"]["observation"]["rule_violations"][0].startswith("EPISODE_DONE")
+        healthy_step()
+
+        # A frame over the hard limit is not read: the connection closes (1009); the rest goes on.
+        bad.send(json.dumps({"type": "step", "data": {"justification": "x" * (2 * 1024 * 1024)}}))
+        with pytest.raises(ConnectionClosed) as closed:
+            bad.recv(timeout=WAIT_S)
+        assert closed.value.rcvd.code == 1009
+        for _ in range(DEFAULT_MAX_STEPS):
+            healthy_step()
+        assert local.done and remote.done
+    assert server.http("GET", "/health")[0] == 200
+    assert server.wait_open_environments(0) == 0
+
+
+def test_bad_http_input_gets_clear_errors(server):
+    assert server.http("POST", "/reset", data=b"{not json")[0] == 422
+    assert server.http("POST", "/reset", {"seed": -1})[0] == 422
+    status, reply = server.http("POST", "/reset", {"seed": 1, "scenario": "atlantis"})
+    assert status == 400 and "unknown scenario" in reply["detail"]
+    status, reply = server.http("POST", "/reset", {"seed": 1, "scenaro": "higgs_4l_125"})
+    assert status == 400 and "scenaro" in reply["detail"]
+    status, reply = server.http("POST", "/reset", {"seed": 1, "episode_id": "x" * 70_000})
+    assert status == 413 and "65536" in reply["detail"]
+    assert server.http("POST", "/step", {"action": "configure_beam"})[0] == 422
+    assert server.http("POST", "/step", data=b"[]")[0] == 422
+    assert server.http("GET", "/health")[0] == 200
+
+
+def test_session_limit_refuses_one_more_with_a_clear_error():
+    from starlette.testclient import TestClient
+
+    with TestClient(create_cernenv_app(ServerConfig(max_sessions=2))) as http:
+        with http.websocket_connect("/ws") as first, http.websocket_connect("/ws"):
+            with http.websocket_connect("/ws") as third:
+                code, message = error_of(third.receive_json())
+                assert code == "CAPACITY_REACHED" and "2" in message
+            first.send_json({"type": "close"})
+        with http.websocket_connect("/ws") as again:
+            again.send_json({"type": "reset", "data": {"seed": 0, "scenario": "z_mumu_91"}})
+            assert again.receive_json()["type"] == "observation"  # the closed session freed its slot
+
+
+# Sessions that end or vanish release their environment --------------------------------
+
+
+def test_closed_dropped_and_killed_sessions_release_their_environment(server):
+    before = server.wait_open_environments(0)
+    reset = json.dumps({"type": "reset", "data": {"seed": 0, "scenario": "higgs_4l_125"}})
+    killed = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom websockets.sync.client import connect\n"
+        f"ws = connect({server.ws_url!r}, compression=None)\nws.send(sys.argv[1])\nws.recv(timeout=60)\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"), reset], stdout=subprocess.PIPE, text=True)
+    try:
+        with contextlib.ExitStack() as stack:
+            sockets = [stack.enter_context(server.ws()) for _ in range(3)]
+            for ws in sockets:
+                assert call(ws, reset)["type"] == "observation"
+            assert killed.stdout.readline().strip() == "ready"
+            assert server.wait_open_environments(before + 4) == before + 4
+            sockets[0].send(json.dumps({"type": "close"}))  # OpenEnv's close message
+            sockets[1].close()  # a close frame
+            sockets[2].socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sockets[2].socket.close()  # vanished: a TCP reset, no close frame
+            killed.send_signal(signal.SIGKILL)  # a client process that dies mid-episode
+            assert server.wait_open_environments(before) == before
+    finally:
+        killed.kill()
+        killed.wait(timeout=10)
+        killed.stdout.close()
+
+
+# Configuration, manifest, docs --------------------------------------------------------
+
+
+def test_server_config_from_variables_and_flags(capsys):
+    config = ServerConfig.from_env({"CERNENV_PORT": "9001", "CERNENV_MAX_SESSIONS": "8"}, max_sessions=16, host=None)
+    assert (config.host, config.port, config.max_sessions, config.max_message_bytes) == ("127.0.0.1", 9001, 16, 65536)
+    with pytest.raises(ValueError, match="CERNENV_PORT"):
+        ServerConfig.from_env({"CERNENV_PORT": "eighty"})
+    with pytest.raises(ValueError, match="max_sessions"):
+        ServerConfig.from_env({}, max_sessions=0)
+    with pytest.raises(SystemExit):
+        server_main(["--max-sessions", "0"])
+    assert "max_sessions >= 1" in capsys.readouterr().err
+
+
+def test_manifest_is_valid_and_matches_the_code():
+    from openenv.validation.parsers.openenv_yaml import OpenEnvYamlParser
+
+    manifest = OpenEnvYamlParser().parse(ROOT / "cernenv")
+    assert (manifest.name, manifest.version) == ("cernenv", __version__)
+    terminal = [c.value_range for c in REWARD_COMPONENTS if c.when == "terminal"]
+    worst_step = min(VIOLATION_PENALTY, REDUNDANCY_PENALTY)
+    assert manifest.reward.range == pytest.approx((
+        DEFAULT_MAX_STEPS * worst_step + sum(lo for lo, _ in terminal),
+        MILESTONE_REWARD * len(MILESTONES) + sum(hi for _, hi in terminal)))
+    assert max(s.max_steps for s in CURATED.values()) == DEFAULT_MAX_STEPS
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "cernenv" / "openenv.yaml").read_text())
+    module, name = raw["app"].split(":")
+    assert module == "cernenv.server.app" and name == "app"
+    assert (raw["action"], raw["observation"]) == (ExperimentAction.__name__, CollisionObservation.__name__)
+
+
+def docs_python_block(containing: str) -> str:
+    text = (ROOT / "docs" / "openenv.md").read_text()
+    return next(block for block in re.findall(r"```python\n(.*?)```", text, flags=re.S) if containing in block)
+
+
+def test_trl_wrapper_in_the_docs_plays_against_the_server(server):
+    """The environment class of docs/openenv.md, as GRPOTrainer would use it (without TRL)."""
+    import inspect
+
+    code = docs_python_block("class CERNCampaign").replace("http://127.0.0.1:8000", server.url)
+    namespace: Dict[str, Any] = {}
+    exec(compile(code, "docs/openenv.md", "exec"), namespace)
+    campaign_cls, reward_funcs = namespace["CERNCampaign"], namespace["reward_funcs"]
+    tools = [name for name, _ in inspect.getmembers(campaign_cls, predicate=inspect.isfunction)
+             if name not in ("reset", "get_reward") and not name.startswith("_")]
+    assert tools == ["act"]
+    campaigns = [namespace["environment_factory"]() for _ in range(2)]
+    prompts = [campaign.reset(prompt=[{"role": "user", "content": "go"}], seed=7, scenario="higgs_4l_125")
+               for campaign in campaigns]
+    assert prompts[0] == prompts[1] and "110" in prompts[0]
+    reply = campaigns[0].act(action_type="configure_beam", parameters={"beam_energy_tev": 13.6})
+    assert "13.6" in reply
+    campaigns[1].act(action_type="warp_drive", parameters={})
+    rewards = {f.__name__: f(environments=campaigns, completions=[None, None]) for f in reward_funcs}
+    assert rewards["violations"] == [0.0, VIOLATION_PENALTY]
+    assert set(rewards) == {c.name for c in REWARD_COMPONENTS}
+    for campaign in campaigns:
+        campaign._client.close()
+
+
+# Load -----------------------------------------------------------------------------------
+
+LOAD_SESSIONS, LOAD_EPISODES = 32, 20
+LOAD_SCENARIOS = ("higgs_4l_125", "z_mumu_91")  # the cheapest curated campaigns
+MEMORY_EPISODES, MEMORY_GROWTH_LIMIT_MB = 1000, 50.0
+
+
+def run_threads(target: Callable[[int], None], n: int, timeout_s: float,
+                meanwhile: Callable[[], Any] = lambda: None) -> Any:
+    """Run target(0..n-1) in threads, and `meanwhile()` in this one; its result."""
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout_s
+    result = meanwhile()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads), f"sessions still running after {timeout_s:g} s"
+    return result
+
+
+@pytest.mark.slow
+def test_load_32_sessions_equal_their_twins_and_memory_is_stable(server):
+    process = psutil.Process(server.process.pid)
+    errors: List[str] = []
+    results: Dict[Tuple[int, str], Tuple[str, int]] = {}
+
+    def session(index: int, seeds: range) -> None:
+        try:
+            with server.client() as client:
+                for seed in seeds:
+                    scenario = LOAD_SCENARIOS[seed % 2]
+                    results[(seed, scenario)] = play_remote(client, seed, scenario)
+        except Exception as error:  # counted, reported, asserted below
+            errors.append(f"session {index}: {type(error).__name__}: {error}")
+
+    # Warm-up: every session's first episodes (imports, caches, allocator pools).
+    warm_up = 2
+    run_threads(lambda i: session(i, range(10_000 + warm_up * i, 10_000 + warm_up * (i + 1))), LOAD_SESSIONS, 300)
+    rss_start = process.memory_info().rss
+    start = time.perf_counter()
+
+    # 32 concurrent sessions x 20 episodes, each later checked against its in-process twin.
+    run_threads(lambda i: session(i, range(LOAD_EPISODES * i, LOAD_EPISODES * (i + 1))), LOAD_SESSIONS, 600)
+    load_s = time.perf_counter() - start
+    load = {key: value for key, value in results.items() if key[0] < LOAD_SESSIONS * LOAD_EPISODES}
+
+    # Churn up to MEMORY_EPISODES after the warm-up, a new session for every episode, while the
+    # in-process twins of the load episodes are played here.
+    churn = MEMORY_EPISODES - len(load)
+    per_thread = -(-churn // LOAD_SESSIONS)
+    mismatched = run_threads(
+        lambda i: [session(i, range(20_000 + per_thread * i + k, 20_000 + per_thread * i + k + 1))
+                   for k in range(per_thread)], LOAD_SESSIONS, 600,
+        meanwhile=lambda: [key for key, (digest, _) in load.items() if play_local(*key)[0] != digest])
+    rss_end = process.memory_info().rss
+    total_s = time.perf_counter() - start
+
+    assert not errors, errors[:5]
+    assert len(load) == LOAD_SESSIONS * LOAD_EPISODES and len(results) >= MEMORY_EPISODES + warm_up * LOAD_SESSIONS
+    assert not mismatched, f"{len(mismatched)} remote episodes differ from their in-process twins: {mismatched[:5]}"
+    assert server.wait_open_environments(0) == 0
+    growth_mb = (rss_end - rss_start) / 2**20
+    steps = sum(n for _, n in load.values())
+    print(f"\nload: {len(load)} episodes ({steps} steps) in {load_s:.1f} s over {LOAD_SESSIONS} sessions "
+          f"= {len(load) / load_s:.1f} episodes/s, {steps / load_s:.0f} steps/s; 0 errors; "
+          f"server RSS {rss_start / 2**20:.0f} -> {rss_end / 2**20:.0f} MB ({growth_mb:+.1f} MB) over "
+          f"{len(results) - warm_up * LOAD_SESSIONS} episodes after warm-up ({total_s:.0f} s)")
+    assert growth_mb < MEMORY_GROWTH_LIMIT_MB
