@@ -90,6 +90,24 @@ def bootstrap_mean(values: Sequence[float], *, seed: int = 0) -> Estimate:
     return Estimate(mean, float(interval.low), float(interval.high), int(data.size))
 
 
+def bootstrap_difference(before: Sequence[float], after: Sequence[float], *, seed: int = 0) -> Estimate:
+    """mean(after) − mean(before) of two independent samples, with the 95% percentile-bootstrap
+    interval (each sample resampled on its own). For the same episodes on both sides, prefer
+    the paired `bootstrap_mean` of per-episode differences: it removes task-to-task variance."""
+    a = np.asarray([v for v in before if v is not None and np.isfinite(v)], dtype=float)
+    b = np.asarray([v for v in after if v is not None and np.isfinite(v)], dtype=float)
+    if a.size == 0 or b.size == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+    mean = float(b.mean() - a.mean())
+    if a.size == 1 and b.size == 1 or (np.all(a == a[0]) and np.all(b == b[0])):
+        return Estimate(mean, mean, mean, int(min(a.size, b.size)))
+    result = stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(y, axis=axis) - np.mean(x, axis=axis),
+                             n_resamples=N_BOOTSTRAP, confidence_level=CONFIDENCE, method="percentile",
+                             random_state=np.random.default_rng(seed), vectorized=True)
+    interval = result.confidence_interval
+    return Estimate(mean, float(interval.low), float(interval.high), int(min(a.size, b.size)))
+
+
 def _as_dict(episode: Any) -> Mapping[str, Any]:
     return asdict(episode) if is_dataclass(episode) else episode
 

@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.evaluation import CONFIDENCE, METRICS, N_BOOTSTRAP
+from lib.evaluation import CONFIDENCE, METRICS, N_BOOTSTRAP, bootstrap_difference, bootstrap_mean
 
 logger = logging.getLogger(__name__)
 
@@ -538,22 +538,10 @@ def checkpoint_row(step: int, episodes: Sequence[Mapping[str, Any]], *,
             **{k: s[k] for k in ("mean_reward", "success_rate", "mass_acc", "channel_acc")}}
 
 
-def _percentile_interval(resampled_means: np.ndarray) -> List[float]:
-    tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = np.percentile(resampled_means, [tail, 100 - tail])
-    return [float(low), float(high)]
-
-
-def _resampled_means(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    return values[rng.integers(0, values.size, size=(N_BOOTSTRAP, values.size))].mean(axis=1)
-
-
 def bootstrap_interval(values: Sequence[float]) -> Optional[List[float]]:
     """Percentile-bootstrap 95% interval of a mean ([low, high]; None without values)."""
-    data = np.asarray(values, dtype=float)
-    if data.size == 0:
-        return None
-    return _percentile_interval(_resampled_means(data, np.random.default_rng(BOOTSTRAP_SEED)))
+    estimate = bootstrap_mean(values, seed=BOOTSTRAP_SEED)
+    return None if estimate.n == 0 else [estimate.low, estimate.high]
 
 
 def _pairable(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> bool:
@@ -567,23 +555,17 @@ def difference_interval(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping
 
     Paired (resampling per-task differences) when both sides hold the same episodes by
     (seed, scenario, difficulty), which removes task-to-task variance; otherwise the two
-    sides are resampled independently.
+    sides are resampled independently. The statistics live in `lib.evaluation`.
     """
     pre_values, post_values = _episode_values(pre, key), _episode_values(post, key)
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
     if _pairable(pre, post):
         before = dict(pre_values)
-        diffs = np.array([v - before[k] for k, v in post_values if k in before])
-        if diffs.size == 0:
-            return {"method": "paired", "n_pairs": 0, "ci95": None}
-        return {"method": "paired", "n_pairs": int(diffs.size),
-                "ci95": _percentile_interval(_resampled_means(diffs, rng))}
-    a = np.array([v for _, v in pre_values])
-    b = np.array([v for _, v in post_values])
-    if a.size == 0 or b.size == 0:
-        return {"method": "unpaired", "n_pairs": 0, "ci95": None}
-    return {"method": "unpaired", "n_pairs": 0,
-            "ci95": _percentile_interval(_resampled_means(b, rng) - _resampled_means(a, rng))}
+        diffs = [v - before[k] for k, v in post_values if k in before]
+        estimate = bootstrap_mean(diffs, seed=BOOTSTRAP_SEED)
+        return {"method": "paired", "n_pairs": estimate.n,
+                "ci95": None if estimate.n == 0 else [estimate.low, estimate.high]}
+    estimate = bootstrap_difference([v for _, v in pre_values], [v for _, v in post_values], seed=BOOTSTRAP_SEED)
+    return {"method": "unpaired", "n_pairs": 0, "ci95": None if estimate.n == 0 else [estimate.low, estimate.high]}
 
 
 def before_after_metrics(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -604,7 +586,7 @@ def before_after_metrics(pre: Sequence[Mapping[str, Any]], post: Sequence[Mappin
         "bootstrap": {
             "pairing": intervals["mean_reward"]["method"],
             "paired_by": list(PAIR_KEY),
-            "interval": "percentile",
+            "interval": "percentile (scipy.stats.bootstrap)",
             "confidence": CONFIDENCE,
             "n_resamples": N_BOOTSTRAP,
             "numpy_seed": BOOTSTRAP_SEED,
