@@ -26,8 +26,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
-from bench_env import episode_specs  # noqa: E402
-from cernenv import CERNCollisionEnvironment  # noqa: E402
+from bench_env import episode_specs, heuristic_throughput  # noqa: E402
 from cernenv.client import CERNEnvClient  # noqa: E402
 from lib.agents import HeuristicAgent  # noqa: E402
 
@@ -37,16 +36,7 @@ Spec = Tuple[int, Optional[str], Optional[str]]
 
 def in_process(specs: List[Spec]) -> Tuple[float, float]:
     """(episodes/s, steps/s) of one environment played sequentially."""
-    env, agent, steps = CERNCollisionEnvironment(), HeuristicAgent(), 0
-    start = time.perf_counter()
-    for seed, scenario, difficulty in specs:
-        agent.reset()
-        obs = env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
-        while not obs.done:
-            obs = env.step(agent.act(obs))
-            steps += 1
-    elapsed = time.perf_counter() - start
-    return len(specs) / elapsed, steps / elapsed
+    return heuristic_throughput(specs)
 
 
 async def _session(url: str, specs: List[Spec]) -> int:
