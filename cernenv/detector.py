@@ -7,7 +7,7 @@ choices, stated as such, that keep the campaign's trade-offs realistic.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Mapping, Tuple
+from typing import Dict, Mapping
 
 import numpy as np
 
@@ -181,7 +181,3 @@ def expected_background_events(channel: Channel, edges_gev: np.ndarray, sqrt_s_t
     per_bin = integrate_bins(density, edges_gev) / at_reference
     scale = cross_section_scale(channel.reference_mass_gev, sqrt_s_tev, channel.background_production)
     return channel.background_per_fb_per_gev * scale * luminosity_fb * per_bin
-
-
-def channel_names() -> Tuple[str, ...]:
-    return tuple(CHANNELS)
