@@ -423,14 +423,14 @@ def _render_csv_panels(csv_path: Path, png_path: Path, title: str, panels: Seque
     if not has_data:
         return None
     nrows = math.ceil(len(panels) / ncols)
-    fig, axes = _new_figure(nrows, ncols, (6.0 * ncols, 2.9 * nrows + 0.6))
+    fig, axes = _new_figure(nrows, ncols, (max(8.0, 6.0 * ncols), 2.9 * nrows + 0.8))
     if fig is None:
         return None
     for ax, panel in zip(axes.flat, panels):
         _draw_panel(ax, x, rows, panel, xlabel)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    fig.suptitle(f"{title}  ({len(rows)} rows from {Path(csv_path).name})", fontsize=12)
+    fig.suptitle(f"{title}\n({len(rows)} rows of {Path(csv_path).name})", fontsize=11)
     return _save_figure(fig, png_path)
 
 
@@ -523,6 +523,7 @@ def summarise_episodes(episodes: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     summary: Dict[str, Any] = {
         "n": len(episodes),
         "n_with_particle": sum(bool((e.get("truth") or {}).get("exists")) for e in episodes),
+        "mean_reward": _mean(rewards),
         "median_reward": float(np.median(rewards)) if rewards else None,
     }
     for key in SUMMARY_METRICS:
@@ -722,7 +723,7 @@ def _md(text: Any, limit: int = 120) -> str:
 
 def _format_value(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:.6g}"
     if isinstance(value, (dict, list)):
         return json.dumps(value, separators=(",", ":"), default=str)
     return str(value)
@@ -763,7 +764,8 @@ def _format_episode(episode: Mapping[str, Any], heading: str) -> List[str]:
     lines = [
         f"### {heading}",
         "",
-        f"- **Task**: scenario `{episode.get('scenario')}`, difficulty `{episode.get('difficulty')}`, "
+        f"- **Task**: scenario `{episode.get('scenario') or 'procedural'}`, "
+        f"difficulty `{episode.get('difficulty')}`, "
         f"seed `{episode.get('seed')}`",
         f"- **Truth**: {_truth_summary(episode.get('truth'))}",
         f"- **Outcome**: {'correct ✓' if outcome else 'wrong ✗' if outcome is not None else 'not graded'}; "
@@ -793,6 +795,13 @@ def _format_episode(episode: Mapping[str, Any], heading: str) -> List[str]:
     if len(steps) > MAX_TABLE_STEPS:
         lines.append(f"| … | {len(steps) - MAX_TABLE_STEPS} more step(s) | | | | |")
     return lines + [""]
+
+
+def format_episode_markdown(episode: Any, heading: str) -> str:
+    """One episode (an `EpisodeRecord` or its dict) as readable Markdown: task, truth, outcome, steps."""
+    if is_dataclass(episode):
+        episode = asdict(episode)
+    return "\n".join(_format_episode(episode, heading))
 
 
 def _reward_rank(episode: Mapping[str, Any]) -> Tuple[bool, float]:
@@ -901,12 +910,7 @@ __all__ = [
     "render_checkpoint_progression",
     "render_before_after",
     "render_sample_trajectories",
+    "format_episode_markdown",
     "render_all",
 ]
 
-
-def format_episode_markdown(episode: Any, heading: str) -> str:
-    """One episode (an `EpisodeRecord` or its dict) as readable Markdown: task, truth, outcome, steps."""
-    if is_dataclass(episode):
-        episode = asdict(episode)
-    return "\n".join(_format_episode(episode, heading))

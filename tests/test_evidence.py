@@ -8,9 +8,11 @@ import multiprocessing
 import threading
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pytest
 
+from lib import evidence
 from lib.evidence import (
     CheckpointEvalWriter,
     EvidencePaths,
@@ -27,163 +29,381 @@ from lib.evidence import (
     render_training_curve,
 )
 
-SEED_ARTIFACTS = {
-    "training_log_csv": "training_log.csv", "reward_components_csv": "reward_components.csv",
-    "checkpoint_evals_csv": "checkpoint_evals.csv", "training_curve_png": "training_curve.png",
-    "reward_components_png": "reward_components.png", "checkpoint_progression_png": "checkpoint_progression.png",
-    "before_after_summary_png": "before_after_summary.png", "reward_distribution_png": "reward_distribution.png",
-    "before_after_metrics_json": "before_after_metrics.json", "sample_trajectories_md": "sample_trajectories.md",
-    "pre_eval_jsonl": "pre_eval.jsonl", "post_eval_jsonl": "post_eval.jsonl",
-}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CSV_RENDERERS = [
+    (TrainingLogWriter, render_training_curve),
+    (RewardComponentLogWriter, render_reward_components),
+    (CheckpointEvalWriter, render_checkpoint_progression),
+]
 
 
 def assert_real_png(path: Path) -> None:
+    assert path.exists() and path.read_bytes()[:8] == PNG_MAGIC
+    assert path.stat().st_size > 10_000
     import matplotlib.image
 
-    assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 10_000
-    pixels = matplotlib.image.imread(str(path))
-    assert pixels.reshape(-1, pixels.shape[-1]).std(axis=0).max() > 0.01, "not a single colour"
+    pixels = matplotlib.image.imread(path)
+    assert pixels.reshape(-1, pixels.shape[-1]).std(axis=0).max() > 0.01, "a single-colour image"
 
 
-def test_artifact_names_and_columns_are_the_seeds(tmp_path):
-    paths = EvidencePaths(tmp_path / "ev")
-    for attribute, name in SEED_ARTIFACTS.items():
-        assert getattr(paths, attribute) == tmp_path / "ev" / name
-    paths.ensure()
-    assert paths.root.is_dir()
-    assert TrainingLogWriter.COLUMNS == ("step", "epoch", "loss", "reward", "reward_std", "kl", "grad_norm",
-                                         "learning_rate", "wall_time_s")
-    assert RewardComponentLogWriter.COLUMNS == (
-        "step", "n", "mean_cumulative", "mean_terminal", "mean_step_shaping", "discovered_rate",
-        "mass_correct_rate", "channel_correct_rate", "spin_correct_rate", "parsed_rate", "mean_n_steps")
-    assert CheckpointEvalWriter.COLUMNS == ("step", "fraction_done", "episodes", "mean_reward", "success_rate",
-                                            "mass_acc", "channel_acc")
-    writer = TrainingLogWriter(paths.training_log_csv)
-    assert paths.training_log_csv.read_text().splitlines() == [",".join(TrainingLogWriter.COLUMNS)]
-    with pytest.raises(ValueError, match="unknown column"):
-        writer.append({"step": 1, "lsos": 0.3})
+def append(writer, row):
+    if isinstance(writer, CheckpointEvalWriter):
+        writer.append(**row)
+    else:
+        writer.append(row)
 
 
-def _append_rows(path: str, worker: int, n: int) -> None:
-    writer = TrainingLogWriter(Path(path))
-    for i in range(n):
-        writer.append({"step": worker * 10_000 + i, "loss": 0.5, "reward": float(i), "wall_time_s": 1.25})
+def full_row(writer_cls, step: int) -> dict:
+    return {column: (step if column == "step" else 0.5 + 0.001 * step) for column in writer_cls.COLUMNS}
 
 
-def test_concurrent_appends_from_processes_and_threads_keep_every_row_whole(tmp_path):
-    path = tmp_path / "training_log.csv"
-    context = multiprocessing.get_context("fork")
-    processes = [context.Process(target=_append_rows, args=(str(path), w, 200)) for w in range(4)]
-    threads = [threading.Thread(target=_append_rows, args=(str(path), 10 + w, 200)) for w in range(4)]
-    for worker in processes + threads:
-        worker.start()
-    for worker in processes + threads:
-        worker.join(timeout=60)
-    records = read_records(path)
-    assert records.n_skipped == 0 and len(records.rows) == 8 * 200
-    steps = sorted(int(row["step"]) for row in records.rows)
-    assert steps == sorted(w * 10_000 + i for w in [0, 1, 2, 3, 10, 11, 12, 13] for i in range(200))
-    assert all(row["loss"] == "0.5" and row["wall_time_s"] == "1.25" for row in records.rows)
-
-
-def test_a_truncated_last_line_breaks_neither_rendering_nor_the_next_append(tmp_path):
-    paths = EvidencePaths(tmp_path)
-    writer = TrainingLogWriter(paths.training_log_csv)
-    for step in range(5):
-        writer.append({"step": step, "loss": 1.0 / (step + 1), "reward": step, "kl": 0.01 * step})
-    with open(paths.training_log_csv, "a") as f:  # a kill in the middle of a row
-        f.write("5,0.1,0.2")
-    assert render_training_curve(paths.training_log_csv, paths.training_curve_png) is not None
-    writer.append({"step": 6, "loss": 0.1, "reward": 6})
-    rows = read_records(paths.training_log_csv).rows
-    assert [int(r["step"]) for r in rows] == [0, 1, 2, 3, 4, 6]
-    assert_real_png(paths.training_curve_png)
-
-
-def test_renderers_survive_missing_empty_and_partial_files(tmp_path):
-    paths = EvidencePaths(tmp_path)
-    for render, csv, png in [(render_training_curve, paths.training_log_csv, paths.training_curve_png),
-                             (render_reward_components, paths.reward_components_csv, paths.reward_components_png),
-                             (render_checkpoint_progression, paths.checkpoint_evals_csv,
-                              paths.checkpoint_progression_png)]:
-        assert render(csv, png) is None  # missing
-        csv.write_text("")
-        assert render(csv, png) is None  # empty
-    CheckpointEvalWriter(paths.checkpoint_evals_csv).append(step=10, mean_reward=-1.5)  # partial row
-    assert render_checkpoint_progression(paths.checkpoint_evals_csv, paths.checkpoint_progression_png)
-    payload = render_before_after(pre_jsonl=paths.pre_eval_jsonl, post_jsonl=paths.post_eval_jsonl,
-                                  summary_png=paths.before_after_summary_png,
-                                  distribution_png=paths.reward_distribution_png,
-                                  metrics_json=paths.before_after_metrics_json)
-    assert payload is None and not paths.before_after_metrics_json.exists()  # nothing to compare yet
-    assert render_sample_trajectories(pre_jsonl=paths.pre_eval_jsonl, post_jsonl=paths.post_eval_jsonl,
-                                      md_path=paths.sample_trajectories_md) is None
-    rendered = render_all(paths)  # regenerates what the data allow, skips the rest
-    assert rendered["checkpoint_progression_png"] == paths.checkpoint_progression_png
-    assert rendered["training_curve_png"] is None and rendered["before_after_metrics_json"] is None
-
-
-def _episode(seed, reward, correct, exists=True, steps=None):
-    return {"seed": seed, "scenario": None, "difficulty": "easy", "cumulative_reward": reward,
-            "correct_outcome": correct, "discovered": exists and correct, "correct_mass": correct if exists else None,
-            "correct_channel": correct if exists else None, "correct_spin": None, "truth": {"exists": exists},
+def episode(seed, reward, correct, *, exists=True, mass=True, spin=None, scenario=None, steps=None):
+    return {"seed": seed, "scenario": scenario, "difficulty": "easy", "cumulative_reward": reward,
+            "discovered": correct and exists, "correct_outcome": correct,
+            "correct_mass": mass if exists else None, "correct_channel": mass if exists else None,
+            "correct_spin": spin, "truth": {"exists": exists, "mass_gev": 125.09 if exists else None},
             "steps": steps if steps is not None else [
                 {"action": {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}},
                  "reward": 0.0, "parsed_ok": True, "rule_violations": []},
-                {"action": "not json", "reward": -0.1, "parsed_ok": False,
-                 "rule_violations": ["INVALID_ACTION: ..."]}]}
+                {"action": {"action_type": "fit_resonance", "parameters": {"window_gev": [110, 140]}},
+                 "reward": -0.1, "parsed_ok": True, "rule_violations": ["PREREQUISITE: build the spectrum first"]},
+            ]}
 
 
-def _write_jsonl(path, episodes, truncated_tail=False):
-    text = "".join(json.dumps(e) + "\n" for e in episodes)
-    path.write_text(text + ('{"seed": 99, "cumul' if truncated_tail else ""))
+def write_jsonl(path: Path, episodes) -> Path:
+    path.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    return path
+
+
+# ----------------------------------------------------------------------------- interface
+
+def test_artifact_names_and_columns_are_the_seeds(tmp_path):
+    paths = EvidencePaths(tmp_path / "ev")
+    paths.ensure()
+    assert paths.root.is_dir()
+    names = {name: getattr(paths, name).name for name in paths.__dataclass_fields__ if name != "root"}
+    assert names == {
+        "training_log_csv": "training_log.csv", "reward_components_csv": "reward_components.csv",
+        "checkpoint_evals_csv": "checkpoint_evals.csv", "training_curve_png": "training_curve.png",
+        "reward_components_png": "reward_components.png",
+        "checkpoint_progression_png": "checkpoint_progression.png",
+        "before_after_summary_png": "before_after_summary.png", "reward_distribution_png": "reward_distribution.png",
+        "before_after_metrics_json": "before_after_metrics.json", "sample_trajectories_md": "sample_trajectories.md",
+        "pre_eval_jsonl": "pre_eval.jsonl", "post_eval_jsonl": "post_eval.jsonl",
+    }
+    assert all(getattr(paths, name).parent == paths.root for name in names)
+    expected = {
+        TrainingLogWriter: "step,epoch,loss,reward,reward_std,kl,grad_norm,learning_rate,wall_time_s",
+        RewardComponentLogWriter: "step,n,mean_cumulative,mean_terminal,mean_step_shaping,discovered_rate,"
+                                  "mass_correct_rate,channel_correct_rate,spin_correct_rate,parsed_rate,mean_n_steps",
+        CheckpointEvalWriter: "step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc",
+    }
+    for cls, header in expected.items():
+        path = tmp_path / f"{cls.__name__}.csv"
+        cls(path)
+        assert path.read_text() == header + "\n"
+
+
+def test_unknown_column_raises_and_missing_or_non_finite_values_are_empty(tmp_path):
+    log = TrainingLogWriter(tmp_path / "log.csv")
+    with pytest.raises(ValueError, match="rewrd"):
+        log.append({"step": 1, "rewrd": 0.5})
+    with pytest.raises(ValueError, match="stepp"):
+        CheckpointEvalWriter(tmp_path / "ck.csv").append(stepp=1)
+    log.append({"step": np.int64(2), "loss": float("nan"), "reward": float("inf"), "kl": np.float32(0.25)})
+    lines = (tmp_path / "log.csv").read_text().splitlines()
+    assert lines[1:] == ["2,,,,,0.25,,,"]
+
+
+def test_an_existing_log_with_other_columns_is_refused(tmp_path):
+    path = tmp_path / "log.csv"
+    path.write_text("step,something_else\n1,2\n")
+    with pytest.raises(ValueError, match="move the old file aside"):
+        TrainingLogWriter(path)
+
+
+def test_seed_written_crlf_logs_are_accepted(tmp_path):
+    path = tmp_path / "log.csv"
+    path.write_bytes(b"step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc\r\n1,,,0.5,,,\r\n")
+    CheckpointEvalWriter(path).append(step=2, mean_reward=0.75)
+    assert [r["mean_reward"] for r in read_records(path).rows] == ["0.5", "0.75"]
+
+
+# ----------------------------------------------------------------------------- concurrency and kills
+
+N_ROWS = 200
+
+
+def _expected(writer_id: int, i: int) -> dict:
+    return {"step": writer_id * 10_000 + i, "epoch": writer_id, "loss": 0.1234567890123 * i,
+            "reward": -1.0 / (i + 1), "reward_std": 1e-7 * i, "kl": 3.0, "grad_norm": float(i) ** 0.5,
+            "learning_rate": 1e-5, "wall_time_s": 1234.5678 + i}
+
+
+def _append_many(path: str, writer_id: int, start) -> None:
+    writer = TrainingLogWriter(Path(path))  # every process creates the file: the header must be written once
+    start.wait()
+    for i in range(N_ROWS):
+        writer.append(_expected(writer_id, i))
+
+
+def test_concurrent_appends_from_processes_and_threads_give_whole_rows(tmp_path):
+    path = tmp_path / "training_log.csv"
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Event()
+    procs = [ctx.Process(target=_append_many, args=(str(path), w, start)) for w in range(4)]
+    threads = [threading.Thread(target=_append_many, args=(str(path), 4 + w, start)) for w in range(4)]
+    for worker in procs + threads:
+        worker.start()
+    start.set()
+    for worker in procs + threads:
+        worker.join(timeout=30)
+    assert all(p.exitcode == 0 for p in procs)
+
+    text = path.read_text()
+    assert text.count("step,epoch") == 1 and text.startswith("step,epoch")
+    records = read_records(path)
+    assert records.n_skipped == 0
+    assert len(records.rows) == 8 * N_ROWS
+    by_step = {int(row["step"]): row for row in records.rows}
+    assert len(by_step) == 8 * N_ROWS
+    for writer_id in range(8):
+        for i in range(N_ROWS):
+            want = _expected(writer_id, i)
+            got = by_step[want["step"]]
+            assert {k: float(v) for k, v in got.items()} == pytest.approx({k: float(v) for k, v in want.items()},
+                                                                         rel=0, abs=0)
+
+
+@pytest.mark.parametrize("writer_cls, render", CSV_RENDERERS)
+def test_a_killed_writer_breaks_neither_reading_rendering_nor_the_next_append(tmp_path, writer_cls, render):
+    path = tmp_path / "log.csv"
+    writer = writer_cls(path)
+    for step in range(1, 4):
+        append(writer, full_row(writer_cls, step))
+    with open(path, "ab") as f:
+        f.write(b"4,0.1,0.2")  # the process died mid-row
+    records = read_records(path)
+    assert len(records.rows) == 3 and records.n_skipped == 1
+    assert render(path, tmp_path / "plot.png") == tmp_path / "plot.png"
+
+    append(writer_cls(path), full_row(writer_cls, 5))  # a new run reopens the file
+    records = read_records(path)
+    assert records.n_skipped == 0
+    assert [int(r["step"]) for r in records.rows] == [1, 2, 3, 5]
+    assert path.read_bytes().endswith(b"\n") and b"4,0.1,0.2" not in path.read_bytes()
+
+
+def test_a_kill_during_the_header_and_garbage_lines_are_survived(tmp_path):
+    path = tmp_path / "log.csv"
+    path.write_bytes(b"step,ep")
+    TrainingLogWriter(path).append({"step": 1, "reward": 0.5})
+    assert [r["reward"] for r in read_records(path).rows] == ["0.5"]
+    with open(path, "ab") as f:
+        f.write(b"\x00\x00\x00\n1,2\n\"unclosed,quote\n\xff\xfe,bad\n")
+    TrainingLogWriter(path).append({"step": 2, "reward": 0.75})
+    records = read_records(path)
+    assert [r["reward"] for r in records.rows] == ["0.5", "0.75"] and records.n_skipped == 4
+
+
+# ----------------------------------------------------------------------------- renderers
+
+@pytest.mark.parametrize("writer_cls, render", CSV_RENDERERS)
+def test_csv_renderers_on_missing_empty_and_partial_data(tmp_path, writer_cls, render):
+    png = tmp_path / "plot.png"
+    assert render(tmp_path / "missing.csv", png) is None
+    (tmp_path / "empty.csv").write_text("")
+    assert render(tmp_path / "empty.csv", png) is None
+    writer_cls(tmp_path / "header.csv")
+    assert render(tmp_path / "header.csv", png) is None
+    assert not png.exists()
+
+    partial = writer_cls(tmp_path / "partial.csv")
+    second = writer_cls.COLUMNS[3]
+    for step in range(1, 6):
+        append(partial, {"step": step, second: float(step) if step % 2 else float("nan")})
+    assert render(tmp_path / "partial.csv", png) == png
+    assert_real_png(png)
+
+    (tmp_path / "no_step.csv").write_text(f"{second}\n1\n2\n")  # an old or hand-written log: plot by row
+    assert render(tmp_path / "no_step.csv", png) == png
+
+
+@pytest.mark.parametrize("writer_cls, render", CSV_RENDERERS)
+def test_csv_renderers_draw_full_logs_without_touching_pyplot(tmp_path, writer_cls, render):
+    import matplotlib.pyplot as plt
+
+    backend, figures = matplotlib.get_backend(), plt.get_fignums()
+    writer = writer_cls(tmp_path / "log.csv")
+    for step in range(1, 80):
+        append(writer, full_row(writer_cls, step))
+    assert render(tmp_path / "log.csv", tmp_path / "plot.png") == tmp_path / "plot.png"
+    assert_real_png(tmp_path / "plot.png")
+    assert matplotlib.get_backend() == backend and plt.get_fignums() == figures
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def _before_after(tmp_path, pre, post):
+    kwargs = dict(pre_jsonl=tmp_path / "pre.jsonl", post_jsonl=tmp_path / "post.jsonl",
+                  summary_png=tmp_path / "summary.png", distribution_png=tmp_path / "dist.png",
+                  metrics_json=tmp_path / "metrics.json")
+    if pre is not None:
+        write_jsonl(kwargs["pre_jsonl"], pre)
+    if post is not None:
+        write_jsonl(kwargs["post_jsonl"], post)
+    return render_before_after(**kwargs), kwargs
+
+
+def test_before_after_on_missing_empty_and_one_sided_data(tmp_path):
+    payload, kwargs = _before_after(tmp_path, None, None)
+    assert payload is None and not kwargs["metrics_json"].exists() and not kwargs["summary_png"].exists()
+    payload, kwargs = _before_after(tmp_path, [], [])
+    assert payload is None
+    payload, kwargs = _before_after(tmp_path, [episode(i, float(i), i % 2 == 0) for i in range(10)], [])
+    assert payload["post"]["n"] == 0 and payload["post"]["mean_reward"] is None
+    assert payload["delta"]["mean_reward"] is None and payload["delta_ci95"]["mean_reward"] is None
+    assert json.loads(kwargs["metrics_json"].read_text())["pre"]["n"] == 10
+    assert_real_png(kwargs["summary_png"])
+    assert_real_png(kwargs["distribution_png"])
+
+
+def test_before_after_metrics_on_a_hand_made_sample(tmp_path):
+    pre = [episode(0, 4.0, True, spin=True), episode(1, -2.0, False, mass=False),
+           episode(2, 3.0, True, exists=False), episode(3, -3.0, False, exists=False)]
+    post = [episode(0, 4.0, True, spin=True), episode(1, 3.0, True, spin=True),
+            episode(2, 3.0, True, exists=False), episode(3, 3.0, True, exists=False)]
+    payload, kwargs = _before_after(tmp_path, pre, post)
+    with open(kwargs["pre_jsonl"], "a") as f:
+        f.write('{"seed": 9, "cumulative_re')  # an evaluation killed mid-write
+    payload = render_before_after(**kwargs)
+    assert payload == json.loads(kwargs["metrics_json"].read_text())
+    assert payload["pre"] == pytest.approx({"n": 4, "n_with_particle": 2, "mean_reward": 0.5, "median_reward": 0.5,
+                                            "success_rate": 0.5, "mass_acc": 0.5, "channel_acc": 0.5,
+                                            "spin_acc": 0.5})
+    assert payload["post"]["mean_reward"] == pytest.approx(3.25) and payload["post"]["success_rate"] == 1.0
+    assert payload["post"]["mass_acc"] == 1.0 and payload["post"]["spin_acc"] == 1.0
+    assert payload["delta"]["mean_reward"] == pytest.approx(2.75)
+    assert payload["delta"]["success_rate"] == pytest.approx(0.5)
+    assert payload["bootstrap"]["pairing"] == "paired" and payload["n"] == {"pre": 4, "post": 4, "pairs": 4}
+    assert payload["bootstrap"]["n_resamples"] == 2000
+    low, high = payload["delta_ci95"]["mean_reward"]
+    assert low <= 2.75 <= high
+    none_spin = before_after_metrics([episode(0, 1.0, True, spin=None)], [])
+    assert none_spin["pre"]["spin_acc"] == 0.0  # None counts as wrong where the particle exists
 
 
 def test_before_after_metrics_and_plots_on_a_clear_improvement(tmp_path):
-    paths = EvidencePaths(tmp_path)
     rng = np.random.default_rng(3)
     base = rng.normal(0.0, 2.0, size=100)
-    pre = [_episode(i, float(r), bool(i % 4 == 0), exists=i % 5 != 0) for i, r in enumerate(base)]
-    post = [_episode(i, float(r) + 1.5 + rng.normal(0, 0.2), bool(i % 4 != 3), exists=i % 5 != 0)
+    pre = [episode(i, float(r), i % 4 == 0, exists=i % 5 != 0, mass=i % 4 == 0) for i, r in enumerate(base)]
+    post = [episode(i, float(r) + 1.5 + rng.normal(0, 0.2), i % 4 != 3, exists=i % 5 != 0, mass=i % 4 != 3)
             for i, r in enumerate(base)]
-    _write_jsonl(paths.pre_eval_jsonl, pre, truncated_tail=True)
-    _write_jsonl(paths.post_eval_jsonl, post)
-    payload = render_before_after(pre_jsonl=paths.pre_eval_jsonl, post_jsonl=paths.post_eval_jsonl,
-                                  summary_png=paths.before_after_summary_png,
-                                  distribution_png=paths.reward_distribution_png,
-                                  metrics_json=paths.before_after_metrics_json)
+    payload, kwargs = _before_after(tmp_path, pre, post)
     assert payload["n"] == {"pre": 100, "post": 100, "pairs": 100}
     assert payload["bootstrap"]["pairing"] == "paired"
     assert payload["pre"]["mean_reward"] == pytest.approx(float(np.mean(base)))
     assert payload["pre"]["success_rate"] == pytest.approx(0.25) and payload["post"]["success_rate"] == 0.75
     low, high = payload["delta_ci95"]["mean_reward"]
-    assert 1.3 < low < payload["delta"]["mean_reward"] < high < 1.7
+    assert 1.3 < low < payload["delta"]["mean_reward"] < high < 1.7  # pairing removes the task-to-task spread
     assert payload["delta_ci95"]["success_rate"][0] > 0
-    assert json.loads(paths.before_after_metrics_json.read_text())["delta"] == pytest.approx(payload["delta"],
-                                                                                              nan_ok=True)
-    assert_real_png(paths.before_after_summary_png)
-    assert_real_png(paths.reward_distribution_png)
+    assert_real_png(kwargs["summary_png"])
+    assert_real_png(kwargs["distribution_png"])
 
 
-def test_no_difference_gives_an_interval_around_zero_and_unpaired_when_episodes_differ():
-    rng = np.random.default_rng(4)
-    pre = [_episode(i, float(r), bool(r > 0)) for i, r in enumerate(rng.normal(0, 1, 150))]
-    post = [_episode(1000 + i, float(r), bool(r > 0)) for i, r in enumerate(rng.normal(0, 1, 150))]
+def _synthetic(rng, n, shift, seed_offset=0):
+    return [episode(seed_offset + i, float(rng.normal(shift, 1.0)), bool(rng.random() < 0.3 + 0.4 * (shift > 0)))
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("seed_offset", [0, 10_000], ids=["paired", "unpaired"])
+def test_difference_interval_finds_a_clear_effect(seed_offset):
+    rng = np.random.default_rng(1)
+    pre, post = _synthetic(rng, 150, 0.0), _synthetic(rng, 150, 1.0, seed_offset)
     payload = before_after_metrics(pre, post)
-    assert payload["bootstrap"]["pairing"] == "unpaired"
+    assert payload["bootstrap"]["pairing"] == ("paired" if seed_offset == 0 else "unpaired")
     low, high = payload["delta_ci95"]["mean_reward"]
-    assert low < 0 < high
+    assert 0 < low < 1.0 < high
+    low, high = payload["delta_ci95"]["success_rate"]
+    assert 0 < low < 0.4 < high
+    assert payload == before_after_metrics(pre, post)  # fixed seed: reproducible
 
 
-def test_sample_trajectories_are_readable_markdown(tmp_path):
-    paths = EvidencePaths(tmp_path)
-    _write_jsonl(paths.pre_eval_jsonl, [_episode(1, -1.0, False), _episode(2, 0.5, False, steps=[])])
-    _write_jsonl(paths.post_eval_jsonl, [_episode(1, 4.0, True)])
-    render_sample_trajectories(pre_jsonl=paths.pre_eval_jsonl, post_jsonl=paths.post_eval_jsonl,
-                               md_path=paths.sample_trajectories_md, n_samples=2)
-    text = paths.sample_trajectories_md.read_text()
-    assert "configure_beam" in text and "beam_energy_tev=13.6" in text and "INVALID_ACTION" in text
-    assert "No steps recorded" in text
-    single = format_episode_markdown(_episode(7, 2.0, True), "one episode")
+def test_difference_interval_contains_zero_without_an_effect():
+    rng = np.random.default_rng(2)
+    pre = _synthetic(rng, 150, 0.0)
+    same = before_after_metrics(pre, pre)
+    assert same["delta_ci95"]["mean_reward"] == [0.0, 0.0]
+    relabelled = [dict(e, seed=e["seed"] + 10_000) for e in pre]
+    for payload in (before_after_metrics(pre, relabelled),
+                    before_after_metrics(pre, _synthetic(rng, 150, 0.0, 10_000))):
+        assert payload["bootstrap"]["pairing"] == "unpaired"
+        for key in ("mean_reward", "success_rate"):
+            low, high = payload["delta_ci95"][key]
+            assert low < 0 < high
+
+
+def test_sample_trajectories_are_readable_and_survive_odd_episodes(tmp_path):
+    md = tmp_path / "samples.md"
+    assert render_sample_trajectories(pre_jsonl=tmp_path / "a.jsonl", post_jsonl=tmp_path / "b.jsonl",
+                                      md_path=md) is None and not md.exists()
+    pre = [episode(1, -2.0, False, scenario="higgs_diphoton"), episode(2, 0.5, False, steps=[]), {},
+           {"steps": [None, "not a dict", {"action": "raw model text | with a pipe", "parsed_ok": False}]}]
+    post = [episode(10, 3.0, True, scenario="z_dimuon")]
+    write_jsonl(tmp_path / "pre.jsonl", pre)
+    write_jsonl(tmp_path / "post.jsonl", post)
+    path = render_sample_trajectories(pre_jsonl=tmp_path / "pre.jsonl", post_jsonl=tmp_path / "post.jsonl",
+                                      md_path=md, n_samples=4)
+    text = path.read_text()
+    for fragment in ("higgs_diphoton", "z_dimuon", "`configure_beam`", "beam_energy_tev=13.6",
+                     "PREREQUISITE: build the spectrum first", "mass 125.09 GeV", "_No steps recorded._",
+                     "(unparsed)", "raw model text \\| with a pipe", "correct ✓", "wrong ✗", "-0.100"):
+        assert fragment in text, fragment
+
+    write_jsonl(tmp_path / "post.jsonl", [dict(e, cumulative_reward=3.0) for e in pre[:2]])
+    write_jsonl(tmp_path / "pre.jsonl", pre[:2])
+    text = render_sample_trajectories(pre_jsonl=tmp_path / "pre.jsonl", post_jsonl=tmp_path / "post.jsonl",
+                                      md_path=md).read_text()
+    assert "The same 2 task(s)" in text and text.count("### Before training") == 2
+
+    single = format_episode_markdown(episode(7, 2.0, True), "one episode")
     assert single.startswith("### one episode") and "| 1 | `configure_beam`" in single
+
+
+def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
+    paths = EvidencePaths(tmp_path / "ev")
+    assert set(render_all(paths).values()) == {None}
+    assert not paths.root.exists() or not any(paths.root.iterdir())
+
+    CheckpointEvalWriter(paths.checkpoint_evals_csv).append(step=10, mean_reward=-1.5)
+    rendered = render_all(paths)  # regenerates what the data allow, skips the rest
+    assert rendered["checkpoint_progression_png"] == paths.checkpoint_progression_png
+    assert rendered["training_curve_png"] is None and rendered["before_after_metrics_json"] is None
+
+    paths.ensure()
+    for cls, csv_path in ((TrainingLogWriter, paths.training_log_csv),
+                          (RewardComponentLogWriter, paths.reward_components_csv),
+                          (CheckpointEvalWriter, paths.checkpoint_evals_csv)):
+        writer = cls(csv_path)
+        for step in range(1, 30):
+            append(writer, full_row(cls, step))
+    rng = np.random.default_rng(3)
+    write_jsonl(paths.pre_eval_jsonl, _synthetic(rng, 40, 0.0))
+    write_jsonl(paths.post_eval_jsonl, _synthetic(rng, 40, 1.0))
+    out = render_all(paths)
+    assert set(out) == {"training_curve_png", "reward_components_png", "checkpoint_progression_png",
+                        "before_after_summary_png", "reward_distribution_png", "before_after_metrics_json",
+                        "sample_trajectories_md"}
+    for key, path in out.items():
+        assert path == getattr(paths, key)
+        if path.suffix == ".png":
+            assert_real_png(path)
+    assert "ERROR" not in caplog.text
+
+
+def test_checkpoint_row_feeds_the_checkpoint_writer(tmp_path):
+    row = evidence.checkpoint_row(50, [episode(0, 1.0, True), episode(1, -1.0, False, mass=False)],
+                                  fraction_done=0.25)
+    CheckpointEvalWriter(tmp_path / "ck.csv").append(**row)
+    (got,) = read_records(tmp_path / "ck.csv").rows
+    assert got == {"step": "50", "fraction_done": "0.25", "episodes": "2", "mean_reward": "0.0",
+                   "success_rate": "0.5", "mass_acc": "0.5", "channel_acc": "0.5"}
