@@ -1,0 +1,139 @@
+"""The CPU stand-in policy: a tiny Qwen2-architecture causal LM built here, warm-started by SFT.
+
+No weights can be downloaded on the project's machines, so the CPU path trains its own
+model: the project tokenizer (`lib.tokenizer`), a small randomly initialised Qwen2
+network (deterministic from its seed), then supervised fine-tuning with TRL's
+`SFTTrainer` on `HeuristicAgent` trajectories (prompt = the chat `build_chat` makes,
+completion = the heuristic's action as JSON; loss on the completion only). It is a
+stand-in for a real instruct model, good enough to emit valid actions; GRPO then
+improves on it. On a GPU the defaults are a real model (e.g. Qwen2.5-1.5B-Instruct).
+
+    tokenizer = build_tokenizer()
+    model = warm_start(tokenizer)        # trains once, then loads .cache/policy/...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from cernenv import CERNCollisionEnvironment, ExperimentAction
+from lib.agents import HeuristicAgent, action_to_json, build_chat
+from lib.rollouts import transitions
+from lib.tokenizer import corpus_specs
+
+SFT_SEED = 40_000
+"""First seed of the SFT episodes: training seeds, apart from the tokenizer's and the evaluation's."""
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Size of the stand-in model (Qwen2 architecture, tied embeddings)."""
+
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    num_hidden_layers: int = 4
+    """Transformer blocks."""
+    num_attention_heads: int = 4
+    """Query heads (head size hidden_size / heads)."""
+    num_key_value_heads: int = 2
+    """Key/value heads (grouped-query attention, as in Qwen2)."""
+    intermediate_size: int = 384
+    """Width of the MLP."""
+    max_position_embeddings: int = 2048
+    """Longest sequence [tokens]: a prompt is ~470 tokens, an action ~25-90."""
+    seed: int = 0
+    """Seed of the random initialisation."""
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """The supervised warm start."""
+
+    n_episodes: int = 60
+    """HeuristicAgent episodes whose steps become (prompt, completion) examples."""
+    epochs: float = 3.0
+    """Passes over the examples."""
+    batch_size: int = 8
+    """Examples per optimisation step."""
+    learning_rate: float = 2e-3
+    """AdamW learning rate (a tiny model from scratch tolerates a large one)."""
+    seed: int = 0
+    """Seed of the data order and dropout."""
+    logging_steps: int = 10
+    """Optimisation steps between logged losses."""
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig = TinyModelConfig()
+                     ) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 causal LM over `tokenizer`'s vocabulary (same seed, same weights)."""
+    torch.manual_seed(config.seed)
+    model_config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size, max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id)
+    return Qwen2ForCausalLM(model_config)
+
+
+def sft_examples(n_episodes: int, first_seed: int = SFT_SEED) -> List[Dict[str, Any]]:
+    """Conversational prompt/completion pairs from HeuristicAgent episodes on training seeds."""
+    env, agent, rows = CERNCollisionEnvironment(), HeuristicAgent(), []
+    for spec in corpus_specs(n_episodes, first_seed):
+        for obs, action, _ in transitions(env, agent, **spec):
+            if isinstance(action, ExperimentAction):
+                rows.append({"prompt": build_chat(obs),
+                             "completion": [{"role": "assistant", "content": action_to_json(action)}]})
+    return rows
+
+
+def _fingerprint(tokenizer: PreTrainedTokenizerFast, model: TinyModelConfig, sft: SFTSettings) -> str:
+    key = json.dumps({"vocab": tokenizer.get_vocab(), "model": asdict(model), "sft": asdict(sft),
+                      "template": tokenizer.chat_template, "probe": sft_examples(1)[:3]}, sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: str = ".cache/policy",
+               model_config: TinyModelConfig = TinyModelConfig(), sft: SFTSettings = SFTSettings(),
+               report: Optional[Dict[str, Any]] = None) -> Qwen2ForCausalLM:
+    """The SFT-warm-started stand-in model, trained once and cached under a name that
+    changes with any of its inputs. `report` (a dict) receives the training losses."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    target = Path(cache_dir) / f"tiny-qwen2-{_fingerprint(tokenizer, model_config, sft)}"
+    if (target / "config.json").exists():
+        return Qwen2ForCausalLM.from_pretrained(target)
+    model = build_tiny_model(tokenizer, model_config)
+    dataset = Dataset.from_list(sft_examples(sft.n_episodes))
+    work = Path(tempfile.mkdtemp(prefix="sft-", dir=str(Path(cache_dir).parent if Path(cache_dir).parent.exists()
+                                                         else None)))
+    args = SFTConfig(
+        output_dir=str(work), num_train_epochs=sft.epochs, per_device_train_batch_size=sft.batch_size,
+        learning_rate=sft.learning_rate, lr_scheduler_type="cosine", warmup_steps=0.05, seed=sft.seed,
+        logging_steps=sft.logging_steps, save_strategy="no", report_to=[], completion_only_loss=True, max_length=1024,
+        use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.train()
+    if report is not None:
+        report["losses"] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        report["n_examples"] = len(dataset)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir=target.parent if target.parent.exists() else None))
+    model.save_pretrained(staging)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(staging, target)  # atomic: a concurrent build of the same model wins or loses whole
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return model

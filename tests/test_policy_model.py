@@ -1,0 +1,44 @@
+"""The CPU stand-in policy: a deterministic tiny Qwen2 model and its SFT warm start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lib.agents import parse_action
+from lib.policy_model import SFTSettings, TinyModelConfig, build_tiny_model, sft_examples, warm_start
+from lib.tokenizer import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def test_tiny_model_is_deterministic_and_sized_for_a_cpu(tokenizer):
+    a, b = build_tiny_model(tokenizer), build_tiny_model(tokenizer)
+    assert a.config.model_type == "qwen2" and a.config.vocab_size == len(tokenizer)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    other = build_tiny_model(tokenizer, TinyModelConfig(seed=1))
+    assert not torch.equal(a.model.embed_tokens.weight, other.model.embed_tokens.weight)
+    assert 0.3e6 < sum(p.numel() for p in a.parameters()) < 5e6
+
+
+def test_sft_examples_are_the_heuristics_actions_as_valid_replies():
+    rows = sft_examples(2)
+    assert len(rows) > 10
+    for row in rows:
+        assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+        reply = row["completion"][0]["content"]
+        assert parse_action(reply).ok, reply
+
+
+def test_warm_start_learns_and_is_cached(tokenizer, tmp_path):
+    report = {}
+    settings = SFTSettings(n_episodes=2, epochs=2.0, batch_size=4, logging_steps=2)
+    model = warm_start(tokenizer, cache_dir=str(tmp_path), sft=settings, report=report)
+    losses = report["losses"]
+    assert len(losses) >= 3 and losses[-1] < 0.7 * losses[0], losses
+    reloaded = warm_start(tokenizer, cache_dir=str(tmp_path), sft=settings, report=(again := {}))
+    assert again == {}, "a cached model is loaded, not retrained"
+    assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), reloaded.state_dict().values()))
