@@ -14,6 +14,7 @@ from its seed and its actions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Dict, Optional, Tuple
 
 import hist
@@ -78,8 +79,9 @@ class Spectrum:
     def edges_gev(self) -> np.ndarray:
         return self.histogram.axes[0].edges
 
-    @property
+    @cached_property
     def counts(self) -> np.ndarray:
+        """Events per mass bin (summed over |cos θ*|); computed once, a spectrum never changes."""
         return self.histogram.values().sum(axis=1)
 
     def resolution_gev(self, mass_gev):

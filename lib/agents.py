@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Proto
 import numpy as np
 
 from cernenv.actions import ACTION_TABLE, Prerequisite
-from cernenv.detector import BEAM_ENERGIES, TRIGGERS
+from cernenv.detector import BEAM_ENERGIES, PILEUP_SETTINGS, RECONSTRUCTIONS, TRIGGERS
 from cernenv.models import ActionType, CollisionObservation, ExperimentAction
 from cernenv.rewards import EVIDENCE_Z_LOCAL, REDUNDANCY_PENALTY, VIOLATION_PENALTY
 from cernenv.rules import RuleViolation
@@ -59,13 +59,13 @@ class RandomAgent:
         action_type = ActionType(rng.choice([a.value for a in ActionType]))
         parameters: Dict[str, Any] = {
             ActionType.CONFIGURE_BEAM: lambda: {"beam_energy_tev": float(rng.choice(task.available_beam_energies_tev)),
-                                                "pileup": str(rng.choice(["low", "nominal", "high"]))},
+                                                "pileup": str(rng.choice(list(PILEUP_SETTINGS)))},
             ActionType.ALLOCATE_LUMINOSITY: lambda: {"luminosity_fb": float(task.luminosity_total_fb * rng.uniform(0.05, 0.5))},
             ActionType.SET_TRIGGER: lambda: {"trigger": str(rng.choice(task.available_triggers))},
             ActionType.COLLECT_COLLISIONS: lambda: {"luminosity_fb": float(task.luminosity_total_fb * rng.uniform(0.05, 0.5))},
             ActionType.CALIBRATE_DETECTOR: lambda: {"channel": channel},
             ActionType.RECONSTRUCT_TRACKS: lambda: {"channel": channel,
-                                                    "quality": str(rng.choice(["fast", "standard", "tight"]))},
+                                                    "quality": str(rng.choice(list(RECONSTRUCTIONS)))},
             ActionType.SELECT_CHANNEL: lambda: {"channel": channel},
             ActionType.BUILD_INVARIANT_MASS: lambda: {},
             ActionType.SUBTRACT_BACKGROUND: lambda: {"method": "fit"},
@@ -119,7 +119,7 @@ class HeuristicAgent:
         reserve_musd = min(25.0, 0.2 * task.budget_total_musd)
         reserve_days = min(40.0, 0.2 * task.time_total_days)
         beam = BEAM_ENERGIES[obs.selected_beam_energy]
-        rate = {"low": 0.5, "nominal": 1.0, "high": 1.8}[obs.selected_pileup or "nominal"]
+        rate = PILEUP_SETTINGS[obs.selected_pileup or "nominal"].luminosity_rate_factor
         by_budget = (usage.budget_remaining_musd - reserve_musd) / beam.cost_musd_per_fb
         by_time = (usage.time_remaining_days - reserve_days) / (beam.days_per_fb / rate)
         by_cap = usage.luminosity_remaining_fb - usage.luminosity_allocated_fb
