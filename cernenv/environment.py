@@ -85,7 +85,7 @@ class _Episode:
     budget_used_musd: float = 0.0
     time_used_days: float = 0.0
     spectrum: Optional[Spectrum] = None
-    background_only: Any = None  # background-only fit of `spectrum`, computed once
+    fits: Dict[tuple, Any] = field(default_factory=dict)  # fits by (kind, Spectrum.fit_key, ...): each made once
     background_fit: Any = None  # from subtract_background (possibly a sideband fit)
     resonance_fit: Any = None
     scan: Any = None
@@ -350,7 +350,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         self._charge_table(ActionType.SELECT_CHANNEL)
         if episode.channel != params.channel:
             episode.channel = params.channel
-            episode.spectrum = episode.background_only = episode.background_fit = None
+            episode.spectrum = episode.background_fit = None
             episode.resonance_fit = episode.scan = None
         record = episode.recorder.records[params.channel]
         return {"channel": params.channel, "luminosity_fb": _r(record.luminosity_fb),
@@ -378,7 +378,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         self._charge_table(ActionType.BUILD_INVARIANT_MASS)
         spectrum = episode.recorder.build_spectrum(episode.channel, (lo, hi), width, episode.beam_energy_tev,
                                                    episode.pileup)
-        episode.spectrum, episode.background_only, episode.background_fit = spectrum, None, None
+        episode.spectrum, episode.background_fit = spectrum, None
         episode.resonance_fit = episode.scan = None
         episode.data_version += 1
         episode.milestones.add("spectrum_built")
@@ -580,15 +580,19 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         record = self._episode.recorder.records[channel]
         return record.channel.energy_scale_bias_max_frac * CALIBRATION_BIAS_FACTOR[record.calibration_level] / np.sqrt(3)
 
+    def _cached_fit(self, key: tuple, fit: Callable[[], Any]) -> Any:
+        """`fit()`, made once per episode for each `key` (fits are deterministic functions of their
+        inputs, which the key holds, so a repeat, e.g. the grader's reference spectrum when it is
+        the agent's own, reuses the result)."""
+        fits = self._episode.fits
+        if key not in fits:
+            fits[key] = fit()
+        return fits[key]
+
     def _background_only(self, spectrum: Spectrum):
         """The background-only fit of `spectrum`, fitted once and reused by every action."""
-        episode = self._episode
-        if episode.spectrum is spectrum:
-            if episode.background_only is None:
-                episode.background_only = fit_background_only(spectrum.edges_gev, spectrum.counts,
-                                                              spectrum.sqrt_s_tev)
-            return episode.background_only
-        return fit_background_only(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev)
+        return self._cached_fit(("background_only", spectrum.fit_key), lambda: fit_background_only(
+            spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev))
 
     def _background_under_peak(self, spectrum: Spectrum, mass_gev: float, sigma_gev: float,
                                background=None) -> float:
@@ -604,10 +608,12 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         spurious = (SPURIOUS_SIGNAL_STAT_FRACTION
                     * np.sqrt(self._background_under_peak(spectrum, mass_gev, sigma, background))
                     if with_systematics else 0.0)
-        local = profile_likelihood_significance(
-            spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev, sigma, mass_gev,
-            spurious_signal_events=spurious, mass_bounds_gev=(mass_gev - 2 * sigma, mass_gev + 2 * sigma),
-            background=background)
+        local = self._cached_fit(
+            ("local_significance", spectrum.fit_key, float(mass_gev), float(spurious)),
+            lambda: profile_likelihood_significance(
+                spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev, sigma, mass_gev,
+                spurious_signal_events=spurious, mass_bounds_gev=(mass_gev - 2 * sigma, mass_gev + 2 * sigma),
+                background=background))
         if scan_z is not None:
             upcrossings, source = count_upcrossings(scan_z, 1.0), "scan"
         else:

@@ -84,6 +84,13 @@ class Spectrum:
         """Events per mass bin (summed over |cos θ*|); computed once, a spectrum never changes."""
         return self.histogram.values().sum(axis=1)
 
+    @cached_property
+    def fit_key(self) -> tuple:
+        """Everything a fit of the mass spectrum depends on (binning, counts, √s and the detector
+        state that sets the resolution): two spectra with equal keys give identical fits."""
+        return (self.channel, self.sqrt_s_tev, self.calibration_level, self.reconstruction, self.pileup,
+                self.edges_gev.tobytes(), self.counts.tobytes())
+
     def resolution_gev(self, mass_gev):
         return mass_resolution_gev(CHANNELS[self.channel], mass_gev, self.calibration_level,
                                    self.reconstruction, self.pileup)
