@@ -1,15 +1,15 @@
 """Fast bump hunt: local significance of a narrow resonance on a grid of mass hypotheses.
 
 No approximation beyond the narrow-width hypothesis (width 0, Gaussian resolution):
-one background-only Minuit fit, then, for every mass on the grid at once, the full
+one background-only fit, then, for every mass on the grid at once, the full
 profile of (N_b, p1, p2, N_s) by Fisher scoring on the exact Poisson likelihood,
 vectorised over the grid and started at the background-only fit (the s+b optimum at
 fixed mass is a small displacement from it, so 3-5 iterations suffice). Only masses
 with an excess are profiled: where the score in N_s at the background-only optimum
 points down, N_s-hat <= 0 and q0 = 0 without iterating (``local_q0``); on a sparse
 spectrum those deficits, pinned at the bin-positivity boundary, were the slow part.
-The result equals ``profile_likelihood_significance`` at fixed mass (Minuit) to ~1e-4
-in Z (tested); it is just ~60x cheaper than 60 Minuit fits. Mass is not fitted
+The result equals ``profile_likelihood_significance`` at fixed mass to ~1e-4
+in Z (tested); it is just ~60x cheaper than 60 separate fits. Mass is not fitted
 between grid points: use a grid step <= resolution / 2.
 
 q0 and Z follow Cowan, Cranmer, Gross, Vitells, Eur. Phys. J. C71 (2011) 1554,
@@ -104,7 +104,7 @@ def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarr
         decrement = -np.einsum("kp,kp->k", step, score)  # Newton decrement^2
         # Falling background (as in fitting._SHAPE_PENALTY): the slope constraint is linear in
         # (p1, p2), so the longest feasible step is exact (relative to the start, which the
-        # Minuit fit's soft wall may leave just below 0). A row stopped by it has converged
+        # background-only fit's soft wall may leave just below 0). A row stopped by it has converged
         # onto the boundary.
         slope_now = th[:, 1:3] @ tmpl.slope_matrix.T
         slope_step = step[:, 1:3] @ tmpl.slope_matrix.T
