@@ -173,19 +173,38 @@ _DIFFICULTY = {
 }
 
 
-def expected_local_significance(truth: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float,
-                                window_gev: Tuple[float, float]) -> float:
-    """Asimov expected local Z of a standard analysis (calibrated, standard reconstruction,
-    nominal pileup, best trigger) counting events within ±2σ of the true mass."""
+def _standard_analysis(truth: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float,
+                       window_gev: Tuple[float, float]) -> Tuple[Tuple[float, ...], float]:
+    """What `expected_local_significance` multiplies σ·B by to get the signal (in order), and
+    the background it counts within ±2σ of the true mass."""
     spec = CHANNELS[channel]
     sigma = mass_resolution_gev(spec, truth.mass_gev, 1, "standard", "nominal")
     half = float(np.hypot(2.0 * sigma, truth.width_gev))
     lo, hi = max(window_gev[0], truth.mass_gev - half), min(window_gev[1], truth.mass_gev + half)
     trigger = max(TRIGGERS[t].get(channel, 0.0) for t in TRIGGERS) * PILEUP_SETTINGS["nominal"].trigger_efficiency_factor
     background = float(expected_background_events(spec, np.array([lo, hi]), sqrt_s_tev, luminosity_fb)[0]) * trigger
-    signal = (truth.sigma_br_fb.get(channel, 0.0) * cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production)
-              * luminosity_fb * spec.signal_efficiency * trigger * 0.9)
-    return float(asimov_significance(signal, max(background, 1e-3)))
+    factors = (cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production), luminosity_fb,
+               spec.signal_efficiency, trigger, 0.9)
+    return factors, max(background, 1e-3)
+
+
+def _asimov_z(sigma_br_fb: float, factors: Tuple[float, ...], background: float) -> float:
+    """`asimov_significance(s, b)` (σ_b = 0) for s = σ·B times `factors`, in scalar arithmetic
+    (the same operations, so the same value, without the array overhead)."""
+    signal = sigma_br_fb
+    for factor in factors:
+        signal = signal * factor
+    s = np.maximum(np.float64(signal), 0.0)
+    z2 = 2.0 * ((s + background) * np.log1p(s / background) - s)
+    return float(np.sqrt(np.maximum(z2, 0.0)))
+
+
+def expected_local_significance(truth: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float,
+                                window_gev: Tuple[float, float]) -> float:
+    """Asimov expected local Z of a standard analysis (calibrated, standard reconstruction,
+    nominal pileup, best trigger) counting events within ±2σ of the true mass."""
+    factors, background = _standard_analysis(truth, channel, sqrt_s_tev, luminosity_fb, window_gev)
+    return _asimov_z(truth.sigma_br_fb.get(channel, 0.0), factors, background)
 
 
 def procedural_scenario(seed: int, difficulty: str) -> Scenario:
@@ -235,11 +254,11 @@ def procedural_scenario(seed: int, difficulty: str) -> Scenario:
 def _sigma_br_for_target(unit: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float,
                          window: Tuple[float, float], target_z: float) -> float:
     """σ·B [fb] at which `expected_local_significance` equals `target_z` (bisection in log σ·B)."""
+    factors, background = _standard_analysis(unit, channel, sqrt_s_tev, luminosity_fb, window)  # σ·B-independent
     lo, hi = -8.0, 8.0
     for _ in range(50):
         mid = 0.5 * (lo + hi)
-        trial = replace(unit, sigma_br_fb={channel: 10.0 ** mid})
-        if expected_local_significance(trial, channel, sqrt_s_tev, luminosity_fb, window) < target_z:
+        if _asimov_z(10.0 ** mid, factors, background) < target_z:
             lo = mid
         else:
             hi = mid
