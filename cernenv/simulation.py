@@ -58,9 +58,26 @@ class ChannelRecord:
     reconstruction: Optional[str] = None
     selection_seed: int = 0
 
+    _selected: Optional[Tuple[tuple, np.ndarray]] = field(default=None, repr=False)
+
     @property
     def recorded_events(self) -> int:
         return int(self.background_counts.sum() / _LOOSEST_BACKGROUND) + int(self.signal_true_mass_gev.size)
+
+    def selected_background(self, reconstruction: str) -> np.ndarray:
+        """The recorded background that passes `reconstruction`'s selection (the loosest selection
+        thinned, reproducibly: the same events pass whatever mass range is histogrammed).
+        Computed once per reconstruction and data set."""
+        key = (reconstruction, int(round(self.luminosity_fb * 1e6)))
+        if self._selected is None or self._selected[0] != key:
+            kept_fraction = RECONSTRUCTIONS[reconstruction].background_efficiency_factor / _LOOSEST_BACKGROUND
+            background = self.background_counts
+            if kept_fraction < 1.0:
+                thin_rng = np.random.default_rng([self.selection_seed, list(RECONSTRUCTIONS).index(reconstruction),
+                                                  key[1]])
+                background = thin_rng.binomial(background, kept_fraction)
+            self._selected = (key, background)
+        return self._selected[1]
 
 
 @dataclass(frozen=True)
@@ -178,13 +195,7 @@ class CollisionRecorder:
         last = first + n_bins * group
         edges = self.fine_edges_gev[first:last + 1:group]
 
-        # Background: thin the loosest selection to this reconstruction, reproducibly.
-        thin_rng = np.random.default_rng([record.selection_seed, list(RECONSTRUCTIONS).index(reconstruction.name),
-                                          int(round(record.luminosity_fb * 1e6))])
-        kept_fraction = reconstruction.background_efficiency_factor / _LOOSEST_BACKGROUND
-        background = record.background_counts[first:last]
-        if kept_fraction < 1.0:
-            background = thin_rng.binomial(background, kept_fraction)
+        background = record.selected_background(reconstruction.name)[first:last]
         background = background.reshape(n_bins, group, N_COS_BINS).sum(axis=1)
 
         histogram = hist.Hist(
