@@ -48,8 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from iminuit import Minuit
-from scipy.special import wofz
-from scipy.stats import chi2 as _chi2_dist
+from scipy.special import chdtrc, wofz
 
 _SQRT2 = float(np.sqrt(2.0))
 _SQRT2PI = float(np.sqrt(2.0 * np.pi))
@@ -443,11 +442,10 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
     x = np.array(start, dtype=float)
     free = np.asarray(free)
     block = np.ix_(free, free)
-    fval = float(cost(*x))
+    fval, g_all, h_all = cost.value_grad_hess(*x)
     for _ in range(max_iter):
         xf = x[free]
-        _, g, h = cost.value_grad_hess(*x)
-        g, h = g[free], h[block]
+        g, h = g_all[free], h_all[block]
         if not (np.isfinite(g).all() and np.isfinite(h).all()):
             return x, fval, False
         at_lower, at_upper = xf <= lower, xf >= upper
@@ -482,16 +480,20 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
         if max_step is not None:
             moving = down | up
             t = min(t, float(np.min(max_step[moving] / np.abs(step[moving]))))
-        for _ in range(60):
-            trial = x.copy()
-            trial[free] = np.clip(xf + t * step, lower, upper)
-            ftrial = float(cost(*trial))
-            if ftrial <= fval - 1e-4 * t * decrement:
-                break
-            t *= 0.5
-        else:
-            return x, fval, decrement < 1e-4  # no descent left: converged to rounding
-        x, fval = trial, ftrial
+        trial = x.copy()
+        trial[free] = np.clip(xf + t * step, lower, upper)
+        ftrial, g_trial, h_trial = cost.value_grad_hess(*trial)  # the full step is usually taken
+        if not ftrial <= fval - 1e-4 * t * decrement:
+            for _ in range(60):
+                t *= 0.5
+                trial[free] = np.clip(xf + t * step, lower, upper)
+                ftrial = float(cost(*trial))
+                if ftrial <= fval - 1e-4 * t * decrement:
+                    break
+            else:
+                return x, fval, decrement < 1e-4  # no descent left: converged to rounding
+            ftrial, g_trial, h_trial = cost.value_grad_hess(*trial)
+        x, fval, g_all, h_all = trial, ftrial, g_trial, h_trial
     return x, fval, False
 
 
@@ -766,6 +768,6 @@ def _resonance_result(m, cost, n_bins, errs) -> ResonanceFit:
         nll=0.5 * float(m.fval),
         chi2=float(dev),
         ndof=ndof,
-        fit_p_value=float(_chi2_dist.sf(dev, ndof)),
+        fit_p_value=float(chdtrc(ndof, dev)),  # chi2 survival function (scipy.stats.chi2.sf)
         converged=bool(m.valid),
     )
