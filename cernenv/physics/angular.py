@@ -29,6 +29,7 @@ fraction measured in the mass fit to break that degeneracy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 from numpy.polynomial import polynomial as P
@@ -66,6 +67,11 @@ def allowed_spins(channel: str) -> tuple[int, ...]:
 def _bin_probabilities(coeffs, n_bins: int) -> np.ndarray:
     if n_bins < 1:
         raise ValueError("n_bins must be >= 1")
+    return _cached_bin_probabilities(tuple(float(c) for c in coeffs), int(n_bins)).copy()
+
+
+@lru_cache(maxsize=256)
+def _cached_bin_probabilities(coeffs: tuple, n_bins: int) -> np.ndarray:
     anti = P.polyint(np.asarray(coeffs, dtype=float))
     cdf = P.polyval(np.linspace(0.0, 1.0, n_bins + 1), anti)
     probs = np.diff(cdf)

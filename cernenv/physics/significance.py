@@ -16,7 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import norm
+from scipy.special import log_ndtr, ndtr, ndtri
+
+# The standard normal's tail functions, as scipy.stats.norm computes them (sf(z) = ndtr(-z),
+# logsf(z) = log_ndtr(-z), isf(p) = -ndtri(p)) without its per-call argument handling.
+_LOG_SQRT_2PI = float(np.log(np.sqrt(2 * np.pi)))
 
 from .fitting import BackgroundFit, BinnedTemplate, _as_counts, _fit_background, _fit_sb, _NS, _M
 from .scan import gaussian_bin_fractions, local_q0
@@ -26,18 +30,18 @@ _LOG_TINY = -700.0  # below this, exp() would underflow: work with log p
 
 def p_from_z(z):
     """One-sided p-value of a Z-sigma upward fluctuation: p = 1 - Phi(z) (scipy norm.sf)."""
-    p = norm.sf(z)
+    p = ndtr(-np.asarray(z, dtype=float))
     return float(p) if np.ndim(p) == 0 else p
 
 
 def _z_from_log_p(log_p: float) -> float:
     """Z with log(1 - Phi(Z)) = log_p; Newton on norm.logsf beyond double-precision p."""
     if log_p > _LOG_TINY:
-        return float(norm.isf(np.exp(log_p)))
+        return float(-ndtri(np.exp(log_p)))
     z = np.sqrt(-2.0 * log_p)  # start above the root; the iteration converges monotonically
     for _ in range(50):
-        f = norm.logsf(z) - log_p
-        dz = f / (-np.exp(norm.logpdf(z) - norm.logsf(z)))
+        f = log_ndtr(-z) - log_p
+        dz = f / (-np.exp((-z**2 / 2.0 - _LOG_SQRT_2PI) - log_ndtr(-z)))
         z -= dz
         if abs(dz) < 1e-12 * z:
             break
@@ -46,7 +50,7 @@ def _z_from_log_p(log_p: float) -> float:
 
 def z_from_p(p):
     """One-sided significance Z = Phi^-1(1 - p) (scipy norm.isf; inf for p = 0)."""
-    z = norm.isf(np.asarray(p, dtype=float))
+    z = -ndtri(np.asarray(p, dtype=float))
     return float(z) if np.ndim(z) == 0 else z
 
 
@@ -169,7 +173,7 @@ def global_significance(z_local: float, n_upcrossings_ref: float, z_ref: float =
     n_up = float(n_upcrossings_ref)
     if n_up < 0:
         raise ValueError("n_upcrossings_ref must be >= 0")
-    log_p_local = float(norm.logsf(z_local))
+    log_p_local = float(log_ndtr(-z_local))
     if n_up > 0:
         log_term = np.log(n_up) - 0.5 * (z_local**2 - float(z_ref) ** 2)
         log_p_global = float(np.logaddexp(log_p_local, log_term))
