@@ -45,6 +45,7 @@ Hesse is the fallback where it is not positive definite).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from iminuit import Minuit
@@ -224,6 +225,21 @@ class BinnedTemplate:
                                        0.5 * wpp.real * c2, 0.25 * wpp.imag * c2, -0.125 * wpp.real * c2]))
 
 
+def _template(edges: np.ndarray, sqrt_s_tev: float) -> BinnedTemplate:
+    """``BinnedTemplate(edges, sqrt_s_tev)``, shared: the scan, the fits and the significance of
+    one spectrum use the same binning (a few recent ones are kept; their arrays are read-only)."""
+    return _cached_template(np.asarray(edges, dtype=float).tobytes(), float(sqrt_s_tev))
+
+
+@lru_cache(maxsize=16)
+def _cached_template(edges_bytes: bytes, sqrt_s_tev: float) -> BinnedTemplate:
+    tmpl = BinnedTemplate(np.frombuffer(edges_bytes, dtype=float).copy(), sqrt_s_tev)
+    for value in vars(tmpl).values():
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)
+    return tmpl
+
+
 class _Deviance:
     """Poisson deviance + theta^2 with analytic gradient and Hessian (errordef 1 for Minuit).
 
@@ -295,10 +311,12 @@ class _Deviance:
 
     def _deviance(self, mu, th):
         # mu < 0 anywhere, or mu = 0 in a bin with events, is outside the model: barrier
+        total = float(mu.sum()) if self._all_bins else float(mu[self.mask].sum())
+        if mu.min() > 0.0:  # the usual case: every bin (with or without events) has mu > 0
+            return 2.0 * (total - float(self.n @ np.log(mu)) + self.const) + th * th
         mu_pos = mu[self.pos]
         if mu.min() < 0.0 or (mu_pos.size and mu_pos.min() <= 0.0):
             return _BARRIER * (1.0 + float(np.sum(np.clip(-mu, 0.0, None))))
-        total = float(mu.sum()) if self._all_bins else float(mu[self.mask].sum())
         return 2.0 * (total - float(self.n_pos @ np.log(mu_pos)) + self.const) + th * th
 
     def _negative_slope(self, par):
@@ -442,51 +460,58 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
     x = np.array(start, dtype=float)
     free = np.asarray(free)
     block = np.ix_(free, free)
+    lo, hi = [float(v) for v in lower], [float(v) for v in upper]
+    caps = None if max_step is None else [float(v) for v in max_step]
+    bounded = [k for k in range(free.size) if lo[k] > -np.inf or hi[k] < np.inf]
     fval, g_all, h_all = cost.value_grad_hess(*x)
     for _ in range(max_iter):
-        xf = x[free]
         g, h = g_all[free], h_all[block]
         if not (np.isfinite(g).all() and np.isfinite(h).all()):
             return x, fval, False
-        at_lower, at_upper = xf <= lower, xf >= upper
-        held = (at_lower & (g > 0)) | (at_upper & (g < 0))
-        for _ in range(free.size):
+        xf = x[free].tolist()
+        at_lower = [k for k in bounded if xf[k] <= lo[k]]
+        at_upper = [k for k in bounded if xf[k] >= hi[k]]
+        held = [k for k in at_lower if g[k] > 0] + [k for k in at_upper if g[k] < 0]
+        while True:  # Newton step on the parameters not held; hold those it would push out
+            move = [k for k in range(free.size) if k not in held]
             step = np.zeros(free.size)
-            move = ~held
-            if not move.any():
+            if not move:
                 break
-            sub = h if move.all() else h[np.ix_(move, move)]
+            sub = h if not held else h[np.ix_(move, move)]
             eigval, eigvec = np.linalg.eigh(sub)
-            eigval = np.maximum(np.abs(eigval), 1e-12 * max(np.abs(eigval).max(), 1e-300))
+            eigval = np.abs(eigval)
+            eigval = np.maximum(eigval, 1e-12 * max(float(eigval.max()), 1e-300))
             step[move] = -eigvec @ ((eigvec.T @ g[move]) / eigval)
-            blocked = (at_lower & (step < 0)) | (at_upper & (step > 0))
-            if not blocked.any():
+            blocked = [k for k in at_lower if step[k] < 0 and k not in held]
+            blocked += [k for k in at_upper if step[k] > 0 and k not in held]
+            if not blocked:
                 break
-            held |= blocked
+            held += blocked
         decrement = -float(g @ step)
+        steps = step.tolist()
         if decrement < tol:  # within ~decrement/2 of the minimum: take the last step if it helps
             trial = x.copy()
-            trial[free] = np.clip(xf + step, lower, upper)
+            trial[free] = [min(max(xf[k] + steps[k], lo[k]), hi[k]) for k in range(free.size)]
             ftrial = float(cost(*trial))
             if ftrial <= fval:
                 x, fval = trial, ftrial
             return x, fval, True
         t = 1.0  # longest step inside the bounds and the trust region
-        down, up = step < 0, step > 0
-        if down.any():
-            t = min(t, float(np.min((lower[down] - xf[down]) / step[down])))
-        if up.any():
-            t = min(t, float(np.min((upper[up] - xf[up]) / step[up])))
-        if max_step is not None:
-            moving = down | up
-            t = min(t, float(np.min(max_step[moving] / np.abs(step[moving]))))
+        for k in range(free.size):
+            d = steps[k]
+            if d < 0.0:
+                t = min(t, (lo[k] - xf[k]) / d)
+            elif d > 0.0:
+                t = min(t, (hi[k] - xf[k]) / d)
+            if caps is not None and d != 0.0:
+                t = min(t, caps[k] / abs(d))
         trial = x.copy()
-        trial[free] = np.clip(xf + t * step, lower, upper)
+        trial[free] = [min(max(xf[k] + t * steps[k], lo[k]), hi[k]) for k in range(free.size)]
         ftrial, g_trial, h_trial = cost.value_grad_hess(*trial)  # the full step is usually taken
         if not ftrial <= fval - 1e-4 * t * decrement:
             for _ in range(60):
                 t *= 0.5
-                trial[free] = np.clip(xf + t * step, lower, upper)
+                trial[free] = [min(max(xf[k] + t * steps[k], lo[k]), hi[k]) for k in range(free.size)]
                 ftrial = float(cost(*trial))
                 if ftrial <= fval - 1e-4 * t * decrement:
                     break
@@ -542,7 +567,7 @@ def fit_background_only(edges, counts, sqrt_s_tev: float, mask=None) -> Backgrou
     sidebands around a signal region.
     """
     edges, counts = _as_counts(edges, counts)
-    return _fit_background(BinnedTemplate(edges, sqrt_s_tev), counts, mask=mask)
+    return _fit_background(_template(edges, sqrt_s_tev), counts, mask=mask)
 
 
 def _default_max_width(edges):
@@ -685,7 +710,7 @@ def fit_signal_plus_background(
     to save refitting it.
     """
     edges, counts = _as_counts(edges, counts)
-    tmpl = BinnedTemplate(edges, sqrt_s_tev)
+    tmpl = _template(edges, sqrt_s_tev)
     bkg = background if background is not None else _fit_background(tmpl, counts)
     max_w = _default_max_width(edges) if max_width_gev is None else float(max_width_gev)
     fix_mass = fix_mass_gev is not None

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from .fitting import BinnedTemplate, BackgroundFit, _as_counts, _fit_background
+from .fitting import BinnedTemplate, BackgroundFit, _as_counts, _fit_background, _template
 
 _SQRT2PI = float(np.sqrt(2.0 * np.pi))
 
@@ -245,7 +245,7 @@ def scan_local_significance(
     grid = np.asarray(mass_grid_gev, dtype=float).ravel()
     if grid.size == 0:
         raise ValueError("mass_grid_gev is empty")
-    tmpl = BinnedTemplate(edges, sqrt_s_tev)
+    tmpl = _template(edges, sqrt_s_tev)
     bkg = background if background is not None else _fit_background(tmpl, counts)
     res = _resolutions(resolution_gev_fn, grid)
     ns, q0 = local_q0(tmpl, counts, bkg, gaussian_bin_fractions(tmpl, grid, res))

@@ -22,7 +22,7 @@ from scipy.special import log_ndtr, ndtr, ndtri
 # logsf(z) = log_ndtr(-z), isf(p) = -ndtri(p)) without its per-call argument handling.
 _LOG_SQRT_2PI = float(np.log(np.sqrt(2 * np.pi)))
 
-from .fitting import BackgroundFit, BinnedTemplate, _as_counts, _fit_background, _fit_sb, _NS, _M
+from .fitting import BackgroundFit, _as_counts, _fit_background, _fit_sb, _template, _NS, _M
 from .scan import gaussian_bin_fractions, local_q0
 
 _LOG_TINY = -700.0  # below this, exp() would underflow: work with log p
@@ -101,7 +101,7 @@ def profile_likelihood_significance(
     width (undefined under H0) q0 would not follow the half-chi2 law.
     """
     edges, counts = _as_counts(edges, counts)
-    tmpl = BinnedTemplate(edges, sqrt_s_tev)
+    tmpl = _template(edges, sqrt_s_tev)
     res = float(resolution_gev)
     spur = float(spurious_signal_events)
     if spur < 0:
