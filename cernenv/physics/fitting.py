@@ -549,8 +549,13 @@ def _fit_background(tmpl, counts, starts=None, mask=None):
         cost = _Deviance(tmpl, counts, 1.0, 0.0, (p1, p2), T, mask)
         cost.width_free = cost.signal_free = False
         start = (nb0, 0.0, 0.0, 0.0, float(tmpl.nodes[tmpl.n_bins]), 0.0, 0.0)
-        x, fval, converged = _newton(cost, start, [_NB, _A1, _A2], np.array([0.0, -np.inf, -np.inf]),
-                                     np.full(3, np.inf))
+        if mask is None:
+            # f sums to 1 over the window, so d(cost)/dN_b = 2 (1 - total / N_b): N_b-hat is the
+            # number of events at every shape; only the shape is minimised
+            x, fval, converged = _newton(cost, start, [_A1, _A2], np.full(2, -np.inf), np.full(2, np.inf))
+        else:
+            x, fval, converged = _newton(cost, start, [_NB, _A1, _A2], np.array([0.0, -np.inf, -np.inf]),
+                                         np.full(3, np.inf))
         if best is None or fval < best[1]:
             best = (x, fval, converged, cost)
     x, fval, converged, cost = best
