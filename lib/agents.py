@@ -419,10 +419,13 @@ def action_json_schema() -> Dict[str, Any]:
     return {"title": "ExperimentAction", "oneOf": branches}
 
 
-def action_to_json(action: ExperimentAction) -> str:
-    """An action as the reply the system prompt asks for (the target text of a completion)."""
-    return json.dumps({"action_type": action.action_type.value, "parameters": action.parameters,
-                       "justification": action.justification})
+def action_to_json(action: ExperimentAction, *, justification: bool = True) -> str:
+    """An action as the reply the system prompt asks for (the target text of a completion);
+    without its justification (optional in the schema) when `justification` is False."""
+    reply = {"action_type": action.action_type.value, "parameters": action.parameters}
+    if justification:
+        reply["justification"] = action.justification
+    return json.dumps(reply)
 
 
 @dataclass(frozen=True)

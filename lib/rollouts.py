@@ -129,32 +129,44 @@ def transitions(env: CERNCollisionEnvironment, agent: Any, *, seed: int, scenari
         obs = next_obs
 
 
+def step_record(obs: CollisionObservation, payload: Any, next_obs: CollisionObservation, *, prompt: str = "",
+                completion: str = "", parsed_ok: bool, parse_error: Optional[str]) -> StepRecord:
+    """The record of one step: `obs` seen, `payload` sent, `next_obs` returned."""
+    return StepRecord(
+        step=obs.step_index, prompt=prompt, completion=completion, action=_as_json(payload), parsed_ok=parsed_ok,
+        reward=float(next_obs.reward or 0.0), done=next_obs.done, rule_violations=list(next_obs.rule_violations),
+        observation_summary=_summarise(obs), parse_error=parse_error, reward_breakdown=dict(next_obs.reward_breakdown))
+
+
+def episode_record(env: CERNCollisionEnvironment, *, seed: int, steps: List[StepRecord],
+                   last_obs: CollisionObservation, agent_name: str) -> EpisodeRecord:
+    """The record of the episode `env` has just played (its state and hidden truth, read now)."""
+    state = env.state
+    return EpisodeRecord(
+        seed=seed, scenario=state.scenario_name, difficulty=state.difficulty, truth=env.hidden_truth(),
+        total_reward=sum(step.reward for step in steps), cumulative_reward=float(state.cumulative_reward),
+        terminal_reward=state.terminal_reward, discovered=state.discovered, correct_mass=state.correct_mass,
+        correct_channel=state.correct_channel, correct_spin=state.correct_spin, steps=steps,
+        agent=agent_name, correct_outcome=state.correct_outcome,
+        reward_components=dict(state.reward_components), resources=last_obs.resource_usage.model_dump(),
+        n_steps=len(steps))
+
+
 def collect_agent_episode(*, env: CERNCollisionEnvironment, agent: Any, seed: int, scenario: Optional[str] = None,
                           difficulty: Optional[str] = None, max_steps: Optional[int] = None,
                           agent_name: Optional[str] = None) -> EpisodeRecord:
     """Play and record one episode of `agent` (prompt and completion are the LLM agent's, else "")."""
     steps: List[StepRecord] = []
-    total_reward = 0.0
+    last_obs = None
     for obs, payload, next_obs in transitions(env, agent, seed=seed, scenario=scenario, difficulty=difficulty,
                                               max_steps=max_steps):
         parsed_ok, parse_error = _parse_status(agent, payload)
-        reward = float(next_obs.reward or 0.0)
-        total_reward += reward
-        steps.append(StepRecord(
-            step=obs.step_index, prompt=getattr(agent, "last_prompt", ""),
-            completion=getattr(agent, "last_completion", ""), action=_as_json(payload), parsed_ok=parsed_ok,
-            reward=reward, done=next_obs.done, rule_violations=list(next_obs.rule_violations),
-            observation_summary=_summarise(obs), parse_error=parse_error,
-            reward_breakdown=dict(next_obs.reward_breakdown)))
-    state = env.state
-    return EpisodeRecord(
-        seed=seed, scenario=state.scenario_name, difficulty=state.difficulty, truth=env.hidden_truth(),
-        total_reward=total_reward, cumulative_reward=float(state.cumulative_reward),
-        terminal_reward=state.terminal_reward, discovered=state.discovered, correct_mass=state.correct_mass,
-        correct_channel=state.correct_channel, correct_spin=state.correct_spin, steps=steps,
-        agent=agent_name or type(agent).__name__, correct_outcome=state.correct_outcome,
-        reward_components=dict(state.reward_components), resources=next_obs.resource_usage.model_dump(),
-        n_steps=len(steps))
+        steps.append(step_record(obs, payload, next_obs, prompt=getattr(agent, "last_prompt", ""),
+                                 completion=getattr(agent, "last_completion", ""), parsed_ok=parsed_ok,
+                                 parse_error=parse_error))
+        last_obs = next_obs
+    return episode_record(env, seed=seed, steps=steps, last_obs=last_obs,
+                          agent_name=agent_name or type(agent).__name__)
 
 
 def collect_episode(*, env: CERNCollisionEnvironment, seed: int, scenario: Optional[str], difficulty: Optional[str],

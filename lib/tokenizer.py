@@ -33,11 +33,19 @@ from lib.rollouts import transitions
 SYSTEM, USER, ASSISTANT, END, PAD = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>"
 SPECIAL_TOKENS = [PAD, SYSTEM, USER, ASSISTANT, END]
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endfor %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "<|assistant|>\n{% generation %}{{ message['content'] }}<|end|>{% endgeneration %}{{ '\\n' }}"
+    "{% else %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endif %}"
+    "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 """`<|role|>\\ncontent<|end|>\\n` per message (role: system, user or assistant); the
-generation prompt opens the assistant's turn, which the model ends with `<|end|>` (eos)."""
+generation prompt opens the assistant's turn, which the model ends with `<|end|>` (eos).
+The `{% generation %}` markers tell `apply_chat_template(..., return_assistant_tokens_mask=True)`
+which tokens the model writes (its replies and their `<|end|>`), for assistant-only SFT loss.
+transformers renders with `trim_blocks`, which eats a newline written right after a block
+tag: hence `{{ '\\n' }}` after `{% endgeneration %}`."""
 WORD_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?[\p{L}_]+| ?\p{N}+| ?[^\s\p{L}\p{N}_]+|\s+(?!\S)|\s+"""
 """GPT-2's pre-tokenization, except that `_` joins letters: `estimate_significance` and
 `mass_gev` can become single tokens."""

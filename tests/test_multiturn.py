@@ -1,0 +1,144 @@
+"""Multi-turn play in token space: the layout the trainer scores is the chat the model saw."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cernenv.rewards import COMPONENT_NAMES
+from lib.agents import HeuristicAgent, action_to_json, parse_action
+from lib.multiturn import ChatLayout, Sampling, first_messages, hf_generate_fn, play_episodes
+from lib.policy_model import build_tiny_model
+from lib.rollouts import collect_agent_episode
+from lib.tokenizer import build_tokenizer
+
+from cernenv import CERNCollisionEnvironment
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return build_tiny_model(tokenizer)
+
+
+def scripted(tokenizer, replies, *, eos=True):
+    """A GenerateFn that answers the n-th call for each context length class with `replies` in turn."""
+    calls = {"n": 0}
+
+    def generate(contexts, sampling):
+        reply = replies[min(calls["n"], len(replies) - 1)]
+        calls["n"] += 1
+        ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if eos else [])
+        return [(list(ids), [-0.5] * len(ids)) for _ in contexts]
+
+    return generate
+
+
+def test_token_layout_is_the_chat_template_of_the_conversation(tokenizer):
+    replies = ['{"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}',
+               '{"action_type": "set_trigger", "parameters": {"trigger": "diphoton"}}', "not json at all"]
+    [episode] = play_episodes(scripted(tokenizer, replies), tokenizer, [(11, "higgs_diphoton_125", None)],
+                              max_turns=3)
+    record = episode.record
+    assert record.n_steps == 3 and episode.truncated
+    # the model's tokens, in order, are exactly its three replies each closed by eos
+    model_tokens = [t for t, m in zip(episode.completion_ids, episode.env_mask) if m]
+    expected = sum((tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                    for r in replies), [])
+    assert model_tokens == expected
+    # prompt + completion decodes to the conversation rendered by the chat template
+    env = CERNCollisionEnvironment()
+    messages = first_messages(env.reset(seed=11, scenario="higgs_diphoton_125"))
+    layout = ChatLayout(tokenizer)
+    for i, reply in enumerate(replies):
+        messages.append({"role": "assistant", "content": reply})
+        obs = env.step(parse_action(reply).payload)
+        if i < len(replies) - 1:
+            messages.append(layout.followup_message(obs))
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    decoded = tokenizer.decode(episode.prompt_ids + episode.completion_ids)
+    assert rendered.startswith(decoded) and rendered[len(decoded):] == "\n", "only the template's final newline"
+    # environment tokens carry no sampling log-probability
+    assert all(lp == 0.0 for lp, m in zip(episode.logprobs, episode.env_mask) if not m)
+    assert all(lp == -0.5 for lp, m in zip(episode.logprobs, episode.env_mask) if m)
+    assert episode.env_mask[-1] == 1, "a completion ends on the model's last token"
+    assert [s.parsed_ok for s in record.steps] == [True, True, False]
+    assert record.steps[2].parse_error and "INVALID_ACTION" in " ".join(record.steps[2].rule_violations)
+
+
+def test_a_policy_that_writes_the_heuristics_actions_earns_the_heuristics_reward(tokenizer):
+    """The text round trip (JSON → tokens → decode → parse → env) changes nothing."""
+    spec = dict(seed=321, scenario=None, difficulty="easy")
+    reference = collect_agent_episode(env=CERNCollisionEnvironment(), agent=HeuristicAgent(), **spec)
+    replies = [json.dumps({"action_type": s.action["action_type"], "parameters": s.action["parameters"]})
+               for s in reference.steps]
+    [episode] = play_episodes(scripted(tokenizer, replies), tokenizer, [spec])
+    assert not episode.truncated
+    assert episode.record.total_reward == pytest.approx(reference.total_reward)
+    assert episode.record.correct_outcome == reference.correct_outcome
+    assert sum(episode.record.reward_components[n] for n in COMPONENT_NAMES) == pytest.approx(
+        episode.record.total_reward)
+
+
+def test_an_unended_turn_is_closed_by_environment_text(tokenizer):
+    reply = action_to_json(HeuristicAgent().act(CERNCollisionEnvironment().reset(seed=1, difficulty="easy")))
+    [episode] = play_episodes(scripted(tokenizer, [reply], eos=False), tokenizer, [(1, None, "easy")], max_turns=2)
+    text = tokenizer.decode(episode.completion_ids)
+    assert text.count("<|end|>") >= 2
+    first_env = episode.env_mask.index(0)
+    assert episode.completion_ids[first_env] == tokenizer.eos_token_id, "eos added as environment text"
+
+
+def test_sampling_is_reproducible_and_greedy_is_deterministic(tokenizer, model):
+    specs = [(5, None, "easy"), (6, None, "medium")]
+    generate = hf_generate_fn(model, tokenizer)
+    sampled = Sampling(temperature=1.0, max_new_tokens=12)
+    a = play_episodes(generate, tokenizer, specs, sampling=sampled, max_turns=2, seed=3)
+    b = play_episodes(generate, tokenizer, specs, sampling=sampled, max_turns=2, seed=3)
+    c = play_episodes(generate, tokenizer, specs, sampling=sampled, max_turns=2, seed=4)
+    assert [e.completion_ids for e in a] == [e.completion_ids for e in b]
+    assert [e.completion_ids for e in a] != [e.completion_ids for e in c]
+    for e in a:
+        assert len(e.completion_ids) == len(e.env_mask) == len(e.logprobs)
+        assert all(lp <= 0.0 for lp in e.logprobs)
+    greedy = Sampling(temperature=0.0, max_new_tokens=12)
+    g1 = play_episodes(generate, tokenizer, specs, sampling=greedy, max_turns=2, seed=0)
+    g2 = play_episodes(generate, tokenizer, specs, sampling=greedy, max_turns=2, seed=99)
+    assert [e.completion_ids for e in g1] == [e.completion_ids for e in g2]
+
+
+def test_sampling_logprobs_are_the_models(tokenizer, model):
+    """The log-probabilities returned with a sample are the model's, at temperature 1."""
+    [episode] = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, [(8, None, "hard")],
+                              sampling=Sampling(temperature=1.0, max_new_tokens=10), max_turns=1)
+    ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(episode.prompt_ids) - 1:-1]
+    expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(episode.completion_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(episode.logprobs), expected, atol=1e-4)
+
+
+def test_context_limit_truncates(tokenizer):
+    reply = '{"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}'
+    [episode] = play_episodes(scripted(tokenizer, [reply]), tokenizer, [(2, None, "easy")], max_context_tokens=900,
+                              sampling=Sampling(max_new_tokens=50))
+    assert episode.truncated
+    assert len(episode.prompt_ids) + len(episode.completion_ids) <= 900
+
+
+def test_batched_decoding_matches_one_episode_at_a_time(tokenizer, model):
+    """Stacking the episodes' caches with padding changes nothing but speed."""
+    specs = [(21, None, "easy"), (22, "higgs_4l_125", None), (23, None, "hard")]
+    greedy = Sampling(temperature=0.0, max_new_tokens=12)
+    together = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, specs, sampling=greedy, max_turns=3)
+    alone = [play_episodes(hf_generate_fn(model, tokenizer), tokenizer, [spec], sampling=greedy, max_turns=3)[0]
+             for spec in specs]
+    for a, b in zip(together, alone):
+        assert a.completion_ids == b.completion_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
