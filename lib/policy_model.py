@@ -3,8 +3,9 @@
 No weights can be downloaded on the project's machines, so the CPU path trains its own
 model: the project tokenizer (`lib.tokenizer`), a small randomly initialised Qwen2
 network (deterministic from its seed), then supervised fine-tuning with TRL's
-`SFTTrainer` on `HeuristicAgent` trajectories (prompt = the chat `build_chat` makes,
-completion = the heuristic's action as JSON; loss on the completion only). It is a
+`SFTTrainer` on `HeuristicAgent` episodes, each one conversation in the layout the policy
+plays in (`lib.multiturn`: system prompt, observation, action as JSON, next observation,
+...; loss on the actions only). It is a
 stand-in for a real instruct model, good enough to emit valid actions; GRPO then
 improves on it. On a GPU the defaults are a real model (e.g. Qwen2.5-1.5B-Instruct).
 
@@ -26,8 +27,9 @@ from typing import Any, Dict, List, Optional
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from cernenv import CERNCollisionEnvironment, ExperimentAction
-from lib.agents import HeuristicAgent, action_to_json, build_chat
+from cernenv import CERNCollisionEnvironment
+from lib.agents import HeuristicAgent, action_to_json
+from lib.multiturn import first_messages, followup_message
 from lib.rollouts import transitions
 from lib.tokenizer import corpus_specs
 
@@ -49,8 +51,8 @@ class TinyModelConfig:
     """Key/value heads (grouped-query attention, as in Qwen2)."""
     intermediate_size: int = 384
     """Width of the MLP."""
-    max_position_embeddings: int = 2048
-    """Longest sequence [tokens]: a prompt is ~470 tokens, an action ~25-90."""
+    max_position_embeddings: int = 8192
+    """Longest sequence [tokens]: a whole episode as one conversation, ~5,000 tokens for 20 turns."""
     seed: int = 0
     """Seed of the random initialisation."""
 
@@ -60,11 +62,11 @@ class SFTSettings:
     """The supervised warm start."""
 
     n_episodes: int = 60
-    """HeuristicAgent episodes whose steps become (prompt, completion) examples."""
+    """HeuristicAgent episodes, one conversation (training example) each."""
     epochs: float = 3.0
     """Passes over the examples."""
-    batch_size: int = 8
-    """Examples per optimisation step."""
+    batch_size: int = 1
+    """Conversations per optimisation step (one: no padding, so attention takes PyTorch's fast causal path)."""
     learning_rate: float = 2e-3
     """AdamW learning rate (a tiny model from scratch tolerates a large one)."""
     seed: int = 0
@@ -87,19 +89,23 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig
 
 
 def sft_examples(n_episodes: int, first_seed: int = SFT_SEED) -> List[Dict[str, Any]]:
-    """Conversational prompt/completion pairs from HeuristicAgent episodes on training seeds."""
+    """HeuristicAgent episodes on training seeds as conversations ({"messages": [...]}):
+    the system prompt and first observation, then each action as JSON followed by the
+    observation it led to, ending with the claim. Actions are written without their
+    justification (optional): a terse policy decodes fewer tokens per turn."""
     env, agent, rows = CERNCollisionEnvironment(), HeuristicAgent(), []
     for spec in corpus_specs(n_episodes, first_seed):
+        messages = None
         for obs, action, _ in transitions(env, agent, **spec):
-            if isinstance(action, ExperimentAction):
-                rows.append({"prompt": build_chat(obs),
-                             "completion": [{"role": "assistant", "content": action_to_json(action)}]})
+            messages = first_messages(obs) if messages is None else messages + [followup_message(obs)]
+            messages.append({"role": "assistant", "content": action_to_json(action, justification=False)})
+        rows.append({"messages": messages})
     return rows
 
 
 def _fingerprint(tokenizer: PreTrainedTokenizerFast, model: TinyModelConfig, sft: SFTSettings) -> str:
     key = json.dumps({"vocab": tokenizer.get_vocab(), "model": asdict(model), "sft": asdict(sft),
-                      "template": tokenizer.chat_template, "probe": sft_examples(1)[:3]}, sort_keys=True)
+                      "template": tokenizer.chat_template, "probe": sft_examples(1)}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -121,7 +127,7 @@ def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: str = ".cache/p
     args = SFTConfig(
         output_dir=str(work), num_train_epochs=sft.epochs, per_device_train_batch_size=sft.batch_size,
         learning_rate=sft.learning_rate, lr_scheduler_type="cosine", warmup_steps=0.05, seed=sft.seed,
-        logging_steps=sft.logging_steps, save_strategy="no", report_to=[], completion_only_loss=True, max_length=1024,
+        logging_steps=sft.logging_steps, save_strategy="no", report_to=[], assistant_only_loss=True, max_length=model_config.max_position_embeddings,
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True)
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()

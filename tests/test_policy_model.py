@@ -24,18 +24,26 @@ def test_tiny_model_is_deterministic_and_sized_for_a_cpu(tokenizer):
     assert 0.3e6 < sum(p.numel() for p in a.parameters()) < 5e6
 
 
-def test_sft_examples_are_the_heuristics_actions_as_valid_replies():
+def test_sft_examples_are_whole_heuristic_episodes_as_conversations(tokenizer):
     rows = sft_examples(2)
-    assert len(rows) > 10
+    assert len(rows) == 2
     for row in rows:
-        assert [m["role"] for m in row["prompt"]] == ["system", "user"]
-        reply = row["completion"][0]["content"]
-        assert parse_action(reply).ok, reply
+        roles = [m["role"] for m in row["messages"]]
+        assert roles[:2] == ["system", "user"] and roles[-1] == "assistant"
+        assert roles[1:] == ["user", "assistant"] * (len(roles) // 2), "observation, action, observation, ..."
+        replies = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert all(parse_action(reply).ok for reply in replies)
+        assert parse_action(replies[-1]).action.action_type.value == "submit_discovery_claim"
+        # the loss covers the replies and their <|end|>, nothing the environment wrote
+        encoded = tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True,
+                                                return_assistant_tokens_mask=True)
+        trained = tokenizer.decode([t for t, m in zip(encoded["input_ids"], encoded["assistant_masks"]) if m])
+        assert trained == "".join(reply + "<|end|>" for reply in replies)
 
 
 def test_warm_start_learns_and_is_cached(tokenizer, tmp_path):
     report = {}
-    settings = SFTSettings(n_episodes=2, epochs=2.0, batch_size=4, logging_steps=2)
+    settings = SFTSettings(n_episodes=1, epochs=10.0, batch_size=1, logging_steps=3)
     model = warm_start(tokenizer, cache_dir=str(tmp_path), sft=settings, report=report)
     losses = report["losses"]
     assert len(losses) >= 3 and losses[-1] < 0.7 * losses[0], losses
