@@ -323,6 +323,21 @@ class _Deviance:
         """Negative parts of the log-log slope at the two window edges."""
         return np.minimum(self.t.slope_matrix @ np.array(self.shape_params(par[_A1], par[_A2])), 0.0)
 
+    def wall_model(self, par, free, step):
+        """For ``_newton``: the shape wall's contribution to the quadratic model of the cost,
+        for the window edges whose log-log slope is >= 0 at ``par`` but would turn negative
+        after ``step`` (over the parameters ``free``): (extra Hessian, extra gradient) of
+        P (slope + dslope . step)^2, or None if no edge would cross."""
+        slope = self.t.slope_matrix @ np.array(self.shape_params(par[_A1], par[_A2]))
+        rows = np.zeros((2, 7))
+        rows[:, _A1:_A2 + 1] = self.wall
+        rows = rows[:, free]
+        crossing = (slope >= 0.0) & (slope + rows @ step < 0.0)
+        if not crossing.any():
+            return None
+        w, v = rows[crossing], slope[crossing]
+        return 2.0 * _SHAPE_PENALTY * (w.T @ w), 2.0 * _SHAPE_PENALTY * (w.T @ v)
+
     def __call__(self, *par):
         mu, _ = self.expected(par)
         p1, p2 = self.shape_params(par[_A1], par[_A2])
@@ -451,7 +466,10 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
     Newton steps on the exact gradient and Hessian (``_Deviance.value_grad_hess``), with
     the Hessian's eigenvalues taken in absolute value (and floored) where it is not
     positive definite; a parameter at a bound that the step would cross is held there
-    (active set); steps are shortened to ``max_step`` (per free parameter) and then by a
+    (active set); where a step would push the background shape through the wall (its
+    falling-slope penalty, inactive where the step starts) the wall's quadratic term is
+    added to the model first (``_Deviance.wall_model``); steps are shortened to
+    ``max_step`` (per free parameter) and then by a
     backtracking (Armijo) line search on the cost itself, so every step decreases it.
     Stops when the Newton decrement g^T H^-1 g (twice the predicted decrease, deviance
     units) is below ``tol``, after that last step: with quadratic convergence the cost is
@@ -472,21 +490,26 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
         at_lower = [k for k in bounded if xf[k] <= lo[k]]
         at_upper = [k for k in bounded if xf[k] >= hi[k]]
         held = [k for k in at_lower if g[k] > 0] + [k for k in at_upper if g[k] < 0]
-        while True:  # Newton step on the parameters not held; hold those it would push out
-            move = [k for k in range(free.size) if k not in held]
+        h_model, g_model = h, g
+        for _ in range(2 * free.size + 2):  # Newton step on the parameters not held; hold those it would
+            move = [k for k in range(free.size) if k not in held]  # push out, model a wall it would cross
             step = np.zeros(free.size)
             if not move:
                 break
-            sub = h if not held else h[np.ix_(move, move)]
+            sub = h_model if not held else h_model[np.ix_(move, move)]
             eigval, eigvec = np.linalg.eigh(sub)
             eigval = np.abs(eigval)
             eigval = np.maximum(eigval, 1e-12 * max(float(eigval.max()), 1e-300))
-            step[move] = -eigvec @ ((eigvec.T @ g[move]) / eigval)
+            step[move] = -eigvec @ ((eigvec.T @ g_model[move]) / eigval)
             blocked = [k for k in at_lower if step[k] < 0 and k not in held]
             blocked += [k for k in at_upper if step[k] > 0 and k not in held]
-            if not blocked:
+            if blocked:
+                held += blocked
+                continue
+            wall = cost.wall_model(x, free, step) if h_model is h else None
+            if wall is None:
                 break
-            held += blocked
+            h_model, g_model = h + wall[0], g + wall[1]
         decrement = -float(g @ step)
         steps = step.tolist()
         if decrement < tol:  # within ~decrement/2 of the minimum: take the last step if it helps
