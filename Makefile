@@ -28,7 +28,7 @@ PYTEST_ARGS ?=
 
 # Notebooks executed headlessly by `make reproduce`, in this order.
 # Append later notebooks here (names without .ipynb, relative to notebooks/).
-NOTEBOOKS ?= 01_explore_environment 02_baseline_rollouts
+NOTEBOOKS ?= 01_explore_environment 02_baseline_rollouts 03_train_grpo
 BUILD     ?= build
 NB_OUT     = $(addprefix $(BUILD)/,$(addsuffix .ipynb,$(NOTEBOOKS)))
 PAPERMILL_FLAGS ?= --no-progress-bar
@@ -37,7 +37,7 @@ PAPERMILL_FLAGS ?= --no-progress-bar
 # --cwd notebooks and bench scripts run from bench/, so put the root on the path.
 RUN_ENV = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" MPLBACKEND=Agg
 
-.PHONY: help setup test reproduce docs bench bench-server serve clean distclean FORCE
+.PHONY: help setup test reproduce docs bench bench-server bench-train train serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -77,6 +77,15 @@ docs: $(STAMP) ## regenerate docs/environment.md from the code (cernenv.docs)
 
 bench: setup ## run the environment benchmark (bench/bench_env.py)
 	$(RUN_ENV) $(PY) bench/bench_env.py
+
+# `make train TRAIN_ARGS="--set max_steps=10"`: any TrainConfig field (python -m lib.training --help).
+TRAIN_ARGS ?=
+
+train: setup ## GRPO-train the policy with the default CPU config (python -m lib.training); evidence → evidence/
+	$(RUN_ENV) $(PY) -m lib.training $(TRAIN_ARGS)
+
+bench-train: setup ## time one GRPO step: generation vs environment vs optimisation (bench/bench_train.py)
+	$(RUN_ENV) $(PY) bench/bench_train.py $(TRAIN_ARGS)
 
 # All sessions share one Python process: BLAS threads would only fight over the cores.
 SERVE_ENV  = OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1

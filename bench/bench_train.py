@@ -1,0 +1,92 @@
+"""Where the time of a GRPO step goes: generation, environment, optimisation.
+
+    make bench-train                       # default CPU config, 3 measured steps
+    python bench/bench_train.py --steps 5 --set num_generations=4 --set per_device_train_batch_size=4
+
+A step = the rollout (the policy plays every episode of the batch: `generate` calls, and
+the environment's reset/step/grading in between) + TRL's scoring and optimisation (old
+log-probs, loss, backward, optimiser). Generation and environment time are measured
+inside `CampaignRollout`; the rest of the step's wall time is optimisation. The first
+step is a warm-up and is reported but not averaged. The environment's share must stay
+under 5% (checked; exit 1 if not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+
+from transformers import TrainerCallback
+
+from lib.training.__main__ import _value
+from lib.training.backends import load_policy, resolve_backend
+from lib.training.config import TrainConfig
+from lib.training.grpo import REWARD_FUNCS, CampaignRollout, training_dataset
+from lib.training.run import grpo_args
+
+ENVIRONMENT_SHARE_LIMIT = 0.05
+
+
+class StepTimer(TrainerCallback):
+    def __init__(self) -> None:
+        self.durations, self._start = [], None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.durations.append(time.perf_counter() - self._start)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up step)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="TrainConfig override")
+    args = parser.parse_args(argv)
+    values = {k: _value(v) for k, _, v in (item.partition("=") for item in args.set)}
+    with tempfile.TemporaryDirectory() as tmp:
+        config = TrainConfig(**{**values, "max_steps": args.steps + 1, "output_dir": tmp, "evidence_dir": tmp})
+        backend = resolve_backend(config)
+        from trl import GRPOTrainer
+
+        policy = load_policy(config, backend)
+        rollout = CampaignRollout(config, policy.tokenizer)
+        timer = StepTimer()
+        trainer = GRPOTrainer(model=policy.model, reward_funcs=REWARD_FUNCS,
+                              args=grpo_args(config, save_strategy="no", logging_steps=1000),
+                              train_dataset=training_dataset(config), processing_class=policy.tokenizer,
+                              peft_config=policy.peft_config, rollout_func=rollout, callbacks=[timer])
+        trainer.train()
+    rows = []
+    for step, (total, timing) in enumerate(zip(timer.durations, rollout.timings)):
+        generation, environment = timing["generation_s"], timing["environment_s"]
+        rows.append({"step": step, "total_s": total, "generation_s": generation, "environment_s": environment,
+                     "optimisation_s": total - generation - environment,
+                     "generated_tokens": timing["generated_tokens"],
+                     "generation_tokens_per_s": timing["generated_tokens"] / generation if generation else None})
+    measured = rows[1:] or rows
+    mean = {key: statistics.fmean(r[key] for r in measured) for key in rows[0] if key != "step"}
+    share = {key: mean[key] / mean["total_s"] for key in ("generation_s", "environment_s", "optimisation_s")}
+    print(f"backend {backend}, model {policy.model_name}, {config.episodes_per_step} episodes per step "
+          f"({config.num_generations} per group)")
+    print(f"{'step':>4} {'total s':>8} {'generate':>9} {'environment':>11} {'optimise':>9} {'tok/s':>7}")
+    for r in rows:
+        print(f"{r['step']:>4} {r['total_s']:8.2f} {r['generation_s']:9.2f} {r['environment_s']:11.2f} "
+              f"{r['optimisation_s']:9.2f} {r['generation_tokens_per_s'] or 0:7.1f}" + ("  (warm-up)" if
+                                                                                       r["step"] == 0 else ""))
+    print("mean of measured steps: " + ", ".join(f"{k.removesuffix('_s')} {v:.1%}" for k, v in share.items())
+          + f"; {mean['generation_tokens_per_s']:.1f} generated tokens/s")
+    print(json.dumps({"mean": mean, "share": share, "steps": rows}))
+    if share["environment_s"] >= ENVIRONMENT_SHARE_LIMIT:
+        print(f"FAIL: the environment takes {share['environment_s']:.1%} of a step "
+              f"(limit {ENVIRONMENT_SHARE_LIMIT:.0%})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

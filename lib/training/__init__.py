@@ -1,0 +1,18 @@
+"""GRPO training of an LLM policy on CERNenv (TRL's GRPOTrainer; Unsloth on a GPU).
+
+    from lib.training import TrainConfig, train
+    result = train(TrainConfig(max_steps=40))
+
+`python -m lib.training` runs the same from the command line (`make train`).
+"""
+
+from lib.training.config import BACKENDS, GPU_DEFAULT_MODEL, TINY_MODEL, TrainConfig
+
+__all__ = ["BACKENDS", "GPU_DEFAULT_MODEL", "TINY_MODEL", "TrainConfig", "train"]
+
+
+def train(config: TrainConfig):
+    """See `lib.training.run.train` (imported on first use: it imports trl, after unsloth)."""
+    from lib.training.run import train as _train
+
+    return _train(config)

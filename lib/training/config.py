@@ -1,0 +1,168 @@
+"""`TrainConfig`: every knob of a GRPO run, one documented field each.
+
+A run is reproducible from its config: `train` writes it to `<output_dir>/train_config.json`,
+and `TrainConfig.load(path)` reads it back (unknown keys are an error, not ignored).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from cernenv.scenarios import DIFFICULTIES, list_scenarios
+
+TINY_MODEL = "cernenv-tiny"
+"""`model_name` of the CPU stand-in: the project's own tokenizer and tiny Qwen2 model,
+SFT-warm-started on heuristic episodes (`lib.policy_model`). Not a real LLM."""
+GPU_DEFAULT_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
+"""`model_name` used on a CUDA machine (Colab) when none is given."""
+BACKENDS = ("auto", "unsloth", "trl")
+
+
+@dataclass
+class TrainConfig:
+    """A GRPO training run of an LLM policy on CERNenv campaigns."""
+
+    # -- model and backend
+    model_name: Optional[str] = None
+    """Hugging Face model id or local path; `cernenv-tiny` is the CPU stand-in. None picks
+    `GPU_DEFAULT_MODEL` when CUDA is available, else `cernenv-tiny`."""
+    backend: str = "auto"
+    """`unsloth` (FastLanguageModel + LoRA; needs a CUDA GPU), `trl` (transformers + PEFT, any
+    device), or `auto`: Unsloth when CUDA is present and `unsloth` imports, else TRL."""
+    use_vllm: bool = False
+    """Generate with vLLM (TRL's colocated engine, which Unsloth's `fast_inference` backs); GPU only."""
+    lora_r: int = 16
+    """LoRA rank; 0 trains every weight (the default for the tiny stand-in, see `resolved`)."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
+    max_seq_length: int = 8192
+    """Longest prompt + episode [tokens] the model is loaded for (Unsloth) and a rollout may reach."""
+
+    # -- GRPO
+    max_steps: int = 40
+    """Optimisation steps."""
+    num_generations: int = 4
+    """Episodes per group: they play the same seed and scenario, and each one's advantage is
+    its return minus the group mean (divided by the group's standard deviation)."""
+    per_device_train_batch_size: int = 1
+    """Episodes per forward/backward pass. One avoids padding, which on a CPU keeps attention
+    on PyTorch's fast causal path; raise it on a GPU."""
+    gradient_accumulation_steps: int = 8
+    """Passes per optimisation step. Episodes per step = per_device_train_batch_size ×
+    gradient_accumulation_steps, a multiple of num_generations (whole groups); all of a
+    step's episodes are played by one rollout call, before the step's first pass."""
+    learning_rate: float = 2e-4
+    """AdamW learning rate."""
+    beta: float = 0.0
+    """KL penalty towards the initial policy (TRL's default is 0: no reference model)."""
+    epsilon: float = 0.2
+    """PPO-style clipping of the probability ratio."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts."""
+    top_p: float = 1.0
+    """Nucleus mass of training rollouts."""
+    max_new_tokens: int = 96
+    """Longest action per turn [tokens]."""
+    max_turns: Optional[int] = None
+    """Turns per episode; None plays until the environment ends it (its step limit)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping."""
+
+    # -- training tasks (never held-out seeds)
+    scenarios: Tuple[str, ...] = field(default_factory=lambda: tuple(list_scenarios()))
+    """Curated scenarios in the training mix."""
+    difficulties: Tuple[str, ...] = DIFFICULTIES
+    """Difficulties of the procedural campaigns in the mix."""
+    curated_fraction: float = 0.35
+    """Share of training tasks drawn from curated scenarios; the rest are procedural."""
+    curriculum: bool = True
+    """Order the procedural tasks easy → medium → hard over the run (else shuffled)."""
+    train_seed_start: int = 100_000
+    """First seed of the training tasks (the held-out suite's seeds are never used)."""
+
+    # -- evaluation and evidence
+    eval_every_steps: int = 10
+    """Steps between held-out checkpoint evaluations (0: none)."""
+    checkpoint_eval_episodes: int = 21
+    """Episodes of the fixed subset of the held-out suite used at checkpoints."""
+    eval_episodes: Optional[int] = None
+    """Episodes of the held-out suite for the pre/post evaluation (None: all 120)."""
+    eval_batch_size: int = 40
+    """Episodes played in lockstep during evaluation."""
+    logging_steps: int = 1
+    """Steps between logged metrics (training_log.csv rows)."""
+    evidence_dir: str = "evidence"
+    """Where the evidence is written (see `lib.evidence.EvidencePaths`)."""
+    output_dir: str = "outputs/grpo"
+    """Checkpoints, the final model and train_config.json."""
+    save_steps: int = 20
+    """Steps between checkpoints."""
+    resume_from_checkpoint: Optional[str] = None
+    """A checkpoint folder to resume from, or "latest" for the newest in output_dir."""
+    seed: int = 0
+    """Seed of the model's initialisation, data order and sampling."""
+
+    def __post_init__(self) -> None:
+        self.scenarios, self.difficulties = tuple(self.scenarios), tuple(self.difficulties)
+        problems = []
+        if self.backend not in BACKENDS:
+            problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        for name in ("max_steps", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+                     "max_new_tokens", "checkpoint_eval_episodes", "eval_batch_size", "logging_steps", "save_steps",
+                     "max_seq_length"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_generations < 2:
+            problems.append("num_generations must be at least 2: a group of one has no baseline")
+        if self.episodes_per_step % self.num_generations:
+            problems.append(f"episodes per step (per_device_train_batch_size × gradient_accumulation_steps = "
+                            f"{self.episodes_per_step}) must be a multiple of num_generations "
+                            f"({self.num_generations}): each step trains on whole groups")
+        if self.max_turns is not None and self.max_turns < 1:
+            problems.append(f"max_turns must be at least 1 or None, got {self.max_turns}")
+        if not 0.0 <= self.curated_fraction <= 1.0:
+            problems.append(f"curated_fraction must be in [0, 1], got {self.curated_fraction}")
+        unknown = set(self.scenarios) - set(list_scenarios())
+        if unknown:
+            problems.append(f"unknown scenarios {sorted(unknown)}; known: {list_scenarios()}")
+        if set(self.difficulties) - set(DIFFICULTIES):
+            problems.append(f"difficulties must be among {DIFFICULTIES}, got {self.difficulties}")
+        if (self.curated_fraction > 0 and not self.scenarios) or (self.curated_fraction < 1 and not self.difficulties):
+            problems.append("the task mix is empty: give scenarios for curated_fraction > 0 and difficulties "
+                            "for curated_fraction < 1")
+        if self.temperature <= 0:
+            problems.append("temperature must be > 0: GRPO needs sampled, differing episodes in a group")
+        if self.lora_r < 0:
+            problems.append(f"lora_r must be >= 0 (0: full fine-tuning), got {self.lora_r}")
+        if self.eval_every_steps < 0:
+            problems.append(f"eval_every_steps must be >= 0, got {self.eval_every_steps}")
+        if problems:
+            raise ValueError("invalid TrainConfig:\n  " + "\n  ".join(problems))
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def save(self, path: Any) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: Any) -> "TrainConfig":
+        return cls.from_dict(json.loads(Path(path).read_text()))

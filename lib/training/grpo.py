@@ -1,0 +1,221 @@
+"""Multi-turn GRPO on CERNenv with TRL's `GRPOTrainer`.
+
+What one optimisation step does:
+
+1. The trainer draws training tasks (a seed with a curated scenario or a difficulty)
+   from the dataset and repeats each `num_generations` times: a *group*.
+2. `CampaignRollout` (the trainer's `rollout_func`) plays every episode of the batch to
+   the end with the current policy (`lib.multiturn.play_episodes`): the model writes each
+   action and reads the environment's observation after it. A group plays the same
+   seed and scenario, so its episodes differ only by what the policy sampled.
+3. Each reward component (`cernenv.rewards.COMPONENT_NAMES`) is its own reward function;
+   their sum is the episode's return. TRL logs each as `rewards/<component>/mean`.
+4. GRPO's advantage is the return minus its group's mean, over the group's standard
+   deviation; every action token of the episode gets it, environment tokens are masked
+   (`env_mask`), and the clipped policy-gradient loss is minimised.
+
+The dataset's `prompt` column holds the task as JSON, not text for the model: the
+environment writes the model's actual prompt (its first observation) at reset.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from cernenv.rewards import COMPONENT_NAMES
+from lib.evaluation import EpisodeSpec, assert_disjoint_from_suite, heldout_suite
+from lib.evidence import RewardComponentLogWriter
+from lib.multiturn import GenerateFn, PlayedEpisode, Sampling, hf_generate_fn, play_episodes
+from lib.training.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- tasks
+
+def training_tasks(config: TrainConfig, n_groups: int) -> List[Dict[str, Any]]:
+    """`n_groups` training tasks on seeds from `config.train_seed_start` (disjoint from the
+    held-out suite): a `curated_fraction` share of curated scenarios in turn, the rest
+    procedural with difficulties in turn. With `config.curriculum` the procedural tasks go
+    easy → hard over the run and the curated ones are spread evenly through it; without,
+    the order is shuffled."""
+    n_curated = int(round(n_groups * config.curated_fraction))
+    n_procedural = n_groups - n_curated
+    curated = [{"scenario": config.scenarios[i % len(config.scenarios)], "difficulty": None}
+               for i in range(n_curated)]
+    procedural = [{"scenario": None, "difficulty": config.difficulties[i % len(config.difficulties)]}
+                  for i in range(n_procedural)]
+    if config.curriculum:
+        procedural.sort(key=lambda task: config.difficulties.index(task["difficulty"]))
+        keyed = [((k + 0.5) / n_curated, task) for k, task in enumerate(curated)]
+        keyed += [((k + 0.5) / n_procedural, task) for k, task in enumerate(procedural)]
+        tasks = [task for _, task in sorted(keyed, key=lambda pair: pair[0])]
+    else:
+        tasks = curated + procedural
+        np.random.default_rng(config.seed).shuffle(tasks)
+    tasks = [{"seed": config.train_seed_start + i, **task} for i, task in enumerate(tasks)]
+    assert_disjoint_from_suite(task["seed"] for task in tasks)
+    return tasks
+
+
+def training_dataset(config: TrainConfig):
+    """The trainer's dataset: one row per group, `prompt` = the task as JSON."""
+    from datasets import Dataset
+
+    groups_per_step = config.episodes_per_step // config.num_generations
+    tasks = training_tasks(config, config.max_steps * groups_per_step)
+    return Dataset.from_list([{"prompt": json.dumps(task, sort_keys=True)} for task in tasks])
+
+
+def checkpoint_suite(config: TrainConfig) -> List[EpisodeSpec]:
+    """The fixed subset of the held-out suite evaluated at checkpoints: evenly spaced, so it
+    covers every curated scenario and difficulty."""
+    suite = heldout_suite()
+    index = np.linspace(0, len(suite) - 1, min(config.checkpoint_eval_episodes, len(suite))).round().astype(int)
+    return [suite[i] for i in sorted(set(index.tolist()))]
+
+
+def evaluation_suite(config: TrainConfig) -> List[EpisodeSpec]:
+    """The held-out suite for the pre/post evaluation (all of it unless `eval_episodes`)."""
+    suite = list(heldout_suite())
+    if config.eval_episodes is None or config.eval_episodes >= len(suite):
+        return suite
+    index = np.linspace(0, len(suite) - 1, config.eval_episodes).round().astype(int)
+    return [suite[i] for i in sorted(set(index.tolist()))]
+
+
+# ----------------------------------------------------------------------------- rewards
+
+def _component_reward(name: str) -> Callable[..., List[float]]:
+    def reward(completions: Sequence[Any], reward_components: Sequence[Dict[str, float]], **_: Any) -> List[float]:
+        return [float(components.get(name, 0.0)) for components in reward_components]
+
+    reward.__name__ = name  # TRL logs rewards/<__name__>/mean
+    reward.__doc__ = f"The episode's `{name}` reward component (see cernenv.rewards.REWARD_COMPONENTS)."
+    return reward
+
+
+REWARD_FUNCS = [_component_reward(name) for name in COMPONENT_NAMES]
+"""One reward function per reward component, all weight 1: their sum is the episode return."""
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+def rollout_row(step: int, episodes: Sequence[PlayedEpisode]) -> Dict[str, Any]:
+    """A reward_components.csv row (`RewardComponentLogWriter`) for one rollout batch."""
+    records = [e.record for e in episodes]
+    steps = [s for r in records for s in r.steps]
+    terminal = [r.terminal_reward or 0.0 for r in records]
+    cumulative = [r.total_reward for r in records]
+    exists = [r for r in records if (r.truth or {}).get("exists")]
+
+    def rate(values: Sequence[Optional[bool]]) -> Optional[float]:
+        values = [bool(v) for v in values if v is not None]
+        return float(np.mean(values)) if values else None
+
+    return {
+        "step": step, "n": len(records),
+        "mean_cumulative": float(np.mean(cumulative)), "mean_terminal": float(np.mean(terminal)),
+        "mean_step_shaping": float(np.mean(np.subtract(cumulative, terminal))),
+        "discovered_rate": rate([r.discovered for r in records]),
+        "mass_correct_rate": rate([r.correct_mass for r in exists]),
+        "channel_correct_rate": rate([r.correct_channel for r in exists]),
+        "spin_correct_rate": rate([r.correct_spin for r in exists]),
+        "parsed_rate": rate([s.parsed_ok for s in steps]),
+        "mean_n_steps": float(np.mean([r.n_steps for r in records])),
+    }
+
+
+class CampaignRollout:
+    """GRPOTrainer's `rollout_func`: plays each task of the batch as a whole episode.
+
+    Returns the trainer's required `prompt_ids`, `completion_ids` and `logprobs`, the
+    `env_mask` that keeps environment text out of the loss, and `reward_components` (one
+    dict per episode), which TRL forwards to the reward functions.
+    """
+
+    def __init__(self, config: TrainConfig, tokenizer: Any, *, evidence_dir: Optional[Path] = None,
+                 generate_fn_factory: Optional[Callable[[Any], GenerateFn]] = None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.sampling = Sampling(temperature=config.temperature, top_p=config.top_p,
+                                 max_new_tokens=config.max_new_tokens)
+        self.writer = RewardComponentLogWriter(Path(evidence_dir) / "reward_components.csv") if evidence_dir else None
+        self.generate_fn_factory = generate_fn_factory
+        self.calls = 0
+        self.last_episodes: List[PlayedEpisode] = []
+        self.timings: List[Dict[str, float]] = []
+        """Per call: seconds in generation, in the environment, and tokens generated."""
+
+    def _generate_fn(self, trainer: Any) -> GenerateFn:
+        if self.generate_fn_factory is not None:
+            return self.generate_fn_factory(trainer)
+        if getattr(trainer, "use_vllm", False):
+            return vllm_generate_fn(trainer)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        return hf_generate_fn(model, self.tokenizer)
+
+    def __call__(self, prompts: List[Any], trainer: Any) -> Dict[str, Any]:
+        tasks = [json.loads(p) if isinstance(p, str) else p for p in prompts]
+        timed = _TimedGenerate(self._generate_fn(trainer))
+        start = time.perf_counter()
+        episodes = play_episodes(timed, self.tokenizer, tasks, sampling=self.sampling,
+                                 max_turns=self.config.max_turns, max_context_tokens=self.config.max_seq_length,
+                                 batch_size=len(tasks), agent_name="policy",
+                                 seed=self.config.seed * 1_000_003 + 7919 * self.calls)
+        total = time.perf_counter() - start
+        self.calls += 1
+        self.last_episodes = episodes
+        self.timings.append({"generation_s": timed.seconds, "environment_s": total - timed.seconds,
+                             "generated_tokens": float(timed.tokens)})
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0))
+        if self.writer is not None:
+            self.writer.append(rollout_row(step, episodes))
+        return {
+            "prompt_ids": [e.prompt_ids for e in episodes],
+            "completion_ids": [e.completion_ids for e in episodes],
+            "logprobs": [e.logprobs for e in episodes],
+            "env_mask": [e.env_mask for e in episodes],
+            "reward_components": [{name: float(e.record.reward_components.get(name, 0.0)) for name in COMPONENT_NAMES}
+                                  for e in episodes],
+        }
+
+
+class _TimedGenerate:
+    """Wraps a `GenerateFn`, adding up its wall time and the tokens it produced."""
+
+    def __init__(self, generate_fn: GenerateFn) -> None:
+        self.generate_fn, self.seconds, self.tokens = generate_fn, 0.0, 0
+
+    def __call__(self, contexts: List[List[int]], sampling: Sampling):
+        start = time.perf_counter()
+        out = self.generate_fn(contexts, sampling)
+        self.seconds += time.perf_counter() - start
+        self.tokens += sum(len(tokens) for tokens, _ in out)
+        return out
+
+
+def vllm_generate_fn(trainer: Any) -> GenerateFn:
+    """`GenerateFn` on TRL's vLLM engine (colocated; weights synced by the trainer before
+    each rollout). Sampling settings are the trainer's (temperature, top_p, and
+    max_completion_length, which `train` sets to the per-turn `max_new_tokens`)."""
+
+    def generate(contexts: List[List[int]], sampling: Sampling):
+        _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(prompts=contexts, images=None,
+                                                                          num_generations=1)
+        eos = trainer.processing_class.eos_token_id if hasattr(trainer.processing_class, "eos_token_id") else None
+        out = []
+        for ids, lps in zip(completion_ids, logprobs):
+            ids = list(ids)
+            end = ids.index(eos) + 1 if eos in ids else len(ids)
+            out.append((ids[:end], [float(lp[0]) if lp and lp[0] is not None else 0.0 for lp in lps[:end]]))
+        return out
+
+    return generate

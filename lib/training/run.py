@@ -1,0 +1,219 @@
+"""`train(config)`: the whole GRPO run, the same from `make train`, notebook 03 and tests.
+
+1. Load the policy for the backend (`lib.training.backends`).
+2. Evaluate it on the held-out suite, greedily: evidence/pre_eval.jsonl (the checkpoint
+   row of step 0 is the checkpoint subset of these episodes).
+3. GRPO (`lib.training.grpo`) with `EvidenceCallback` logging and checkpoint evaluations.
+4. Save the final model; evaluate it on the same suite: evidence/post_eval.jsonl.
+5. Render every artifact: before_after_metrics.json, plots, sample_trajectories.md.
+
+A fresh run first moves the previous run's evidence files (not baselines.*) to
+`<output_dir>/previous_evidence/<UTC time>/`, so logs of two runs never mix and nothing
+is deleted. A resumed run keeps them, minus rows logged after the checkpoint it resumes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from lib.evaluation import EpisodeSpec
+from lib.evidence import EvidencePaths, render_all
+from lib.multiturn import Sampling, hf_generate_fn, play_episodes
+from lib.rollouts import load_episodes_jsonl, save_episodes_jsonl
+from lib.training.backends import load_policy, resolve_backend
+from lib.training.callbacks import EvidenceCallback
+from lib.training.config import TrainConfig
+from lib.training.grpo import (REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite,
+                               training_dataset)
+
+logger = logging.getLogger(__name__)
+
+RUN_FILES = ("training_log_csv", "reward_components_csv", "checkpoint_evals_csv", "training_curve_png",
+             "reward_components_png", "checkpoint_progression_png", "before_after_summary_png",
+             "reward_distribution_png", "before_after_metrics_json", "sample_trajectories_md", "pre_eval_jsonl",
+             "post_eval_jsonl")
+"""`EvidencePaths` attributes that belong to one training run."""
+
+
+@dataclass
+class TrainResult:
+    """What a run produced and how long its parts took [s]."""
+
+    config: Dict[str, Any]
+    backend: str
+    model_name: str
+    final_model_dir: str
+    evidence: Dict[str, Optional[str]]
+    before_after: Dict[str, Any]
+    seconds: Dict[str, float] = field(default_factory=dict)
+    checkpoint_evals: List[Dict[str, Any]] = field(default_factory=list)
+
+
+def evaluate_policy(model: Any, tokenizer: Any, specs: Sequence[EpisodeSpec], config: TrainConfig, *,
+                    agent_name: str) -> List[Dict[str, Any]]:
+    """Greedy episodes of `model` on `specs` (records as dicts, as the evidence files hold them)."""
+    played = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, specs,
+                           sampling=Sampling(temperature=0.0, max_new_tokens=config.max_new_tokens),
+                           max_turns=config.max_turns, max_context_tokens=config.max_seq_length,
+                           batch_size=config.eval_batch_size, agent_name=agent_name, seed=config.seed)
+    return [asdict(episode.record) for episode in played]
+
+
+def _spec_key(episode: Dict[str, Any]) -> tuple:
+    return episode["seed"], episode.get("scenario"), episode.get("difficulty")
+
+
+def archive_previous_evidence(paths: EvidencePaths, output_dir: Path) -> Optional[Path]:
+    """Move the files of a previous run out of the evidence folder (returns where, or None)."""
+    existing = [getattr(paths, name) for name in RUN_FILES if getattr(paths, name).exists()]
+    if not existing:
+        return None
+    target = output_dir / "previous_evidence" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target.mkdir(parents=True, exist_ok=True)
+    for path in existing:
+        shutil.move(str(path), target / path.name)
+    logger.info("moved %d files of the previous run from %s to %s", len(existing), paths.root, target)
+    return target
+
+
+def drop_rows_after(csv_path: Path, step: int) -> None:
+    """Rewrite a step-indexed evidence CSV without rows after `step` (they are re-logged
+    when a run resumes from that step's checkpoint)."""
+    if not csv_path.exists():
+        return
+    text = csv_path.read_text()
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows:
+        return
+    header, body = rows[0], rows[1:]
+    index = header.index("step")
+    kept = [row for row in body if row and _as_int(row[index]) is not None and _as_int(row[index]) <= step]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([header, *kept])
+    tmp = csv_path.with_suffix(".tmp")
+    tmp.write_text(out.getvalue())
+    os.replace(tmp, csv_path)
+
+
+def _as_int(value: str) -> Optional[int]:
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def _resolve_resume(config: TrainConfig) -> Optional[str]:
+    if not config.resume_from_checkpoint:
+        return None
+    if config.resume_from_checkpoint == "latest":
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(config.output_dir) if Path(config.output_dir).is_dir() else None
+        if last is None:
+            raise FileNotFoundError(f"resume_from_checkpoint='latest' but {config.output_dir} holds no checkpoint-* "
+                                    "folder; start a fresh run (resume_from_checkpoint=None)")
+        return last
+    if not Path(config.resume_from_checkpoint).is_dir():
+        raise FileNotFoundError(f"checkpoint {config.resume_from_checkpoint} does not exist")
+    return config.resume_from_checkpoint
+
+
+def grpo_args(config: TrainConfig, **overrides: Any):
+    """TRL's `GRPOConfig` for `config` (generation is ours: `rollout_func`)."""
+    from trl import GRPOConfig
+
+    cuda = torch.cuda.is_available()
+    values = dict(
+        output_dir=config.output_dir, max_steps=config.max_steps, num_generations=config.num_generations,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps, learning_rate=config.learning_rate,
+        lr_scheduler_type="constant_with_warmup", warmup_steps=0, beta=config.beta, epsilon=config.epsilon,
+        # TRL divides logits by this temperature when it scores completions: it must be the sampling one.
+        temperature=config.temperature, top_p=config.top_p,
+        max_completion_length=config.max_new_tokens if config.use_vllm else config.max_seq_length,
+        max_grad_norm=config.max_grad_norm, logging_steps=config.logging_steps, save_strategy="steps",
+        save_steps=config.save_steps, seed=config.seed, data_seed=config.seed, shuffle_dataset=False,
+        report_to=[], use_cpu=not cuda, bf16=cuda, use_vllm=config.use_vllm, disable_tqdm=True,
+        dataloader_num_workers=0, remove_unused_columns=False)
+    if config.use_vllm:
+        values.update(vllm_mode="colocate")
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Run `config` end to end (see the module docstring); returns the measured result."""
+    seconds: Dict[str, float] = {}
+    start = time.perf_counter()
+    backend = resolve_backend(config)  # imports unsloth (when used) before trl
+    from trl import GRPOTrainer
+
+    resume = _resolve_resume(config)
+    output_dir = Path(config.output_dir)
+    paths = EvidencePaths(Path(config.evidence_dir))
+    if resume is None:
+        archive_previous_evidence(paths, output_dir)
+    paths.ensure()
+    config.save(output_dir / "train_config.json")
+
+    policy = load_policy(config, backend)
+    tokenizer = policy.tokenizer
+    seconds["load"] = time.perf_counter() - start
+    eval_specs, checkpoint_specs = evaluation_suite(config), checkpoint_suite(config)
+
+    t = time.perf_counter()
+    if resume is not None and paths.pre_eval_jsonl.exists():
+        pre = load_episodes_jsonl(str(paths.pre_eval_jsonl))
+    else:
+        pre = evaluate_policy(policy.model, tokenizer, eval_specs, config, agent_name="pre")
+        save_episodes_jsonl(pre, str(paths.pre_eval_jsonl))
+    seconds["pre_eval"] = time.perf_counter() - t
+
+    def evaluate_checkpoint(model: Any) -> List[Dict[str, Any]]:
+        return evaluate_policy(model, tokenizer, checkpoint_specs, config, agent_name="checkpoint")
+
+    callback = EvidenceCallback(paths, eval_every_steps=config.eval_every_steps, evaluate=evaluate_checkpoint,
+                                max_steps=config.max_steps)
+    if resume is None:
+        subset = {(s.seed, s.scenario, s.difficulty) for s in checkpoint_specs}
+        callback.record_checkpoint(0, policy.model, episodes=[e for e in pre if _spec_key(e) in subset])
+    else:
+        step = int(Path(resume).name.rsplit("-", 1)[-1])
+        for name in ("training_log_csv", "reward_components_csv", "checkpoint_evals_csv"):
+            drop_rows_after(getattr(paths, name), step)
+
+    rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root)
+    trainer = GRPOTrainer(model=policy.model, reward_funcs=REWARD_FUNCS, args=grpo_args(config),
+                          train_dataset=training_dataset(config), processing_class=tokenizer,
+                          peft_config=policy.peft_config, rollout_func=rollout, callbacks=[callback])
+    t = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume)
+    seconds["grpo"] = time.perf_counter() - t
+    seconds["checkpoint_evals"] = callback.eval_seconds
+    final_dir = output_dir / "final"
+    trainer.save_model(str(final_dir))
+    tokenizer.save_pretrained(str(final_dir))
+
+    t = time.perf_counter()
+    post = evaluate_policy(trainer.model, tokenizer, eval_specs, config, agent_name="post")
+    save_episodes_jsonl(post, str(paths.post_eval_jsonl))
+    seconds["post_eval"] = time.perf_counter() - t
+    rendered = render_all(paths)
+    seconds["total"] = time.perf_counter() - start
+    from lib.evidence import before_after_metrics
+
+    return TrainResult(config=config.to_dict(), backend=backend, model_name=policy.model_name,
+                       final_model_dir=str(final_dir),
+                       evidence={k: (str(v) if v else None) for k, v in rendered.items()},
+                       before_after=before_after_metrics(pre, post), seconds=seconds,
+                       checkpoint_evals=callback.checkpoint_results)

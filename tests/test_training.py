@@ -1,0 +1,163 @@
+"""GRPO training: configuration, tasks, rewards, the rollout function, and a real smoke run."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from cernenv.rewards import COMPONENT_NAMES
+from lib.evaluation import heldout_suite
+from lib.policy_model import build_tiny_model
+from lib.rollouts import load_episodes_jsonl
+from lib.tokenizer import build_tokenizer
+from lib.training import TrainConfig
+from lib.training.backends import resolve_backend, unsloth_available
+from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, training_dataset, training_tasks
+from lib.training.run import drop_rows_after, train
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A randomly initialised tiny model saved like any Hugging Face model (no SFT: fast)."""
+    tokenizer = build_tokenizer()
+    path = tmp_path_factory.mktemp("tiny")
+    build_tiny_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def smoke_config(tmp_path, model_dir, **overrides):
+    values = dict(model_name=model_dir, backend="trl", lora_r=0, max_steps=2, num_generations=2,
+                  per_device_train_batch_size=1, gradient_accumulation_steps=2, max_turns=3, max_new_tokens=16, eval_episodes=3,
+                  checkpoint_eval_episodes=2, eval_every_steps=1, save_steps=1, learning_rate=1e-3,
+                  evidence_dir=str(tmp_path / "evidence"), output_dir=str(tmp_path / "out"))
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def test_config_rejects_bad_values_with_every_reason():
+    with pytest.raises(ValueError) as error:
+        TrainConfig(backend="jax", num_generations=4, per_device_train_batch_size=6, gradient_accumulation_steps=1,
+                    temperature=0.0,
+                    scenarios=("atlantis",))
+    message = str(error.value)
+    for fragment in ("backend must be one of", "multiple of", "temperature must be > 0", "unknown scenarios"):
+        assert fragment in message
+    with pytest.raises(ValueError, match="a group of one has no baseline"):
+        TrainConfig(num_generations=1)
+    with pytest.raises(ValueError, match="unknown TrainConfig fields"):
+        TrainConfig.from_dict({"max_step": 3})
+
+
+def test_config_round_trips(tmp_path):
+    config = TrainConfig(max_steps=7, scenarios=("higgs_diphoton_125",), lora_r=0)
+    assert TrainConfig.load(config.save(tmp_path / "c.json")) == config
+
+
+def test_training_tasks_avoid_the_heldout_suite_and_follow_the_curriculum():
+    config = TrainConfig(curated_fraction=0.25)
+    tasks = training_tasks(config, 40)
+    heldout = {spec.seed for spec in heldout_suite()}
+    assert not heldout & {t["seed"] for t in tasks} and len({t["seed"] for t in tasks}) == 40
+    curated = [i for i, t in enumerate(tasks) if t["scenario"]]
+    assert len(curated) == 10 and max(curated) - min(curated) > 25, "curated tasks spread through the run"
+    order = [config.difficulties.index(t["difficulty"]) for t in tasks if t["difficulty"]]
+    assert order == sorted(order) and set(order) == {0, 1, 2}, "easy → medium → hard"
+    shuffled = training_tasks(TrainConfig(curated_fraction=0.25, curriculum=False), 40)
+    assert Counter(t["difficulty"] for t in shuffled) == Counter(t["difficulty"] for t in tasks)
+    assert [t["difficulty"] for t in shuffled] != [t["difficulty"] for t in tasks]
+
+
+def test_dataset_has_one_row_per_group_and_checkpoint_subset_is_spread():
+    config = TrainConfig(max_steps=5, num_generations=4, per_device_train_batch_size=2, gradient_accumulation_steps=4)
+    dataset = training_dataset(config)
+    assert len(dataset) == 10 and json.loads(dataset[0]["prompt"])["seed"] == config.train_seed_start
+    subset = checkpoint_suite(TrainConfig(checkpoint_eval_episodes=21))
+    assert len(subset) == 21 and {s.difficulty for s in subset if s.difficulty} == {"easy", "medium", "hard"}
+    assert len({s.scenario for s in subset if s.scenario}) >= 5
+
+
+def test_one_reward_function_per_component_named_after_it():
+    assert [f.__name__ for f in REWARD_FUNCS] == list(COMPONENT_NAMES)
+    components = [{name: float(i) for i, name in enumerate(COMPONENT_NAMES)}]
+    assert [f([""], reward_components=components)[0] for f in REWARD_FUNCS] == list(range(len(COMPONENT_NAMES)))
+
+
+def test_backend_auto_is_trl_without_a_gpu():
+    ok, why = unsloth_available()
+    if ok:
+        pytest.skip("a CUDA GPU with unsloth is present")
+    assert why
+    assert resolve_backend(TrainConfig(backend="auto")) == "trl"
+    with pytest.raises(RuntimeError, match="backend='trl'"):
+        resolve_backend(TrainConfig(backend="unsloth"))
+
+
+def test_rollout_func_plays_each_group_on_one_task(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+    class FakeTrainer:  # what CampaignRollout reads from GRPOTrainer
+        use_vllm = False
+
+        class accelerator:
+            unwrap_model = staticmethod(lambda m: m)
+
+    FakeTrainer.model = model
+    config = TrainConfig(max_turns=2, max_new_tokens=8, num_generations=2, per_device_train_batch_size=4)
+    rollout = CampaignRollout(config, tokenizer)
+    prompts = [json.dumps({"seed": 7, "scenario": None, "difficulty": "easy"})] * 2 + \
+              [json.dumps({"seed": 8, "scenario": "higgs_4l_125", "difficulty": None})] * 2
+    out = rollout(prompts, FakeTrainer())
+    assert set(out) == {"prompt_ids", "completion_ids", "logprobs", "env_mask", "reward_components"}
+    assert out["prompt_ids"][0] == out["prompt_ids"][1] != out["prompt_ids"][2] == out["prompt_ids"][3]
+    for ids, mask, lps in zip(out["completion_ids"], out["env_mask"], out["logprobs"]):
+        assert len(ids) == len(mask) == len(lps) and mask[0] == 1 and 0 in mask
+    records = [e.record for e in rollout.last_episodes]
+    assert [r.seed for r in records] == [7, 7, 8, 8] and records[2].scenario == "higgs_4l_125"
+    assert records[0].truth == records[1].truth, "a group plays one hidden particle"
+    for record, components in zip(records, out["reward_components"]):
+        assert sum(components.values()) == pytest.approx(record.total_reward)
+    timing = rollout.timings[-1]
+    assert timing["generation_s"] > 0 and timing["environment_s"] > 0 and timing["generated_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model_dir):
+    config = smoke_config(tmp_path, tiny_model_dir)
+    result = train(config)
+    evidence = Path(config.evidence_dir)
+    for name in ("training_log.csv", "reward_components.csv", "checkpoint_evals.csv", "pre_eval.jsonl",
+                 "post_eval.jsonl", "before_after_metrics.json", "sample_trajectories.md", "training_curve.png"):
+        assert (evidence / name).exists(), name
+    log = (evidence / "training_log.csv").read_text().splitlines()
+    assert log[0].split(",")[:3] == ["step", "epoch", "loss"] and len(log) == 1 + config.max_steps
+    checkpoints = (evidence / "checkpoint_evals.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in checkpoints[1:]] == ["0", "1", "2"]
+    pre, post = load_episodes_jsonl(str(evidence / "pre_eval.jsonl")), load_episodes_jsonl(
+        str(evidence / "post_eval.jsonl"))
+    assert len(pre) == len(post) == 3 and [e["seed"] for e in pre] == [e["seed"] for e in post]
+    assert result.before_after["n"]["pairs"] == 3
+    assert (Path(config.output_dir) / "final" / "config.json").exists()
+    assert TrainConfig.load(Path(config.output_dir) / "train_config.json") == config
+    # resume: one more step from the last checkpoint, logs continue without duplicates
+    resumed = smoke_config(tmp_path, tiny_model_dir, max_steps=3, resume_from_checkpoint="latest")
+    train(resumed)
+    steps = [row.split(",")[0] for row in (evidence / "training_log.csv").read_text().splitlines()[1:]]
+    assert steps == ["1", "2", "3"]
+    # a fresh run moves the previous run's evidence aside instead of mixing or deleting it
+    train(smoke_config(tmp_path, tiny_model_dir, max_steps=1, eval_every_steps=0))
+    archived = list((Path(config.output_dir) / "previous_evidence").glob("*/training_log.csv"))
+    assert len(archived) == 1 and len((evidence / "training_log.csv").read_text().splitlines()) == 2
+
+
+def test_drop_rows_after(tmp_path):
+    path = tmp_path / "log.csv"
+    path.write_text("step,loss\n1,0.5\n2,0.4\n3,0.3\n")
+    drop_rows_after(path, 2)
+    assert path.read_text() == "step,loss\n1,0.5\n2,0.4\n"
