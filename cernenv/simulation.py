@@ -59,10 +59,14 @@ class ChannelRecord:
     selection_seed: int = 0
 
     _selected: Optional[Tuple[tuple, np.ndarray]] = field(default=None, repr=False)
+    _recorded: Optional[Tuple[float, int]] = field(default=None, repr=False)
 
     @property
     def recorded_events(self) -> int:
-        return int(self.background_counts.sum() / _LOOSEST_BACKGROUND) + int(self.signal_true_mass_gev.size)
+        if self._recorded is None or self._recorded[0] != self.luminosity_fb:  # the data change with it
+            self._recorded = (self.luminosity_fb, int(self.background_counts.sum() / _LOOSEST_BACKGROUND)
+                              + int(self.signal_true_mass_gev.size))
+        return self._recorded[1]
 
     def selected_background(self, reconstruction: str) -> np.ndarray:
         """The recorded background that passes `reconstruction`'s selection (the loosest selection

@@ -19,6 +19,7 @@ eq. 12: q0 = -2 ln lambda(0) for N_s-hat > 0, else 0; Z = sqrt(q0).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -150,6 +151,17 @@ def profile_fixed_mass(tmpl: BinnedTemplate, counts: np.ndarray, bkg: Background
     return theta[:, 3], _nll(mu, n)
 
 
+@lru_cache(maxsize=8)
+def _background_profile(tmpl: BinnedTemplate, counts_bytes: bytes, start: tuple):
+    """The background-only maximum from a background fit's (N_b, p1, p2), for ``local_q0``:
+    computed once per spectrum and fit (the bump scan and the significance both need it);
+    read-only arrays."""
+    arrays = _profile(tmpl, np.frombuffer(counts_bytes, dtype=float), np.array([*start, 0.0]), None, 25)
+    for a in arrays:
+        a.setflags(write=False)
+    return arrays
+
+
 def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signal_fractions: np.ndarray):
     """(N_s-hat, q0) per signal shape; q0 = 2 (NLL_b - NLL_s+b) if N_s-hat > 0 else 0 (CCGV eq. 12).
 
@@ -164,8 +176,7 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
     """
     n = np.asarray(counts, dtype=float)
     s = np.asarray(signal_fractions, dtype=float)
-    start = np.array([bkg.background_yield, bkg.p1, bkg.p2, 0.0])
-    theta0, mu0, f0, df1_0, df2_0 = _profile(tmpl, n, start, None, 25)
+    theta0, mu0, f0, df1_0, df2_0 = _background_profile(tmpl, n.tobytes(), (bkg.background_yield, bkg.p1, bkg.p2))
     nll0 = float(_nll(mu0, n)[0])
     mu0, nb0 = mu0[0], theta0[0, 0]
     k = s.shape[0]
