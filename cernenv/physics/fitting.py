@@ -421,7 +421,19 @@ class _Deviance:
 
 
 def _whitening(tmpl, nb, p1, p2):
-    """T with T^T I T = 1, I = Fisher information of (p1, p2) for nb events."""
+    """T with T^T I T = 1, I = Fisher information of (p1, p2) for nb events (read-only;
+    the fits of one spectrum share its background fit's)."""
+    return _cached_whitening(tmpl, float(nb), float(p1), float(p2))
+
+
+@lru_cache(maxsize=16)
+def _cached_whitening(tmpl, nb, p1, p2):
+    transform = _whitening_matrix(tmpl, nb, p1, p2)
+    transform.setflags(write=False)
+    return transform
+
+
+def _whitening_matrix(tmpl, nb, p1, p2):
     f, df1, df2 = tmpl.background(p1, p2, grad=True)
     d = np.vstack([df1, df2])
     info = max(nb, 1.0) * (d / np.maximum(f, 1e-300)) @ d.T
@@ -771,8 +783,7 @@ def _parabolic_errors(m, cost):
     if not m.valid:
         return m.hesse_errors()[0]
     values = np.array(m.values, dtype=float)
-    h_full = cost.hess(*values)
-    grad = np.asarray(cost.grad(*values), dtype=float)
+    _, grad, h_full = cost.value_grad_hess(*values)
     free = [i for i, name in enumerate(_NAMES) if not m.fixed[name]]
     held = [i for i in free if _at_limit(values[i], *m.limits[_NAMES[i]])]
     free = [i for i in free if i not in held]
