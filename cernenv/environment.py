@@ -710,7 +710,7 @@ CERNCollisionEnvironment.__doc__ = f"""A simulated LHC discovery campaign, as an
 ## Description
 The agent runs a resonance search: it configures the beam, books and collects
 luminosity, chooses a trigger and a decay channel, calibrates and reconstructs,
-builds an invariant-mass spectrum, fits it (extended binned likelihood, iminuit),
+builds an invariant-mass spectrum, fits it (extended binned maximum likelihood),
 scans for bumps, measures the decay-angle distribution, estimates the
 profile-likelihood significance with the look-elsewhere effect, and finally
 submits a discovery claim. The claim is graded against a hidden particle, or
