@@ -208,7 +208,8 @@ class CollisionRecorder:
                               overflow=False),
             storage=hist.storage.Int64(),
         )
-        histogram.view()[...] = background
+        counts = np.zeros((edges.size + 1, N_COS_BINS), dtype=np.int64)  # with the mass under/overflow
+        counts[1:-1] = background
         keep = record.signal_selection_draw < reconstruction.signal_efficiency_factor
         if keep.any():
             true_mass = record.signal_true_mass_gev[keep]
@@ -216,6 +217,9 @@ class CollisionRecorder:
             sigma = mass_resolution_gev(record.channel, true_mass, record.calibration_level, reconstruction.name,
                                         pileup)
             reco_mass = true_mass * scale + sigma * record.signal_smear[keep]
-            histogram.fill(mass_gev=reco_mass, cos_theta_bin=record.signal_cos_bin[keep])
+            # what histogram.fill does: bin i holds [edge_i, edge_i+1); 0 and the last are the flow bins
+            index = np.searchsorted(edges, reco_mass, side="right") * N_COS_BINS + record.signal_cos_bin[keep]
+            counts += np.bincount(index, minlength=counts.size).reshape(counts.shape)
+        histogram.view(flow=True)[...] = counts
         return Spectrum(channel, histogram, sqrt_s_tev, record.calibration_level, reconstruction.name, pileup,
                         record.luminosity_fb)
