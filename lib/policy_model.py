@@ -61,9 +61,9 @@ class TinyModelConfig:
 class SFTSettings:
     """The supervised warm start."""
 
-    n_episodes: int = 60
+    n_episodes: int = 100
     """HeuristicAgent episodes, one conversation (training example) each."""
-    epochs: float = 3.0
+    epochs: float = 4.0
     """Passes over the examples."""
     batch_size: int = 1
     """Conversations per optimisation step (one: no padding, so attention takes PyTorch's fast causal path)."""
@@ -136,6 +136,7 @@ def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: str = ".cache/p
         report["n_examples"] = len(dataset)
     staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir=target.parent if target.parent.exists() else None))
     model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)  # a self-contained model folder: AutoTokenizer/AutoModel load it
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.replace(staging, target)  # atomic: a concurrent build of the same model wins or loses whole

@@ -35,7 +35,7 @@ class TrainConfig:
     use_vllm: bool = False
     """Generate with vLLM (TRL's colocated engine, which Unsloth's `fast_inference` backs); GPU only."""
     lora_r: int = 16
-    """LoRA rank; 0 trains every weight (the default for the tiny stand-in, see `resolved`)."""
+    """LoRA rank (PEFT on the TRL backend, Unsloth's on GPU); 0 trains every weight instead."""
     lora_alpha: int = 32
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
     max_seq_length: int = 8192
@@ -54,8 +54,8 @@ class TrainConfig:
     """Passes per optimisation step. Episodes per step = per_device_train_batch_size ×
     gradient_accumulation_steps, a multiple of num_generations (whole groups); all of a
     step's episodes are played by one rollout call, before the step's first pass."""
-    learning_rate: float = 2e-4
-    """AdamW learning rate."""
+    learning_rate: float = 5e-4
+    """AdamW learning rate (constant after TRL's default warm-up of 0 steps)."""
     beta: float = 0.0
     """KL penalty towards the initial policy (TRL's default is 0: no reference model)."""
     epsilon: float = 0.2
