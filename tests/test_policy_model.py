@@ -43,7 +43,7 @@ def test_sft_examples_are_whole_heuristic_episodes_as_conversations(tokenizer):
 
 def test_warm_start_learns_and_is_cached(tokenizer, tmp_path):
     report = {}
-    settings = SFTSettings(n_episodes=1, epochs=10.0, batch_size=1, logging_steps=3)
+    settings = SFTSettings(n_episodes=1, epochs=12.0, batch_size=1, learning_rate=5e-3, logging_steps=4)
     model = warm_start(tokenizer, cache_dir=str(tmp_path), sft=settings, report=report)
     losses = report["losses"]
     assert len(losses) >= 3 and losses[-1] < 0.7 * losses[0], losses
