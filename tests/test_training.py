@@ -32,7 +32,7 @@ def tiny_model_dir(tmp_path_factory):
 def smoke_config(tmp_path, model_dir, **overrides):
     values = dict(model_name=model_dir, backend="trl", lora_r=0, max_steps=2, num_generations=2,
                   per_device_train_batch_size=1, gradient_accumulation_steps=2, max_turns=3, max_new_tokens=16, eval_episodes=3,
-                  checkpoint_eval_episodes=2, eval_every_steps=1, save_steps=1, learning_rate=1e-3,
+                  checkpoint_eval_episodes=4, eval_every_steps=1, save_steps=1, learning_rate=1e-3,
                   evidence_dir=str(tmp_path / "evidence"), output_dir=str(tmp_path / "out"))
     values.update(overrides)
     return TrainConfig(**values)
@@ -139,6 +139,7 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
     assert log[0].split(",")[:3] == ["step", "epoch", "loss"] and len(log) == 1 + config.max_steps
     checkpoints = (evidence / "checkpoint_evals.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in checkpoints[1:]] == ["0", "1", "2"]
+    assert all(row.split(",")[2] == str(config.checkpoint_eval_episodes) for row in checkpoints[1:])
     pre, post = load_episodes_jsonl(str(evidence / "pre_eval.jsonl")), load_episodes_jsonl(
         str(evidence / "post_eval.jsonl"))
     assert len(pre) == len(post) == 3 and [e["seed"] for e in pre] == [e["seed"] for e in post]

@@ -175,7 +175,8 @@ class CampaignRollout:
         self.last_episodes = episodes
         self.timings.append({"generation_s": timed.seconds, "environment_s": total - timed.seconds,
                              "generated_tokens": float(timed.tokens)})
-        step = int(getattr(getattr(trainer, "state", None), "global_step", 0))
+        # the optimisation step these episodes train (training_log.csv counts steps from 1 too)
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0)) + 1
         if self.writer is not None:
             self.writer.append(rollout_row(step, episodes))
         return {

@@ -184,9 +184,11 @@ def train(config: TrainConfig) -> TrainResult:
 
     callback = EvidenceCallback(paths, eval_every_steps=config.eval_every_steps, evaluate=evaluate_checkpoint,
                                 max_steps=config.max_steps)
-    if resume is None:
-        subset = {(s.seed, s.scenario, s.difficulty) for s in checkpoint_specs}
-        callback.record_checkpoint(0, policy.model, episodes=[e for e in pre if _spec_key(e) in subset])
+    if resume is None:  # step 0: the initial policy, from the pre-evaluation when it covers the subset
+        by_key = {_spec_key(e): e for e in pre}
+        keys = [(s.seed, s.scenario, s.difficulty) for s in checkpoint_specs]
+        covered = all(key in by_key for key in keys)
+        callback.record_checkpoint(0, policy.model, episodes=[by_key[k] for k in keys] if covered else None)
     else:
         step = int(Path(resume).name.rsplit("-", 1)[-1])
         for name in ("training_log_csv", "reward_components_csv", "checkpoint_evals_csv"):
