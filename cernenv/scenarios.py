@@ -20,7 +20,6 @@ from cernenv.detector import (
     expected_background_events,
     mass_resolution_gev,
 )
-from cernenv.physics.significance import asimov_significance
 
 DIFFICULTIES = ("easy", "medium", "hard")
 DEFAULT_MAX_STEPS = 30

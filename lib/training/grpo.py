@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
-import torch
 
 from cernenv.rewards import COMPONENT_NAMES
 from lib.evaluation import EpisodeSpec, assert_disjoint_from_suite, heldout_suite

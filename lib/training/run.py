@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from lib.evaluation import EpisodeSpec
-from lib.evidence import EvidencePaths, render_all
+from lib.evidence import EvidencePaths, before_after_metrics, render_all
 from lib.multiturn import Sampling, hf_generate_fn, play_episodes
 from lib.rollouts import load_episodes_jsonl, save_episodes_jsonl
 from lib.training.backends import load_policy, resolve_backend
@@ -212,8 +212,6 @@ def train(config: TrainConfig) -> TrainResult:
     seconds["post_eval"] = time.perf_counter() - t
     rendered = render_all(paths)
     seconds["total"] = time.perf_counter() - start
-    from lib.evidence import before_after_metrics
-
     return TrainResult(config=config.to_dict(), backend=backend, model_name=policy.model_name,
                        final_model_dir=str(final_dir),
                        evidence={k: (str(v) if v else None) for k, v in rendered.items()},
