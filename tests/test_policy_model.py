@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from lib.agents import parse_action
-from lib.policy_model import SFTSettings, TinyModelConfig, build_tiny_model, sft_examples, warm_start
+from lib.policy_model import (SFTSettings, TinyModelConfig, build_tiny_model, round_significant, sft_examples,
+                              warm_start)
 from lib.tokenizer import build_tokenizer
 
 
@@ -34,11 +37,23 @@ def test_sft_examples_are_whole_heuristic_episodes_as_conversations(tokenizer):
         replies = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
         assert all(parse_action(reply).ok for reply in replies)
         assert parse_action(replies[-1]).action.action_type.value == "submit_discovery_claim"
-        # the loss covers the replies and their <|end|>, nothing the environment wrote
+        # the template marks the replies and their <|end|>, nothing the environment wrote
+        # (the loss mask when SFTSettings.assistant_only_loss is set)
         encoded = tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True,
                                                 return_assistant_tokens_mask=True)
         trained = tokenizer.decode([t for t, m in zip(encoded["input_ids"], encoded["assistant_masks"]) if m])
         assert trained == "".join(reply + "<|end|>" for reply in replies)
+
+
+def test_demonstrations_write_numbers_to_four_significant_digits():
+    assert round_significant(0.21110827456039238, 4) == 0.2111
+    assert round_significant({"m": [125.019, 3], "z": -0.0012345, "ok": True, "c": "x"}, 4) == \
+        {"m": [125.0, 3], "z": -0.001234, "ok": True, "c": "x"}
+    assert round_significant(0.0, 4) == 0.0 and round_significant(12345.6, 4) == 12350.0
+    replies = [json.loads(m["content"]) for row in sft_examples(3) for m in row["messages"] if m["role"] == "assistant"]
+    numbers = [v for reply in replies for v in reply["parameters"].values() if isinstance(v, float)]
+    assert numbers and all(v == float(f"{v:.4g}") for v in numbers), numbers
+    assert any(v != round(v) for v in numbers), "rounded to significant digits, not to integers"
 
 
 def test_warm_start_learns_and_is_cached(tokenizer, tmp_path):
