@@ -64,8 +64,9 @@ class TrainConfig:
     """Sampling temperature of training rollouts."""
     top_p: float = 1.0
     """Nucleus mass of training rollouts."""
-    max_new_tokens: int = 96
-    """Longest action per turn [tokens]."""
+    max_new_tokens: int = 64
+    """Longest action per turn [tokens] (the heuristic's longest, a claim, is under 60 on the
+    stand-in's tokenizer; a reply cut here is sent as it is and usually refused)."""
     max_turns: Optional[int] = None
     """Turns per episode; None plays until the environment ends it (its step limit)."""
     max_grad_norm: float = 1.0
