@@ -5,9 +5,9 @@ model: the project tokenizer (`lib.tokenizer`), a small randomly initialised Qwe
 network (deterministic from its seed), then supervised fine-tuning with TRL's
 `SFTTrainer` on `HeuristicAgent` episodes, each one conversation in the layout the policy
 plays in (`lib.multiturn`: system prompt, observation, action as JSON, next observation,
-...; loss on the actions only). It is a
-stand-in for a real instruct model, good enough to emit valid actions; GRPO then
-improves on it. On a GPU the defaults are a real model (e.g. Qwen2.5-1.5B-Instruct).
+...; loss on the whole conversation, see `SFTSettings.assistant_only_loss`). It is a
+stand-in for a real instruct model: it plays some campaigns through and derails in
+others, which leaves GRPO something to improve. On a GPU the defaults are a real model (e.g. Qwen2.5-1.5B-Instruct).
 
     tokenizer = build_tokenizer()
     model = warm_start(tokenizer)        # trains once, then loads .cache/policy/...
