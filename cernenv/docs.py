@@ -19,14 +19,14 @@ from cernenv.actions import ACTION_TABLE, Prerequisite, render_action_table_mark
 from cernenv.environment import _field_table
 from cernenv.models import ActionType, ChannelData, CollisionObservation, ResourceUsage, TaskInfo
 from cernenv.rewards import REDUNDANCY_PENALTY, VIOLATION_PENALTY, render_reward_table_markdown
-from cernenv.rules import PREREQUISITE_HINTS, SOFT_VIOLATIONS, VIOLATION_MEANINGS, Violation
+from cernenv.rules import MAX_CONSECUTIVE_REFUSALS, PREREQUISITE_HINTS, SOFT_VIOLATIONS, VIOLATION_MEANINGS, Violation
 from cernenv.scenarios import CURATED, DIFFICULTIES
 
 DEFAULT_PATH = Path("docs") / "environment.md"
 # Stepping a finished episode is refused without a penalty (the episode is already graded).
 _UNPENALISED = frozenset({Violation.EPISODE_DONE})
 
-OVERVIEW = """\
+OVERVIEW = f"""\
 CERNenv simulates an LHC resonance search as an [OpenEnv](https://pypi.org/project/openenv/)
 environment. An agent configures the beam, books and collects luminosity with a
 trigger, calibrates and reconstructs a decay channel, builds its invariant-mass
@@ -39,14 +39,15 @@ absence in null scenarios), which the agent never sees.
 
 Every action costs money [M$] and calendar time [days]; luminosity [fb^-1] is capped
 per campaign. An episode ends with `submit_discovery_claim`, when the budget or the
-time runs out, or after `max_steps` steps (the last three are graded as "no claim").
+time runs out, after `max_steps` steps, or after {MAX_CONSECUTIVE_REFUSALS} refused
+actions in a row (all but the claim are graded as "no claim").
 
 ```python
 from cernenv import CERNCollisionEnvironment, ExperimentAction
 
 env = CERNCollisionEnvironment()
 obs = env.reset(seed=7, scenario="higgs_diphoton_125")
-obs = env.step(ExperimentAction(action_type="configure_beam", parameters={"beam_energy_tev": 13.6}))
+obs = env.step(ExperimentAction(action_type="configure_beam", parameters={{"beam_energy_tev": 13.6}}))
 print(obs.latest_result, obs.reward, obs.done)
 ```"""
 

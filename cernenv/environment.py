@@ -50,7 +50,8 @@ from cernenv.rewards import (
     grade_claim,
     render_reward_table_markdown,
 )
-from cernenv.rules import RuleViolation, Violation, check_resources, missing_prerequisite, parse_action
+from cernenv.rules import (MAX_CONSECUTIVE_REFUSALS, RuleViolation, Violation, check_resources, missing_prerequisite,
+                           parse_action)
 from cernenv.scenarios import Scenario, make_scenario
 from cernenv.simulation import MAX_SPECTRUM_BINS, MIN_SPECTRUM_BINS, CollisionRecorder, Spectrum
 
@@ -97,6 +98,7 @@ class _Episode:
     paid_milestones: Set[str] = field(default_factory=set)
     terminal_components: Dict[str, float] = field(default_factory=dict)
     seen_actions: Set[str] = field(default_factory=set)
+    consecutive_refusals: int = 0  # hard violations since the last action that ran
     data_version: int = 0
     history: List[str] = field(default_factory=list)
     latest_result: Dict[str, Any] = field(default_factory=dict)
@@ -172,17 +174,20 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             episode.seen_actions.add(redundancy_key)
             episode.latest_result = {"action": label, **result}
             episode.history.append(f"{label}: ok")
+            episode.consecutive_refusals = 0
         except RuleViolation as violation:
             violations.append(str(violation))
             breakdown["violations"] = VIOLATION_PENALTY
             episode.latest_result = {"action": label, "error": str(violation)}
             episode.history.append(f"{label}: {violation.code.value}")
+            episode.consecutive_refusals += 1
         except Exception as error:  # a bug must not take the episode down; report it as a violation
             violations.append(f"{Violation.INVALID_PARAMETERS.value}: could not run {label}: "
                               f"{type(error).__name__}: {str(error)[:200]}")
             breakdown["violations"] = VIOLATION_PENALTY
             episode.latest_result = {"action": label, "error": violations[-1]}
             episode.history.append(f"{label}: failed")
+            episode.consecutive_refusals += 1
 
         new_milestones = episode.milestones - episode.paid_milestones
         episode.paid_milestones |= new_milestones
@@ -219,6 +224,8 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         episode = self._episode
         if self._state.step_count >= self.max_steps:
             return "max_steps reached without a claim"
+        if episode.consecutive_refusals >= MAX_CONSECUTIVE_REFUSALS:
+            return f"{MAX_CONSECUTIVE_REFUSALS} refused actions in a row without a claim"
         if episode.scenario.budget_musd - episode.budget_used_musd <= 1e-9:
             return "budget exhausted without a claim"
         if episode.scenario.time_days - episode.time_used_days <= 1e-9:
@@ -742,7 +749,8 @@ no data are recorded, the full budget, luminosity and time are available.
 
 ## Episode End
 The episode ends on `submit_discovery_claim`, when the budget or the time is
-exhausted, or after `max_steps` steps; the last two are graded as "no claim".
+exhausted, after `max_steps` steps, or after {MAX_CONSECUTIVE_REFUSALS} refused actions in a row
+(hard violations); all but the first are graded as "no claim".
 Stepping after the end returns an observation with an `EPISODE_DONE` violation.
 
 ## Example

@@ -33,6 +33,12 @@ class Violation(str, Enum):
 
 SOFT_VIOLATIONS = frozenset({Violation.REDUNDANT_ACTION})
 
+MAX_CONSECUTIVE_REFUSALS = 5
+"""A campaign ends, graded as "no claim", when this many actions in a row were refused
+(hard violations): the collaboration stops a run that has lost its way. No valid plan
+meets it, and it grades the same as running out of steps without a claim, so it cannot
+be used to dodge a grade; it spares a derailed policy 20 turns of refusals."""
+
 # What each violation code means (the messages themselves are written where they are raised).
 VIOLATION_MEANINGS: Dict[Violation, str] = {
     Violation.INVALID_ACTION: "The input is not an action: unknown `action_type` or a malformed object.",

@@ -10,6 +10,7 @@ import pytest
 
 from cernenv import ACTION_TABLE, ActionType, CERNCollisionEnvironment, ExperimentAction
 from cernenv.rewards import NO_CLAIM, VIOLATION_PENALTY
+from cernenv.rules import MAX_CONSECUTIVE_REFUSALS
 from lib.agents import (
     SYSTEM_PROMPT,
     HeuristicAgent,
@@ -215,7 +216,7 @@ def test_garbage_output_is_refused_and_never_becomes_a_move(garbage):
         assert obs.reward_breakdown["violations"] == VIOLATION_PENALTY
         assert obs.rule_violations[0].split(":")[0] in ("INVALID_ACTION", "INVALID_PARAMETERS")
     state = env.state
-    assert steps == env.max_steps
+    assert steps == MAX_CONSECUTIVE_REFUSALS < env.max_steps  # the run is stopped, graded as no claim
     assert obs.selected_beam_energy is None and obs.resource_usage == start  # nothing ever ran
     assert state.reward_components["violations"] == pytest.approx(VIOLATION_PENALTY * steps)
     assert state.cumulative_reward == pytest.approx(VIOLATION_PENALTY * steps + NO_CLAIM)

@@ -24,7 +24,7 @@ from cernenv.rewards import (
     REDUNDANCY_PENALTY,
     VIOLATION_PENALTY,
 )
-from cernenv.rules import Violation
+from cernenv.rules import MAX_CONSECUTIVE_REFUSALS, Violation
 from cernenv.scenarios import DIFFICULTIES, list_scenarios
 from lib.agents import HeuristicAgent, RandomAgent, best_trigger
 
@@ -578,6 +578,21 @@ def test_scenario_max_steps_counts_refused_actions_too():
         obs = env.step(A("warp_drive") if step % 2 else A("select_channel", channel="dimuon"))
         assert obs.step_index == step and obs.done is (step == limit)
     assert env.state.reward_components["outcome"] == NO_CLAIM
+
+
+def test_refused_actions_in_a_row_end_the_episode_graded_as_no_claim():
+    env, obs = fresh("z_mumu_91", seed=0)
+    for _ in range(MAX_CONSECUTIVE_REFUSALS - 1):
+        assert not env.step(A("warp_drive")).done
+    obs = ok(env, A("configure_beam", beam_energy_tev=obs.task.available_beam_energies_tev[0]))  # it runs: count restarts
+    assert not obs.done
+    for step in range(1, MAX_CONSECUTIVE_REFUSALS + 1):
+        # refused: unparseable text, or data taken before any luminosity is booked
+        obs = env.step("not an action" if step % 2 else A("collect_collisions", luminosity_fb=1.0))
+        assert obs.rule_violations and obs.done is (step == MAX_CONSECUTIVE_REFUSALS)
+    assert obs.latest_result["episode_end"] == f"{MAX_CONSECUTIVE_REFUSALS} refused actions in a row without a claim"
+    assert env.state.reward_components["outcome"] == NO_CLAIM and env.state.discovered is False
+    assert obs.reward == pytest.approx(VIOLATION_PENALTY + NO_CLAIM)
 
 
 def test_budget_exhaustion_ends_the_episode():
