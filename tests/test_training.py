@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from cernenv.rewards import COMPONENT_NAMES
 from lib.evaluation import heldout_suite
@@ -41,10 +42,11 @@ def smoke_config(tmp_path, model_dir, **overrides):
 def test_config_rejects_bad_values_with_every_reason():
     with pytest.raises(ValueError) as error:
         TrainConfig(backend="jax", num_generations=4, per_device_train_batch_size=6, gradient_accumulation_steps=1,
-                    temperature=0.0,
+                    temperature=0.0, scale_rewards="std",
                     scenarios=("atlantis",))
     message = str(error.value)
-    for fragment in ("backend must be one of", "multiple of", "temperature must be > 0", "unknown scenarios"):
+    for fragment in ("backend must be one of", "multiple of", "temperature must be > 0", "unknown scenarios",
+                     "scale_rewards must be one of"):
         assert fragment in message
     with pytest.raises(ValueError, match="a group of one has no baseline"):
         TrainConfig(num_generations=1)
@@ -162,3 +164,15 @@ def test_drop_rows_after(tmp_path):
     path.write_text("step,loss\n1,0.5\n2,0.4\n3,0.3\n")
     drop_rows_after(path, 2)
     assert path.read_text() == "step,loss\n1,0.5\n2,0.4\n"
+
+
+def test_grpo_args_carry_the_sampling_and_advantage_settings(tmp_path):
+    from lib.training.run import grpo_args
+
+    config = TrainConfig(temperature=0.6, scale_rewards="none", learning_rate=2e-4, output_dir=str(tmp_path))
+    args = grpo_args(config)
+    # TRL rescales the logits by `temperature` when it scores completions: it must be the sampling one
+    assert (args.temperature, args.learning_rate, args.beta) == (0.6, 2e-4, 0.0)
+    assert args.scale_rewards in ("none", False)
+    assert args.gradient_checkpointing is torch.cuda.is_available()  # no recomputation on a CPU
+    assert grpo_args(TrainConfig(output_dir=str(tmp_path))).scale_rewards == "batch"

@@ -19,6 +19,7 @@ SFT-warm-started on heuristic episodes (`lib.policy_model`). Not a real LLM."""
 GPU_DEFAULT_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
 """`model_name` used on a CUDA machine (Colab) when none is given."""
 BACKENDS = ("auto", "unsloth", "trl")
+SCALE_REWARDS = ("group", "batch", "none")
 
 
 @dataclass
@@ -42,26 +43,34 @@ class TrainConfig:
     """Longest prompt + episode [tokens] the model is loaded for (Unsloth) and a rollout may reach."""
 
     # -- GRPO
-    max_steps: int = 40
+    max_steps: int = 20
     """Optimisation steps."""
-    num_generations: int = 4
+    num_generations: int = 8
     """Episodes per group: they play the same seed and scenario, and each one's advantage is
     its return minus the group mean (divided by the group's standard deviation)."""
     per_device_train_batch_size: int = 1
     """Episodes per forward/backward pass. One avoids padding, which on a CPU keeps attention
     on PyTorch's fast causal path; raise it on a GPU."""
-    gradient_accumulation_steps: int = 8
+    gradient_accumulation_steps: int = 16
     """Passes per optimisation step. Episodes per step = per_device_train_batch_size ×
     gradient_accumulation_steps, a multiple of num_generations (whole groups); all of a
     step's episodes are played by one rollout call, before the step's first pass."""
-    learning_rate: float = 5e-4
+    learning_rate: float = 3e-4
     """AdamW learning rate (constant after TRL's default warm-up of 0 steps)."""
     beta: float = 0.0
     """KL penalty towards the initial policy (TRL's default is 0: no reference model)."""
     epsilon: float = 0.2
     """PPO-style clipping of the probability ratio."""
-    temperature: float = 1.0
-    """Sampling temperature of training rollouts."""
+    scale_rewards: str = "batch"
+    """How advantages are scaled (TRL's `scale_rewards`): "group" divides by each group's
+    standard deviation, which blows a group whose returns differ by one refused action up
+    to the size of one where an episode succeeded; "batch" divides by the standard
+    deviation over the step's episodes, so the groups with an outcome difference dominate;
+    "none" does not scale (Dr. GRPO)."""
+    temperature: float = 0.6
+    """Sampling temperature of training rollouts (TRL scores the completions at the same one).
+    At 1.0 the CPU stand-in derailed in every training episode (0 of 32 succeeded), so
+    groups carried no outcome signal; at 0.6 it succeeds in about 1 of 10."""
     top_p: float = 1.0
     """Nucleus mass of training rollouts."""
     max_new_tokens: int = 64
@@ -134,6 +143,8 @@ class TrainConfig:
         if (self.curated_fraction > 0 and not self.scenarios) or (self.curated_fraction < 1 and not self.difficulties):
             problems.append("the task mix is empty: give scenarios for curated_fraction > 0 and difficulties "
                             "for curated_fraction < 1")
+        if self.scale_rewards not in SCALE_REWARDS:
+            problems.append(f"scale_rewards must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}")
         if self.temperature <= 0:
             problems.append("temperature must be > 0: GRPO needs sampled, differing episodes in a group")
         if self.lora_r < 0:

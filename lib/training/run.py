@@ -138,12 +138,16 @@ def grpo_args(config: TrainConfig, **overrides: Any):
         per_device_train_batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps, learning_rate=config.learning_rate,
         lr_scheduler_type="constant_with_warmup", warmup_steps=0, beta=config.beta, epsilon=config.epsilon,
+        scale_rewards=config.scale_rewards,
         # TRL divides logits by this temperature when it scores completions: it must be the sampling one.
         temperature=config.temperature, top_p=config.top_p,
         max_completion_length=config.max_new_tokens if config.use_vllm else config.max_seq_length,
         max_grad_norm=config.max_grad_norm, logging_steps=config.logging_steps, save_strategy="steps",
         save_steps=config.save_steps, seed=config.seed, data_seed=config.seed, shuffle_dataset=False,
-        report_to=[], use_cpu=not cuda, bf16=cuda, use_vllm=config.use_vllm, disable_tqdm=True,
+        report_to=[], use_cpu=not cuda, bf16=cuda,
+        # TRL turns activation recomputation on by default: it saves GPU memory; on a CPU it only
+        # costs a second forward pass per step (the stand-in's activations fit in memory many times over)
+        gradient_checkpointing=cuda, use_vllm=config.use_vllm, disable_tqdm=True,
         dataloader_num_workers=0, remove_unused_columns=False)
     if config.use_vllm:
         values.update(vllm_mode="colocate")
