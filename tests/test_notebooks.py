@@ -105,3 +105,27 @@ def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
     assert "| mean_reward |" in markdown and "3 paired episodes" in markdown
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3, "training curves and before/after plots"
     assert (evidence / "before_after_metrics.json").exists() and (evidence / "checkpoint_evals.csv").exists()
+
+
+NOTEBOOK_03_FIELDS = {
+    "MODEL_NAME": "model_name", "BACKEND": "backend", "MAX_STEPS": "max_steps", "NUM_GENERATIONS": "num_generations",
+    "PER_DEVICE_BATCH": "per_device_train_batch_size", "GRAD_ACCUM": "gradient_accumulation_steps",
+    "LEARNING_RATE": "learning_rate", "TEMPERATURE": "temperature", "LORA_R": "lora_r", "MAX_TURNS": "max_turns",
+    "EVAL_EPISODES": "eval_episodes", "EVAL_EVERY_STEPS": "eval_every_steps",
+    "CHECKPOINT_EVAL_EPISODES": "checkpoint_eval_episodes", "EVIDENCE_DIR": "evidence_dir",
+    "OUTPUT_DIR": "output_dir", "USE_VLLM": "use_vllm", "SEED": "seed"}
+
+
+def test_notebook_03_parameters_are_the_train_config_defaults():
+    """The notebook and `make train` run the same default configuration (TrainConfig is the one place)."""
+    from lib.training import TrainConfig
+
+    nb = nbformat.read(ROOT / "notebooks" / "03_train_grpo.ipynb", as_version=4)
+    (cell,) = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    values: dict = {}
+    exec(cell.source, values)  # noqa: S102 (our own notebook's parameters cell)
+    assert set(NOTEBOOK_03_FIELDS) == {k for k in values if k.isupper()}, "a parameter without a TrainConfig field"
+    defaults = TrainConfig()
+    differing = {k: (values[k], getattr(defaults, f)) for k, f in NOTEBOOK_03_FIELDS.items()
+                 if values[k] != getattr(defaults, f)}
+    assert not differing, f"notebook 03 parameter ≠ TrainConfig default: {differing}"
