@@ -37,6 +37,7 @@ from cernenv import CERNCollisionEnvironment, __version__
 from cernenv.client import RAW_ACTION_KEY, CERNEnvClient, parse_observation
 from cernenv.models import CernState, CollisionObservation, ExperimentAction
 from cernenv.rewards import MILESTONE_REWARD, MILESTONES, REDUNDANCY_PENALTY, REWARD_COMPONENTS, VIOLATION_PENALTY
+from cernenv.rules import MAX_CONSECUTIVE_REFUSALS
 from cernenv.scenarios import CURATED, DEFAULT_MAX_STEPS, list_scenarios
 from cernenv.server import ServedEnvironment, ServerConfig, create_cernenv_app
 from cernenv.server.__main__ import main as server_main
@@ -274,11 +275,13 @@ def test_random_and_malformed_actions_are_judged_as_in_process(server):
         for seed in range(3):
             lockstep(client, lambda: RandomAgent(seed=11), seed, "higgs_4l_125")
         env = CERNCollisionEnvironment()
-        local, remote = env.reset(seed=2, difficulty="medium"), client.reset(seed=2, difficulty="medium")
-        for action in malformed:
+        for index, action in enumerate(malformed):
+            if index % MAX_CONSECUTIVE_REFUSALS == 0:  # that many refusals in a row end the campaign
+                env.reset(seed=2, difficulty="medium"), client.reset(seed=2, difficulty="medium")
             local, remote = env.step(action), client.step(action).observation
-            assert local.rule_violations and local.reward < 0, action
+            assert local.rule_violations and local.reward < 0 and "EPISODE_DONE" not in local.rule_violations[0], action
             assert remote.model_dump_json() == local.model_dump_json(), action
+            assert local.done is (index % MAX_CONSECUTIVE_REFUSALS == MAX_CONSECUTIVE_REFUSALS - 1), action
 
 
 def test_each_client_is_its_own_session(server):
