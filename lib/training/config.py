@@ -47,7 +47,7 @@ class TrainConfig:
     """Optimisation steps."""
     num_generations: int = 8
     """Episodes per group: they play the same seed and scenario, and each one's advantage is
-    its return minus the group mean (divided by the group's standard deviation)."""
+    its return minus the group mean (then scaled, see `scale_rewards`)."""
     per_device_train_batch_size: int = 1
     """Episodes per forward/backward pass. One avoids padding, which on a CPU keeps attention
     on PyTorch's fast causal path; raise it on a GPU."""
