@@ -7,7 +7,8 @@ network (deterministic from its seed), then supervised fine-tuning with TRL's
 plays in (`lib.multiturn`: system prompt, observation, action as JSON, next observation,
 ...; loss on the whole conversation, see `SFTSettings.assistant_only_loss`). It is a
 stand-in for a real instruct model: it plays some campaigns through and derails in
-others, which leaves GRPO something to improve. On a GPU the defaults are a real model (e.g. Qwen2.5-1.5B-Instruct).
+others, which leaves GRPO something to improve. On a GPU the defaults are a real model
+(e.g. Qwen2.5-1.5B-Instruct).
 
     tokenizer = build_tokenizer()
     model = warm_start(tokenizer)        # trains once, then loads .cache/policy/...
@@ -145,7 +146,8 @@ def sft_examples(n_episodes: int, first_seed: int = SFT_SEED, significant_digits
 
 def _fingerprint(tokenizer: PreTrainedTokenizerFast, model: TinyModelConfig, sft: SFTSettings) -> str:
     key = json.dumps({"vocab": tokenizer.get_vocab(), "model": asdict(model), "sft": asdict(sft),
-                      "template": tokenizer.chat_template, "probe": sft_examples(1, significant_digits=sft.significant_digits)}, sort_keys=True)
+                      "template": tokenizer.chat_template,
+                      "probe": sft_examples(1, significant_digits=sft.significant_digits)}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -167,7 +169,8 @@ def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: str = ".cache/p
     args = SFTConfig(
         output_dir=str(work), num_train_epochs=sft.epochs, per_device_train_batch_size=sft.batch_size,
         learning_rate=sft.learning_rate, lr_scheduler_type="cosine", warmup_steps=0.05, seed=sft.seed,
-        logging_steps=sft.logging_steps, save_strategy="no", report_to=[], assistant_only_loss=sft.assistant_only_loss, max_length=model_config.max_position_embeddings,
+        logging_steps=sft.logging_steps, save_strategy="no", report_to=[],
+        assistant_only_loss=sft.assistant_only_loss, max_length=model_config.max_position_embeddings,
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True)
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()

@@ -584,7 +584,8 @@ def test_refused_actions_in_a_row_end_the_episode_graded_as_no_claim():
     env, obs = fresh("z_mumu_91", seed=0)
     for _ in range(MAX_CONSECUTIVE_REFUSALS - 1):
         assert not env.step(A("warp_drive")).done
-    obs = ok(env, A("configure_beam", beam_energy_tev=obs.task.available_beam_energies_tev[0]))  # it runs: count restarts
+    # an action that runs starts the count again
+    obs = ok(env, A("configure_beam", beam_energy_tev=obs.task.available_beam_energies_tev[0]))
     assert not obs.done
     for step in range(1, MAX_CONSECUTIVE_REFUSALS + 1):
         # refused: unparseable text, or data taken before any luminosity is booked
