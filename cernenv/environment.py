@@ -98,7 +98,6 @@ class _Episode:
     paid_milestones: Set[str] = field(default_factory=set)
     terminal_components: Dict[str, float] = field(default_factory=dict)
     seen_actions: Set[str] = field(default_factory=set)
-    consecutive_refusals: int = 0  # hard violations since the last action that ran
     data_version: int = 0
     history: List[str] = field(default_factory=list)
     latest_result: Dict[str, Any] = field(default_factory=dict)
@@ -174,20 +173,17 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             episode.seen_actions.add(redundancy_key)
             episode.latest_result = {"action": label, **result}
             episode.history.append(f"{label}: ok")
-            episode.consecutive_refusals = 0
         except RuleViolation as violation:
             violations.append(str(violation))
             breakdown["violations"] = VIOLATION_PENALTY
             episode.latest_result = {"action": label, "error": str(violation)}
             episode.history.append(f"{label}: {violation.code.value}")
-            episode.consecutive_refusals += 1
         except Exception as error:  # a bug must not take the episode down; report it as a violation
             violations.append(f"{Violation.INVALID_PARAMETERS.value}: could not run {label}: "
                               f"{type(error).__name__}: {str(error)[:200]}")
             breakdown["violations"] = VIOLATION_PENALTY
             episode.latest_result = {"action": label, "error": violations[-1]}
             episode.history.append(f"{label}: failed")
-            episode.consecutive_refusals += 1
 
         new_milestones = episode.milestones - episode.paid_milestones
         episode.paid_milestones |= new_milestones
@@ -224,7 +220,8 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         episode = self._episode
         if self._state.step_count >= self.max_steps:
             return "max_steps reached without a claim"
-        if episode.consecutive_refusals >= MAX_CONSECUTIVE_REFUSALS:
+        recent = episode.history[-MAX_CONSECUTIVE_REFUSALS:]  # "<verb>: ok" for each action that ran
+        if len(recent) == MAX_CONSECUTIVE_REFUSALS and not any(entry.endswith(": ok") for entry in recent):
             return f"{MAX_CONSECUTIVE_REFUSALS} refused actions in a row without a claim"
         if episode.scenario.budget_musd - episode.budget_used_musd <= 1e-9:
             return "budget exhausted without a claim"
