@@ -131,7 +131,8 @@ def test_rollout_func_plays_each_group_on_one_task(tiny_model_dir):
 
 @pytest.mark.slow
 def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model_dir):
-    config = smoke_config(tmp_path, tiny_model_dir)
+    # one checkpoint episode, the suite's first: the pre/post evaluations (3 episodes) cover it
+    config = smoke_config(tmp_path, tiny_model_dir, checkpoint_eval_episodes=1)
     result = train(config)
     evidence = Path(config.evidence_dir)
     for name in ("training_log.csv", "reward_components.csv", "checkpoint_evals.csv", "pre_eval.jsonl",
@@ -145,11 +146,15 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
     pre, post = load_episodes_jsonl(str(evidence / "pre_eval.jsonl")), load_episodes_jsonl(
         str(evidence / "post_eval.jsonl"))
     assert len(pre) == len(post) == 3 and [e["seed"] for e in pre] == [e["seed"] for e in post]
+    first, last = (row.split(",") for row in (checkpoints[1], checkpoints[-1]))
+    assert float(first[3]) == pytest.approx(pre[0]["cumulative_reward"]), "step 0 is the policy before training"
+    assert float(last[3]) == pytest.approx(post[0]["cumulative_reward"]), "the last row is the trained policy"
     assert result.before_after["n"]["pairs"] == 3
     assert (Path(config.output_dir) / "final" / "config.json").exists()
     assert TrainConfig.load(Path(config.output_dir) / "train_config.json") == config
     # resume: one more step from the last checkpoint, logs continue without duplicates
-    resumed = smoke_config(tmp_path, tiny_model_dir, max_steps=3, resume_from_checkpoint="latest")
+    resumed = smoke_config(tmp_path, tiny_model_dir, max_steps=3, resume_from_checkpoint="latest",
+                           checkpoint_eval_episodes=1)
     train(resumed)
     steps = [row.split(",")[0] for row in (evidence / "training_log.csv").read_text().splitlines()[1:]]
     assert steps == ["1", "2", "3"]

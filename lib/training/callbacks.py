@@ -33,7 +33,7 @@ class EvidenceCallback(TrainerCallback):
 
     def __init__(self, paths: EvidencePaths, *, eval_every_steps: int,
                  evaluate: Optional[Callable[[Any], Sequence[Dict[str, Any]]]] = None,
-                 max_steps: Optional[int] = None, render: bool = True) -> None:
+                 max_steps: Optional[int] = None, render: bool = True, final_from_post_eval: bool = False) -> None:
         paths.ensure()
         self.paths = paths
         self.training_log = TrainingLogWriter(paths.training_log_csv)
@@ -42,6 +42,8 @@ class EvidenceCallback(TrainerCallback):
         self.evaluate = evaluate
         self.max_steps = max_steps
         self.render = render
+        self.final_from_post_eval = final_from_post_eval
+        """True: the caller records the last step's row itself (from its post-training evaluation)."""
         self.started = time.perf_counter()
         self.eval_seconds = 0.0
         self.checkpoint_results: List[Dict[str, Any]] = []
@@ -61,6 +63,8 @@ class EvidenceCallback(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if not self.eval_every_steps or self.evaluate is None or state.global_step % self.eval_every_steps:
             return
+        if state.global_step == state.max_steps and self.final_from_post_eval:
+            return  # the run records the last step from its post-training evaluation
         self.record_checkpoint(state.global_step, model, max_steps=state.max_steps)
 
     def record_checkpoint(self, step: int, model: Any, *, max_steps: Optional[int] = None,

@@ -186,13 +186,16 @@ def train(config: TrainConfig) -> TrainResult:
     def evaluate_checkpoint(model: Any) -> List[Dict[str, Any]]:
         return evaluate_policy(model, tokenizer, checkpoint_specs, config, agent_name="checkpoint")
 
-    callback = EvidenceCallback(paths, eval_every_steps=config.eval_every_steps, evaluate=evaluate_checkpoint,
-                                max_steps=config.max_steps)
-    if resume is None:  # step 0: the initial policy, from the pre-evaluation when it covers the subset
-        by_key = {_spec_key(e): e for e in pre}
+    def checkpoint_subset(episodes: List[Dict[str, Any]]) -> Optional[List[Dict[str, Any]]]:
+        """The checkpoint episodes out of a full evaluation (same policy, greedy, same tasks), if it has them."""
+        by_key = {_spec_key(e): e for e in episodes}
         keys = [(s.seed, s.scenario, s.difficulty) for s in checkpoint_specs]
-        covered = all(key in by_key for key in keys)
-        callback.record_checkpoint(0, policy.model, episodes=[by_key[k] for k in keys] if covered else None)
+        return [by_key[k] for k in keys] if all(k in by_key for k in keys) else None
+
+    callback = EvidenceCallback(paths, eval_every_steps=config.eval_every_steps, evaluate=evaluate_checkpoint,
+                                max_steps=config.max_steps, final_from_post_eval=bool(config.eval_every_steps))
+    if resume is None:  # step 0: the initial policy, from the pre-evaluation when it covers the subset
+        callback.record_checkpoint(0, policy.model, episodes=checkpoint_subset(pre))
     else:
         step = int(Path(resume).name.rsplit("-", 1)[-1])
         for name in ("training_log_csv", "reward_components_csv", "checkpoint_evals_csv"):
@@ -214,6 +217,11 @@ def train(config: TrainConfig) -> TrainResult:
     post = evaluate_policy(trainer.model, tokenizer, eval_specs, config, agent_name="post")
     save_episodes_jsonl(post, str(paths.post_eval_jsonl))
     seconds["post_eval"] = time.perf_counter() - t
+    if callback.final_from_post_eval:  # the last step's checkpoint row, from the post-training evaluation
+        t = time.perf_counter()
+        callback.record_checkpoint(trainer.state.global_step, trainer.model, max_steps=config.max_steps,
+                                   episodes=checkpoint_subset(post))
+        seconds["checkpoint_evals"] += time.perf_counter() - t
     rendered = render_all(paths)
     seconds["total"] = time.perf_counter() - start
     return TrainResult(config=config.to_dict(), backend=backend, model_name=policy.model_name,
