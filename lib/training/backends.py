@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from lib.training.config import GPU_DEFAULT_MODEL, TINY_MODEL, TrainConfig
+from lib.training.config import GPU_DEFAULT_MODEL, TINY_MODEL, TINY_UNTRAINED_MODEL, TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -80,12 +80,12 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if name == TINY_MODEL:
-        from lib.policy_model import warm_start
+    if name in (TINY_MODEL, TINY_UNTRAINED_MODEL):
+        from lib.policy_model import build_tiny_model, warm_start
         from lib.tokenizer import build_tokenizer
 
         tokenizer = build_tokenizer()
-        model = warm_start(tokenizer)
+        model = warm_start(tokenizer) if name == TINY_MODEL else build_tiny_model(tokenizer)
     else:
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(
@@ -102,8 +102,8 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
 def _load_unsloth(config: TrainConfig, name: str) -> Policy:
     from unsloth import FastLanguageModel
 
-    if name == TINY_MODEL:
-        raise ValueError("the cernenv-tiny stand-in is a CPU model; on a GPU give a real model_name "
+    if name in (TINY_MODEL, TINY_UNTRAINED_MODEL):
+        raise ValueError(f"the {name} stand-in is a CPU model; on a GPU give a real model_name "
                          f"(e.g. {GPU_DEFAULT_MODEL})")
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=name, max_seq_length=config.max_seq_length, load_in_4bit=False,
