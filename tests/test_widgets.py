@@ -1,0 +1,136 @@
+"""Replays rebuild the physics of a recorded episode; the trajectory browser shows each step."""
+
+import json
+from dataclasses import asdict
+
+import ipywidgets as widgets
+import pytest
+
+from cernenv import CERNCollisionEnvironment
+from lib.agents import HeuristicAgent
+from lib.replay import ReplayMismatch, replay
+from lib.rollouts import collect_agent_episode
+from lib.widgets import TrajectoryBrowser, prepare_episode, static_trajectory_browser
+
+SEEDS = (900001, 900004)  # procedural medium campaigns the heuristic wins (build, fit, claim)
+
+
+def _episode(seed, **reset):
+    record = collect_agent_episode(env=CERNCollisionEnvironment(), agent=HeuristicAgent(), seed=seed, **reset)
+    return json.loads(json.dumps(asdict(record), default=str))  # as read back from a JSONL file
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    return {"won": _episode(SEEDS[0], difficulty="medium"), "curated": _episode(3, scenario="z_mumu_91")}
+
+
+def _action_types(episode):
+    return [step["action"].get("action_type") for step in episode["steps"]]
+
+
+def test_replay_rebuilds_the_spectra_and_fits(episodes):
+    episode = episodes["won"]
+    snapshots = replay(episode)
+    assert len(snapshots) == len(episode["steps"])
+    build = _action_types(episode).index("build_invariant_mass")
+    assert snapshots[build - 1]["spectrum"] is None and snapshots[build]["spectrum"] is not None
+    fit = _action_types(episode).index("fit_resonance")
+    assert snapshots[fit - 1]["resonance_fit"] is None
+    assert snapshots[fit]["resonance_fit"].mass_gev == pytest.approx(episode["truth"]["mass_gev"], rel=0.02)
+
+
+def test_replay_of_a_curated_scenario_uses_that_scenario(episodes):
+    episode = episodes["curated"]
+    assert episode["scenario"] == "z_mumu_91"
+    assert len(replay(episode)) == len(episode["steps"])
+
+
+def test_replay_refuses_a_record_the_environment_does_not_reproduce(episodes):
+    tampered = json.loads(json.dumps(episodes["won"]))
+    tampered["steps"][2]["reward"] += 0.5
+    with pytest.raises(ReplayMismatch, match="step 2"):
+        replay(tampered)
+    other_world = dict(episodes["won"], seed=episodes["won"]["seed"] + 1)
+    with pytest.raises(ReplayMismatch):
+        replay(other_world)
+
+
+def test_prepared_steps_show_prompt_completion_action_and_the_spectrum_once_built(episodes):
+    episode = json.loads(json.dumps(episodes["won"]))
+    episode["steps"][0].update(prompt="Window 110-160 GeV <medium>", completion='{"action_type": "configure_beam"}')
+    view = prepare_episode("post", episode)
+    assert len(view.step_html) == len(view.spectrum_png) == len(episode["steps"])
+    first = view.step_html[0]
+    assert "Step 1 of" in first and "configure_beam" in first
+    assert "Window 110-160 GeV &lt;medium&gt;" in first and "{&quot;action_type&quot;" in first, "escaped text"
+    assert "none recorded" in view.step_html[1], "a scripted agent's step has no prompt text"
+    build = _action_types(episode).index("build_invariant_mass")
+    assert all(png is None for png in view.spectrum_png[:build])
+    assert view.spectrum_png[build].startswith(b"\x89PNG")
+    fit = _action_types(episode).index("fit_resonance")
+    assert view.spectrum_png[fit] is not view.spectrum_png[build], "the fit is drawn on a new image"
+    drawn = [png for png in view.spectrum_png if png is not None]
+    assert len({id(png) for png in drawn}) < len(drawn), "steps that leave the spectrum alone reuse its image"
+    assert "post · seed" in view.label and "success" in view.label
+
+
+def _links():
+    """Every jslink made so far in this process (from ipywidgets' registry of live widgets)."""
+    from ipywidgets.widgets import widget
+    from ipywidgets.widgets.widget_link import Link
+
+    registry = getattr(widget, "_instances", None) or widgets.Widget.widgets
+    return [w for w in registry.values() if isinstance(w, Link)]
+
+
+def _walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _walk(child)
+
+
+def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(episodes):
+    views = [prepare_episode("post", episodes["won"]), prepare_episode("pre", episodes["curated"])]
+    browser = static_trajectory_browser(views)
+    menu, stack = browser.children
+    assert [label for label, _ in menu.options] == [v.label for v in views]
+    assert len(stack.children) == 2
+    sliders = [w for w in _walk(browser) if isinstance(w, widgets.IntSlider)]
+    assert [s.max for s in sliders] == [len(v.step_html) - 1 for v in views]
+    pairs = {(link.source[0].model_id, link.source[1], link.target[0].model_id, link.target[1])
+             for link in _links()}
+    assert (menu.model_id, "index", stack.model_id, "selected_index") in pairs
+    first_steps = stack.children[0].children[2]
+    assert (sliders[0].model_id, "value", first_steps.model_id, "selected_index") in pairs
+    assert len(first_steps.children) == len(views[0].step_html)
+    shown = {id(w) for w in _walk(first_steps) if isinstance(w, widgets.Image)}
+    distinct = {id(png) for png in views[0].spectrum_png if png is not None}
+    assert len(shown) == len(distinct), "one Image widget per distinct spectrum, shared by its steps"
+
+
+def test_static_browser_falls_back_to_tabs_without_stack(episodes, monkeypatch):
+    """ipywidgets 7 (Colab) has no Stack: the panels are a Tab, switched by the same selected_index."""
+    monkeypatch.delattr(widgets, "Stack")
+    browser = static_trajectory_browser([prepare_episode("pre", episodes["curated"])])
+    assert isinstance(browser.children[1], widgets.Tab)
+    assert isinstance(browser.children[1].children[0].children[2], widgets.Tab)
+
+
+def test_live_browser_filters_and_steps(episodes):
+    lost = dict(json.loads(json.dumps(episodes["curated"])), correct_outcome=False)
+    browser = TrajectoryBrowser({"pre": [lost], "post": [episodes["won"]]})
+    assert len(browser.episode.options) == 2
+    browser.outcome.value = "success"
+    assert [browser.entries[i][0] for _, i in browser.episode.options] == ["post"]
+    assert "success" in browser.header.value
+    shown = browser.text.value
+    assert "Step 1 of" in shown and browser.figure.children == (browser.no_image,)
+    build = _action_types(episodes["won"]).index("build_invariant_mass")
+    browser.step.value = build
+    assert browser.text.value != shown and f"Step {build + 1} of" in browser.text.value
+    assert browser.figure.children == (browser.image,) and bytes(browser.image.value).startswith(b"\x89PNG")
+    browser.phase.value = "pre"
+    assert browser.episode.options == () and "No episode matches" in browser.header.value
+    with pytest.raises(ValueError, match="no episodes"):
+        TrajectoryBrowser({"pre": []})
