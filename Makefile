@@ -26,18 +26,22 @@ KERNEL_SPEC  = $(VENV)/share/jupyter/kernels/$(KERNEL)/kernel.json
 JOBS        ?= 2
 PYTEST_ARGS ?=
 
-# Notebooks executed headlessly by `make reproduce`, in this order.
-# Append later notebooks here (names without .ipynb, relative to notebooks/).
-NOTEBOOKS ?= 01_explore_environment 02_baseline_rollouts 03_train_grpo
-BUILD     ?= build
-NB_OUT     = $(addprefix $(BUILD)/,$(addsuffix .ipynb,$(NOTEBOOKS)))
-PAPERMILL_FLAGS ?= --no-progress-bar
+# `make reproduce` runs the notebooks listed in configs/$(PROFILE).yaml, in order, with
+# their parameters (lib/reproduce.py): full (default) regenerates evidence/; smoke runs
+# them all with small numbers into build/smoke/. ONLY="04_evidence_analysis" runs some.
+PROFILE ?= full
+ONLY    ?=
+BUILD   ?= build
+REPORTS ?= reports
+# Pinned npm packages shipped in reports/assets/ (see its README): `make report-assets`.
+HTML_MANAGER_VERSION ?= 1.0.15
+REQUIREJS_VERSION    ?= 2.3.7
 
 # lib/ is imported from the repo root (not installed); notebooks run with
 # --cwd notebooks and bench scripts run from bench/, so put the root on the path.
 RUN_ENV = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" MPLBACKEND=Agg
 
-.PHONY: help setup test reproduce docs bench bench-server bench-train train serve clean distclean FORCE
+.PHONY: help setup test reproduce report report-assets docs bench bench-server bench-train train serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -63,14 +67,20 @@ $(KERNEL_SPEC): $(STAMP)
 test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
-reproduce: setup $(NB_OUT) ## execute NOTEBOOKS headlessly with papermill into build/
+reproduce: setup ## run notebooks 01 → 04 headlessly (papermill) into build/; PROFILE=full|smoke, ONLY=names
+	$(RUN_ENV) $(PY) -m lib.reproduce --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
 
-# Always re-executed (FORCE): outputs depend on code, not just the .ipynb.
-# `make build/<name>.ipynb` runs a single notebook.
-$(BUILD)/%.ipynb: setup FORCE
-	@test -f notebooks/$*.ipynb || { echo "error: notebooks/$*.ipynb not found" >&2; exit 1; }
-	@mkdir -p $(@D)
-	$(RUN_ENV) $(PY) -m papermill notebooks/$*.ipynb $@ --cwd notebooks -k $(KERNEL) $(PAPERMILL_FLAGS)
+report: setup ## export build/*.ipynb to offline HTML in reports/ (NAME.html, and NAME.readers.html without code)
+	$(RUN_ENV) $(PY) -m lib.report $(BUILD) $(REPORTS)
+
+report-assets: ## refresh reports/assets/ (widget manager, require.js) from the npm registry (needs npm)
+	@tmp=$$(mktemp -d) && cd $$tmp && \
+	  npm pack --silent @jupyter-widgets/html-manager@$(HTML_MANAGER_VERSION) requirejs@$(REQUIREJS_VERSION) >/dev/null && \
+	  for f in *.tgz; do mkdir -p $${f%.tgz} && tar xzf $$f -C $${f%.tgz}; done && \
+	  cp jupyter-widgets-html-manager-$(HTML_MANAGER_VERSION)/package/dist/embed-amd.js \
+	     jupyter-widgets-html-manager-$(HTML_MANAGER_VERSION)/package/dist/*.woff2 \
+	     requirejs-$(REQUIREJS_VERSION)/package/require.js $(CURDIR)/$(REPORTS)/assets/ && \
+	  rm -rf $$tmp && ls -l $(CURDIR)/$(REPORTS)/assets
 
 docs: $(STAMP) ## regenerate docs/environment.md from the code (cernenv.docs)
 	$(PY) -m cernenv.docs --write docs/environment.md

@@ -1,0 +1,64 @@
+"""`make reproduce`: profiles name real notebooks and parameters; a failing notebook stops the run clearly."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from lib import reproduce
+from lib.reproduce import ReproduceError, load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_NAMES = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("profile", ["full", "smoke"])
+def test_profiles_run_every_notebook_in_order(profile):
+    assert list(load_profile(profile)) == NOTEBOOK_NAMES
+
+
+def test_full_profile_writes_the_committed_evidence_and_smoke_stays_out_of_it():
+    full, smoke = load_profile("full"), load_profile("smoke")
+    assert {p.get("EVIDENCE_DIR") for p in full.values() if "EVIDENCE_DIR" in p} == {"evidence"}
+    assert all(not str(p[key]).startswith("evidence") and str(p[key]).startswith("build/")
+               for p in smoke.values() for key in ("EVIDENCE_DIR", "OUTPUT_DIR") if key in p)
+    assert smoke["03_train_grpo"]["MODEL_NAME"] == "cernenv-tiny-untrained"
+
+
+def _write_profile(tmp_path, text):
+    path = tmp_path / "profile.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_misspelt_parameter_or_notebook_is_refused_with_what_exists(tmp_path):
+    with pytest.raises(ReproduceError, match=r"no parameter\(s\) \['MAX_EPISODE'\].*MAX_EPISODES"):
+        load_profile(_write_profile(tmp_path, "notebooks:\n  02_baseline_rollouts:\n    MAX_EPISODE: 3\n"))
+    with pytest.raises(ReproduceError, match="notebook '02_baselines' not found"):
+        load_profile(_write_profile(tmp_path, "notebooks:\n  02_baselines: {}\n"))
+    with pytest.raises(ReproduceError, match="expected a mapping `notebooks:`"):
+        load_profile(_write_profile(tmp_path, "- 01_explore_environment\n"))
+    with pytest.raises(ReproduceError, match=r"no profile 'ful'.*'full'"):
+        load_profile("ful")
+
+
+def test_a_failing_notebook_stops_the_run_and_names_the_cell(tmp_path, monkeypatch):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    python = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    parameters = new_code_cell("DIVISOR = 1", metadata={"tags": ["parameters"]})
+    nbformat.write(new_notebook(cells=[parameters, new_code_cell("print(1 / DIVISOR)")], metadata=python),
+                   notebooks / "a_first.ipynb")
+    nbformat.write(new_notebook(cells=[new_code_cell("print('never')")], metadata=python), notebooks / "b_second.ipynb")
+    monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", notebooks)
+    monkeypatch.setattr(reproduce, "BUILD_DIR", tmp_path / "default-build")
+    profile = _write_profile(tmp_path, "notebooks:\n  a_first:\n    DIVISOR: 0\n  b_second: {}\n")
+    build = tmp_path / "build"
+    with pytest.raises(ReproduceError, match=r"a_first failed in cell \d+: ZeroDivisionError") as failure:
+        reproduce.reproduce(profile, build_dir=build)
+    assert str(build / "a_first.ipynb") in str(failure.value) and "make reproduce ONLY=a_first" in str(failure.value)
+    executed = nbformat.read(build / "a_first.ipynb", as_version=4)
+    assert any(o.get("ename") == "ZeroDivisionError" for c in executed.cells for o in c.get("outputs", []))
+    assert not (build / "b_second.ipynb").exists(), "the run stops at the first failure"
+    assert reproduce.main(["--profile", profile]) == 1
