@@ -1,0 +1,219 @@
+"""Export executed notebooks to HTML reports that work offline (`make report`).
+
+For each executed notebook in `build/` (written there by `make reproduce`), two pages go
+into `reports/`: `NAME.html` with code and outputs, and `NAME.readers.html` with the
+outputs only (nbconvert's `--no-input`).
+
+nbconvert's default page loads require.js, MathJax and the Jupyter widget manager from
+CDNs, so its widgets stay blank without a network. These pages instead load require.js
+and the widget manager (`@jupyter-widgets/html-manager`) from `reports/assets/`, shipped
+with the repository (see its README for versions and how to refresh them), and leave
+MathJax and Mermaid out (`lib/report_templates/cernenv_offline`). Widgets render from
+the state the execution saved in the notebook (nbclient's `store_widget_state`), so
+`jslink`ed controls keep working with no kernel.
+
+    python -m lib.report [BUILD_DIR] [REPORTS_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES_DIR = Path(__file__).resolve().parent / "report_templates"
+TEMPLATE_NAME = "cernenv_offline"
+ASSETS_DIR = ROOT / "reports" / "assets"
+REQUIRE_JS = "require.js"
+WIDGET_MANAGER_JS = "embed-amd.js"
+READERS_SUFFIX = ".readers"
+"""`NAME.readers.html`: the page without code cells."""
+BROWSER_NOTEBOOK = "04_evidence_analysis"
+"""The notebook whose report holds the trajectory browser (checked and photographed by `check_browser`)."""
+SCREENSHOT_SUFFIX = ".browser.png"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
+COLAB_BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\(([^)]*)\)")
+"""The notebooks' "Open in Colab" badge, an image fetched from the web: a report shows a plain link instead."""
+STEP_HEADING = re.compile(r"^Step (\d+) of (\d+)$")
+
+
+def _relative_url(target: Path, start: Path) -> str:
+    return Path(os.path.relpath(target, start)).as_posix()
+
+
+def export_html(notebook_path: Path, html_path: Path, *, no_input: bool = False,
+                assets_dir: Path = ASSETS_DIR) -> Path:
+    """Write `notebook_path` as an HTML page at `html_path` that loads its scripts from `assets_dir`."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    for name in (REQUIRE_JS, WIDGET_MANAGER_JS):
+        if not (assets_dir / name).is_file():
+            raise FileNotFoundError(f"{assets_dir / name} is missing: restore reports/assets from git "
+                                    "(git checkout -- reports/assets) or run `make report-assets`")
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    exporter = HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATES_DIR)])
+    exporter.require_js_url = _relative_url(assets_dir / REQUIRE_JS, html_path.parent)
+    exporter.widget_renderer_url = _relative_url(assets_dir / WIDGET_MANAGER_JS, html_path.parent)
+    if no_input:
+        exporter.exclude_input = exporter.exclude_input_prompt = exporter.exclude_output_prompt = True
+    notebook = nbformat.read(notebook_path, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            cell.source = COLAB_BADGE.sub(r"[Open in Colab](\1)", cell.source)
+    body, _resources = exporter.from_notebook_node(notebook, resources={"metadata": {"name": notebook_path.stem}})
+    html_path.write_text(body, encoding="utf-8")
+    return html_path
+
+
+def export_reports(build_dir: Path, reports_dir: Path, *, assets_dir: Path = ASSETS_DIR) -> List[Path]:
+    """Both pages for every executed notebook in `build_dir`; returns the pages written."""
+    notebooks = sorted(build_dir.glob("*.ipynb"))
+    if not notebooks:
+        raise FileNotFoundError(f"no executed notebooks in {build_dir}/: run `make reproduce` "
+                                "(or `make reproduce PROFILE=smoke`) first")
+    written = []
+    for notebook in notebooks:
+        written.append(export_html(notebook, reports_dir / f"{notebook.stem}.html", assets_dir=assets_dir))
+        written.append(export_html(notebook, reports_dir / f"{notebook.stem}{READERS_SUFFIX}.html",
+                                   no_input=True, assets_dir=assets_dir))
+    return written
+
+
+def find_chromium() -> Optional[str]:
+    """Path of a Chromium or Chrome executable ($CHROMIUM first, then the PATH), or None."""
+    candidates = [os.environ.get("CHROMIUM", "")] + [shutil.which(name) or "" for name in CHROMIUM_NAMES]
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
+@dataclass
+class BrowserCheck:
+    """What `check_browser` saw in the page."""
+
+    steps_shown: List[str] = field(default_factory=list)
+    """The visible step heading ("Step k of n") before and after each slider move."""
+    episodes_shown: List[str] = field(default_factory=list)
+    """The visible episode header before and after choosing another episode in the menu."""
+    blocked_requests: List[str] = field(default_factory=list)
+    """Every request for something not in a local file (all were refused: the page is offline)."""
+    page_errors: List[str] = field(default_factory=list)
+    screenshot: Optional[Path] = None
+
+
+# The step heading and episode header on show: the first of each whose element is displayed.
+_VISIBLE_TEXT_JS = """(pattern) => {
+  const re = new RegExp(pattern);
+  for (const el of document.querySelectorAll('b')) {
+    const text = el.textContent.trim();
+    if (re.test(text) && el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden') return text;
+  }
+  return null;
+}"""
+EPISODE_HEADER = r"^(pre|post) · seed \d+"
+
+
+def _wait_for(read: Callable[[], Optional[str]], differs_from: Optional[str], timeout_s: float) -> Optional[str]:
+    deadline = time.monotonic() + timeout_s
+    value = read()
+    while (value is None or value == differs_from) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = read()
+    return value
+
+
+def check_browser(html_path: Path, screenshot_path: Optional[Path] = None, *, chromium: Optional[str] = None,
+                  slider_moves: int = 2, timeout_s: float = 60.0) -> BrowserCheck:
+    """Open the exported page in headless Chromium with every non-local request refused, wait
+    for the trajectory browser's widgets to render, press → on the step slider
+    `slider_moves` times, pick the next episode in the menu, and screenshot the browser.
+
+    Needs the `playwright` package and a Chromium executable (`find_chromium`); Playwright's
+    own browser downloads are not used.
+    """
+    from playwright.sync_api import sync_playwright
+
+    chromium = chromium or find_chromium()
+    if chromium is None:
+        raise FileNotFoundError("no Chromium found: install Debian's `chromium` package (apt-get install chromium) "
+                                "or set CHROMIUM=/path/to/chrome")
+    check = BrowserCheck()
+
+    def route(request_route) -> None:
+        url = request_route.request.url
+        if url.startswith(LOCAL_SCHEMES):
+            request_route.continue_()
+        else:
+            check.blocked_requests.append(url)
+            request_route.abort()
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-proxy-server"])
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.on("pageerror", lambda error: check.page_errors.append(str(error)))
+            page.route("**/*", route)
+            page.goto(Path(html_path).resolve().as_uri())
+            handle = page.locator(".widget-slider .noUi-handle, .widget-slider .ui-slider-handle").first
+            handle.wait_for(state="visible", timeout=timeout_s * 1000)
+            step = lambda: page.evaluate(_VISIBLE_TEXT_JS, STEP_HEADING.pattern)  # noqa: E731
+            episode = lambda: page.evaluate(_VISIBLE_TEXT_JS, EPISODE_HEADER)  # noqa: E731
+            check.steps_shown.append(_wait_for(step, None, timeout_s))
+            check.episodes_shown.append(_wait_for(episode, None, timeout_s))
+            for _ in range(slider_moves):
+                handle.focus()
+                page.keyboard.press("ArrowRight")
+                check.steps_shown.append(_wait_for(step, check.steps_shown[-1], 5.0))
+            menu = page.locator(".widget-dropdown select").first
+            if menu.locator("option").count() > 1:
+                menu.select_option(index=1)
+                check.episodes_shown.append(_wait_for(episode, check.episodes_shown[-1], 5.0))
+                menu.select_option(index=0)
+            if screenshot_path is not None:
+                screenshot_path.parent.mkdir(parents=True, exist_ok=True)
+                container = page.locator(".widget-vbox:has(> .widget-dropdown)").first
+                container.scroll_into_view_if_needed()
+                container.screenshot(path=str(screenshot_path))
+                check.screenshot = screenshot_path
+        finally:
+            browser.close()
+    return check
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("build_dir", nargs="?", default="build", type=Path, help="executed notebooks (default build/)")
+    parser.add_argument("reports_dir", nargs="?", default="reports", type=Path, help="where the pages go")
+    args = parser.parse_args(argv)
+    try:
+        pages = export_reports(args.build_dir, args.reports_dir)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for page in pages:
+        print(f"wrote {page} ({page.stat().st_size / 1e6:.1f} MB)")
+    browser_page = args.reports_dir / f"{BROWSER_NOTEBOOK}.html"
+    if browser_page.exists():
+        if find_chromium() is None:
+            print("no Chromium: the trajectory browser was not checked in a browser (apt-get install chromium)")
+            return 0
+        check = check_browser(browser_page, args.reports_dir / f"{BROWSER_NOTEBOOK}{SCREENSHOT_SUFFIX}")
+        print(f"checked {browser_page} in headless Chromium: steps shown {check.steps_shown}, "
+              f"{len(check.blocked_requests)} network request(s) refused, {len(check.page_errors)} page error(s); "
+              f"screenshot {check.screenshot}")
+        if check.blocked_requests or check.page_errors or len(set(check.steps_shown)) < 2:
+            print("error: the report does not work offline as it should: "
+                  f"{check.blocked_requests[:3]} {check.page_errors[:3]}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Notebook 04 runs on the committed evidence; its HTML report works offline, in a real browser."""
+
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from lib.report import READERS_SUFFIX, check_browser, export_html, export_reports, find_chromium
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "04_evidence_analysis"
+N_BROWSER_TASKS = 2
+
+
+@pytest.fixture(scope="module")
+def executed_04(tmp_path_factory):
+    """Notebook 04 executed by papermill on evidence/ (as `make reproduce` runs it), with a small browser."""
+    papermill = pytest.importorskip("papermill")
+    from lib.reproduce import _kernel_name
+
+    build = tmp_path_factory.mktemp("build")
+    output = build / f"{NAME}.ipynb"
+    env = {"MPLBACKEND": "Agg",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        papermill.execute_notebook(
+            str(ROOT / "notebooks" / f"{NAME}.ipynb"), str(output),
+            parameters={"EVIDENCE_DIR": "evidence", "N_BROWSER_TASKS": N_BROWSER_TASKS},
+            kernel_name=_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=300)
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+    return output
+
+
+@pytest.mark.notebook
+def test_notebook_04_tells_the_story_from_the_evidence(executed_04):
+    nb = nbformat.read(executed_04, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    markdown = "\n".join(o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
+    assert "| metric | before | after | after − before [95% CI] |" in markdown
+    for agent in ("random", "heuristic", "oracle", "policy before GRPO", "policy after GRPO"):
+        assert f"| {agent} |" in markdown, agent
+    assert "### " in markdown, "sample trajectories"
+    # training curve, components, progression, before/after bars and distributions, baselines, physics view
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 7
+    views = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(views) == 1, "the trajectory browser"
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    models = [m["model_name"] for m in state.values()]
+    assert models.count("LinkModel") >= 1 + 2 * N_BROWSER_TASKS, "menu and one slider per episode, jslinked"
+    assert models.count("ImageModel") >= 1, "spectra in the browser"
+
+
+@pytest.mark.notebook
+def test_report_pages_load_nothing_from_the_network(executed_04, tmp_path):
+    pages = export_reports(executed_04.parent, tmp_path)
+    assert [p.name for p in pages] == [f"{NAME}.html", f"{NAME}{READERS_SUFFIX}.html"]
+    for page in pages:
+        html = page.read_text()
+        sources = re.findall(r"""<(?:script|link|img)[^>]*(?:src|href)=["']([^"']+)""", html)
+        sources += re.findall(r"widgetRendererSrc = '([^']+)'", html)
+        assert sources and not [s for s in sources if re.match(r"(https?:)?//", s)], sources
+        assert any(s.endswith("assets/embed-amd.js") for s in sources)
+        assert (page.parent / next(s for s in sources if s.endswith("require.js"))).resolve().is_file()
+    full, readers = (p.read_text() for p in pages)
+    assert "use_style" in full and "use_style" not in readers, "code cells only in the full page"
+    assert readers.count("data:image/png;base64") == full.count("data:image/png;base64") >= 7
+
+
+def test_export_says_what_to_do_without_build_or_assets(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make reproduce"):
+        export_reports(tmp_path / "empty", tmp_path / "reports")
+    with pytest.raises(FileNotFoundError, match="make report-assets"):
+        export_html(tmp_path / "x.ipynb", tmp_path / "x.html", assets_dir=tmp_path / "no-assets")
+
+
+@pytest.mark.notebook
+@pytest.mark.skipif(find_chromium() is None, reason="no Chromium on this machine (apt-get install chromium; "
+                                                    ".ci/run installs it)")
+def test_trajectory_browser_works_offline_in_chromium(executed_04, tmp_path):
+    pytest.importorskip("playwright", reason="the playwright package drives Chromium (requirements.txt)")
+    page = export_html(executed_04, tmp_path / f"{NAME}.html")
+    check = check_browser(page, tmp_path / "browser.png", slider_moves=2)
+    assert check.blocked_requests == [], "the report asked the network for these"
+    assert check.page_errors == []
+    first, *moved = check.steps_shown
+    assert re.fullmatch(r"Step 1 of \d+", first)
+    assert moved == [first.replace("Step 1 ", "Step 2 "), first.replace("Step 1 ", "Step 3 ")], check.steps_shown
+    assert len(check.episodes_shown) == 2 and check.episodes_shown[0] != check.episodes_shown[1]
+    assert check.screenshot.stat().st_size > 20_000
