@@ -194,6 +194,12 @@ def estimates_to_json(results: Mapping[str, Mapping[str, Estimate]]) -> Dict[str
     return {agent: {name: asdict(est) for name, est in metrics.items()} for agent, metrics in results.items()}
 
 
+def estimates_from_json(payload: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Dict[str, Dict[str, Estimate]]:
+    """The inverse of `estimates_to_json` (e.g. the `metrics` of evidence/baselines.json)."""
+    return {agent: {name: Estimate(float(est["mean"]), float(est["low"]), float(est["high"]), int(est["n"]))
+                    for name, est in metrics.items()} for agent, metrics in payload.items()}
+
+
 def evaluate_agents(agents: Mapping[str, Any], suite: Sequence[EpisodeSpec], *, progress: bool = True
                     ) -> Dict[str, List[Any]]:
     """Play every agent on every episode of `suite`: {agent name: [EpisodeRecord, ...]}."""

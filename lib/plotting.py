@@ -200,3 +200,30 @@ def plot_reward_distributions(rewards_by_agent: Mapping[str, Sequence[float]], a
         ax.set_ylabel("episodes")
         ax.legend(fontsize="small")
     return ax
+
+
+def plot_agent_comparison(results: Mapping[str, Mapping[str, Any]], metric: str, ax: Optional[plt.Axes] = None,
+                          label: Optional[str] = None) -> plt.Axes:
+    """One row per agent: the mean of `metric` with its 95% interval as an error bar.
+
+    `results` maps agent → metric name → an estimate with `mean`, `low`, `high` and `n`
+    (`lib.evaluation.Estimate`); agents without that metric, or with n = 0, are skipped.
+    """
+    rows = [(agent, metrics[metric]) for agent, metrics in results.items()
+            if metric in metrics and metrics[metric].n > 0]
+    with plt.style.context(STYLE):
+        ax = _new_axes(ax)
+        positions = np.arange(len(rows))[::-1]
+        for y, (agent, est) in zip(positions, rows):
+            ax.errorbar([est.mean], [y], xerr=[[est.mean - est.low], [est.high - est.mean]], fmt="o", ms=9,
+                        capsize=6, lw=2)
+            ax.annotate(f"{est.mean:.3g} [{est.low:.3g}, {est.high:.3g}]", (est.high, y), xytext=(8, 0),
+                        textcoords="offset points", va="center", fontsize="x-small")
+        ax.set_yticks(positions, [agent for agent, _ in rows])
+        ax.set_ylim(-0.7, len(rows) - 0.3)
+        ax.set_xlabel(label or f"{metric} (95% bootstrap interval)")
+        low = min((est.low for _, est in rows), default=0.0)
+        high = max((est.high for _, est in rows), default=1.0)
+        span = max(high - low, 1e-9)
+        ax.set_xlim(low - 0.08 * span, high + 0.45 * span)
+    return ax
