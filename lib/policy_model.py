@@ -33,7 +33,7 @@ from cernenv import CERNCollisionEnvironment, ExperimentAction
 from lib.agents import HeuristicAgent, action_to_json
 from lib.multiturn import first_messages, followup_message
 from lib.rollouts import transitions
-from lib.tokenizer import corpus_specs
+from lib.tokenizer import PROJECT_CACHE, corpus_specs
 
 SFT_SEED = 40_000
 """First seed of the SFT episodes: training seeds, apart from the tokenizer's and the evaluation's."""
@@ -153,14 +153,16 @@ def _fingerprint(tokenizer: PreTrainedTokenizerFast, model: TinyModelConfig, sft
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: str = ".cache/policy",
+def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: Optional[str] = None,
                model_config: TinyModelConfig = TinyModelConfig(), sft: SFTSettings = SFTSettings(),
                report: Optional[Dict[str, Any]] = None) -> Qwen2ForCausalLM:
     """The SFT-warm-started stand-in model, trained once and cached under a name that
-    changes with any of its inputs. `report` (a dict) receives the training losses."""
+    changes with any of its inputs (under `cache_dir`, default `PROJECT_CACHE/policy`).
+    `report` (a dict) receives the training losses."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    cache_dir = cache_dir or str(PROJECT_CACHE / "policy")
     target = Path(cache_dir) / f"tiny-qwen2-{_fingerprint(tokenizer, model_config, sft)}"
     if (target / "config.json").exists():
         return Qwen2ForCausalLM.from_pretrained(target)

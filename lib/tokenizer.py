@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import tokenizers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -32,6 +32,9 @@ from lib.rollouts import transitions
 
 SYSTEM, USER, ASSISTANT, END, PAD = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>"
 SPECIAL_TOKENS = [PAD, SYSTEM, USER, ASSISTANT, END]
+PROJECT_CACHE = Path(__file__).resolve().parents[1] / ".cache"
+"""Where the built tokenizer and stand-in model are cached (git-ignored): at the repository root,
+whatever the working directory (notebooks run in notebooks/, `make train` at the root)."""
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}"
@@ -110,10 +113,12 @@ def train_tokenizer(texts: List[str], vocab_size: int) -> PreTrainedTokenizerFas
     return tokenizer
 
 
-def build_tokenizer(cache_dir: str = ".cache/tokenizer", vocab_size: int = 2048,
+def build_tokenizer(cache_dir: Optional[str] = None, vocab_size: int = 2048,
                     n_episodes: int = 100) -> PreTrainedTokenizerFast:
-    """The project's tokenizer: loaded from `cache_dir` when a matching one is there, else
-    trained on `corpus(n_episodes)` and saved (atomically: concurrent builders are safe)."""
+    """The project's tokenizer: loaded from `cache_dir` (default `PROJECT_CACHE/tokenizer`) when a
+    matching one is there, else trained on `corpus(n_episodes)` and saved (atomically: concurrent
+    builders are safe)."""
+    cache_dir = cache_dir or str(PROJECT_CACHE / "tokenizer")
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must cover the 256 bytes and {len(SPECIAL_TOKENS)} special tokens, "
                          f"got {vocab_size}")
