@@ -153,6 +153,13 @@ def _fingerprint(tokenizer: PreTrainedTokenizerFast, model: TinyModelConfig, sft
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
+def cached_model_dir(tokenizer: PreTrainedTokenizerFast, model_config: TinyModelConfig = TinyModelConfig(),
+                     sft: SFTSettings = SFTSettings(), *, cache_dir: Optional[str] = None) -> Path:
+    """Where `warm_start` keeps the model for these inputs: `cache_dir` (default
+    `PROJECT_CACHE/policy`, at the repository root) / `tiny-qwen2-<fingerprint>`."""
+    return Path(cache_dir or PROJECT_CACHE / "policy") / f"tiny-qwen2-{_fingerprint(tokenizer, model_config, sft)}"
+
+
 def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: Optional[str] = None,
                model_config: TinyModelConfig = TinyModelConfig(), sft: SFTSettings = SFTSettings(),
                report: Optional[Dict[str, Any]] = None) -> Qwen2ForCausalLM:
@@ -162,8 +169,8 @@ def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: Optional[str] =
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    cache_dir = cache_dir or str(PROJECT_CACHE / "policy")
-    target = Path(cache_dir) / f"tiny-qwen2-{_fingerprint(tokenizer, model_config, sft)}"
+    target = cached_model_dir(tokenizer, model_config, sft, cache_dir=cache_dir)
+    cache_dir = str(target.parent)
     if (target / "config.json").exists():
         return Qwen2ForCausalLM.from_pretrained(target)
     model = build_tiny_model(tokenizer, model_config)

@@ -79,3 +79,18 @@ def test_cached_tokenizer_is_reloaded_not_retrained(tokenizer, cache, monkeypatc
 def test_vocab_size_must_cover_the_bytes(cache):
     with pytest.raises(ValueError, match="256 bytes"):
         build_tokenizer(cache_dir=str(cache), vocab_size=100, n_episodes=1)
+
+
+
+def test_default_caches_are_at_the_repository_root_whatever_the_working_directory(tmp_path, monkeypatch):
+    """Notebooks run in notebooks/: a cwd-relative cache made them rebuild the 30-minute warm start."""
+    from pathlib import Path
+
+    from lib.policy_model import cached_model_dir
+
+    root = Path(tokenizer_module.__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    tokenizer = build_tokenizer()
+    assert list((root / ".cache" / "tokenizer").glob("bpe-*/tokenizer.json"))
+    assert cached_model_dir(tokenizer).parent == root / ".cache" / "policy"
+    assert not (tmp_path / ".cache").exists(), "nothing cached under the working directory"
