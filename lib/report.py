@@ -130,10 +130,11 @@ def _wait_for(read: Callable[[], Optional[str]], differs_from: Optional[str], ti
 
 
 def check_browser(html_path: Path, screenshot_path: Optional[Path] = None, *, chromium: Optional[str] = None,
-                  slider_moves: int = 2, timeout_s: float = 60.0) -> BrowserCheck:
+                  slider_moves: int = 2, end_at_last_step: bool = False, timeout_s: float = 60.0) -> BrowserCheck:
     """Open the exported page in headless Chromium with every non-local request refused, wait
     for the trajectory browser's widgets to render, press → on the step slider
-    `slider_moves` times, pick the next episode in the menu, and screenshot the browser.
+    `slider_moves` times (then End, with `end_at_last_step`), pick the next episode in the
+    menu and back, and screenshot the browser.
 
     Needs the `playwright` package and a Chromium executable (`find_chromium`); Playwright's
     own browser downloads are not used.
@@ -171,11 +172,16 @@ def check_browser(html_path: Path, screenshot_path: Optional[Path] = None, *, ch
                 handle.focus()
                 page.keyboard.press("ArrowRight")
                 check.steps_shown.append(_wait_for(step, check.steps_shown[-1], 5.0))
+            if end_at_last_step:
+                handle.focus()
+                page.keyboard.press("End")
+                check.steps_shown.append(_wait_for(step, check.steps_shown[-1], 5.0))
             menu = page.locator(".widget-dropdown select").first
             if menu.locator("option").count() > 1:
                 menu.select_option(index=1)
                 check.episodes_shown.append(_wait_for(episode, check.episodes_shown[-1], 5.0))
                 menu.select_option(index=0)
+                _wait_for(episode, check.episodes_shown[-1], 5.0)
             if screenshot_path is not None:
                 screenshot_path.parent.mkdir(parents=True, exist_ok=True)
                 container = page.locator(".widget-vbox:has(> .widget-dropdown)").first
@@ -204,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if find_chromium() is None:
             print("no Chromium: the trajectory browser was not checked in a browser (apt-get install chromium)")
             return 0
-        check = check_browser(browser_page, args.reports_dir / f"{BROWSER_NOTEBOOK}{SCREENSHOT_SUFFIX}")
+        check = check_browser(browser_page, args.reports_dir / f"{BROWSER_NOTEBOOK}{SCREENSHOT_SUFFIX}",
+                              end_at_last_step=True)
         print(f"checked {browser_page} in headless Chromium: steps shown {check.steps_shown}, "
               f"{len(check.blocked_requests)} network request(s) refused, {len(check.page_errors)} page error(s); "
               f"screenshot {check.screenshot}")

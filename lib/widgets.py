@@ -27,16 +27,19 @@ import matplotlib.pyplot as plt
 from lib.plotting import plot_spectrum, savefig, subplots
 from lib.replay import as_episode_dict, replay
 
-PHASES = ("pre", "post")
-"""Phase names: the policy before and after training (`pre_eval.jsonl`, `post_eval.jsonl`)."""
 ALL = "all"
 OUTCOMES = (ALL, "success", "failure")
 SPECTRUM_FIGSIZE = (10.0, 7.5)
 SPECTRUM_DPI = 44
 """Spectrum images: the house figure size (its fonts are sized for it) at a low resolution, ~440 px
 wide and ~20 kB, so that a report with a few hundred steps stays light."""
+IMAGE_LAYOUT = dict(width="420px", height="auto", object_fit="contain")
+ROW_LAYOUT = dict(align_items="flex-start")
+"""Step text and spectrum side by side, top-aligned (a stretched row would stretch the image)."""
 NO_TEXT = "(none recorded: a scripted agent reads the observation object and writes no text)"
-TEXT_STYLE = "white-space:pre-wrap;font-family:monospace;font-size:12px;margin:2px 0 8px 0"
+TEXT_STYLE = "white-space:pre-wrap;font-family:monospace;font-size:12px;line-height:1.3;margin:2px 0 8px 0"
+BLOCK_STYLE = "line-height:1.4"
+"""The widget HTML's own line height (28 px, for one-line labels) spreads out paragraphs: reset it."""
 
 
 def outcome_of(episode: Mapping[str, Any]) -> str:
@@ -69,7 +72,7 @@ def step_html(episode: Mapping[str, Any], index: int) -> str:
     step = steps[index]
     parsed = step.get("parsed_ok")
     action = step.get("action")
-    action_text = json.dumps(action, indent=1, default=str) if parsed else (
+    action_text = json.dumps(action, default=str) if parsed else (
         f"not an action: {step.get('parse_error') or 'unparsed'}\nsent as is: {json.dumps(action, default=str)}")
     kind = action.get("action_type", "?") if isinstance(action, Mapping) else "(unparsed)"
     breakdown = step.get("reward_breakdown") or {}
@@ -85,7 +88,7 @@ def step_html(episode: Mapping[str, Any], index: int) -> str:
         "<b>Rule violations</b>" + _pre("\n".join(map(str, violations)) or "none"),
         "<b>Observation summary</b> (before the step)" + _table(step.get("observation_summary") or {}),
     ]
-    return "<div>" + "".join(f"<div>{part}</div>" for part in parts) + "</div>"
+    return f'<div style="{BLOCK_STYLE}">' + "".join(f"<div>{part}</div>" for part in parts) + "</div>"
 
 
 def episode_header_html(phase: str, episode: Mapping[str, Any]) -> str:
@@ -94,9 +97,9 @@ def episode_header_html(phase: str, episode: Mapping[str, Any]) -> str:
     verdicts = ", ".join(f"{name} {'✓' if episode.get(key) else '✗'}" for name, key in
                          (("discovery", "discovered"), ("mass", "correct_mass"), ("channel", "correct_channel"),
                           ("spin", "correct_spin")))
-    return (f"<b>{html.escape(episode_label(phase, episode))}</b><br>"
+    return (f'<div style="{BLOCK_STYLE}"><b>{html.escape(episode_label(phase, episode))}</b><br>'
             f"hidden truth: <code>{html.escape(json.dumps(truth, default=str))}</code><br>"
-            f"graded: {verdicts}; outcome <b>{outcome_of(episode)}</b>")
+            f"graded: {verdicts}; outcome <b>{outcome_of(episode)}</b></div>")
 
 
 def spectrum_png(snapshot: Mapping[str, Any]) -> Optional[bytes]:
@@ -165,13 +168,13 @@ def _image(png: Optional[bytes], cache: Dict[int, widgets.Widget]) -> widgets.Wi
     key = id(png)
     if key not in cache:
         cache[key] = (widgets.HTML(NO_SPECTRUM_HTML) if png is None else
-                      widgets.Image(value=png, format="png", layout=widgets.Layout(width="420px")))
+                      widgets.Image(value=png, format="png", layout=IMAGE_LAYOUT))
     return cache[key]
 
 
 def _step_panel(view: EpisodeView, index: int, images: Dict[int, widgets.Widget]) -> widgets.Widget:
     text = widgets.HTML(view.step_html[index], layout=widgets.Layout(width="560px"))
-    return widgets.HBox([text, _image(view.spectrum_png[index], images)])
+    return widgets.HBox([text, _image(view.spectrum_png[index], images)], layout=ROW_LAYOUT)
 
 
 def _episode_panel(view: EpisodeView) -> widgets.Widget:
@@ -206,7 +209,8 @@ def static_trajectory_browser(views: Sequence[EpisodeView]) -> widgets.Widget:
 class TrajectoryBrowser:
     """The live browser: filters, an episode menu and a step slider that call back into the kernel.
 
-    `episodes_by_phase` maps a phase ('pre', 'post', or any name) to its episodes
+    `episodes_by_phase` maps a phase ('pre' and 'post' for the policy before and after
+    training, from `pre_eval.jsonl` and `post_eval.jsonl`; any names work) to its episodes
     (`EpisodeRecord`s or JSONL rows). An episode is replayed when first shown. Display
     it with `display(browser.widget)` (or just `browser` as a cell's last line).
     """
@@ -226,7 +230,7 @@ class TrajectoryBrowser:
                                       layout=widgets.Layout(width="560px"), style={"description_width": "initial"})
         self.header = widgets.HTML()
         self.text = widgets.HTML(layout=widgets.Layout(width="560px"))
-        self.image = widgets.Image(format="png", layout=widgets.Layout(width="420px"))
+        self.image = widgets.Image(format="png", layout=IMAGE_LAYOUT)
         self.no_image = widgets.HTML(NO_SPECTRUM_HTML)
         self.figure = widgets.Box([self.no_image])
         for control in (self.phase, self.scenario, self.outcome):
@@ -234,7 +238,8 @@ class TrajectoryBrowser:
         self.episode.observe(self._show_episode, names="value")
         self.step.observe(self._show_step, names="value")
         self.widget = widgets.VBox([widgets.HBox([self.phase, self.scenario, self.outcome]), self.episode,
-                                    self.header, self.step, widgets.HBox([self.text, self.figure])])
+                                    self.header, self.step,
+                                    widgets.HBox([self.text, self.figure], layout=ROW_LAYOUT)])
         self._refilter()
 
     def _ipython_display_(self) -> None:  # shown as its widget in a notebook
