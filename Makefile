@@ -68,7 +68,7 @@ test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 reproduce: setup ## run notebooks 01 → 04 headlessly (papermill) into build/; PROFILE=full|smoke, ONLY=names
-	$(RUN_ENV) $(PY) -m lib.reproduce --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
+	$(RUN_ENV) $(PY) -m lib.reproduce --profile $(PROFILE) --build-dir $(BUILD) $(if $(ONLY),--only $(ONLY))
 
 report: setup ## export build/*.ipynb to offline HTML in reports/ (NAME.html, and NAME.readers.html without code)
 	$(RUN_ENV) $(PY) -m lib.report $(BUILD) $(REPORTS)

@@ -15,7 +15,7 @@ The executed notebooks go to `build/NAME.ipynb`. A notebook that fails stops the
 papermill has then written the executed copy with the failing cell marked, and the
 message names the cell and the error.
 
-    python -m lib.reproduce [--profile full|smoke|PATH.yaml] [--only NAME ...]
+    python -m lib.reproduce [--profile full|smoke|PATH.yaml] [--only NAME ...] [--build-dir DIR]
 """
 
 from __future__ import annotations
@@ -125,9 +125,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="full", help="configs/NAME.yaml, or a path to a YAML file")
     parser.add_argument("--only", nargs="*", default=(), help="run just these notebooks of the profile")
+    parser.add_argument("--build-dir", type=Path, default=None, help="where the executed notebooks go (build/)")
     args = parser.parse_args(argv)
     try:
-        reproduce(args.profile, args.only)
+        reproduce(args.profile, args.only, build_dir=args.build_dir)
     except ReproduceError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
