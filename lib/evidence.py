@@ -595,6 +595,22 @@ def before_after_metrics(pre: Sequence[Mapping[str, Any]], post: Sequence[Mappin
     }
 
 
+def before_after_markdown(payload: Mapping[str, Any], keys: Sequence[str] = DIFFERENCE_METRICS) -> str:
+    """`before_after_metrics` as Markdown: the pair count, then before, after and the difference
+    with its 95% interval for each of `keys`."""
+    rows = ["| metric | before | after | after − before [95% CI] |", "|---|---|---|---|"]
+    for key in keys:
+        interval = payload["delta_ci95"].get(key)
+        ci = "—" if interval is None else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
+        rows.append(f"| {key} | {_format_stat(payload['pre'][key])} | {_format_stat(payload['post'][key])} "
+                    f"| {_format_stat(payload['delta'][key], signed=True)} {ci} |")
+    return f"{payload['n']['pairs']} paired episodes.\n\n" + "\n".join(rows)
+
+
+def _format_stat(value: Any, signed: bool = False) -> str:
+    return "—" if value is None else (f"{value:+.3f}" if signed else f"{value:.3f}")
+
+
 def _draw_bars(ax, keys: Sequence[str], payload: Mapping[str, Any]) -> None:
     width = 0.38
     x = np.arange(len(keys))
@@ -821,6 +837,17 @@ def _pair_key(episode: Mapping[str, Any]) -> Tuple:
     return tuple(episode.get(k) for k in PAIR_KEY)
 
 
+def sample_pairs(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]],
+                 n: int) -> List[Tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """`n` tasks played both before and after training, as (pre, post) episode pairs, spread
+    evenly over the pre-training reward ranking (lowest first): not cherry-picked. Empty
+    when the two sides are not the same tasks."""
+    if not _pairable(pre, post):
+        return []
+    after = {_pair_key(e): e for e in post}
+    return [(episode, after[_pair_key(episode)]) for episode in _spread(pre, n)]
+
+
 def render_sample_trajectories(*, pre_jsonl: Path, post_jsonl: Path, md_path: Path,
                                n_samples: int = 3) -> Optional[Path]:
     """Markdown of sample episodes before and after training; None without episodes.
@@ -834,14 +861,14 @@ def render_sample_trajectories(*, pre_jsonl: Path, post_jsonl: Path, md_path: Pa
     if not pre and not post:
         return None
     md = ["# CERNenv: sample trajectories before and after training", ""]
-    if _pairable(pre, post):
-        after = {_pair_key(e): e for e in post}
-        md += [f"The same {min(n_samples, len(pre))} task(s) before and after training, spread from the lowest "
+    pairs = sample_pairs(pre, post, n_samples)
+    if pairs:
+        md += [f"The same {len(pairs)} task(s) before and after training, spread from the lowest "
                f"to the highest pre-training reward ({len(pre)} tasks evaluated).", ""]
-        for i, episode in enumerate(_spread(pre, n_samples), start=1):
+        for i, (before, after) in enumerate(pairs, start=1):
             md += [f"## Task {i}", ""]
-            md += _format_episode(episode, "Before training")
-            md += _format_episode(after[_pair_key(episode)], "After training")
+            md += _format_episode(before, "Before training")
+            md += _format_episode(after, "After training")
     else:
         md += ["Episodes spread from the lowest to the highest reward of each side "
                "(the two sides are different tasks).", ""]
