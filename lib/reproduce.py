@@ -77,7 +77,8 @@ def load_profile(profile: str) -> Dict[str, Dict[str, Any]]:
     return plan
 
 
-def _kernel_name() -> str:
+def default_kernel_name() -> str:
+    """The Jupyter kernel notebooks run on: the venv's `cernenv` (`make setup` installs it), else `python3`."""
     from jupyter_client.kernelspec import KernelSpecManager
 
     return DEFAULT_KERNEL if DEFAULT_KERNEL in KernelSpecManager().find_kernel_specs() else "python3"
@@ -94,7 +95,7 @@ def run_notebook(name: str, parameters: Mapping[str, Any], *, build_dir: Optiona
     output = build_dir / f"{name}.ipynb"
     try:
         papermill.execute_notebook(str(NOTEBOOKS_DIR / f"{name}.ipynb"), str(output), parameters=dict(parameters),
-                                   kernel_name=kernel_name or _kernel_name(), cwd=str(NOTEBOOKS_DIR),
+                                   kernel_name=kernel_name or default_kernel_name(), cwd=str(NOTEBOOKS_DIR),
                                    progress_bar=False)
     except PapermillExecutionError as error:
         raise ReproduceError(

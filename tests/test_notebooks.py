@@ -6,16 +6,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from lib.reproduce import default_kernel_name
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Small values for the parameters cell of notebook 01 (one short tour episode).
 SMALL_01 = {"SEED": 3, "N_TOUR_EPISODES": 1, "TOUR_SCENARIOS": ["higgs_4l_125"]}
-
-
-def _kernel_name() -> str:
-    from jupyter_client.kernelspec import KernelSpecManager
-
-    return "cernenv" if "cernenv" in KernelSpecManager().find_kernel_specs() else "python3"
 
 
 def test_there_are_notebooks():
@@ -44,7 +40,7 @@ def test_notebook_01_runs(tmp_path, monkeypatch):
     figures = tmp_path / "figures"
     papermill.execute_notebook(
         str(ROOT / "notebooks" / "01_explore_environment.ipynb"), str(output),
-        parameters={**SMALL_01, "FIGURE_DIR": str(figures)}, kernel_name=_kernel_name(),
+        parameters={**SMALL_01, "FIGURE_DIR": str(figures)}, kernel_name=default_kernel_name(),
         cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=120)
     nb = nbformat.read(output, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
@@ -64,7 +60,7 @@ def test_notebook_02_runs_and_writes_the_baselines(tmp_path, monkeypatch):
     papermill.execute_notebook(
         str(ROOT / "notebooks" / "02_baseline_rollouts.ipynb"), str(output),
         parameters={"MAX_EPISODES": 4, "EVIDENCE_DIR": str(evidence), "N_TRAJECTORIES": 2},
-        kernel_name=_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=180)
+        kernel_name=default_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=180)
     nb = nbformat.read(output, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -97,7 +93,7 @@ def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
                     "PER_DEVICE_BATCH": 1, "GRAD_ACCUM": 2, "LORA_R": 0, "MAX_TURNS": 3, "EVAL_EPISODES": 3,
                     "EVAL_EVERY_STEPS": 1, "CHECKPOINT_EVAL_EPISODES": 2, "EVIDENCE_DIR": str(evidence),
                     "OUTPUT_DIR": str(tmp_path / "out")},
-        kernel_name=_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=300)
+        kernel_name=default_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=300)
     nb = nbformat.read(output, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]

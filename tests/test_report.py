@@ -8,6 +8,7 @@ import nbformat
 import pytest
 
 from lib.report import READERS_SUFFIX, check_browser, export_html, export_reports, find_chromium
+from lib.reproduce import default_kernel_name
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "04_evidence_analysis"
@@ -18,8 +19,6 @@ N_BROWSER_TASKS = 2
 def executed_04(tmp_path_factory):
     """Notebook 04 executed by papermill on evidence/ (as `make reproduce` runs it), with a small browser."""
     papermill = pytest.importorskip("papermill")
-    from lib.reproduce import _kernel_name
-
     build = tmp_path_factory.mktemp("build")
     output = build / f"{NAME}.ipynb"
     env = {"MPLBACKEND": "Agg",
@@ -30,7 +29,7 @@ def executed_04(tmp_path_factory):
         papermill.execute_notebook(
             str(ROOT / "notebooks" / f"{NAME}.ipynb"), str(output),
             parameters={"EVIDENCE_DIR": "evidence", "N_BROWSER_TASKS": N_BROWSER_TASKS},
-            kernel_name=_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=300)
+            kernel_name=default_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=300)
     finally:
         for key, value in saved.items():
             os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
