@@ -52,7 +52,7 @@ from cernenv.rewards import (
 )
 from cernenv.rules import (MAX_CONSECUTIVE_REFUSALS, RuleViolation, Violation, check_resources, missing_prerequisite,
                            parse_action)
-from cernenv.scenarios import Scenario, make_scenario
+from cernenv.scenarios import Scenario, make_scenario, particle_stream_seed
 from cernenv.simulation import MAX_SPECTRUM_BINS, MIN_SPECTRUM_BINS, CollisionRecorder, Spectrum
 
 # Spurious-signal systematic: background mismodelling can fake a signal. ATLAS's H→γγ
@@ -109,9 +109,10 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, default_max_steps: Optional[int] = None) -> None:
+    def __init__(self, default_max_steps: Optional[int] = None, secret_salt: Optional[str] = None) -> None:
         super().__init__()
         self._default_max_steps = default_max_steps
+        self._secret_salt = _check_salt(secret_salt)
         self._episode: Optional[_Episode] = None
         self._state = CernState()
 
@@ -128,16 +129,24 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         return self._state.model_copy(deep=True)
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, scenario: Optional[str] = None,
-              difficulty: Optional[str] = None, **kwargs: Any) -> CollisionObservation:
-        """Start a campaign. Same `seed` (and scenario/difficulty) → same hidden world."""
+              difficulty: Optional[str] = None, secret_salt: Optional[str] = None,
+              **kwargs: Any) -> CollisionObservation:
+        """Start a campaign. Same `seed` (and scenario/difficulty, and secret) → same hidden world.
+
+        `secret_salt` is an evaluation secret mixed, with the environment's own (the
+        constructor's), into the hidden streams: the procedural particle and the recorded
+        data. With a secret, the public code and the seed no longer tell the answer; the
+        visible task stays the one the seed draws. `episode_id` is a fresh random UUID unless
+        given: it is no function of the seed."""
         if seed is None:
             seed = int(np.random.SeedSequence().entropy % (2**31))
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        chosen = make_scenario(int(seed), scenario=scenario, difficulty=difficulty)
-        rng = np.random.default_rng([int(seed), 31337])
+        salt = "\x00".join(s for s in (self._secret_salt, _check_salt(secret_salt)) if s) or None
+        chosen = make_scenario(int(seed), scenario=scenario, difficulty=difficulty, secret_salt=salt)
+        rng = np.random.default_rng(particle_stream_seed(int(seed), 31337, salt))
         recorder = CollisionRecorder(chosen.search_window_gev, chosen.channels, chosen.truth, rng)
-        episode_id = episode_id or str(uuid.UUID(bytes=rng.bytes(16), version=4))
+        episode_id = episode_id or str(uuid.uuid4())
         self._episode = _Episode(scenario=chosen, seed=int(seed), recorder=recorder, episode_id=episode_id)
         self._state = CernState(episode_id=episode_id, step_count=0, scenario_name=chosen.name,
                                 difficulty=chosen.difficulty,
@@ -164,8 +173,8 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         try:
             parsed, params = parse_action(action)
             label = parsed.action_type.value
-            redundancy_key = self._redundancy_key(parsed)
             result = self._execute(parsed.action_type, params)
+            redundancy_key = self._redundancy_key(parsed.action_type, result)
             if redundancy_key in episode.seen_actions:
                 violations.append(str(RuleViolation(Violation.REDUNDANT_ACTION,
                                                     "same action and parameters on unchanged data: same result")))
@@ -212,9 +221,12 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
 
     # Bookkeeping -----------------------------------------------------------------------
 
-    def _redundancy_key(self, action: ExperimentAction) -> str:
-        params = json.dumps(action.parameters, sort_keys=True, default=str)
-        return f"{action.action_type.value}|{params}|{self._episode.data_version}"
+    def _redundancy_key(self, action_type: ActionType, result: Dict[str, Any]) -> str:
+        """What an action did: its verb, its result and the data it worked on. Two requests
+        with one effect, however spelt (`{}` and `{"step_gev": null}`, a range clipped to the
+        same window), have one key; so do two that differ only in what the rules ignore."""
+        outcome = json.dumps(result, sort_keys=True, default=str)
+        return f"{action_type.value}|{outcome}|{self._episode.data_version}"
 
     def _end_reason(self) -> Optional[str]:
         episode = self._episode
@@ -344,8 +356,9 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         quality = RECONSTRUCTIONS[params.quality]
         self._charge(quality.cost_musd, quality.days)
         record = episode.recorder.records[params.channel]
+        if record.reconstruction != params.quality:
+            episode.data_version += 1  # re-running the same reconstruction changes no data
         record.reconstruction = params.quality
-        episode.data_version += 1
         return {"channel": params.channel, "quality": params.quality,
                 "resolution_at_window_centre_gev": _r(self._resolution(params.channel))}
 
@@ -382,9 +395,10 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         self._charge_table(ActionType.BUILD_INVARIANT_MASS)
         spectrum = episode.recorder.build_spectrum(episode.channel, (lo, hi), width, episode.beam_energy_tev,
                                                    episode.pileup)
+        if episode.spectrum is None or episode.spectrum.fit_key != spectrum.fit_key:
+            episode.data_version += 1  # the same histogram again is the same data
         episode.spectrum, episode.background_fit = spectrum, None
         episode.resonance_fit = episode.scan = None
-        episode.data_version += 1
         episode.milestones.add("spectrum_built")
         counts, edges = spectrum.counts, spectrum.edges_gev
         peak = int(np.argmax(counts / np.diff(edges)))
@@ -692,6 +706,16 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             cumulative_significance=_r(episode.best_significance, 3) or 0.0,
             pipeline_history=episode.history[-HISTORY_LENGTH:], rule_violations=violations,
             reward_breakdown=dict(breakdown), done=episode.done, reward=float(reward))
+
+
+def _check_salt(secret_salt: Optional[str]) -> Optional[str]:
+    """`secret_salt` if it is None or a non-empty string; else a ValueError that says what to pass."""
+    if secret_salt is None:
+        return None
+    if not isinstance(secret_salt, str) or not secret_salt:
+        raise ValueError("secret_salt must be a non-empty string (or None for no evaluation secret), "
+                         f"got {type(secret_salt).__name__}")
+    return secret_salt
 
 
 def background_expectation(fit, edges_gev: np.ndarray, sqrt_s_tev: float) -> np.ndarray:

@@ -6,6 +6,7 @@ separately, the hidden `ParticleTruth` (None for a null scenario: nothing there)
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
@@ -155,21 +156,202 @@ def list_scenarios() -> List[str]:
 
 
 # Procedural generation ---------------------------------------------------------------
+#
+# A procedural task is drawn from two independent random streams of its seed:
+#   * the *task stream* picks what the agent is told: one configuration from the small,
+#     fixed set `PROCEDURAL_CONFIGURATIONS[difficulty]` (window, channels, beams, resources);
+#   * the *particle stream* draws the hidden world: whether a particle exists, its mass (a
+#     fraction of the window), width, spin, decay channels and signal strength.
+# Neither stream reads the other, and the particle stream makes the same draws whether or
+# not a particle exists, so nothing the agent sees at reset (nor how long reset takes) says
+# anything about the particle beyond its documented prior (`PROCEDURAL_PRIOR`). Many seeds
+# share each configuration, so the visible numbers cannot identify a seed either.
 
-# Channel families: decay channels, allowed spins (Landau–Yang: no spin 1 → γγ),
-# production mode and the mass range of the search window [GeV].
-_FAMILIES = {
-    "diphoton": (("diphoton",), (0, 2), "gg", (100.0, 2000.0)),
-    "four_lepton": (("four_lepton",), (0, 2), "gg", (110.0, 600.0)),
-    "dilepton": (("dielectron", "dimuon"), (1, 2), "qq", (200.0, 4500.0)),
-    "dijet": (("dijet",), (1, 2), "qq", (1500.0, 5000.0)),
+EVALUATION_SEED_START = 900_000
+"""Seeds from here on are evaluation seeds: their procedural particles are drawn from the
+mass bands that training seeds never produce (`MASS_BANDS`), so an evaluation particle is
+unseen in training, not only its seed."""
+
+MASS_BANDS = 8
+"""The particle's mass, as a fraction of the search window, lies in [0.1, 0.9], cut into
+`MASS_BANDS` equal bands: training seeds use the even-numbered bands (0.1-0.2, 0.3-0.4, ...),
+evaluation seeds the odd-numbered ones (0.2-0.3, 0.4-0.5, ...)."""
+MASS_FRACTION_RANGE = (0.1, 0.9)
+
+
+@dataclass(frozen=True)
+class TaskConfiguration:
+    """What the agent is told about a procedural campaign (the same for every seed that draws it)."""
+
+    family: str
+    search_window_gev: Tuple[float, float]
+    luminosity_fb: float
+    beam_energies_tev: Tuple[float, ...] = (13.0, 13.6)
+
+    @property
+    def channels(self) -> Tuple[str, ...]:
+        return _FAMILIES[self.family].channels
+
+    @property
+    def budget_musd(self) -> float:
+        """Enough for the luminosity cap at 13 TeV with 25% to spare, plus 30 M$ of analysis."""
+        return round(self.luminosity_fb * BEAM_ENERGIES[13.0].cost_musd_per_fb * 1.25 + 30.0, 1)
+
+    @property
+    def time_days(self) -> float:
+        """Enough for the luminosity cap at 13 TeV and nominal pileup with 20% to spare, plus 40 days."""
+        return round(self.luminosity_fb * BEAM_ENERGIES[13.0].days_per_fb * 1.2 + 40.0, 1)
+
+
+@dataclass(frozen=True)
+class _Family:
+    """A family of procedural searches: the two channels offered, and what the problem
+    statement calls them."""
+
+    channels: Tuple[str, str]
+    description: str
+
+
+_FAMILIES: Dict[str, _Family] = {
+    # A scalar or tensor decaying to photon pairs and/or ZZ* → 4ℓ (the Higgs-like signature).
+    "diboson": _Family(("diphoton", "four_lepton"), "two photons or four charged leptons"),
+    # A Z'-like vector or a graviton decaying to electron and/or muon pairs (non-universal
+    # couplings, e.g. L_μ − L_τ, give one flavour only).
+    "dilepton": _Family(("dielectron", "dimuon"), "an electron or muon pair"),
+    # A heavy resonance decaying to jets and/or photon pairs (an RS graviton does both).
+    "heavy": _Family(("dijet", "diphoton"), "two jets or two photons"),
 }
-# (null probability, target expected local Z at the luminosity cap, window width factor hi/lo)
-_DIFFICULTY = {
-    "easy": (0.15, (7.0, 12.0), (1.3, 1.6)),
-    "medium": (0.25, (4.5, 7.5), (1.5, 2.2)),
-    "hard": (0.35, (2.5, 5.0), (2.0, 3.0)),
+
+# The visible task set: per difficulty, two windows per family, each with its luminosity cap
+# [fb^-1] and beam energies [TeV]. Every window spans at least 12 mass resolutions of its
+# coarsest channel (dijet: 7%), so there are sidebands to fit. Harder tasks have wider
+# windows (more look-elsewhere) and weaker signals (`_DIFFICULTY`).
+PROCEDURAL_CONFIGURATIONS: Dict[str, Tuple[TaskConfiguration, ...]] = {
+    "easy": (
+        TaskConfiguration("diboson", (120.0, 170.0), 80.0),
+        TaskConfiguration("diboson", (300.0, 420.0), 140.0),
+        TaskConfiguration("dilepton", (400.0, 560.0), 80.0),
+        TaskConfiguration("dilepton", (1500.0, 2100.0), 140.0, (8.0, 13.0, 13.6)),
+        TaskConfiguration("heavy", (1500.0, 2800.0), 140.0),
+        TaskConfiguration("heavy", (2500.0, 4600.0), 200.0),
+    ),
+    "medium": (
+        TaskConfiguration("diboson", (110.0, 220.0), 80.0, (8.0, 13.0, 13.6)),
+        TaskConfiguration("diboson", (250.0, 500.0), 140.0),
+        TaskConfiguration("dilepton", (300.0, 600.0), 80.0),
+        TaskConfiguration("dilepton", (1200.0, 2600.0), 200.0),
+        TaskConfiguration("heavy", (1500.0, 3000.0), 140.0, (8.0, 13.0, 13.6)),
+        TaskConfiguration("heavy", (2200.0, 4500.0), 200.0),
+    ),
+    "hard": (
+        TaskConfiguration("diboson", (110.0, 300.0), 140.0),
+        TaskConfiguration("diboson", (200.0, 600.0), 200.0, (8.0, 13.0, 13.6)),
+        TaskConfiguration("dilepton", (250.0, 700.0), 140.0),
+        TaskConfiguration("dilepton", (1000.0, 3000.0), 200.0, (8.0, 13.0, 13.6)),
+        TaskConfiguration("heavy", (1500.0, 4000.0), 200.0),
+        TaskConfiguration("heavy", (1800.0, 5000.0), 200.0),
+    ),
 }
+
+
+@dataclass(frozen=True)
+class _DifficultySettings:
+    null_probability: float
+    target_z: Tuple[float, float]
+    """Expected local Z of a standard analysis at 70% of the luminosity cap, in the strongest channel."""
+    relative_widths: Tuple[float, ...]
+    """Γ/m drawn from these."""
+
+
+_DIFFICULTY: Dict[str, _DifficultySettings] = {
+    "easy": _DifficultySettings(0.15, (7.0, 12.0), (0.002,)),
+    "medium": _DifficultySettings(0.25, (4.5, 7.5), (0.0005, 0.005, 0.02, 0.05)),
+    "hard": _DifficultySettings(0.35, (2.5, 5.0), (0.0005, 0.005, 0.02, 0.05)),
+}
+
+DECAY_PATTERNS = ("first", "second", "both")
+"""Which of the two offered channels a procedural particle decays to, drawn uniformly: "both"
+gives the stronger one the target significance and the other 30-100% of its own."""
+
+PROCEDURAL_PRIOR = {
+    difficulty: {"particle_probability": 1.0 - settings.null_probability,
+                 "mass_fraction_of_window": MASS_FRACTION_RANGE,
+                 "decay_patterns": DECAY_PATTERNS}
+    for difficulty, settings in _DIFFICULTY.items()
+}
+"""What an agent may know about a procedural particle before it takes data, per difficulty:
+the same for every configuration (tested: a classifier on the reset observation does no better)."""
+
+
+def _allowed_spins(decays_to: Tuple[str, ...]) -> Tuple[int, ...]:
+    """Spins a resonance decaying to `decays_to` may have: Landau-Yang forbids spin 1 → γγ;
+    the Higgs-like ZZ* → 4ℓ search is for spin 0 or 2."""
+    return (0, 2) if {"diphoton", "four_lepton"} & set(decays_to) else (1, 2)
+
+
+def _production(spin: int) -> str:
+    """A vector is made from quarks (qq̄ → Z'), a scalar or tensor mostly from gluons."""
+    return "qq" if spin == 1 else "gg"
+
+
+def _salt_words(secret_salt: Optional[str]) -> Tuple[int, ...]:
+    """The secret as two 64-bit words for a random stream's seed (none without a secret)."""
+    if not secret_salt:
+        return ()
+    digest = hashlib.sha256(secret_salt.encode("utf-8")).digest()
+    return (int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:16], "little"))
+
+
+def particle_stream_seed(seed: int, stream: int, secret_salt: Optional[str] = None) -> List[int]:
+    """The seed sequence of one of a task's hidden random streams (the particle, the recorded
+    data), with the evaluation secret mixed in when one is given: without the secret, the
+    public code cannot reproduce what the stream draws."""
+    return [int(seed), int(stream), *_salt_words(secret_salt)]
+
+
+def procedural_scenario(seed: int, difficulty: str, secret_salt: Optional[str] = None) -> Scenario:
+    """A random campaign of the given difficulty, reproducible from `seed` (and the secret).
+
+    The visible task comes from `PROCEDURAL_CONFIGURATIONS[difficulty]` through the task
+    stream; the particle from the particle stream, which makes the same draws whether or not
+    a particle exists (see the section comment above)."""
+    if difficulty not in _DIFFICULTY:
+        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
+    level = DIFFICULTIES.index(difficulty)
+    configurations = PROCEDURAL_CONFIGURATIONS[difficulty]
+    config = configurations[int(np.random.default_rng([seed, level, 104729]).integers(len(configurations)))]
+    settings = _DIFFICULTY[difficulty]
+    rng = np.random.default_rng(particle_stream_seed(seed, 7919 + level, secret_salt))
+
+    exists = bool(rng.random() >= settings.null_probability)
+    band = 2 * int(rng.integers(MASS_BANDS // 2)) + (1 if seed >= EVALUATION_SEED_START else 0)
+    low, high = MASS_FRACTION_RANGE
+    fraction = low + (high - low) * (band + float(rng.random())) / MASS_BANDS
+    lo, hi = config.search_window_gev
+    mass = round(lo + fraction * (hi - lo), 1)
+    relative_width = float(rng.choice(settings.relative_widths))
+    pattern = DECAY_PATTERNS[int(rng.integers(len(DECAY_PATTERNS)))]
+    decays_to = {"first": config.channels[:1], "second": config.channels[1:], "both": config.channels}[pattern]
+    spin = int(rng.choice(_allowed_spins(decays_to)))
+    target_z = float(rng.uniform(*settings.target_z))
+    other_fraction = float(rng.uniform(0.3, 1.0))  # of its own target strength, for the weaker of "both"
+    # The signal strength is solved for every draw, particle or not: reset takes the same work.
+    unit = ParticleTruth(mass, round(mass * relative_width, 3), spin, _production(spin), {})
+    needed = {ch: _sigma_br_for_target(unit, ch, 13.0, 0.7 * config.luminosity_fb, config.search_window_gev,
+                                       target_z) for ch in config.channels}
+    strongest = min(decays_to, key=lambda ch: needed[ch])  # reaches the target with the least σ·B
+    sigma_br = {ch: round(needed[ch] * (1.0 if ch == strongest else other_fraction), 6) for ch in decays_to}
+    truth = replace(unit, sigma_br_fb=sigma_br) if exists else None
+
+    description = _FAMILIES[config.family].description
+    summary = (f"Search for a new resonance decaying to {description} between {lo:g} and {hi:g} GeV. "
+               "There may be a particle in the window, or nothing at all.")
+    return Scenario(
+        name=f"procedural_{difficulty}", difficulty=difficulty, summary=summary,
+        search_window_gev=config.search_window_gev, channels=config.channels,
+        beam_energies_tev=config.beam_energies_tev, budget_musd=config.budget_musd,
+        luminosity_fb=config.luminosity_fb, time_days=config.time_days, truth=truth, curated=False,
+    )
 
 
 def _standard_analysis(truth: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float,
@@ -206,50 +388,6 @@ def expected_local_significance(truth: ParticleTruth, channel: str, sqrt_s_tev: 
     return _asimov_z(truth.sigma_br_fb.get(channel, 0.0), factors, background)
 
 
-def procedural_scenario(seed: int, difficulty: str) -> Scenario:
-    """A random campaign of the given difficulty, reproducible from `seed`."""
-    if difficulty not in _DIFFICULTY:
-        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
-    rng = np.random.default_rng([seed, DIFFICULTIES.index(difficulty), 7919])
-    null_probability, z_range, window_factor = _DIFFICULTY[difficulty]
-    family = str(rng.choice(sorted(_FAMILIES)))
-    channels, spins, production, (mass_lo, mass_hi) = _FAMILIES[family]
-    # A search window spans at least ~12 mass resolutions, or there is no sideband to fit.
-    widest_resolution = max(CHANNELS[ch].resolution_frac for ch in channels)
-    factor = max(float(rng.uniform(*window_factor)), 1.0 + 12.0 * widest_resolution)
-    lo = float(np.exp(rng.uniform(np.log(mass_lo), np.log(mass_hi / factor))))
-    window = (round(lo, -1) if lo > 300 else round(lo), round(lo * factor, -1) if lo > 300 else round(lo * factor))
-    energies = (13.0, 13.6) if rng.random() < 0.7 else (8.0, 13.0, 13.6)
-    luminosity_cap = float(rng.choice([40.0, 80.0, 140.0, 200.0]))
-    beam = BEAM_ENERGIES[13.0]
-    budget = round(luminosity_cap * beam.cost_musd_per_fb * rng.uniform(1.0, 1.5) + 30.0, 1)
-    time_days = round(luminosity_cap * beam.days_per_fb * rng.uniform(1.0, 1.4) + 40.0, 1)
-
-    truth: Optional[ParticleTruth] = None
-    if rng.random() >= null_probability:
-        width_lo, width_hi = window[0] + 0.1 * (window[1] - window[0]), window[1] - 0.1 * (window[1] - window[0])
-        mass = round(float(rng.uniform(width_lo, width_hi)), 1)
-        relative_width = float(rng.choice([0.0005, 0.005, 0.02, 0.05])) if difficulty != "easy" else 0.002
-        spin = int(rng.choice(spins))
-        unit = ParticleTruth(mass, round(mass * relative_width, 3), spin, production, {ch: 1.0 for ch in channels})
-        # Scale σ·B so that the best channel reaches the drawn target significance at 70% of the cap.
-        target_z = float(rng.uniform(*z_range))
-        best = max(channels, key=lambda ch: CHANNELS[ch].signal_efficiency / CHANNELS[ch].resolution_frac)
-        scale = _sigma_br_for_target(unit, best, 13.0, 0.7 * luminosity_cap, window, target_z)
-        truth = replace(unit, sigma_br_fb={ch: round(scale, 6) for ch in channels})
-
-    kind = {"diphoton": "two photons", "four_lepton": "four charged leptons",
-            "dilepton": "a lepton pair", "dijet": "two jets"}[family]
-    summary = (f"Search for a new resonance decaying to {kind} between {window[0]:g} and {window[1]:g} GeV. "
-               "There may be a particle in the window, or nothing at all.")
-    return Scenario(
-        name=f"procedural_{difficulty}", difficulty=difficulty, summary=summary,
-        search_window_gev=(float(window[0]), float(window[1])), channels=channels, beam_energies_tev=energies,
-        budget_musd=float(budget), luminosity_fb=luminosity_cap, time_days=float(time_days), truth=truth,
-        curated=False,
-    )
-
-
 def _sigma_br_for_target(unit: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float,
                          window: Tuple[float, float], target_z: float) -> float:
     """σ·B [fb] at which `expected_local_significance` equals `target_z` (bisection in log σ·B)."""
@@ -264,10 +402,12 @@ def _sigma_br_for_target(unit: ParticleTruth, channel: str, sqrt_s_tev: float, l
     return 10.0 ** hi
 
 
-def make_scenario(seed: int, scenario: Optional[str] = None, difficulty: Optional[str] = None) -> Scenario:
+def make_scenario(seed: int, scenario: Optional[str] = None, difficulty: Optional[str] = None,
+                  secret_salt: Optional[str] = None) -> Scenario:
     """The scenario an episode plays: a curated one by name, else a procedural one.
 
-    With neither given, the difficulty is drawn from the seed."""
+    With neither given, the difficulty is drawn from the seed. `secret_salt` (an evaluation
+    secret) changes the procedural particle, never the visible task."""
     if scenario is not None:
         if scenario in CURATED:
             return CURATED[scenario]
@@ -275,4 +415,4 @@ def make_scenario(seed: int, scenario: Optional[str] = None, difficulty: Optiona
                          "or pass difficulty='easy'|'medium'|'hard' for a procedural one")
     if difficulty is None:
         difficulty = DIFFICULTIES[seed % 3]
-    return procedural_scenario(seed, difficulty)
+    return procedural_scenario(seed, difficulty, secret_salt)

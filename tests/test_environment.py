@@ -25,13 +25,14 @@ from cernenv.rewards import (
     VIOLATION_PENALTY,
 )
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS, Violation
-from cernenv.scenarios import DIFFICULTIES, list_scenarios
+from cernenv.scenarios import DIFFICULTIES, PROCEDURAL_CONFIGURATIONS, list_scenarios, procedural_scenario
 from lib.agents import HeuristicAgent, RandomAgent, best_trigger
 
 SCENARIOS = list_scenarios()
 TRUTH_KEYS = {"exists", "mass_gev", "width_gev", "spin", "channels", "cross_section_fb"}
 # Procedural (difficulty, seed) pairs whose hidden world holds a particle.
-PROCEDURAL_WITH_PARTICLE = [("easy", 2), ("easy", 3), ("medium", 1), ("medium", 3), ("hard", 3), ("hard", 8)]
+PROCEDURAL_WITH_PARTICLE = [(difficulty, seed) for difficulty in DIFFICULTIES
+                            for seed in [s for s in range(50) if procedural_scenario(s, difficulty).truth][:2]]
 
 
 def A(verb: str, **parameters: Any) -> Dict[str, Any]:
@@ -149,7 +150,7 @@ def test_same_seed_same_actions_same_bytes(scenario, difficulty, seed):
     for _ in range(2):
         env, obs = fresh(scenario, seed=seed, difficulty=difficulty)
         trajectory = run_heuristic(env, obs)
-        runs.append(([o.model_dump_json() for o in trajectory], env.state.model_dump_json()))
+        runs.append(([o.model_dump_json() for o in trajectory], env.state.model_dump_json(exclude={"episode_id"})))
     (first, first_state), (second, second_state) = runs
     assert len(first) == len(second) > 8
     for step, (a, b) in enumerate(zip(first, second)):
@@ -184,9 +185,18 @@ def test_different_seeds_give_different_data():
     assert _events_after_collect(1) == recorded[1]
 
 
-def test_different_seeds_give_different_procedural_worlds():
-    tasks = {fresh(difficulty="medium", seed=seed)[1].task.model_dump_json() for seed in range(6)}
-    assert len(tasks) == 6
+def test_different_seeds_give_different_hidden_worlds_from_a_fixed_task_set():
+    """Seeds change the hidden particle; the visible task is one of the difficulty's few
+    configurations, shared by many seeds (so it cannot identify a seed)."""
+    worlds, tasks = set(), {}
+    for seed in range(60):
+        env, obs = fresh(difficulty="medium", seed=seed)
+        worlds.add(json.dumps(env.hidden_truth(), sort_keys=True))
+        tasks.setdefault(obs.task.model_dump_json(), []).append(seed)
+    assert len(worlds) > 40
+    windows = {c.search_window_gev for c in PROCEDURAL_CONFIGURATIONS["medium"]}
+    assert {tuple(json.loads(t)["search_window_gev"]) for t in tasks} <= windows
+    assert len(tasks) <= len(PROCEDURAL_CONFIGURATIONS["medium"]) and min(map(len, tasks.values())) >= 3
 
 
 # No leak of the hidden truth -----------------------------------------------------------
@@ -209,8 +219,11 @@ def truth_patterns(truth: Dict[str, Any]) -> List[re.Pattern]:
 
 
 def public_json(model) -> str:
-    """JSON of an observation or state with the scenario name blanked (tested on its own below)."""
+    """JSON of an observation or state with the scenario name and the (random) episode id blanked
+    (both tested on their own below)."""
     data = json.loads(model.model_dump_json())
+    if "episode_id" in data:
+        data["episode_id"] = ""
     if isinstance(data.get("task"), dict):
         data["task"]["scenario_name"] = ""
     if "scenario_name" in data:
@@ -320,6 +333,18 @@ def test_curated_task_names_do_not_reveal_the_answer():
     assert not revealing, revealing
 
 
+def test_episode_id_is_random_and_changes_no_data():
+    """The id is a fresh UUID (no function of the seed), and naming one changes nothing else."""
+    trajectories, ids = [], []
+    for episode_id in (None, None, "run-5"):
+        env = CERNCollisionEnvironment()
+        obs = env.reset(seed=5, scenario="higgs_4l_125", episode_id=episode_id)
+        ids.append(env.state.episode_id)
+        trajectories.append([o.model_dump_json() for o in run_heuristic(env, obs)])
+    assert ids[0] != ids[1] and ids[2] == "run-5"
+    assert trajectories[0] == trajectories[1] == trajectories[2]
+
+
 def test_state_does_not_reveal_the_procedural_seed():
     seed = 424242
     env, _ = fresh(difficulty="hard", seed=seed)
@@ -350,7 +375,7 @@ def test_hidden_truth_curated(name):
 @pytest.mark.parametrize("difficulty", DIFFICULTIES)
 def test_hidden_truth_procedural(difficulty):
     kinds = set()
-    for seed in range(12):
+    for seed in range(40):
         env, obs = fresh(difficulty=difficulty, seed=seed)
         truth = env.hidden_truth()
         assert set(truth) == TRUTH_KEYS
@@ -360,7 +385,7 @@ def test_hidden_truth_procedural(difficulty):
             assert lo < truth["mass_gev"] < hi and set(truth["channels"]) <= set(obs.task.available_channels)
         else:
             assert truth["mass_gev"] is None and truth["width_gev"] is None and truth["channels"] == []
-    assert kinds == {True, False}, "12 seeds should give both particles and null worlds"
+    assert kinds == {True, False}, "40 seeds should give both particles and null worlds"
 
 
 def test_hidden_truth_before_reset_raises_and_is_stable_across_steps():
