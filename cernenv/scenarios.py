@@ -339,9 +339,13 @@ def procedural_scenario(seed: int, difficulty: str, secret_salt: Optional[str] =
     unit = ParticleTruth(mass, round(mass * relative_width, 3), spin, _production(spin), {})
     needed = {ch: _sigma_br_for_target(unit, ch, 13.0, 0.7 * config.luminosity_fb, config.search_window_gev,
                                        target_z) for ch in config.channels}
-    strongest = min(decays_to, key=lambda ch: needed[ch])  # reaches the target with the least σ·B
-    sigma_br = {ch: round(needed[ch] * (1.0 if ch == strongest else other_fraction), 6) for ch in decays_to}
-    truth = replace(unit, sigma_br_fb=sigma_br) if exists else None
+    # The channel that reaches the target with the least σ·B gets it; the same operations
+    # for every decay pattern (no timing difference between hidden worlds either).
+    strongest = min(config.channels, key=lambda ch: needed[ch] if ch in decays_to else np.inf)
+    scaled = {ch: round(needed[ch] * (1.0 if ch == strongest else other_fraction), 6) for ch in config.channels}
+    sigma_br = {ch: scaled[ch] for ch in config.channels if ch in decays_to}
+    particle = replace(unit, sigma_br_fb=sigma_br)
+    truth = particle if exists else None
 
     description = _FAMILIES[config.family].description
     summary = (f"Search for a new resonance decaying to {description} between {lo:g} and {hi:g} GeV. "

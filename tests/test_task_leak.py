@@ -1,0 +1,193 @@
+"""No answer in what the agent sees at reset.
+
+An off-the-shelf model (scikit-learn's gradient-boosted trees) is fitted on the reset
+observations of thousands of training-range procedural tasks to predict the hidden
+particle: whether it exists, its mass as a fraction of the search window, and which of
+the offered channels it decays to. On tasks held out from that fit it must do no better
+than the prior (the base rates of the training tasks, per difficulty): the 95% bootstrap
+interval of its gain over the prior must include 0 and stay below a small bound. A
+control with a feature that does carry the truth shows the same test catches a leak.
+
+Reset must also take the same work with and without a particle (a timing side channel
+guessed existence 95% of the time once): counted in Python calls, not seconds, so the
+test is exact on a loaded machine (`make bench` times it).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import json
+import pstats
+from typing import Dict, List, Tuple
+
+import numpy as np
+import pytest
+from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+from sklearn.feature_extraction import DictVectorizer
+
+from cernenv.environment import CERNCollisionEnvironment
+from cernenv.scenarios import DECAY_PATTERNS, DIFFICULTIES, EVALUATION_SEED_START, procedural_scenario
+
+FIT_TASKS_PER_DIFFICULTY = 1_800  # 5,400 training-range tasks to fit on
+TEST_TASKS_PER_DIFFICULTY = 1_000  # 3,000 others to judge on
+N_BOOTSTRAP = 2_000
+MAX_GAIN = {"accuracy": 0.03, "mse": 0.003}
+"""How much better than the prior the model may look before the interval's top says leak:
+a tenth of the prior's own error for the mass (its MSE is ~0.05), 3 points of accuracy."""
+
+
+def _flatten(value, prefix: str, out: Dict[str, float]) -> None:
+    """Every leaf of the observation's JSON as a feature: numbers as values, strings as one-hot."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(item, f"{prefix}.{key}", out)
+    elif isinstance(value, list):
+        out[f"{prefix}#len"] = float(len(value))
+        for index, item in enumerate(value):
+            _flatten(item, f"{prefix}[{index}]", out)
+    elif isinstance(value, bool):
+        out[prefix] = float(value)
+    elif isinstance(value, (int, float)):
+        out[prefix] = float(value)
+    elif isinstance(value, str):
+        out[f"{prefix}={value}"] = 1.0
+
+
+def _tasks(seeds: range, difficulty: str) -> Tuple[List[Dict[str, float]], List[dict]]:
+    """Reset observations (flattened) and hidden truths of procedural tasks."""
+    env = CERNCollisionEnvironment()
+    features, truths = [], []
+    for seed in seeds:
+        obs = env.reset(seed=seed, difficulty=difficulty)
+        row: Dict[str, float] = {}
+        _flatten(json.loads(obs.model_dump_json()), "obs", row)
+        features.append(row)
+        truth = env.hidden_truth()
+        lo, hi = obs.task.search_window_gev
+        channels = obs.task.available_channels
+        if truth["exists"]:
+            truth["mass_fraction"] = (truth["mass_gev"] - lo) / (hi - lo)
+            decays = [channels.index(ch) for ch in truth["channels"]]
+            truth["decay_pattern"] = DECAY_PATTERNS.index("both" if len(decays) == 2 else
+                                                          ("first", "second")[decays[0]])
+        truths.append(truth)
+    return features, truths
+
+
+@pytest.fixture(scope="module")
+def observed():
+    fit_features, fit_truths, test_features, test_truths = [], [], [], []
+    for level, difficulty in enumerate(DIFFICULTIES):
+        start = 10_000 * level
+        f, t = _tasks(range(start, start + FIT_TASKS_PER_DIFFICULTY), difficulty)
+        fit_features += f
+        fit_truths += t
+        start = 500_000 + 10_000 * level
+        f, t = _tasks(range(start, start + TEST_TASKS_PER_DIFFICULTY), difficulty)
+        test_features += f
+        test_truths += t
+    assert max(500_000 + 10_000 * 2 + TEST_TASKS_PER_DIFFICULTY, 20_000 + FIT_TASKS_PER_DIFFICULTY) \
+        < EVALUATION_SEED_START
+    vectorizer = DictVectorizer(sparse=False)
+    x_fit = vectorizer.fit_transform(fit_features)
+    x_test = vectorizer.transform(test_features)
+    difficulty_fit = np.array([DIFFICULTIES.index(next(k.split("=")[1] for k in row if k.startswith("obs.task.difficulty=")))
+                               for row in fit_features])
+    difficulty_test = np.array([DIFFICULTIES.index(next(k.split("=")[1] for k in row if k.startswith("obs.task.difficulty=")))
+                                for row in test_features])
+    return x_fit, fit_truths, difficulty_fit, x_test, test_truths, difficulty_test
+
+
+def _interval(gain: np.ndarray) -> Tuple[float, float, float]:
+    """Mean per-task gain of the model over the prior and its 95% bootstrap interval."""
+    rng = np.random.default_rng(0)
+    means = gain[rng.integers(0, gain.size, size=(N_BOOTSTRAP, gain.size))].mean(axis=1)
+    return float(gain.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def _classification_gain(x_fit, y_fit, d_fit, x_test, y_test, d_test) -> Tuple[float, float, float]:
+    """Accuracy gain of the model over the per-difficulty majority class, per test task."""
+    model = HistGradientBoostingClassifier(max_iter=100, random_state=0).fit(x_fit, y_fit)
+    majority = {d: np.bincount(y_fit[d_fit == d]).argmax() for d in np.unique(d_fit)}
+    prior = np.array([majority[d] for d in d_test])
+    gain = (model.predict(x_test) == y_test).astype(float) - (prior == y_test).astype(float)
+    return _interval(gain)
+
+
+def _regression_gain(x_fit, y_fit, d_fit, x_test, y_test, d_test) -> Tuple[float, float, float]:
+    """Squared-error gain of the model over the per-difficulty mean, per test task."""
+    model = HistGradientBoostingRegressor(max_iter=100, random_state=0).fit(x_fit, y_fit)
+    mean = {d: y_fit[d_fit == d].mean() for d in np.unique(d_fit)}
+    prior = np.array([mean[d] for d in d_test])
+    gain = (prior - y_test) ** 2 - (model.predict(x_test) - y_test) ** 2
+    return _interval(gain)
+
+
+def _target(truths, difficulties, name):
+    keep = np.array([name == "exists" or t["exists"] for t in truths])
+    values = np.array([float(t[name]) if name != "exists" else float(t["exists"]) for t, k in zip(truths, keep) if k])
+    return keep, values, difficulties[keep]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target, kind", [("exists", "accuracy"), ("decay_pattern", "accuracy"),
+                                          ("mass_fraction", "mse")])
+def test_reset_observation_predicts_the_particle_no_better_than_the_prior(observed, target, kind):
+    x_fit, fit_truths, d_fit, x_test, test_truths, d_test = observed
+    keep_fit, y_fit, d_fit = _target(fit_truths, d_fit, target)
+    keep_test, y_test, d_test = _target(test_truths, d_test, target)
+    assert keep_fit.sum() > 3_000 and keep_test.sum() > 1_500
+    gain_of = _classification_gain if kind == "accuracy" else _regression_gain
+    if kind == "accuracy":
+        y_fit, y_test = y_fit.astype(int), y_test.astype(int)
+    mean, low, high = gain_of(x_fit[keep_fit], y_fit, d_fit, x_test[keep_test], y_test, d_test)
+    assert low <= 0.0 and high < MAX_GAIN[kind], (
+        f"{target}: the reset observation predicts it better than the prior: gain {mean:+.4f} "
+        f"[{low:+.4f}, {high:+.4f}] ({kind})")
+
+
+@pytest.mark.slow
+def test_the_leak_audit_catches_a_feature_that_carries_the_truth(observed):
+    """Control: one extra feature, the mass fraction blurred by noise of the prior's own spread
+    (and existence flipped 20% of the time), and the same audit reports a gain."""
+    x_fit, fit_truths, d_fit, x_test, test_truths, d_test = observed
+    rng = np.random.default_rng(1)
+
+    def leaky(x, truths):
+        hint = [(t["mass_fraction"] if t["exists"] else 0.5) + rng.normal(0.0, 0.15) for t in truths]
+        flag = [float(t["exists"]) if rng.random() > 0.2 else 1.0 - float(t["exists"]) for t in truths]
+        return np.column_stack([x, hint, flag])
+
+    x_fit, x_test = leaky(x_fit, fit_truths), leaky(x_test, test_truths)
+    for target, kind in (("exists", "accuracy"), ("mass_fraction", "mse")):
+        keep_fit, y_fit, df = _target(fit_truths, d_fit, target)
+        keep_test, y_test, dt = _target(test_truths, d_test, target)
+        gain_of = _classification_gain if kind == "accuracy" else _regression_gain
+        if kind == "accuracy":
+            y_fit, y_test = y_fit.astype(int), y_test.astype(int)
+        _, low, _ = gain_of(x_fit[keep_fit], y_fit, df, x_test[keep_test], y_test, dt)
+        assert low > 0.0, f"the audit missed a leak of {target}"
+
+
+def _python_calls(env: CERNCollisionEnvironment, **reset_kwargs) -> int:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    env.reset(**reset_kwargs)
+    profiler.disable()
+    return sum(row[1] for row in pstats.Stats(profiler).stats.values())  # primitive call counts
+
+
+@pytest.mark.parametrize("difficulty", DIFFICULTIES)
+def test_reset_does_the_same_work_with_and_without_a_particle(difficulty):
+    """Null and particle tasks of the same visible configuration: the same Python calls."""
+    env = CERNCollisionEnvironment()
+    env.reset(seed=0, difficulty=difficulty)  # imports and caches warm
+    by_config: Dict[str, Dict[bool, set]] = {}
+    for seed in range(120):
+        scenario = procedural_scenario(seed, difficulty)
+        config = json.dumps([scenario.search_window_gev, scenario.beam_energies_tev])
+        calls = by_config.setdefault(config, {True: set(), False: set()})
+        calls[scenario.truth is not None].add(_python_calls(env, seed=seed, difficulty=difficulty))
+    both = [calls for calls in by_config.values() if calls[True] and calls[False]]
+    assert len(both) >= 3
+    assert all(len(calls[True] | calls[False]) == 1 for calls in both), both
