@@ -16,6 +16,7 @@ from cernenv.detector import (
     BEAM_ENERGIES,
     CHANNELS,
     PILEUP_SETTINGS,
+    PRODUCTION_REFERENCES,
     TRIGGERS,
     cross_section_scale,
     expected_background_events,
@@ -77,9 +78,13 @@ class Scenario:
 
 # Higgs: m = 125.09 GeV (ATLAS+CMS, PRL 114 (2015) 191803), Γ = 4.1 MeV (SM, YR4),
 # σ(pp→H, 13 TeV) = 55.1 pb (YR4), B(γγ) = 2.27e-3, B(ZZ*→4ℓ, ℓ=e,μ) = 1.25e-4.
-_HIGGS = ParticleTruth(125.09, 0.0041, 0, "gg", {"diphoton": 55.1e3 * 2.27e-3, "four_lepton": 55.1e3 * 1.25e-4})
-# Z: m = 91.1876 GeV, Γ = 2.4952 GeV (PDG); σ·B(ℓℓ) = 1.91 nb per flavour at 13 TeV (ATLAS 2016).
-_Z = ParticleTruth(91.1876, 2.4952, 1, "qq", {"dimuon": 1.91e6, "dielectron": 1.91e6})
+_HIGGS_13TEV_FB = PRODUCTION_REFERENCES["gg"][1][13.0] * 1e3
+_HIGGS = ParticleTruth(125.09, 0.0041, 0, "gg", {"diphoton": _HIGGS_13TEV_FB * 2.27e-3,
+                                                 "four_lepton": _HIGGS_13TEV_FB * 1.25e-4})
+# Z: m = 91.1876 GeV, Γ = 2.4952 GeV (PDG); σ·B(ℓℓ) = 1.981 nb per flavour at 13 TeV
+# (ATLAS, PLB 759 (2016) 601; other energies: `detector.PRODUCTION_REFERENCES`).
+_Z_13TEV_FB = PRODUCTION_REFERENCES["qq"][1][13.0] * 1e6
+_Z = ParticleTruth(91.1876, 2.4952, 1, "qq", {"dimuon": _Z_13TEV_FB, "dielectron": _Z_13TEV_FB})
 
 CURATED: Dict[str, Scenario] = {
     s.name: s
@@ -99,7 +104,7 @@ CURATED: Dict[str, Scenario] = {
             (110.0, 160.0), ("four_lepton",), (13.0, 13.6),
             budget_musd=90.0, luminosity_fb=30.0, time_days=120.0,
             reference="H→ZZ*→4ℓ: CMS, PLB 716 (2012) 30; JHEP 11 (2017) 047.",
-            truth=replace(_HIGGS, sigma_br_fb={"four_lepton": 55.1e3 * 1.25e-4}),
+            truth=replace(_HIGGS, sigma_br_fb={"four_lepton": _HIGGS_13TEV_FB * 1.25e-4}),
         ),
         Scenario(
             "z_mumu_91", "easy",
