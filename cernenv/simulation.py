@@ -155,11 +155,11 @@ class CollisionRecorder:
             background = expected_background_events(spec, self.fine_edges_gev, sqrt_s_tev, luminosity_fb)
             expected = np.outer(background * efficiency * _LOOSEST_BACKGROUND,
                                 background_angular_probabilities(name, N_COS_BINS))
-            drawn = self.rng.poisson(expected)
-            record.background_counts += drawn
-            n_signal = self._record_signal(record, luminosity_fb, sqrt_s_tev, efficiency)
+            before = record.recorded_events
+            record.background_counts += self.rng.poisson(expected)
+            self._record_signal(record, luminosity_fb, sqrt_s_tev, efficiency)
             record.luminosity_fb += luminosity_fb
-            recorded[name] = int(drawn.sum() / _LOOSEST_BACKGROUND) + n_signal
+            recorded[name] = record.recorded_events - before  # so the collections add up to the total
         return recorded
 
     def _record_signal(self, record: ChannelRecord, luminosity_fb: float, sqrt_s_tev: float,
