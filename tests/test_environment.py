@@ -345,6 +345,36 @@ def test_episode_id_is_random_and_changes_no_data():
     assert trajectories[0] == trajectories[1] == trajectories[2]
 
 
+def test_a_secret_salt_hides_the_particle_from_the_public_code_but_not_the_task():
+    """With a secret, the seed still draws the same visible task, but another particle and other
+    data; the same secret gives the same world; the constructor's and reset's secrets combine."""
+    changed = 0
+    for seed in range(30):
+        public, salted = CERNCollisionEnvironment(), CERNCollisionEnvironment(secret_salt="s3cret")
+        assert public.reset(seed=seed, difficulty="medium").task == salted.reset(seed=seed, difficulty="medium").task
+        changed += public.hidden_truth() != salted.hidden_truth()
+        again = CERNCollisionEnvironment()
+        again.reset(seed=seed, difficulty="medium", secret_salt="s3cret")
+        assert again.hidden_truth() == salted.hidden_truth()
+    assert changed >= 20  # two null worlds are equal; particles differ
+    runs = {}
+    for name, kwargs, reset_salt in (("public", {}, None), ("salted", {"secret_salt": "s3cret"}, None),
+                                     ("both", {"secret_salt": "s3cret"}, "mine"), ("twice", {"secret_salt": "s3cret"}, None)):
+        env = CERNCollisionEnvironment(**kwargs)
+        obs = env.reset(seed=4, scenario="higgs_4l_125", secret_salt=reset_salt)
+        runs[name] = [o.model_dump_json() for o in run_heuristic(env, obs)][:6]
+    assert runs["salted"] == runs["twice"]
+    assert len({json.dumps(runs[k]) for k in ("public", "salted", "both")}) == 3
+
+
+@pytest.mark.parametrize("salt", ["", 7, b"bytes"])
+def test_a_secret_salt_must_be_a_non_empty_string(salt):
+    with pytest.raises(ValueError, match="secret_salt must be a non-empty string"):
+        CERNCollisionEnvironment(secret_salt=salt)
+    with pytest.raises(ValueError, match="secret_salt must be a non-empty string"):
+        CERNCollisionEnvironment().reset(seed=0, secret_salt=salt)
+
+
 def test_state_does_not_reveal_the_procedural_seed():
     seed = 424242
     env, _ = fresh(difficulty="hard", seed=seed)
@@ -512,6 +542,23 @@ def test_redundant_action_runs_and_is_penalised_softly():
     assert "error" not in second.latest_result and second.latest_result["channel"] == "four_lepton"
     assert second.resource_usage.time_used_days == pytest.approx(first.resource_usage.time_used_days + 0.1)
     assert env.state.reward_components["redundancy"] == pytest.approx(REDUNDANCY_PENALTY)
+
+
+@pytest.mark.parametrize("setup, first, second", [
+    (H4L_SPECTRUM, A("scan_bump"), A("scan_bump", step_gev=None)),  # a default spelt out
+    (H4L_SPECTRUM[:-1], A("build_invariant_mass"),
+     A("build_invariant_mass", mass_min_gev=1.0, mass_max_gev=10_000.0)),  # clipped to the same window
+    (H4L_DATA, A("reconstruct_tracks", channel="four_lepton"),
+     A("reconstruct_tracks", channel="four_lepton", quality="standard")),
+])
+def test_the_same_action_spelt_another_way_is_still_redundant(setup, first, second):
+    """Redundancy is judged on what the action did, not on how its parameters were written."""
+    env, obs = fresh("higgs_4l_125", seed=0)
+    for action in setup:
+        ok(env, action)
+    ok(env, first)
+    obs = env.step(second)
+    assert obs.reward_breakdown["redundancy"] == REDUNDANCY_PENALTY, (second, obs.rule_violations)
 
 
 def test_same_action_on_changed_data_is_not_redundant():

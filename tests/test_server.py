@@ -151,9 +151,11 @@ def error_of(reply: Dict[str, Any]) -> Tuple[str, str]:
 
 
 def lockstep(client: Any, agent_factory: Callable[[], Any], seed: int, scenario: Optional[str] = None,
-             difficulty: Optional[str] = None) -> int:
-    """Play one episode remotely and in process with twin agents; every observation must match."""
-    env, local_agent, remote_agent = CERNCollisionEnvironment(), agent_factory(), agent_factory()
+             difficulty: Optional[str] = None, secret_salt: Optional[str] = None) -> int:
+    """Play one episode remotely and in process with twin agents; every observation must match
+    (the in-process environment holds `secret_salt`, the server's secret)."""
+    env = CERNCollisionEnvironment(secret_salt=secret_salt)
+    local_agent, remote_agent = agent_factory(), agent_factory()
     local = env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
     remote = client.reset(seed=seed, scenario=scenario, difficulty=difficulty).observation
     assert isinstance(remote, CollisionObservation)
@@ -171,7 +173,7 @@ def lockstep(client: Any, agent_factory: Callable[[], Any], seed: int, scenario:
     assert local.done
     state = client.state()
     assert isinstance(state, CernState)
-    assert state.model_dump_json() == env.state.model_dump_json()
+    assert state.model_dump_json(exclude={"episode_id"}) == env.state.model_dump_json(exclude={"episode_id"})
     return step
 
 
@@ -179,7 +181,7 @@ def episode_digest(observations: List[CollisionObservation], state: CernState) -
     digest = hashlib.sha256()
     for observation in observations:
         digest.update(observation.model_dump_json().encode())
-    digest.update(state.model_dump_json().encode())
+    digest.update(state.model_dump_json(exclude={"episode_id"}).encode())  # a fresh random id per episode
     return digest.hexdigest()
 
 
@@ -194,6 +196,11 @@ def play(reset: Callable[..., CollisionObservation], step: Callable[[Any], Colli
         observations.append(step(agent.act(observations[-1])))
     assert observations[-1].done
     return episode_digest(observations, state()), len(observations) - 1
+
+
+def _local_calls(env: CERNCollisionEnvironment, extra: Optional[str] = None) -> Dict[str, Callable]:
+    """`play`'s reset, step and state for an in-process environment (`extra`: a reset secret)."""
+    return dict(reset=lambda **kw: env.reset(**kw, secret_salt=extra), step=env.step, state=lambda: env.state)
 
 
 def play_remote(client: Any, seed: int, scenario: str) -> Tuple[str, int]:
@@ -262,6 +269,33 @@ def test_websocket_route_serves_a_session(server):
 def test_heuristic_episode_is_identical_remote_and_in_process(server, scenario, difficulty, seed):
     with server.client() as client:
         assert lockstep(client, HeuristicAgent, seed, scenario, difficulty) > 3
+
+
+def test_a_server_secret_changes_the_hidden_world_and_clients_cannot_remove_it(tmp_path):
+    """With --secret-salt-file, a procedural seed hides another particle than the public code's,
+    the episode equals an in-process one holding the same secret, the secret never appears in the
+    output, and a client's own secret_salt is mixed in on top of it."""
+    secret = "leaderboard-2026-" + "x" * 20
+    (tmp_path / "secret").write_text(secret + "\n")
+    salted = Server("--secret-salt-file", str(tmp_path / "secret"))
+    try:
+        with salted.client() as client:
+            assert lockstep(client, HeuristicAgent, 2, None, "easy", secret_salt=secret) > 3
+            public, salted_here = (play_local(2, "higgs_4l_125"),
+                                   play(**_local_calls(CERNCollisionEnvironment(secret_salt=secret)),
+                                        seed=2, scenario="higgs_4l_125"))
+            assert play_remote(client, 2, "higgs_4l_125") == salted_here != public  # data drawn with the secret
+            remote_calls = dict(reset=lambda **kw: client.reset(**kw, secret_salt="mine").observation,
+                                step=lambda a: client.step(a).observation, state=client.state)
+            both = play(**_local_calls(CERNCollisionEnvironment(secret_salt=secret), extra="mine"),
+                        seed=2, scenario="higgs_4l_125")
+            assert play(**remote_calls, seed=2, scenario="higgs_4l_125") == both
+            assert both[0] not in (public[0], salted_here[0])
+        assert secret not in salted.output()
+    finally:
+        salted.stop()
+    with pytest.raises(SystemExit):
+        server_main(["--secret-salt-file", str(tmp_path / "missing")])
 
 
 def test_random_and_malformed_actions_are_judged_as_in_process(server):

@@ -28,7 +28,7 @@ import functools
 import json
 import os
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional
 
 from fastapi import FastAPI, Request
@@ -57,6 +57,10 @@ class ServerConfig:
     max_message_bytes: int = 64 * 1024
     """Largest request accepted [bytes]: a larger WebSocket message gets an error frame, a larger HTTP body 413.
     An action with the longest justification (2,000 characters) takes under 3 KiB."""
+    secret_salt: str = field(default="", repr=False)
+    """Evaluation secret mixed into every session's hidden streams (procedural particles and data),
+    so the public code cannot look up an episode's answer from its seed; "" for none. Never
+    printed; a client's own `secret_salt` at reset is mixed in on top and cannot remove it."""
 
     @property
     def ws_frame_limit_bytes(self) -> int:
@@ -130,28 +134,31 @@ class EnvironmentCount:
 class ServedEnvironment(CERNCollisionEnvironment):
     """`CERNCollisionEnvironment` as one server session runs it (see the module docstring)."""
 
-    RESET_PARAMETERS = ("seed", "episode_id", "scenario", "difficulty")
+    RESET_PARAMETERS = ("seed", "episode_id", "scenario", "difficulty", "secret_salt")
     # Every session's reset and step run on one shared thread, in arrival order. The physics holds
     # the GIL, so a thread per session only adds contention: at 32 sessions it doubled the server's
     # CPU time per episode (170 vs 87 ms) and cut throughput by a third (bench/bench_server.py).
     REQUIRES_SINGLE_THREAD_EXECUTOR = True
 
-    def __init__(self, count: EnvironmentCount) -> None:
-        super().__init__()
+    def __init__(self, count: EnvironmentCount, secret_salt: str = "") -> None:
+        super().__init__(secret_salt=secret_salt or None)
         self._count = count
         self._closed = False
         count.change(+1)
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, scenario: Optional[str] = None,
-              difficulty: Optional[str] = None, **unknown: Any) -> CollisionObservation:
+              difficulty: Optional[str] = None, secret_salt: Optional[str] = None,
+              **unknown: Any) -> CollisionObservation:
         if unknown:
             raise RequestError(f"unknown reset parameter(s) {sorted(unknown)}; "
                                f"accepted: {', '.join(self.RESET_PARAMETERS)}")
-        for name, value in (("episode_id", episode_id), ("scenario", scenario), ("difficulty", difficulty)):
+        for name, value in (("episode_id", episode_id), ("scenario", scenario), ("difficulty", difficulty),
+                            ("secret_salt", secret_salt)):
             if value is not None and not (isinstance(value, str) and len(value) <= 255):
                 raise RequestError(f"{name} must be a string of at most 255 characters, got {str(value)[:60]!r}")
         try:
-            return super().reset(seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty)
+            return super().reset(seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty,
+                                 secret_salt=secret_salt)
         except ValueError as error:
             raise RequestError(str(error)) from None
 
@@ -266,7 +273,8 @@ def create_cernenv_app(config: Optional[ServerConfig] = None) -> Any:
     """The ASGI app: OpenEnv's routes for `ServedEnvironment`, `/sessions`, and `MessageLimit` in front."""
     config = config or ServerConfig.from_env()
     count = EnvironmentCount()
-    app: FastAPI = create_app(functools.partial(ServedEnvironment, count), WireAction, CollisionObservation,
+    app: FastAPI = create_app(functools.partial(ServedEnvironment, count, config.secret_salt), WireAction,
+                              CollisionObservation,
                               env_name="cernenv", max_concurrent_envs=config.max_sessions, state_cls=CernState)
 
     async def request_error(request: Request, error: RequestError) -> JSONResponse:
