@@ -71,18 +71,41 @@ def bench_heuristic(n_episodes: int) -> tuple[float, float]:
     return heuristic_throughput(episode_specs(n_episodes))
 
 
+def bench_reset_by_truth(n_resets: int) -> dict:
+    """Median reset time [ms] of procedural tasks with and without a particle, interleaved so
+    that machine load hits both alike: a reset must not tell whether a particle exists."""
+    from cernenv.scenarios import procedural_scenario
+
+    env = CERNCollisionEnvironment()
+    times: dict = {True: [], False: []}
+    seed = 0
+    while min(len(v) for v in times.values()) < n_resets:
+        difficulty = DIFFICULTIES[seed % 3]
+        exists = procedural_scenario(seed, difficulty).truth is not None
+        if len(times[exists]) < n_resets:
+            start = time.perf_counter()
+            env.reset(seed=seed, difficulty=difficulty)
+            times[exists].append(time.perf_counter() - start)
+        seed += 1
+    return {exists: 1e3 * sorted(values)[len(values) // 2] for exists, values in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--random-steps", type=int, default=20000)
     parser.add_argument("--heuristic-episodes", type=int, default=300)
+    parser.add_argument("--resets", type=int, default=2000, help="procedural resets timed of each kind")
     args = parser.parse_args()
     bench_heuristic(4)  # warm-up: imports, caches
     random_rate = bench_random(args.random_steps)
     episode_rate, step_rate = bench_heuristic(args.heuristic_episodes)
+    reset_ms = bench_reset_by_truth(args.resets)
     print(f"{'benchmark':<34}{'measured':>12}{'target':>10}")
     print(f"{'random actions [steps/s]':<34}{random_rate:>12.0f}{RANDOM_STEPS_TARGET:>10.0f}")
     print(f"{'HeuristicAgent [episodes/s]':<34}{episode_rate:>12.1f}{HEURISTIC_EPISODES_TARGET:>10.0f}")
     print(f"{'HeuristicAgent [steps/s]':<34}{step_rate:>12.0f}{'':>10}")
+    print(f"{'reset, particle [ms, median]':<34}{reset_ms[True]:>12.3f}{'':>10}")
+    print(f"{'reset, nothing there [ms, median]':<34}{reset_ms[False]:>12.3f}{'':>10}")
     return 0
 
 
