@@ -60,8 +60,12 @@ _BARRIER = 1e9  # deviance returned (plus violation) when a bin expectation is <
 # "background" into the signal. The log-log slope -dln f/dln m = p2 + p1·x/(1-x) is
 # monotone in x, so requiring it >= 0 at both window edges keeps the dijet function
 # falling over the whole window (without constraining p1 and p2 separately, which are
-# nearly degenerate over a narrow window). Enforced by a smooth quadratic wall.
+# nearly degenerate over a narrow window). A hard constraint: ``_newton`` cuts a step where
+# it would reach the wall and holds the constraint there (starts are moved inside,
+# ``_feasible_shape``). The quadratic penalty below only acts outside the wall, to lead a
+# start given from outside back in.
 _SHAPE_PENALTY = 1e2
+_WALL_TOL = 1e-9  # a log-log slope this close to 0 is on the wall
 
 # parameter order used by the internal cost
 _NAMES = ("background_yield", "a1", "a2", "signal_yield", "mass_gev", "width_gev", "theta")
@@ -323,20 +327,13 @@ class _Deviance:
         """Negative parts of the log-log slope at the two window edges."""
         return np.minimum(self.t.slope_matrix @ np.array(self.shape_params(par[_A1], par[_A2])), 0.0)
 
-    def wall_model(self, par, free, step):
-        """For ``_newton``: the shape wall's contribution to the quadratic model of the cost,
-        for the window edges whose log-log slope is >= 0 at ``par`` but would turn negative
-        after ``step`` (over the parameters ``free``): (extra Hessian, extra gradient) of
-        P (slope + dslope . step)^2, or None if no edge would cross."""
+    def wall_constraint(self, par, free):
+        """For ``_newton``: the log-log slopes at the two window edges (>= 0 inside the wall) and
+        their gradients with respect to the parameters ``free``: ((2,), (2, len(free)))."""
         slope = self.t.slope_matrix @ np.array(self.shape_params(par[_A1], par[_A2]))
         rows = np.zeros((2, 7))
         rows[:, _A1:_A2 + 1] = self.wall
-        rows = rows[:, free]
-        crossing = (slope >= 0.0) & (slope + rows @ step < 0.0)
-        if not crossing.any():
-            return None
-        w, v = rows[crossing], slope[crossing]
-        return 2.0 * _SHAPE_PENALTY * (w.T @ w), 2.0 * _SHAPE_PENALTY * (w.T @ v)
+        return slope, rows[:, free]
 
     def __call__(self, *par):
         mu, _ = self.expected(par)
@@ -478,10 +475,9 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
     Newton steps on the exact gradient and Hessian (``_Deviance.value_grad_hess``), with
     the Hessian's eigenvalues taken in absolute value (and floored) where it is not
     positive definite; a parameter at a bound that the step would cross is held there
-    (active set); where a step would push the background shape through the wall (its
-    falling-slope penalty, inactive where the step starts) the wall's quadratic term is
-    added to the model first (``_Deviance.wall_model``); steps are shortened to
-    ``max_step`` (per free parameter) and then by a
+    (active set); the falling-shape constraints (``_Deviance.wall_constraint``) are held as
+    well where the shape is on the wall (``_wall_step``), and a step is cut where it would
+    reach the wall; steps are shortened to ``max_step`` (per free parameter) and then by a
     backtracking (Armijo) line search on the cost itself, so every step decreases it.
     Stops when the Newton decrement g^T H^-1 g (twice the predicted decrease, deviance
     units) is below ``tol``, after that last step: with quadratic convergence the cost is
@@ -502,27 +498,32 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
         at_lower = [k for k in bounded if xf[k] <= lo[k]]
         at_upper = [k for k in bounded if xf[k] >= hi[k]]
         held = [k for k in at_lower if g[k] > 0] + [k for k in at_upper if g[k] < 0]
-        h_model, g_model = h, g
+        slope, normals = cost.wall_constraint(x, free)
+        on_wall = slope <= _WALL_TOL
         for _ in range(2 * free.size + 2):  # Newton step on the parameters not held; hold those it would
-            move = [k for k in range(free.size) if k not in held]  # push out, model a wall it would cross
+            move = [k for k in range(free.size) if k not in held]  # push out
             step = np.zeros(free.size)
             if not move:
                 break
-            sub = h_model if not held else h_model[np.ix_(move, move)]
+            sub = h if not held else h[np.ix_(move, move)]
             eigval, eigvec = np.linalg.eigh(sub)
             eigval = np.abs(eigval)
             eigval = np.maximum(eigval, 1e-12 * max(float(eigval.max()), 1e-300))
-            step[move] = -eigvec @ ((eigvec.T @ g_model[move]) / eigval)
+            step[move] = _wall_step(eigval, eigvec, g[move], normals[:, move], on_wall)
             blocked = [k for k in at_lower if step[k] < 0 and k not in held]
             blocked += [k for k in at_upper if step[k] > 0 and k not in held]
             if blocked:
                 held += blocked
                 continue
-            wall = cost.wall_model(x, free, step) if h_model is h else None
-            if wall is None:
-                break
-            h_model, g_model = h + wall[0], g + wall[1]
+            break
         decrement = -float(g @ step)
+        slope_step = normals @ step
+        t_wall = 1.0  # the longest step that keeps the shapes off the wall inside it
+        for j in range(slope.size):
+            if not on_wall[j] and slope_step[j] < 0.0:
+                t_wall = min(t_wall, -float(slope[j]) / float(slope_step[j]))
+        if t_wall < 1.0:
+            step = t_wall * step
         steps = step.tolist()
         if decrement < tol:  # within ~decrement/2 of the minimum: take the last step if it helps
             trial = x.copy()
@@ -557,6 +558,56 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
     return x, fval, False
 
 
+def _wall_step(eigval, eigvec, g, normals, on_wall):
+    """Newton step -H^-1 g (H = eigvec diag(eigval) eigvec^T) that keeps the linear constraints
+    ``normals`` . step >= 0 of those ``on_wall``.
+
+    For each subset of the constraints on the wall, the minimiser of the quadratic model
+    with those held (the step projected onto their face in the metric of H, through their
+    Lagrange multipliers); of those that push no other constraint on the wall outwards,
+    the one with the largest decrement -g . step (the lowest model value, -decrement / 2)
+    is the minimiser of the model on the feasible cone."""
+
+    def hinv(v):
+        return eigvec @ ((eigvec.T @ v) / (eigval if v.ndim == 1 else eigval[:, None]))
+
+    free_step = -hinv(g)
+    walls = np.flatnonzero(on_wall)
+    if walls.size == 0 or np.all(normals[walls] @ free_step >= 0.0):
+        return free_step
+    best, best_dec = None, -np.inf
+    subsets = [[int(j)] for j in walls] + ([walls.tolist()] if walls.size > 1 else [])
+    for subset in subsets:
+        c = normals[subset]
+        if not np.any(c):
+            continue
+        hc = hinv(c.T)
+        lam = np.linalg.lstsq(c @ hc, c @ free_step, rcond=None)[0]
+        step = free_step - hc @ lam
+        others = [j for j in walls if j not in subset]
+        if others and np.any(normals[others] @ step < 0.0):
+            continue
+        dec = -float(g @ step)
+        if dec > best_dec:
+            best, best_dec = step, dec
+    return np.zeros_like(free_step) if best is None else best
+
+
+def _feasible_shape(tmpl, p1, p2):
+    """(p1, p2) moved onto the falling shapes (log-log slope >= 0 at both window edges) if it is
+    not on them: the nearest point of that cone (Euclidean in (p1, p2)), a start for a fit."""
+    p = np.array([p1, p2], dtype=float)
+    c = tmpl.slope_matrix
+    if np.all(c @ p >= 0.0):
+        return float(p1), float(p2)
+    best = np.zeros(2)  # flat: both slopes 0
+    for j in range(2):
+        q = p - c[j] * (c[j] @ p) / (c[j] @ c[j])
+        if np.all(c @ q >= -1e-12) and np.sum((q - p) ** 2) < np.sum((best - p) ** 2):
+            best = q
+    return float(best[0]), float(best[1])
+
+
 def _fit_background(tmpl, counts, starts=None, mask=None):
     """Background-only fit from the given (p1, p2) starts (default: WLS and (8, 5)), the
     lowest minimum kept.
@@ -578,6 +629,7 @@ def _fit_background(tmpl, counts, starts=None, mask=None):
         starts = starts[:2]
     best = None
     for p1, p2 in starts:
+        p1, p2 = _feasible_shape(tmpl, p1, p2)
         kept = 1.0 if mask is None else max(float(tmpl.background(p1, p2)[0][mask].sum()), 1e-3)
         nb0 = max(total / kept, 1.0)
         T = _whitening(tmpl, nb0, p1, p2)

@@ -71,16 +71,64 @@ def _background_grid(tmpl: BinnedTemplate, p1: np.ndarray, p2: np.ndarray):
     return f, df1, df2
 
 
+def _wall_steps(info: np.ndarray, score: np.ndarray, normals: np.ndarray, on_wall: np.ndarray):
+    """Fisher-scoring steps that keep the falling-shape constraints: (step (K, P), Newton decrement (K,)).
+
+    ``normals`` (2, P): gradients of the log-log slopes at the window edges (linear constraints
+    slope >= floor); ``on_wall`` (K, 2): constraints holding with equality at the start of the step.
+    For each subset of the constraints on the wall, the step minimising the quadratic model
+    with those held (slope unchanged: the step is projected onto the constraint's face in the
+    metric of the information, via its Lagrange multiplier) is computed; of those that do not
+    push another constraint on the wall outwards, the one with the largest decrement (the
+    lowest quadratic model, -decrement / 2) is taken: the exact minimiser of the model on the
+    feasible cone. A constraint off the wall is left to the step-length limit."""
+    k, p = score.shape
+    rhs = np.concatenate([score[:, :, None], np.broadcast_to(normals.T, (k, p, 2))], axis=2)
+    try:
+        solved = np.linalg.solve(info, rhs)
+    except np.linalg.LinAlgError:
+        solved = np.linalg.pinv(info) @ rhs
+    free_step, hinv_c = -solved[:, :, 0], solved[:, :, 1:]  # (K, P), (K, P, 2)
+    c_step = free_step @ normals.T  # (K, 2)
+    m = np.einsum("jp,kpi->kji", normals, hinv_c)  # C H^-1 C^T, (K, 2, 2)
+    best_step, best_dec = free_step, -np.einsum("kp,kp->k", free_step, score)
+    feasible = ~np.any(on_wall & (c_step < 0.0), axis=1)
+    best_dec = np.where(feasible, best_dec, -np.inf)
+    if not on_wall.any():
+        return best_step, best_dec
+    best_step = best_step.copy()
+    for held in (np.array([True, False]), np.array([False, True]), np.array([True, True])):
+        rows = np.flatnonzero(np.all(on_wall[:, held], axis=1))
+        if rows.size == 0:
+            continue
+        eye = np.diag((~held).astype(float))
+        mask = np.outer(held, held).astype(float)
+        lam = np.linalg.solve(m[rows] * mask + eye, (c_step[rows] * held)[..., None])[..., 0]
+        step = free_step[rows] - np.einsum("kpi,ki->kp", hinv_c[rows], lam)
+        dec = -np.einsum("kp,kp->k", step, score[rows])
+        pushes = on_wall[rows] & ~held & (step @ normals.T < 0.0)
+        better = ~np.any(pushes, axis=1) & (dec > best_dec[rows])
+        best_step[rows[better]], best_dec[rows[better]] = step[better], dec[better]
+    return best_step, best_dec
+
+
 def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarray | None, n_iter: int):
-    """Fisher scoring of (N_b, p1, p2[, N_s]) from ``start`` (4,) for each row of ``s`` (None:
-    background only, one row). Returns theta (K, 4), mu (K, n), f, df/dp1, df/dp2 at theta."""
+    """Fisher scoring of (N_b, p1, p2[, N_s]) from ``start`` ((4,), or (K, 4): one start per row)
+    for each row of ``s`` (None: background only, one row). Returns theta (K, 4), mu (K, n),
+    f, df/dp1, df/dp2 at theta.
+
+    The background stays falling (``fitting._SHAPE_PENALTY``): the log-log slopes at the window
+    edges, linear in (p1, p2), stay >= min(their value at the start, 0) - 1e-9. A step is cut
+    where it would cross that floor, and at the floor the constraint is held (``_wall_steps``)."""
     free_signal = s is not None
     s = np.zeros((1, n.size)) if not free_signal else s
     k = s.shape[0]
-    theta = np.tile(np.asarray(start, dtype=float), (k, 1))
+    theta = np.array(np.broadcast_to(np.asarray(start, dtype=float), (k, 4)))
     if not free_signal:
         theta[:, 3] = 0.0
     n_par = 4 if free_signal else 3
+    normals = np.zeros((2, n_par))
+    normals[:, 1:3] = tmpl.slope_matrix
 
     def model(th, rows):
         f, df1, df2 = _background_grid(tmpl, th[:, 1], th[:, 2])
@@ -98,21 +146,14 @@ def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarr
         jac = np.stack([f_a, th[:, :1] * df1_a, th[:, :1] * df2_a, s[rows]][:n_par], axis=1)  # (K, P, n)
         score = (jac @ (1.0 - n / mu_a)[:, :, None])[..., 0]
         info = (jac / mu_a[:, None, :]) @ jac.transpose(0, 2, 1)
-        try:
-            step = -np.linalg.solve(info, score[..., None])[..., 0]
-        except np.linalg.LinAlgError:
-            step = -np.einsum("kpq,kq->kp", np.linalg.pinv(info), score)
-        decrement = -np.einsum("kp,kp->k", step, score)  # Newton decrement^2
-        # Falling background (as in fitting._SHAPE_PENALTY): the slope constraint is linear in
-        # (p1, p2), so the longest feasible step is exact (relative to the start, which the
-        # background-only fit's soft wall may leave just below 0). A row stopped by it has converged
-        # onto the boundary.
-        slope_now = th[:, 1:3] @ tmpl.slope_matrix.T
-        slope_step = step[:, 1:3] @ tmpl.slope_matrix.T
+        gap = th[:, 1:3] @ tmpl.slope_matrix.T - slope_floor[rows]  # distance to the floor, (K, 2)
+        on_wall = gap <= 1e-9
+        step, decrement = _wall_steps(info, score, normals, on_wall)  # decrement: Newton decrement^2
+        # the constraints are linear in (p1, p2): the longest step that keeps those off the wall is exact
+        slope_step = step @ normals.T
         with np.errstate(divide="ignore", invalid="ignore"):
-            limit = np.where(slope_step < 0, (slope_floor[rows] - slope_now) / slope_step, np.inf)
+            limit = np.where((slope_step < 0) & ~on_wall, -gap / slope_step, np.inf)
         alpha = np.clip(limit.min(axis=1), 0.0, 1.0)
-        on_boundary = alpha < 1e-9
         trial = th.copy()
         trial[:, :n_par] += alpha[:, None] * step
         mu_t, f_t, df1_t, df2_t = model(trial, rows)
@@ -125,7 +166,7 @@ def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarr
             mu_t[bad], f_t[bad], df1_t[bad], df2_t[bad] = model(trial[bad], rows[bad])
             bad = bad[~np.all(mu_t[bad] > 0, axis=1)]
         theta[rows], mu[rows], f[rows], df1[rows], df2[rows] = trial, mu_t, f_t, df1_t, df2_t
-        active[rows] = (decrement > 1e-7) & ~on_boundary  # NLL within ~5e-8 of its maximum: q0 to ~1e-7
+        active[rows] = decrement > 1e-7  # NLL within ~5e-8 of its maximum: q0 to ~1e-7
     return theta, mu, f, df1, df2
 
 
@@ -196,12 +237,28 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
         solved = np.linalg.pinv(info_bb) @ np.column_stack([u_b, info_sb.T])
     schur = info_ss - np.einsum("kp,pk->k", info_sb, solved[:, 1:])
     with np.errstate(divide="ignore", invalid="ignore"):
-        ns = np.minimum((u_s - info_sb @ solved[:, 0]) / schur, 0.0)
+        one_step = (u_s - info_sb @ solved[:, 0]) / schur
+    ns = np.minimum(one_step, 0.0)
     excess = np.flatnonzero(u_s > 0)
     if excess.size:
         theta1, mu1, *_ = _profile(tmpl, n, theta0[0], s[excess], 25)
-        ns[excess] = theta1[:, 3]
         nll1 = _nll(mu1, n)
+        # An excess whose profile ended at N_s <= 0 (a wall or a non-quadratic likelihood on the
+        # way): refit from inside the excess, N_s at the one-step estimate (at most the events in
+        # the window), N_b lowered to keep the total; the lower minimum is kept.
+        again = np.flatnonzero(~(theta1[:, 3] > 0))
+        if again.size:
+            rows = excess[again]
+            ns_start = np.clip(np.nan_to_num(one_step[rows], nan=0.0), 1e-3 * np.sqrt(n.sum()), n.sum())
+            ns_start = np.minimum(ns_start, 0.5 * nb0 / np.maximum(s[rows].sum(axis=1), 1e-12))
+            starts = np.tile(theta0[0], (rows.size, 1))
+            starts[:, 3] = ns_start
+            starts[:, 0] = nb0 - ns_start * s[rows].sum(axis=1)
+            theta2, mu2, *_ = _profile(tmpl, n, starts, s[rows], 25)
+            nll2 = _nll(mu2, n)
+            better = nll2 < np.where(np.isfinite(nll1[again]), nll1[again], np.inf)
+            theta1[again[better]], nll1[again[better]] = theta2[better], nll2[better]
+        ns[excess] = theta1[:, 3]
         q0[excess] = np.where(theta1[:, 3] > 0, np.maximum(2.0 * (nll0 - nll1), 0.0), 0.0)
     return ns, q0
 
