@@ -2,7 +2,8 @@
 
 Every agent — baselines, the policy before training and after — is measured on the same
 fixed, versioned suite, so "before" and "after" are comparable. Seeds of the suite live
-in their own range, disjoint from any training seed (`TRAINING_SEEDS`).
+in their own range, disjoint from any training seed (`TRAINING_SEEDS`), and from v2 on the
+suite holds out particles, not only seeds: it has two parts (`PARTS`), reported apart.
 """
 
 from __future__ import annotations
@@ -13,16 +14,31 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 from scipy import stats
 
-from cernenv.scenarios import DIFFICULTIES, list_scenarios
+from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
 
-SUITE_VERSION = "v1"
-HELDOUT_SEED_START = 900_000
+SUITE_VERSION = "v2"
+HELDOUT_SEED_START = EVALUATION_SEED_START
 TRAINING_SEEDS = range(0, HELDOUT_SEED_START)
-"""Seeds training may use; the held-out suite never does."""
-CURATED_SEEDS_PER_SCENARIO = 6
-PROCEDURAL_SEEDS_PER_DIFFICULTY = 26
+"""Seeds training may use; the held-out suite never does. Procedural particles of the seeds
+above are drawn from mass bands training never produces (`cernenv.scenarios.MASS_BANDS`)."""
 CONFIDENCE = 0.95
 N_BOOTSTRAP = 2000
+
+PARTS = {
+    "unseen": "procedural campaigns whose particle training never produces (evaluation mass bands)",
+    "rediscovery": "curated campaigns of known physics (the same particles training plays)",
+}
+"""The parts of the held-out suite, reported on their own. Episodes of suite v1 evidence
+written before evaluation seeds had their own mass bands count as "unseen" by this rule too,
+though their particles came from the training bands."""
+PARTICLE_SPLITS = {"with_particle": True, "null": False}
+"""Tasks with a particle and null tasks (no particle: the right answer is no discovery)."""
+
+
+def part_of(scenario: Optional[str]) -> str:
+    """The suite part of an episode (spec or record) from its scenario: "rediscovery" for a
+    curated scenario, "unseen" for a procedural one (None in a spec, "procedural_*" in a record)."""
+    return "rediscovery" if scenario in list_scenarios() else "unseen"
 
 
 @dataclass(frozen=True)
@@ -33,31 +49,56 @@ class EpisodeSpec:
     scenario: Optional[str] = None
     difficulty: Optional[str] = None
 
+    @property
+    def part(self) -> str:
+        """"rediscovery" (a curated scenario) or "unseen" (procedural): see `PARTS`."""
+        return part_of(self.scenario)
+
+
+@dataclass(frozen=True)
+class SuiteLayout:
+    """How one version of the held-out suite is built: curated scenarios first, each on
+    consecutive seeds, then procedural campaigns of each difficulty."""
+
+    first_seed: int
+    curated_seeds_per_scenario: int
+    procedural_seeds_per_difficulty: int
+
+
+SUITES = {
+    "v1": SuiteLayout(first_seed=900_000, curated_seeds_per_scenario=6, procedural_seeds_per_difficulty=26),
+    "v2": SuiteLayout(first_seed=901_000, curated_seeds_per_scenario=4, procedural_seeds_per_difficulty=31),
+}
+"""v1: 7×6 + 3×26 = 120 episodes on seeds 900000-900119 (kept so old evidence stays readable).
+v2: 7×4 = 28 rediscovery + 3×31 = 93 unseen = 121 episodes on seeds 901000-901120, none of v1's."""
+
 
 def heldout_suite(version: str = SUITE_VERSION) -> Tuple[EpisodeSpec, ...]:
-    """The fixed held-out suite: every curated scenario (null ones included) and procedural
-    campaigns of every difficulty (which include null cases). v1: 7×6 + 3×26 = 120 episodes."""
-    if version != "v1":
-        raise ValueError(f"unknown suite version {version!r}; this code knows 'v1'")
+    """The fixed held-out suite of `version` (`SUITES`): every curated scenario (null ones
+    included) and procedural campaigns of every difficulty (which include null cases)."""
+    if version not in SUITES:
+        raise ValueError(f"unknown suite version {version!r}; this code knows {', '.join(map(repr, SUITES))}")
+    layout = SUITES[version]
     specs: List[EpisodeSpec] = []
-    seed = HELDOUT_SEED_START
+    seed = layout.first_seed
     for scenario in list_scenarios():
-        for _ in range(CURATED_SEEDS_PER_SCENARIO):
+        for _ in range(layout.curated_seeds_per_scenario):
             specs.append(EpisodeSpec(seed, scenario=scenario))
             seed += 1
     for difficulty in DIFFICULTIES:
-        for _ in range(PROCEDURAL_SEEDS_PER_DIFFICULTY):
+        for _ in range(layout.procedural_seeds_per_difficulty):
             specs.append(EpisodeSpec(seed, difficulty=difficulty))
             seed += 1
     return tuple(specs)
 
 
 def assert_disjoint_from_suite(training_seeds: Iterable[int], suite: Sequence[EpisodeSpec] = ()) -> None:
-    """Raise if any training seed is a held-out seed."""
+    """Raise if any training seed is an evaluation seed (≥ `HELDOUT_SEED_START`, whose particles
+    come from the held-out mass bands) or a seed of `suite` (default: the current suite)."""
     heldout = {spec.seed for spec in (suite or heldout_suite())}
-    overlap = heldout.intersection(training_seeds)
+    overlap = {seed for seed in training_seeds if seed >= HELDOUT_SEED_START or seed in heldout}
     if overlap:
-        raise ValueError(f"training seeds overlap the held-out suite: {sorted(overlap)[:5]}...; "
+        raise ValueError(f"training seeds overlap the evaluation seeds: {sorted(overlap)[:5]}...; "
                          f"train on seeds below {HELDOUT_SEED_START}")
 
 
@@ -112,8 +153,43 @@ def _as_dict(episode: Any) -> Mapping[str, Any]:
     return asdict(episode) if is_dataclass(episode) else episode
 
 
+def has_particle(episode: Mapping[str, Any]) -> Optional[bool]:
+    """Whether a particle existed in the episode's hidden truth (`EpisodeRecord.truth`);
+    None for a record without a recorded truth."""
+    truth = episode.get("truth")
+    return bool(truth["exists"]) if isinstance(truth, Mapping) and "exists" in truth else None
+
+
 def _exists(episode: Mapping[str, Any]) -> bool:
-    return bool((episode.get("truth") or {}).get("exists"))
+    return bool(has_particle(episode))
+
+
+GROUPS: Dict[str, Tuple[Optional[str], Optional[str]]] = {
+    "_".join(filter(None, (part, split))) or "all": (part, split)
+    for part in (None, *PARTS) for split in (None, *PARTICLE_SPLITS)}
+"""The groups results are reported for, by name ("all", "null", "unseen_with_particle", ...):
+(part of `PARTS`, None for the whole suite; split of `PARTICLE_SPLITS`, None for both)."""
+GROUP_WORDS = {"unseen": "unseen particles", "rediscovery": "rediscovery of known physics",
+               "with_particle": "with a particle", "null": "null tasks"}
+"""A reader's words for each part and particle split."""
+
+
+def group_label(name: str) -> str:
+    """A reader's name for a group of `GROUPS`, e.g. "unseen particles, null tasks"."""
+    part, split = GROUPS[name]
+    return ", ".join([GROUP_WORDS[part] if part else "whole suite", *([GROUP_WORDS[split]] if split else [])])
+
+
+def episode_groups(episodes: Sequence[Any]) -> Dict[str, List[Mapping[str, Any]]]:
+    """The episodes of each group of `GROUPS` (records or their dicts; dicts returned). An
+    episode without a recorded truth is in its part but in neither particle split."""
+    records = [_as_dict(e) for e in episodes]
+    groups: Dict[str, List[Mapping[str, Any]]] = {}
+    for name, (part, split) in GROUPS.items():
+        groups[name] = [e for e in records
+                        if (part is None or part_of(e.get("scenario")) == part)
+                        and (split is None or has_particle(e) is PARTICLE_SPLITS[split])]
+    return groups
 
 
 def _parse_rate(episode: Mapping[str, Any]) -> Optional[float]:
@@ -158,6 +234,11 @@ def agent_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Estima
             for name, (_, include, value) in METRICS.items()}
 
 
+def group_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Dict[str, Estimate]]:
+    """`agent_metrics` of each group of `GROUPS`: {group: {metric: Estimate}}."""
+    return {name: agent_metrics(group, seed=seed) for name, group in episode_groups(episodes).items()}
+
+
 def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, *, seed: int = 0) -> Estimate:
     """after − before of `metric`, paired by episode (seed, scenario, difficulty): the 95%
     interval of the mean per-episode difference. Both sides must cover the same episodes."""
@@ -178,6 +259,11 @@ def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, 
                            if pre[k] is not None and post[k] is not None], seed=seed)
 
 
+def correct_count(success_rate: Estimate) -> str:
+    """"k of n": the episodes with a correct outcome, from the success rate over n episodes."""
+    return "—" if success_rate.n == 0 else f"{round(success_rate.mean * success_rate.n)} of {success_rate.n}"
+
+
 def comparison_table(results: Mapping[str, Mapping[str, Estimate]],
                      metrics: Sequence[str] = ("mean_reward", "success_rate", "mass_accuracy",
                                                "channel_accuracy", "spin_accuracy", "false_discovery_rate",
@@ -187,6 +273,21 @@ def comparison_table(results: Mapping[str, Mapping[str, Estimate]],
     rule = "|---|" + "---|" * len(metrics)
     rows = [f"| {agent} | " + " | ".join(str(result[m]) for m in metrics) + " |"
             for agent, result in results.items()]
+    return "\n".join([header, rule, *rows])
+
+
+SPLIT_TABLE_METRICS = ("mean_reward", "success_rate", "mass_accuracy", "false_discovery_rate")
+
+
+def split_comparison_table(results_by_group: Mapping[str, Mapping[str, Mapping[str, Estimate]]],
+                           metrics: Sequence[str] = SPLIT_TABLE_METRICS) -> str:
+    """A Markdown table of `{group: {agent: metrics}}` (as `group_metrics` gives per agent):
+    one row per group and agent, the correct outcomes as "k of n", then `mean [95% CI]` per metric."""
+    header = "| group | agent | correct | " + " | ".join(metrics) + " |"
+    rule = "|---|---|---|" + "---|" * len(metrics)
+    rows = [f"| {group_label(group)} | {agent} | {correct_count(result['success_rate'])} | "
+            + " | ".join(str(result[m]) for m in metrics) + " |"
+            for group, results in results_by_group.items() for agent, result in results.items()]
     return "\n".join([header, rule, *rows])
 
 
@@ -211,20 +312,41 @@ def evaluate_agents(agents: Mapping[str, Any], suite: Sequence[EpisodeSpec], *, 
 
 def write_baseline_evidence(episodes_by_agent: Mapping[str, Sequence[Any]], evidence_dir: Any, *,
                             suite_version: str = SUITE_VERSION) -> Dict[str, Any]:
-    """evidence/baselines.json (every metric with its interval) and evidence/baselines.md (the table)."""
+    """evidence/baselines.json (every metric with its interval, for the whole suite under
+    `metrics` and per group of `GROUPS` under `groups.<group>.metrics`) and
+    evidence/baselines.md (the tables)."""
     import json
     from pathlib import Path
 
-    results = {name: agent_metrics(episodes) for name, episodes in episodes_by_agent.items()}
+    by_group = baseline_groups(episodes_by_agent)
+    results = by_group["all"]
     n_episodes = {name: len(episodes) for name, episodes in episodes_by_agent.items()}
     directory = Path(evidence_dir)
     directory.mkdir(parents=True, exist_ok=True)
     payload = {"suite_version": suite_version, "n_episodes": n_episodes, "confidence": CONFIDENCE,
-               "bootstrap_resamples": N_BOOTSTRAP, "metrics": estimates_to_json(results)}
+               "bootstrap_resamples": N_BOOTSTRAP, "metrics": estimates_to_json(results),
+               "groups": {group: {"n_episodes": {agent: m["mean_reward"].n for agent, m in agents.items()},
+                                  "metrics": estimates_to_json(agents)}
+                          for group, agents in by_group.items() if group != "all"}}
     (directory / "baselines.json").write_text(json.dumps(payload, indent=2, allow_nan=True) + "\n")
     lines = [f"# Baselines on the held-out suite {suite_version}", "",
              f"Episodes per agent: {', '.join(f'{k} {v}' for k, v in n_episodes.items())}. "
              f"Each cell: mean [{CONFIDENCE:.0%} bootstrap interval].", "", comparison_table(results), "",
-             "Metrics: " + "; ".join(f"`{name}`: {meaning}" for name, (meaning, _, _) in METRICS.items()) + "."]
+             "Metrics: " + "; ".join(f"`{name}`: {meaning}" for name, (meaning, _, _) in METRICS.items()) + ".",
+             "", "## By part of the suite, tasks with a particle and null tasks", "",
+             "Parts: " + "; ".join(f"{GROUP_WORDS[part]}: {meaning}" for part, meaning in PARTS.items()) + ".",
+             "", split_comparison_table({g: a for g, a in by_group.items() if g != "all"})]
     (directory / "baselines.md").write_text("\n".join(lines) + "\n")
     return results
+
+
+def baseline_groups(episodes_by_agent: Mapping[str, Sequence[Any]]) -> Dict[str, Dict[str, Dict[str, Estimate]]]:
+    """`group_metrics` of every agent, turned group-first: {group: {agent: {metric: Estimate}}}."""
+    per_agent = {agent: group_metrics(episodes) for agent, episodes in episodes_by_agent.items()}
+    return {group: {agent: per_agent[agent][group] for agent in per_agent} for group in GROUPS}
+
+
+def baseline_groups_from_json(payload: Mapping[str, Any]) -> Dict[str, Dict[str, Dict[str, Estimate]]]:
+    """{group: {agent: {metric: Estimate}}} of a baselines.json; empty for a file written before
+    the groups were (it has the whole suite's `metrics` only)."""
+    return {group: estimates_from_json(entry["metrics"]) for group, entry in (payload.get("groups") or {}).items()}

@@ -40,7 +40,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.evaluation import CONFIDENCE, METRICS, N_BOOTSTRAP, bootstrap_difference, bootstrap_mean
+from lib.evaluation import (CONFIDENCE, GROUP_WORDS, GROUPS, METRICS, N_BOOTSTRAP, PARTS, bootstrap_difference,
+                            bootstrap_mean, episode_groups, group_label, part_of)
 
 logger = logging.getLogger(__name__)
 
@@ -517,12 +518,13 @@ def _mean(values: Sequence[float]) -> Optional[float]:
 
 
 def summarise_episodes(episodes: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """n, mean/median reward, success rate and mass/channel/spin accuracy (None when no
-    episode qualifies; accuracies count only episodes whose particle exists)."""
+    """n, correct outcomes, mean/median reward, success rate and mass/channel/spin accuracy
+    (None when no episode qualifies; accuracies count only episodes whose particle exists)."""
     rewards = [v for _, v in _episode_values(episodes, "mean_reward")]
     summary: Dict[str, Any] = {
         "n": len(episodes),
         "n_with_particle": sum(bool((e.get("truth") or {}).get("exists")) for e in episodes),
+        "n_correct": sum(bool(e.get("correct_outcome")) for e in episodes),
         "mean_reward": _mean(rewards),
         "median_reward": float(np.median(rewards)) if rewards else None,
     }
@@ -569,8 +571,8 @@ def difference_interval(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping
     return {"method": "unpaired", "n_pairs": 0, "ci95": None if estimate.n == 0 else [estimate.low, estimate.high]}
 
 
-def before_after_metrics(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """The content of before_after_metrics.json (documented in `render_before_after`)."""
+def _comparison(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Summaries of both sides, their differences and 95% intervals, the counts and the pairing."""
     pre_stats, post_stats = summarise_episodes(pre), summarise_episodes(post)
     keys = ("mean_reward", "median_reward", *[k for k in SUMMARY_METRICS if k != "mean_reward"])
     delta = {k: (post_stats[k] - pre_stats[k] if pre_stats[k] is not None and post_stats[k] is not None else None)
@@ -584,27 +586,70 @@ def before_after_metrics(pre: Sequence[Mapping[str, Any]], post: Sequence[Mappin
         "pre_ci95": {k: bootstrap_interval([v for _, v in _episode_values(pre, k)]) for k in SUMMARY_METRICS},
         "post_ci95": {k: bootstrap_interval([v for _, v in _episode_values(post, k)]) for k in SUMMARY_METRICS},
         "n": {"pre": len(pre), "post": len(post), "pairs": intervals["mean_reward"]["n_pairs"]},
-        "bootstrap": {
-            "pairing": intervals["mean_reward"]["method"],
-            "paired_by": list(PAIR_KEY),
-            "interval": "percentile (scipy.stats.bootstrap)",
-            "confidence": CONFIDENCE,
-            "n_resamples": N_BOOTSTRAP,
-            "numpy_seed": BOOTSTRAP_SEED,
-        },
+        "pairing": intervals["mean_reward"]["method"],
     }
+
+
+def before_after_metrics(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The content of before_after_metrics.json (documented in `render_before_after`)."""
+    payload = _comparison(pre, post)
+    pairing = payload.pop("pairing")
+    payload["bootstrap"] = {
+        "pairing": pairing,
+        "paired_by": list(PAIR_KEY),
+        "interval": "percentile (scipy.stats.bootstrap)",
+        "confidence": CONFIDENCE,
+        "n_resamples": N_BOOTSTRAP,
+        "numpy_seed": BOOTSTRAP_SEED,
+    }
+    pre_groups, post_groups = episode_groups(pre), episode_groups(post)
+    payload["groups"] = {name: _comparison(pre_groups[name], post_groups[name]) for name in GROUPS if name != "all"}
+    return payload
 
 
 def before_after_markdown(payload: Mapping[str, Any], keys: Sequence[str] = DIFFERENCE_METRICS) -> str:
     """`before_after_metrics` as Markdown: the pair count, then before, after and the difference
-    with its 95% interval for each of `keys`."""
+    with its 95% interval for each of `keys`; then, when the payload has `groups` (files written
+    before the split have none), the same per group of `lib.evaluation.GROUPS` (`group_table`)."""
     rows = ["| metric | before | after | after − before [95% CI] |", "|---|---|---|---|"]
     for key in keys:
         interval = payload["delta_ci95"].get(key)
         ci = "—" if interval is None else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
         rows.append(f"| {key} | {_format_stat(payload['pre'][key])} | {_format_stat(payload['post'][key])} "
                     f"| {_format_stat(payload['delta'][key], signed=True)} {ci} |")
-    return f"{payload['n']['pairs']} paired episodes.\n\n" + "\n".join(rows)
+    text = f"{payload['n']['pairs']} paired episodes.\n\n" + "\n".join(rows)
+    if payload.get("groups"):
+        text += ("\n\nBy part of the suite (" + "; ".join(f"{group_label(p)}: {m}" for p, m in PARTS.items())
+                 + ") and by task, with a particle or null:\n\n" + group_table(payload))
+    return text
+
+
+def _correct(comparison: Mapping[str, Any]) -> str:
+    """Correct outcomes before → after, "7 → 14 of 28" (each side's own n when they differ)."""
+    pre, post = comparison["pre"], comparison["post"]
+    pre_correct, post_correct = pre.get("n_correct"), post.get("n_correct")
+    if pre_correct is None or post_correct is None:
+        return "—"
+    if pre["n"] == post["n"]:
+        return f"{pre_correct} → {post_correct} of {pre['n']}"
+    return f"{pre_correct} of {pre['n']} → {post_correct} of {post['n']}"
+
+
+def group_table(payload: Mapping[str, Any]) -> str:
+    """A Markdown table of `before_after_metrics`: one row for the whole suite and one per group
+    of its `groups`, with the correct outcomes before → after and, for mean reward and success
+    rate, before → after and the difference with its 95% interval."""
+    rows = ["| group | correct | mean reward | Δ reward [95% CI] | success rate | Δ success [95% CI] |",
+            "|---|---|---|---|---|---|"]
+    for name, comparison in [("all", payload), *payload.get("groups", {}).items()]:
+        cells = []
+        for key in DIFFERENCE_METRICS:
+            interval = comparison["delta_ci95"].get(key)
+            ci = "" if interval is None else f" [{interval[0]:+.3f}, {interval[1]:+.3f}]"
+            cells += [f"{_format_stat(comparison['pre'][key])} → {_format_stat(comparison['post'][key])}",
+                      f"{_format_stat(comparison['delta'][key], signed=True)}{ci}"]
+        rows.append(f"| {group_label(name)} | {_correct(comparison)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def _format_stat(value: Any, signed: bool = False) -> str:
@@ -719,11 +764,15 @@ def render_before_after(*, pre_jsonl: Path, post_jsonl: Path, summary_png: Path,
 
     Returns the JSON payload, or None (nothing written) when neither file holds an episode;
     with one side only, that side is drawn and deltas are null. JSON keys: `pre`/`post`
-    (n, n_with_particle, mean_reward, median_reward, success_rate = correct_outcome rate,
-    mass_acc/channel_acc/spin_acc over episodes whose particle exists, None counted wrong),
+    (n, n_with_particle, n_correct, mean_reward, median_reward, success_rate = correct_outcome
+    rate, mass_acc/channel_acc/spin_acc over episodes whose particle exists, None counted wrong),
     `delta` (post − pre), `pre_ci95`/`post_ci95` (bootstrap interval of each mean),
-    `delta_ci95` (interval of post − pre for mean_reward and success_rate), `n` and
-    `bootstrap` (pairing "paired" or "unpaired", resamples, numpy seed).
+    `delta_ci95` (interval of post − pre for mean_reward and success_rate), `n`,
+    `bootstrap` (pairing "paired" or "unpaired", resamples, numpy seed), and `groups`: the
+    same keys (with `pairing` in place of `bootstrap`) for each group of
+    `lib.evaluation.GROUPS` but "all" (the unseen-particle and rediscovery parts, tasks with
+    a particle and null tasks). Files written before `groups` and `n_correct` existed still
+    render with `before_after_markdown`.
     """
     return _render_before_after(Path(pre_jsonl), Path(post_jsonl), Path(summary_png), Path(distribution_png),
                                 Path(metrics_json))[0]
@@ -782,7 +831,7 @@ def _format_episode(episode: Mapping[str, Any], heading: str) -> List[str]:
         "",
         f"- **Task**: scenario `{episode.get('scenario') or 'procedural'}`, "
         f"difficulty `{episode.get('difficulty')}`, "
-        f"seed `{episode.get('seed')}`",
+        f"seed `{episode.get('seed')}`; part: {group_label(part_of(episode.get('scenario')))}",
         f"- **Truth**: {_truth_summary(episode.get('truth'))}",
         f"- **Outcome**: {'correct ✓' if outcome else 'wrong ✗' if outcome is not None else 'not graded'}; "
         f"discovery claimed {_verdict(episode.get('discovered'))}, mass {_verdict(episode.get('correct_mass'))}, "
@@ -848,35 +897,56 @@ def sample_pairs(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, A
     return [(episode, after[_pair_key(episode)]) for episode in _spread(pre, n)]
 
 
+def correct_by_part(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> List[str]:
+    """One line per part of the suite with episodes: correct outcomes before → after training,
+    in all, with a particle and in null tasks ("unseen particles: 2 → 7 of 78 (...)")."""
+    pre_groups, post_groups = episode_groups(pre), episode_groups(post)
+
+    def correct(name: str) -> str:
+        return _correct({"pre": summarise_episodes(pre_groups[name]), "post": summarise_episodes(post_groups[name])})
+
+    return [f"{group_label(part)}: {correct(part)} ("
+            + "; ".join(f"{GROUP_WORDS[split]} {correct(f'{part}_{split}')}"
+                        for split in ("with_particle", "null")) + ")"
+            for part in PARTS if pre_groups[part] or post_groups[part]]
+
+
 def render_sample_trajectories(*, pre_jsonl: Path, post_jsonl: Path, md_path: Path,
                                n_samples: int = 3) -> Optional[Path]:
     """Markdown of sample episodes before and after training; None without episodes.
 
-    When both files hold the same tasks, the same `n_samples` tasks are shown before and
-    after, chosen evenly over the pre-training reward ranking; otherwise each side's own
-    episodes are chosen that way. Every step lists its action, key parameters, reward and
-    rule violations.
+    Opens with the correct outcomes before → after per part of the suite (`correct_by_part`).
+    Samples are chosen per part (`lib.evaluation.PARTS`), `n_samples` each: when both files
+    hold the same tasks, the same tasks are shown before and after, chosen evenly over the
+    pre-training reward ranking; otherwise each side's own episodes are chosen that way.
+    Every step lists its action, key parameters, reward and rule violations.
     """
     pre, post = read_records(Path(pre_jsonl)).rows, read_records(Path(post_jsonl)).rows
     if not pre and not post:
         return None
-    md = ["# CERNenv: sample trajectories before and after training", ""]
-    pairs = sample_pairs(pre, post, n_samples)
-    if pairs:
-        md += [f"The same {len(pairs)} task(s) before and after training, spread from the lowest "
-               f"to the highest pre-training reward ({len(pre)} tasks evaluated).", ""]
-        for i, (before, after) in enumerate(pairs, start=1):
-            md += [f"## Task {i}", ""]
+    md = ["# CERNenv: sample trajectories before and after training", "",
+          "Correct outcomes, before → after training:", ""]
+    md += [f"- {line}" for line in correct_by_part(pre, post)] + [""]
+    by_part = {part: ([e for e in pre if part_of(e.get("scenario")) == part],
+                      [e for e in post if part_of(e.get("scenario")) == part]) for part in PARTS}
+    if _pairable(pre, post):
+        pairs = [(part, pair) for part, (part_pre, part_post) in by_part.items()
+                 for pair in sample_pairs(part_pre, part_post, n_samples)]
+        md += [f"The same {len(pairs)} task(s) before and after training, up to {n_samples} per part of the "
+               f"suite, spread from the lowest to the highest pre-training reward ({len(pre)} tasks evaluated).", ""]
+        for i, (part, (before, after)) in enumerate(pairs, start=1):
+            md += [f"## Task {i} · {group_label(part)}", ""]
             md += _format_episode(before, "Before training")
             md += _format_episode(after, "After training")
     else:
-        md += ["Episodes spread from the lowest to the highest reward of each side "
+        md += ["Episodes spread from the lowest to the highest reward of each side and part of the suite "
                "(the two sides are different tasks).", ""]
-        for label, episodes in (("Before training", pre), ("After training", post)):
-            md += [f"## {label} ({len(episodes)} episodes)", ""]
-            chosen = _spread(episodes, n_samples)
-            for i, episode in enumerate(chosen, start=1):
-                md += _format_episode(episode, f"Episode {i} of {len(chosen)}")
+        for side, label in ((0, "Before training"), (1, "After training")):
+            md += [f"## {label} ({len((pre, post)[side])} episodes)", ""]
+            chosen = [(part, episode) for part, episodes in by_part.items()
+                      for episode in _spread(episodes[side], n_samples)]
+            for i, (part, episode) in enumerate(chosen, start=1):
+                md += _format_episode(episode, f"Episode {i} of {len(chosen)} · {group_label(part)}")
             if not chosen:
                 md += ["_No episodes yet._", ""]
     text = "\n".join(md)
@@ -932,6 +1002,9 @@ __all__ = [
     "bootstrap_interval",
     "difference_interval",
     "before_after_metrics",
+    "before_after_markdown",
+    "group_table",
+    "correct_by_part",
     "render_training_curve",
     "render_reward_components",
     "render_checkpoint_progression",

@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 import numpy as np
 import pytest
 
 from cernenv import CERNCollisionEnvironment
-from cernenv.scenarios import DIFFICULTIES, list_scenarios
+from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
 from lib.evaluation import (
+    GROUPS,
     HELDOUT_SEED_START,
+    SUITE_VERSION,
     agent_metrics,
     assert_disjoint_from_suite,
+    baseline_groups_from_json,
     bootstrap_mean,
     comparison_table,
+    episode_groups,
+    group_metrics,
     heldout_suite,
     paired_difference,
+    part_of,
+    split_comparison_table,
+    write_baseline_evidence,
 )
 
 
 def test_suite_is_fixed_large_and_spans_everything():
     suite = heldout_suite()
-    assert suite == heldout_suite("v1")
+    assert suite == heldout_suite("v2") and SUITE_VERSION == "v2"
     assert len(suite) >= 100
     assert len({s.seed for s in suite}) == len(suite)
     assert {s.scenario for s in suite if s.scenario} == set(list_scenarios())
@@ -34,12 +45,37 @@ def test_suite_is_fixed_large_and_spans_everything():
     assert nulls >= 15
 
 
+def test_suite_v1_is_unchanged_so_old_evidence_stays_readable():
+    v1 = heldout_suite("v1")
+    assert len(v1) == 120 and [s.seed for s in v1] == list(range(900_000, 900_120))
+    assert v1[0].scenario == list_scenarios()[0] and v1[41].scenario == list_scenarios()[-1]
+    assert v1[42].difficulty == "easy" and v1[-1].difficulty == "hard"
+    assert Counter(s.scenario for s in v1 if s.scenario) == {name: 6 for name in list_scenarios()}
+    assert Counter(s.difficulty for s in v1 if s.difficulty) == {d: 26 for d in DIFFICULTIES}
+
+
+def test_suite_v2_holds_out_particles_in_its_unseen_part_and_reports_rediscovery_apart():
+    v2 = heldout_suite("v2")
+    assert HELDOUT_SEED_START == EVALUATION_SEED_START
+    assert [s.seed for s in v2] == list(range(901_000, 901_121)), "contiguous evaluation seeds"
+    assert not {s.seed for s in v2} & {s.seed for s in heldout_suite("v1")}
+    rediscovery = [s for s in v2 if s.part == "rediscovery"]
+    unseen = [s for s in v2 if s.part == "unseen"]
+    assert Counter(s.scenario for s in rediscovery) == {name: 4 for name in list_scenarios()}
+    assert Counter(s.difficulty for s in unseen) == {d: 31 for d in DIFFICULTIES} and len(unseen) == 93
+    assert all(s.scenario is None for s in unseen) and all(s.difficulty is None for s in rediscovery)
+    assert part_of("procedural_easy") == "unseen" and part_of("z_mumu_91") == "rediscovery"
+
+
 def test_unknown_version_and_overlapping_training_seeds_are_refused():
-    with pytest.raises(ValueError, match="v1"):
+    with pytest.raises(ValueError, match="'v1', 'v2'"):
         heldout_suite("v0")
     assert_disjoint_from_suite(range(1000))
+    assert_disjoint_from_suite(range(HELDOUT_SEED_START - 10, HELDOUT_SEED_START))
     with pytest.raises(ValueError, match="overlap"):
         assert_disjoint_from_suite([HELDOUT_SEED_START + 3])
+    with pytest.raises(ValueError, match=f"below {HELDOUT_SEED_START}"):
+        assert_disjoint_from_suite([5, HELDOUT_SEED_START + 50_000])  # in no suite, but an evaluation seed
 
 
 def test_bootstrap_interval_covers_the_true_mean_at_about_95_percent():
@@ -93,3 +129,57 @@ def test_paired_difference_detects_a_clear_improvement_and_needs_the_same_episod
     assert same.mean == same.low == same.high == 0.0
     with pytest.raises(ValueError, match="same episodes"):
         paired_difference(before, after[:-1], "mean_reward")
+
+
+def _split_sample():
+    """10 episodes: 6 procedural (4 with a particle, 1 of them correct; 2 null, 1 correct),
+    3 curated (2 with a particle, both correct; 1 null, wrong) and a record without a truth."""
+    def ep(seed, scenario, exists, correct, reward):
+        return dict(_episode(seed, reward, correct, exists=exists, discovered=correct if exists else not correct),
+                    scenario=scenario)
+
+    episodes = [ep(0, "procedural_easy", True, True, 4.0), ep(1, "procedural_easy", True, False, -2.0),
+                ep(2, "procedural_hard", True, False, -2.0), ep(3, "procedural_hard", True, False, -1.0),
+                ep(4, "procedural_medium", False, True, 3.0), ep(5, "procedural_medium", False, False, -3.0),
+                ep(6, "higgs_diphoton_125", True, True, 5.0), ep(7, "z_mumu_91", True, True, 5.0),
+                ep(8, "null_diphoton_750", False, False, -1.0)]
+    no_truth = dict(ep(9, "procedural_easy", True, True, 1.0))
+    del no_truth["truth"]
+    return episodes + [no_truth]
+
+
+def test_groups_split_the_suite_by_part_and_by_particle():
+    groups = episode_groups(_split_sample())
+    assert list(groups) == list(GROUPS)
+    seeds = {name: [e["seed"] for e in group] for name, group in groups.items()}
+    assert seeds["all"] == list(range(10))
+    assert seeds["unseen"] == [0, 1, 2, 3, 4, 5, 9] and seeds["rediscovery"] == [6, 7, 8]
+    assert seeds["unseen_with_particle"] == [0, 1, 2, 3] and seeds["unseen_null"] == [4, 5]
+    assert seeds["rediscovery_with_particle"] == [6, 7] and seeds["rediscovery_null"] == [8]
+    assert seeds["with_particle"] == [0, 1, 2, 3, 6, 7] and seeds["null"] == [4, 5, 8], "no truth: neither"
+    metrics = group_metrics(_split_sample())
+    assert metrics["unseen_with_particle"]["success_rate"].mean == pytest.approx(0.25)
+    assert metrics["unseen_with_particle"]["mean_reward"].mean == pytest.approx(-0.25)
+    assert metrics["unseen_null"]["success_rate"].mean == pytest.approx(0.5)
+    assert metrics["unseen_null"]["false_discovery_rate"].mean == pytest.approx(0.5)
+    assert metrics["rediscovery"]["success_rate"].mean == pytest.approx(2 / 3)
+    assert metrics["rediscovery_null"]["mass_accuracy"].n == 0
+    assert metrics["unseen"]["success_rate"].n == 7 and metrics["unseen"]["success_rate"].mean == pytest.approx(3 / 7)
+    table = split_comparison_table({g: {"a": m} for g, m in metrics.items() if g != "all"})
+    assert "| unseen particles, with a particle | a | 1 of 4 | -0.25 [" in table
+    assert "| rediscovery of known physics, null tasks | a | 0 of 1 | -1 [-1, -1] | 0 [0, 0] | — |" in table
+
+
+def test_baseline_evidence_reports_every_group_and_old_files_still_load(tmp_path):
+    write_baseline_evidence({"a": _split_sample(), "b": _split_sample()[:3]}, tmp_path)
+    payload = json.loads((tmp_path / "baselines.json").read_text())
+    assert payload["suite_version"] == SUITE_VERSION and payload["metrics"]["a"]["success_rate"]["n"] == 10
+    assert set(payload["groups"]) == set(GROUPS) - {"all"}
+    assert payload["groups"]["unseen_null"]["n_episodes"] == {"a": 2, "b": 0}
+    assert payload["groups"]["unseen_null"]["metrics"]["a"]["success_rate"]["mean"] == 0.5
+    groups = baseline_groups_from_json(payload)
+    assert groups["rediscovery"]["a"]["mean_reward"].mean == pytest.approx(3.0)
+    markdown = (tmp_path / "baselines.md").read_text()
+    assert "| unseen particles, null tasks | a | 1 of 2 |" in markdown and "| unseen particles, null tasks | b | — |" in markdown
+    old = {key: value for key, value in payload.items() if key != "groups"}
+    assert baseline_groups_from_json(old) == {}

@@ -277,9 +277,9 @@ def test_before_after_metrics_on_a_hand_made_sample(tmp_path):
         f.write('{"seed": 9, "cumulative_re')  # an evaluation killed mid-write
     payload = render_before_after(**kwargs)
     assert payload == json.loads(kwargs["metrics_json"].read_text())
-    assert payload["pre"] == pytest.approx({"n": 4, "n_with_particle": 2, "mean_reward": 0.5, "median_reward": 0.5,
-                                            "success_rate": 0.5, "mass_acc": 0.5, "channel_acc": 0.5,
-                                            "spin_acc": 0.5})
+    assert payload["pre"] == pytest.approx({"n": 4, "n_with_particle": 2, "n_correct": 2, "mean_reward": 0.5,
+                                            "median_reward": 0.5, "success_rate": 0.5, "mass_acc": 0.5,
+                                            "channel_acc": 0.5, "spin_acc": 0.5})
     assert payload["post"]["mean_reward"] == pytest.approx(3.25) and payload["post"]["success_rate"] == 1.0
     assert payload["post"]["mass_acc"] == 1.0 and payload["post"]["spin_acc"] == 1.0
     assert payload["delta"]["mean_reward"] == pytest.approx(2.75)
@@ -308,6 +308,47 @@ def test_before_after_metrics_and_plots_on_a_clear_improvement(tmp_path):
     assert payload["delta_ci95"]["success_rate"][0] > 0
     assert_real_png(kwargs["summary_png"])
     assert_real_png(kwargs["distribution_png"])
+
+
+def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_still_render():
+    curated = dict(scenario="higgs_diphoton_125")
+    pre = [episode(0, -2.0, False, scenario="procedural_easy"), episode(1, -2.0, False, scenario="procedural_easy"),
+           episode(2, -3.0, False, exists=False, scenario="procedural_hard"),
+           episode(3, 1.0, True, exists=False, scenario="procedural_hard"),
+           episode(4, 5.0, True, **curated), episode(5, 4.0, True, **curated),
+           episode(6, -1.0, False, exists=False, scenario="null_diphoton_750")]
+    post = [dict(e) for e in pre]
+    post[1].update(cumulative_reward=4.0, correct_outcome=True)    # unseen, with a particle: 0 → 1 of 2
+    post[2].update(cumulative_reward=3.0, correct_outcome=True)    # unseen, null: 1 → 2 of 2
+    post[6].update(cumulative_reward=3.0, correct_outcome=True)    # rediscovery, null: 0 → 1 of 1
+    payload = before_after_metrics(pre, post)
+    groups = payload["groups"]
+    assert set(groups) == {"with_particle", "null", "unseen", "unseen_with_particle", "unseen_null", "rediscovery",
+                           "rediscovery_with_particle", "rediscovery_null"}
+    assert payload["pre"]["n_correct"] == 3 and payload["post"]["n_correct"] == 6
+    assert groups["unseen"]["n"] == {"pre": 4, "post": 4, "pairs": 4} and groups["unseen"]["pairing"] == "paired"
+    assert (groups["unseen_with_particle"]["pre"]["n_correct"], groups["unseen_with_particle"]["post"]["n_correct"]) \
+        == (0, 1)
+    assert groups["unseen_with_particle"]["delta"]["mean_reward"] == pytest.approx(3.0)
+    assert groups["unseen_null"]["delta"]["success_rate"] == pytest.approx(0.5)
+    assert groups["rediscovery_with_particle"]["delta"]["mean_reward"] == 0.0
+    assert groups["rediscovery_with_particle"]["delta_ci95"]["mean_reward"] == [0.0, 0.0]
+    assert groups["null"]["pre"]["n"] == 3 and groups["null"]["post"]["success_rate"] == 1.0
+    markdown = evidence.before_after_markdown(payload)
+    assert markdown.startswith("7 paired episodes.")
+    for row in ("| whole suite | 3 → 6 of 7 |", "| unseen particles, with a particle | 0 → 1 of 2 | -2.000 → 1.000 | +3.000 [",
+                "| unseen particles, null tasks | 1 → 2 of 2 |", "| rediscovery of known physics, null tasks | 0 → 1 of 1 |",
+                "| rediscovery of known physics, with a particle | 2 → 2 of 2 | 4.500 → 4.500 | +0.000 [+0.000, +0.000] |"):
+        assert row in markdown, row
+    json.dumps(payload, allow_nan=False)
+
+    old = json.loads(json.dumps(payload))  # as a file written before groups and n_correct existed
+    del old["groups"]
+    for side in ("pre", "post"):
+        del old[side]["n_correct"]
+    old_markdown = evidence.before_after_markdown(old)
+    assert "| success_rate |" in old_markdown and "| group |" not in old_markdown
+    assert "— |" in evidence.group_table(old)
 
 
 def _synthetic(rng, n, shift, seed_offset=0):
@@ -364,6 +405,8 @@ def test_sample_trajectories_are_readable_and_survive_odd_episodes(tmp_path):
     text = render_sample_trajectories(pre_jsonl=tmp_path / "pre.jsonl", post_jsonl=tmp_path / "post.jsonl",
                                       md_path=md).read_text()
     assert "The same 2 task(s)" in text and text.count("### Before training") == 2
+    assert "- unseen particles: 0 → 0 of 2 (with a particle 0 → 0 of 2; null tasks 0 → 0 of 0)" in text
+    assert "## Task 1 · unseen particles" in text and "rediscovery of known physics:" not in text
 
     single = format_episode_markdown(episode(7, 2.0, True), "one episode")
     assert single.startswith("### one episode") and "| 1 | `configure_beam`" in single

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from cernenv.rewards import COMPONENT_NAMES
-from lib.evaluation import heldout_suite
-from lib.policy_model import build_tiny_model
+from lib.evaluation import HELDOUT_SEED_START, heldout_suite
+from lib.policy_model import build_tiny_model, sft_examples
 from lib.rollouts import load_episodes_jsonl
 from lib.tokenizer import build_tokenizer
 from lib.training import TrainConfig
@@ -71,6 +71,19 @@ def test_training_tasks_avoid_the_heldout_suite_and_follow_the_curriculum():
     shuffled = training_tasks(TrainConfig(curated_fraction=0.25, curriculum=False), 40)
     assert Counter(t["difficulty"] for t in shuffled) == Counter(t["difficulty"] for t in tasks)
     assert [t["difficulty"] for t in shuffled] != [t["difficulty"] for t in tasks]
+
+
+def test_training_and_warm_start_never_use_an_evaluation_seed():
+    """Evaluation seeds draw procedural particles from mass bands training never sees: a training
+    task or SFT episode there would leak them."""
+    near = TrainConfig(train_seed_start=HELDOUT_SEED_START - 3)
+    assert max(t["seed"] for t in training_tasks(near, 3)) == HELDOUT_SEED_START - 1
+    with pytest.raises(ValueError, match=f"below {HELDOUT_SEED_START}"):
+        training_tasks(near, 4)
+    with pytest.raises(ValueError, match=f"below {HELDOUT_SEED_START}"):
+        training_tasks(TrainConfig(train_seed_start=HELDOUT_SEED_START + 10_000), 1)  # in no suite
+    with pytest.raises(ValueError, match=f"below {HELDOUT_SEED_START}"):
+        sft_examples(1, first_seed=HELDOUT_SEED_START)  # refused before any episode is played
 
 
 def test_dataset_has_one_row_per_group_and_checkpoint_subset_is_spread():
