@@ -12,7 +12,8 @@ import json
 import re
 from dataclasses import dataclass
 from types import UnionType
-from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Protocol, Union, get_args, get_origin
+from typing import (Any, Callable, Dict, Iterable, List, Literal, Optional, Protocol, Tuple, Union, get_args,
+                    get_origin)
 
 import numpy as np
 
@@ -86,12 +87,14 @@ class RandomAgent:
 class HeuristicAgent:
     """A scripted physicist that reads only its observations.
 
-    Plan: highest beam energy at nominal pileup; the best trigger for the first listed
-    channel; take a first luminosity block, calibrate twice, reconstruct tight, build the
-    spectrum, scan, fit the best candidate, evaluate systematics and the significance;
-    take the rest of the luminosity if the evidence is short of 5σ; measure the spin;
-    claim a discovery when the global significance (with systematics) reaches
-    `discovery_z_global`, else claim that nothing is there.
+    Plan: highest beam energy at nominal pileup. A first luminosity block surveys every
+    offered channel (one trigger when it records them all, else the block is split between
+    each channel's best trigger): reconstruct tight, build and scan each channel. The
+    channel with the strongest local excess is analysed: calibrate twice, rebuild, fit the
+    excess, evaluate systematics and the significance. If the evidence is short of 5σ, take
+    the rest of the luminosity in that channel and refit. Measure the spin; claim a
+    discovery when the global significance (with systematics) reaches `discovery_z_global`,
+    else claim that nothing is there. At most 29 steps.
     """
 
     def __init__(self, discovery_z_global: float = 3.0, first_block_fraction: float = 0.4) -> None:
@@ -103,6 +106,10 @@ class HeuristicAgent:
         self.queue: List[ExperimentAction] = []
         self.phase = "start"
         self.channel: Optional[str] = None
+        self.survey_channels: Optional[List[str]] = None  # None: every offered channel
+        self.trigger: Optional[str] = None
+        self.selected: Optional[str] = None
+        self.survey: Dict[str, Tuple[float, Optional[float]]] = {}  # channel -> (best local Z, its mass)
         self.fit: Dict[str, Any] = {}
         self.significance: Dict[str, Any] = {}
         self.systematics: Dict[str, Any] = {}
@@ -125,9 +132,17 @@ class HeuristicAgent:
         by_cap = usage.luminosity_remaining_fb - usage.luminosity_allocated_fb
         return float(max(0.0, min(by_budget, by_time, by_cap * fraction)))
 
-    def _analysis(self) -> List[ExperimentAction]:
-        return [_action(ActionType.BUILD_INVARIANT_MASS, "histogram the selected channel"),
-                _action(ActionType.SCAN_BUMP, "look for local excesses over the window")]
+    @staticmethod
+    def _records(trigger: Optional[str], channel: str) -> float:
+        return TRIGGERS.get(trigger, {}).get(channel, 0.0)
+
+    def _triggers_for(self, channels: List[str], available: List[str]) -> List[str]:
+        """One trigger if the first channel's best records every channel at half its own best
+        efficiency or more, else each channel's best trigger (in channel order, no repeats)."""
+        first = best_trigger(channels[0], available)
+        if all(self._records(first, ch) >= 0.5 * self._records(best_trigger(ch, available), ch) for ch in channels):
+            return [first]
+        return list(dict.fromkeys(best_trigger(ch, available) for ch in channels))
 
     # Protocol -----------------------------------------------------------------------
 
@@ -143,66 +158,89 @@ class HeuristicAgent:
                 self.systematics = dict(result)
             elif action == ActionType.MEASURE_ANGULAR.value:
                 self.spin = result.get("best_spin")
+            elif action == ActionType.SELECT_CHANNEL.value:
+                self.selected = result.get("channel")
+            elif action == ActionType.SCAN_BUMP.value and self.phase == "choose" and self.selected:
+                self.survey[self.selected] = (float(result.get("best_z_local") or 0.0), result.get("best_mass_gev"))
         if self.queue:
             return self.queue.pop(0)
         return self._next(obs)
 
     def _next(self, obs: CollisionObservation) -> ExperimentAction:
         task = obs.task
+        channels = self.survey_channels or list(task.available_channels)
         if self.phase == "start":
-            self.channel = task.available_channels[0]
+            triggers = self._triggers_for(channels, list(task.available_triggers))
+            self.trigger = triggers[0]
             self.phase = "first_block"
-            self.queue = [_action(ActionType.SET_TRIGGER, "record the analysis channel",
-                                  trigger=best_trigger(self.channel, task.available_triggers))]
+            self.queue = [_action(ActionType.SET_TRIGGER, "record the channels to survey", trigger=self.trigger)]
             return _action(ActionType.CONFIGURE_BEAM, "highest energy maximises the signal cross-section",
                            beam_energy_tev=max(task.available_beam_energies_tev), pileup="nominal")
         if self.phase == "first_block":
             block = self._affordable_luminosity(obs, self.first_block_fraction)
-            self.phase = "fit"
-            self.queue = [
-                _action(ActionType.COLLECT_COLLISIONS, "take the first block", luminosity_fb=block),
-                _action(ActionType.CALIBRATE_DETECTOR, "fix the energy scale", channel=self.channel),
-                _action(ActionType.CALIBRATE_DETECTOR, "refine the energy scale", channel=self.channel),
-                _action(ActionType.RECONSTRUCT_TRACKS, "tight selection for purity", channel=self.channel,
-                        quality="tight"),
-                _action(ActionType.SELECT_CHANNEL, "analyse the channel", channel=self.channel),
-                *self._analysis(),
-            ]
+            triggers = self._triggers_for(channels, list(task.available_triggers))
+            share = block / len(triggers)
+            self.queue = [_action(ActionType.COLLECT_COLLISIONS, "survey block", luminosity_fb=share)]
+            for trigger in triggers[1:]:
+                self.trigger = trigger
+                self.queue += [_action(ActionType.SET_TRIGGER, "record the next channel", trigger=trigger),
+                               _action(ActionType.COLLECT_COLLISIONS, "survey block", luminosity_fb=share)]
+            for channel in channels:
+                self.queue += [
+                    _action(ActionType.RECONSTRUCT_TRACKS, "tight selection for purity", channel=channel,
+                            quality="tight"),
+                    _action(ActionType.SELECT_CHANNEL, "survey the channel", channel=channel),
+                    _action(ActionType.BUILD_INVARIANT_MASS, "histogram the channel"),
+                    _action(ActionType.SCAN_BUMP, "look for local excesses over the window"),
+                ]
+            self.phase = "choose"
             return _action(ActionType.ALLOCATE_LUMINOSITY, "book a first block", luminosity_fb=block)
-        if self.phase == "fit":
-            mass = obs.candidate_masses_gev[0] if obs.candidate_masses_gev else None
-            if mass is None:
-                lo, hi = task.search_window_gev
-                mass = obs.latest_result.get("best_mass_gev") or 0.5 * (lo + hi)
-            self.fit = {}
+        if self.phase == "choose":
+            self.channel = max(channels, key=lambda c: self.survey.get(c, (0.0, None))[0])
+            lo, hi = task.search_window_gev
+            mass = self.survey.get(self.channel, (0.0, None))[1] or 0.5 * (lo + hi)
             self.phase = "significance"
-            return _action(ActionType.FIT_RESONANCE, "fit the strongest candidate", mass_hint_gev=mass)
+            self.queue = [_action(ActionType.CALIBRATE_DETECTOR, "refine the energy scale", channel=self.channel)]
+            if self.selected != self.channel:
+                self.queue.append(_action(ActionType.SELECT_CHANNEL, "analyse the strongest excess",
+                                          channel=self.channel))
+            self.queue += [_action(ActionType.BUILD_INVARIANT_MASS, "histogram the calibrated channel"),
+                           _action(ActionType.FIT_RESONANCE, "fit the strongest candidate", mass_hint_gev=mass)]
+            return _action(ActionType.CALIBRATE_DETECTOR, "fix the energy scale", channel=self.channel)
         if self.phase == "significance":
             if not self.asked_systematics:
                 self.asked_systematics = True
                 return _action(ActionType.REQUEST_SYSTEMATICS, "include systematic uncertainties")
             self.phase = "decide"
-            mass = self.fit.get("mass_gev") or obs.latest_result.get("mass_gev")
-            lo, hi = task.search_window_gev
-            if not mass or not lo < mass < hi:
-                mass = 0.5 * (lo + hi)
-            return _action(ActionType.ESTIMATE_SIGNIFICANCE, "how significant is it?", mass_gev=mass)
+            return _action(ActionType.ESTIMATE_SIGNIFICANCE, "how significant is it?", mass_gev=self._mass(task))
         if self.phase == "decide":
             z_global = self.significance.get("z_global") or 0.0
             block = self._affordable_luminosity(obs, 1.0)
             if (z_global < 5.0 and not self.took_second_block
                     and block > 0.05 * obs.resource_usage.luminosity_used_fb):
                 self.took_second_block = True
-                self.phase = "fit"
-                self.queue = [_action(ActionType.COLLECT_COLLISIONS, "more data", luminosity_fb=block),
-                              *self._analysis()]
-                return _action(ActionType.ALLOCATE_LUMINOSITY, "evidence short of 5σ: book the rest",
-                               luminosity_fb=block)
+                self.phase = "significance"
+                self.queue = [_action(ActionType.ALLOCATE_LUMINOSITY, "evidence short of 5σ: book the rest",
+                                      luminosity_fb=block),
+                              _action(ActionType.COLLECT_COLLISIONS, "more data", luminosity_fb=block),
+                              _action(ActionType.BUILD_INVARIANT_MASS, "histogram all the data"),
+                              _action(ActionType.FIT_RESONANCE, "refit the candidate", mass_hint_gev=self._mass(task))]
+                best = best_trigger(self.channel, task.available_triggers)
+                if self._records(self.trigger, self.channel) < self._records(best, self.channel):
+                    self.trigger = best
+                    return _action(ActionType.SET_TRIGGER, "record the analysed channel", trigger=best)
+                return self.queue.pop(0)
             self.phase = "claim"
             z_local = self.significance.get("z_local") or 0.0
             if z_local >= 3.0 and self.fit.get("mass_gev"):
                 return _action(ActionType.MEASURE_ANGULAR, "which spin?", mass_gev=self.fit["mass_gev"])
         return self._claim(obs)
+
+    def _mass(self, task) -> float:
+        """The fitted mass, or the window centre when there is none inside the window."""
+        mass = self.fit.get("mass_gev")
+        lo, hi = task.search_window_gev
+        return float(mass) if mass and lo < mass < hi else 0.5 * (lo + hi)
 
     def _claim(self, obs: CollisionObservation) -> ExperimentAction:
         z_global = float(self.significance.get("z_global") or 0.0)
@@ -238,12 +276,8 @@ class OracleAgent:
             raise ValueError("OracleAgent needs the hidden truth: OracleAgent(env.hidden_truth()) or reset(truth=...)")
         heuristic = self._heuristic
         if heuristic.phase == "start" and self.truth["exists"]:
-            # Analyse the channel with the best signal, not the first listed one.
-            channels = [c for c in obs.task.available_channels if c in self.truth["channels"]]
-            heuristic.phase, heuristic.channel = "first_block", channels[0]
-            heuristic.queue = [_action(ActionType.SET_TRIGGER, "oracle", trigger=best_trigger(
-                heuristic.channel, obs.task.available_triggers))]
-            return _action(ActionType.CONFIGURE_BEAM, "oracle", beam_energy_tev=max(obs.task.available_beam_energies_tev))
+            # Analyse only a channel the particle decays to: no survey needed.
+            heuristic.survey_channels = [c for c in obs.task.available_channels if c in self.truth["channels"]][:1]
         action = heuristic.act(obs)
         if action.action_type is ActionType.MEASURE_ANGULAR or action.action_type is ActionType.SUBMIT_DISCOVERY_CLAIM:
             truth = self.truth
