@@ -524,6 +524,7 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
                 t_wall = min(t_wall, -float(slope[j]) / float(slope_step[j]))
         if t_wall < 1.0:
             step = t_wall * step
+        descent = t_wall * decrement  # -g . step: the Armijo reference
         steps = step.tolist()
         if decrement < tol:  # within ~decrement/2 of the minimum: take the last step if it helps
             trial = x.copy()
@@ -544,12 +545,12 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
         trial = x.copy()
         trial[free] = [min(max(xf[k] + t * steps[k], lo[k]), hi[k]) for k in range(free.size)]
         ftrial, g_trial, h_trial = cost.value_grad_hess(*trial)  # the full step is usually taken
-        if not ftrial <= fval - 1e-4 * t * decrement:
+        if not ftrial <= fval - 1e-4 * t * descent:
             for _ in range(60):
                 t *= 0.5
                 trial[free] = [min(max(xf[k] + t * steps[k], lo[k]), hi[k]) for k in range(free.size)]
                 ftrial = float(cost(*trial))
-                if ftrial <= fval - 1e-4 * t * decrement:
+                if ftrial <= fval - 1e-4 * t * descent:
                     break
             else:
                 return x, fval, decrement < 1e-4  # no descent left: converged to rounding

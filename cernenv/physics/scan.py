@@ -115,7 +115,7 @@ def _wall_steps(info: np.ndarray, score: np.ndarray, normals: np.ndarray, on_wal
 def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarray | None, n_iter: int):
     """Fisher scoring of (N_b, p1, p2[, N_s]) from ``start`` ((4,), or (K, 4): one start per row)
     for each row of ``s`` (None: background only, one row). Returns theta (K, 4), mu (K, n),
-    f, df/dp1, df/dp2 at theta.
+    f, df/dp1, df/dp2 at theta, and whether each row converged (K,).
 
     The background stays falling (``fitting._SHAPE_PENALTY``): the log-log slopes at the window
     edges, linear in (p1, p2), stay >= min(their value at the start, 0) - 1e-9. A step is cut
@@ -135,6 +135,9 @@ def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarr
         mu = th[:, :1] * f + th[:, 3:4] * s[rows]
         return mu, f, df1, df2
 
+    def valid(mu):  # positive where there are events, not negative anywhere (0: underflow)
+        return (mu > 0) | ((mu == 0) & (n == 0))
+
     slope_floor = np.minimum(theta[:, 1:3] @ tmpl.slope_matrix.T, 0.0) - 1e-9
     mu, f, df1, df2 = model(theta, np.arange(k))
     active = np.ones(k, dtype=bool)
@@ -144,6 +147,7 @@ def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarr
             break
         th, mu_a, f_a, df1_a, df2_a = theta[rows], mu[rows], f[rows], df1[rows], df2[rows]
         jac = np.stack([f_a, th[:, :1] * df1_a, th[:, :1] * df2_a, s[rows]][:n_par], axis=1)  # (K, P, n)
+        mu_a = np.maximum(mu_a, 1e-300)  # an empty bin's expectation may underflow to 0 (with its jac)
         score = (jac @ (1.0 - n / mu_a)[:, :, None])[..., 0]
         info = (jac / mu_a[:, None, :]) @ jac.transpose(0, 2, 1)
         gap = th[:, 1:3] @ tmpl.slope_matrix.T - slope_floor[rows]  # distance to the floor, (K, 2)
@@ -157,22 +161,22 @@ def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarr
         trial = th.copy()
         trial[:, :n_par] += alpha[:, None] * step
         mu_t, f_t, df1_t, df2_t = model(trial, rows)
-        bad = np.flatnonzero(~np.all(mu_t > 0, axis=1))
-        for _ in range(30):  # halve until all expectations are positive (only the rows that need it)
+        bad = np.flatnonzero(~np.all(valid(mu_t), axis=1))
+        for _ in range(30):  # halve until all expectations are valid (only the rows that need it)
             if bad.size == 0:
                 break
             alpha[bad] *= 0.5
             trial[bad, :n_par] = th[bad, :n_par] + alpha[bad, None] * step[bad]
             mu_t[bad], f_t[bad], df1_t[bad], df2_t[bad] = model(trial[bad], rows[bad])
-            bad = bad[~np.all(mu_t[bad] > 0, axis=1)]
+            bad = bad[~np.all(valid(mu_t[bad]), axis=1)]
         theta[rows], mu[rows], f[rows], df1[rows], df2[rows] = trial, mu_t, f_t, df1_t, df2_t
         active[rows] = decrement > 1e-7  # NLL within ~5e-8 of its maximum: q0 to ~1e-7
-    return theta, mu, f, df1, df2
+    return theta, mu, f, df1, df2, ~active
 
 
 def _nll(mu: np.ndarray, n: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):  # a failed row gives NaN: no excess
-        return np.sum(mu - n * np.log(mu), axis=-1)
+        return np.sum(mu - np.where(n > 0, n * np.log(mu), 0.0), axis=-1)
 
 
 def profile_fixed_mass(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit,
@@ -210,14 +214,16 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
     (N_s = 0, nuisances theta-hat-hat) the slope of the profile log-likelihood in N_s is
     the partial score U_s = sum_i s_i (n_i / mu_i - 1) (envelope theorem; the nuisances
     are already optimal), so U_s <= 0 means N_s-hat <= 0 and q0 = 0 exactly, for a
-    profile likelihood unimodal in N_s (as the Fisher scoring from N_s = 0 assumes anyway).
-    Rows with U_s > 0 are profiled in full. For the others the returned N_s-hat is the
-    one-step (score) estimate from the background-only optimum, U_s over the Schur
-    complement of the Fisher information: it is <= 0 and only indicates the deficit.
+    profile likelihood unimodal in N_s. Rows with U_s > 0 are profiled in full from N_s = 0;
+    those that end at N_s <= 0 or do not converge, and the deficits with a cluster of events
+    under the signal's shape (where the profile may have a second maximum), are refitted
+    from N_s > 0 (see the code). For a deficit the returned N_s-hat is the one-step (score)
+    estimate from the background-only optimum, U_s over the Schur complement of the Fisher
+    information (<= 0, it only indicates the deficit), unless a refit found a better maximum.
     """
     n = np.asarray(counts, dtype=float)
     s = np.asarray(signal_fractions, dtype=float)
-    theta0, mu0, f0, df1_0, df2_0 = _background_profile(tmpl, n.tobytes(), (bkg.background_yield, bkg.p1, bkg.p2))
+    theta0, mu0, f0, df1_0, df2_0, _ = _background_profile(tmpl, n.tobytes(), (bkg.background_yield, bkg.p1, bkg.p2))
     nll0 = float(_nll(mu0, n)[0])
     mu0, nb0 = mu0[0], theta0[0, 0]
     k = s.shape[0]
@@ -239,27 +245,40 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
     with np.errstate(divide="ignore", invalid="ignore"):
         one_step = (u_s - info_sb @ solved[:, 0]) / schur
     ns = np.minimum(one_step, 0.0)
+    nll1 = np.full(k, nll0)  # the best s+b NLL found per hypothesis (N_s = 0 until profiled)
+    retry = np.zeros(k, dtype=bool)
     excess = np.flatnonzero(u_s > 0)
     if excess.size:
-        theta1, mu1, *_ = _profile(tmpl, n, theta0[0], s[excess], 25)
-        nll1 = _nll(mu1, n)
-        # An excess whose profile ended at N_s <= 0 (a wall or a non-quadratic likelihood on the
-        # way): refit from inside the excess, N_s at the one-step estimate (at most the events in
-        # the window), N_b lowered to keep the total; the lower minimum is kept.
-        again = np.flatnonzero(~(theta1[:, 3] > 0))
-        if again.size:
-            rows = excess[again]
-            ns_start = np.clip(np.nan_to_num(one_step[rows], nan=0.0), 1e-3 * np.sqrt(n.sum()), n.sum())
-            ns_start = np.minimum(ns_start, 0.5 * nb0 / np.maximum(s[rows].sum(axis=1), 1e-12))
+        theta1, mu1, _, _, _, converged = _profile(tmpl, n, theta0[0], s[excess], 25)
+        ns[excess] = theta1[:, 3]
+        nll1[excess] = np.where(np.isfinite(_nll(mu1, n)), _nll(mu1, n), np.inf)
+        retry[excess] = ~(theta1[:, 3] > 0) | ~converged
+    # Refit from inside the excess: an excess whose profile ended at N_s <= 0 or did not
+    # converge (a wall, or a likelihood far from quadratic, as on a sparse spectrum), and a
+    # deficit at N_s = 0 with events over the background where the signal's shape is above the
+    # background's (s_i > f_i): on a sparse spectrum with a wide resolution the profile in N_s
+    # can have a second maximum at N_s > 0 (a steeper background, the signal taking a cluster
+    # of events). Starts: N_s at the one-step estimate and at that excess (at most the events
+    # in the window), N_b lowered to keep the total; the lowest minimum is kept.
+    core = s > mu0 / nb0
+    b_core, n_core = core @ mu0, core @ n
+    retry |= (u_s <= 0) & (n_core - b_core > np.sqrt(b_core))
+    rows = np.flatnonzero(retry)
+    if rows.size:
+        s_rows = s[rows]
+        s_sum = s_rows.sum(axis=1)
+        core_excess = (n_core - b_core)[rows] / np.maximum(np.sum(core[rows] * s_rows, axis=1), 1e-12)
+        cap = np.minimum(n.sum(), 0.5 * nb0 / np.maximum(s_sum, 1e-12))
+        for guess in (one_step[rows], core_excess):
+            ns_start = np.clip(np.nan_to_num(guess, nan=0.0), 1e-3 * np.sqrt(n.sum()), cap)
             starts = np.tile(theta0[0], (rows.size, 1))
             starts[:, 3] = ns_start
-            starts[:, 0] = nb0 - ns_start * s[rows].sum(axis=1)
-            theta2, mu2, *_ = _profile(tmpl, n, starts, s[rows], 25)
+            starts[:, 0] = nb0 - ns_start * s_sum
+            theta2, mu2, *_ = _profile(tmpl, n, starts, s_rows, 25)
             nll2 = _nll(mu2, n)
-            better = nll2 < np.where(np.isfinite(nll1[again]), nll1[again], np.inf)
-            theta1[again[better]], nll1[again[better]] = theta2[better], nll2[better]
-        ns[excess] = theta1[:, 3]
-        q0[excess] = np.where(theta1[:, 3] > 0, np.maximum(2.0 * (nll0 - nll1), 0.0), 0.0)
+            better = nll2 < nll1[rows]
+            ns[rows[better]], nll1[rows[better]] = theta2[better, 3], nll2[better]
+    q0 = np.where(ns > 0, np.maximum(2.0 * (nll0 - nll1), 0.0), 0.0)
     return ns, q0
 
 
