@@ -112,10 +112,12 @@ def _wall_steps(info: np.ndarray, score: np.ndarray, normals: np.ndarray, on_wal
     return best_step, best_dec
 
 
-def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarray | None, n_iter: int):
+def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarray | None, n_iter: int,
+             positive: bool = False):
     """Fisher scoring of (N_b, p1, p2[, N_s]) from ``start`` ((4,), or (K, 4): one start per row)
     for each row of ``s`` (None: background only, one row). Returns theta (K, 4), mu (K, n),
-    f, df/dp1, df/dp2 at theta, and whether each row converged (K,).
+    f, df/dp1, df/dp2 at theta, and whether each row converged (K,). ``positive``: a row is
+    given up (not converged) once its N_s is <= 0 (a search for a maximum at N_s > 0).
 
     The background stays falling (``fitting._SHAPE_PENALTY``): the log-log slopes at the window
     edges, linear in (p1, p2), stay >= min(their value at the start, 0) - 1e-9. A step is cut
@@ -141,6 +143,7 @@ def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarr
     slope_floor = np.minimum(theta[:, 1:3] @ tmpl.slope_matrix.T, 0.0) - 1e-9
     mu, f, df1, df2 = model(theta, np.arange(k))
     active = np.ones(k, dtype=bool)
+    given_up = np.zeros(k, dtype=bool)
     for _ in range(n_iter):
         rows = np.flatnonzero(active)  # converged rows are left alone
         if rows.size == 0:
@@ -171,7 +174,10 @@ def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarr
             bad = bad[~np.all(valid(mu_t[bad]), axis=1)]
         theta[rows], mu[rows], f[rows], df1[rows], df2[rows] = trial, mu_t, f_t, df1_t, df2_t
         active[rows] = decrement > 1e-7  # NLL within ~5e-8 of its maximum: q0 to ~1e-7
-    return theta, mu, f, df1, df2, ~active
+        if positive:
+            lost = rows[trial[:, 3] <= 0]
+            active[lost], given_up[lost] = False, True
+    return theta, mu, f, df1, df2, ~active & ~given_up
 
 
 def _nll(mu: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -264,20 +270,23 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
     b_core, n_core = core @ mu0, core @ n
     retry |= (u_s <= 0) & (n_core - b_core > np.sqrt(b_core))
     rows = np.flatnonzero(retry)
-    if rows.size:
+    if rows.size:  # one batch: every retried row from its core excess, the excesses also one-step
+        core_excess = (n_core - b_core)[rows] / np.maximum(np.sum(core[rows] * s[rows], axis=1), 1e-12)
+        also = rows[u_s[rows] > 0]
+        rows = np.concatenate([rows, also])
+        guess = np.concatenate([core_excess, one_step[also]])
         s_rows = s[rows]
         s_sum = s_rows.sum(axis=1)
-        core_excess = (n_core - b_core)[rows] / np.maximum(np.sum(core[rows] * s_rows, axis=1), 1e-12)
         cap = np.minimum(n.sum(), 0.5 * nb0 / np.maximum(s_sum, 1e-12))
-        for guess in (one_step[rows], core_excess):
-            ns_start = np.clip(np.nan_to_num(guess, nan=0.0), 1e-3 * np.sqrt(n.sum()), cap)
-            starts = np.tile(theta0[0], (rows.size, 1))
-            starts[:, 3] = ns_start
-            starts[:, 0] = nb0 - ns_start * s_sum
-            theta2, mu2, *_ = _profile(tmpl, n, starts, s_rows, 25)
-            nll2 = _nll(mu2, n)
-            better = nll2 < nll1[rows]
-            ns[rows[better]], nll1[rows[better]] = theta2[better, 3], nll2[better]
+        ns_start = np.clip(np.nan_to_num(guess, nan=0.0), 1e-3 * np.sqrt(n.sum()), cap)
+        starts = np.tile(theta0[0], (rows.size, 1))
+        starts[:, 3] = ns_start
+        starts[:, 0] = nb0 - ns_start * s_sum
+        theta2, mu2, *_ = _profile(tmpl, n, starts, s_rows, 25, positive=True)
+        nll2 = np.where(theta2[:, 3] > 0, _nll(mu2, n), np.inf)  # only a maximum at N_s > 0 is sought
+        for part in (slice(0, rows.size - also.size), slice(rows.size - also.size, rows.size)):
+            better = nll2[part] < nll1[rows[part]]
+            ns[rows[part][better]], nll1[rows[part][better]] = theta2[part][better, 3], nll2[part][better]
     q0 = np.where(ns > 0, np.maximum(2.0 * (nll0 - nll1), 0.0), 0.0)
     return ns, q0
 
