@@ -359,6 +359,73 @@ def test_expected_upcrossings_matches_toys():
     assert expected == pytest.approx(50.0 / (2 * np.sqrt(2) * np.pi * RES) * np.exp(-0.5))
     assert np.mean(counts) == pytest.approx(expected, rel=0.25)
     assert expected_upcrossings(50.0, RES, 2.0) < expected
+    # the mass-range form integrates dm / sigma(m): constant sigma gives L / sigma again ...
+    assert expected_upcrossings((105.0, 155.0), lambda m: np.full_like(m, RES), 1.0) == pytest.approx(expected)
+    assert expected_upcrossings((105.0, 155.0), RES, 1.0) == pytest.approx(expected)
+    # ... sigma = a m gives ln(hi / lo) / a, and scalar-only functions are called mass by mass
+    exact = np.log(155.0 / 105.0) / 0.0128 / (2 * np.sqrt(2) * np.pi) * np.exp(-0.5)
+    assert expected_upcrossings((105.0, 155.0), lambda m: 0.0128 * m, 1.0) == pytest.approx(exact, rel=1e-4)
+    assert expected_upcrossings((105.0, 155.0), lambda m: 0.0128 * float(m), 1.0) == pytest.approx(exact, rel=1e-4)
+    # binning smooths the process: sigma_eff^2 = sigma^2 + w^2 / 12
+    assert expected_upcrossings(50.0, RES, 1.0, bin_width_gev=1.0) == pytest.approx(
+        expected * RES / np.hypot(RES, 1.0 / np.sqrt(12.0)))
+    with pytest.raises(ValueError):
+        expected_upcrossings(50.0, lambda m: RES)  # a resolution function needs the range
+
+
+def test_rice_density_of_the_profiled_scan():
+    """Inside a window of ~40 sigma the profiled-template Rice density is close to
+    1 / (2 sqrt(2) pi sigma_eff), a little above it (profiling N_b, p1, p2 removes the template's
+    smooth part, ~10% of its norm here, and sharpens Z(m)); it predicts the upcrossings that
+    background-only scans show."""
+    from types import SimpleNamespace
+
+    from cernenv.analysis import rice_density
+    from cernenv.physics.significance import upcrossing_density
+
+    edges = np.arange(100.0, 160.01, 0.25)
+    spectrum = SimpleNamespace(edges_gev=edges, sqrt_s_tev=SQRT_S, resolution_gev=lambda m: np.full_like(m, RES))
+    fit = fit_background_only(edges, NB * shapes.background_bin_fractions(edges, SQRT_S, P1, P2), SQRT_S)
+    masses = np.linspace(125.0, 135.0, 5)
+    simple = upcrossing_density(masses, RES, 0.25)
+    assert np.all(rice_density(spectrum, fit, masses) > simple)
+    assert rice_density(spectrum, fit, masses) == pytest.approx(simple, rel=0.15)
+    rng = np.random.default_rng(17)
+    bkg = NB * shapes.background_bin_fractions(EDGES, SQRT_S, P1, P2)
+    spectrum = SimpleNamespace(edges_gev=EDGES, sqrt_s_tev=SQRT_S, resolution_gev=resolution)
+    grid = np.arange(100.0, 160.01, 0.2)
+    nodes = np.linspace(100.0, 160.0, 201)
+    density = rice_density(spectrum, fit_background_only(EDGES, bkg, SQRT_S), nodes)
+    expected = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(nodes))) * np.exp(-0.5)
+    counts = [count_upcrossings(scan_local_significance(EDGES, rng.poisson(bkg), SQRT_S, resolution, grid).z_local, 1.0)
+              for _ in range(60)]
+    assert np.mean(counts) == pytest.approx(expected, rel=0.2)
+
+
+def test_counting_scan_upcrossings_bounds_toys():
+    """The exact counting-scan bound is >= the toy probability that some +-2 sigma window's
+    Poisson p-value reaches the level, and close to it where that probability is small."""
+    from cernenv.physics.significance import counting_scan_upcrossings, counting_windows, log_poisson_tail
+
+    edges = np.linspace(1000.0, 2000.0, 101)
+    b = 0.3 * np.exp(-(edges[:-1] - 1000.0) / 400.0)  # ~1 event per window: far from asymptotic
+    windows = counting_windows(edges, lambda m: 0.02 * np.asarray(m))
+    assert np.all(np.diff(windows.first) >= 0) and np.all(np.diff(windows.stop) >= 0)
+    cum = np.concatenate([[0.0], np.cumsum(b)])
+    window_b = cum[windows.stop] - cum[windows.first]
+    counts = np.random.default_rng(16).poisson(b, size=(20000, b.size))
+    count_cum = np.concatenate([np.zeros((counts.shape[0], 1)), np.cumsum(counts, axis=1)], axis=1)
+    n = count_cum[:, windows.stop] - count_cum[:, windows.first]
+    min_log_p = np.min(log_poisson_tail(n, window_b[None, :]), axis=1)
+    for level in (0.0228, 0.00135, 0.0002):
+        toys = np.mean(min_log_p <= np.log(level))
+        bound = counting_scan_upcrossings(b, windows, np.log(level))
+        assert toys <= bound + 3 * np.sqrt(toys / counts.shape[0])
+        assert bound < (1.5 if toys > 0.1 else 1.3) * toys + 1e-3
+    assert log_poisson_tail(0, 1.0) == 0.0
+    assert log_poisson_tail(3, 1.0) == pytest.approx(np.log(1 - np.exp(-1) * (1 + 1 + 0.5)))
+    assert log_poisson_tail(200, 0.01) == pytest.approx(200 * np.log(0.01) - 0.01 - np.sum(np.log(np.arange(1, 201))),
+                                                        abs=1e-3)  # beyond double precision
 
 
 # ----------------------------------------------------------------------------- scan

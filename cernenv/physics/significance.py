@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import log_ndtr, ndtr, ndtri
+from scipy.special import gammainc, gammaln, log_ndtr, ndtr, ndtri, pdtr
 
 # The standard normal's tail functions, as scipy.stats.norm computes them (sf(z) = ndtr(-z),
 # logsf(z) = log_ndtr(-z), isf(p) = -ndtri(p)) without its per-call argument handling.
@@ -186,25 +186,166 @@ def global_significance(z_local: float, n_upcrossings_ref: float, z_ref: float =
     return p_global, z_global, trials
 
 
-def expected_upcrossings(window_width_gev: float, resolution_gev: float, z_ref: float = 1.0) -> float:
+def upcrossing_density(mass_gev, resolution_gev, bin_width_gev=0.0):
+    """Rice density of upcrossings per GeV at level 0, 1 / (2 sqrt(2) pi sigma_eff(m)).
+
+    The signed local significance of a narrow Gaussian peak over a smooth background is
+    asymptotically a unit-variance Gaussian process with correlation
+    rho(dm) = exp(-dm^2 / (4 sigma^2)) (overlap of two Gaussian templates), so
+    sqrt(-rho''(0)) = 1 / (sqrt(2) sigma) and Rice's formula gives this density times
+    exp(-z^2/2) for level z. In a histogram the template is the Gaussian convolved with
+    the bin (a uniform of variance w^2/12): to leading order in w^2/sigma^2,
+    -rho''(0) = 1 / (2 (sigma^2 + w^2/12)), hence sigma_eff^2 = sigma^2 + w^2/12.
+    """
+    sigma = np.asarray(resolution_gev, dtype=float)
+    sigma_eff = np.sqrt(sigma**2 + float(bin_width_gev) ** 2 / 12.0)
+    return 1.0 / (2.0 * np.sqrt(2.0) * np.pi * sigma_eff) + 0.0 * np.asarray(mass_gev, dtype=float)
+
+
+def expected_upcrossings(window_width_gev, resolution_gev, z_ref: float = 1.0, *, bin_width_gev: float = 0.0,
+                         nodes: int = 401) -> float:
     """Expected number of upcrossings of level z_ref by the local-Z scan, no toys needed.
 
-    For a narrow Gaussian peak of resolution sigma over a smooth background, the
-    signed local significance Z(m) is asymptotically a unit-variance Gaussian process
-    with correlation rho(dm) = exp(-dm^2 / (4 sigma^2)) (overlap of two Gaussian
-    templates). Rice's formula for upcrossings of level z over a length L gives
-        E[N] = L / (2 pi) * sqrt(-rho''(0)) * exp(-z^2/2) = L / (2 sqrt(2) pi sigma) * exp(-u0/2),
-    which is the exp(-u0/2) scaling of GV for a chi2 with 1 dof (upcrossings of Z at
-    z_ref are upcrossings of q0 at u0 = z_ref^2). ~ 0.11 L/sigma: fewer than the
-    naive L/(2 sigma) "independent regions". Neglects binning (sigma_eff^2 = sigma^2
-    + bin^2/12), edge effects and the growth of sigma with mass (then use L/sigma ->
-    integral of dm/sigma(m)).
+    Rice's formula (Rice 1944) for the Gaussian process of ``upcrossing_density``:
+        E[N] = exp(-u0/2) / (2 sqrt(2) pi) * integral dm / sigma_eff(m),   u0 = z_ref^2,
+    the exp(-u0/2) scaling of GV for a chi2 with 1 dof (upcrossings of Z at z_ref are
+    upcrossings of q0 at u0). ``window_width_gev``: the window length L (then
+    ``resolution_gev`` is one sigma and the integral is L / sigma_eff), or its mass range
+    (lo, hi); ``resolution_gev``: sigma [GeV] or a function sigma(m) (array or scalar
+    argument), integrated by the trapezoid rule on ``nodes`` masses. ``bin_width_gev``:
+    the histogram's bin width (sigma_eff^2 = sigma^2 + w^2/12). ~ 0.11 L/sigma: fewer
+    than the naive L/(2 sigma) "independent regions". Neglects the profiling of the
+    background, which removes the template's smooth part and sharpens Z(m): by ~10% in a
+    window of 40 sigma, by up to ~70% in one of a few sigma (``cernenv.analysis.rice_density``
+    computes the density of the profiled, binned process itself).
     """
-    width = float(window_width_gev)
-    sigma = float(resolution_gev)
-    if width <= 0 or sigma <= 0:
-        raise ValueError("window_width_gev and resolution_gev must be > 0")
-    return width / (2.0 * np.sqrt(2.0) * np.pi * sigma) * float(np.exp(-0.5 * float(z_ref) ** 2))
+    if np.ndim(window_width_gev) == 0:
+        lo, hi = 0.0, float(window_width_gev)
+        if callable(resolution_gev):
+            raise ValueError("a resolution function needs the mass range (lo, hi), not only its width")
+    else:
+        lo, hi = (float(v) for v in window_width_gev)
+    width = hi - lo
+    if width <= 0:
+        raise ValueError("the window must have a positive width")
+    if callable(resolution_gev):
+        masses = np.linspace(lo, hi, max(int(nodes), 2))
+        sigma = _resolution_array(resolution_gev, masses)
+    else:
+        masses = np.array([lo, hi])
+        sigma = np.full(2, float(resolution_gev))
+    if np.any(sigma <= 0):
+        raise ValueError("resolution_gev must be > 0")
+    density = upcrossing_density(masses, sigma, bin_width_gev)
+    integral = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(masses)))
+    return integral * float(np.exp(-0.5 * float(z_ref) ** 2))
+
+
+def _resolution_array(resolution_gev_fn, masses: np.ndarray) -> np.ndarray:
+    """sigma(m) on ``masses``: one vectorised call when the function takes arrays, else one per mass."""
+    try:
+        res = np.asarray(resolution_gev_fn(masses), dtype=float)
+        if res.shape == masses.shape:
+            return res
+    except (TypeError, ValueError):
+        pass
+    return np.array([float(resolution_gev_fn(float(m))) for m in masses])
+
+
+# Small counts: the exact Poisson counting scan ------------------------------------------
+
+
+def log_poisson_tail(n, b):
+    """log P(Poisson(b) >= n), elementwise; 0 for n <= 0, -inf for b = 0 < n.
+
+    P(Poisson(b) >= n) is the regularised lower incomplete gamma function P(n, b); where
+    that underflows, the leading term b^n e^-b / n! times its first correction is used."""
+    n, b = np.broadcast_arrays(np.asarray(n, dtype=float), np.asarray(b, dtype=float))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tail = gammainc(np.maximum(n, 1.0), b)
+        leading = n * np.log(b) - b - gammaln(n + 1.0) + np.log1p(b / (n + 1.0 - np.minimum(b, n)))
+        out = np.where(tail > 1e-280, np.log(tail), leading)
+    out = np.where(n <= 0, 0.0, np.where(b <= 0, -np.inf, out))
+    return float(out) if out.ndim == 0 else out
+
+
+@dataclass(frozen=True)
+class CountingWindows:
+    """Counting windows centred on bins: window j holds the bins first[j] .. stop[j]-1 whose
+    centres lie within half_width_sigma * sigma(m_j) of bin j's centre m_j = centre_gev[j].
+    Centring on bins makes consecutive windows shifts of one bin (plus a bin where sigma
+    grows), so their expected contents, and the count thresholds of one p-value, change
+    smoothly along the scan: no spurious re-crossings of a level from edge effects."""
+
+    first: np.ndarray
+    stop: np.ndarray
+    centre_gev: np.ndarray
+
+
+def counting_windows(edges, resolution_gev_fn, half_width_sigma: float = 2.0) -> CountingWindows:
+    """The ``CountingWindows`` of a histogram with ``edges``, one per bin."""
+    edges = np.asarray(edges, dtype=float)
+    centres = 0.5 * (edges[1:] + edges[:-1])
+    half = half_width_sigma * _resolution_array(resolution_gev_fn, centres)
+    first = np.searchsorted(centres, centres - half, side="left")
+    stop = np.searchsorted(centres, centres + half, side="right")
+    return CountingWindows(first, stop, centres)
+
+
+def counting_scan_upcrossings(expected, windows: CountingWindows, log_p_level: float, use=None) -> float:
+    """Expected number of windows, taken in order, at which the count first reaches the level
+    of local p-value exp(log_p_level), for Poisson bins of mean ``expected``.
+
+    The local p-value of window j is P(Poisson(B_j) >= n_j); it is <= p* iff n_j >= k_j,
+    the smallest such count. Consecutive windows share bins C, the earlier one alone holds
+    A, the later one alone D (independent Poisson counts), so
+        P(n_{j-1} < k_{j-1}, n_j >= k_j) = sum_c Pois(c; B_C) P(A < k_{j-1} - c) P(D >= k_j - c),
+    and P(some window reaches its level) <= P(the first does) + sum_j of these (the
+    upcrossing bound that GV use for the continuous process, here exact for the discrete
+    counting process: no asymptotics). ``use``: a mask of the windows to count (default
+    all); a window whose predecessor is not used counts P(n_j >= k_j) (it starts a run).
+    """
+    b = np.asarray(expected, dtype=float)
+    cum = np.concatenate([[0.0], np.cumsum(b)])
+    first, stop = windows.first, windows.stop
+    big = cum[stop] - cum[first]
+    used = np.ones(first.size, dtype=bool) if use is None else np.asarray(use, dtype=bool)
+    if not used.any() or log_p_level >= 0.0:
+        return float(used.any()) * (1.0 if log_p_level >= 0.0 else 0.0)
+    # k_j: bisection on the integer count (log tail decreasing in n)
+    lo = np.zeros(first.size)
+    hi = np.ceil(big + 10.0 + 10.0 * np.sqrt(big))
+    for _ in range(60):
+        short = log_poisson_tail(hi, big) > log_p_level
+        if not short.any():
+            break
+        hi = np.where(short, 2.0 * hi, hi)
+    while np.any(hi - lo > 1):
+        mid = np.floor(0.5 * (lo + hi))
+        ok = log_poisson_tail(mid, big) <= log_p_level
+        hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
+    k = hi
+    rows = np.flatnonzero(used)
+    prev = rows - 1
+    starts = (prev < 0) | ~used[np.maximum(prev, 0)]
+    total = float(np.sum(np.exp(log_poisson_tail(k[rows[starts]], big[rows[starts]]))))
+    rows, prev = rows[~starts], prev[~starts]
+    if rows.size:
+        c_first = np.maximum(first[rows], first[prev])
+        c_stop = np.maximum(np.minimum(stop[rows], stop[prev]), c_first)
+        b_c = cum[c_stop] - cum[c_first]
+        b_a = np.maximum(big[prev] - b_c, 0.0)
+        b_d = np.maximum(big[rows] - b_c, 0.0)
+        k_prev, k_now = k[prev], k[rows]
+        c = np.arange(int(k_prev.max()))[None, :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_pc = c * np.log(np.maximum(b_c[:, None], 1e-300)) - b_c[:, None] - gammaln(c + 1.0)
+        p_c = np.where(b_c[:, None] > 0, np.exp(log_pc), (c == 0).astype(float))
+        below = k_prev[:, None] - 1 - c  # A <= below
+        p_a = np.where(below >= 0, pdtr(np.maximum(below, 0), b_a[:, None]), 0.0)
+        p_d = np.exp(log_poisson_tail(k_now[:, None] - c, b_d[:, None]))
+        total += float(np.sum(p_c * p_a * p_d))
+    return total
 
 
 def count_upcrossings(z_scan, z_ref: float = 1.0) -> int:

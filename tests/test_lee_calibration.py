@@ -1,0 +1,125 @@
+"""Calibration of the environment's global significance on background-only data.
+
+A toy is a background-only spectrum of one null configuration, recorded as the
+environment records it (`CollisionRecorder` with no particle, the whole luminosity cap at
+the highest beam energy, nominal pileup, the best trigger, calibrated once, standard
+reconstruction, the environment's default binning) and analysed as the environment
+analyses it (`cernenv.analysis`, the code its actions and grader call): background fit,
+bump scan over the window, `estimate_significance` at the scan's best mass (scan
+upcrossings, no systematics) and the grader's reference significance there (analytic
+upcrossings, spurious-signal systematic).
+
+Configurations: the curated null scenarios (each channel) and every procedural task
+configuration (each channel) with the particle removed. Under the null the fraction of toys
+with global Z >= 2 (>= 3) must be 1 - Phi(2) = 2.28% (1 - Phi(3) = 0.135%): a check asks
+that the Clopper-Pearson 95% interval of the observed fraction contain it. Configurations
+analysed asymptotically (most toys' best mass with >= `LOW_COUNT_BACKGROUND` background
+events within ±2σ_m): Z >= 2 and Z >= 3 pooled, both ways, and Z >= 2 per configuration
+family, both ways, with Bonferroni-corrected intervals (95% for those checks together: at
+95% each, eight checks of a calibrated method would fail one a third of the time).
+Low-count configurations (down to 7 events in the whole window), where the counting test
+with an uncertain background is conservative by construction: the fraction may not exceed
+the nominal one (the interval's lower end at most nominal), for Z >= 2 and Z >= 3 pooled.
+Toy seeds are fixed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest, norm
+
+from cernenv import analysis
+from cernenv.detector import CHANNELS, TRIGGERS, mass_resolution_gev
+from cernenv.scenarios import CURATED, PROCEDURAL_CONFIGURATIONS
+from cernenv.simulation import CollisionRecorder
+
+TOYS_PER_CONFIGURATION = 100
+NULL_SCENARIOS = ("null_diphoton_750", "null_dilepton_highmass")
+
+
+def null_configurations():
+    """(family, window, channel, sqrt_s [TeV], luminosity [fb^-1]) of every null configuration."""
+    out = []
+    for name in NULL_SCENARIOS:
+        scenario = CURATED[name]
+        assert scenario.truth is None
+        out += [("curated_null", scenario.search_window_gev, channel, max(scenario.beam_energies_tev),
+                 scenario.luminosity_fb) for channel in scenario.channels]
+    for configurations in PROCEDURAL_CONFIGURATIONS.values():
+        out += [(config.family, config.search_window_gev, channel, max(config.beam_energies_tev), config.luminosity_fb)
+                for config in configurations for channel in config.channels]
+    return out
+
+
+def default_bin_width(channel: str, lo: float, hi: float) -> float:
+    """`CERNCollisionEnvironment._default_bin_width` for a channel calibrated once, standard
+    reconstruction, nominal pileup."""
+    def resolution(mass):
+        return float(mass_resolution_gev(CHANNELS[channel], mass, 1, "standard", "nominal"))
+    span = hi - lo
+    return min(resolution(lo), span / 20, max(0.5 * resolution(0.5 * (lo + hi)), span / 100))
+
+
+def toy_spectrum(window, channel, sqrt_s_tev, luminosity_fb, seed):
+    recorder = CollisionRecorder(window, (channel,), None, np.random.default_rng(seed))
+    record = recorder.records[channel]
+    record.calibration_level, record.reconstruction = 1, "standard"
+    best_trigger = max(trigger.get(channel, 0.0) for trigger in TRIGGERS.values())
+    recorder.collect(luminosity_fb, sqrt_s_tev, "nominal", {channel: best_trigger})
+    return recorder.build_spectrum(channel, window, default_bin_width(channel, *window), sqrt_s_tev, "nominal")
+
+
+def analyse(spectrum):
+    """(global Z of estimate_significance after a scan, the grader's reference global Z at the
+    scan's best mass, 1 if that mass was analysed with the low-count rule else 0)."""
+    background = analysis.background_fit(spectrum)
+    scan = analysis.bump_scan(spectrum, analysis.scan_grid(spectrum.edges_gev, analysis.default_scan_step(spectrum)),
+                              background)
+    mass = scan.best_mass_gev
+    agent = analysis.significance(spectrum, mass, False, scan, background)
+    reference = analysis.significance(spectrum, mass, True, None, background)
+    return agent["z_global"], reference["z_global"], float(agent["local_p_method"] == "poisson_count")
+
+
+def _check(label, k, n, z, two_sided=True, confidence=0.95):
+    nominal = float(norm.sf(z))
+    interval = binomtest(int(k), int(n)).proportion_ci(confidence)
+    line = (f"{label}: global Z >= {z:g} in {k}/{n} = {100 * k / n:.2f}% "
+            f"[{100 * interval.low:.2f}, {100 * interval.high:.2f}]% at {100 * confidence:.2f}% CL "
+            f"(nominal {100 * nominal:.3f}%{'' if two_sided else ', upper check only'})")
+    return interval.low <= nominal and (nominal <= interval.high or not two_sided), line
+
+
+@pytest.mark.slow
+def test_global_significance_is_calibrated_on_background_only_toys():
+    start = time.perf_counter()
+    results = defaultdict(list)
+    for index, (family, window, channel, sqrt_s, luminosity) in enumerate(null_configurations()):
+        toys = np.array([analyse(toy_spectrum(window, channel, sqrt_s, luminosity, [index, toy, 20101525]))
+                         for toy in range(TOYS_PER_CONFIGURATION)])
+        results["low-count" if toys[:, 2].mean() > 0.5 else family].append(toys)
+    z = {group: np.concatenate(values) for group, values in results.items()}
+    asymptotic = np.concatenate([values for group, values in z.items() if group != "low-count"])
+    checks = []
+    families = [group for group in z if group != "low-count"]
+    per_family = 1.0 - 0.05 / (2 * len(families))  # Bonferroni: 95% for the per-family checks together
+    for path, column in (("estimate_significance", 0), ("grader reference", 1)):
+        for group in families:
+            values = z[group]
+            checks.append(_check(f"{path}, {group}", int(np.sum(values[:, column] >= 2.0)), len(values), 2.0,
+                                 confidence=per_family))
+        for level in (2.0, 3.0):
+            checks.append(_check(f"{path}, asymptotic pooled", int(np.sum(asymptotic[:, column] >= level)),
+                                 len(asymptotic), level))
+            if "low-count" in z:
+                low = z["low-count"]
+                checks.append(_check(f"{path}, low-count pooled", int(np.sum(low[:, column] >= level)), len(low),
+                                     level, two_sided=False))
+    report = "\n".join(line for _, line in checks)
+    n_toys = sum(len(values) for values in z.values())
+    print(f"\n{n_toys} toys in {time.perf_counter() - start:.0f} s\n{report}")
+    assert all(ok for ok, _ in checks), report
