@@ -82,34 +82,39 @@ def _wall_steps(info: np.ndarray, score: np.ndarray, normals: np.ndarray, on_wal
     push another constraint on the wall outwards, the one with the largest decrement (the
     lowest quadratic model, -decrement / 2) is taken: the exact minimiser of the model on the
     feasible cone. A constraint off the wall is left to the step-length limit."""
-    k, p = score.shape
-    rhs = np.concatenate([score[:, :, None], np.broadcast_to(normals.T, (k, p, 2))], axis=2)
     try:
-        solved = np.linalg.solve(info, rhs)
+        free_step = -np.linalg.solve(info, score[..., None])[..., 0]
     except np.linalg.LinAlgError:
-        solved = np.linalg.pinv(info) @ rhs
-    free_step, hinv_c = -solved[:, :, 0], solved[:, :, 1:]  # (K, P), (K, P, 2)
+        free_step = -np.einsum("kpq,kq->kp", np.linalg.pinv(info), score)
+    decrement = -np.einsum("kp,kp->k", free_step, score)
     c_step = free_step @ normals.T  # (K, 2)
-    m = np.einsum("jp,kpi->kji", normals, hinv_c)  # C H^-1 C^T, (K, 2, 2)
-    best_step, best_dec = free_step, -np.einsum("kp,kp->k", free_step, score)
-    feasible = ~np.any(on_wall & (c_step < 0.0), axis=1)
-    best_dec = np.where(feasible, best_dec, -np.inf)
-    if not on_wall.any():
-        return best_step, best_dec
-    best_step = best_step.copy()
+    need = np.flatnonzero(np.any(on_wall & (c_step < 0.0), axis=1))  # the free step leaves the cone
+    if need.size == 0:
+        return free_step, decrement
+    k, p = need.size, score.shape[1]
+    try:
+        hinv_c = np.linalg.solve(info[need], np.broadcast_to(normals.T, (k, p, 2)))  # (k, P, 2)
+    except np.linalg.LinAlgError:
+        hinv_c = np.linalg.pinv(info[need]) @ normals.T
+    m = np.einsum("jp,kpi->kji", normals, hinv_c)  # C H^-1 C^T, (k, 2, 2)
+    walls, c_need, score_need = on_wall[need], c_step[need], score[need]
+    best_step = np.zeros((k, p))  # held on both walls without a better choice: no shape move left
+    best_dec = np.full(k, -np.inf)
     for held in (np.array([True, False]), np.array([False, True]), np.array([True, True])):
-        rows = np.flatnonzero(np.all(on_wall[:, held], axis=1))
+        rows = np.flatnonzero(np.all(walls[:, held], axis=1))
         if rows.size == 0:
             continue
         eye = np.diag((~held).astype(float))
         mask = np.outer(held, held).astype(float)
-        lam = np.linalg.solve(m[rows] * mask + eye, (c_step[rows] * held)[..., None])[..., 0]
-        step = free_step[rows] - np.einsum("kpi,ki->kp", hinv_c[rows], lam)
-        dec = -np.einsum("kp,kp->k", step, score[rows])
-        pushes = on_wall[rows] & ~held & (step @ normals.T < 0.0)
+        lam = np.linalg.solve(m[rows] * mask + eye, (c_need[rows] * held)[..., None])[..., 0]
+        step = free_step[need[rows]] - np.einsum("kpi,ki->kp", hinv_c[rows], lam)
+        dec = -np.einsum("kp,kp->k", step, score_need[rows])
+        pushes = walls[rows] & ~held & (step @ normals.T < 0.0)
         better = ~np.any(pushes, axis=1) & (dec > best_dec[rows])
         best_step[rows[better]], best_dec[rows[better]] = step[better], dec[better]
-    return best_step, best_dec
+    free_step = free_step.copy()
+    free_step[need], decrement[need] = best_step, np.maximum(best_dec, 0.0)
+    return free_step, decrement
 
 
 def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarray | None, n_iter: int,
