@@ -9,11 +9,12 @@ mass floated within ±2σ_m of the requested mass, Z = √q0 (Cowan, Cranmer, Gr
 EPJC 71 (2011) 1554). With few events under the peak that law fails (√q0 overstates
 small-count excesses), so where the background-only fit expects fewer than
 `LOW_COUNT_BACKGROUND` events within ±2σ_m of the mass the local p-value is exact for
-counts instead: the events n counted within ±2σ_m against the background b̂ there from a
-fit of the sidebands (the bins farther than 4σ_m, so b̂ does not absorb the excess), with
-b̂'s uncertainty from that fit's Fisher information, through the Z_Bi binomial test of
-Cousins, Linnemann, Tucker, NIM A 595 (2008) 480; the smallest p of the counting windows
-centred within ±2σ_m of the mass (the mass freedom of the fit).
+counts instead: the on/off problem, with the n_on events counted within ±2σ_m, the n_off
+events of the sidebands (the bins farther than 4σ_m) as the background's measurement, and
+tau, the sideband-to-window ratio of the fitted background shape, through the Z_Bi
+binomial test of Cousins, Linnemann, Tucker, NIM A 595 (2008) 480 (exact given
+n_on + n_off; no asymptotics, and it stays right when the sidebands are empty); the
+smallest p of the counting windows centred within ±2σ_m of the mass (the mass freedom of the fit).
 
 Global significance (look-elsewhere effect; Gross & Vitells, EPJC 70 (2010) 525):
 p_global = p_local + the expected number of upcrossings of the observed local
@@ -42,7 +43,6 @@ from cernenv.physics.significance import (
     _z_from_log_p,
     counting_scan_upcrossings,
     counting_windows,
-    log_poisson_tail,
     profile_likelihood_significance,
 )
 
@@ -124,44 +124,16 @@ def rice_density(spectrum, fit: BackgroundFit, masses_gev: np.ndarray) -> np.nda
     return np.sqrt(np.maximum(lam2, 0.0)) / (2.0 * np.pi)
 
 
-def sideband_background(spectrum, fit: BackgroundFit, sidebands: np.ndarray, first: np.ndarray, stop: np.ndarray):
-    """Expected background in the windows of bins first..stop-1 as a fit without them would give
-    it, and its variance, from the background-only fit of all bins to first order (a refit
-    of a few sideband events can run off along the flat directions of the shape).
-
-    A window's fitted content b moves towards its count n by its leverage
-    h = g^T I^-1 g / b (g = d b / d(N_b, p1, p2), I = sum over all bins of J J^T / mu,
-    J = d mu / d(N_b, p1, p2)); leaving the window out undoes that:
-    b_out = b + (b - n) h / (1 - h), with variance b h / (1 - h) (the linear-model
-    leave-one-out identities for Poisson weights), and relative variance at least
-    1 / (events in the `sidebands`): no extrapolation beats its own normalisation."""
-    counts = np.asarray(spectrum.counts, dtype=float)
-    mu, jac = _background_jacobian(spectrum, fit)
-    info = (jac / np.maximum(mu, 1e-300)) @ jac.T
-    cum_mu = np.concatenate([[0.0], np.cumsum(mu)])
-    cum_n = np.concatenate([[0.0], np.cumsum(counts)])
-    cum_jac = np.concatenate([np.zeros((3, 1)), np.cumsum(jac, axis=1)], axis=1)
-    g = cum_jac[:, stop] - cum_jac[:, first]  # (3, K)
-    b = np.maximum(cum_mu[stop] - cum_mu[first], 1e-300)
-    n = cum_n[stop] - cum_n[first]
-    leverage = np.clip(np.einsum("pk,pk->k", g, np.linalg.pinv(info) @ g) / b, 0.0, 0.99)
-    ratio = leverage / (1.0 - leverage)
-    b_out = np.maximum(b + (b - n) * ratio, 1e-3 * b)
-    var = np.maximum(b * ratio, b_out**2 / max(float(counts[sidebands].sum()), 1.0))
-    return b_out, var
-
-
-def log_p_bi(n, b, var_b):
-    """log p of n counts over a background b known to ±sqrt(var_b): the Z_Bi binomial test
-    (Cousins, Linnemann, Tucker, NIM A 595 (2008) 480) with the background estimate as an
-    auxiliary Poisson measurement m = tau b, tau = b / var_b: p = I_{1/(1+tau)}(n, m + 1);
-    the exact Poisson tail when var_b = 0."""
-    n, b, var_b = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (n, b, var_b)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tau = np.where(var_b > 0, b / np.maximum(var_b, 1e-300), np.inf)
-        p = betainc(np.maximum(n, 1.0), tau * b + 1.0, 1.0 / (1.0 + tau))
-        out = np.where(np.isfinite(tau) & (tau * b < 1e12), np.log(np.maximum(p, 1e-300)), log_poisson_tail(n, b))
-    return np.where(n <= 0, 0.0, out)
+def log_p_on_off(n_on, n_off, tau):
+    """log p of n_on counts in a window whose background is measured by n_off counts in
+    sidebands that expect tau times as much: the Z_Bi test (Cousins, Linnemann, Tucker,
+    NIM A 595 (2008) 480), the binomial tail P(k >= n_on | k ~ Bin(n_on + n_off, 1/(1+tau))),
+    which is exact for Poisson counts given their sum: p = I_{1/(1+tau)}(n_on, n_off + 1)."""
+    n_on, n_off, tau = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (n_on, n_off, tau)))
+    with np.errstate(divide="ignore"):
+        p = betainc(np.maximum(n_on, 1.0), n_off + 1.0, 1.0 / (1.0 + np.maximum(tau, 1e-300)))
+        out = np.log(np.maximum(p, 1e-300))
+    return np.where(n_on <= 0, 0.0, out)
 
 
 def background_under_peak(spectrum, mass_gev: float, sigma_gev: float, background: BackgroundFit) -> float:
@@ -187,6 +159,12 @@ def bump_scan(spectrum, grid_gev: np.ndarray, background: BackgroundFit) -> Bump
     """Local significance of a narrow resonance at every mass of `grid_gev` (`scan_local_significance`)."""
     return scan_local_significance(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev, spectrum.resolution_gev,
                                    grid_gev, background=background)
+
+
+def default_bump_scan(spectrum, background: Optional[BackgroundFit] = None) -> BumpScan:
+    """The bump scan `scan_bump` runs with its default step, over the whole spectrum."""
+    background = background if background is not None else background_fit(spectrum)
+    return bump_scan(spectrum, scan_grid(spectrum.edges_gev, default_scan_step(spectrum)), background)
 
 
 def spurious_signal_events(spectrum, mass_gev: float, background: BackgroundFit) -> float:
@@ -238,11 +216,12 @@ def global_significance(spectrum, mass_gev: float, local: LocalSignificance, bac
         count_cum = np.concatenate([[0.0], np.cumsum(counts)])
         half = PEAK_HALF_WIDTH_SIGMA * sigma
         near = np.abs(windows.centre_gev - mass_gev) <= half
-        n_obs = count_cum[windows.stop[near]] - count_cum[windows.first[near]]
+        n_on = count_cum[windows.stop[near]] - count_cum[windows.first[near]]
         sidebands = np.abs(0.5 * (edges[1:] + edges[:-1]) - mass_gev) > 2.0 * half
-        side_b, side_var = sideband_background(spectrum, background, sidebands, windows.first[near],
-                                               windows.stop[near])
-        log_p_local = float(np.min(log_p_bi(n_obs, side_b, side_var))) if near.any() else 0.0
+        n_off = float(counts[sidebands].sum())
+        b_on = np.maximum(cum[windows.stop[near]] - cum[windows.first[near]], 1e-300)
+        tau = float(expected[sidebands].sum()) / b_on  # sideband-to-window ratio of the background shape
+        log_p_local = float(np.min(log_p_on_off(n_on, n_off, tau))) if near.any() else 0.0
         method = "poisson_count"
     else:
         log_p_local = float(log_ndtr(-max(local.z_local, 0.0)))

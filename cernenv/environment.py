@@ -11,6 +11,7 @@ import numpy as np
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
+from cernenv import analysis
 from cernenv.actions import ACTION_TABLE, Prerequisite, markdown_cell, render_action_table_markdown, type_label
 from cernenv.detector import (
     BEAM_ENERGIES,
@@ -32,16 +33,9 @@ from cernenv.models import (
     TaskInfo,
 )
 from cernenv.physics.angular import allowed_spins, spin_likelihoods
-from cernenv.physics.shapes import background_bin_fractions, signal_bin_fractions
+from cernenv.physics.shapes import signal_bin_fractions
 from cernenv.physics.fitting import fit_background_only, fit_signal_plus_background
-from cernenv.physics.scan import scan_local_significance
-from cernenv.physics.significance import (
-    asimov_significance,
-    count_upcrossings,
-    expected_upcrossings,
-    global_significance,
-    profile_likelihood_significance,
-)
+from cernenv.physics.significance import asimov_significance, count_upcrossings
 from cernenv.rewards import (
     COMPONENT_NAMES,
     MILESTONE_REWARD,
@@ -55,11 +49,6 @@ from cernenv.rules import (MAX_CONSECUTIVE_REFUSALS, RuleViolation, Violation, c
 from cernenv.scenarios import Scenario, make_scenario, particle_stream_seed
 from cernenv.simulation import MAX_SPECTRUM_BINS, MIN_SPECTRUM_BINS, CollisionRecorder, Spectrum
 
-# Spurious-signal systematic: background mismodelling can fake a signal. ATLAS's H→γγ
-# analysis accepted a background function only if its spurious signal stayed below 20%
-# of the statistical uncertainty of the fitted signal (PLB 716 (2012) 1, Sect. 5.4); we
-# take that largest allowed value, 0.2·√B with B the background within ±2σ_m.
-SPURIOUS_SIGNAL_STAT_FRACTION = 0.2
 LUMINOSITY_UNCERTAINTY_FRAC = 0.017  # ATLAS Run-2 luminosity, EPJC 83 (2023) 982
 HISTORY_LENGTH = 12
 
@@ -260,7 +249,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             Prerequisite.CHANNEL_DATA: record is not None and record.luminosity_fb > 0,
             Prerequisite.CHANNEL_SELECTED: episode.channel is not None,
             Prerequisite.RECONSTRUCTED: selected is not None and selected.reconstruction is not None,
-            Prerequisite.SPECTRUM_BUILT: episode.spectrum is not None,
+            Prerequisite.SPECTRUM_BUILT: episode.spectrum is not None and episode.spectrum.counts.sum() > 0,
             Prerequisite.FIT_DONE: episode.resonance_fit is not None,
         }
 
@@ -421,7 +410,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         self._charge_table(ActionType.SUBTRACT_BACKGROUND)
         fit = (fit_background_only(edges, counts, spectrum.sqrt_s_tev, mask=mask) if params.method == "sideband"
                else self._background_only(spectrum))
-        expected = background_expectation(fit, edges, spectrum.sqrt_s_tev)
+        expected = analysis.background_expectation(fit, edges, spectrum.sqrt_s_tev)
         episode.background_fit = fit
         residual = (counts - expected) / np.sqrt(np.maximum(expected, 1.0))
         worst = int(np.argmax(residual))
@@ -443,7 +432,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         start = params.mass_hint_gev or (episode.scan.best_mass_gev if episode.scan else None)
         if start is None:
             counts = spectrum.counts
-            background = (background_expectation(episode.background_fit, edges, spectrum.sqrt_s_tev)
+            background = (analysis.background_expectation(episode.background_fit, edges, spectrum.sqrt_s_tev)
                           if episode.background_fit else np.median(counts))
             centres = 0.5 * (edges[:-1] + edges[1:])
             start = float(centres[int(np.argmax(counts - background))])
@@ -470,17 +459,15 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         episode = self._episode
         spectrum = episode.spectrum
         edges = spectrum.edges_gev
-        centre = 0.5 * (edges[0] + edges[-1])
-        step = params.step_gev or 0.5 * float(spectrum.resolution_gev(centre))  # grid ≤ σ_m/2: no peak missed
+        step = params.step_gev or analysis.default_scan_step(spectrum)  # grid ≤ σ_m/2: no peak missed
         n_points = int((edges[-1] - edges[0]) / step)
         if not 5 <= n_points <= 400:
             raise RuleViolation(Violation.INVALID_PARAMETERS,
                                 f"{n_points} scan points; choose step_gev between {(edges[-1] - edges[0]) / 400:.3g} "
                                 f"and {(edges[-1] - edges[0]) / 5:.3g} GeV")
         self._charge_table(ActionType.SCAN_BUMP)
-        grid = np.linspace(edges[0] + step, edges[-1] - step, max(n_points - 1, 3))
-        scan = scan_local_significance(edges, spectrum.counts, spectrum.sqrt_s_tev, spectrum.resolution_gev, grid,
-                                       background=self._background_only(spectrum))
+        grid = analysis.scan_grid(edges, step)
+        scan = analysis.bump_scan(spectrum, grid, self._background_only(spectrum))
         episode.scan = scan
         episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
         episode.candidates_gev = [_r(m, 5) for m in scan.candidates_gev]
@@ -516,8 +503,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
                                 f"mass_gev must lie in the spectrum [{edges[0]:g}, {edges[-1]:g}] GeV")
         self._charge_table(ActionType.ESTIMATE_SIGNIFICANCE)
         with_systematics = spectrum.channel in episode.systematics
-        result = self._significance(spectrum, params.mass_gev, with_systematics,
-                                    scan_z=np.asarray(episode.scan.z_local) if episode.scan else None)
+        result = self._significance(spectrum, params.mass_gev, with_systematics, scan=episode.scan)
         episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
         episode.best_significance = max(episode.best_significance, result["z_global"] or 0.0)
         episode.milestones.add("significance_estimated")
@@ -533,7 +519,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             "energy_scale_frac": _r(self._scale_uncertainty(channel)),
             "resolution_frac": 0.1,
             "luminosity_frac": LUMINOSITY_UNCERTAINTY_FRAC,
-            "spurious_signal_frac_of_stat_error": SPURIOUS_SIGNAL_STAT_FRACTION,
+            "spurious_signal_frac_of_stat_error": analysis.SPURIOUS_SIGNAL_STAT_FRACTION,
             "mass_scale_error_at_centre_gev": _r(self._scale_uncertainty(channel) * centre, 3),
         }
         episode.systematics[channel] = systematics
@@ -614,33 +600,22 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
 
     def _background_under_peak(self, spectrum: Spectrum, mass_gev: float, sigma_gev: float,
                                background=None) -> float:
-        fit = background or self._background_only(spectrum)
-        expected = background_expectation(fit, spectrum.edges_gev, spectrum.sqrt_s_tev)
-        centres = 0.5 * (spectrum.edges_gev[:-1] + spectrum.edges_gev[1:])
-        return float(expected[np.abs(centres - mass_gev) <= 2.0 * sigma_gev].sum())
+        return analysis.background_under_peak(spectrum, mass_gev, sigma_gev,
+                                              background or self._background_only(spectrum))
 
     def _significance(self, spectrum: Spectrum, mass_gev: float, with_systematics: bool,
-                      scan_z: Optional[np.ndarray]) -> Dict[str, Any]:
-        sigma = float(spectrum.resolution_gev(mass_gev))
+                      scan: Optional[Any]) -> Dict[str, Any]:
+        """`cernenv.analysis.significance` at `mass_gev`, with the episode's cached fits; `scan`: a
+        bump scan of this spectrum (its upcrossings), or None (the analytic count)."""
         background = self._background_only(spectrum)
-        spurious = (SPURIOUS_SIGNAL_STAT_FRACTION
-                    * np.sqrt(self._background_under_peak(spectrum, mass_gev, sigma, background))
-                    if with_systematics else 0.0)
-        local = self._cached_fit(
-            ("local_significance", spectrum.fit_key, float(mass_gev), float(spurious)),
-            lambda: profile_likelihood_significance(
-                spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev, sigma, mass_gev,
-                spurious_signal_events=spurious, mass_bounds_gev=(mass_gev - 2 * sigma, mass_gev + 2 * sigma),
-                background=background))
-        if scan_z is not None:
-            upcrossings, source = count_upcrossings(scan_z, 1.0), "scan"
-        else:
-            upcrossings = expected_upcrossings(spectrum.edges_gev[-1] - spectrum.edges_gev[0], sigma, 1.0)
-            source = "analytic"
-        p_global, z_global, trials = global_significance(local.z_local, upcrossings, 1.0)
-        return {"mass_gev": _r(mass_gev), "q0": _r(local.q0, 4), "z_local": _r(local.z_local, 3),
-                "p_local": _r(local.p_local, 3), "z_global": _r(z_global, 3), "p_global": _r(p_global, 3),
-                "trials_factor": _r(trials, 3), "upcrossings_source": source,
+        spurious = analysis.spurious_signal_events(spectrum, mass_gev, background) if with_systematics else 0.0
+        local = self._cached_fit(("local_significance", spectrum.fit_key, float(mass_gev), float(spurious)),
+                                 lambda: analysis.local_significance(spectrum, mass_gev, spurious, background))
+        result = analysis.significance(spectrum, mass_gev, with_systematics, scan, background, local)
+        return {"mass_gev": _r(mass_gev), "q0": _r(result["q0"], 4), "z_local": _r(result["z_local"], 3),
+                "p_local": _r(result["p_local"], 3), "local_p_method": result["local_p_method"],
+                "z_global": _r(result["z_global"], 3), "p_global": _r(result["p_global"], 3),
+                "trials_factor": _r(result["trials_factor"], 3), "upcrossings_source": result["upcrossings_source"],
                 "systematics_included": bool(with_systematics)}
 
     def _grade(self, claim: Optional[DiscoveryClaim]) -> Dict[str, float]:
@@ -716,11 +691,6 @@ def _check_salt(secret_salt: Optional[str]) -> Optional[str]:
         raise ValueError("secret_salt must be a non-empty string (or None for no evaluation secret), "
                          f"got {type(secret_salt).__name__}")
     return secret_salt
-
-
-def background_expectation(fit, edges_gev: np.ndarray, sqrt_s_tev: float) -> np.ndarray:
-    """Expected background per bin from a background-only fit."""
-    return fit.background_yield * background_bin_fractions(edges_gev, sqrt_s_tev, fit.p1, fit.p2)
 
 
 def _field_table(model) -> str:

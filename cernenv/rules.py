@@ -66,7 +66,8 @@ PREREQUISITE_HINTS: Dict[Prerequisite, str] = {
     Prerequisite.CHANNEL_DATA: "collect_collisions with a trigger that records this channel first",
     Prerequisite.CHANNEL_SELECTED: "select_channel first",
     Prerequisite.RECONSTRUCTED: "reconstruct_tracks for the selected channel first",
-    Prerequisite.SPECTRUM_BUILT: "build_invariant_mass first",
+    Prerequisite.SPECTRUM_BUILT: ("build_invariant_mass first, with events in it (an empty spectrum has nothing "
+                                  "to fit: collect more luminosity, or build a wider range)"),
     Prerequisite.FIT_DONE: "fit_resonance first",
 }
 
