@@ -38,7 +38,7 @@ from cernenv.client import RAW_ACTION_KEY, CERNEnvClient, parse_observation
 from cernenv.models import CernState, CollisionObservation, ExperimentAction
 from cernenv.rewards import MILESTONE_REWARD, MILESTONES, REDUNDANCY_PENALTY, REWARD_COMPONENTS, VIOLATION_PENALTY
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS
-from cernenv.scenarios import CURATED, DEFAULT_MAX_STEPS, list_scenarios
+from cernenv.scenarios import CURATED, DEFAULT_MAX_STEPS, DIFFICULTIES, list_scenarios, procedural_scenario
 from cernenv.server import ServedEnvironment, ServerConfig, create_cernenv_app
 from cernenv.server.__main__ import main as server_main
 from cernenv.server.app import EnvironmentCount
@@ -381,8 +381,12 @@ def pre_analysis_script(task) -> List[Dict[str, Any]]:
         ("select_channel", {"channel": channel}), ("calibrate_detector", {"channel": channel})]]
 
 
+def first_seed_with_a_particle(difficulty: str) -> int:
+    return next(seed for seed in range(1_000) if procedural_scenario(seed, difficulty).truth is not None)
+
+
 LEAK_CASES = ([(name, None, 0) for name in list_scenarios() if CURATED[name].truth is not None]
-              + [(None, "easy", 2), (None, "medium", 3), (None, "hard", 8)])
+              + [(None, difficulty, first_seed_with_a_particle(difficulty)) for difficulty in DIFFICULTIES])
 
 
 @pytest.mark.parametrize("scenario, difficulty, seed", LEAK_CASES)
