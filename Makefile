@@ -85,8 +85,9 @@ report-assets: ## refresh reports/assets/ (widget manager, require.js) from the 
 docs: $(STAMP) ## regenerate docs/environment.md from the code (cernenv.docs)
 	$(PY) -m cernenv.docs --write docs/environment.md
 
-bench: setup ## run the environment benchmark (bench/bench_env.py)
+bench: setup ## run the environment and physics-kernel benchmarks (bench/bench_env.py, bench/bench_physics.py)
 	$(RUN_ENV) $(PY) bench/bench_env.py
+	$(RUN_ENV) $(PY) bench/bench_physics.py
 
 # `make train TRAIN_ARGS="--set max_steps=10"`: any TrainConfig field (python -m lib.training --help).
 TRAIN_ARGS ?=
