@@ -11,9 +11,10 @@ the environment's next observation, the model's next action, and so on:
 Every action is generated from exactly the token sequence the trainer later scores
 (prompt_ids + completion_ids so far), so the log-probabilities GRPO optimises are those
 the actions were sampled from. Environment text is tokenised once, here, and masked out
-of the loss (`env_mask` = 0). A batch of episodes is played in lockstep, turn by turn;
-`CachedGenerator` keeps each episode's KV cache between turns, so a turn costs the new
-tokens only.
+of the loss (`env_mask` = 0). A batch of episodes is played in lockstep, turn by turn,
+through a `GenerateFn`: `BatchedGenerate` (the model's own `generate`, one call per turn for
+all live episodes: the GPU engine) or `CachedGenerator` (keeps each episode's KV cache
+between turns, so a turn costs the new tokens only: faster for the CPU stand-in).
 
 The chat template decides the layout, so any chat model works (the project's tokenizer,
 Qwen's ChatML): each environment segment is the template's text between the end of the
@@ -274,8 +275,99 @@ def _choose(logits: torch.Tensor, sampling: Sampling) -> tuple[int, float]:
     return token, float(logprobs[token])
 
 
-def hf_generate_fn(model: Any, tokenizer: Any) -> GenerateFn:
-    """The `GenerateFn` for a transformers model (`CachedGenerator`)."""
+class BatchedGenerate:
+    """`GenerateFn` through the model's own engine, `model.generate` (transformers; Unsloth's
+    fast inference path when `unsloth` is set): one call per turn for all live episodes, their
+    whole contexts left-padded and prefilled together, which a GPU does in one pass.
+
+    Decoding is exactly `Sampling`'s, whatever the model's `generation_config` says (no top-k,
+    no repetition penalty): greedy at temperature 0, else softmax(logits / temperature) cut to
+    the top-p nucleus. Each token's log-probability is log_softmax(logits / temperature) of
+    the raw logits `generate` returns, the quantity the trainer scores (TRL divides by the
+    same temperature), as `CachedGenerator` returns it.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, unsloth: bool = False) -> None:
+        self.model = model
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.unsloth = unsloth
+
+    def _generation_config(self, sampling: Sampling):
+        from transformers import GenerationConfig
+
+        greedy = sampling.temperature <= 0
+        sampled = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+        return GenerationConfig(
+            do_sample=not greedy, **sampled, max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id, return_dict_in_generate=True, output_logits=True, use_cache=True)
+
+    @torch.no_grad()
+    def __call__(self, contexts: List[List[int]], sampling: Sampling) -> List[tuple[List[int], List[float]]]:
+        device = next(self.model.parameters()).device
+        width = max(len(context) for context in contexts)
+        input_ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long, device=device)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, context in enumerate(contexts):
+            input_ids[row, width - len(context):] = torch.tensor(context, device=device)
+            attention_mask[row, width - len(context):] = 1
+        was_training = self.model.training
+        # generate() fills what a passed config leaves unset from the model's own generation_config
+        # (a checkpoint's top_k, repetition penalty...): swap it for ours while generating
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        saved, base.generation_config = base.generation_config, self._generation_config(sampling)
+        self._inference_mode(True)
+        try:
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                      generation_config=base.generation_config)
+        finally:
+            self._inference_mode(False, was_training)
+            base.generation_config = saved
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()  # raw logits, before any logits processor
+        if sampling.temperature > 0:
+            logits = logits / sampling.temperature
+        logprobs = torch.log_softmax(logits, -1).gather(-1, new[..., None])[..., 0]
+        replies = []
+        for tokens, row_logprobs in zip(new.tolist(), logprobs.tolist()):
+            end = tokens.index(self.eos_id) + 1 if self.eos_id in tokens else len(tokens)
+            replies.append((tokens[:end], row_logprobs[:end]))
+        return replies
+
+    def _inference_mode(self, on: bool, was_training: bool = False) -> None:
+        """eval() for generation, the previous mode after; Unsloth models switch their fast paths."""
+        if self.unsloth:
+            from unsloth import FastLanguageModel
+
+            if on:
+                FastLanguageModel.for_inference(self.model)
+            elif was_training:
+                FastLanguageModel.for_training(self.model)
+        if on:
+            self.model.eval()
+        else:
+            self.model.train(was_training)
+
+
+GENERATION_ENGINES = ("auto", "cached", "generate")
+"""`hf_generate_fn`'s engines: `generate` (`BatchedGenerate`, the model's own engine), `cached`
+(`CachedGenerator`, one decoding step per forward with per-episode KV caches kept between
+turns: faster for the CPU stand-in, `make bench-generate`), `auto` (generate on a GPU,
+cached on a CPU)."""
+
+
+def hf_generate_fn(model: Any, tokenizer: Any, engine: str = "auto", *, unsloth: bool = False) -> GenerateFn:
+    """The `GenerateFn` for a transformers model (PEFT and Unsloth models too): `engine` is one of
+    `GENERATION_ENGINES`; `unsloth` (the model is Unsloth's) makes `generate` use its inference mode."""
+    if engine not in GENERATION_ENGINES:
+        raise ValueError(f"engine must be one of {GENERATION_ENGINES}, got {engine!r}")
+    if engine == "auto":
+        engine = "generate" if next(model.parameters()).device.type == "cuda" else "cached"
+    if engine == "generate":
+        return BatchedGenerate(model, tokenizer, unsloth=unsloth)
+    if unsloth:
+        raise ValueError("the cached engine calls the model one token at a time, which Unsloth's patched "
+                         "forward does not support; use engine='generate' (or 'auto') with Unsloth")
     return CachedGenerator(model, tokenizer)
 
 

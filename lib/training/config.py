@@ -40,6 +40,11 @@ class TrainConfig:
     device), or `auto`: Unsloth when CUDA is present and `unsloth` imports, else TRL."""
     use_vllm: bool = False
     """Generate with vLLM (TRL's colocated engine, which Unsloth's `fast_inference` backs); GPU only."""
+    generation_engine: str = "auto"
+    """How episodes are generated (`lib.multiturn.GENERATION_ENGINES`): `generate` (the model's own
+    `generate`, batched over live episodes; Unsloth's inference path on that backend), `cached`
+    (the project's KV-cached decoder, faster for the CPU stand-in), or `auto`: generate on a GPU,
+    cached on a CPU. Ignored with `use_vllm`."""
     lora_r: int = 16
     """LoRA rank (PEFT on the TRL backend, Unsloth's on GPU); 0 trains every weight instead."""
     lora_alpha: int = 32
@@ -128,6 +133,10 @@ class TrainConfig:
         problems = []
         if self.backend not in BACKENDS:
             problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        from lib.multiturn import GENERATION_ENGINES
+
+        if self.generation_engine not in GENERATION_ENGINES:
+            problems.append(f"generation_engine must be one of {GENERATION_ENGINES}, got {self.generation_engine!r}")
         for name in ("max_steps", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                      "max_new_tokens", "checkpoint_eval_episodes", "eval_batch_size", "logging_steps", "save_steps",
                      "max_seq_length"):

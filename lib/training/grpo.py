@@ -141,8 +141,9 @@ class CampaignRollout:
     """
 
     def __init__(self, config: TrainConfig, tokenizer: Any, *, evidence_dir: Optional[Path] = None,
-                 generate_fn_factory: Optional[Callable[[Any], GenerateFn]] = None) -> None:
+                 generate_fn_factory: Optional[Callable[[Any], GenerateFn]] = None, backend: str = "trl") -> None:
         self.config = config
+        self.backend = backend
         self.tokenizer = tokenizer
         self.sampling = Sampling(temperature=config.temperature, top_p=config.top_p,
                                  max_new_tokens=config.max_new_tokens)
@@ -159,7 +160,8 @@ class CampaignRollout:
         if getattr(trainer, "use_vllm", False):
             return vllm_generate_fn(trainer)
         model = trainer.accelerator.unwrap_model(trainer.model)
-        return hf_generate_fn(model, self.tokenizer)
+        return hf_generate_fn(model, self.tokenizer, self.config.generation_engine,
+                              unsloth=self.backend == "unsloth")
 
     def __call__(self, prompts: List[Any], trainer: Any) -> Dict[str, Any]:
         tasks = [json.loads(p) if isinstance(p, str) else p for p in prompts]

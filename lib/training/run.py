@@ -27,11 +27,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from cernenv.scenarios import list_scenarios
 from lib.evaluation import EpisodeSpec
 from lib.evidence import EvidencePaths, before_after_metrics, render_all
 from lib.multiturn import Sampling, hf_generate_fn, play_episodes
 from lib.rollouts import load_episodes_jsonl, save_episodes_jsonl
-from lib.training.backends import load_policy, resolve_backend
+from lib.training.backends import load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import EvidenceCallback
 from lib.training.config import TrainConfig
 from lib.training.grpo import (REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite,
@@ -61,17 +62,23 @@ class TrainResult:
 
 
 def evaluate_policy(model: Any, tokenizer: Any, specs: Sequence[EpisodeSpec], config: TrainConfig, *,
-                    agent_name: str) -> List[Dict[str, Any]]:
+                    agent_name: str, backend: str = "trl") -> List[Dict[str, Any]]:
     """Greedy episodes of `model` on `specs` (records as dicts, as the evidence files hold them)."""
-    played = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, specs,
+    generate = hf_generate_fn(model, tokenizer, config.generation_engine, unsloth=backend == "unsloth")
+    played = play_episodes(generate, tokenizer, specs,
                            sampling=Sampling(temperature=0.0, max_new_tokens=config.max_new_tokens),
                            max_turns=config.max_turns, max_context_tokens=config.max_seq_length,
                            batch_size=config.eval_batch_size, agent_name=agent_name, seed=config.seed)
     return [asdict(episode.record) for episode in played]
 
 
-def _spec_key(episode: Dict[str, Any]) -> tuple:
-    return episode["seed"], episode.get("scenario"), episode.get("difficulty")
+def task_key(seed: int, scenario: Optional[str], difficulty: Optional[str]) -> tuple:
+    """One task, however it is written: a spec (scenario None for a procedural task, difficulty
+    None for a curated one) or a record (scenario "procedural_<difficulty>", the curated
+    scenario's difficulty)."""
+    if scenario in list_scenarios():
+        return seed, scenario, None
+    return seed, None, difficulty
 
 
 def archive_previous_evidence(paths: EvidencePaths, output_dir: Path) -> Optional[Path]:
@@ -145,7 +152,7 @@ def grpo_args(config: TrainConfig, **overrides: Any):
         max_completion_length=config.max_new_tokens if config.use_vllm else config.max_seq_length,
         max_grad_norm=config.max_grad_norm, logging_steps=config.logging_steps, save_strategy="steps",
         save_steps=config.save_steps, seed=config.seed, data_seed=config.seed, shuffle_dataset=False,
-        report_to=[], use_cpu=not cuda, bf16=cuda,
+        report_to=[], use_cpu=not cuda, **precision_flags(),
         # TRL turns activation recomputation on by default: it saves GPU memory; on a CPU it only
         # costs a second forward pass per step (the stand-in's activations fit in memory many times over)
         gradient_checkpointing=cuda, use_vllm=config.use_vllm, disable_tqdm=True,
@@ -180,17 +187,17 @@ def train(config: TrainConfig) -> TrainResult:
     if resume is not None and paths.pre_eval_jsonl.exists():
         pre = load_episodes_jsonl(str(paths.pre_eval_jsonl))
     else:
-        pre = evaluate_policy(policy.model, tokenizer, eval_specs, config, agent_name="pre")
+        pre = evaluate_policy(policy.model, tokenizer, eval_specs, config, agent_name="pre", backend=backend)
         save_episodes_jsonl(pre, str(paths.pre_eval_jsonl))
     seconds["pre_eval"] = time.perf_counter() - t
 
     def evaluate_checkpoint(model: Any) -> List[Dict[str, Any]]:
-        return evaluate_policy(model, tokenizer, checkpoint_specs, config, agent_name="checkpoint")
+        return evaluate_policy(model, tokenizer, checkpoint_specs, config, agent_name="checkpoint", backend=backend)
 
     def checkpoint_subset(episodes: List[Dict[str, Any]]) -> Optional[List[Dict[str, Any]]]:
         """The checkpoint episodes out of a full evaluation (same policy, greedy, same tasks), if it has them."""
-        by_key = {_spec_key(e): e for e in episodes}
-        keys = [(s.seed, s.scenario, s.difficulty) for s in checkpoint_specs]
+        by_key = {task_key(e["seed"], e.get("scenario"), e.get("difficulty")): e for e in episodes}
+        keys = [task_key(s.seed, s.scenario, s.difficulty) for s in checkpoint_specs]
         return [by_key[k] for k in keys] if all(k in by_key for k in keys) else None
 
     callback = EvidenceCallback(paths, eval_every_steps=config.eval_every_steps, evaluate=evaluate_checkpoint,
@@ -202,7 +209,7 @@ def train(config: TrainConfig) -> TrainResult:
         for name in ("training_log_csv", "reward_components_csv", "checkpoint_evals_csv"):
             drop_rows_after(getattr(paths, name), step)
 
-    rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root)
+    rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root, backend=backend)
     trainer = GRPOTrainer(model=policy.model, reward_funcs=REWARD_FUNCS, args=grpo_args(config),
                           train_dataset=training_dataset(config), processing_class=tokenizer,
                           peft_config=policy.peft_config, rollout_func=rollout, callbacks=[callback])
@@ -215,7 +222,7 @@ def train(config: TrainConfig) -> TrainResult:
     tokenizer.save_pretrained(str(final_dir))
 
     t = time.perf_counter()
-    post = evaluate_policy(trainer.model, tokenizer, eval_specs, config, agent_name="post")
+    post = evaluate_policy(trainer.model, tokenizer, eval_specs, config, agent_name="post", backend=backend)
     save_episodes_jsonl(post, str(paths.post_eval_jsonl))
     seconds["post_eval"] = time.perf_counter() - t
     if callback.final_from_post_eval:  # the last step's checkpoint row, from the post-training evaluation
