@@ -12,7 +12,11 @@ __all__ = ["BACKENDS", "GPU_DEFAULT_MODEL", "TINY_MODEL", "TINY_UNTRAINED_MODEL"
 
 
 def train(config: TrainConfig):
-    """See `lib.training.run.train` (imported on first use: it imports trl, after unsloth)."""
+    """See `lib.training.run.train` (imported on first use, after unsloth: it imports transformers,
+    peft and trl, which Unsloth must patch first)."""
+    from lib.training.backends import import_unsloth_first
+
+    import_unsloth_first(config)
     from lib.training.run import train as _train
 
     return _train(config)

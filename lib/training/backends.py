@@ -1,16 +1,24 @@
 """Loading the policy for a backend: Unsloth on a CUDA GPU, else transformers + PEFT.
 
-Unsloth patches transformers and TRL when it is imported, so it must be imported before
-`trl`; `resolve_backend` does that first. Without a GPU `import unsloth` raises
-`NotImplementedError` (not `ImportError`), which `auto` treats as "not available".
+Unsloth patches transformers, peft and TRL when it is imported, so it must be imported
+before any of them: `import_unsloth_first` does that, and `lib.training.train` calls it
+before it imports anything that imports transformers. Whether Unsloth is usable is probed
+without importing it (`importlib.util.find_spec`): once imported, TRL's trainer is
+Unsloth's for the rest of the process, which a `backend="trl"` run must not get. Without a
+GPU `import unsloth` raises `NotImplementedError` (not `ImportError`).
+
+Precision follows the device (`policy_dtype`): bfloat16 where the GPU supports it, else
+float16 (a T4), float32 on a CPU; the model and the trainer's mixed-precision flags use
+the same one (`precision_flags`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -31,30 +39,71 @@ class Policy:
     model_name: str
 
 
+LATE_FOR_UNSLOTH = ("transformers", "peft", "trl")
+"""Modules that Unsloth patches on import: importing any of them first leaves them unpatched."""
+
+
 def unsloth_available() -> tuple[bool, str]:
-    """(True, "") when a CUDA device exists and `unsloth` imports, else (False, why)."""
+    """(True, "") when a CUDA device exists and `unsloth` is installed, else (False, why).
+    Probes without importing it (see the module docstring)."""
     if not torch.cuda.is_available():
         return False, "no CUDA device"
-    if "trl" in sys.modules and "unsloth" not in sys.modules:
-        logger.warning("trl was imported before unsloth; Unsloth's patches may not apply to it")
-    try:
-        import unsloth  # noqa: F401  (import before trl: it patches trl and transformers)
-    except (ImportError, NotImplementedError) as error:
-        return False, f"unsloth does not import ({type(error).__name__}: {error})"
+    if "unsloth" in sys.modules:
+        return True, ""
+    if importlib.util.find_spec("unsloth") is None:
+        return False, "the unsloth package is not installed (pip install -r requirements-gpu.txt)"
     return True, ""
+
+
+def import_unsloth_first(config: TrainConfig) -> bool:
+    """Import unsloth now if `config` may train with it (backend unsloth or auto, a CUDA device,
+    the package installed), before transformers, peft and trl; True if it is imported.
+    Warns when one of those was imported already: its Unsloth patches are then missing, and
+    the cure is a fresh process (on Colab: restart the runtime) that imports lib.training first."""
+    if config.backend == "trl" or not unsloth_available()[0]:
+        return "unsloth" in sys.modules
+    if "unsloth" not in sys.modules:
+        late = [name for name in LATE_FOR_UNSLOTH if name in sys.modules]
+        if late:
+            logger.warning("%s imported before unsloth: Unsloth's patches may not apply to them; restart the "
+                           "process and import lib.training (or unsloth) first", ", ".join(late))
+    try:
+        import unsloth  # noqa: F401  (patches transformers, peft and trl)
+    except (ImportError, NotImplementedError) as error:
+        if config.backend == "unsloth":
+            raise RuntimeError(f"backend='unsloth' but unsloth does not import: {type(error).__name__}: {error}")
+        logger.warning("unsloth does not import (%s: %s); training with transformers + PEFT",
+                       type(error).__name__, error)
+        return False
+    return True
+
+
+def policy_dtype() -> torch.dtype:
+    """bfloat16 on a GPU that supports it, float16 on one that does not (a T4), float32 on a CPU."""
+    if not torch.cuda.is_available():
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def precision_flags(dtype: Optional[torch.dtype] = None) -> Dict[str, bool]:
+    """The trainer's mixed-precision flags for the model's `dtype` (default `policy_dtype()`):
+    they must agree, or Unsloth's trainer stops ("Model is in float16 precision but you want
+    to use bfloat16")."""
+    dtype = dtype or policy_dtype()
+    return {"bf16": dtype == torch.bfloat16, "fp16": dtype == torch.float16}
 
 
 def resolve_backend(config: TrainConfig) -> str:
     """The backend `config` asks for, checked: `auto` becomes `unsloth` or `trl`."""
+    if config.use_vllm and not torch.cuda.is_available():
+        raise RuntimeError("use_vllm=True needs a CUDA GPU (and the vllm package); set use_vllm=False on CPU.")
     if config.backend == "trl":
         return "trl"
     ok, why = unsloth_available()
     if config.backend == "unsloth" and not ok:
         raise RuntimeError(f"backend='unsloth' needs a CUDA GPU and the unsloth package: {why}. "
                            "Use backend='trl' (or 'auto') to train with transformers + PEFT.")
-    if config.use_vllm and not torch.cuda.is_available():
-        raise RuntimeError("use_vllm=True needs a CUDA GPU (and the vllm package); set use_vllm=False on CPU.")
-    return "unsloth" if ok else "trl"
+    return "unsloth" if ok and import_unsloth_first(config) else "trl"
 
 
 def resolve_model_name(config: TrainConfig) -> str:
@@ -88,8 +137,9 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
         model = warm_start(tokenizer) if name == TINY_MODEL else build_tiny_model(tokenizer)
     else:
         tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(
-            name, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=policy_dtype())
+    if torch.cuda.is_available():
+        model = model.to("cuda")  # from_pretrained loads on the CPU
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     peft_config = None
@@ -106,7 +156,7 @@ def _load_unsloth(config: TrainConfig, name: str) -> Policy:
         raise ValueError(f"the {name} stand-in is a CPU model; on a GPU give a real model_name "
                          f"(e.g. {GPU_DEFAULT_MODEL})")
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=name, max_seq_length=config.max_seq_length, load_in_4bit=False,
+        model_name=name, max_seq_length=config.max_seq_length, dtype=policy_dtype(), load_in_4bit=False,
         fast_inference=config.use_vllm, max_lora_rank=max(config.lora_r, 1))
     if config.lora_r > 0:
         model = FastLanguageModel.get_peft_model(

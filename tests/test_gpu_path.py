@@ -1,0 +1,179 @@
+"""The GPU training path, as far as a CPU can check it: the generation engine, the order
+Unsloth must be imported in, and the precision chosen for the device.
+
+What needs a GPU (Unsloth's kernels and inference mode, bf16/fp16 training, the
+measurements of `bench/bench_train.py` there) is not run here: see docs/training.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from lib.multiturn import BatchedGenerate, CachedGenerator, Sampling, hf_generate_fn, play_episodes
+from lib.policy_model import build_tiny_model
+from lib.tokenizer import build_tokenizer
+from lib.training import TrainConfig
+from lib.training import backends
+from lib.training.run import task_key
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = [(21, None, "easy"), (22, "higgs_4l_125", None), (23, None, "hard")]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return build_tiny_model(tokenizer)
+
+
+def test_generate_engine_plays_what_the_cached_decoder_plays(tokenizer, model):
+    """Greedy, three episodes of different context lengths (left padding): the same tokens and
+    log-probabilities from the model's own `generate` as from the hand-written decoder."""
+    greedy = Sampling(temperature=0.0, max_new_tokens=12)
+    engine = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS, sampling=greedy,
+                           max_turns=3)
+    cached = play_episodes(hf_generate_fn(model, tokenizer, "cached"), tokenizer, SPECS, sampling=greedy,
+                           max_turns=3)
+    for a, b in zip(engine, cached):
+        assert a.completion_ids == b.completion_ids and a.env_mask == b.env_mask
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_generate_engine_logprobs_are_what_the_trainer_scores(tokenizer, model):
+    """At the training temperature TRL scores log_softmax(logits / T) of the whole sequence:
+    the engine's sampling log-probabilities must be those numbers."""
+    temperature = 0.6
+    [episode] = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, [(8, None, "hard")],
+                              sampling=Sampling(temperature=temperature, max_new_tokens=10), max_turns=1, seed=5)
+    ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(episode.prompt_ids) - 1:-1].float() / temperature
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(episode.completion_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(episode.logprobs), expected, atol=1e-4)
+
+
+def test_generate_engine_ignores_the_models_generation_defaults(tokenizer, model):
+    """A checkpoint's generation_config (Qwen's sets top_k, top_p, a repetition penalty) must not
+    change how actions are sampled: the sampling GRPO assumes is `Sampling`'s alone."""
+    sampling = Sampling(temperature=1.0, max_new_tokens=10)
+    plain = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS[:2], sampling=sampling,
+                          max_turns=1, seed=11)
+    saved = model.generation_config
+    model.generation_config = type(saved)(top_k=1, top_p=0.1, repetition_penalty=5.0, do_sample=False)
+    try:
+        patched = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS[:2],
+                                sampling=sampling, max_turns=1, seed=11)
+    finally:
+        model.generation_config = saved
+    assert [e.completion_ids for e in plain] == [e.completion_ids for e in patched]
+
+
+def test_engine_choice(tokenizer, model):
+    assert isinstance(hf_generate_fn(model, tokenizer), CachedGenerator)  # auto on a CPU
+    assert isinstance(hf_generate_fn(model, tokenizer, "generate"), BatchedGenerate)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        hf_generate_fn(model, tokenizer, "hand-written")
+    with pytest.raises(ValueError, match="Unsloth"):
+        hf_generate_fn(model, tokenizer, "cached", unsloth=True)
+    with pytest.raises(ValueError, match="generation_engine"):
+        TrainConfig(generation_engine="fast")
+
+
+@pytest.mark.parametrize("bf16_supported, dtype, flags", [
+    (True, torch.bfloat16, {"bf16": True, "fp16": False}),
+    (False, torch.float16, {"bf16": False, "fp16": True}),  # a T4: Unsloth loads fp16, so must the trainer
+])
+def test_precision_follows_the_device(monkeypatch, bf16_supported, dtype, flags):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16_supported)
+    assert backends.policy_dtype() == dtype
+    assert backends.precision_flags() == flags
+
+
+def test_precision_on_a_cpu():
+    assert backends.policy_dtype() == torch.float32
+    assert backends.precision_flags() == {"bf16": False, "fp16": False}
+
+
+FAKE_UNSLOTH = textwrap.dedent('''
+    """A stand-in for unsloth: records what was imported before it, then refuses to load a model."""
+    import sys
+
+    IMPORTED_BEFORE = sorted(name for name in ("transformers", "peft", "trl") if name in sys.modules)
+
+
+    class FastLanguageModel:
+        @staticmethod
+        def from_pretrained(**kwargs):
+            raise RuntimeError("fake unsloth: dtype=" + str(kwargs.get("dtype")))
+''')
+
+
+def _run_with_fake_cuda(tmp_path, code: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter that reports a CUDA device (without bf16) and has
+    the fake unsloth package above on its path."""
+    (tmp_path / "unsloth").mkdir()
+    (tmp_path / "unsloth" / "__init__.py").write_text(FAKE_UNSLOTH)
+    prelude = ("import torch\ntorch.cuda.is_available = lambda: True\n"
+               "torch.cuda.is_bf16_supported = lambda *a, **k: False\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env,
+                          cwd=str(tmp_path), timeout=300)
+
+
+def test_train_imports_unsloth_before_transformers_peft_and_trl(tmp_path):
+    code = textwrap.dedent(f'''
+        import json, sys
+        from lib.training import TrainConfig, train
+        assert "transformers" not in sys.modules
+        config = TrainConfig(backend="auto", evidence_dir={str(tmp_path / "evidence")!r},
+                             output_dir={str(tmp_path / "out")!r})
+        try:
+            train(config)
+        except RuntimeError as error:
+            message = str(error)
+        import unsloth
+        print(json.dumps({{"imported_before": unsloth.IMPORTED_BEFORE, "message": message}}))
+    ''')
+    result = _run_with_fake_cuda(tmp_path, code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["imported_before"] == []
+    assert report["message"] == "fake unsloth: dtype=torch.float16"  # the device's dtype reached Unsloth
+
+
+def test_backend_trl_never_imports_unsloth(tmp_path):
+    """Once imported, Unsloth replaces TRL's trainer for the whole process: a trl run must not
+    import it, not even to see whether it is there."""
+    code = textwrap.dedent('''
+        import sys
+        from lib.training import TrainConfig
+        from lib.training.backends import import_unsloth_first, resolve_backend, unsloth_available
+        assert unsloth_available() == (True, "")
+        assert resolve_backend(TrainConfig(backend="trl")) == "trl"
+        assert import_unsloth_first(TrainConfig(backend="trl")) is False
+        print("unsloth" in sys.modules)
+    ''')
+    result = _run_with_fake_cuda(tmp_path, code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_records_and_specs_name_the_same_task():
+    """The step-0 checkpoint row reuses the pre-training evaluation only if its records are
+    recognised as the checkpoint specs (a record says "procedural_hard" where a spec says None)."""
+    assert task_key(5, "procedural_hard", "hard") == task_key(5, None, "hard")
+    assert task_key(6, "higgs_4l_125", "medium") == task_key(6, "higgs_4l_125", None)
+    assert task_key(5, None, "hard") != task_key(5, None, "easy")
