@@ -194,3 +194,33 @@ def test_grpo_args_carry_the_sampling_and_advantage_settings(tmp_path):
     assert args.scale_rewards in ("none", False)
     assert args.gradient_checkpointing is torch.cuda.is_available()  # no recomputation on a CPU
     assert grpo_args(TrainConfig(output_dir=str(tmp_path))).scale_rewards == "batch"
+
+
+@pytest.mark.slow
+def test_lora_run_saves_the_adapter_merges_it_and_plans_the_hub_push(tmp_path, tiny_model_dir):
+    """A LoRA run leaves the adapter in final/ and, with save_merged, the merged weights; the
+    dry-run push checks them and sends nothing; the merged model plays exactly as the
+    adapter on its base does (what a user of the published weights gets)."""
+    from lib.multiturn import Sampling, hf_generate_fn, play_episodes
+    from lib.training.publish import load_trained_policy, model_kind, push_to_hub
+
+    config = smoke_config(tmp_path, tiny_model_dir, lora_r=4, max_steps=1, eval_every_steps=0, save_merged=True,
+                          hub_repo_id="someone/cernenv-policy", hub_dry_run=True, learning_rate=5e-2)
+    result = train(config)
+    final, merged = Path(result.final_model_dir), Path(result.merged_model_dir)
+    assert model_kind(final) == "adapter" and model_kind(merged) == "model"
+    assert result.published["dry_run"] and result.published["kind"] == "model"
+    assert "model.safetensors" in result.published["files"] and result.published["url"] is None
+    with pytest.raises(ValueError, match="local folder"):  # an adapter on a local base helps nobody else
+        push_to_hub(final, "someone/cernenv-policy", dry_run=True)
+    with pytest.raises(ValueError, match="user/name"):
+        push_to_hub(merged, "not a repo id", dry_run=True)
+    with pytest.raises(FileNotFoundError, match="no saved policy"):
+        model_kind(tmp_path)
+    greedy = Sampling(temperature=0.0, max_new_tokens=12)
+    played = {}
+    for name, folder in (("adapter", final), ("merged", merged)):
+        model, tokenizer = load_trained_policy(folder)
+        played[name] = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, [(3, None, "easy")],
+                                     sampling=greedy, max_turns=2)[0].completion_ids
+    assert played["adapter"] == played["merged"]

@@ -123,6 +123,13 @@ class TrainConfig:
     """Checkpoints, the final model and train_config.json."""
     save_steps: int = 20
     """Steps between checkpoints."""
+    save_merged: bool = False
+    """Also save the policy with its LoRA adapter merged into the base weights, to `<output_dir>/merged`."""
+    hub_repo_id: Optional[str] = None
+    """After training, push the final policy ("user/name") to the Hugging Face Hub (the merged
+    weights when `save_merged`, else the adapter or whole model): `lib.training.publish`."""
+    hub_dry_run: bool = False
+    """With `hub_repo_id`: check and list what would be pushed, send nothing."""
     resume_from_checkpoint: Optional[str] = None
     """A checkpoint folder to resume from, or "latest" for the newest in output_dir."""
     seed: int = 0

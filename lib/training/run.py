@@ -35,6 +35,7 @@ from lib.rollouts import load_episodes_jsonl, save_episodes_jsonl
 from lib.training.backends import load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import EvidenceCallback
 from lib.training.config import TrainConfig
+from lib.training.publish import push_to_hub, save_merged
 from lib.training.grpo import (REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite,
                                training_dataset)
 
@@ -58,6 +59,9 @@ class TrainResult:
     evidence: Dict[str, Optional[str]]
     before_after: Dict[str, Any]
     seconds: Dict[str, float] = field(default_factory=dict)
+    merged_model_dir: Optional[str] = None
+    published: Optional[Dict[str, Any]] = None
+    """What `push_to_hub` sent (or, in a dry run, would send)."""
     checkpoint_evals: List[Dict[str, Any]] = field(default_factory=list)
 
 
@@ -230,10 +234,14 @@ def train(config: TrainConfig) -> TrainResult:
         callback.record_checkpoint(trainer.state.global_step, trainer.model, max_steps=config.max_steps,
                                    episodes=checkpoint_subset(post))
         seconds["checkpoint_evals"] += time.perf_counter() - t
+    merged_dir = save_merged(trainer.model, tokenizer, output_dir / "merged") if config.save_merged else None
+    published = (push_to_hub(merged_dir or final_dir, config.hub_repo_id, dry_run=config.hub_dry_run)
+                 if config.hub_repo_id else None)
     rendered = render_all(paths)
     seconds["total"] = time.perf_counter() - start
     return TrainResult(config=config.to_dict(), backend=backend, model_name=policy.model_name,
                        final_model_dir=str(final_dir),
                        evidence={k: (str(v) if v else None) for k, v in rendered.items()},
                        before_after=before_after_metrics(pre, post), seconds=seconds,
-                       checkpoint_evals=callback.checkpoint_results)
+                       checkpoint_evals=callback.checkpoint_results,
+                       merged_model_dir=str(merged_dir) if merged_dir else None, published=published)
