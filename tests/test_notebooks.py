@@ -31,6 +31,59 @@ def test_notebook_is_committed_clean(path):
     assert first.cell_type == "markdown" and "colab.research.google.com" in first.source, "Open in Colab badge"
 
 
+def _first_code_cell(path: Path) -> str:
+    return next(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+
+
+def test_every_notebook_opens_with_the_same_colab_bootstrap():
+    """One bootstrap for the four notebooks: a fix to it cannot miss one of them."""
+    sources = {path.name: _first_code_cell(path) for path in NOTEBOOKS}
+    assert len(set(sources.values())) == 1, "the notebooks' first code cells differ"
+
+
+def test_colab_bootstrap_runs_twice_and_takes_the_repository_url(tmp_path):
+    """The bootstrap as Colab runs it (google.colab imported), cloning this repository from the
+    URL it is given, then run again in the same kernel (re-running the cell used to fail on the
+    existing clone). pip is recorded, not run."""
+    import subprocess
+    import sys
+    import textwrap
+
+    source = _first_code_cell(NOTEBOOKS[0])
+    assert 'COLAB_ROOT = Path("/content/cernenv")' in source and "REPO_URL = " in source
+    target = tmp_path / "content" / "cernenv"
+    branch = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--abbrev-ref", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    for old, new in (('COLAB_ROOT = Path("/content/cernenv")', f"COLAB_ROOT = Path({str(target)!r})"),
+                     ('REPO_URL = "https://github.com/cernenv-lab/cernenv.git"', f"REPO_URL = {str(ROOT)!r}"),
+                     ('REPO_REF = "main"', f"REPO_REF = {branch!r}")):
+        assert old in source, old
+        source = source.replace(old, new)
+    driver = textwrap.dedent(f"""
+        import subprocess, sys, types
+        sys.modules["google"] = types.ModuleType("google")
+        sys.modules["google.colab"] = types.ModuleType("google.colab")
+        pip_calls, real_run = [], subprocess.run
+        def run(command, *args, **kwargs):
+            if "pip" in command:
+                pip_calls.append(command)
+                return subprocess.CompletedProcess(command, 0)
+            return real_run(command, *args, **kwargs)
+        subprocess.run = run
+        source = {source!r}
+        for _ in range(2):
+            namespace = {{}}
+            exec(source, namespace)
+        print(namespace["ROOT"], len(pip_calls), sys.path.count(str(namespace["ROOT"])))
+    """)
+    result = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300,
+                            cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    root, pip_calls, on_path = result.stdout.split()
+    assert Path(root) == target and (target / "cernenv" / "environment.py").is_file()
+    assert int(pip_calls) == 2 and int(on_path) == 1
+
+
 @pytest.mark.notebook
 def test_notebook_01_runs(tmp_path, monkeypatch):
     papermill = pytest.importorskip("papermill")
@@ -109,7 +162,8 @@ NOTEBOOK_03_FIELDS = {
     "LEARNING_RATE": "learning_rate", "TEMPERATURE": "temperature", "LORA_R": "lora_r", "MAX_TURNS": "max_turns",
     "EVAL_EPISODES": "eval_episodes", "EVAL_EVERY_STEPS": "eval_every_steps",
     "CHECKPOINT_EVAL_EPISODES": "checkpoint_eval_episodes", "EVIDENCE_DIR": "evidence_dir",
-    "OUTPUT_DIR": "output_dir", "USE_VLLM": "use_vllm", "SEED": "seed"}
+    "OUTPUT_DIR": "output_dir", "USE_VLLM": "use_vllm", "SEED": "seed", "GENERATION_ENGINE": "generation_engine",
+    "SAVE_MERGED": "save_merged", "HUB_REPO_ID": "hub_repo_id", "HUB_DRY_RUN": "hub_dry_run"}
 
 
 def test_notebook_03_parameters_are_the_train_config_defaults():
