@@ -41,7 +41,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # --cwd notebooks and bench scripts run from bench/, so put the root on the path.
 RUN_ENV = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" MPLBACKEND=Agg
 
-.PHONY: help setup test reproduce report report-assets docs bench bench-server bench-train train serve clean distclean FORCE
+.PHONY: help setup test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-generate train serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -66,6 +66,24 @@ $(KERNEL_SPEC): $(STAMP)
 
 test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+
+# The GPU training set (requirements-gpu.txt) on a CPU: everything but unsloth, which cannot be
+# imported without a GPU, over requirements.txt; then the tests that set can run here (trl
+# 1.15's GRPO needs triton, so the training runs, marked slow, are left out).
+GPU_SET_VENV  ?= .venv-gpu-set
+GPU_SET_STAMP  = $(GPU_SET_VENV)/.installed
+GPU_SET_TESTS ?= tests/test_gpu_path.py tests/test_multiturn.py tests/test_training.py
+
+$(GPU_SET_STAMP): requirements.txt requirements-gpu.txt pyproject.toml scripts/gpu_set_requirements.py
+	$(PYTHON) -m venv $(GPU_SET_VENV)
+	$(GPU_SET_VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
+	$(GPU_SET_VENV)/bin/python -m pip install $(PIP_FLAGS) -r <($(PYTHON) scripts/gpu_set_requirements.py)
+	$(GPU_SET_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps -e .
+	touch $@
+
+test-gpu-set: $(GPU_SET_STAMP) ## the GPU training set's CPU-checkable tests (in .venv-gpu-set; see requirements-gpu.txt)
+	$(GPU_SET_VENV)/bin/python -c 'import transformers, trl, datasets; print("GPU set: transformers", transformers.__version__, "trl", trl.__version__, "datasets", datasets.__version__)'
+	$(GPU_SET_VENV)/bin/python -m pytest -p no:cacheprovider -n $(JOBS) -m "not slow" $(GPU_SET_TESTS)
 
 reproduce: setup ## run notebooks 01 → 04 headlessly (papermill) into build/; PROFILE=full|smoke, ONLY=names
 	$(RUN_ENV) $(PY) -m lib.reproduce --profile $(PROFILE) --build-dir $(BUILD) $(if $(ONLY),--only $(ONLY))
@@ -97,6 +115,9 @@ train: setup ## GRPO-train the policy with the default CPU config (python -m lib
 
 bench-train: setup ## time one GRPO step: generation vs environment vs optimisation (bench/bench_train.py)
 	$(RUN_ENV) $(PY) bench/bench_train.py $(TRAIN_ARGS)
+
+bench-generate: setup ## generated tokens/s of each generation engine on one step's episodes (bench/bench_generate.py)
+	$(RUN_ENV) $(PY) bench/bench_generate.py $(TRAIN_ARGS)
 
 # All sessions share one Python process: BLAS threads would only fight over the cores.
 SERVE_ENV  = OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1

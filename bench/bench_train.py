@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         from trl import GRPOTrainer
 
         policy = load_policy(config, backend)
-        rollout = CampaignRollout(config, policy.tokenizer)
+        rollout = CampaignRollout(config, policy.tokenizer, backend=backend)
         timer = StepTimer()
         trainer = GRPOTrainer(model=policy.model, reward_funcs=REWARD_FUNCS,
                               args=grpo_args(config, save_strategy="no", logging_steps=1000),
