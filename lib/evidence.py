@@ -32,7 +32,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import threading
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 
 from lib.evaluation import (CONFIDENCE, GROUP_WORDS, GROUPS, METRICS, N_BOOTSTRAP, PARTS, bootstrap_difference,
                             bootstrap_mean, episode_groups, group_label, part_of)
+from lib.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -337,23 +337,8 @@ def _new_figure(nrows: int, ncols: int, figsize: Tuple[float, float], **subplots
     return fig, fig.subplots(nrows, ncols, squeeze=False, **subplots_kw)
 
 
-def _atomic_write(path: Path, write) -> Path:
-    """Write through a temporary file in the same folder and rename it over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def _save_figure(fig, path: Path) -> Path:
-    return _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))
 
 
 @dataclass(frozen=True)
@@ -752,7 +737,7 @@ def _render_before_after(pre_jsonl: Path, post_jsonl: Path, summary_png: Path, d
     payload = before_after_metrics(pre, post)
     payload["sources"] = {"pre": str(pre_jsonl), "post": str(post_jsonl)}
     text = json.dumps(payload, indent=2, allow_nan=False)
-    written["metrics_json"] = _atomic_write(metrics_json, lambda tmp: Path(tmp).write_text(text + "\n"))
+    written["metrics_json"] = atomic_write(metrics_json, lambda tmp: Path(tmp).write_text(text + "\n"))
     written["summary_png"] = _render_summary(payload, summary_png)
     written["distribution_png"] = _render_distribution(pre, post, distribution_png)
     return payload, written
@@ -950,7 +935,7 @@ def render_sample_trajectories(*, pre_jsonl: Path, post_jsonl: Path, md_path: Pa
             if not chosen:
                 md += ["_No episodes yet._", ""]
     text = "\n".join(md)
-    return _atomic_write(Path(md_path), lambda tmp: Path(tmp).write_text(text))
+    return atomic_write(Path(md_path), lambda tmp: Path(tmp).write_text(text))
 
 
 # ----------------------------------------------------------------------------- everything

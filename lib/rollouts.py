@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -26,6 +24,7 @@ from cernenv import CERNCollisionEnvironment, CollisionObservation, ExperimentAc
 from cernenv.rules import RuleViolation
 from cernenv.rules import parse_action as validate_action
 from lib.agents import LLMAgent, LLMAgentConfig
+from lib.files import atomic_write
 
 PromptFn = Callable[[List[Dict[str, str]]], str]
 """Formats a chat into the model's prompt, e.g. a tokenizer's `apply_chat_template(..., tokenize=False,
@@ -212,20 +211,10 @@ def collect_episodes(specs: Iterable[Any], *, env: Optional[CERNCollisionEnviron
 
 
 def save_episodes_jsonl(episodes: Sequence[Union[EpisodeRecord, Dict[str, Any]]], path: str) -> None:
-    """Write one episode per line, atomically: a reader never sees a half-written file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".jsonl")
-    try:
-        with os.fdopen(handle, "w") as f:
-            for episode in episodes:
-                f.write(json.dumps(asdict(episode) if isinstance(episode, EpisodeRecord) else episode) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Write one episode per line, atomically: a reader never sees a half-written file
+    (`lib.files.atomic_write`)."""
+    atomic_write(path, "".join(json.dumps(asdict(episode) if isinstance(episode, EpisodeRecord) else episode) + "\n"
+                               for episode in episodes))
 
 
 def load_episodes_jsonl(path: str) -> List[Dict[str, Any]]:

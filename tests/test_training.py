@@ -224,3 +224,59 @@ def test_lora_run_saves_the_adapter_merges_it_and_plans_the_hub_push(tmp_path, t
         played[name] = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, [(3, None, "easy")],
                                      sampling=greedy, max_turns=2)[0].completion_ids
     assert played["adapter"] == played["merged"]
+
+
+def _rows_by_step(path: Path, drop=("wall_time_s",)) -> dict:
+    import csv as _csv
+
+    with open(path) as f:
+        return {row["step"]: {k: v for k, v in row.items() if k not in drop} for row in _csv.DictReader(f)}
+
+
+@pytest.mark.slow
+def test_a_resumed_run_repeats_the_run_that_was_not_interrupted(tmp_path, tiny_model_dir, monkeypatch):
+    """A run killed while saving its step-3 checkpoint, resumed with 'latest': it must skip the
+    partial checkpoint, restart from step 2's, and sample and log step 3 exactly as the
+    uninterrupted run did (the rollout seed follows the trainer's step, not a call counter)."""
+    from lib.training import grpo
+
+    sampled = []  # the completions of every training rollout, in order
+
+    def recording_play_episodes(*args, **kwargs):
+        episodes = play_episodes(*args, **kwargs)
+        sampled.append([episode.completion_ids for episode in episodes])
+        return episodes
+
+    play_episodes = grpo.play_episodes
+    monkeypatch.setattr(grpo, "play_episodes", recording_play_episodes)
+    config = smoke_config(tmp_path, tiny_model_dir, max_steps=3, eval_every_steps=0, save_steps=1, temperature=1.0)
+    train(config)
+    assert len(sampled) == 3
+    step_3 = sampled[-1]
+    evidence, out = Path(config.evidence_dir), Path(config.output_dir)
+    whole_log = _rows_by_step(evidence / "training_log.csv")
+    whole_rollouts = _rows_by_step(evidence / "reward_components.csv")
+    assert set(whole_log) == {"1", "2", "3"}
+    # the kill: checkpoint-3 left without its optimizer state, the logs torn in step 3's row
+    (out / "checkpoint-3" / "optimizer.pt").unlink()
+    for name in ("training_log.csv", "reward_components.csv"):
+        text = (evidence / name).read_text()
+        (evidence / name).write_text(text[:text.rstrip("\n").rfind("\n") + 1] + "3,0.1")
+    from lib.training.run import latest_complete_checkpoint
+
+    assert latest_complete_checkpoint(out) == out / "checkpoint-2"
+    train(smoke_config(tmp_path, tiny_model_dir, max_steps=3, eval_every_steps=0, save_steps=1, temperature=1.0,
+                       resume_from_checkpoint="latest"))
+    assert len(sampled) == 4 and sampled[-1] == step_3, "the resumed step 3 sampled other episodes"
+    assert _rows_by_step(evidence / "training_log.csv") == whole_log
+    assert _rows_by_step(evidence / "reward_components.csv") == whole_rollouts
+
+
+def test_drop_rows_after_cuts_a_torn_last_line(tmp_path):
+    path = tmp_path / "log.csv"
+    path.write_text("step,loss\n1,0.5\n2,0.4\n2,0.3")  # the writer died in the middle of a row
+    drop_rows_after(path, 2)
+    assert path.read_text() == "step,loss\n1,0.5\n2,0.4\n"
+    with open(path, "a") as f:  # later writers append whole rows after it
+        f.write("3,0.2\n")
+    assert path.read_text().splitlines() == ["step,loss", "1,0.5", "2,0.4", "3,0.2"]

@@ -167,10 +167,13 @@ class CampaignRollout:
         tasks = [json.loads(p) if isinstance(p, str) else p for p in prompts]
         timed = _TimedGenerate(self._generate_fn(trainer))
         start = time.perf_counter()
+        # The sampling seed follows the trainer's step, not a call counter: a run resumed from a
+        # checkpoint samples the same episodes as the run that was not interrupted.
+        completed_steps = int(getattr(getattr(trainer, "state", None), "global_step", self.calls))
         episodes = play_episodes(timed, self.tokenizer, tasks, sampling=self.sampling,
                                  max_turns=self.config.max_turns, max_context_tokens=self.config.max_seq_length,
                                  batch_size=len(tasks), agent_name="policy",
-                                 seed=self.config.seed * 1_000_003 + 7919 * self.calls)
+                                 seed=self.config.seed * 1_000_003 + 7919 * completed_steps)
         total = time.perf_counter() - start
         self.calls += 1
         self.last_episodes = episodes

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,6 +30,7 @@ import torch
 from cernenv.scenarios import list_scenarios
 from lib.evaluation import EpisodeSpec
 from lib.evidence import EvidencePaths, before_after_metrics, render_all
+from lib.files import atomic_write
 from lib.multiturn import Sampling, hf_generate_fn, play_episodes
 from lib.rollouts import load_episodes_jsonl, save_episodes_jsonl
 from lib.training.backends import load_policy, precision_flags, resolve_backend
@@ -100,10 +101,13 @@ def archive_previous_evidence(paths: EvidencePaths, output_dir: Path) -> Optiona
 
 def drop_rows_after(csv_path: Path, step: int) -> None:
     """Rewrite a step-indexed evidence CSV without rows after `step` (they are re-logged
-    when a run resumes from that step's checkpoint)."""
+    when a run resumes from that step's checkpoint), and without a torn last line (one a
+    killed writer left without its newline: its numbers cannot be trusted)."""
     if not csv_path.exists():
         return
     text = csv_path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[:text.rfind("\n") + 1]
     rows = list(csv.reader(io.StringIO(text)))
     if not rows:
         return
@@ -112,9 +116,7 @@ def drop_rows_after(csv_path: Path, step: int) -> None:
     kept = [row for row in body if row and _as_int(row[index]) is not None and _as_int(row[index]) <= step]
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows([header, *kept])
-    tmp = csv_path.with_suffix(".tmp")
-    tmp.write_text(out.getvalue())
-    os.replace(tmp, csv_path)
+    atomic_write(csv_path, out.getvalue())
 
 
 def _as_int(value: str) -> Optional[int]:
@@ -124,19 +126,47 @@ def _as_int(value: str) -> Optional[int]:
         return None
 
 
+CHECKPOINT_WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin",
+                      "model.safetensors.index.json")
+
+
+def checkpoint_is_complete(folder: Path) -> bool:
+    """A checkpoint the Trainer finished writing: its weights, optimiser state and a readable
+    trainer_state.json (which the Trainer writes after the rest)."""
+    folder = Path(folder)
+    try:
+        json.loads((folder / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (folder / "optimizer.pt").is_file() and any((folder / name).is_file() for name in CHECKPOINT_WEIGHTS)
+
+
+def latest_complete_checkpoint(output_dir: Path) -> Optional[Path]:
+    """The `checkpoint-N` folder with the largest N that is complete (a run killed while saving
+    leaves a partial newest one: it is skipped, with a warning)."""
+    output_dir = Path(output_dir)
+    folders = [p for p in output_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-", 1)[1].isdigit()]
+    for folder in sorted(folders, key=lambda p: int(p.name.split("-", 1)[1]), reverse=True):
+        if checkpoint_is_complete(folder):
+            return folder
+        logger.warning("skipping the incomplete checkpoint %s (a run stopped while saving it)", folder)
+    return None
+
+
 def _resolve_resume(config: TrainConfig) -> Optional[str]:
     if not config.resume_from_checkpoint:
         return None
     if config.resume_from_checkpoint == "latest":
-        from transformers.trainer_utils import get_last_checkpoint
-
-        last = get_last_checkpoint(config.output_dir) if Path(config.output_dir).is_dir() else None
+        last = latest_complete_checkpoint(Path(config.output_dir)) if Path(config.output_dir).is_dir() else None
         if last is None:
-            raise FileNotFoundError(f"resume_from_checkpoint='latest' but {config.output_dir} holds no checkpoint-* "
-                                    "folder; start a fresh run (resume_from_checkpoint=None)")
-        return last
+            raise FileNotFoundError(f"resume_from_checkpoint='latest' but {config.output_dir} holds no complete "
+                                    "checkpoint-* folder; start a fresh run (resume_from_checkpoint=None)")
+        return str(last)
     if not Path(config.resume_from_checkpoint).is_dir():
         raise FileNotFoundError(f"checkpoint {config.resume_from_checkpoint} does not exist")
+    if not checkpoint_is_complete(Path(config.resume_from_checkpoint)):
+        raise ValueError(f"checkpoint {config.resume_from_checkpoint} is incomplete (no weights, optimizer.pt or "
+                         "readable trainer_state.json): resume from an earlier one, or with 'latest'")
     return config.resume_from_checkpoint
 
 
