@@ -436,11 +436,9 @@ def test_hidden_truth_cannot_be_called_remotely(server):
     with server.ws() as ws:
         call(ws, {"type": "reset", "data": {"seed": 0, "scenario": "higgs_4l_125"}})
         assert error_of(call(ws, {"type": "hidden_truth"}))[0] == "UNKNOWN_TYPE"
-        for method in ("tools/call", "tools/list"):
-            reply = call(ws, {"type": "mcp", "data": {**rpc, "method": method}})
-            assert reply["type"] == "mcp" and reply["data"]["error"] and not reply["data"].get("result")
-    status, reply = server.http("POST", "/mcp", rpc)
-    assert reply["error"] and not reply.get("result")
+        for method in ("tools/call", "tools/list"):  # no MCP on this server (see test_sessions_are_made_...)
+            assert error_of(call(ws, {"type": "mcp", "data": {**rpc, "method": method}}))[0] == "UNKNOWN_TYPE"
+    assert server.http("POST", "/mcp", rpc)[0] in (404, 405)
     for path in ("/cernenv/splits", "/hidden_truth", "/truth"):
         assert server.http("GET", path)[0] >= 400
 
@@ -697,3 +695,85 @@ def test_load_32_sessions_equal_their_twins_and_memory_is_stable(server):
           f"server RSS {rss_start / 2**20:.0f} -> {rss_end / 2**20:.0f} MB ({growth_mb:+.1f} MB) over "
           f"{len(results) - warm_up * LOAD_SESSIONS} episodes after warm-up ({total_s:.0f} s)")
     assert growth_mb < MEMORY_GROWTH_LIMIT_MB
+
+
+# Hostile clients (issue 15) ------------------------------------------------------------
+
+
+def test_sessions_are_made_by_the_websocket_alone(server):
+    """OpenEnv's /mcp routes created sessions over plain HTTP (61 requests filled every slot) and
+    let a client that learnt a session id close or drive it: they are gone, and so is the "mcp"
+    message that revealed the id."""
+    before = server.open_environments()
+    create = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}
+    for _ in range(5):
+        assert server.http("POST", "/mcp", create)[0] in (404, 405)
+    assert server.open_environments() == before
+    with server.ws() as ws:
+        code, message = error_of(call(ws, {"type": "mcp", "data": {"method": "tools/list"}}))
+        assert code == "UNKNOWN_TYPE" and "reset, step, state, close" in message
+        assert call(ws, {"type": "reset", "data": {"seed": 1, "scenario": "z_mumu_91"}})["type"] == "observation"
+
+
+def test_unreadable_json_gets_invalid_json_and_the_session_goes_on(server):
+    """Nesting deeper than the parser's recursion limit, or an integer over Python's 4,300-digit
+    limit, ended the session (SESSION_ERROR); a lone surrogate was stored and broke `state`."""
+    with server.ws() as ws:
+        assert call(ws, {"type": "reset", "data": {"seed": 2, "scenario": "z_mumu_91"}})["type"] == "observation"
+        for text in ("[" * 20_000 + "]" * 20_000,  # within the 64 KiB message limit
+                     '{"type": "reset", "data": {"seed": ' + "9" * 5_000 + "}}"):
+            code, message = error_of(call(ws, text))
+            assert code == "INVALID_JSON", message
+        code, message = error_of(call(ws, '{"type": "reset", "data": {"seed": 1, "episode_id": "\\ud800"}}'))
+        assert code == "VALIDATION_ERROR" and "UTF-8" in message
+        assert call(ws, {"type": "state"})["type"] == "state"
+        step = {"type": "step", "data": {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}}
+        assert call(ws, step)["type"] == "observation"
+
+
+@pytest.mark.parametrize("body", [b'{"seed": NaN}', b'{"seed": Infinity}', b'{"seed": 1.5}',
+                                  b'{"seed": 1, "scenario": "\\ud800"}', b'{"seed": 1, "episode_id": "\\udfff"}',
+                                  b'{"seed": 1, "\\ud800": 2}'])
+def test_odd_http_input_gets_a_4xx_never_a_500(server, body):
+    status, reply = server.http("POST", "/reset", data=body)
+    assert 400 <= status < 500, (status, reply)
+    json.dumps(reply, ensure_ascii=False).encode("utf-8")  # the answer is valid UTF-8 JSON
+
+
+def test_idle_sessions_are_closed_and_free_their_slot():
+    server = Server("--max-sessions", "2", "--session-idle-timeout-s", "1")
+    try:
+        with server.ws() as idle:
+            assert call(idle, {"type": "reset", "data": {"seed": 0, "scenario": "z_mumu_91"}})["type"] == "observation"
+            assert server.open_environments() == 1
+            with pytest.raises(ConnectionClosed) as closed:
+                idle.recv(timeout=WAIT_S)
+            assert closed.value.rcvd.code == 1001 and "idle" in closed.value.rcvd.reason
+        assert server.wait_open_environments(0) == 0
+        with server.ws() as busy:  # a client that keeps talking is not idle
+            for _ in range(4):
+                assert call(busy, {"type": "state"})["type"] == "state"
+                time.sleep(0.5)
+    finally:
+        server.stop()
+
+
+def test_a_token_guards_every_route_but_health(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    server = Server("--token-file", str(token_file))
+    try:
+        assert server.http("GET", "/health")[0] == 200
+        for method, path, body in (("GET", "/schema", None), ("GET", "/sessions", None),
+                                   ("POST", "/reset", {"seed": 1}), ("GET", "/openapi.json", None)):
+            assert server.http(method, path, body)[0] == 401, path
+            assert server.http(method, path, body, headers={"Authorization": "Bearer wrong"})[0] == 401, path
+        assert server.http("GET", "/schema", headers={"Authorization": "Bearer s3cret-token"})[0] == 200
+        with pytest.raises(Exception):  # the handshake itself is refused
+            with server.ws() as ws:
+                ws.recv(timeout=WAIT_S)
+        with CERNEnvClient(base_url=server.url, headers={"Authorization": "Bearer s3cret-token"}).sync() as client:
+            assert lockstep(client, HeuristicAgent, seed=4, scenario="z_mumu_91") > 0
+        assert "s3cret" not in server.output()
+    finally:
+        server.stop()

@@ -16,6 +16,22 @@ import uvicorn
 from cernenv.server.app import ServerConfig, create_cernenv_app
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _read_secret(parser: argparse.ArgumentParser, path: Optional[Path], flag: str) -> Optional[str]:
+    """The stripped content of a secret's file (None without the flag); a clear error if unusable."""
+    if path is None:
+        return None
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        parser.error(f"cannot read {flag} {path}: {error}")
+    if not secret:
+        parser.error(f"{flag} {path} is empty: write the secret in it")
+    return secret
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cernenv.server", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -26,24 +42,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--secret-salt-file", type=Path, metavar="PATH",
                         help="file holding the evaluation secret (or set CERNENV_SECRET_SALT): mixed into the "
                              "hidden particles and data, so the public code cannot look answers up by seed")
+    parser.add_argument("--token-file", type=Path, metavar="PATH",
+                        help="file holding a bearer token (or set CERNENV_TOKEN): then every route but /health "
+                             "needs 'Authorization: Bearer <token>'; required to bind beyond 127.0.0.1 safely")
+    parser.add_argument("--session-idle-timeout-s", type=float,
+                        help="close a WebSocket session idle this long (default 300)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     args = parser.parse_args(argv)
-    secret = None
-    if args.secret_salt_file is not None:
-        try:
-            secret = args.secret_salt_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as error:
-            parser.error(f"cannot read --secret-salt-file {args.secret_salt_file}: {error}")
-        if not secret:
-            parser.error(f"--secret-salt-file {args.secret_salt_file} is empty: write the secret in it")
+    secret = _read_secret(parser, args.secret_salt_file, "--secret-salt-file")
+    token = _read_secret(parser, args.token_file, "--token-file")
     try:
         config = ServerConfig.from_env(host=args.host, port=args.port, max_sessions=args.max_sessions,
-                                       max_message_bytes=args.max_message_bytes, secret_salt=secret)
+                                       max_message_bytes=args.max_message_bytes, secret_salt=secret, token=token,
+                                       session_idle_timeout_s=args.session_idle_timeout_s)
     except ValueError as error:
         parser.error(str(error))
+    if not config.token and config.host not in LOOPBACK_HOSTS:
+        print(f"WARNING: serving {config.host} without a token: anyone who can reach this port can open sessions "
+              "and use its CPU; set --token-file or CERNENV_TOKEN", file=sys.stderr, flush=True)
     print(f"CERNenv server on http://{config.host}:{config.port} (WebSocket /ws, at most {config.max_sessions} "
           f"sessions, messages up to {config.max_message_bytes} bytes"
-          f"{', with an evaluation secret' if config.secret_salt else ''})", file=sys.stderr, flush=True)
+          f"{', with an evaluation secret' if config.secret_salt else ''}"
+          f"{', bearer token required' if config.token else ''})", file=sys.stderr, flush=True)
     uvicorn.run(create_cernenv_app(config), host=config.host, port=config.port, log_level=args.log_level,
                 ws_max_size=config.ws_frame_limit_bytes, ws_per_message_deflate=False)
     return 0

@@ -3,7 +3,7 @@
     python -m cernenv.server                  # 127.0.0.1:8000; --help for the options
     uvicorn cernenv.server.app:app            # configured by the CERNENV_* variables (and uvicorn's flags)
 
-Routes (all from `openenv.core.env_server.create_app`, plus `/sessions`):
+Routes (from `openenv.core.env_server.create_app`, less its `/mcp` routes, plus `/sessions`):
 
 | route | what it does |
 |---|---|
@@ -18,13 +18,18 @@ an error rather than an implicit seed-0 episode; unknown or ill-typed reset para
 errors; `hidden_truth()` is refused; any JSON value sent as an action is judged by the
 environment's rules, so malformed actions cost the same penalty as in process; all
 sessions' resets and steps run on one thread. The `MessageLimit` middleware refuses
-messages over `ServerConfig.max_message_bytes` with an error (the WebSocket session goes
-on) and frames over `ws_frame_limit_bytes` by closing the connection (code 1009).
+messages over `ServerConfig.max_message_bytes` and unreadable ones with an error (the
+WebSocket session goes on), frames over `ws_frame_limit_bytes` by closing the connection
+(code 1009), and closes sessions idle for `session_idle_timeout_s`. Sessions are created by
+the WebSocket alone (OpenEnv's `/mcp` routes are removed). With `ServerConfig.token`,
+`BearerToken` refuses every route but `/health` without `Authorization: Bearer <token>`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import hmac
 import json
 import os
 import threading
@@ -32,9 +37,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.types import Action
+from openenv.core.env_server.types import Action, ConcurrencyConfig
 from pydantic import ConfigDict
 
 from cernenv.client import RAW_ACTION_KEY
@@ -57,6 +63,13 @@ class ServerConfig:
     max_message_bytes: int = 64 * 1024
     """Largest request accepted [bytes]: a larger WebSocket message gets an error frame, a larger HTTP body 413.
     An action with the longest justification (2,000 characters) takes under 3 KiB."""
+    session_idle_timeout_s: float = 300.0
+    """A WebSocket session with no message for this long [s] is closed (code 1001) and its slot
+    freed, so clients that vanish (or hoard slots) cannot keep the server at capacity."""
+    token: str = field(default="", repr=False)
+    """Bearer token: when set, every route but /health needs `Authorization: Bearer <token>`
+    (the WebSocket too, in its opening handshake). "" serves anyone who can connect: keep the
+    default host 127.0.0.1 then. Never printed."""
     secret_salt: str = field(default="", repr=False)
     """Evaluation secret mixed into every session's hidden streams (procedural particles and data),
     so the public code cannot look up an episode's answer from its seed; "" for none. Never
@@ -81,9 +94,10 @@ class ServerConfig:
                     raise ValueError(f"{ENV_PREFIX}{f.name.upper()}={text!r} is not a valid {f.name}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)
-        if config.max_sessions < 1 or config.max_message_bytes < 1024 or not 0 <= config.port < 65536:
+        if (config.max_sessions < 1 or config.max_message_bytes < 1024 or not 0 <= config.port < 65536
+                or not config.session_idle_timeout_s > 0):
             raise ValueError(f"invalid server configuration {config}: max_sessions >= 1, "
-                             "max_message_bytes >= 1024 and 0 <= port < 65536")
+                             "max_message_bytes >= 1024, 0 <= port < 65536 and session_idle_timeout_s > 0")
         return config
 
 
@@ -152,10 +166,13 @@ class ServedEnvironment(CERNCollisionEnvironment):
         if unknown:
             raise RequestError(f"unknown reset parameter(s) {sorted(unknown)}; "
                                f"accepted: {', '.join(self.RESET_PARAMETERS)}")
+        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**63):
+            raise RequestError(f"seed must be a non-negative integer below 2**63 (or null), got {_printable(seed)}")
         for name, value in (("episode_id", episode_id), ("scenario", scenario), ("difficulty", difficulty),
                             ("secret_salt", secret_salt)):
-            if value is not None and not (isinstance(value, str) and len(value) <= 255):
-                raise RequestError(f"{name} must be a string of at most 255 characters, got {str(value)[:60]!r}")
+            if value is not None and not (isinstance(value, str) and len(value) <= 255 and _encodable(value)):
+                raise RequestError(f"{name} must be a UTF-8 string of at most 255 characters, "
+                                   f"got {_printable(value)}")
         try:
             return super().reset(seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty,
                                  secret_salt=secret_salt)
@@ -182,16 +199,33 @@ class ServedEnvironment(CERNCollisionEnvironment):
         super().close()
 
 
+def _encodable(text: str) -> bool:
+    """False for a str that cannot be sent back as JSON text (a lone surrogate from "\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(value: Any, limit: int = 60) -> str:
+    """A short, always-encodable rendering of client input for an error message."""
+    return ascii(value)[:limit]
+
+
 class MessageLimit:
     """ASGI middleware: bounds what a client may send, and answers what OpenEnv would not.
 
-    WebSocket: a message over `max_bytes`, a binary frame, or JSON that is not an object gets
-    an OpenEnv-style error frame `{"type": "error", "data": {"message", "code"}}` and is
-    dropped; the session goes on. HTTP: a body over `max_bytes` gets 413."""
+    WebSocket: a message over `max_bytes`, a binary frame, text that is not JSON (too deeply
+    nested or an integer over Python's 4,300 digits included), JSON that is not an object, an
+    unknown message type or a string that is not UTF-8 gets an OpenEnv-style error frame
+    `{"type": "error", "data": {"message", "code"}}` and is dropped; the session goes on. A
+    client silent for `idle_timeout_s` is disconnected. HTTP: a body over `max_bytes` gets 413."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(self, app: Any, max_bytes: int, idle_timeout_s: Optional[float] = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.idle_timeout_s = idle_timeout_s
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "websocket":
@@ -203,7 +237,12 @@ class MessageLimit:
     def _guarded_receive(self, receive: Any, send: Any) -> Any:
         async def guarded() -> Dict[str, Any]:
             while True:  # one client message per turn: the client, not the server, drives this loop
-                message = await receive()
+                try:
+                    message = await asyncio.wait_for(receive(), self.idle_timeout_s)
+                except asyncio.TimeoutError:  # an idle client: close, and let the app free the session
+                    await send({"type": "websocket.close", "code": 1001,
+                                "reason": f"idle for {self.idle_timeout_s:g} s"})
+                    return {"type": "websocket.disconnect", "code": 1001}
                 if message["type"] != "websocket.receive":
                     return message
                 problem = self._problem(message)
@@ -221,13 +260,19 @@ class MessageLimit:
         if size > self.max_bytes:
             return {"code": "MESSAGE_TOO_LARGE",
                     "message": f"message of {size} bytes is over the server's limit of {self.max_bytes} bytes"}
-        if not text.lstrip().startswith("{"):
-            try:
-                value = json.loads(text)
-            except ValueError:
-                return None  # OpenEnv answers INVALID_JSON
+        try:  # parsed here too: OpenEnv's handler lets RecursionError and huge integers end the session
+            value = json.loads(text)
+        except (ValueError, RecursionError) as error:
+            return {"code": "INVALID_JSON", "message": f"Invalid JSON ({type(error).__name__}): "
+                                                       f"{_printable(str(error), 200)}"}
+        if not isinstance(value, dict):
             return {"code": "VALIDATION_ERROR",
                     "message": f'a message is a JSON object {{"type": ..., "data": ...}}, got {type(value).__name__}'}
+        if value.get("type") not in WS_MESSAGE_TYPES:
+            return {"code": "UNKNOWN_TYPE", "message": f"Unknown message type {_printable(value.get('type'))}; "
+                                                       f"send one of {', '.join(WS_MESSAGE_TYPES)}"}
+        if not _all_encodable(value):
+            return {"code": "VALIDATION_ERROR", "message": "strings must be valid UTF-8 (no lone surrogates)"}
         return None
 
     async def _http(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
@@ -256,6 +301,46 @@ class MessageLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+WS_MESSAGE_TYPES = ("reset", "step", "state", "close")
+"""What a client may send on /ws. OpenEnv's "mcp" messages are refused: they expose the session
+id, which its HTTP routes would let another client use."""
+
+
+def _all_encodable(value: Any) -> bool:
+    if isinstance(value, str):
+        return _encodable(value)
+    if isinstance(value, dict):
+        return all(_encodable(k) and _all_encodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_all_encodable(v) for v in value)
+    return True
+
+
+class BearerToken:
+    """ASGI middleware: with a token configured, every HTTP route but /health, and the WebSocket
+    handshake, need `Authorization: Bearer <token>` (compared in constant time)."""
+
+    OPEN_PATHS = ("/health",)
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket") or scope.get("path") in self.OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers", [])).get(b"authorization", b"")
+        if hmac.compare_digest(given, self.expected):
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":  # refuse the handshake: HTTP 403
+            return await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong bearer token"})
+        body = json.dumps({"detail": "missing or wrong bearer token: send Authorization: Bearer <token>"}).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+
 def _replay(messages: list, then: Any = None) -> Any:
     pending = list(messages)
 
@@ -273,20 +358,34 @@ def create_cernenv_app(config: Optional[ServerConfig] = None) -> Any:
     """The ASGI app: OpenEnv's routes for `ServedEnvironment`, `/sessions`, and `MessageLimit` in front."""
     config = config or ServerConfig.from_env()
     count = EnvironmentCount()
+    concurrency = ConcurrencyConfig(max_concurrent_envs=config.max_sessions,
+                                    session_timeout=config.session_idle_timeout_s)
     app: FastAPI = create_app(functools.partial(ServedEnvironment, count, config.secret_salt), WireAction,
-                              CollisionObservation,
-                              env_name="cernenv", max_concurrent_envs=config.max_sessions, state_cls=CernState)
+                              CollisionObservation, env_name="cernenv", concurrency_config=concurrency,
+                              state_cls=CernState)
+    # Sessions are made by the WebSocket alone: OpenEnv's /mcp routes create sessions over plain
+    # HTTP (which filled every slot) and let a client holding a session id close or drive it.
+    app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) != "/mcp"]
 
     async def request_error(request: Request, error: RequestError) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=error.status_code)
 
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        """FastAPI's own handler echoes the input, which fails on text JSON cannot encode (500)."""
+        details = [{"loc": [part if isinstance(part, int) else _printable(part) for part in e.get("loc", ())],
+                    "msg": _printable(e.get("msg", ""), 300), "type": e.get("type", "")} for e in error.errors()]
+        return JSONResponse({"detail": details}, status_code=422)
+
     app.add_exception_handler(RequestError, request_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
 
     @app.get("/sessions", tags=["Health"], summary="Open environments and the session limit")
     async def sessions() -> Dict[str, int]:
         return {"open_environments": count.open, "max_sessions": config.max_sessions}
 
-    app.add_middleware(MessageLimit, max_bytes=config.max_message_bytes)
+    app.add_middleware(MessageLimit, max_bytes=config.max_message_bytes, idle_timeout_s=config.session_idle_timeout_s)
+    if config.token:
+        app.add_middleware(BearerToken, token=config.token)  # outermost: nothing runs for a stranger
     app.state.cernenv_config = config
     return app
 
