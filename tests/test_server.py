@@ -777,3 +777,25 @@ def test_a_token_guards_every_route_but_health(tmp_path):
         assert "s3cret" not in server.output()
     finally:
         server.stop()
+
+
+def test_aborted_connections_cost_one_log_line_each():
+    """2,000 abrupt closes once wrote 2,464 tracebacks: a client that resets its connection in
+    the middle of an exchange gets one warning line, and its session is released."""
+    server = Server()
+    aborted = 30
+    try:
+        for index in range(aborted):
+            with connect(server.ws_url, compression=None) as ws:
+                ws.send(json.dumps({"type": "reset", "data": {"seed": index, "scenario": "z_mumu_91"}}))
+                ws.send(json.dumps({"type": "step", "data": {"action_type": "scan_bump"}}))
+                ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                ws.socket.close()  # an RST, no close frame
+        assert server.wait_open_environments(0) == 0
+        assert server.http("GET", "/health")[0] == 200
+        server.log.seek(0)
+        log = server.log.read().decode(errors="replace")
+        assert "Traceback" not in log, log[-3000:]
+        assert len(log.splitlines()) <= aborted + 1  # the start line, then at most one per connection
+    finally:
+        server.stop()

@@ -31,6 +31,7 @@ import asyncio
 import functools
 import hmac
 import json
+import logging
 import os
 import threading
 from dataclasses import dataclass, field, fields
@@ -42,12 +43,15 @@ from fastapi.responses import JSONResponse
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import Action, ConcurrencyConfig
 from pydantic import ConfigDict
+from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
+from uvicorn.protocols.utils import ClientDisconnected
 
 from cernenv.client import RAW_ACTION_KEY
 from cernenv.environment import CERNCollisionEnvironment
 from cernenv.models import CernState, CollisionObservation, ExperimentAction
 
 ENV_PREFIX = "CERNENV_"
+logger = logging.getLogger("cernenv.server")
 
 
 @dataclass(frozen=True)
@@ -229,7 +233,14 @@ class MessageLimit:
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "websocket":
-            return await self.app(scope, self._guarded_receive(receive, send), send)
+            try:
+                return await self.app(scope, self._guarded_receive(receive, send), send)
+            except Exception as error:
+                if not _is_disconnect(error):
+                    raise
+                client = scope.get("client") or ("?", 0)  # the client went away: one line, not a traceback
+                logger.warning("WebSocket client %s:%s went away: %s", client[0], client[1], type(error).__name__)
+            return None
         if scope["type"] == "http":
             return await self._http(scope, receive, send)
         return await self.app(scope, receive, send)
@@ -299,6 +310,21 @@ class MessageLimit:
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+
+DISCONNECTS = (WebSocketDisconnect, WebSocketDisconnected, ClientDisconnected, ConnectionError)
+"""What sending to or reading from a client that vanished raises (an aborted connection)."""
+
+DISCONNECT_WORDS = ("websocket.disconnect", "close message has been sent", "websocket.close")
+
+
+def _is_disconnect(error: BaseException) -> bool:
+    """True for what a vanished client makes the WebSocket stack raise (starlette says some of
+    it with RuntimeError, e.g. 'Expected ASGI message "websocket.connect", but got
+    'websocket.disconnect'' when the client aborts during the handshake)."""
+    if isinstance(error, DISCONNECTS):
+        return True
+    return isinstance(error, RuntimeError) and any(words in str(error) for words in DISCONNECT_WORDS)
 
 
 WS_MESSAGE_TYPES = ("reset", "step", "state", "close")
