@@ -18,24 +18,12 @@ import pytest
 import torch
 
 from lib.multiturn import BatchedGenerate, CachedGenerator, Sampling, hf_generate_fn, play_episodes
-from lib.policy_model import build_tiny_model
-from lib.tokenizer import build_tokenizer
 from lib.training import TrainConfig
 from lib.training import backends
 from lib.training.run import task_key
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = [(21, None, "easy"), (22, "higgs_4l_125", None), (23, None, "hard")]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    return build_tiny_model(tokenizer)
 
 
 def test_generate_engine_plays_what_the_cached_decoder_plays(tokenizer, model):

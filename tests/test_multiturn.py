@@ -10,21 +10,9 @@ import torch
 from cernenv.rewards import COMPONENT_NAMES
 from lib.agents import HeuristicAgent, action_to_json, parse_action
 from lib.multiturn import ChatLayout, Sampling, first_messages, hf_generate_fn, play_episodes
-from lib.policy_model import build_tiny_model
 from lib.rollouts import collect_agent_episode
-from lib.tokenizer import build_tokenizer
 
 from cernenv import CERNCollisionEnvironment
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    return build_tiny_model(tokenizer)
 
 
 def scripted(tokenizer, replies, *, eos=True):

@@ -1,0 +1,21 @@
+"""Fixtures shared by the test modules."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The project's tokenizer (trained on the environment's text, cached in .cache/)."""
+    from lib.tokenizer import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def model(tokenizer):
+    """The stand-in's architecture with random weights (no warm start: fast)."""
+    from lib.policy_model import build_tiny_model
+
+    return build_tiny_model(tokenizer)
