@@ -141,6 +141,8 @@ def test_reset_observation_predicts_the_particle_no_better_than_the_prior(observ
     if kind == "accuracy":
         y_fit, y_test = y_fit.astype(int), y_test.astype(int)
     mean, low, high = gain_of(x_fit[keep_fit], y_fit, d_fit, x_test[keep_test], y_test, d_test)
+    print(f"\n{target}: gain of the model over the prior {mean:+.4f} [{low:+.4f}, {high:+.4f}] ({kind}, "
+          f"{keep_test.sum()} held-out tasks)")
     assert low <= 0.0 and high < MAX_GAIN[kind], (
         f"{target}: the reset observation predicts it better than the prior: gain {mean:+.4f} "
         f"[{low:+.4f}, {high:+.4f}] ({kind})")
