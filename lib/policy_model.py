@@ -102,6 +102,26 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig
     return Qwen2ForCausalLM(model_config)
 
 
+def untrained_stand_in(tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig = TinyModelConfig(), *,
+                       cache_dir: Optional[str] = None) -> Qwen2ForCausalLM:
+    """`build_tiny_model`, saved once to `PROJECT_CACHE/policy/tiny-qwen2-untrained-<fingerprint>` and
+    loaded from there: a LoRA adapter trained on it then names a base folder that loads
+    (`lib.training.publish.load_trained_policy`); a model built in memory has no name."""
+    key = json.dumps({"vocab": tokenizer.get_vocab(), "model": asdict(config)}, sort_keys=True)
+    fingerprint = hashlib.sha256(key.encode()).hexdigest()[:12]
+    target = Path(cache_dir or PROJECT_CACHE / "policy") / f"tiny-qwen2-untrained-{fingerprint}"
+    if not (target / "config.json").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir=target.parent))
+        build_tiny_model(tokenizer, config).save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            os.replace(staging, target)  # atomic: a concurrent build of the same model wins or loses whole
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    return Qwen2ForCausalLM.from_pretrained(target)
+
+
 def round_significant(value: Any, digits: int) -> Any:
     """`value` with every float in it (also inside lists and dicts) rounded to `digits` significant digits."""
     if isinstance(value, float) and math.isfinite(value) and value != 0.0:

@@ -130,11 +130,11 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name in (TINY_MODEL, TINY_UNTRAINED_MODEL):
-        from lib.policy_model import build_tiny_model, warm_start
+        from lib.policy_model import untrained_stand_in, warm_start
         from lib.tokenizer import build_tokenizer
 
         tokenizer = build_tokenizer()
-        model = warm_start(tokenizer) if name == TINY_MODEL else build_tiny_model(tokenizer)
+        model = warm_start(tokenizer) if name == TINY_MODEL else untrained_stand_in(tokenizer)
     else:
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=policy_dtype())
