@@ -14,7 +14,7 @@ the actions were sampled from. Environment text is tokenised once, here, and mas
 of the loss (`env_mask` = 0). A batch of episodes is played in lockstep, turn by turn,
 through a `GenerateFn`: `BatchedGenerate` (the model's own `generate`, one call per turn for
 all live episodes: the GPU engine) or `CachedGenerator` (keeps each episode's KV cache
-between turns, so a turn costs the new tokens only: faster for the CPU stand-in).
+between turns, so a turn costs the new tokens only: the CPU default).
 
 The chat template decides the layout, so any chat model works (the project's tokenizer,
 Qwen's ChatML): each environment segment is the template's text between the end of the
@@ -352,8 +352,8 @@ class BatchedGenerate:
 GENERATION_ENGINES = ("auto", "cached", "generate")
 """`hf_generate_fn`'s engines: `generate` (`BatchedGenerate`, the model's own engine), `cached`
 (`CachedGenerator`, one decoding step per forward with per-episode KV caches kept between
-turns: faster for the CPU stand-in, `make bench-generate`), `auto` (generate on a GPU,
-cached on a CPU)."""
+turns, so long contexts are not re-read), `auto` (generate on a GPU, cached on a CPU;
+`make bench-generate` compares them: see docs/training.md)."""
 
 
 def hf_generate_fn(model: Any, tokenizer: Any, engine: str = "auto", *, unsloth: bool = False) -> GenerateFn:

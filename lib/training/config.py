@@ -43,8 +43,8 @@ class TrainConfig:
     generation_engine: str = "auto"
     """How episodes are generated (`lib.multiturn.GENERATION_ENGINES`): `generate` (the model's own
     `generate`, batched over live episodes; Unsloth's inference path on that backend), `cached`
-    (the project's KV-cached decoder, faster for the CPU stand-in), or `auto`: generate on a GPU,
-    cached on a CPU. Ignored with `use_vllm`."""
+    (the project's KV-cached decoder), or `auto`: generate on a GPU, cached on a CPU
+    (`make bench-generate` compares them). Ignored with `use_vllm`."""
     lora_r: int = 16
     """LoRA rank (PEFT on the TRL backend, Unsloth's on GPU); 0 trains every weight instead."""
     lora_alpha: int = 32
