@@ -595,8 +595,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
 
     def _background_only(self, spectrum: Spectrum):
         """The background-only fit of `spectrum`, fitted once and reused by every action."""
-        return self._cached_fit(("background_only", spectrum.fit_key), lambda: fit_background_only(
-            spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev))
+        return self._cached_fit(("background_only", spectrum.fit_key), lambda: analysis.background_fit(spectrum))
 
     def _background_under_peak(self, spectrum: Spectrum, mass_gev: float, sigma_gev: float,
                                background=None) -> float:
