@@ -27,6 +27,7 @@ from cernenv.rewards import (
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS, Violation
 from cernenv.scenarios import DIFFICULTIES, PROCEDURAL_CONFIGURATIONS, list_scenarios, procedural_scenario
 from lib.agents import HeuristicAgent, RandomAgent, best_trigger
+from truth_leaks import NUMBER_BOUNDARY, blank_random_ids, truth_patterns
 
 SCENARIOS = list_scenarios()
 TRUTH_KEYS = {"exists", "mass_gev", "width_gev", "spin", "channels", "cross_section_fb"}
@@ -201,23 +202,6 @@ def test_different_seeds_give_different_hidden_worlds_from_a_fixed_task_set():
 
 # No leak of the hidden truth -----------------------------------------------------------
 
-_NUMBER_BOUNDARY = r"(?<![\d.])%s(?!\.?\d)"
-
-
-def truth_patterns(truth: Dict[str, Any]) -> List[re.Pattern]:
-    """The true mass, width and cross-section written the ways they could appear in JSON."""
-    texts = set()
-    for value in (truth["mass_gev"], truth["width_gev"], truth["cross_section_fb"]):
-        if not value:
-            continue
-        value = float(value)
-        texts.add(repr(value))
-        for digits in (4, 5, 6):
-            rounded = f"{value:.{digits}g}"
-            texts.update({rounded, repr(float(rounded))})
-    return [re.compile(_NUMBER_BOUNDARY % re.escape(text)) for text in texts]
-
-
 def public_json(model) -> str:
     """JSON of an observation or state with the scenario name and the (random) episode id blanked
     (both tested on their own below)."""
@@ -232,6 +216,7 @@ def public_json(model) -> str:
 
 
 def assert_no_truth(text: str, patterns: List[re.Pattern], where: str) -> None:
+    text = blank_random_ids(text)
     found = [p.pattern for p in patterns if p.search(text)]
     assert not found, f"hidden truth {found} appears in {where}: {text[:3000]}"
 
@@ -309,7 +294,7 @@ def test_problem_statement_does_not_state_the_mass(scenario, difficulty, seed):
     mass = env.hidden_truth()["mass_gev"]
     statement = obs.task.problem_statement
     for text in _mass_texts(mass):
-        assert not re.search(_NUMBER_BOUNDARY % re.escape(text), statement), (text, statement)
+        assert not re.search(NUMBER_BOUNDARY % re.escape(text), statement), (text, statement)
 
 
 @pytest.mark.parametrize("difficulty, seed", [("easy", 2), ("medium", 17), ("hard", 8), ("hard", 4)])
@@ -328,7 +313,7 @@ def test_curated_task_names_do_not_reveal_the_answer():
         shown = obs.task.campaign_type.lower()
         if not truth["exists"] and "null" in shown:
             revealing.append(name)
-        if truth["exists"] and re.search(_NUMBER_BOUNDARY % str(int(round(truth["mass_gev"]))), shown):
+        if truth["exists"] and re.search(NUMBER_BOUNDARY % str(int(round(truth["mass_gev"]))), shown):
             revealing.append(name)
     assert not revealing, revealing
 

@@ -43,6 +43,7 @@ from cernenv.server import ServedEnvironment, ServerConfig, create_cernenv_app
 from cernenv.server.__main__ import main as server_main
 from cernenv.server.app import EnvironmentCount
 from lib.agents import HeuristicAgent, RandomAgent, best_trigger
+from truth_leaks import leaked_truth
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_SESSIONS = 48
@@ -329,25 +330,20 @@ def test_each_client_is_its_own_session(server):
 
 # No leak of the hidden truth ----------------------------------------------------------
 
-_NUMBER = r"(?<![\d.])%s(?!\.?\d)"
-
-
-def truth_patterns(truth: Dict[str, Any]) -> List[re.Pattern]:
-    """The true mass, width and cross-section as they could be written in JSON."""
-    texts = set()
-    for value in (truth["mass_gev"], truth["width_gev"], truth["cross_section_fb"]):
-        if value:
-            texts.add(repr(float(value)))
-            for digits in (4, 5, 6):
-                rounded = f"{float(value):.{digits}g}"
-                texts.update({rounded, repr(float(rounded))})
-    return [re.compile(_NUMBER % re.escape(text)) for text in texts]
+def test_the_leak_check_ignores_random_ids_and_still_finds_numbers():
+    """A random episode id can hold the digits of the width (CI saw ``...-f120-...``); a number
+    elsewhere in the frame is still a leak."""
+    truth = {"mass_gev": 4000.0, "width_gev": 120.0, "cross_section_fb": 0.0}
+    frame = '{"episode_id": "abf46280-f120-4bf8-b063-a93fa55de262", "step_count": 0}'
+    assert leaked_truth(frame, truth) == []
+    assert leaked_truth(frame.replace('"step_count": 0', '"width": 120'), truth)
+    assert leaked_truth('{"mass": 4000.0}', truth) and not leaked_truth('{"mass": 4000.5}', truth)
 
 
 def assert_no_truth(text: str, truth: Dict[str, Any], scenario: Optional[str], where: str) -> None:
     if scenario:
         text = text.replace(scenario, "")  # the client chose the scenario; its name is not a leak
-    found = [p.pattern for p in truth_patterns(truth) if p.search(text)]
+    found = leaked_truth(text, truth)
     assert not found, f"hidden truth {found} in {where}: {text[:2000]}"
     assert not TRUTH_FIELDS & set(re.findall(r'"(\w+)":', text)), f"a truth field in {where}"
 
