@@ -42,6 +42,7 @@ from cernenv.scenarios import CURATED, DEFAULT_MAX_STEPS, DIFFICULTIES, list_sce
 from cernenv.server import ServedEnvironment, ServerConfig, create_cernenv_app
 from cernenv.server.__main__ import main as server_main
 from cernenv.server.app import EnvironmentCount
+from cernenv.server.scheduler import FairScheduler
 from lib.agents import HeuristicAgent, RandomAgent, best_trigger
 from truth_leaks import leaked_truth
 
@@ -427,7 +428,7 @@ def test_no_frame_reveals_the_truth_before_the_episode_ends(server, scenario, di
 
 def test_hidden_truth_cannot_be_called_remotely(server):
     with pytest.raises(PermissionError):
-        ServedEnvironment(EnvironmentCount()).hidden_truth()
+        ServedEnvironment(EnvironmentCount(), FairScheduler()).hidden_truth()
     rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "hidden_truth", "arguments": {}}}
     with server.ws() as ws:
         call(ws, {"type": "reset", "data": {"seed": 0, "scenario": "higgs_4l_125"}})
@@ -793,5 +794,69 @@ def test_aborted_connections_cost_one_log_line_each():
         log = server.log.read().decode(errors="replace")
         assert "Traceback" not in log, log[-3000:]
         assert len(log.splitlines()) <= aborted + 1  # the start line, then at most one per connection
+    finally:
+        server.stop()
+
+
+def raw_connection(server: "Server", source: str, first_bytes: bytes = b"") -> socket.socket:
+    """A TCP connection to the server from the loopback address `source` (127.0.0.x: another
+    client host), having sent `first_bytes`."""
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(WAIT_S)
+    sock.connect(("127.0.0.1", server.port))
+    if first_bytes:
+        sock.sendall(first_bytes)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    sock.close()
+    return data
+
+
+def test_unfinished_requests_are_timed_out_and_connections_are_limited_per_client_and_in_all():
+    """19,993 never-finished HTTP requests once exhausted the file descriptors (/health timed
+    out, 235,519 log lines). Now a client gets `--max-connections-per-client`, everyone together
+    `--max-connections`, and a request must arrive whole within `--request-read-timeout-s`."""
+    server = Server("--max-connections-per-client", "20", "--max-connections", "45",
+                    "--request-read-timeout-s", "2")
+    unfinished = b"GET /health HTTP/1.1\r\nHost: x\r\n"  # the headers never end
+    try:
+        process = psutil.Process(server.process.pid)
+        fds_before = process.num_fds()
+        held = [raw_connection(server, "127.0.0.2", unfinished) for _ in range(20)]
+        # one client's 21st connection (and 500 more): a 503 at once, nothing read from them
+        for _ in range(500):
+            assert b" 503 " in read_until_closed(raw_connection(server, "127.0.0.2", unfinished))
+        assert process.num_fds() < fds_before + 60
+        # another client is served meanwhile: plain HTTP and a whole episode on the WebSocket
+        assert server.http("GET", "/health")[0] == 200
+        with server.client() as client:
+            assert lockstep(client, HeuristicAgent, seed=3, scenario="z_mumu_91") > 0
+        # everyone together: 20 + 20 + 5 connections fill the server; the next one is refused
+        held += [raw_connection(server, "127.0.0.3", unfinished) for _ in range(20)]
+        held += [raw_connection(server, f"127.0.0.{4 + i}", unfinished) for i in range(5)]
+        time.sleep(0.2)  # let the server see them all
+        assert b" 503 " in read_until_closed(raw_connection(server, "127.0.0.9", unfinished))
+        # the unfinished requests are answered 408 and closed once their time is up, freeing the slots
+        for sock in held:
+            assert b" 408 " in read_until_closed(sock)
+        assert server.http("GET", "/health")[0] == 200
+        # a request sent slowly but whole in time is served
+        slow = raw_connection(server, "127.0.0.2")
+        for part in (b"GET /health HTTP/1.1\r\n", b"Host: x\r\n", b"Connection: close\r\n\r\n"):
+            slow.sendall(part)
+            time.sleep(0.3)
+        assert b" 200 " in read_until_closed(slow)
+        log = server.output()
+        assert "Traceback" not in log and "Too many open files" not in log
+        assert len(log.splitlines()) < 10, log  # counted and logged in bulk, not once per connection
     finally:
         server.stop()

@@ -7,6 +7,7 @@ overrides the default in `ServerConfig` (127.0.0.1:8000, 64 sessions, 64 KiB mes
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -14,6 +15,7 @@ from typing import List, Optional
 import uvicorn
 
 from cernenv.server.app import ServerConfig, create_cernenv_app
+from cernenv.server.guard import ConnectionGuard, guarded_protocols
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -47,6 +49,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "needs 'Authorization: Bearer <token>'; required to bind beyond 127.0.0.1 safely")
     parser.add_argument("--session-idle-timeout-s", type=float,
                         help="close a WebSocket session idle this long (default 300)")
+    parser.add_argument("--max-connections", type=int,
+                        help="open connections in all (default 1024; keep it under `ulimit -n`)")
+    parser.add_argument("--max-connections-per-client", type=int,
+                        help="open connections from one address (default 128)")
+    parser.add_argument("--request-read-timeout-s", type=float,
+                        help="time a connection has to send a whole HTTP request (default 10)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     args = parser.parse_args(argv)
     secret = _read_secret(parser, args.secret_salt_file, "--secret-salt-file")
@@ -54,7 +62,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         config = ServerConfig.from_env(host=args.host, port=args.port, max_sessions=args.max_sessions,
                                        max_message_bytes=args.max_message_bytes, secret_salt=secret, token=token,
-                                       session_idle_timeout_s=args.session_idle_timeout_s)
+                                       session_idle_timeout_s=args.session_idle_timeout_s,
+                                       max_connections=args.max_connections,
+                                       max_connections_per_client=args.max_connections_per_client,
+                                       request_read_timeout_s=args.request_read_timeout_s)
     except ValueError as error:
         parser.error(str(error))
     if not config.token and config.host not in LOOPBACK_HOSTS:
@@ -64,8 +75,14 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"sessions, messages up to {config.max_message_bytes} bytes"
           f"{', with an evaluation secret' if config.secret_salt else ''}"
           f"{', bearer token required' if config.token else ''})", file=sys.stderr, flush=True)
+    soft_limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft_limit != resource.RLIM_INFINITY and config.max_connections > soft_limit - 64:
+        parser.error(f"--max-connections {config.max_connections} does not fit under this process's limit of "
+                     f"{soft_limit} open files (ulimit -n) with room for the server's own: lower it or raise the limit")
+    guard = ConnectionGuard(config.max_connections, config.max_connections_per_client, config.request_read_timeout_s)
+    http, ws = guarded_protocols(guard)
     uvicorn.run(create_cernenv_app(config), host=config.host, port=config.port, log_level=args.log_level,
-                ws_max_size=config.ws_frame_limit_bytes, ws_per_message_deflate=False)
+                http=http, ws=ws, ws_max_size=config.ws_frame_limit_bytes, ws_per_message_deflate=False)
     return 0
 
 

@@ -49,6 +49,7 @@ from uvicorn.protocols.utils import ClientDisconnected
 from cernenv.client import RAW_ACTION_KEY
 from cernenv.environment import CERNCollisionEnvironment
 from cernenv.models import CernState, CollisionObservation, ExperimentAction
+from cernenv.server.scheduler import FairScheduler
 
 ENV_PREFIX = "CERNENV_"
 logger = logging.getLogger("cernenv.server")
@@ -70,6 +71,15 @@ class ServerConfig:
     session_idle_timeout_s: float = 300.0
     """A WebSocket session with no message for this long [s] is closed (code 1001) and its slot
     freed, so clients that vanish (or hoard slots) cannot keep the server at capacity."""
+    max_connections: int = 1024
+    """Open connections, HTTP and WebSocket together; one more gets a 503 and is closed. Keep it
+    well under the process's file-descriptor limit (`ulimit -n`)."""
+    max_connections_per_client: int = 128
+    """Open connections from one client address (above `max_sessions`, so one host can fill the
+    sessions); one more gets a 503 and is closed."""
+    request_read_timeout_s: float = 10.0
+    """Time [s] a connection has to deliver a whole HTTP request (headers and body); later, a 408
+    and the connection is closed, so unfinished requests cannot hold connections."""
     token: str = field(default="", repr=False)
     """Bearer token: when set, every route but /health needs `Authorization: Bearer <token>`
     (the WebSocket too, in its opening handshake). "" serves anyone who can connect: keep the
@@ -99,9 +109,11 @@ class ServerConfig:
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)
         if (config.max_sessions < 1 or config.max_message_bytes < 1024 or not 0 <= config.port < 65536
-                or not config.session_idle_timeout_s > 0):
+                or not config.session_idle_timeout_s > 0 or not config.request_read_timeout_s > 0
+                or not 1 <= config.max_connections_per_client <= config.max_connections):
             raise ValueError(f"invalid server configuration {config}: max_sessions >= 1, "
-                             "max_message_bytes >= 1024, 0 <= port < 65536 and session_idle_timeout_s > 0")
+                             "max_message_bytes >= 1024, 0 <= port < 65536, session_idle_timeout_s > 0, "
+                             "request_read_timeout_s > 0 and 1 <= max_connections_per_client <= max_connections")
         return config
 
 
@@ -153,16 +165,31 @@ class ServedEnvironment(CERNCollisionEnvironment):
     """`CERNCollisionEnvironment` as one server session runs it (see the module docstring)."""
 
     RESET_PARAMETERS = ("seed", "episode_id", "scenario", "difficulty", "secret_salt")
-    # Every session's reset and step run on one shared thread, in arrival order. The physics holds
-    # the GIL, so a thread per session only adds contention: at 32 sessions it doubled the server's
-    # CPU time per episode (170 vs 87 ms) and cut throughput by a third (bench/bench_server.py).
+    # Every session's reset and step run on one shared thread (`FairScheduler`: least CPU time
+    # used first). The physics holds the GIL, so a thread per session only adds contention: at 32
+    # sessions it doubled the server's CPU time per episode (170 vs 87 ms) and cut throughput by a
+    # third (bench/bench_server.py). OpenEnv awaits `reset_async`/`step_async` (overridden below)
+    # and creates and closes environments on its own single thread.
     REQUIRES_SINGLE_THREAD_EXECUTOR = True
 
-    def __init__(self, count: EnvironmentCount, secret_salt: str = "") -> None:
+    def __init__(self, count: EnvironmentCount, scheduler: FairScheduler, secret_salt: str = "") -> None:
         super().__init__(secret_salt=secret_salt or None)
         self._count = count
+        self._scheduler = scheduler
         self._closed = False
         count.change(+1)
+
+    async def reset_async(self, seed: Optional[int] = None, episode_id: Optional[str] = None,
+                          scenario: Optional[str] = None, difficulty: Optional[str] = None,
+                          secret_salt: Optional[str] = None, **unknown: Any) -> CollisionObservation:
+        """`reset` on the physics thread, in this session's fair turn."""
+        return await self._scheduler.run(self, functools.partial(
+            self.reset, seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty,
+            secret_salt=secret_salt, **unknown))
+
+    async def step_async(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
+        """`step` on the physics thread, in this session's fair turn."""
+        return await self._scheduler.run(self, functools.partial(self.step, action, timeout_s=timeout_s, **kwargs))
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, scenario: Optional[str] = None,
               difficulty: Optional[str] = None, secret_salt: Optional[str] = None,
@@ -200,6 +227,7 @@ class ServedEnvironment(CERNCollisionEnvironment):
         if not self._closed:
             self._closed = True
             self._count.change(-1)
+            self._scheduler.forget(self)
         super().close()
 
 
@@ -384,9 +412,10 @@ def create_cernenv_app(config: Optional[ServerConfig] = None) -> Any:
     """The ASGI app: OpenEnv's routes for `ServedEnvironment`, `/sessions`, and `MessageLimit` in front."""
     config = config or ServerConfig.from_env()
     count = EnvironmentCount()
+    scheduler = FairScheduler()
     concurrency = ConcurrencyConfig(max_concurrent_envs=config.max_sessions,
                                     session_timeout=config.session_idle_timeout_s)
-    app: FastAPI = create_app(functools.partial(ServedEnvironment, count, config.secret_salt), WireAction,
+    app: FastAPI = create_app(functools.partial(ServedEnvironment, count, scheduler, config.secret_salt), WireAction,
                               CollisionObservation, env_name="cernenv", concurrency_config=concurrency,
                               state_cls=CernState)
     # Sessions are made by the WebSocket alone: OpenEnv's /mcp routes create sessions over plain
