@@ -24,7 +24,7 @@ class FakeClock:
 @pytest.fixture
 def setup():
     clock = FakeClock()
-    scheduler = FairScheduler(wake_credit_s=0.05, cpu_clock=clock)
+    scheduler = FairScheduler(wake_credit_s=0.05, max_lead_s=10.0, cpu_clock=clock)
     yield scheduler, clock
     scheduler.shutdown()
 
@@ -122,3 +122,27 @@ def test_run_awaits_the_result_and_forget_drops_the_charge(setup):
     assert scheduler.charge_s("x") == pytest.approx(0.5)
     scheduler.forget("x")
     assert scheduler.charge_s("x") == 0.0
+
+
+def test_one_expensive_job_puts_its_session_at_most_max_lead_behind_the_others():
+    """Without the cap, a session whose 1 s scan ran while another waited would wait until the
+    other had used 1 s of CPU; with `max_lead_s` = 0.01 it is charged 0.01 s above the waiting one."""
+    clock, log = FakeClock(), []
+    scheduler = FairScheduler(wake_credit_s=0.0, max_lead_s=0.01, cpu_clock=clock)
+    try:
+        release = hold_worker(scheduler)
+        heavy = scheduler.submit("heavy", job(clock, log, "big scan", 1.0))
+        first = scheduler.submit("light", job(clock, log, "step0", 0.004))
+        release.set()
+        heavy.result(30), first.result(30)
+        assert scheduler.charge_s("heavy") == pytest.approx(0.01)  # "light" was waiting at 0
+        release = hold_worker(scheduler)
+        light = [scheduler.submit("light", job(clock, log, f"step{i}", 0.004)) for i in (1, 2, 3)]
+        again = scheduler.submit("heavy", job(clock, log, "next", 0.001))
+        release.set()
+        for future in [again, *light]:
+            future.result(30)
+        # "light" (0.004 s charged) runs until it is charged more than "heavy" (0.01 s)
+        assert log == ["big scan", "step0", "step1", "step2", "next", "step3"]
+    finally:
+        scheduler.shutdown()

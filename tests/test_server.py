@@ -10,6 +10,7 @@ The server runs as a subprocess on 127.0.0.1 (a free port) for the module.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -692,6 +693,41 @@ def test_load_32_sessions_equal_their_twins_and_memory_is_stable(server):
           f"server RSS {rss_start / 2**20:.0f} -> {rss_end / 2**20:.0f} MB ({growth_mb:+.1f} MB) over "
           f"{len(results) - warm_up * LOAD_SESSIONS} episodes after warm-up ({total_s:.0f} s)")
     assert growth_mb < MEMORY_GROWTH_LIMIT_MB
+
+
+LOAD_ABUSERS = ("scan",) * 3 + ("slow",) * 2 + ("flood",) * 2 + ("create",)
+
+
+@pytest.mark.slow
+def test_64_honest_clients_finish_every_episode_beside_8_abusive_ones():
+    """64 WebSocket clients play HeuristicAgent episodes while 8 others, each from its own
+    address, repeat scans, send requests a byte at a time, flood the server with unfinished
+    requests and churn sessions (bench/server_load.py). Every honest episode completes with no
+    error, the abusers were served or refused as they should be, and the server is whole after.
+    The latencies are printed here; `make bench-server` measures them against their target."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from server_load import run_load
+
+    server = Server("--max-sessions", "80", "--request-read-timeout-s", "2")  # slow requests get their 408 soon
+    try:
+        warm_up = asyncio.run(run_load(server.url, honest=8, episodes_per_client=1))
+        assert not warm_up.errors, warm_up.errors[:3]
+        result = asyncio.run(run_load(server.url, honest=64, episodes_per_client=1, abusers=LOAD_ABUSERS,
+                                      timeout_s=600))
+        print(f"\nload with abusers: {result.summary()}")
+        assert not result.errors, result.errors[:5]
+        assert result.episodes == 64
+        abuse = result.abuse
+        assert abuse["scans"] > 0 and abuse["sessions created"] > 0 and abuse["slow requests answered 408"] > 0, abuse
+        assert abuse["unfinished requests opened"] > 500, abuse  # far more than one client may hold
+        assert not [key for key in abuse if "abuser stopped" in key], abuse
+        assert server.http("GET", "/health")[0] == 200
+        assert server.wait_open_environments(0) == 0
+        log = server.output()
+        assert "Traceback" not in log and "Too many open files" not in log, log
+        assert "connections refused over a limit" in log
+    finally:
+        server.stop()
 
 
 # Hostile clients (issue 15) ------------------------------------------------------------

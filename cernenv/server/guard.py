@@ -109,19 +109,20 @@ class GuardedH11Protocol(H11Protocol):
     guard: ConnectionGuard
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
         self._host = _client_host(transport)
-        self._counted = False
         self._read_timer: Optional[asyncio.TimerHandle] = None
         self._request_cycle: Any = None
         reason = self.guard.admit(self._host)
-        if reason is not None:
+        self._counted = reason is None
+        if reason is not None:  # refused before uvicorn sets anything up: a flood costs little
             _refuse(transport, 503, "Service Unavailable", f"{reason}; try again later")
             return
-        self._counted = True
+        super().connection_made(transport)
         self._start_read_timer()
 
     def data_received(self, data: bytes) -> None:
+        if not self._counted:  # refused (data already on its way)
+            return
         if self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
             self._start_read_timer()  # the next request on a kept-alive connection begins
         super().data_received(data)
@@ -136,6 +137,8 @@ class GuardedH11Protocol(H11Protocol):
         super().handle_websocket_upgrade(event)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self.transport is None:  # refused in connection_made: nothing was set up
+            return
         self._stop_read_timer()
         if self._counted:
             self._counted = False

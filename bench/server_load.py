@@ -1,0 +1,242 @@
+"""Honest clients and abusive ones against a running `python -m cernenv.server`, on loopback.
+
+Used by `tests/test_server.py` (the load test) and `bench/bench_server.py --abuse` (the same
+figures, larger). Honest clients play HeuristicAgent episodes from 127.0.0.1 and time every
+reset and step; each abuser comes from its own loopback address (127.0.0.2, ...), as another
+host would, and keeps at it until the honest clients are done:
+
+| abuser | what it does |
+|---|---|
+| `scan` | takes data, builds a spectrum, then sends `scan_bump` (~10 ms of CPU) as fast as the server answers |
+| `slow` | sends HTTP requests one byte every 0.5 s (slowloris) |
+| `flood` | opens HTTP connections that never finish their request, as fast as it can |
+| `create` | opens WebSocket sessions, resets and drops them, as fast as it can |
+
+    result = asyncio.run(run_load(url, honest=64, episodes_per_client=2, abusers=("scan",) * 8))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from websockets.asyncio.client import connect  # noqa: E402
+
+from cernenv.client import CERNEnvClient, parse_observation  # noqa: E402
+from cernenv.models import ActionType  # noqa: E402
+from lib.agents import HeuristicAgent  # noqa: E402
+
+HONEST_SCENARIOS = ("z_mumu_91", "higgs_4l_125", None)  # None: a procedural campaign (medium)
+ABUSER_KINDS = ("scan", "slow", "flood", "create")
+
+
+@dataclass
+class LoadResult:
+    """What the honest clients saw, and what the abusers did."""
+
+    latencies_s: List[float] = field(default_factory=list)
+    episodes: int = 0
+    errors: List[str] = field(default_factory=list)
+    abuse: Counter = field(default_factory=Counter)
+    wall_s: float = 0.0
+
+    def percentile_s(self, q: float) -> float:
+        ordered = sorted(self.latencies_s)
+        return ordered[min(len(ordered) - 1, int(q / 100.0 * len(ordered)))] if ordered else float("nan")
+
+    def summary(self) -> str:
+        return (f"{self.episodes} honest episodes, {len(self.latencies_s)} requests in {self.wall_s:.1f} s: "
+                f"latency p50 {1e3 * self.percentile_s(50):.0f} ms, p99 {1e3 * self.percentile_s(99):.0f} ms, "
+                f"max {1e3 * max(self.latencies_s, default=float('nan')):.0f} ms; {len(self.errors)} errors; "
+                f"abusers: {dict(sorted(self.abuse.items()))}")
+
+
+async def _honest(url: str, index: int, episodes: int, result: LoadResult) -> None:
+    agent = HeuristicAgent()
+    try:
+        async with CERNEnvClient(base_url=url) as env:
+            for k in range(episodes):
+                seed = 1000 * index + k
+                scenario = HONEST_SCENARIOS[(index + k) % len(HONEST_SCENARIOS)]
+                agent.reset()
+                start = time.perf_counter()
+                step = await env.reset(seed=seed, scenario=scenario, difficulty=None if scenario else "medium")
+                result.latencies_s.append(time.perf_counter() - start)
+                while not step.done:
+                    action = agent.act(step.observation)
+                    start = time.perf_counter()
+                    step = await env.step(action)
+                    result.latencies_s.append(time.perf_counter() - start)
+                result.episodes += 1
+    except Exception as error:  # counted and reported by the caller
+        result.errors.append(f"honest client {index}: {type(error).__name__}: {error}")
+
+
+async def _ws_call(ws: Any, message: Dict[str, Any]) -> Dict[str, Any]:
+    await ws.send(json.dumps(message))
+    return json.loads(await ws.recv())
+
+
+async def _scan_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """Play the heuristic up to its first scan, then repeat scan_bump until the episode ends; again."""
+    async with connect(ws_url, local_addr=(source, 0), compression=None, max_size=None) as ws:
+        seed = 0
+        while not stop.is_set():
+            agent, seed = HeuristicAgent(), seed + 1
+            reply = await _ws_call(ws, {"type": "reset", "data": {"seed": seed, "scenario": "z_mumu_91"}})
+            observation = parse_observation(reply["data"])
+            scanning = False
+            while not observation.done and not stop.is_set():
+                if not scanning:
+                    action = agent.act(observation)
+                    scanning = action.action_type == ActionType.SCAN_BUMP
+                    data = action.model_dump(exclude_none=True)
+                else:
+                    data = {"action_type": "scan_bump", "parameters": {}}
+                reply = await _ws_call(ws, {"type": "step", "data": data})
+                if reply.get("type") != "observation":
+                    abuse["scan errors"] += 1
+                    break
+                abuse["scans" if scanning else "scan setup steps"] += 1
+                observation = parse_observation(reply["data"])
+
+
+async def _slowloris(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """Send a request one byte every 0.5 s, until the server answers or closes; again."""
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+        except OSError:
+            abuse["slow connections failed"] += 1
+            await asyncio.sleep(0.5)
+            continue
+        answer = b""
+        try:
+            for byte in request:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                try:
+                    answer = await asyncio.wait_for(reader.read(200), 0.5)
+                    break  # an answer, or the connection closed (b"")
+                except asyncio.TimeoutError:
+                    if stop.is_set():
+                        break
+        except OSError:
+            pass
+        writer.close()
+        status = answer.split(b" ")[1].decode() if answer.count(b" ") else "none (closed)"
+        abuse[f"slow requests answered {status}"] += 1
+
+
+async def _flood(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    held: List[asyncio.StreamWriter] = []
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+            writer.write(b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")  # never finished
+            held.append(writer)
+            abuse["unfinished requests opened"] += 1
+        except OSError:
+            abuse["flood connections failed"] += 1
+            await asyncio.sleep(0.01)
+        if len(held) > 2000:  # keep the client's own descriptors bounded
+            for writer in held[:1000]:
+                writer.close()
+            del held[:1000]
+        await asyncio.sleep(0)
+    for writer in held:
+        writer.close()
+
+
+async def _session_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    while not stop.is_set():
+        try:
+            async with connect(ws_url, local_addr=(source, 0), compression=None, open_timeout=30) as ws:
+                reply = await _ws_call(ws, {"type": "reset", "data": {"seed": abuse["sessions created"]}})
+                abuse["sessions created" if reply.get("type") == "observation" else "sessions refused"] += 1
+        except Exception:  # refused handshakes and closed connections are what this abuser gets
+            abuse["session attempts failed"] += 1
+            await asyncio.sleep(0.01)
+
+
+async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio.Event) -> None:
+    """Run `abusers` (one loopback address each) until `stop` is set."""
+    host, port = url.split("//")[1].split(":")
+    ws_url = url.replace("http://", "ws://") + "/ws"
+    tasks = []
+    for index, kind in enumerate(abusers):
+        source = f"127.0.0.{2 + index}"
+        if kind == "scan":
+            coroutine = _scan_spam(ws_url, source, stop, abuse)
+        elif kind == "slow":
+            coroutine = _slowloris(host, int(port), source, stop, abuse)
+        elif kind == "flood":
+            coroutine = _flood(host, int(port), source, stop, abuse)
+        else:
+            coroutine = _session_spam(ws_url, source, stop, abuse)
+        tasks.append(asyncio.ensure_future(coroutine))
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    for kind, outcome in zip(abusers, outcomes):
+        if isinstance(outcome, Exception) and not isinstance(outcome, asyncio.CancelledError):
+            abuse[f"{kind} abuser stopped: {type(outcome).__name__}: {outcome}"] += 1
+
+
+async def run_load(url: str, honest: int, episodes_per_client: int, abusers: Sequence[str] = (),
+                   timeout_s: float = 600.0) -> LoadResult:
+    """`honest` clients play `episodes_per_client` episodes each while `abusers` (kinds from
+    ABUSER_KINDS) run in a process of their own, so that their work does not delay the honest
+    clients' event loop here; what the honest clients saw, and the abusers' counts."""
+    unknown = set(abusers) - set(ABUSER_KINDS)
+    if unknown:
+        raise ValueError(f"unknown abuser kinds {sorted(unknown)}; choose from {ABUSER_KINDS}")
+    result = LoadResult()
+    process, counts_path = None, None
+    if abusers:
+        counts_path = tempfile.mktemp(prefix="cernenv-abuse-", suffix=".json")
+        process = subprocess.Popen([sys.executable, os.path.abspath(__file__), url, ",".join(abusers), counts_path])
+        await asyncio.sleep(3.0)  # the abuse is under way before the honest clients start
+    start = time.perf_counter()
+    try:
+        await asyncio.wait_for(asyncio.gather(*(_honest(url, i, episodes_per_client, result) for i in range(honest))),
+                               timeout_s)
+    finally:
+        result.wall_s = time.perf_counter() - start
+        if process is not None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+            with open(counts_path) as handle:
+                result.abuse.update(json.load(handle))
+            os.unlink(counts_path)
+    return result
+
+
+def _abuse_until_terminated(url: str, abusers: Sequence[str], counts_path: str) -> None:
+    """The abusers' process: run them until SIGTERM, then write their counts to `counts_path`."""
+    async def main() -> Counter:
+        abuse, stop = Counter(), asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await _abuse(url, abusers, abuse, stop)
+        return abuse
+
+    counts = asyncio.run(main())
+    with open(counts_path, "w") as handle:
+        json.dump(counts, handle)
+
+
+if __name__ == "__main__":
+    _abuse_until_terminated(sys.argv[1], sys.argv[2].split(","), sys.argv[3])
