@@ -7,6 +7,13 @@ fixed mix of curated and procedural campaigns. In process: one environment, one 
 127.0.0.1 and N concurrent sessions, one async `CERNEnvClient` each, all on one event loop
 in this process. Prints episodes/s and steps/s, and remote/in-process.
 Target (issue 7): remote throughput at 32 sessions >= 30% of in-process.
+
+Then the server under attack (bench/server_load.py; `--no-abuse` skips it), each case with and
+without abusers on the same server:
+- fairness: 4 honest clients beside 8 sessions repeating `scan_bump`; target (issue 15): the
+  honest median latency at most 2x what it is without them;
+- load: 64 honest clients beside 8 abusers (3 scan, 2 slow, 2 flood, 1 session churn); target
+  (issue 15): every honest episode completes with 0 errors, honest p99 latency < 1 s.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # single core: no BLAS threads (the server inherits these)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -27,10 +34,14 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from bench_env import episode_specs, heuristic_throughput  # noqa: E402
+from server_load import run_load  # noqa: E402
 from cernenv.client import CERNEnvClient  # noqa: E402
 from lib.agents import HeuristicAgent  # noqa: E402
 
 TARGET_RATIO_AT_32 = 0.30
+FAIRNESS_TARGET_RATIO = 2.0  # honest median latency with 8 scan spammers / without
+LOAD_TARGET_P99_S = 1.0
+LOAD_ABUSERS = ("scan",) * 3 + ("slow",) * 2 + ("flood",) * 2 + ("create",)
 Spec = Tuple[int, Optional[str], Optional[str]]
 
 
@@ -63,6 +74,17 @@ def remote(url: str, specs: List[Spec], sessions: int) -> Tuple[float, float]:
     return len(specs) / elapsed, steps / elapsed
 
 
+def under_attack(url: str, honest: int, episodes: int, abusers: Tuple[str, ...]) -> Tuple[List[str], Any, Any, float]:
+    """The honest clients' latencies without and with `abusers`: (lines to print, result alone,
+    result with abusers, ratio of the medians)."""
+    alone = asyncio.run(run_load(url, honest=honest, episodes_per_client=episodes))
+    attacked = asyncio.run(run_load(url, honest=honest, episodes_per_client=episodes, abusers=abusers))
+    lines = [f"  {label:<14}{r.summary()}" for label, r in (("alone:", alone), ("with abusers:", attacked))]
+    ratio = attacked.percentile_s(50) / alone.percentile_s(50)
+    lines.append(f"  median ratio {ratio:.2f}, p99 ratio {attacked.percentile_s(99) / alone.percentile_s(99):.2f}")
+    return lines, alone, attacked, ratio
+
+
 def start_server(max_sessions: int) -> Tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,16 +107,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--episodes", type=int, default=128, help="episodes per row")
+    parser.add_argument("--no-abuse", action="store_true", help="skip the measurements under attack")
     args = parser.parse_args()
     specs = list(episode_specs(args.episodes))
     in_process(specs[:4])  # warm-up: imports, caches
     base_episodes, base_steps = in_process(specs)
     rows = [("in-process", 1, len(specs), base_episodes, base_steps)]
-    process, url = start_server(max(args.sessions))
+    process, url = start_server(max(max(args.sessions), 96))
+    attack_lines: List[str] = []
     try:
         remote(url, specs[:4], 1)  # warm-up of the server
         for sessions in args.sessions:
             rows.append(("websocket", sessions, len(specs), *remote(url, specs, sessions)))
+        if not args.no_abuse:
+            lines, _, _, ratio = under_attack(url, 4, 6, ("scan",) * 8)
+            attack_lines += ["fairness: 4 honest clients x 6 episodes, 8 scan spammers"] + lines
+            attack_lines.append(f"target: median ratio <= {FAIRNESS_TARGET_RATIO:g}: "
+                                f"{'met' if ratio <= FAIRNESS_TARGET_RATIO else 'NOT met'}")
+            lines, _, attacked, _ = under_attack(url, 64, 2, LOAD_ABUSERS)
+            attack_lines += [f"load: 64 honest clients x 2 episodes, abusers {','.join(LOAD_ABUSERS)}"] + lines
+            met = not attacked.errors and attacked.percentile_s(99) < LOAD_TARGET_P99_S
+            attack_lines.append(f"target: 0 errors and honest p99 < {LOAD_TARGET_P99_S:g} s with abusers: "
+                                f"{'met' if met else 'NOT met'}")
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -106,6 +140,8 @@ def main() -> int:
     if at_32:
         print(f"target: remote/in-process at 32 sessions >= {TARGET_RATIO_AT_32:.2f}: "
               f"{'met' if at_32[0] >= TARGET_RATIO_AT_32 else 'NOT met'} ({at_32[0]:.2f})")
+    for line in attack_lines:
+        print(line)
     return 0
 
 
