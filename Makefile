@@ -107,7 +107,7 @@ bench: setup ## run the environment and physics-kernel benchmarks (bench/bench_e
 	$(RUN_ENV) $(PY) bench/bench_env.py
 	$(RUN_ENV) $(PY) bench/bench_physics.py
 
-# `make train TRAIN_ARGS="--set max_steps=10"`: any TrainConfig field (python -m lib.training --help).
+# `make train TRAIN_ARGS="--max_steps 10"`: any TrainConfig field as a typed flag (python -m lib.training --help).
 TRAIN_ARGS ?=
 
 train: setup ## GRPO-train the policy with the default CPU config (python -m lib.training); evidence → evidence/

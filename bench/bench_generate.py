@@ -1,7 +1,7 @@
 """Generated tokens per second of each generation engine, on the same episodes.
 
     make bench-generate                    # the default model of this machine, 16 episodes
-    python bench/bench_generate.py --episodes 32 --set model_name=cernenv-tiny-untrained
+    python bench/bench_generate.py --episodes 32 --model_name cernenv-tiny-untrained
 
 The episodes are one GRPO step's worth (groups of `num_generations` on training tasks),
 sampled at the training temperature with the same seed for every engine, played to the
@@ -12,27 +12,24 @@ the device (`cached` on a CPU, `generate` on a GPU); run this where you train to
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-import torch
-
-from lib.multiturn import Sampling, hf_generate_fn, play_episodes
-from lib.training.__main__ import _value
-from lib.training.backends import load_policy, resolve_backend
-from lib.training.config import TrainConfig
+from lib.training.cli import parse_train_config, train_config_parser
 
 ENGINES = ("cached", "generate")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", type=int, default=16)
-    parser.add_argument("--max-turns", type=int, default=None)
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="TrainConfig override")
-    args = parser.parse_args(argv)
-    config = TrainConfig(**{k: _value(v) for k, _, v in (item.partition("=") for item in args.set)})
+    parser = train_config_parser("bench/bench_generate.py", description=__doc__)  # any TrainConfig field as a flag
+    parser.add_argument("--episodes", type=int, default=16, help="episodes played by each engine")
+    parser.add_argument("--max-turns", type=int, default=None, help="turns per episode (default: to the end)")
+    config, args = parse_train_config(argv, parser)  # imports unsloth first where the run may use it
+    import torch
+
+    from lib.multiturn import Sampling, hf_generate_fn, play_episodes
+    from lib.training.backends import load_policy, resolve_backend
+
     backend = resolve_backend(config)
     policy = load_policy(config, backend)
     sampling = Sampling(temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens)

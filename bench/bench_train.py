@@ -1,7 +1,7 @@
 """Where the time of a GRPO step goes: generation, environment, optimisation.
 
     make bench-train                       # default CPU config, 3 measured steps
-    python bench/bench_train.py --steps 5 --set num_generations=4 --set per_device_train_batch_size=4
+    python bench/bench_train.py --steps 5 --num_generations 4 --per_device_train_batch_size 4
 
 A step = the rollout (the policy plays every episode of the batch: `generate` calls, and
 the environment's reset/step/grading in between) + TRL's scoring and optimisation (old
@@ -13,43 +13,40 @@ under 5% (checked; exit 1 if not).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import tempfile
 import time
 
-from transformers import TrainerCallback
-
-from lib.training.__main__ import _value
-from lib.training.backends import load_policy, resolve_backend
-from lib.training.config import TrainConfig
-from lib.training.grpo import REWARD_FUNCS, CampaignRollout, training_dataset
-from lib.training.run import grpo_args
+from lib.training.cli import parse_train_config, train_config_parser
 
 ENVIRONMENT_SHARE_LIMIT = 0.05
 
 
-class StepTimer(TrainerCallback):
-    def __init__(self) -> None:
-        self.durations, self._start = [], None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.durations.append(time.perf_counter() - self._start)
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = train_config_parser("bench/bench_train.py", description=__doc__)  # any TrainConfig field as a flag
     parser.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up step)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="TrainConfig override")
-    args = parser.parse_args(argv)
-    values = {k: _value(v) for k, _, v in (item.partition("=") for item in args.set)}
+    config, args = parse_train_config(argv, parser)  # imports unsloth first where the run may use it
+    from transformers import TrainerCallback
+
+    from lib.training.backends import load_policy, resolve_backend
+    from lib.training.grpo import REWARD_FUNCS, CampaignRollout, training_dataset
+    from lib.training.run import grpo_args
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.durations, self._start = [], None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.durations.append(time.perf_counter() - self._start)
+
     with tempfile.TemporaryDirectory() as tmp:
-        config = TrainConfig(**{**values, "max_steps": args.steps + 1, "output_dir": tmp, "evidence_dir": tmp})
+        config = config.from_dict({**config.to_dict(), "max_steps": args.steps + 1, "output_dir": tmp,
+                                   "evidence_dir": tmp})
         backend = resolve_backend(config)
         from trl import GRPOTrainer
 

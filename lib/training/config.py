@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Union, get_args, get_origin, get_type_hints
 
 from cernenv.scenarios import DIFFICULTIES, list_scenarios
 
@@ -94,9 +94,9 @@ class TrainConfig:
     """Gradient clipping."""
 
     # -- training tasks (never held-out seeds)
-    scenarios: Tuple[str, ...] = field(default_factory=lambda: tuple(list_scenarios()))
+    scenarios: List[str] = field(default_factory=list_scenarios)
     """Curated scenarios in the training mix."""
-    difficulties: Tuple[str, ...] = DIFFICULTIES
+    difficulties: List[str] = field(default_factory=lambda: list(DIFFICULTIES))
     """Difficulties of the procedural campaigns in the mix."""
     curated_fraction: float = 0.35
     """Share of training tasks drawn from curated scenarios; the rest are procedural."""
@@ -136,8 +136,9 @@ class TrainConfig:
     """Seed of the model's initialisation, data order and sampling."""
 
     def __post_init__(self) -> None:
-        self.scenarios, self.difficulties = tuple(self.scenarios), tuple(self.difficulties)
-        problems = []
+        problems = self._check_types()
+        if problems:  # the checks below compare values: they need the right types
+            raise ValueError("invalid TrainConfig:\n  " + "\n  ".join(problems))
         if self.backend not in BACKENDS:
             problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         from lib.multiturn import GENERATION_ENGINES
@@ -178,6 +179,34 @@ class TrainConfig:
         if problems:
             raise ValueError("invalid TrainConfig:\n  " + "\n  ".join(problems))
 
+    def _check_types(self) -> List[str]:
+        """Each field's value against its annotation (an int is accepted as a float; a tuple as a
+        list of str); the problems, each naming its field."""
+        problems = []
+        for f in fields(self):
+            value, annotation = getattr(self, f.name), _TYPES[f.name]
+            optional = get_origin(annotation) is Union and type(None) in get_args(annotation)
+            if optional:
+                if value is None:
+                    continue
+                annotation = next(a for a in get_args(annotation) if a is not type(None))
+            if get_origin(annotation) in (list, List):
+                if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                    setattr(self, f.name, list(value))
+                    continue
+                expected = "a list of strings"
+            elif annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+                setattr(self, f.name, float(value))
+                continue
+            elif annotation is int and isinstance(value, int) and not isinstance(value, bool):
+                continue
+            elif annotation in (str, bool) and isinstance(value, annotation):
+                continue
+            else:
+                expected = f"{'None or ' if optional else ''}{getattr(annotation, '__name__', annotation)}"
+            problems.append(f"{f.name} must be {expected}, got {value!r} ({type(value).__name__})")
+        return problems
+
     @property
     def episodes_per_step(self) -> int:
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
@@ -202,3 +231,7 @@ class TrainConfig:
     @classmethod
     def load(cls, path: Any) -> "TrainConfig":
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+_TYPES = get_type_hints(TrainConfig)
+"""Each field's annotation, resolved (the module uses postponed annotations)."""
