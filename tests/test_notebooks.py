@@ -1,5 +1,6 @@
 """The notebooks run headlessly (papermill) and are committed clean: parameters cell, no outputs."""
 
+import json
 import os
 from pathlib import Path
 
@@ -142,10 +143,11 @@ def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
     output, evidence = tmp_path / "03_train_grpo.ipynb", tmp_path / "evidence"
     papermill.execute_notebook(
         str(ROOT / "notebooks" / "03_train_grpo.ipynb"), str(output),
-        parameters={"MODEL_NAME": str(model_dir), "BACKEND": "trl", "MAX_STEPS": 2, "NUM_GENERATIONS": 2,
-                    "PER_DEVICE_BATCH": 1, "GRAD_ACCUM": 2, "LORA_R": 0, "MAX_TURNS": 3, "EVAL_EPISODES": 3,
-                    "EVAL_EVERY_STEPS": 1, "CHECKPOINT_EVAL_EPISODES": 2, "EVIDENCE_DIR": str(evidence),
-                    "OUTPUT_DIR": str(tmp_path / "out")},
+        parameters={"model_name": str(model_dir), "backend": "trl", "max_steps": 2, "num_generations": 2,
+                    "per_device_train_batch_size": 1, "gradient_accumulation_steps": 2, "lora_r": 0, "max_turns": 3,
+                    "eval_episodes": 3, "eval_every_steps": 1, "checkpoint_eval_episodes": 2,
+                    "evidence_dir": str(evidence), "output_dir": str(tmp_path / "out"),
+                    "curated_fraction": 1.0},  # a TrainConfig field the parameters cell does not list
         kernel_name=default_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=300)
     nb = nbformat.read(output, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
@@ -154,28 +156,27 @@ def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
     assert "| mean_reward |" in markdown and "3 paired episodes" in markdown
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3, "training curves and before/after plots"
     assert (evidence / "before_after_metrics.json").exists() and (evidence / "checkpoint_evals.csv").exists()
+    assert json.loads((tmp_path / "out" / "train_config.json").read_text())["curated_fraction"] == 1.0
 
 
-NOTEBOOK_03_FIELDS = {
-    "MODEL_NAME": "model_name", "BACKEND": "backend", "MAX_STEPS": "max_steps", "NUM_GENERATIONS": "num_generations",
-    "PER_DEVICE_BATCH": "per_device_train_batch_size", "GRAD_ACCUM": "gradient_accumulation_steps",
-    "LEARNING_RATE": "learning_rate", "TEMPERATURE": "temperature", "LORA_R": "lora_r", "MAX_TURNS": "max_turns",
-    "EVAL_EPISODES": "eval_episodes", "EVAL_EVERY_STEPS": "eval_every_steps",
-    "CHECKPOINT_EVAL_EPISODES": "checkpoint_eval_episodes", "EVIDENCE_DIR": "evidence_dir",
-    "OUTPUT_DIR": "output_dir", "USE_VLLM": "use_vllm", "SEED": "seed", "GENERATION_ENGINE": "generation_engine",
-    "SAVE_MERGED": "save_merged", "HUB_REPO_ID": "hub_repo_id", "HUB_DRY_RUN": "hub_dry_run"}
+def test_notebook_03_parameters_are_train_config_fields_with_its_defaults():
+    """Each parameter of notebook 03 is a TrainConfig field by its own name, defaulting to
+    TrainConfig's own default (read, not restated): the notebook and `make train` run the same
+    configuration, and configs/*.yaml use the same names."""
+    import ast
+    from dataclasses import fields
 
-
-def test_notebook_03_parameters_are_the_train_config_defaults():
-    """The notebook and `make train` run the same default configuration (TrainConfig is the one place)."""
     from lib.training import TrainConfig
 
     nb = nbformat.read(ROOT / "notebooks" / "03_train_grpo.ipynb", as_version=4)
     (cell,) = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
-    values: dict = {}
-    exec(cell.source, values)  # noqa: S102 (our own notebook's parameters cell)
-    assert set(NOTEBOOK_03_FIELDS) == {k for k in values if k.isupper()}, "a parameter without a TrainConfig field"
-    defaults = TrainConfig()
-    differing = {k: (values[k], getattr(defaults, f)) for k, f in NOTEBOOK_03_FIELDS.items()
-                 if values[k] != getattr(defaults, f)}
-    assert not differing, f"notebook 03 parameter ≠ TrainConfig default: {differing}"
+    assigned = {node.targets[0].id: node.value for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)}
+    names = {f.name for f in fields(TrainConfig)}
+    assert assigned and set(assigned) <= names, f"not TrainConfig fields: {set(assigned) - names}"
+    restated = [name for name, value in assigned.items()
+                if ast.unparse(value) != f"TrainConfig.{name}"]
+    assert not restated, f"parameters restating a default instead of reading TrainConfig's: {restated}"
+    from lib.reproduce import load_profile
+
+    for profile in ("full", "smoke", "untrained"):
+        assert set(load_profile(profile)["03_train_grpo"]) <= names, profile
