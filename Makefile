@@ -28,8 +28,10 @@ PYTEST_ARGS ?=
 
 # `make reproduce` runs the notebooks listed in configs/$(PROFILE).yaml, in order, with
 # their parameters (lib/reproduce.py): full (default) regenerates evidence/; smoke runs
-# them all with small numbers into build/smoke/. ONLY="04_evidence_analysis" runs some.
+# them all with small numbers. Each profile's executed notebooks go to build/PROFILE/ and
+# its reports to reports/ (full) or reports/PROFILE/. ONLY="04_evidence_analysis" runs some.
 PROFILE ?= full
+PROFILE_NAME = $(basename $(notdir $(PROFILE)))
 ONLY    ?=
 BUILD   ?= build
 REPORTS ?= reports
@@ -85,11 +87,11 @@ test-gpu-set: $(GPU_SET_STAMP) ## the GPU training set's CPU-checkable tests (in
 	$(GPU_SET_VENV)/bin/python -c 'import transformers, trl, datasets; print("GPU set: transformers", transformers.__version__, "trl", trl.__version__, "datasets", datasets.__version__)'
 	$(GPU_SET_VENV)/bin/python -m pytest -p no:cacheprovider -n $(JOBS) -m "not slow" $(GPU_SET_TESTS)
 
-reproduce: setup ## run notebooks 01 → 04 headlessly (papermill) into build/; PROFILE=full|smoke, ONLY=names
-	$(RUN_ENV) $(PY) -m lib.reproduce --profile $(PROFILE) --build-dir $(BUILD) $(if $(ONLY),--only $(ONLY))
+reproduce: setup ## run notebooks 01 → 04 headlessly (papermill) into build/PROFILE/; PROFILE=full|smoke, ONLY=names
+	$(RUN_ENV) $(PY) -m lib.reproduce --profile $(PROFILE) --build-dir $(BUILD)/$(PROFILE_NAME) $(if $(ONLY),--only $(ONLY))
 
-report: setup ## export build/*.ipynb to offline HTML in reports/ (NAME.html, and NAME.readers.html without code)
-	$(RUN_ENV) $(PY) -m lib.report $(BUILD) $(REPORTS)
+report: setup ## export build/PROFILE/*.ipynb to offline HTML: reports/ for full, reports/PROFILE/ for the others
+	$(RUN_ENV) $(PY) -m lib.report $(BUILD)/$(PROFILE_NAME) $(if $(filter full,$(PROFILE_NAME)),$(REPORTS),$(REPORTS)/$(PROFILE_NAME))
 
 report-assets: ## refresh reports/assets/ (widget manager, require.js) from the npm registry (needs npm)
 	@tmp=$$(mktemp -d) && cd $$tmp && \

@@ -12,12 +12,17 @@ MathJax and Mermaid out (`lib/report_templates/cernenv_offline`). Widgets render
 the state the execution saved in the notebook (nbclient's `store_widget_state`), so
 `jslink`ed controls keep working with no kernel.
 
-    python -m lib.report [BUILD_DIR] [REPORTS_DIR]
+Every page opens with where it came from: the profile and the commit that ran the notebook
+(`build/PROFILE/run.json`, written by `make reproduce`), flagged when the tree had
+uncommitted changes or the profile is not the full one.
+
+    python -m lib.report [BUILD_DIR] [REPORTS_DIR]      # make report PROFILE=full|smoke
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -49,6 +54,27 @@ def _relative_url(target: Path, start: Path) -> str:
     return Path(os.path.relpath(target, start)).as_posix()
 
 
+def provenance(notebook_path: Path) -> str:
+    """A Markdown line saying which profile and commit produced this executed notebook (from the
+    run record beside it), with a warning when that is not a clean full run."""
+    try:
+        record = json.loads((notebook_path.parent / "run.json").read_text())
+        run = record["notebooks"][notebook_path.stem]
+        profile = str(record["profile"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return (f"> **Provenance unknown:** `{notebook_path}` has no entry in a `run.json` beside it; "
+                "`make reproduce` writes one.")
+    commit = str(run.get("commit") or "unknown")
+    line = (f"> Report of `make reproduce PROFILE={profile}`: this notebook ran at commit `{commit[:12]}` "
+            f"on {run.get('finished', '?')} ({run.get('seconds', '?')} s).")
+    if run.get("dirty"):
+        line += " **The checkout had uncommitted changes**: the commit alone does not reproduce it."
+    if profile != "full":
+        line += (f" **Profile `{profile}`, not the full run**: its numbers check the pipeline and are not "
+                 "the published evidence.")
+    return line
+
+
 def export_html(notebook_path: Path, html_path: Path, *, no_input: bool = False,
                 assets_dir: Path = ASSETS_DIR) -> Path:
     """Write `notebook_path` as an HTML page at `html_path` that loads its scripts from `assets_dir`."""
@@ -69,6 +95,7 @@ def export_html(notebook_path: Path, html_path: Path, *, no_input: bool = False,
     for cell in notebook.cells:
         if cell.cell_type == "markdown":
             cell.source = COLAB_BADGE.sub(r"[Open in Colab](\1)", cell.source)
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(provenance(notebook_path)))
     body, _resources = exporter.from_notebook_node(notebook, resources={"metadata": {"name": notebook_path.stem}})
     html_path.write_text(body, encoding="utf-8")
     return html_path
@@ -79,7 +106,7 @@ def export_reports(build_dir: Path, reports_dir: Path, *, assets_dir: Path = ASS
     notebooks = sorted(build_dir.glob("*.ipynb"))
     if not notebooks:
         raise FileNotFoundError(f"no executed notebooks in {build_dir}/: run `make reproduce` "
-                                "(or `make reproduce PROFILE=smoke`) first")
+                                f"(PROFILE={build_dir.name}) first")
     written = []
     for notebook in notebooks:
         written.append(export_html(notebook, reports_dir / f"{notebook.stem}.html", assets_dir=assets_dir))

@@ -83,6 +83,29 @@ def test_report_pages_load_nothing_from_the_network(executed_04, tmp_path):
     assert readers.count("data:image/png;base64") == full.count("data:image/png;base64") >= 7
 
 
+def test_every_page_says_which_profile_and_commit_made_it(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_markdown_cell, new_notebook
+
+    from lib.report import provenance
+
+    build = tmp_path / "build" / "smoke"
+    build.mkdir(parents=True)
+    nbformat.write(new_notebook(cells=[new_markdown_cell("# A notebook")]), build / "x.ipynb")
+    assert "Provenance unknown" in provenance(build / "x.ipynb")
+    commit = "0123456789abcdef" * 2 + "01234567"
+    (build / "run.json").write_text(json.dumps({"profile": "smoke", "notebooks": {"x": {
+        "commit": commit, "dirty": True, "finished": "2026-11-24T05:00:00+00:00", "seconds": 3.0}}}))
+    (page,) = [p for p in export_reports(build, tmp_path / "reports") if p.name == "x.html"]
+    html = page.read_text()
+    assert "PROFILE=smoke" in html and commit[:12] in html
+    assert "uncommitted changes" in html and "not the full run" in html
+    (build / "run.json").write_text(json.dumps({"profile": "full", "notebooks": {"x": {
+        "commit": commit, "dirty": False, "finished": "2026-11-24T05:00:00+00:00", "seconds": 3.0}}}))
+    line = provenance(build / "x.ipynb")
+    assert "PROFILE=full" in line and "uncommitted" not in line and "not the full run" not in line
+
+
 def test_export_says_what_to_do_without_build_or_assets(tmp_path):
     with pytest.raises(FileNotFoundError, match="make reproduce"):
         export_reports(tmp_path / "empty", tmp_path / "reports")

@@ -1,5 +1,6 @@
 """`make reproduce`: profiles name real notebooks and parameters; a failing notebook stops the run clearly."""
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -58,8 +59,32 @@ def test_a_failing_notebook_stops_the_run_and_names_the_cell(tmp_path, monkeypat
     build = tmp_path / "build"
     with pytest.raises(ReproduceError, match=r"a_first failed in cell \d+: ZeroDivisionError") as failure:
         reproduce.reproduce(profile, build_dir=build)
-    assert str(build / "a_first.ipynb") in str(failure.value) and "make reproduce ONLY=a_first" in str(failure.value)
+    assert str(build / "a_first.ipynb") in str(failure.value)
+    assert "make reproduce PROFILE=profile ONLY=a_first" in str(failure.value), "the rerun keeps the profile"
     executed = nbformat.read(build / "a_first.ipynb", as_version=4)
     assert any(o.get("ename") == "ZeroDivisionError" for c in executed.cells for o in c.get("outputs", []))
     assert not (build / "b_second.ipynb").exists(), "the run stops at the first failure"
     assert reproduce.main(["--profile", profile]) == 1
+
+
+def test_each_profile_writes_its_own_folder_with_the_commit_that_ran_it(tmp_path, monkeypatch):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    python = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    parameters = new_code_cell("N = 1", metadata={"tags": ["parameters"]})
+    nbformat.write(new_notebook(cells=[parameters, new_code_cell("print(N)")], metadata=python),
+                   notebooks / "a_first.ipynb")
+    monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", notebooks)
+    monkeypatch.setattr(reproduce, "BUILD_DIR", tmp_path / "build")
+    for name, n in (("smoke", 2), ("full", 3)):
+        (tmp_path / "configs").mkdir(exist_ok=True)
+        profile = tmp_path / "configs" / f"{name}.yaml"
+        profile.write_text(f"notebooks:\n  a_first:\n    N: {n}\n")
+        (output,) = reproduce.reproduce(str(profile))
+        assert output == tmp_path / "build" / name / "a_first.ipynb"
+    smoke, full = (nbformat.read(tmp_path / "build" / name / "a_first.ipynb", as_version=4) for name in ("smoke", "full"))
+    assert smoke.cells[-1].outputs[0]["text"] == "2\n" and full.cells[-1].outputs[0]["text"] == "3\n"
+    record = json.loads((tmp_path / "build" / "smoke" / "run.json").read_text())
+    run = record["notebooks"]["a_first"]
+    assert record["profile"] == "smoke" and run["commit"] == reproduce.source_revision()["commit"]
+    assert len(run["commit"]) == 40 and isinstance(run["dirty"], bool) and run["seconds"] >= 0
