@@ -13,6 +13,13 @@ PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 PIP_FLAGS ?= --progress-bar off
 
+# Where torch comes from. Empty (the default): the package registry, as pip resolves
+# requirements.txt's torch==2.13.0 -- on this project's machines the CPU wheel on disk, but on
+# an ordinary Linux x86-64 machine PyPI's build, which brings CUDA libraries (gigabytes).
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu installs the CPU-only wheel from PyTorch's
+# index first (about 200 MB); .../whl/cu128 a CUDA 12.8 build. `make setup` prints which build it got.
+TORCH_INDEX ?=
+
 # Stamp: (re)install only when requirements.txt or pyproject.toml change.
 STAMP = $(VENV)/.installed
 
@@ -43,7 +50,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # --cwd notebooks and bench scripts run from bench/, so put the root on the path.
 RUN_ENV = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" MPLBACKEND=Agg
 
-.PHONY: help setup test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-generate train serve clean distclean FORCE
+.PHONY: help setup test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -58,9 +65,10 @@ $(PY):
 
 $(STAMP): requirements.txt pyproject.toml | $(PY)
 	$(PIP) install $(PIP_FLAGS) --upgrade pip
+	$(if $(TORCH_INDEX),$(PIP) install $(PIP_FLAGS) --index-url $(TORCH_INDEX) $$(grep -E '^torch==' requirements.txt | cut -d' ' -f1))
 	$(PIP) install $(PIP_FLAGS) -r requirements.txt
 	$(PIP) install $(PIP_FLAGS) --no-deps -e .
-	$(PY) -c 'import torch; print("torch", torch.__version__, "cuda:", torch.cuda.is_available())'
+	@$(PY) -c 'import torch; print("torch", torch.__version__, "(a CUDA build, CUDA", torch.version.cuda + ")" if torch.version.cuda else "(a CPU build)", "- a GPU is", "present" if torch.cuda.is_available() else "not present")'
 	touch $@
 
 $(KERNEL_SPEC): $(STAMP)
@@ -124,6 +132,13 @@ bench-generate: setup ## generated tokens/s of each generation engine on one ste
 # All sessions share one Python process: BLAS threads would only fight over the cores.
 SERVE_ENV  = OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 SERVE_ARGS ?=
+
+# `make lab`: JupyterLab on the notebooks, with the venv's `cernenv` kernel (LAB_ARGS="--port 8890 ...").
+LAB_ARGS ?=
+
+lab: setup ## open notebooks/ in JupyterLab (kernel "Python (cernenv)", widgets included)
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m jupyterlab --notebook-dir=notebooks \
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
 serve: setup ## serve CERNenv over OpenEnv's HTTP/WebSocket API on 127.0.0.1:8000 (SERVE_ARGS="--port 8001 ...")
 	$(RUN_ENV) $(SERVE_ENV) $(PY) -m cernenv.server $(SERVE_ARGS)
