@@ -31,6 +31,7 @@ import torch
 
 from cernenv import CERNCollisionEnvironment, CollisionObservation
 from lib.agents import SYSTEM_PROMPT, LLMAgentConfig, parse_action, render_observation
+from lib.progress import Progress
 from lib.rollouts import EpisodeRecord, StepRecord, _spec, episode_record, step_record
 
 
@@ -375,9 +376,10 @@ def play_episodes(generate_fn: GenerateFn, tokenizer: Any, specs: Sequence[Any],
                   max_turns: Optional[int] = None, max_context_tokens: Optional[int] = None,
                   make_env: Callable[[], CERNCollisionEnvironment] = CERNCollisionEnvironment,
                   observation_config: LLMAgentConfig = LLMAgentConfig(), agent_name: str = "LLM",
-                  batch_size: int = 32, seed: int = 0) -> List[PlayedEpisode]:
+                  batch_size: int = 32, seed: int = 0, progress: Optional[str] = None) -> List[PlayedEpisode]:
     """Play one episode per spec (`lib.evaluation.EpisodeSpec`, mapping or tuple), in
-    lockstep batches of `batch_size`; returns them in the order of `specs`.
+    lockstep batches of `batch_size`; returns them in the order of `specs`. `progress`: a
+    label under which the episodes played so far are logged (`lib.progress`).
 
     `max_turns` (default: the environment's step limit) and `max_context_tokens` stop an
     episode early, marked `truncated`; it then gets no terminal grade. Sampling draws
@@ -386,11 +388,14 @@ def play_episodes(generate_fn: GenerateFn, tokenizer: Any, specs: Sequence[Any],
     layout = ChatLayout(tokenizer, observation_config)
     specs = [_spec(s) for s in specs]
     played: List[PlayedEpisode] = []
+    counter = Progress(progress, len(specs), unit="episode") if progress else None
     for index in range(0, len(specs), batch_size):
         torch.manual_seed(seed + index)
         played.extend(_play_batch(generate_fn, layout, specs[index:index + batch_size], sampling=sampling,
                                   max_turns=max_turns, max_context_tokens=max_context_tokens, make_env=make_env,
                                   agent_name=agent_name))
+        if counter is not None:
+            counter.update(len(played))
     return played
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -34,6 +35,8 @@ from lib.agents import HeuristicAgent, action_to_json
 from lib.multiturn import first_messages, followup_message
 from lib.rollouts import transitions
 from lib.tokenizer import PROJECT_CACHE, corpus_specs
+
+logger = logging.getLogger(__name__)
 
 SFT_SEED = 40_000
 """First seed of the SFT episodes: training seeds, apart from the tokenizer's and the evaluation's."""
@@ -189,6 +192,8 @@ def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: Optional[str] =
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    from lib.training.callbacks import ProgressLog
+
     target = cached_model_dir(tokenizer, model_config, sft, cache_dir=cache_dir)
     cache_dir = str(target.parent)
     if (target / "config.json").exists():
@@ -206,7 +211,9 @@ def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: Optional[str] =
         # float32 without autocast: TRL's configs default to bf16, whose autocast on a CPU made every
         # step 7x slower (a 5,000-token conversation: 8 s instead of 1.1 s); the model is 1M parameters.
         bf16=False, fp16=False, gradient_checkpointing=False)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=[ProgressLog(f"SFT warm start of the stand-in ({len(dataset)} conversations)")])
+    logger.info("building the stand-in's SFT warm start once (cached in %s)", target)
     trainer.train()
     if report is not None:
         report["losses"] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -143,10 +144,21 @@ def test_rollout_func_plays_each_group_on_one_task(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model_dir):
-    # one checkpoint episode, the suite's first: the pre/post evaluations (3 episodes) cover it
-    config = smoke_config(tmp_path, tiny_model_dir, checkpoint_eval_episodes=1)
-    result = train(config)
+def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model_dir, caplog):
+    # one checkpoint episode, the suite's first: the pre/post evaluations (3 episodes) cover it;
+    # the metrics also go to TensorBoard, and the progress to the log
+    config = smoke_config(tmp_path, tiny_model_dir, checkpoint_eval_episodes=1, report_to=["tensorboard"])
+    with caplog.at_level(logging.INFO, logger="lib.progress"):
+        result = train(config)
+    progress = [r.getMessage() for r in caplog.records if r.name == "lib.progress"]
+    assert any(line.startswith("GRPO training: 2/2 steps (100%)") for line in progress), progress
+    assert any(line.startswith("held-out evaluation (pre): 3/3 episodes (100%)") for line in progress), progress
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_dir,) = {p.parent for p in (Path(config.output_dir) / "runs").rglob("events.out.tfevents.*")}
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/reward")] == [1, 2], events.Tags()["scalars"]
     evidence = Path(config.evidence_dir)
     for name in ("training_log.csv", "reward_components.csv", "checkpoint_evals.csv", "pre_eval.jsonl",
                  "post_eval.jsonl", "before_after_metrics.json", "sample_trajectories.md", "training_curve.png"):

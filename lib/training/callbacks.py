@@ -5,6 +5,8 @@
   plots are redrawn from the logs so far;
 - every `eval_every_steps`: the policy plays the fixed checkpoint subset of the held-out
   suite greedily; a checkpoint_evals.csv row, and the progression plot redrawn.
+
+`ProgressLog`: a log line on a Trainer's progress (steps done, s/step, time left).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from transformers import TrainerCallback
 
 from lib.evidence import (CheckpointEvalWriter, EvidencePaths, TrainingLogWriter, checkpoint_row,
                           render_checkpoint_progression, render_reward_components, render_training_curve)
+from lib.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -83,3 +86,19 @@ class EvidenceCallback(TrainerCallback):
         if self.render:
             render_checkpoint_progression(self.paths.checkpoint_evals_csv, self.paths.checkpoint_progression_png)
         return row
+
+
+class ProgressLog(TrainerCallback):
+    """A `lib.progress.Progress` line for a Trainer's optimisation steps, at most every `every_s`."""
+
+    def __init__(self, label: str, every_s: float = 30.0) -> None:
+        self.label, self.every_s = label, every_s
+        self.progress: Optional[Progress] = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.progress = Progress(self.label, state.max_steps, unit="step", every_s=self.every_s)
+        self.progress.done = state.global_step  # a resumed run starts where it stopped
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.update(state.global_step)

@@ -117,6 +117,10 @@ class TrainConfig:
     """Episodes played in lockstep during evaluation."""
     logging_steps: int = 1
     """Steps between logged metrics (training_log.csv rows)."""
+    report_to: List[str] = field(default_factory=list)
+    """Experiment trackers TRL also logs the metrics to: "tensorboard" (offline, event files in
+    `<output_dir>/runs/`; `tensorboard --logdir outputs/grpo/runs`), "trackio", "wandb", ...
+    Empty: none. The evidence CSVs and plots are written either way."""
     evidence_dir: str = "evidence"
     """Where the evidence is written (see `lib.evidence.EvidencePaths`)."""
     output_dir: str = "outputs/grpo"

@@ -34,7 +34,7 @@ from lib.files import atomic_write
 from lib.multiturn import Sampling, hf_generate_fn, play_episodes
 from lib.rollouts import load_episodes_jsonl, save_episodes_jsonl
 from lib.training.backends import load_policy, precision_flags, resolve_backend
-from lib.training.callbacks import EvidenceCallback
+from lib.training.callbacks import EvidenceCallback, ProgressLog
 from lib.training.config import TrainConfig
 from lib.training.publish import push_to_hub, save_merged
 from lib.training.grpo import (REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite,
@@ -73,7 +73,8 @@ def evaluate_policy(model: Any, tokenizer: Any, specs: Sequence[EpisodeSpec], co
     played = play_episodes(generate, tokenizer, specs,
                            sampling=Sampling(temperature=0.0, max_new_tokens=config.max_new_tokens),
                            max_turns=config.max_turns, max_context_tokens=config.max_seq_length,
-                           batch_size=config.eval_batch_size, agent_name=agent_name, seed=config.seed)
+                           batch_size=config.eval_batch_size, agent_name=agent_name, seed=config.seed,
+                           progress=f"held-out evaluation ({agent_name})")
     return [asdict(episode.record) for episode in played]
 
 
@@ -186,7 +187,7 @@ def grpo_args(config: TrainConfig, **overrides: Any):
         max_completion_length=config.max_new_tokens if config.use_vllm else config.max_seq_length,
         max_grad_norm=config.max_grad_norm, logging_steps=config.logging_steps, save_strategy="steps",
         save_steps=config.save_steps, seed=config.seed, data_seed=config.seed, shuffle_dataset=False,
-        report_to=[], use_cpu=not cuda, **precision_flags(),
+        report_to=list(config.report_to) or "none", use_cpu=not cuda, **precision_flags(),
         # TRL turns activation recomputation on by default: it saves GPU memory; on a CPU it only
         # costs a second forward pass per step (the stand-in's activations fit in memory many times over)
         gradient_checkpointing=cuda, use_vllm=config.use_vllm, disable_tqdm=True,
@@ -246,7 +247,8 @@ def train(config: TrainConfig) -> TrainResult:
     rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root, backend=backend)
     trainer = GRPOTrainer(model=policy.model, reward_funcs=REWARD_FUNCS, args=grpo_args(config),
                           train_dataset=training_dataset(config), processing_class=tokenizer,
-                          peft_config=policy.peft_config, rollout_func=rollout, callbacks=[callback])
+                          peft_config=policy.peft_config, rollout_func=rollout,
+                          callbacks=[callback, ProgressLog("GRPO training")])
     t = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
     seconds["grpo"] = time.perf_counter() - t
