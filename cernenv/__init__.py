@@ -3,16 +3,20 @@
 Installs and imports without any machine-learning library.
 """
 
-from cernenv.actions import ACTION_TABLE
-from cernenv.environment import CERNCollisionEnvironment
-from cernenv.models import (
+from cernenv._deferred_imports import defer_openenv_web_interface
+
+defer_openenv_web_interface()  # before anything imports openenv (see the module)
+
+from cernenv.actions import ACTION_TABLE  # noqa: E402
+from cernenv.environment import CERNCollisionEnvironment  # noqa: E402
+from cernenv.models import (  # noqa: E402
     ActionType,
     CernState,
     CollisionObservation,
     DiscoveryClaim,
     ExperimentAction,
 )
-from cernenv.scenarios import list_scenarios
+from cernenv.scenarios import list_scenarios  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,42 @@
+"""What `import cernenv` pulls in: no machine-learning library, and OpenEnv's Gradio web UI only
+when it is asked for (cernenv/_deferred_imports.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import json, os, sys
+import cernenv
+loaded = {name: name in sys.modules for name in ("gradio", "torch", "transformers", "lib")}
+from cernenv.server import ServerConfig, create_cernenv_app
+os.environ["ENABLE_WEB_INTERFACE"] = "true"  # asked for after start-up: the UI still comes
+routes = {getattr(route, "path", "") for route in create_cernenv_app(ServerConfig()).router.routes}
+print(json.dumps({"loaded": loaded, "web_routes": sorted(r for r in routes if r.startswith("/web"))}))
+"""
+
+
+def _probe(**env: str) -> dict:
+    environment = {k: v for k, v in os.environ.items() if k != "ENABLE_WEB_INTERFACE"}
+    environment.update(PYTHONPATH=str(ROOT), **env)
+    result = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=environment, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_import_cernenv_loads_no_ml_library_and_no_web_ui_until_asked():
+    probe = _probe()
+    assert probe["loaded"] == {"gradio": False, "torch": False, "transformers": False, "lib": False}
+    assert "/web" in probe["web_routes"] and "/web/step" in probe["web_routes"]
+
+
+def test_the_web_ui_asked_for_at_start_up_loads_as_openenv_does():
+    probe = _probe(ENABLE_WEB_INTERFACE="true")
+    assert probe["loaded"]["gradio"] is True and "/web" in probe["web_routes"]
