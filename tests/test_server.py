@@ -573,6 +573,12 @@ def test_server_config_from_variables_and_flags(capsys):
     with pytest.raises(SystemExit):
         server_main(["--max-sessions", "0"])
     assert "max_sessions >= 1" in capsys.readouterr().err
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # `make serve` on a busy port
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit):
+            server_main(["--port", str(port)])
+    error = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in error and "--port N" in error
 
 
 def test_manifest_is_valid_and_matches_the_code():

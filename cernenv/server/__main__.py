@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import resource
+import socket
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -75,6 +76,12 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"sessions, messages up to {config.max_message_bytes} bytes"
           f"{', with an evaluation secret' if config.secret_salt else ''}"
           f"{', bearer token required' if config.token else ''})", file=sys.stderr, flush=True)
+    try:  # a taken port: say which, and how to choose another (uvicorn only logs "[Errno 98]")
+        with socket.create_server((config.host, config.port)):
+            pass
+    except OSError as error:
+        parser.error(f"cannot listen on {config.host}:{config.port} ({error.strerror}): another server may hold "
+                     f"that port; pick another with --port N (or CERNENV_PORT; `make serve SERVE_ARGS=\"--port N\"`)")
     soft_limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft_limit != resource.RLIM_INFINITY and config.max_connections > soft_limit - 64:
         parser.error(f"--max-connections {config.max_connections} does not fit under this process's limit of "
