@@ -358,6 +358,10 @@ class _Panel:
     series: Tuple[_Series, ...]
     rate: bool = False
     """Values are fractions: fix the y range to [0, 1]."""
+    note_if_flat: Optional[str] = None
+    """Leave the panel out when its one series holds no values or a single value, and say so in the
+    figure's title instead ("{value}" is replaced by that value): e.g. KL, which TRL does not
+    compute with beta = 0, and a constant learning rate."""
 
 
 def _x_axis(rows: Sequence[Mapping[str, Any]]) -> Tuple[np.ndarray, str]:
@@ -408,15 +412,24 @@ def _render_csv_panels(csv_path: Path, png_path: Path, title: str, panels: Seque
                    for panel in panels for s in panel.series)
     if not has_data:
         return None
-    nrows = math.ceil(len(panels) / ncols)
+    notes, shown = [], []
+    for panel in panels:
+        values = np.unique(_column(rows, panel.series[0].column)) if panel.note_if_flat else None
+        values = None if values is None else values[np.isfinite(values)]
+        if values is not None and values.size <= 1:
+            notes.append(panel.note_if_flat.format(value=f"{values[0]:.3g}" if values.size else "none"))
+        else:
+            shown.append(panel)
+    nrows = math.ceil(len(shown) / ncols)
     fig, axes = _new_figure(nrows, ncols, (max(8.0, 6.0 * ncols), 2.9 * nrows + 0.8))
     if fig is None:
         return None
-    for ax, panel in zip(axes.flat, panels):
+    for ax, panel in zip(axes.flat, shown):
         _draw_panel(ax, x, rows, panel, xlabel)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(shown):]:
         ax.set_visible(False)
-    fig.suptitle(f"{title}\n({len(rows)} rows of {Path(csv_path).name})", fontsize=11)
+    subtitle = f"{len(rows)} rows of {Path(csv_path).name}" + "".join(f"; {note}" for note in notes)
+    fig.suptitle(f"{title}\n({subtitle})", fontsize=11)
     return _save_figure(fig, png_path)
 
 
@@ -424,9 +437,11 @@ _TRAINING_PANELS = (
     _Panel("Reward of sampled completions", "mean reward per completion",
            (_Series("reward", "mean reward", "#1d4ed8", band="reward_std"),)),
     _Panel("GRPO loss", "loss", (_Series("loss", "loss", "#c026d3"),)),
-    _Panel("KL divergence to the reference policy", "KL [nats per token]", (_Series("kl", "KL", "#ea580c"),)),
+    _Panel("KL divergence to the reference policy", "KL [nats per token]", (_Series("kl", "KL", "#ea580c"),),
+           note_if_flat="KL not computed (beta = 0: no reference model)"),
     _Panel("Gradient norm (before clipping)", "‖g‖₂", (_Series("grad_norm", "gradient norm", "#0f766e"),)),
-    _Panel("Learning rate schedule", "learning rate", (_Series("learning_rate", "learning rate", "#64748b"),)),
+    _Panel("Learning rate schedule", "learning rate", (_Series("learning_rate", "learning rate", "#64748b"),),
+           note_if_flat="learning rate constant at {value}"),
     _Panel("Wall-clock time", "elapsed [s]", (_Series("wall_time_s", "wall time", "#0f172a"),)),
 )
 

@@ -450,3 +450,28 @@ def test_checkpoint_row_feeds_the_checkpoint_writer(tmp_path):
     (got,) = read_records(tmp_path / "ck.csv").rows
     assert got == {"step": "50", "fraction_done": "0.25", "episodes": "2", "mean_reward": "0.0",
                    "success_rate": "0.5", "mass_acc": "0.5", "channel_acc": "0.5"}
+
+
+def test_training_curve_leaves_out_flat_panels_and_says_why(tmp_path, monkeypatch):
+    """beta = 0 logs no KL and a constant learning rate draws a flat line: the panels go, the title says."""
+    import lib.evidence as evidence
+
+    figures = []
+    monkeypatch.setattr(evidence, "_save_figure", lambda fig, path: figures.append(fig) or path)
+    writer = TrainingLogWriter(tmp_path / "training_log.csv")
+    for step in (1, 2, 3):
+        writer.append({"step": step, "epoch": 0.1 * step, "loss": 0.1 / step, "reward": -1.0 + 0.2 * step,
+                       "reward_std": 0.3, "kl": None, "grad_norm": 1.0 + step, "learning_rate": 3e-4,
+                       "wall_time_s": 10.0 * step})
+    render_training_curve(tmp_path / "training_log.csv", tmp_path / "curve.png")
+    (fig,) = figures
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert not [t for t in titles if "KL" in t or "Learning rate" in t], titles
+    assert len(titles) == 4 and "Reward of sampled completions" in titles
+    assert "KL not computed (beta = 0" in fig._suptitle.get_text()
+    assert "learning rate constant at 0.0003" in fig._suptitle.get_text()
+    for step, kl in ((4, 0.01), (5, 0.02)):  # beta > 0 and a schedule: both panels come back
+        writer.append({"step": step, "epoch": 0.1 * step, "loss": 0.02, "reward": 0.0, "reward_std": 0.3, "kl": kl,
+                       "grad_norm": 2.0, "learning_rate": 1e-4 / step, "wall_time_s": 10.0 * step})
+    render_training_curve(tmp_path / "training_log.csv", tmp_path / "curve.png")
+    assert len([ax for ax in figures[-1].axes if ax.get_visible()]) == 6
