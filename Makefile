@@ -50,7 +50,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # --cwd notebooks and bench scripts run from bench/, so put the root on the path.
 RUN_ENV = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" MPLBACKEND=Agg
 
-.PHONY: help setup test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-generate train lab serve clean distclean FORCE
+.PHONY: help setup lint test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -73,6 +73,9 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 
 $(KERNEL_SPEC): $(STAMP)
 	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python ($(KERNEL))"
+
+lint: setup ## ruff: pyflakes, pycodestyle and import order on the code, tests and notebooks (pyproject.toml)
+	$(VENV)/bin/ruff check .
 
 test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)

@@ -33,10 +33,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
-from bench_env import episode_specs, heuristic_throughput  # noqa: E402
-from server_load import run_load  # noqa: E402
 from cernenv.client import CERNEnvClient  # noqa: E402
 from lib.agents import HeuristicAgent  # noqa: E402
+
+from bench_env import episode_specs, heuristic_throughput  # noqa: E402
+from server_load import run_load  # noqa: E402
 
 TARGET_RATIO_AT_32 = 0.30
 FAIRNESS_TARGET_RATIO = 2.0  # honest median latency with 8 scan spammers / without

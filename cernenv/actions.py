@@ -47,8 +47,10 @@ class ReconstructParams(ChannelParams):
 
 
 class SpectrumParams(_Params):
-    mass_min_gev: Optional[float] = Field(default=None, gt=0, description="Lower edge [GeV]; default: window.", **_FINITE)
-    mass_max_gev: Optional[float] = Field(default=None, gt=0, description="Upper edge [GeV]; default: window.", **_FINITE)
+    mass_min_gev: Optional[float] = Field(default=None, gt=0, description="Lower edge [GeV]; default: window.",
+                                          **_FINITE)
+    mass_max_gev: Optional[float] = Field(default=None, gt=0, description="Upper edge [GeV]; default: window.",
+                                          **_FINITE)
     bin_width_gev: Optional[float] = Field(default=None, gt=0, description="Bin width [GeV]; default: ~resolution/2.",
                                            **_FINITE)
 
@@ -61,7 +63,8 @@ class SpectrumParams(_Params):
 
 class BackgroundParams(_Params):
     method: Literal["sideband", "fit"] = Field(
-        default="fit", description="fit: smooth fit to the whole spectrum; sideband: fit with the signal region masked.")
+        default="fit",
+        description="fit: smooth fit to the whole spectrum; sideband: fit with the signal region masked.")
     signal_region_gev: Optional[Tuple[float, float]] = Field(
         default=None, description="[lo, hi] region [GeV] to test for an excess; required for sideband.")
 
@@ -81,7 +84,8 @@ class FitParams(_Params):
 
 
 class ScanParams(_Params):
-    step_gev: Optional[float] = Field(default=None, gt=0, lt=1.0e4, description="Scan step [GeV]; default: half the resolution.",
+    step_gev: Optional[float] = Field(default=None, gt=0, lt=1.0e4,
+                                      description="Scan step [GeV]; default: half the resolution.",
                                       **_FINITE)
 
 
@@ -145,7 +149,9 @@ ACTION_TABLE: Dict[ActionType, ActionSpec] = {
                    "calibration level, residual scale uncertainty, resolution"),
         ActionSpec(ActionType.RECONSTRUCT_TRACKS, ReconstructParams, 0.0, 0.0, (P.CHANNEL_DATA,),
                    "Reconstruct and select a channel's events at a chosen quality.",
-                   "selected events, resolution", cost_note="+ " + ", ".join(f"{r.name} {r.cost_musd:g} M$/{r.days:g} d" for r in RECONSTRUCTIONS.values())),
+                   "selected events, resolution",
+                   cost_note="+ " + ", ".join(f"{r.name} {r.cost_musd:g} M$/{r.days:g} d"
+                                              for r in RECONSTRUCTIONS.values())),
         ActionSpec(ActionType.SELECT_CHANNEL, ChannelParams, 0.0, 0.1, (),
                    "Choose the decay channel the analysis works on.", "recorded events in that channel"),
         ActionSpec(ActionType.BUILD_INVARIANT_MASS, SpectrumParams, 0.1, 0.5, (P.CHANNEL_SELECTED, P.RECONSTRUCTED),
@@ -168,7 +174,8 @@ ACTION_TABLE: Dict[ActionType, ActionSpec] = {
                    "Evaluate systematic uncertainties of the selected channel; later significances include them.",
                    "energy-scale, resolution, luminosity and spurious-signal uncertainties"),
         ActionSpec(ActionType.REQUEST_THEORY_REVIEW, MassParams, 0.5, 7.0, (P.FIT_DONE,),
-                   "Ask theorists: allowed spins (Landau–Yang), and the luminosity for an expected 5σ at the fitted yield.",
+                   "Ask theorists: allowed spins (Landau–Yang), and the luminosity for an expected 5σ at the "
+                   "fitted yield.",
                    "allowed spins, luminosity for 5σ, background per fb^-1 under the peak"),
         ActionSpec(ActionType.SUBMIT_DISCOVERY_CLAIM, DiscoveryClaim, 0.0, 0.0, (),
                    "End the campaign with a claim (a discovery, or that nothing is there).", "the grade"),

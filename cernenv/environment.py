@@ -17,10 +17,10 @@ from cernenv.detector import (
     BEAM_ENERGIES,
     CALIBRATION_BIAS_FACTOR,
     MAX_CALIBRATION_LEVEL,
-    mass_resolution_gev,
     PILEUP_SETTINGS,
     RECONSTRUCTIONS,
     TRIGGERS,
+    mass_resolution_gev,
 )
 from cernenv.models import (
     ActionType,
@@ -33,8 +33,8 @@ from cernenv.models import (
     TaskInfo,
 )
 from cernenv.physics.angular import allowed_spins, spin_likelihoods
-from cernenv.physics.shapes import signal_bin_fractions
 from cernenv.physics.fitting import fit_background_only, fit_signal_plus_background
+from cernenv.physics.shapes import signal_bin_fractions
 from cernenv.physics.significance import asimov_significance, count_upcrossings
 from cernenv.rewards import (
     COMPONENT_NAMES,
@@ -44,8 +44,14 @@ from cernenv.rewards import (
     grade_claim,
     render_reward_table_markdown,
 )
-from cernenv.rules import (MAX_CONSECUTIVE_REFUSALS, RuleViolation, Violation, check_resources, missing_prerequisite,
-                           parse_action)
+from cernenv.rules import (
+    MAX_CONSECUTIVE_REFUSALS,
+    RuleViolation,
+    Violation,
+    check_resources,
+    missing_prerequisite,
+    parse_action,
+)
 from cernenv.scenarios import Scenario, make_scenario, particle_stream_seed
 from cernenv.simulation import MAX_SPECTRUM_BINS, MIN_SPECTRUM_BINS, CollisionRecorder, Spectrum
 
@@ -319,7 +325,8 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         days = requested * BEAM_ENERGIES[episode.beam_energy_tev].days_per_fb
         days /= PILEUP_SETTINGS[episode.pileup].luminosity_rate_factor
         self._charge_table(ActionType.COLLECT_COLLISIONS, extra_days=days)
-        recorded = episode.recorder.collect(requested, episode.beam_energy_tev, episode.pileup, TRIGGERS[episode.trigger])
+        recorded = episode.recorder.collect(requested, episode.beam_energy_tev, episode.pileup,
+                                            TRIGGERS[episode.trigger])
         episode.booked_fb -= requested
         episode.luminosity_fb += requested
         episode.data_version += 1
@@ -582,7 +589,8 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
     def _scale_uncertainty(self, channel: str) -> float:
         """Residual energy-scale uncertainty (1σ of the uniform bias range) after calibration."""
         record = self._episode.recorder.records[channel]
-        return record.channel.energy_scale_bias_max_frac * CALIBRATION_BIAS_FACTOR[record.calibration_level] / np.sqrt(3)
+        bias_factor = CALIBRATION_BIAS_FACTOR[record.calibration_level]
+        return record.channel.energy_scale_bias_max_frac * bias_factor / np.sqrt(3)
 
     def _cached_fit(self, key: tuple, fit: Callable[[], Any]) -> Any:
         """`fit()`, made once per episode for each `key` (fits are deterministic functions of their

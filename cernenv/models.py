@@ -53,8 +53,9 @@ class DiscoveryClaim(BaseModel):
     discovered: bool = Field(description="True: a new resonance exists in the search window; False: nothing there.")
     mass_gev: Optional[float] = Field(default=None, gt=0, lt=1.0e5, allow_inf_nan=False,
                                       description="Claimed mass [GeV]; required when discovered.")
-    mass_uncertainty_gev: Optional[float] = Field(default=None, gt=0, lt=1.0e5, allow_inf_nan=False,
-                                                  description="One-sigma uncertainty on the mass [GeV]; required when discovered.")
+    mass_uncertainty_gev: Optional[float] = Field(
+        default=None, gt=0, lt=1.0e5, allow_inf_nan=False,
+        description="One-sigma uncertainty on the mass [GeV]; required when discovered.")
     channel: Optional[str] = Field(default=None, max_length=40, description="Decay channel in which it was seen.")
     spin: Optional[int] = Field(default=None, ge=0, le=2, description="Claimed spin J (0, 1 or 2).")
     significance_sigma: float = Field(default=0.0, ge=0, le=1000, allow_inf_nan=False,

@@ -371,7 +371,8 @@ def _standard_analysis(truth: ParticleTruth, channel: str, sqrt_s_tev: float, lu
     sigma = mass_resolution_gev(spec, truth.mass_gev, 1, "standard", "nominal")
     half = float(np.hypot(2.0 * sigma, truth.width_gev))
     lo, hi = max(window_gev[0], truth.mass_gev - half), min(window_gev[1], truth.mass_gev + half)
-    trigger = max(TRIGGERS[t].get(channel, 0.0) for t in TRIGGERS) * PILEUP_SETTINGS["nominal"].trigger_efficiency_factor
+    trigger = (max(TRIGGERS[t].get(channel, 0.0) for t in TRIGGERS)
+               * PILEUP_SETTINGS["nominal"].trigger_efficiency_factor)
     background = float(expected_background_events(spec, np.array([lo, hi]), sqrt_s_tev, luminosity_fb)[0]) * trigger
     factors = (cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production), luminosity_fb,
                spec.signal_efficiency, trigger, 0.9)

@@ -194,7 +194,8 @@ class CollisionRecorder:
         fine_width = self.fine_edges_gev[1] - self.fine_edges_gev[0]
         group = max(1, int(round(bin_width_gev / fine_width)))
         first = int(np.clip(np.floor((mass_range_gev[0] - self.window_gev[0]) / fine_width + 1e-9), 0, N_FINE_BINS - 1))
-        last = int(np.clip(np.ceil((mass_range_gev[1] - self.window_gev[0]) / fine_width - 1e-9), first + 1, N_FINE_BINS))
+        last = int(np.clip(np.ceil((mass_range_gev[1] - self.window_gev[0]) / fine_width - 1e-9), first + 1,
+                           N_FINE_BINS))
         n_bins = max(1, (last - first) // group)
         last = first + n_bins * group
         edges = self.fine_edges_gev[first:last + 1:group]

@@ -12,8 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from types import UnionType
-from typing import (Any, Callable, Dict, Iterable, List, Literal, Optional, Protocol, Tuple, Union, get_args,
-                    get_origin)
+from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Protocol, Tuple, Union, get_args, get_origin
 
 import numpy as np
 
@@ -58,12 +57,16 @@ class RandomAgent:
         mass = float(rng.uniform(lo, hi))
         channel = str(rng.choice(task.available_channels))
         action_type = ActionType(rng.choice([a.value for a in ActionType]))
+
+        def random_luminosity() -> float:
+            return float(task.luminosity_total_fb * rng.uniform(0.05, 0.5))
+
         parameters: Dict[str, Any] = {
             ActionType.CONFIGURE_BEAM: lambda: {"beam_energy_tev": float(rng.choice(task.available_beam_energies_tev)),
                                                 "pileup": str(rng.choice(list(PILEUP_SETTINGS)))},
-            ActionType.ALLOCATE_LUMINOSITY: lambda: {"luminosity_fb": float(task.luminosity_total_fb * rng.uniform(0.05, 0.5))},
+            ActionType.ALLOCATE_LUMINOSITY: lambda: {"luminosity_fb": random_luminosity()},
             ActionType.SET_TRIGGER: lambda: {"trigger": str(rng.choice(task.available_triggers))},
-            ActionType.COLLECT_COLLISIONS: lambda: {"luminosity_fb": float(task.luminosity_total_fb * rng.uniform(0.05, 0.5))},
+            ActionType.COLLECT_COLLISIONS: lambda: {"luminosity_fb": random_luminosity()},
             ActionType.CALIBRATE_DETECTOR: lambda: {"channel": channel},
             ActionType.RECONSTRUCT_TRACKS: lambda: {"channel": channel,
                                                     "quality": str(rng.choice(list(RECONSTRUCTIONS)))},

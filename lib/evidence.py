@@ -39,8 +39,19 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.evaluation import (CONFIDENCE, GROUP_WORDS, GROUPS, METRICS, N_BOOTSTRAP, PARTS, bootstrap_difference,
-                            bootstrap_mean, episode_groups, group_label, part_of)
+from lib.evaluation import (
+    CONFIDENCE,
+    GROUP_WORDS,
+    GROUPS,
+    METRICS,
+    N_BOOTSTRAP,
+    PARTS,
+    bootstrap_difference,
+    bootstrap_mean,
+    episode_groups,
+    group_label,
+    part_of,
+)
 from lib.files import atomic_write
 
 logger = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ from cernenv.rewards import (
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS, Violation
 from cernenv.scenarios import DIFFICULTIES, PROCEDURAL_CONFIGURATIONS, list_scenarios, procedural_scenario
 from lib.agents import HeuristicAgent, RandomAgent, best_trigger
+
 from truth_leaks import NUMBER_BOUNDARY, blank_random_ids, truth_patterns
 
 SCENARIOS = list_scenarios()
@@ -163,7 +164,8 @@ def test_same_seed_same_scripted_actions_same_bytes_including_violations():
     script = [A("build_invariant_mass"), A("configure_beam", beam_energy_tev=13.0, pileup="high"),
               A("set_trigger", trigger="single_lepton"), A("allocate_luminosity", luminosity_fb=8.0),
               A("collect_collisions", luminosity_fb=9.0), A("collect_collisions", luminosity_fb=8.0),
-              A("reconstruct_tracks", channel="four_lepton", quality="fast"), A("select_channel", channel="four_lepton"),
+              A("reconstruct_tracks", channel="four_lepton", quality="fast"),
+              A("select_channel", channel="four_lepton"),
               A("build_invariant_mass", bin_width_gev=2.0), A("scan_bump"), A("fit_resonance", mass_hint_gev=125.0),
               A("submit_discovery_claim", discovered=False, confidence=0.3)]
     outputs = []
@@ -343,8 +345,9 @@ def test_a_secret_salt_hides_the_particle_from_the_public_code_but_not_the_task(
         assert again.hidden_truth() == salted.hidden_truth()
     assert changed >= 20  # two null worlds are equal; particles differ
     runs = {}
-    for name, kwargs, reset_salt in (("public", {}, None), ("salted", {"secret_salt": "s3cret"}, None),
-                                     ("both", {"secret_salt": "s3cret"}, "mine"), ("twice", {"secret_salt": "s3cret"}, None)):
+    salted = {"secret_salt": "s3cret"}
+    for name, kwargs, reset_salt in (("public", {}, None), ("salted", salted, None), ("both", salted, "mine"),
+                                     ("twice", salted, None)):
         env = CERNCollisionEnvironment(**kwargs)
         obs = env.reset(seed=4, scenario="higgs_4l_125", secret_salt=reset_salt)
         runs[name] = [o.model_dump_json() for o in run_heuristic(env, obs)][:6]

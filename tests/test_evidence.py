@@ -336,9 +336,12 @@ def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_sti
     assert groups["null"]["pre"]["n"] == 3 and groups["null"]["post"]["success_rate"] == 1.0
     markdown = evidence.before_after_markdown(payload)
     assert markdown.startswith("7 paired episodes.")
-    for row in ("| whole suite | 3 → 6 of 7 |", "| unseen particles, with a particle | 0 → 1 of 2 | -2.000 → 1.000 | +3.000 [",
-                "| unseen particles, null tasks | 1 → 2 of 2 |", "| rediscovery of known physics, null tasks | 0 → 1 of 1 |",
-                "| rediscovery of known physics, with a particle | 2 → 2 of 2 | 4.500 → 4.500 | +0.000 [+0.000, +0.000] |"):
+    for row in ("| whole suite | 3 → 6 of 7 |",
+                "| unseen particles, with a particle | 0 → 1 of 2 | -2.000 → 1.000 | +3.000 [",
+                "| unseen particles, null tasks | 1 → 2 of 2 |",
+                "| rediscovery of known physics, null tasks | 0 → 1 of 1 |",
+                "| rediscovery of known physics, with a particle | 2 → 2 of 2 | 4.500 → 4.500 "
+                "| +0.000 [+0.000, +0.000] |"):
         assert row in markdown, row
     json.dumps(payload, allow_nan=False)
 

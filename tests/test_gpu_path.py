@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from lib.multiturn import BatchedGenerate, CachedGenerator, Sampling, hf_generate_fn, play_episodes
-from lib.training import TrainConfig
-from lib.training import backends
+from lib.training import TrainConfig, backends
 from lib.training.run import task_key
 
 ROOT = Path(__file__).resolve().parents[1]

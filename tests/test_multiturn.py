@@ -7,12 +7,11 @@ import json
 import pytest
 import torch
 
+from cernenv import CERNCollisionEnvironment
 from cernenv.rewards import COMPONENT_NAMES
 from lib.agents import HeuristicAgent, action_to_json, parse_action
 from lib.multiturn import ChatLayout, Sampling, first_messages, hf_generate_fn, play_episodes
 from lib.rollouts import collect_agent_episode
-
-from cernenv import CERNCollisionEnvironment
 
 
 def scripted(tokenizer, replies, *, eos=True):

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from lib.agents import parse_action
-from lib.policy_model import (SFTSettings, TinyModelConfig, build_tiny_model, round_significant, sft_examples,
-                              warm_start)
+from lib.policy_model import SFTSettings, TinyModelConfig, build_tiny_model, round_significant, sft_examples, warm_start
 from lib.tokenizer import build_tokenizer
 
 

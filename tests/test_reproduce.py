@@ -82,7 +82,8 @@ def test_each_profile_writes_its_own_folder_with_the_commit_that_ran_it(tmp_path
         profile.write_text(f"notebooks:\n  a_first:\n    N: {n}\n")
         (output,) = reproduce.reproduce(str(profile))
         assert output == tmp_path / "build" / name / "a_first.ipynb"
-    smoke, full = (nbformat.read(tmp_path / "build" / name / "a_first.ipynb", as_version=4) for name in ("smoke", "full"))
+    smoke, full = (nbformat.read(tmp_path / "build" / name / "a_first.ipynb", as_version=4)
+                   for name in ("smoke", "full"))
     assert smoke.cells[-1].outputs[0]["text"] == "2\n" and full.cells[-1].outputs[0]["text"] == "3\n"
     record = json.loads((tmp_path / "build" / "smoke" / "run.json").read_text())
     run = record["notebooks"]["a_first"]

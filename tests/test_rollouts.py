@@ -48,7 +48,8 @@ def test_records_have_the_original_fields_and_more():
     step_fields = {f.name for f in dataclasses.fields(StepRecord)}
     episode_fields = {f.name for f in dataclasses.fields(EpisodeRecord)}
     assert SEED_STEP_FIELDS | {"parse_error", "reward_breakdown"} <= step_fields
-    assert SEED_EPISODE_FIELDS | {"agent", "correct_outcome", "reward_components", "resources", "n_steps"} <= episode_fields
+    assert SEED_EPISODE_FIELDS | {"agent", "correct_outcome", "reward_components", "resources",
+                                  "n_steps"} <= episode_fields
 
 
 @pytest.mark.parametrize("seed,scenario,difficulty", [(3, "higgs_4l_125", None), (41, None, "medium"),
@@ -85,7 +86,8 @@ def test_parse_failures_are_recorded_and_sent_as_they_are():
     assert first.action == "no idea" and "no JSON object" in first.parse_error
     assert first.rule_violations[0].startswith("INVALID_ACTION")
     assert second.action == {"action_type": "fit_resonance", "parameters": {"mass_hint_gev": -1}}
-    assert second.parse_error.startswith("INVALID_PARAMETERS") and second.rule_violations[0].startswith("INVALID_PARAMETERS")
+    assert second.parse_error.startswith("INVALID_PARAMETERS")
+    assert second.rule_violations[0].startswith("INVALID_PARAMETERS")
     assert all(s.reward_breakdown["violations"] < 0 for s in record.steps)
     assert record.terminal_reward is None and record.resources["budget_used_musd"] == 0.0
 

@@ -91,10 +91,11 @@ def observed():
     vectorizer = DictVectorizer(sparse=False)
     x_fit = vectorizer.fit_transform(fit_features)
     x_test = vectorizer.transform(test_features)
-    difficulty_fit = np.array([DIFFICULTIES.index(next(k.split("=")[1] for k in row if k.startswith("obs.task.difficulty=")))
-                               for row in fit_features])
-    difficulty_test = np.array([DIFFICULTIES.index(next(k.split("=")[1] for k in row if k.startswith("obs.task.difficulty=")))
-                                for row in test_features])
+    def difficulty(row) -> int:
+        return DIFFICULTIES.index(next(k.split("=")[1] for k in row if k.startswith("obs.task.difficulty=")))
+
+    difficulty_fit = np.array([difficulty(row) for row in fit_features])
+    difficulty_test = np.array([difficulty(row) for row in test_features])
     return x_fit, fit_truths, difficulty_fit, x_test, test_truths, difficulty_test
 
 

@@ -41,7 +41,8 @@ def test_same_inputs_give_the_same_vocabulary(tokenizer, tmp_path):
 
 
 def test_special_tokens_and_chat_template(tokenizer, episode):
-    assert tokenizer.eos_token == END and tokenizer.pad_token == PAD and tokenizer.pad_token_id != tokenizer.eos_token_id
+    assert tokenizer.eos_token == END and tokenizer.pad_token == PAD
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
     for token in SPECIAL_TOKENS:
         assert tokenizer.convert_tokens_to_ids(token) != tokenizer.unk_token_id
         assert tokenizer(token, add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids(token)]

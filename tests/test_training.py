@@ -33,7 +33,8 @@ def tiny_model_dir(tmp_path_factory):
 
 def smoke_config(tmp_path, model_dir, **overrides):
     values = dict(model_name=model_dir, backend="trl", lora_r=0, max_steps=2, num_generations=2,
-                  per_device_train_batch_size=1, gradient_accumulation_steps=2, max_turns=3, max_new_tokens=16, eval_episodes=3,
+                  per_device_train_batch_size=1, gradient_accumulation_steps=2, max_turns=3, max_new_tokens=16,
+                  eval_episodes=3,
                   checkpoint_eval_episodes=4, eval_every_steps=1, save_steps=1, learning_rate=1e-3,
                   evidence_dir=str(tmp_path / "evidence"), output_dir=str(tmp_path / "out"))
     values.update(overrides)

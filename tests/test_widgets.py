@@ -12,6 +12,7 @@ from lib.replay import ReplayMismatch, replay
 from lib.rollouts import collect_agent_episode
 from lib.widgets import TrajectoryBrowser, prepare_episode, static_trajectory_browser
 
+
 def _episode(seed, **reset):
     record = collect_agent_episode(env=CERNCollisionEnvironment(), agent=HeuristicAgent(), seed=seed, **reset)
     return json.loads(json.dumps(asdict(record), default=str))  # as read back from a JSONL file

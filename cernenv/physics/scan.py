@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from .fitting import BinnedTemplate, BackgroundFit, _as_counts, _fit_background, _template
+from .fitting import BackgroundFit, BinnedTemplate, _as_counts, _fit_background, _template
 
 _SQRT2PI = float(np.sqrt(2.0 * np.pi))
 

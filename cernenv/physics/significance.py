@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammainc, gammaln, log_ndtr, ndtr, ndtri, pdtr
 
+from .fitting import _M, _NS, BackgroundFit, _as_counts, _fit_background, _fit_sb, _template
+from .scan import gaussian_bin_fractions, local_q0
+
 # The standard normal's tail functions, as scipy.stats.norm computes them (sf(z) = ndtr(-z),
 # logsf(z) = log_ndtr(-z), isf(p) = -ndtri(p)) without its per-call argument handling.
 _LOG_SQRT_2PI = float(np.log(np.sqrt(2 * np.pi)))
-
-from .fitting import BackgroundFit, _as_counts, _fit_background, _fit_sb, _template, _NS, _M
-from .scan import gaussian_bin_fractions, local_q0
 
 _LOG_TINY = -700.0  # below this, exp() would underflow: work with log p
 

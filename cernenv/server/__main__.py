@@ -18,7 +18,6 @@ import uvicorn
 from cernenv.server.app import ServerConfig, create_cernenv_app
 from cernenv.server.guard import ConnectionGuard, guarded_protocols
 
-
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 

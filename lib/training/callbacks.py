@@ -17,8 +17,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from transformers import TrainerCallback
 
-from lib.evidence import (CheckpointEvalWriter, EvidencePaths, TrainingLogWriter, checkpoint_row,
-                          render_checkpoint_progression, render_reward_components, render_training_curve)
+from lib.evidence import (
+    CheckpointEvalWriter,
+    EvidencePaths,
+    TrainingLogWriter,
+    checkpoint_row,
+    render_checkpoint_progression,
+    render_reward_components,
+    render_training_curve,
+)
 from lib.progress import Progress
 
 logger = logging.getLogger(__name__)

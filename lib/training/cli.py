@@ -74,7 +74,8 @@ def train_config_parser(prog: str = "python -m lib.training", description: Optio
     for action in parser._actions:
         name = action.dest
         if name in docs:
-            default = "" if action.default is None or isinstance(action.default, list) else f" (default: {action.default})"
+            shown = action.default is not None and not isinstance(action.default, list)
+            default = f" (default: {action.default})" if shown else ""
             action.help = " ".join(docs[name].split()).replace("%", "%%") + default
     return parser
 

@@ -11,8 +11,9 @@ What one optimisation step does:
 3. Each reward component (`cernenv.rewards.COMPONENT_NAMES`) is its own reward function;
    their sum is the episode's return. TRL logs each as `rewards/<component>/mean`.
 4. GRPO's advantage is the return minus its group's mean, scaled as `scale_rewards`
-   says (by default by the standard deviation over the step's episodes); every action token of the episode gets it, environment tokens are masked
-   (`env_mask`), and the clipped policy-gradient loss is minimised.
+   says (by default by the standard deviation over the step's episodes); every action token
+   of the episode gets it, environment tokens are masked (`env_mask`), and the clipped
+   policy-gradient loss is minimised.
 
 The dataset's `prompt` column holds the task as JSON, not text for the model: the
 environment writes the model's actual prompt (its first observation) at reset.

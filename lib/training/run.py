@@ -36,9 +36,8 @@ from lib.rollouts import load_episodes_jsonl, save_episodes_jsonl
 from lib.training.backends import load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import EvidenceCallback, ProgressLog
 from lib.training.config import TrainConfig
+from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
 from lib.training.publish import push_to_hub, save_merged
-from lib.training.grpo import (REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite,
-                               training_dataset)
 
 logger = logging.getLogger(__name__)
 
