@@ -359,6 +359,8 @@ class _Series:
     color: str
     band: Optional[str] = None
     """Column holding a ±1 standard deviation, drawn as a shaded band."""
+    binomial: bool = False
+    """A rate over the row's `episodes`: drawn with its exact (Clopper–Pearson) 95% interval."""
     style: str = "-"
 
 
@@ -382,6 +384,18 @@ def _x_axis(rows: Sequence[Mapping[str, Any]]) -> Tuple[np.ndarray, str]:
     return np.arange(len(rows), dtype=float), "log row (no step recorded)"
 
 
+def _binomial_interval(rate: np.ndarray, n: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Clopper–Pearson 95% interval of rates measured on `n` episodes each (NaN where unknown)."""
+    from scipy.stats import beta
+
+    k = np.round(rate * n)
+    with np.errstate(invalid="ignore"):
+        low = np.where(k > 0, beta.ppf(0.025, k, n - k + 1), 0.0)
+        high = np.where(k < n, beta.ppf(0.975, k + 1, n - k), 1.0)
+    unknown = ~(np.isfinite(rate) & np.isfinite(n) & (n > 0))
+    return np.where(unknown, np.nan, low), np.where(unknown, np.nan, high)
+
+
 def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Panel, xlabel: str) -> None:
     drawn = 0
     order = np.argsort(x, kind="stable")  # rows from several processes or a resumed run arrive out of order
@@ -399,6 +413,12 @@ def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Pa
             if good.any():
                 ax.fill_between(xs[good], (y - spread)[good], (y + spread)[good], color=s.color, alpha=0.2,
                                 lw=0, label=f"± 1 std ({s.band})")
+        if s.binomial:
+            low, high = _binomial_interval(y, _column(rows, "episodes")[order])
+            good = ok & np.isfinite(low) & np.isfinite(high)
+            if good.any():  # the CSV (the seed's columns) holds rates and counts, not per-episode rewards
+                ax.errorbar(xs[good], y[good], yerr=[(y - low)[good], (high - y)[good]], fmt="none",
+                            ecolor=s.color, elinewidth=1, capsize=3, alpha=0.7)
         drawn += 1
     ax.set_title(panel.title, fontsize=10)
     ax.set_ylabel(panel.ylabel)
@@ -473,8 +493,9 @@ _COMPONENT_PANELS = (
 _CHECKPOINT_PANELS = (
     _Panel("Mean episode reward on the held-out suite", "mean episode reward",
            (_Series("mean_reward", "mean reward", "#1d4ed8"),)),
-    _Panel("Held-out rates (success = correct discovery or correct null)", "fraction of episodes",
-           (_Series("success_rate", "success (correct outcome)", "#16a34a"),
+    _Panel("Held-out rates (success = correct discovery or correct null; 95% exact intervals)",
+           "fraction of episodes",
+           (_Series("success_rate", "success (correct outcome)", "#16a34a", binomial=True),
             _Series("mass_acc", "mass accuracy", "#9333ea", style="--"),
             _Series("channel_acc", "channel accuracy", "#ea580c", style="--")), rate=True),
 )
