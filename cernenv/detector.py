@@ -130,6 +130,19 @@ class Channel:
     background_p2: float
     background_production: str
 
+    @property
+    def final_state_mathtext(self) -> str:
+        """`final_state` in matplotlib's mathtext (μ⁺μ⁻ → $\\mu^+\\mu^-$): plot fonts lack the
+        Unicode superscripts, which then show as missing-glyph boxes."""
+        text = self.final_state
+        for symbol, tex in _MATHTEXT.items():
+            text = text.replace(symbol, tex)
+        return f"${text}$"
+
+
+_MATHTEXT = {"μ": r"\mu", "γ": r"\gamma", "ℓ": r"\ell", "⁺": "^+", "⁻": "^-"}
+"""The Unicode symbols of the final states, in mathtext."""
+
 
 CHANNELS: Dict[str, Channel] = {
     # ATLAS H→γγ, Phys. Lett. B 716 (2012) 1: 35,251 candidates in 100-160 GeV in 5.9 fb^-1

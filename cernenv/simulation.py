@@ -204,7 +204,7 @@ class CollisionRecorder:
         background = background.reshape(n_bins, group, N_COS_BINS).sum(axis=1)
 
         histogram = hist.Hist(
-            hist.axis.Variable(edges, name="mass_gev", label=f"m({record.channel.final_state}) [GeV]"),
+            hist.axis.Variable(edges, name="mass_gev", label=f"m({record.channel.final_state_mathtext}) [GeV]"),
             hist.axis.Integer(0, N_COS_BINS, name="cos_theta_bin", label="|cos θ*| bin", underflow=False,
                               overflow=False),
             storage=hist.storage.Int64(),

@@ -122,8 +122,10 @@ def plot_spectrum(spectrum: Spectrum, fit: Union[ResonanceFit, BackgroundFit, No
         ax.set_xlabel(spectrum.histogram.axes[0].label)
         ax.set_ylabel(f"Events / {width:.3g} GeV")
         ax.set_xlim(edges[0], edges[-1])
-        ax.set_ylim(bottom=0, top=1.35 * max(float(counts.max()), 1.0))
-        ax.legend(loc="upper right", fontsize="small", title=title, title_fontsize="small")
+        # head room for the legend (the fit's numbers in its title), placed where it covers the fewest
+        # points: fixed in the upper right, it sat on the data of a spectrum that falls to the right
+        ax.set_ylim(bottom=0, top=1.6 * max(float(counts.max()), 1.0))
+        ax.legend(loc="best", fontsize="small", title=title, title_fontsize="small", alignment="left")
         _label(ax, spectrum.luminosity_fb, spectrum.sqrt_s_tev)
     return ax
 

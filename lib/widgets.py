@@ -30,9 +30,10 @@ from lib.replay import as_episode_dict, replay
 ALL = "all"
 OUTCOMES = (ALL, "success", "failure")
 SPECTRUM_FIGSIZE = (10.0, 7.5)
-SPECTRUM_DPI = 44
-"""Spectrum images: the house figure size (its fonts are sized for it) at a low resolution, ~440 px
-wide and ~20 kB, so that a report with a few hundred steps stays light."""
+SPECTRUM_DPI = 84
+"""Spectrum images: the house figure size (its fonts are sized for it), 840 px wide, shown 420 px
+wide: sharp on a high-density screen. A step shares its image with the steps before it until the
+spectrum changes, so a report holds a few distinct images per episode."""
 IMAGE_LAYOUT = dict(width="420px", height="auto", object_fit="contain")
 ROW_LAYOUT = dict(align_items="flex-start")
 """Step text and spectrum side by side, top-aligned (a stretched row would stretch the image)."""
@@ -65,6 +66,27 @@ def _table(mapping: Mapping[str, Any]) -> str:
     return f"<table style='font-size:12px'>{rows}</table>"
 
 
+def _completion_text(text: Optional[str], max_blank_lines: int = 2) -> str:
+    """What a completion shows: whitespace alone is named, not drawn (a completion of newlines once
+    took ~700 px of blank page); a run of blank lines longer than `max_blank_lines` is shortened
+    to a marker saying how many there were."""
+    if text is None or text == "":
+        return NO_TEXT
+    if not text.strip():
+        return f"(nothing but whitespace: {len(text)} characters, {text.count(chr(10))} line breaks)"
+    lines, out, blank = text.rstrip().split("\n"), [], 0
+    for line in lines + [None]:
+        if line is not None and not line.strip():
+            blank += 1
+            continue
+        if blank:
+            out += [""] * blank if blank <= max_blank_lines else [f"[{blank} blank lines]"]
+            blank = 0
+        if line is not None:
+            out.append(line)
+    return "\n".join(out)
+
+
 def step_html(episode: Mapping[str, Any], index: int) -> str:
     """HTML of step `index`: the prompt (observation), the completion, the parsed action,
     the reward and its breakdown, rule violations and the observation summary."""
@@ -83,7 +105,7 @@ def step_html(episode: Mapping[str, Any], index: int) -> str:
         + ("" if not breakdown else " (" + ", ".join(f"{k} {float(v):+.3f}" for k, v in breakdown.items()) + ")")
         + (" · episode over" if step.get("done") else ""),
         "<b>Prompt</b> (what the agent was shown)" + _pre(step.get("prompt") or NO_TEXT),
-        "<b>Completion</b> (what it wrote)" + _pre(step.get("completion") or NO_TEXT),
+        "<b>Completion</b> (what it wrote)" + _pre(_completion_text(step.get("completion"))),
         "<b>Parsed action</b> " + ("✓" if parsed else "✗") + _pre(action_text),
         "<b>Rule violations</b>" + _pre("\n".join(map(str, violations)) or "none"),
         "<b>Observation summary</b> (before the step)" + _table(step.get("observation_summary") or {}),
@@ -184,9 +206,11 @@ def _episode_panel(view: EpisodeView) -> widgets.Widget:
     if n_steps == 0:
         return widgets.VBox([header, widgets.HTML("<i>This episode has no steps.</i>")])
     images: Dict[int, widgets.Widget] = {}
-    panels = _switcher([_step_panel(view, i, images) for i in range(n_steps)],
-                       [str(i + 1) for i in range(n_steps)])
-    slider = widgets.IntSlider(value=0, min=0, max=n_steps - 1, description="step (0-based)",
+    # panel k is step k (1-based, as the headings count): panel 0 is never shown (the slider starts at 1)
+    panels = _switcher([widgets.HTML("")] + [_step_panel(view, i, images) for i in range(n_steps)],
+                       ["-"] + [str(i + 1) for i in range(n_steps)])
+    panels.selected_index = 1
+    slider = widgets.IntSlider(value=1, min=1, max=n_steps, description="step",
                                continuous_update=True, layout=widgets.Layout(width="560px"),
                                style={"description_width": "initial"})
     widgets.jslink((slider, "value"), (panels, "selected_index"))
@@ -226,7 +250,7 @@ class TrajectoryBrowser:
         self.scenario = widgets.Dropdown(options=[ALL, *scenarios], value=ALL, description="scenario")
         self.outcome = widgets.Dropdown(options=list(OUTCOMES), value=ALL, description="outcome")
         self.episode = widgets.Dropdown(description="episode", layout=widgets.Layout(width="900px"))
-        self.step = widgets.IntSlider(value=0, min=0, max=0, description="step (0-based)",
+        self.step = widgets.IntSlider(value=1, min=1, max=1, description="step",
                                       layout=widgets.Layout(width="560px"), style={"description_width": "initial"})
         self.header = widgets.HTML()
         self.text = widgets.HTML(layout=widgets.Layout(width="560px"))
@@ -277,8 +301,8 @@ class TrajectoryBrowser:
             return
         view = self.view(self.episode.value)
         self.header.value = episode_header_html(view.phase, view.episode)
-        self.step.max = max(len(view.step_html) - 1, 0)
-        self.step.value = 0
+        self.step.max = max(len(view.step_html), 1)
+        self.step.value = 1
         self._show_step()
 
     def _show_step(self, _change: Any = None) -> None:
@@ -288,7 +312,7 @@ class TrajectoryBrowser:
         if not view.step_html:
             self.text.value, self.figure.children = "<i>This episode has no steps.</i>", [self.no_image]
             return
-        index = min(self.step.value, len(view.step_html) - 1)
+        index = min(self.step.value, len(view.step_html)) - 1  # the slider counts steps from 1
         self.text.value = view.step_html[index]
         png = view.spectrum_png[index]
         if png is None:

@@ -106,13 +106,16 @@ def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(episodes
     assert [label for label, _ in menu.options] == [v.label for v in views]
     assert len(stack.children) == 2
     sliders = [w for w in _walk(browser) if isinstance(w, widgets.IntSlider)]
-    assert [s.max for s in sliders] == [len(v.step_html) - 1 for v in views]
+    # the slider counts steps from 1, as the headings do ("Step 1 of n"): panel k is step k
+    assert [(s.min, s.max, s.value, s.description) for s in sliders] == [(1, len(v.step_html), 1, "step")
+                                                                           for v in views]
     pairs = {(link.source[0].model_id, link.source[1], link.target[0].model_id, link.target[1])
              for link in _links()}
     assert (menu.model_id, "index", stack.model_id, "selected_index") in pairs
     first_steps = stack.children[0].children[2]
     assert (sliders[0].model_id, "value", first_steps.model_id, "selected_index") in pairs
-    assert len(first_steps.children) == len(views[0].step_html)
+    assert len(first_steps.children) == len(views[0].step_html) + 1 and first_steps.selected_index == 1
+    assert "Step 1 of" in _walk_text(first_steps.children[1]) and "Step 2 of" in _walk_text(first_steps.children[2])
     shown = {id(w) for w in _walk(first_steps) if isinstance(w, widgets.Image)}
     distinct = {id(png) for png in views[0].spectrum_png if png is not None}
     assert len(shown) == len(distinct), "one Image widget per distinct spectrum, shared by its steps"
@@ -135,11 +138,30 @@ def test_live_browser_filters_and_steps(episodes):
     assert "success" in browser.header.value
     shown = browser.text.value
     assert "Step 1 of" in shown and browser.figure.children == (browser.no_image,)
-    build = _action_types(episodes["won"]).index("build_invariant_mass")
+    build = _action_types(episodes["won"]).index("build_invariant_mass") + 1  # the slider counts from 1
+    assert browser.step.min == 1 and browser.step.value == 1
     browser.step.value = build
-    assert browser.text.value != shown and f"Step {build + 1} of" in browser.text.value
+    assert browser.text.value != shown and f"Step {build} of" in browser.text.value
     assert browser.figure.children == (browser.image,) and bytes(browser.image.value).startswith(b"\x89PNG")
     browser.phase.value = "pre"
     assert browser.episode.options == () and "No episode matches" in browser.header.value
     with pytest.raises(ValueError, match="no episodes"):
         TrajectoryBrowser({"pre": []})
+
+
+def _walk_text(widget) -> str:
+    return " ".join(w.value for w in _walk(widget) if isinstance(w, widgets.HTML))
+
+
+@pytest.mark.parametrize("completion, shown", [
+    ("\n" * 300, "(nothing but whitespace: 300 characters, 300 line breaks)"),
+    ("  \t ", "(nothing but whitespace: 4 characters, 0 line breaks)"),
+    ('{"action_type": "scan_bump"}' + "\n" * 40, '{"action_type": "scan_bump"}'),
+    ("a\n\nb\n\n\n\n\nc", "a\n\nb\n[4 blank lines]\nc"),
+    (None, "(none recorded"),
+])
+def test_a_completion_of_blank_lines_is_named_not_drawn(completion, shown):
+    from lib.widgets import _completion_text
+
+    text = _completion_text(completion)
+    assert text.startswith(shown) and text.count("\n") <= 4
