@@ -132,6 +132,8 @@ class BrowserCheck:
     blocked_requests: List[str] = field(default_factory=list)
     """Every request for something not in a local file (all were refused: the page is offline)."""
     page_errors: List[str] = field(default_factory=list)
+    side_by_side_headers: int = 0
+    """Episode headers visible once "side by side" is chosen in the browse menu (2: before and after)."""
     screenshot: Optional[Path] = None
 
 
@@ -145,6 +147,11 @@ _VISIBLE_TEXT_JS = """(pattern) => {
   return null;
 }"""
 EPISODE_HEADER = r"^(pre|post) · seed \d+"
+_VISIBLE_COUNT_JS = """(pattern) => {
+  const re = new RegExp(pattern);
+  return [...document.querySelectorAll('b')].filter(el => re.test(el.textContent.trim())
+    && el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden').length;
+}"""
 
 
 def _wait_for(read: Callable[[], Optional[str]], differs_from: Optional[str], timeout_s: float) -> Optional[str]:
@@ -203,12 +210,22 @@ def check_browser(html_path: Path, screenshot_path: Optional[Path] = None, *, ch
                 handle.focus()
                 page.keyboard.press("End")
                 check.steps_shown.append(_wait_for(step, check.steps_shown[-1], 5.0))
-            menu = page.locator(".widget-dropdown select").first
+            menus = page.locator(".widget-dropdown select")
+            browse, menu = menus.nth(0), menus.nth(1)  # what to browse; the episode menu of "every episode"
             if menu.locator("option").count() > 1:
                 menu.select_option(index=1)
                 check.episodes_shown.append(_wait_for(episode, check.episodes_shown[-1], 5.0))
                 menu.select_option(index=0)
                 _wait_for(episode, check.episodes_shown[-1], 5.0)
+            options = browse.locator("option").all_inner_texts()
+            side = [i for i, text in enumerate(options) if "side by side" in text.replace("\xa0", " ")]
+            if side:
+                browse.select_option(index=side[0])
+                deadline = time.monotonic() + 5.0
+                while time.monotonic() < deadline and check.side_by_side_headers < 2:
+                    check.side_by_side_headers = page.evaluate(_VISIBLE_COUNT_JS, EPISODE_HEADER)
+                    time.sleep(0.1)
+                browse.select_option(index=0)
             if screenshot_path is not None:
                 screenshot_path.parent.mkdir(parents=True, exist_ok=True)
                 container = page.locator(".widget-vbox:has(> .widget-dropdown)").first

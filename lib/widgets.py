@@ -48,12 +48,17 @@ def outcome_of(episode: Mapping[str, Any]) -> str:
     return "success" if episode.get("correct_outcome") else "failure"
 
 
+def task_label(episode: Mapping[str, Any]) -> str:
+    """The task an episode played: seed, scenario and difficulty."""
+    return f"seed {episode.get('seed')} · {episode.get('scenario')} ({episode.get('difficulty')})"
+
+
 def episode_label(phase: str, episode: Mapping[str, Any]) -> str:
     """One line naming an episode: phase, task, outcome and reward."""
     reward = episode.get("cumulative_reward", episode.get("total_reward"))
     reward_text = "?" if reward is None else f"{float(reward):+.2f}"
-    return (f"{phase} · seed {episode.get('seed')} · {episode.get('scenario')} ({episode.get('difficulty')}) · "
-            f"{outcome_of(episode)} · reward {reward_text} · {len(episode.get('steps') or [])} steps")
+    return (f"{phase} · {task_label(episode)} · {outcome_of(episode)} · reward {reward_text} · "
+            f"{len(episode.get('steps') or [])} steps")
 
 
 def _pre(text: Any) -> str:
@@ -194,12 +199,15 @@ def _image(png: Optional[bytes], cache: Dict[int, widgets.Widget]) -> widgets.Wi
     return cache[key]
 
 
-def _step_panel(view: EpisodeView, index: int, images: Dict[int, widgets.Widget]) -> widgets.Widget:
+def _step_panel(view: EpisodeView, index: int, images: Dict[int, widgets.Widget], compact: bool) -> widgets.Widget:
+    if compact:  # text above the spectrum: two episodes fit side by side
+        text = widgets.HTML(view.step_html[index], layout=widgets.Layout(width="440px"))
+        return widgets.VBox([text, _image(view.spectrum_png[index], images)])
     text = widgets.HTML(view.step_html[index], layout=widgets.Layout(width="560px"))
     return widgets.HBox([text, _image(view.spectrum_png[index], images)], layout=ROW_LAYOUT)
 
 
-def _episode_panel(view: EpisodeView) -> widgets.Widget:
+def _episode_panel(view: EpisodeView, compact: bool = False) -> widgets.Widget:
     """Header, a step slider and the step panels, linked in the browser (`jslink`)."""
     n_steps = len(view.step_html)
     header = widgets.HTML(episode_header_html(view.phase, view.episode))
@@ -207,27 +215,72 @@ def _episode_panel(view: EpisodeView) -> widgets.Widget:
         return widgets.VBox([header, widgets.HTML("<i>This episode has no steps.</i>")])
     images: Dict[int, widgets.Widget] = {}
     # panel k is step k (1-based, as the headings count): panel 0 is never shown (the slider starts at 1)
-    panels = _switcher([widgets.HTML("")] + [_step_panel(view, i, images) for i in range(n_steps)],
+    panels = _switcher([widgets.HTML("")] + [_step_panel(view, i, images, compact) for i in range(n_steps)],
                        ["-"] + [str(i + 1) for i in range(n_steps)])
     panels.selected_index = 1
     slider = widgets.IntSlider(value=1, min=1, max=n_steps, description="step",
-                               continuous_update=True, layout=widgets.Layout(width="560px"),
+                               continuous_update=True, layout=widgets.Layout(width="440px" if compact else "560px"),
                                style={"description_width": "initial"})
     widgets.jslink((slider, "value"), (panels, "selected_index"))
     return widgets.VBox([header, slider, panels])
 
 
-def static_trajectory_browser(views: Sequence[EpisodeView]) -> widgets.Widget:
-    """Every step of `views` pre-rendered; the episode menu and the step slider are linked to
-    what is shown by `jslink`, so the browser works in an exported HTML page with no kernel."""
-    if not views:
-        return widgets.HTML("<i>No episodes to browse.</i>")
-    labels = [view.label for view in views]
+def _menu_and_panels(labels: Sequence[str], panels: Sequence[widgets.Widget]) -> widgets.Widget:
+    """A menu of `labels` linked (`jslink`) to a switcher of `panels`."""
     menu = widgets.Dropdown(options=[(label, index) for index, label in enumerate(labels)], value=0,
                             description="episode", layout=widgets.Layout(width="900px"))
-    episodes = _switcher([_episode_panel(view) for view in views], [str(i) for i in range(len(views))])
-    widgets.jslink((menu, "index"), (episodes, "selected_index"))
-    return widgets.VBox([menu, episodes])
+    shown = _switcher(list(panels), [str(i) for i in range(len(panels))])
+    widgets.jslink((menu, "index"), (shown, "selected_index"))
+    return widgets.VBox([menu, shown])
+
+
+def _task_of(view: EpisodeView) -> Tuple:
+    return tuple(view.episode.get(key) for key in ("seed", "scenario", "difficulty"))
+
+
+def browser_groups(views: Sequence[EpisodeView]) -> List[Tuple[str, List[int]]]:
+    """The static browser's selections, (name, indices into `views`): every episode, each phase,
+    each outcome; empty selections and repeats of an earlier one are left out."""
+    phases = list(dict.fromkeys(view.phase for view in views))
+    candidates = [("every episode", list(range(len(views))))]
+    candidates += [(f"{phase} only", [i for i, v in enumerate(views) if v.phase == phase]) for phase in phases]
+    candidates += [(f"{outcome}es only" if outcome == "success" else f"{outcome}s only",
+                    [i for i, v in enumerate(views) if outcome_of(v.episode) == outcome])
+                   for outcome in ("success", "failure")]
+    groups: List[Tuple[str, List[int]]] = []
+    for name, indices in candidates:
+        if indices and indices not in [seen for _, seen in groups]:
+            groups.append((name, indices))
+    return groups
+
+
+def static_trajectory_browser(views: Sequence[EpisodeView], before_after: Tuple[str, str] = ("pre", "post")
+                              ) -> widgets.Widget:
+    """Every step of `views` pre-rendered; the menus, the step sliders and what they show are
+    linked by `jslink`, which runs in the page: the browser works in an exported HTML page with
+    no kernel. A first menu picks what to browse (`browser_groups`: every episode, one phase,
+    one outcome) and, where a task was played in both `before_after` phases, both side by side,
+    each with its own slider."""
+    if not views:
+        return widgets.HTML("<i>No episodes to browse.</i>")
+    panels = [_episode_panel(view) for view in views]  # shared by the selections that hold them
+    selections = [(name, _menu_and_panels([views[i].label for i in indices], [panels[i] for i in indices]))
+                  for name, indices in browser_groups(views)]
+    first, second = before_after
+    by_task = {(_task_of(v), v.phase): v for v in views}
+    paired = [(by_task[(task, first)], view) for view in views if view.phase == second
+              for task in [_task_of(view)] if (task, first) in by_task]
+    if paired:
+        labels = [f"{task_label(a.episode)}: {first} {outcome_of(a.episode)} → {second} {outcome_of(b.episode)}"
+                  for a, b in paired]
+        sides = [widgets.HBox([_episode_panel(a, compact=True), _episode_panel(b, compact=True)],
+                              layout=dict(align_items="flex-start", grid_gap="16px")) for a, b in paired]
+        selections.append((f"{first} | {second}, side by side", _menu_and_panels(labels, sides)))
+    show = widgets.Dropdown(options=[(name, index) for index, (name, _) in enumerate(selections)], value=0,
+                            description="browse", layout=widgets.Layout(width="420px"))
+    shown = _switcher([box for _, box in selections], [name for name, _ in selections])
+    widgets.jslink((show, "index"), (shown, "selected_index"))
+    return widgets.VBox([show, shown])
 
 
 class TrajectoryBrowser:

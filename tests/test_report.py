@@ -126,4 +126,5 @@ def test_trajectory_browser_works_offline_in_chromium(executed_04, tmp_path):
     assert re.fullmatch(r"Step 1 of \d+", first)
     assert moved == [first.replace("Step 1 ", "Step 2 "), first.replace("Step 1 ", "Step 3 ")], check.steps_shown
     assert len(check.episodes_shown) == 2 and check.episodes_shown[0] != check.episodes_shown[1]
+    assert check.side_by_side_headers == 2, "before and after of one task, side by side"
     assert check.screenshot.stat().st_size > 20_000

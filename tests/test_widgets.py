@@ -102,16 +102,20 @@ def _walk(widget):
 def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(episodes):
     views = [prepare_episode("post", episodes["won"]), prepare_episode("pre", episodes["curated"])]
     browser = static_trajectory_browser(views)
-    menu, stack = browser.children
+    show, selections = browser.children
+    pairs = {(link.source[0].model_id, link.source[1], link.target[0].model_id, link.target[1])
+             for link in _links()}
+    assert (show.model_id, "index", selections.model_id, "selected_index") in pairs
+    assert [name for name, _ in show.options] == ["every episode", "post only", "pre only", "successes only",
+                                                  "failures only"][:len(selections.children)]
+    menu, stack = selections.children[0].children  # every episode
     assert [label for label, _ in menu.options] == [v.label for v in views]
     assert len(stack.children) == 2
-    sliders = [w for w in _walk(browser) if isinstance(w, widgets.IntSlider)]
+    assert (menu.model_id, "index", stack.model_id, "selected_index") in pairs
+    sliders = [w for w in _walk(stack) if isinstance(w, widgets.IntSlider)]
     # the slider counts steps from 1, as the headings do ("Step 1 of n"): panel k is step k
     assert [(s.min, s.max, s.value, s.description) for s in sliders] == [(1, len(v.step_html), 1, "step")
                                                                            for v in views]
-    pairs = {(link.source[0].model_id, link.source[1], link.target[0].model_id, link.target[1])
-             for link in _links()}
-    assert (menu.model_id, "index", stack.model_id, "selected_index") in pairs
     first_steps = stack.children[0].children[2]
     assert (sliders[0].model_id, "value", first_steps.model_id, "selected_index") in pairs
     assert len(first_steps.children) == len(views[0].step_html) + 1 and first_steps.selected_index == 1
@@ -119,6 +123,24 @@ def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(episodes
     shown = {id(w) for w in _walk(first_steps) if isinstance(w, widgets.Image)}
     distinct = {id(png) for png in views[0].spectrum_png if png is not None}
     assert len(shown) == len(distinct), "one Image widget per distinct spectrum, shared by its steps"
+    # a selection shows the same episode panels (shared, not copied): the post-only menu holds the first one
+    post_menu, post_stack = selections.children[1].children
+    assert [label for label, _ in post_menu.options] == [views[0].label] and post_stack.children[0] is stack.children[0]
+
+
+def test_static_browser_puts_before_and_after_of_a_task_side_by_side(episodes):
+    before = dict(json.loads(json.dumps(episodes["won"])), correct_outcome=False)
+    views = [prepare_episode("post", episodes["won"]), prepare_episode("pre", before),
+             prepare_episode("pre", episodes["curated"])]
+    show, selections = static_trajectory_browser(views).children
+    names = [name for name, _ in show.options]
+    assert names[-1] == "pre | post, side by side"
+    menu, stack = selections.children[-1].children
+    (label,) = [label for label, _ in menu.options]  # only the task played in both phases
+    assert label.startswith(f"seed {episodes['won']['seed']}") and label.endswith("pre failure → post success")
+    pre_panel, post_panel = stack.children[0].children
+    assert "pre · seed" in _walk_text(pre_panel) and "post · seed" in _walk_text(post_panel)
+    assert {s.max for s in _walk(stack) if isinstance(s, widgets.IntSlider)} == {len(views[0].step_html)}
 
 
 def test_static_browser_falls_back_to_tabs_without_stack(episodes, monkeypatch):
@@ -126,7 +148,8 @@ def test_static_browser_falls_back_to_tabs_without_stack(episodes, monkeypatch):
     monkeypatch.delattr(widgets, "Stack")
     browser = static_trajectory_browser([prepare_episode("pre", episodes["curated"])])
     assert isinstance(browser.children[1], widgets.Tab)
-    assert isinstance(browser.children[1].children[0].children[2], widgets.Tab)
+    menu, stack = browser.children[1].children[0].children
+    assert isinstance(stack, widgets.Tab) and isinstance(stack.children[0].children[2], widgets.Tab)
 
 
 def test_live_browser_filters_and_steps(episodes):
