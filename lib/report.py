@@ -1,8 +1,9 @@
 """Export executed notebooks to HTML reports that work offline (`make report`).
 
-For each executed notebook in `build/` (written there by `make reproduce`), two pages go
-into `reports/`: `NAME.html` with code and outputs, and `NAME.readers.html` with the
-outputs only (nbconvert's `--no-input`).
+For each executed notebook in `build/PROFILE/` (written there by `make reproduce`), three
+pages go into `reports/`: `NAME.html` with code and outputs, `NAME.readers.html` with the
+outputs only (nbconvert's `--no-input`), and `NAME.standalone.html`, the readers' page with
+its scripts inlined: one file that works on its own (to mail, say).
 
 nbconvert's default page loads require.js, MathJax and the Jupyter widget manager from
 CDNs, so its widgets stay blank without a network. These pages instead load require.js
@@ -22,6 +23,7 @@ uncommitted changes or the profile is not the full one.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import re
@@ -40,6 +42,8 @@ REQUIRE_JS = "require.js"
 WIDGET_MANAGER_JS = "embed-amd.js"
 READERS_SUFFIX = ".readers"
 """`NAME.readers.html`: the page without code cells."""
+STANDALONE_SUFFIX = ".standalone"
+"""`NAME.standalone.html`: the readers' page with its scripts inside it, one file to mail."""
 BROWSER_NOTEBOOK = "04_evidence_analysis"
 """The notebook whose report holds the trajectory browser (checked and photographed by `check_browser`)."""
 SCREENSHOT_SUFFIX = ".browser.png"
@@ -75,9 +79,14 @@ def provenance(notebook_path: Path) -> str:
     return line
 
 
+def _data_url(path: Path) -> str:
+    return "data:text/javascript;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
 def export_html(notebook_path: Path, html_path: Path, *, no_input: bool = False,
-                assets_dir: Path = ASSETS_DIR) -> Path:
-    """Write `notebook_path` as an HTML page at `html_path` that loads its scripts from `assets_dir`."""
+                assets_dir: Path = ASSETS_DIR, self_contained: bool = False) -> Path:
+    """Write `notebook_path` as an HTML page at `html_path` that loads its scripts from `assets_dir`
+    (`self_contained`: with the scripts inside the page as data URLs, so it works on its own)."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -87,8 +96,12 @@ def export_html(notebook_path: Path, html_path: Path, *, no_input: bool = False,
                                     "(git checkout -- reports/assets) or run `make report-assets`")
     html_path.parent.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATES_DIR)])
-    exporter.require_js_url = _relative_url(assets_dir / REQUIRE_JS, html_path.parent)
-    exporter.widget_renderer_url = _relative_url(assets_dir / WIDGET_MANAGER_JS, html_path.parent)
+    if self_contained:
+        exporter.require_js_url = _data_url(assets_dir / REQUIRE_JS)
+        exporter.widget_renderer_url = _data_url(assets_dir / WIDGET_MANAGER_JS)
+    else:
+        exporter.require_js_url = _relative_url(assets_dir / REQUIRE_JS, html_path.parent)
+        exporter.widget_renderer_url = _relative_url(assets_dir / WIDGET_MANAGER_JS, html_path.parent)
     if no_input:
         exporter.exclude_input = exporter.exclude_input_prompt = exporter.exclude_output_prompt = True
     notebook = nbformat.read(notebook_path, as_version=4)
@@ -112,6 +125,8 @@ def export_reports(build_dir: Path, reports_dir: Path, *, assets_dir: Path = ASS
         written.append(export_html(notebook, reports_dir / f"{notebook.stem}.html", assets_dir=assets_dir))
         written.append(export_html(notebook, reports_dir / f"{notebook.stem}{READERS_SUFFIX}.html",
                                    no_input=True, assets_dir=assets_dir))
+        written.append(export_html(notebook, reports_dir / f"{notebook.stem}{STANDALONE_SUFFIX}.html",
+                                   no_input=True, assets_dir=assets_dir, self_contained=True))
     return written
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lib.report import READERS_SUFFIX, check_browser, export_html, export_reports, find_chromium
+from lib.report import READERS_SUFFIX, STANDALONE_SUFFIX, check_browser, export_html, export_reports, find_chromium
 from lib.reproduce import default_kernel_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,12 @@ def test_notebook_04_tells_the_story_from_the_evidence(executed_04):
 @pytest.mark.notebook
 def test_report_pages_load_nothing_from_the_network(executed_04, tmp_path):
     pages = export_reports(executed_04.parent, tmp_path)
-    assert [p.name for p in pages] == [f"{NAME}.html", f"{NAME}{READERS_SUFFIX}.html"]
+    assert [p.name for p in pages] == [f"{NAME}.html", f"{NAME}{READERS_SUFFIX}.html",
+                                       f"{NAME}{STANDALONE_SUFFIX}.html"]
+    standalone = pages.pop()
+    html = standalone.read_text()
+    scripts = re.findall(r"""<script[^>]*src=["']([^"']+)""", html) + re.findall(r"widgetRendererSrc = '([^']+)'", html)
+    assert scripts and all(s.startswith("data:text/javascript;base64,") for s in scripts), [s[:40] for s in scripts]
     for page in pages:
         html = page.read_text()
         sources = re.findall(r"""<(?:script|link|img)[^>]*(?:src|href)=["']([^"']+)""", html)
@@ -128,3 +133,9 @@ def test_trajectory_browser_works_offline_in_chromium(executed_04, tmp_path):
     assert len(check.episodes_shown) == 2 and check.episodes_shown[0] != check.episodes_shown[1]
     assert check.side_by_side_headers == 2, "before and after of one task, side by side"
     assert check.screenshot.stat().st_size > 20_000
+    # the one-file page works on its own: no assets folder beside it
+    alone = export_html(executed_04, tmp_path / "mailed" / f"{NAME}.standalone.html", no_input=True,
+                        self_contained=True)
+    assert not (alone.parent / "assets").exists()
+    check = check_browser(alone, None, slider_moves=1)
+    assert check.blocked_requests == [] and check.page_errors == [] and len(set(check.steps_shown)) == 2
