@@ -17,7 +17,7 @@ PIP_FLAGS ?= --progress-bar off
 # requirements.txt's torch==2.13.0 -- on this project's machines the CPU wheel on disk, but on
 # an ordinary Linux x86-64 machine PyPI's build, which brings CUDA libraries (gigabytes).
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu installs the CPU-only wheel from PyTorch's
-# index first (about 200 MB); .../whl/cu128 a CUDA 12.8 build. `make setup` prints which build it got.
+# index first (no CUDA libraries); .../whl/cu128 a CUDA 12.8 build. `make setup` prints which build it got.
 TORCH_INDEX ?=
 
 # Stamp: (re)install only when requirements.txt or pyproject.toml change.
