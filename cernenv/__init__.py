@@ -7,6 +7,7 @@ from cernenv._deferred_imports import defer_openenv_web_interface
 
 defer_openenv_web_interface()  # before anything imports openenv (see the module)
 
+from cernenv._version import __version__  # noqa: E402
 from cernenv.actions import ACTION_TABLE  # noqa: E402
 from cernenv.environment import CERNCollisionEnvironment  # noqa: E402
 from cernenv.models import (  # noqa: E402
@@ -18,8 +19,6 @@ from cernenv.models import (  # noqa: E402
 )
 from cernenv.scenarios import list_scenarios  # noqa: E402
 
-__version__ = "0.1.0"
-
 __all__ = [
     "ACTION_TABLE",
     "ActionType",
@@ -29,4 +28,5 @@ __all__ = [
     "DiscoveryClaim",
     "ExperimentAction",
     "list_scenarios",
+    "__version__",
 ]

@@ -12,6 +12,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
 from cernenv import analysis
+from cernenv._version import __version__
 from cernenv.actions import ACTION_TABLE, Prerequisite, markdown_cell, render_action_table_markdown, type_label
 from cernenv.detector import (
     BEAM_ENERGIES,
@@ -211,7 +212,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         return EnvironmentMetadata(
             name="cernenv",
             description="A simulated LHC discovery campaign: take data, fit a spectrum, claim a discovery (or not).",
-            version="0.1.0",
+            version=__version__,
         )
 
     # Bookkeeping -----------------------------------------------------------------------
