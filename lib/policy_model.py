@@ -67,13 +67,9 @@ class SFTSettings:
     """The supervised warm start."""
 
     n_episodes: int = 800
-    """HeuristicAgent episodes, one conversation (training example) each. With 400 (x 3 epochs)
-    the greedy warm start won 17% of 48 training-range episodes; with 800, 42%: GRPO needs
-    groups that hold both wins and losses, and at 400 most groups held none."""
+    """HeuristicAgent episodes, one conversation (training example) each (docs/training.md: why 800)."""
     epochs: float = 3.0
-    """Passes over the examples. Copying from the context (channel names, candidate masses)
-    emerges late: after one pass the model wrote the right verbs with made-up arguments
-    and no episode succeeded; after three, 5 of 24 training-range episodes did."""
+    """Passes over the examples (docs/training.md: why three)."""
     significant_digits: int = 4
     """Numbers in the demonstrated actions are rounded to this many significant digits."""
     assistant_only_loss: bool = False

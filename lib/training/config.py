@@ -54,9 +54,7 @@ class TrainConfig:
 
     # -- GRPO
     max_steps: int = 14
-    """Optimisation steps. 14 keeps the default CPU run (both evaluations included) within
-    30 minutes on 2 cores: with the 800-episode warm start a step takes ~90 s, and 20 steps
-    took 36 minutes."""
+    """Optimisation steps (docs/training.md: why 14 on a CPU)."""
     num_generations: int = 8
     """Episodes per group: they play the same seed and scenario, and each one's advantage is
     its return minus the group mean (then scaled, see `scale_rewards`)."""
@@ -80,9 +78,8 @@ class TrainConfig:
     deviation over the step's episodes, so the groups with an outcome difference dominate;
     "none" does not scale (Dr. GRPO)."""
     temperature: float = 0.6
-    """Sampling temperature of training rollouts (TRL scores the completions at the same one).
-    At 1.0 the CPU stand-in derailed in every training episode (0 of 32 succeeded), so
-    groups carried no outcome signal; at 0.6 it succeeds in about 1 of 10."""
+    """Sampling temperature of training rollouts (TRL scores the completions at the same one;
+    docs/training.md: why 0.6 for the CPU stand-in)."""
     top_p: float = 1.0
     """Nucleus mass of training rollouts."""
     max_new_tokens: int = 64
