@@ -223,4 +223,7 @@ def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: Optional[str] =
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
-    return model
+    # loaded back from its folder, as a cache hit is: a LoRA adapter trained on it must name a base
+    # that loads (the model trained in memory had no name: the full run's adapter_config.json said
+    # "base_model_name_or_path": null, and loading the trained policy went to the Hugging Face Hub)
+    return Qwen2ForCausalLM.from_pretrained(target)

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from lib.agents import parse_action
-from lib.policy_model import SFTSettings, TinyModelConfig, build_tiny_model, round_significant, sft_examples, warm_start
+from lib.policy_model import (
+    SFTSettings,
+    TinyModelConfig,
+    build_tiny_model,
+    cached_model_dir,
+    round_significant,
+    sft_examples,
+    warm_start,
+)
 from lib.tokenizer import build_tokenizer
 
 
@@ -61,6 +70,8 @@ def test_warm_start_learns_and_is_cached(tokenizer, tmp_path):
     model = warm_start(tokenizer, cache_dir=str(tmp_path), sft=settings, report=report)
     losses = report["losses"]
     assert len(losses) >= 3 and losses[-1] < 0.7 * losses[0], losses
+    assert Path(model.name_or_path) == cached_model_dir(tokenizer, sft=settings, cache_dir=str(tmp_path)), \
+        "a freshly built warm start names its folder, as an adapter's base must"
     reloaded = warm_start(tokenizer, cache_dir=str(tmp_path), sft=settings, report=(again := {}))
     assert again == {}, "a cached model is loaded, not retrained"
     assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), reloaded.state_dict().values()))
