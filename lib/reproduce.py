@@ -96,7 +96,8 @@ def profile_build_dir(profile: str) -> Path:
 
 
 def source_revision() -> Dict[str, Any]:
-    """The checkout's commit and whether it has uncommitted changes (None when git cannot tell)."""
+    """The checkout's commit and whether its source has uncommitted changes (outside evidence/ and
+    reports/, which the notebooks write; None when git cannot tell)."""
     def git(*args: str) -> Optional[str]:
         try:
             return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True,
@@ -105,7 +106,8 @@ def source_revision() -> Dict[str, Any]:
             return None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # what the notebooks write (evidence/, reports/) is their product, not a change to the source
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!evidence", ":!reports")
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 

@@ -89,3 +89,24 @@ def test_each_profile_writes_its_own_folder_with_the_commit_that_ran_it(tmp_path
     run = record["notebooks"]["a_first"]
     assert record["profile"] == "smoke" and run["commit"] == reproduce.source_revision()["commit"]
     assert len(run["commit"]) == 40 and isinstance(run["dirty"], bool) and run["seconds"] >= 0
+
+
+def test_the_run_record_calls_a_tree_dirty_for_source_changes_not_for_what_notebooks_write(tmp_path, monkeypatch):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    for name in ("evidence/metrics.json", "reports/page.png", "lib/code.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("one\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
+    assert reproduce.source_revision()["dirty"] is False
+    (tmp_path / "evidence" / "metrics.json").write_text("two\n")
+    (tmp_path / "reports" / "page.png").write_text("two\n")
+    assert reproduce.source_revision()["dirty"] is False, "the notebooks' own outputs"
+    (tmp_path / "lib" / "code.py").write_text("two\n")
+    assert reproduce.source_revision()["dirty"] is True
