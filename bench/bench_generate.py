@@ -21,7 +21,7 @@ ENGINES = ("cached", "generate")
 
 
 def main(argv=None) -> int:
-    parser = train_config_parser("bench/bench_generate.py", description=__doc__)  # any TrainConfig field as a flag
+    parser = train_config_parser("bench/bench_generate.py", description=__doc__, argv=argv)  # TrainConfig's flags
     parser.add_argument("--episodes", type=int, default=16, help="episodes played by each engine")
     parser.add_argument("--max-turns", type=int, default=None, help="turns per episode (default: to the end)")
     config, args = parse_train_config(argv, parser)  # imports unsloth first where the run may use it

@@ -25,7 +25,7 @@ ENVIRONMENT_SHARE_LIMIT = 0.05
 
 
 def main(argv=None) -> int:
-    parser = train_config_parser("bench/bench_train.py", description=__doc__)  # any TrainConfig field as a flag
+    parser = train_config_parser("bench/bench_train.py", description=__doc__, argv=argv)  # TrainConfig's flags
     parser.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up step)")
     config, args = parse_train_config(argv, parser)  # imports unsloth first where the run may use it
     from transformers import TrainerCallback

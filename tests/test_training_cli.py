@@ -87,3 +87,28 @@ def test_help_runs_from_the_command_line():
                             text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--max_steps MAX_STEPS" in result.stdout and "Optimisation steps" in result.stdout
+
+
+def test_the_command_line_imports_unsloth_before_transformers():
+    """TrlParser imports transformers, which Unsloth must patch first: the CLI asks for unsloth
+    (where the run may use it) before it builds the parser. Checked in a fresh interpreter."""
+    probe = (
+        "import sys\n"
+        "import lib.training.backends as backends\n"
+        "seen = []\n"
+        "original = backends.import_unsloth_first\n"
+        "def spy(config):\n"
+        "    seen.append(sorted(m for m in ('transformers', 'trl', 'peft') if m in sys.modules))\n"
+        "    return original(config)\n"
+        "backends.import_unsloth_first = spy\n"
+        "from lib.training.__main__ import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('SEEN', seen)\n")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    seen = result.stdout.strip().splitlines()[-1]
+    assert seen == "SEEN [[]]", f"asked for unsloth once, before transformers, trl and peft: {seen}"

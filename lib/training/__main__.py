@@ -19,7 +19,7 @@ from lib.training.cli import parse_train_config, train_config_parser
 
 
 def main(argv=None) -> int:
-    config, _ = parse_train_config(argv, train_config_parser(description=__doc__))
+    config, _ = parse_train_config(argv, train_config_parser(description=__doc__, argv=argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from lib.training import train
 

@@ -63,10 +63,21 @@ def _backend_first(argv: Sequence[str]) -> str:
     return TrainConfig.backend
 
 
-def train_config_parser(prog: str = "python -m lib.training", description: Optional[str] = None) -> Any:
+def import_unsloth_for(argv: Optional[Sequence[str]] = None) -> None:
+    """`import_unsloth_first` for the backend a command line asks for (default: this process's)."""
+    from lib.training.backends import import_unsloth_first
+
+    backend = _backend_first(list(sys.argv[1:] if argv is None else argv))
+    import_unsloth_first(TrainConfig(backend=backend if backend in BACKENDS else "auto"))
+
+
+def train_config_parser(prog: str = "python -m lib.training", description: Optional[str] = None,
+                        argv: Optional[Sequence[str]] = None) -> Any:
     """A `TrlParser` over `TrainConfig`, each flag's help its field's docstring (and default).
-    Add a script's own flags to it with `add_argument`; `parse_train_config` returns them too."""
-    from trl import TrlParser  # imports transformers: after `import_unsloth_first`
+    Add a script's own flags to it with `add_argument`; `parse_train_config` returns them too.
+    Unsloth is imported first when the command line (`argv`, default this process's) may use it."""
+    import_unsloth_for(argv)
+    from trl import TrlParser  # imports transformers: after unsloth
 
     parser = TrlParser(TrainConfig, prog=prog, description=description or __doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,11 +96,7 @@ def parse_train_config(argv: Optional[Sequence[str]] = None, parser: Any = None,
     """(TrainConfig, the script's other flags) from a command line; `fixed` fields override both
     the file and the flags. Exits with a message naming the field on a bad name or value."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    from lib.training.backends import import_unsloth_first
-
-    backend = _backend_first(argv)
-    import_unsloth_first(TrainConfig(backend=backend if backend in BACKENDS else "auto"))
-    parser = parser or train_config_parser()
+    parser = parser or train_config_parser(argv=argv)  # which imports unsloth first where it may be used
     try:
         outputs: List[Any] = list(parser.parse_args_and_config(args=argv))
     except ValueError as error:  # TrainConfig's own checks, or an unknown key in the config file
