@@ -207,7 +207,8 @@ async def run_load(url: str, honest: int, episodes_per_client: int, abusers: Seq
     result = LoadResult()
     process, counts_path = None, None
     if abusers:
-        counts_path = tempfile.mktemp(prefix="cernenv-abuse-", suffix=".json")
+        handle, counts_path = tempfile.mkstemp(prefix="cernenv-abuse-", suffix=".json")
+        os.close(handle)  # the abusers' process writes its counts here when it stops
         process = subprocess.Popen([sys.executable, os.path.abspath(__file__), url, ",".join(abusers), counts_path])
         await asyncio.sleep(3.0)  # the abuse is under way before the honest clients start
     start = time.perf_counter()
