@@ -385,15 +385,18 @@ def _x_axis(rows: Sequence[Mapping[str, Any]]) -> Tuple[np.ndarray, str]:
 
 
 def _binomial_interval(rate: np.ndarray, n: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """Clopper–Pearson 95% interval of rates measured on `n` episodes each (NaN where unknown)."""
-    from scipy.stats import beta
+    """Clopper–Pearson 95% interval (scipy's `binomtest(...).proportion_ci()`) of rates measured
+    on `n` episodes each (NaN where unknown)."""
+    from scipy.stats import binomtest
 
-    k = np.round(rate * n)
-    with np.errstate(invalid="ignore"):
-        low = np.where(k > 0, beta.ppf(0.025, k, n - k + 1), 0.0)
-        high = np.where(k < n, beta.ppf(0.975, k + 1, n - k), 1.0)
-    unknown = ~(np.isfinite(rate) & np.isfinite(n) & (n > 0))
-    return np.where(unknown, np.nan, low), np.where(unknown, np.nan, high)
+    low, high = np.full(np.shape(rate), np.nan), np.full(np.shape(rate), np.nan)
+    for i, (r, count) in enumerate(zip(rate, n)):
+        if not (np.isfinite(r) and np.isfinite(count) and round(count) >= 1 and 0.0 <= r <= 1.0):
+            continue  # not a rate over a count of episodes
+        episodes = int(round(count))
+        interval = binomtest(int(round(r * episodes)), episodes).proportion_ci(0.95)
+        low[i], high[i] = interval.low, interval.high
+    return low, high
 
 
 def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Panel, xlabel: str) -> None:

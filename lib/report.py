@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
+from lib.reproduce import RUN_RECORD
+
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES_DIR = Path(__file__).resolve().parent / "report_templates"
 TEMPLATE_NAME = "cernenv_offline"
@@ -62,7 +64,7 @@ def provenance(notebook_path: Path) -> str:
     """A Markdown line saying which profile and commit produced this executed notebook (from the
     run record beside it), with a warning when that is not a clean full run."""
     try:
-        record = json.loads((notebook_path.parent / "run.json").read_text())
+        record = json.loads((notebook_path.parent / RUN_RECORD).read_text())
         run = record["notebooks"][notebook_path.stem]
         profile = str(record["profile"])
     except (OSError, ValueError, KeyError, TypeError):

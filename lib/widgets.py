@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
+from lib.evidence import PAIR_KEY
 from lib.plotting import plot_spectrum, savefig, subplots
 from lib.replay import as_episode_dict, replay
 
@@ -235,7 +236,7 @@ def _menu_and_panels(labels: Sequence[str], panels: Sequence[widgets.Widget]) ->
 
 
 def _task_of(view: EpisodeView) -> Tuple:
-    return tuple(view.episode.get(key) for key in ("seed", "scenario", "difficulty"))
+    return tuple(view.episode.get(key) for key in PAIR_KEY)
 
 
 def browser_groups(views: Sequence[EpisodeView]) -> List[Tuple[str, List[int]]]:

@@ -45,14 +45,18 @@ def test_a_misspelt_parameter_or_notebook_is_refused_with_what_exists(tmp_path):
         load_profile("ful")
 
 
+def _write_notebook(folder, name, code, parameters=None):
+    """A python3 notebook `folder/NAME.ipynb` of one code cell, after a parameters cell if given."""
+    folder.mkdir(exist_ok=True)
+    cells = [new_code_cell(parameters, metadata={"tags": ["parameters"]})] if parameters else []
+    python = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nbformat.write(new_notebook(cells=cells + [new_code_cell(code)], metadata=python), folder / f"{name}.ipynb")
+
+
 def test_a_failing_notebook_stops_the_run_and_names_the_cell(tmp_path, monkeypatch):
     notebooks = tmp_path / "notebooks"
-    notebooks.mkdir()
-    python = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
-    parameters = new_code_cell("DIVISOR = 1", metadata={"tags": ["parameters"]})
-    nbformat.write(new_notebook(cells=[parameters, new_code_cell("print(1 / DIVISOR)")], metadata=python),
-                   notebooks / "a_first.ipynb")
-    nbformat.write(new_notebook(cells=[new_code_cell("print('never')")], metadata=python), notebooks / "b_second.ipynb")
+    _write_notebook(notebooks, "a_first", "print(1 / DIVISOR)", parameters="DIVISOR = 1")
+    _write_notebook(notebooks, "b_second", "print('never')")
     monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", notebooks)
     monkeypatch.setattr(reproduce, "BUILD_DIR", tmp_path / "default-build")
     profile = _write_profile(tmp_path, "notebooks:\n  a_first:\n    DIVISOR: 0\n  b_second: {}\n")
@@ -69,11 +73,7 @@ def test_a_failing_notebook_stops_the_run_and_names_the_cell(tmp_path, monkeypat
 
 def test_each_profile_writes_its_own_folder_with_the_commit_that_ran_it(tmp_path, monkeypatch):
     notebooks = tmp_path / "notebooks"
-    notebooks.mkdir()
-    python = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
-    parameters = new_code_cell("N = 1", metadata={"tags": ["parameters"]})
-    nbformat.write(new_notebook(cells=[parameters, new_code_cell("print(N)")], metadata=python),
-                   notebooks / "a_first.ipynb")
+    _write_notebook(notebooks, "a_first", "print(N)", parameters="N = 1")
     monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", notebooks)
     monkeypatch.setattr(reproduce, "BUILD_DIR", tmp_path / "build")
     for name, n in (("smoke", 2), ("full", 3)):
