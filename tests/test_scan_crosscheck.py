@@ -165,10 +165,11 @@ def scanned_spectra(specs):
     return out
 
 
-def shortfalls(label, edges, counts, sqrt_s_tev, resolution_fn, scan):
-    """[(label, mass, scan Z, independent Z)] for the points where the scan falls >= SHORTFALL short."""
+def shortfalls(label, edges, counts, sqrt_s_tev, resolution_fn, scan, h0=None):
+    """[(label, mass, scan Z, independent Z)] for the points where the scan falls >= SHORTFALL short
+    (``h0``: the independent background-only fit, if already made)."""
     fit = IndependentFit(edges, counts, sqrt_s_tev)
-    h0 = fit.background_only()
+    h0 = h0 if h0 is not None else fit.background_only()
     bad = []
     for m, z_scan in zip(scan.mass_grid_gev, scan.z_local):
         z_ind = fit.z_local(float(m), float(resolution_fn(float(m))), h0)
@@ -186,10 +187,16 @@ def test_scan_finds_what_an_independent_fit_finds(spec):
     """Every point of the episode's last scan (the full data set the agent decides on)."""
     spectra = scanned_spectra([spec])
     assert spectra, "the heuristic episode scanned nothing"
-    bad = shortfalls(*spectra[-1])
-    # the falling-shape constraint is hard: the background-only fit does not bend into a peak
     label, edges, counts, sqrt_s_tev, _, scan = spectra[-1]
+    h0 = IndependentFit(edges, counts, sqrt_s_tev).background_only()
+    bad = shortfalls(*spectra[-1], h0=h0)
+    # the environment's background-only fit (one start unless it fails) reaches the independent
+    # fit's lowest minimum over five starts: its NLL relative to the saturated model, made absolute
     bkg = fit_background_only(edges, counts, sqrt_s_tev)
+    positive = counts[counts > 0]
+    assert bkg.converged
+    assert bkg.nll - float(np.sum(positive * np.log(positive) - positive)) <= h0[0] + 1e-4
+    # the falling-shape constraint is hard: the background-only fit does not bend into a peak
     x = np.clip(edges[[0, -1]] / (1000.0 * sqrt_s_tev), 1e-9, 1.0 - 1e-9)
     assert np.all(bkg.p2 + bkg.p1 * x / (1.0 - x) >= -1e-8 * (1.0 + abs(bkg.p1) + abs(bkg.p2)))
     assert not bad, f"scan Z >= {SHORTFALL} below the independent fit at {len(bad)} points: {bad[:10]}"

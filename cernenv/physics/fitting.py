@@ -610,8 +610,10 @@ def _feasible_shape(tmpl, p1, p2):
 
 
 def _fit_background(tmpl, counts, starts=None, mask=None):
-    """Background-only fit from the given (p1, p2) starts (default: WLS and (8, 5)), the
-    lowest minimum kept.
+    """Background-only fit from the given (p1, p2) starts, the lowest minimum kept; by default
+    the WLS start (``_start_shape``), and (8, 5) only if that fit does not converge. (On the
+    spectra of 300 heuristic episodes, 1,059 fits, the WLS start alone reached the two-start
+    minimum to 1e-6 wherever it converged; tests/test_physics.py checks this per scenario.)
 
     With `mask`, only the bins it selects enter the likelihood; N_b is still the yield
     over the whole window (the shape extrapolates into the masked bins)."""
@@ -621,6 +623,7 @@ def _fit_background(tmpl, counts, starts=None, mask=None):
     total = float(counts.sum())
     if total <= 0:
         raise ValueError("the histogram is empty: nothing to fit")
+    first_converged_is_enough = starts is None
     if starts is None:
         starts = []
         wls = _start_shape(tmpl, counts)  # masked bins hold 0 and are skipped
@@ -630,6 +633,8 @@ def _fit_background(tmpl, counts, starts=None, mask=None):
         starts = starts[:2]
     best = None
     for p1, p2 in starts:
+        if first_converged_is_enough and best is not None and best[2]:
+            break
         p1, p2 = _feasible_shape(tmpl, p1, p2)
         kept = 1.0 if mask is None else max(float(tmpl.background(p1, p2)[0][mask].sum()), 1e-3)
         nb0 = max(total / kept, 1.0)
