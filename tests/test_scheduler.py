@@ -1,5 +1,6 @@
-"""The server's fair scheduler (cernenv/server/scheduler.py), on a fake CPU clock: which job runs
-next is decided by the CPU time each session was charged, whatever the arrival order."""
+"""The server's fair scheduler (cernenv/server/scheduler.py), on fake CPU and wall clocks: which
+job runs next is decided by the CPU time each session was charged recently, whatever the arrival
+order."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ class FakeClock:
 
 @pytest.fixture
 def setup():
-    clock = FakeClock()
-    scheduler = FairScheduler(wake_credit_s=0.05, max_lead_s=10.0, cpu_clock=clock)
+    """A scheduler whose charges do not decay unless a test moves its wall clock (`scheduler.wall`)."""
+    clock, wall = FakeClock(), FakeClock()
+    scheduler = FairScheduler(half_life_s=1.0, max_lead_s=10.0, cpu_clock=clock, wall_clock=wall)
+    scheduler.wall = wall
     yield scheduler, clock
     scheduler.shutdown()
 
@@ -71,21 +74,33 @@ def test_equal_charges_run_in_arrival_order_and_busy_sessions_alternate(setup):
     assert log == ["a0", "b0", "a1", "b1", "a2", "b2"]
 
 
-def test_a_session_back_from_idle_gets_a_small_credit_not_its_savings(setup):
-    """A session that waited on its client re-enters at the least charge of those waiting, less
-    `wake_credit_s`: ahead of the busy ones, but it cannot spend the time it was away."""
+def test_a_session_back_from_idle_finds_its_charge_decayed_but_saves_no_credit(setup):
+    """Charges halve every `half_life_s` of wall time: a session that kept the thread busy is
+    soon even with the others again, and one that stayed away for long is at 0, never below,
+    so it cannot spend the time it was away: it takes turns with a brand-new session."""
     scheduler, clock = setup
     log: list = []
-    scheduler.submit("busy", job(clock, log, "busy", 10.0)).result(30)
+    scheduler.submit("busy", job(clock, log, "busy", 8.0)).result(30)
+    scheduler.submit("sleeper", job(clock, log, "sleeper", 1.0)).result(30)
+    scheduler.wall.now += 3.0  # three half-lives
+    assert scheduler.charge_s("busy") == pytest.approx(1.0)
+    assert scheduler.charge_s("sleeper") == pytest.approx(0.125)
     release = hold_worker(scheduler)
     busy = scheduler.submit("busy", job(clock, log, "busy again", 1.0))
-    sleeper = [scheduler.submit("sleeper", job(clock, log, f"sleeper{i}", 0.04)) for i in range(3)]
-    assert scheduler.charge_s("sleeper") == pytest.approx(10.0 - 0.05)
+    sleeper = [scheduler.submit("sleeper", job(clock, log, f"sleeper{i}", 0.5)) for i in range(3)]
     release.set()
     for future in [busy, *sleeper]:
         future.result(30)
-    # 0.05 s of credit: two 0.04 s jobs go first, then the busy session's turn comes back
-    assert log == ["busy", "sleeper0", "sleeper1", "busy again", "sleeper2"]
+    # the sleeper (0.125) runs until its charge passes the busy session's 1.0: after two jobs
+    assert log[2:] == ["sleeper0", "sleeper1", "busy again", "sleeper2"]
+    scheduler.wall.now += 10_000.0  # the charge underflows to 0
+    assert scheduler.charge_s("sleeper") == 0.0
+    release = hold_worker(scheduler)
+    futures = [scheduler.submit(s, job(clock, log, f"{s}{i}", 0.25)) for i in range(2) for s in ("sleeper", "new")]
+    release.set()
+    for future in futures:
+        future.result(30)
+    assert log[-4:] == ["sleeper0", "new0", "sleeper1", "new1"]
 
 
 def test_errors_reach_the_caller_and_the_worker_goes_on(setup):
@@ -128,7 +143,7 @@ def test_one_expensive_job_puts_its_session_at_most_max_lead_behind_the_others()
     """Without the cap, a session whose 1 s scan ran while another waited would wait until the
     other had used 1 s of CPU; with `max_lead_s` = 0.01 it is charged 0.01 s above the waiting one."""
     clock, log = FakeClock(), []
-    scheduler = FairScheduler(wake_credit_s=0.0, max_lead_s=0.01, cpu_clock=clock)
+    scheduler = FairScheduler(max_lead_s=0.01, cpu_clock=clock, wall_clock=FakeClock())
     try:
         release = hold_worker(scheduler)
         heavy = scheduler.submit("heavy", job(clock, log, "big scan", 1.0))

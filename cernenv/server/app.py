@@ -165,7 +165,7 @@ class ServedEnvironment(CERNCollisionEnvironment):
     """`CERNCollisionEnvironment` as one server session runs it (see the module docstring)."""
 
     RESET_PARAMETERS = ("seed", "episode_id", "scenario", "difficulty", "secret_salt")
-    # Every session's reset and step run on one shared thread (`FairScheduler`: least CPU time
+    # Every session's reset and step run on one shared thread (`FairScheduler`: least recent CPU time
     # used first). The physics holds the GIL, so a thread per session only adds contention: at 32
     # sessions it doubled the server's CPU time per episode (170 vs 87 ms) and cut throughput by a
     # third (bench/bench_server.py). OpenEnv awaits `reset_async`/`step_async` (overridden below)
