@@ -43,6 +43,7 @@ from cernenv.scenarios import CURATED, DEFAULT_MAX_STEPS, DIFFICULTIES, list_sce
 from cernenv.server import ServedEnvironment, ServerConfig, create_cernenv_app
 from cernenv.server.__main__ import main as server_main
 from cernenv.server.app import EnvironmentCount
+from cernenv.server.guard import ConnectionGuard, GuardedListener, listening_socket
 from cernenv.server.scheduler import FairScheduler
 from lib.agents import HeuristicAgent, RandomAgent, best_trigger
 
@@ -738,6 +739,38 @@ def test_64_honest_clients_finish_every_episode_beside_8_abusive_ones():
 
 
 # Hostile clients (issue 15) ------------------------------------------------------------
+def test_the_listener_refuses_connections_over_a_limit_as_it_accepts_them():
+    """A flood of connections from one address once cost the server 170 µs of CPU each, refused
+    only after asyncio had built a transport, a task and a protocol for it. The listening socket
+    now answers those with a 503 and closes them inside `accept`, at most REFUSALS_PER_ACCEPT
+    per call (then it reports nothing pending, so the event loop gets its turn), and returns
+    the first connection within the limits."""
+    guard = ConnectionGuard(max_connections=10, max_connections_per_client=1, request_read_timeout_s=5.0)
+    listener = listening_socket(guard, "127.0.0.1", 0)
+    listener.listen(256)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    clients = []
+    try:
+        assert guard.admit("127.0.0.1") is None  # the one connection this address may hold
+        clients = [socket.create_connection(("127.0.0.1", port), timeout=5)
+                   for _ in range(GuardedListener.REFUSALS_PER_ACCEPT + 6)]
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # all refused; the call stops after REFUSALS_PER_ACCEPT
+        assert guard.refused["connections refused over a limit"] == GuardedListener.REFUSALS_PER_ACCEPT
+        answer = read_until_closed(clients[0])
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"127.0.0.1 holds its limit of 1 connections" in answer
+        guard.release("127.0.0.1")  # the held connection closes: the next one is accepted
+        conn, address = listener.accept()
+        conn.close()
+        assert address[0] == "127.0.0.1" and guard.refused["connections refused over a limit"] == 64
+        assert guard.open == 0  # `accept` only looks; the protocol counts what it admits
+    finally:
+        for client in clients:
+            client.close()
+        listener.close()
+
+
 
 
 def test_sessions_are_made_by_the_websocket_alone(server):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import socket
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -16,7 +15,7 @@ from typing import List, Optional
 import uvicorn
 
 from cernenv.server.app import ServerConfig, create_cernenv_app
-from cernenv.server.guard import ConnectionGuard, guarded_protocols
+from cernenv.server.guard import ConnectionGuard, guarded_protocols, listening_socket
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -75,20 +74,21 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"sessions, messages up to {config.max_message_bytes} bytes"
           f"{', with an evaluation secret' if config.secret_salt else ''}"
           f"{', bearer token required' if config.token else ''})", file=sys.stderr, flush=True)
-    try:  # a taken port: say which, and how to choose another (uvicorn only logs "[Errno 98]")
-        with socket.create_server((config.host, config.port)):
-            pass
-    except OSError as error:
-        parser.error(f"cannot listen on {config.host}:{config.port} ({error.strerror}): another server may hold "
-                     f"that port; pick another with --port N (or CERNENV_PORT; `make serve SERVE_ARGS=\"--port N\"`)")
     soft_limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft_limit != resource.RLIM_INFINITY and config.max_connections > soft_limit - 64:
         parser.error(f"--max-connections {config.max_connections} does not fit under this process's limit of "
                      f"{soft_limit} open files (ulimit -n) with room for the server's own: lower it or raise the limit")
     guard = ConnectionGuard(config.max_connections, config.max_connections_per_client, config.request_read_timeout_s)
+    try:  # a taken port: say which, and how to choose another (uvicorn only logs "[Errno 98]")
+        listener = listening_socket(guard, config.host, config.port)
+    except OSError as error:
+        parser.error(f"cannot listen on {config.host}:{config.port} ({error.strerror}): another server may hold "
+                     f"that port; pick another with --port N (or CERNENV_PORT; `make serve SERVE_ARGS=\"--port N\"`)")
     http, ws = guarded_protocols(guard)
-    uvicorn.run(create_cernenv_app(config), host=config.host, port=config.port, log_level=args.log_level,
-                http=http, ws=ws, ws_max_size=config.ws_frame_limit_bytes, ws_per_message_deflate=False)
+    server = uvicorn.Server(uvicorn.Config(create_cernenv_app(config), host=config.host, port=config.port,
+                                           log_level=args.log_level, http=http, ws=ws,
+                                           ws_max_size=config.ws_frame_limit_bytes, ws_per_message_deflate=False))
+    server.run(sockets=[listener])
     return 0
 
 
