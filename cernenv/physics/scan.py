@@ -84,34 +84,40 @@ def _wall_steps(info: np.ndarray, score: np.ndarray, normals: np.ndarray, on_wal
     feasible cone. A constraint off the wall is left to the step-length limit."""
     try:
         free_step = -np.linalg.solve(info, score[..., None])[..., 0]
+        inverse = None
     except np.linalg.LinAlgError:
-        free_step = -np.einsum("kpq,kq->kp", np.linalg.pinv(info), score)
+        inverse = np.linalg.pinv(info)
+        free_step = -np.einsum("kpq,kq->kp", inverse, score)
     decrement = -np.einsum("kp,kp->k", free_step, score)
     c_step = free_step @ normals.T  # (K, 2)
     need = np.flatnonzero(np.any(on_wall & (c_step < 0.0), axis=1))  # the free step leaves the cone
     if need.size == 0:
         return free_step, decrement
     k, p = need.size, score.shape[1]
-    try:
-        hinv_c = np.linalg.solve(info[need], np.broadcast_to(normals.T, (k, p, 2)))  # (k, P, 2)
-    except np.linalg.LinAlgError:
-        hinv_c = np.linalg.pinv(info[need]) @ normals.T
+    hinv_c = (np.linalg.solve(info[need], np.broadcast_to(normals.T, (k, p, 2))) if inverse is None
+              else inverse[need] @ normals.T)  # (k, P, 2)
     m = np.einsum("jp,kpi->kji", normals, hinv_c)  # C H^-1 C^T, (k, 2, 2)
-    walls, c_need, score_need = on_wall[need], c_step[need], score[need]
-    best_step = np.zeros((k, p))  # held on both walls without a better choice: no shape move left
-    best_dec = np.full(k, -np.inf)
-    for held in (np.array([True, False]), np.array([False, True]), np.array([True, True])):
-        rows = np.flatnonzero(np.all(walls[:, held], axis=1))
-        if rows.size == 0:
-            continue
-        eye = np.diag((~held).astype(float))
-        mask = np.outer(held, held).astype(float)
-        lam = np.linalg.solve(m[rows] * mask + eye, (c_need[rows] * held)[..., None])[..., 0]
-        step = free_step[need[rows]] - np.einsum("kpi,ki->kp", hinv_c[rows], lam)
-        dec = -np.einsum("kp,kp->k", step, score_need[rows])
-        pushes = walls[rows] & ~held & (step @ normals.T < 0.0)
-        better = ~np.any(pushes, axis=1) & (dec > best_dec[rows])
-        best_step[rows[better]], best_dec[rows[better]] = step[better], dec[better]
+    walls, c_need, score_need, free_need = on_wall[need], c_step[need], score[need], free_step[need]
+    # the multipliers of each subset held (the 2 x 2 systems solved in closed form): one wall, the
+    # other, both; a subset is possible where its walls are all on
+    lam_0 = np.stack([c_need[:, 0] / m[:, 0, 0], np.zeros(need.size)], axis=1)
+    lam_1 = np.stack([np.zeros(need.size), c_need[:, 1] / m[:, 1, 1]], axis=1)
+    det = m[:, 0, 0] * m[:, 1, 1] - m[:, 0, 1] * m[:, 1, 0]
+    lam_both = np.stack([m[:, 1, 1] * c_need[:, 0] - m[:, 0, 1] * c_need[:, 1],
+                         m[:, 0, 0] * c_need[:, 1] - m[:, 1, 0] * c_need[:, 0]], axis=1) / det[:, None]
+    best_step = np.zeros_like(free_need)  # held on both walls without a better choice: no shape move left
+    best_dec = np.full(need.size, -np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a singular subset gives NaN and is not taken
+        for held, lam, possible in ((0, lam_0, walls[:, 0]), (1, lam_1, walls[:, 1]),
+                                    (None, lam_both, walls[:, 0] & walls[:, 1])):
+            step = free_need - np.einsum("kpi,ki->kp", hinv_c, lam)
+            dec = -np.einsum("kp,kp->k", step, score_need)
+            if held is None:  # both held: no other wall to push
+                pushes = np.zeros(need.size, dtype=bool)
+            else:  # the step must not push the other wall, where the shape is on it, outwards
+                pushes = walls[:, 1 - held] & (step @ normals[1 - held] < 0.0)
+            better = possible & ~pushes & (dec > best_dec)
+            best_step[better], best_dec[better] = step[better], dec[better]
     free_step = free_step.copy()
     free_step[need], decrement[need] = best_step, np.maximum(best_dec, 0.0)
     return free_step, decrement
