@@ -36,14 +36,14 @@ import numpy as np
 from scipy.special import betainc, log_ndtr
 
 from cernenv.physics.fitting import BackgroundFit, fit_background_only
-from cernenv.physics.scan import BumpScan, _resolutions, scan_local_significance
+from cernenv.physics.scan import BumpScan, resolutions_on_grid, scan_local_significance
 from cernenv.physics.shapes import background_bin_fractions
 from cernenv.physics.significance import (
     LocalSignificance,
-    _z_from_log_p,
     counting_scan_upcrossings,
     counting_windows,
     profile_likelihood_significance,
+    z_from_log_p,
 )
 
 SPURIOUS_SIGNAL_STAT_FRACTION = 0.2
@@ -95,18 +95,18 @@ def rice_density(spectrum, fit: BackgroundFit, masses_gev: np.ndarray) -> np.nda
     Z(m) is the score of the narrow-peak template s(m) (binned Gaussian of σ(m)) made
     orthogonal, in the metric W = diag(1/μ) of the background-only fit, to the profiled
     background directions J = dμ/d(N_b, p1, p2): s⊥ = s - Jᵀ(J W Jᵀ)⁻¹ J W s. Its correlation
-    is ρ(m, m') = <s⊥(m), s⊥(m')>_W / (|s⊥(m)| |s⊥(m')|), and Rice's density is
+    is ρ(m, m') = <s⊥(m), s⊥(m')>W / (|s⊥(m)| |s⊥(m')|), and Rice's density is
     √λ2 / 2π with λ2 = -∂²ρ = (|s⊥'|²|s⊥|² - <s⊥, s⊥'>²) / |s⊥|⁴ (s⊥' = ∂s⊥/∂m). For fine
     bins, a flat background and no profiling, λ2 = 1/(2σ²): `upcrossing_density`; this form
     also holds for coarse bins, σ(m) and the window edges, where profiling sharpens Z(m)."""
-    from cernenv.physics.fitting import _template
+    from cernenv.physics.likelihood import template
     from cernenv.physics.scan import gaussian_bin_fractions
     masses = np.asarray(masses_gev, dtype=float)
-    tmpl = _template(spectrum.edges_gev, spectrum.sqrt_s_tev)
-    sigma = _resolutions(spectrum.resolution_gev, masses)
+    tmpl = template(spectrum.edges_gev, spectrum.sqrt_s_tev)
+    sigma = resolutions_on_grid(spectrum.resolution_gev, masses)
     step = 1e-3 * sigma
-    sig_up, sig_down = _resolutions(spectrum.resolution_gev, masses + step), _resolutions(spectrum.resolution_gev,
-                                                                                          masses - step)
+    sig_up = resolutions_on_grid(spectrum.resolution_gev, masses + step)
+    sig_down = resolutions_on_grid(spectrum.resolution_gev, masses - step)
     templ = gaussian_bin_fractions(tmpl, masses, sigma)
     deriv = (gaussian_bin_fractions(tmpl, masses + step, sig_up)
              - gaussian_bin_fractions(tmpl, masses - step, sig_down)) / (2.0 * step[:, None])
@@ -226,12 +226,12 @@ def global_significance(spectrum, mass_gev: float, local: LocalSignificance, bac
     else:
         log_p_local = float(log_ndtr(-max(local.z_local, 0.0)))
         method = "asymptotic"
-    z_local = max(_z_from_log_p(log_p_local), 0.0) if log_p_local < 0 else 0.0
+    z_local = max(z_from_log_p(log_p_local), 0.0) if log_p_local < 0 else 0.0
 
     # asymptotic region: masses whose ±2σ_m window holds >= LOW_COUNT_BACKGROUND events
     step = 0.25 * float(np.min(np.diff(edges)))
     masses = np.linspace(edges[0], edges[-1], int(np.ceil((edges[-1] - edges[0]) / step)) + 1)
-    res = _resolutions(spectrum.resolution_gev, masses)
+    res = resolutions_on_grid(spectrum.resolution_gev, masses)
     centres = 0.5 * (edges[1:] + edges[:-1])
     b_at = (cum[np.searchsorted(centres, masses + PEAK_HALF_WIDTH_SIGMA * res, side="right")]
             - cum[np.searchsorted(centres, masses - PEAK_HALF_WIDTH_SIGMA * res, side="left")])
@@ -259,7 +259,7 @@ def global_significance(spectrum, mass_gev: float, local: LocalSignificance, bac
         else:  # beyond double precision: Bonferroni over the windows
             log_terms.append(log_p_local + float(np.log(np.count_nonzero(sparse))))
     log_p_global = min(float(np.logaddexp.reduce(log_terms)), 0.0)
-    z_global = min(max(_z_from_log_p(log_p_global), 0.0), z_local) if log_p_global < 0 else 0.0
+    z_global = min(max(z_from_log_p(log_p_global), 0.0), z_local) if log_p_global < 0 else 0.0
     return GlobalSignificance(
         z_local=z_local, p_local=float(np.exp(log_p_local)), local_method=method, z_global=z_global,
         p_global=float(np.exp(log_p_global)), trials_factor=float(np.exp(log_p_global - log_p_local)),

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from cernenv.actions import ACTION_TABLE, Prerequisite, render_action_table_markdown
-from cernenv.environment import _field_table
+from cernenv.environment import field_table
 from cernenv.models import ActionType, ChannelData, CollisionObservation, ResourceUsage, TaskInfo
 from cernenv.rewards import REDUNDANCY_PENALTY, VIOLATION_PENALTY, render_reward_table_markdown
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS, PREREQUISITE_HINTS, SOFT_VIOLATIONS, VIOLATION_MEANINGS, Violation
@@ -102,13 +102,13 @@ def render_environment_markdown() -> str:
         render_action_table_markdown(),
         "## Observation",
         "`CollisionObservation`, returned by `reset()` and `step()`:",
-        _field_table(CollisionObservation),
+        field_table(CollisionObservation),
         "`task` (`TaskInfo`) states the problem without the answer:",
-        _field_table(TaskInfo),
+        field_table(TaskInfo),
         "`resource_usage` (`ResourceUsage`):",
-        _field_table(ResourceUsage),
+        field_table(ResourceUsage),
         "`data_collected[channel]` (`ChannelData`):",
-        _field_table(ChannelData),
+        field_table(ChannelData),
         "## Rewards",
         "Each component is reported separately in `reward_breakdown`; the step reward is their sum.",
         render_reward_table_markdown(),

@@ -701,7 +701,7 @@ def _check_salt(secret_salt: Optional[str]) -> Optional[str]:
     return secret_salt
 
 
-def _field_table(model) -> str:
+def field_table(model) -> str:
     rows = ["| field | type | description |", "|---|---|---|"]
     for name, info in model.model_fields.items():
         if name == "metadata":
@@ -731,11 +731,11 @@ verb are validated against its model in `cernenv.actions.ACTION_TABLE`:
 ## Observation Space
 `CollisionObservation`:
 
-{_field_table(CollisionObservation)}
+{field_table(CollisionObservation)}
 
 `task` (`TaskInfo`) states the problem without the answer:
 
-{_field_table(TaskInfo)}
+{field_table(TaskInfo)}
 
 ## Rewards
 {render_reward_table_markdown()}

@@ -38,6 +38,7 @@ from cernenv.physics import (
     z_from_p,
 )
 from cernenv.physics import fitting as F
+from cernenv.physics import likelihood as L
 
 SQRT_S = 13.0
 EDGES = np.arange(100.0, 161.0, 1.0)
@@ -53,7 +54,7 @@ def signal(n_sig, mass=125.0, width=0.0, res=RES, edges=EDGES):
 
 
 def test_template_matches_shapes_and_gradients_are_exact():
-    tmpl = F.BinnedTemplate(EDGES, SQRT_S)
+    tmpl = L.BinnedTemplate(EDGES, SQRT_S)
     f, _, _ = tmpl.background(P1, P2)
     np.testing.assert_allclose(f, shapes.background_bin_fractions(EDGES, SQRT_S, P1, P2), rtol=1e-12)
     for width in (0.0, 0.7, 4.0):
@@ -61,8 +62,8 @@ def test_template_matches_shapes_and_gradients_are_exact():
         np.testing.assert_allclose(s, shapes.signal_bin_fractions(EDGES, 125.3, width, RES), atol=1e-14)
     rng = np.random.default_rng(0)
     counts = rng.poisson(BKG + signal(500)).astype(float)
-    bkg = F._fit_background(tmpl, counts)
-    _, cost = F._fit_sb(tmpl, counts, bkg, RES, 125.0, mass_bounds_gev=None, fix_mass=False,
+    bkg = F.fit_background_on_template(tmpl, counts)
+    _, cost = F.fit_resonance_on_template(tmpl, counts, bkg, RES, 125.0, mass_bounds_gev=None, fix_mass=False,
                         max_width_gev=5.0, spurious_events=30.0)
     par = np.array([20100.0, 0.3, -0.2, 400.0, 125.2, 0.4, 0.3])
     numeric = []
@@ -76,8 +77,8 @@ def test_template_matches_shapes_and_gradients_are_exact():
 def test_cost_equals_iminuit_extended_binned_nll():
     rng = np.random.default_rng(1)
     counts = rng.poisson(BKG + signal(300)).astype(float)
-    tmpl = F.BinnedTemplate(EDGES, SQRT_S)
-    cost = F._Deviance(tmpl, counts, RES, 0.0, (P1, P2), np.eye(2))
+    tmpl = L.BinnedTemplate(EDGES, SQRT_S)
+    cost = L.PoissonDeviance(tmpl, counts, RES, 0.0, (P1, P2), np.eye(2))
 
     def scaled_cdf(xe, nb, p1, p2, ns, mass, width):
         mu = nb * shapes.background_bin_fractions(xe, SQRT_S, p1, p2) + ns * shapes.signal_bin_fractions(

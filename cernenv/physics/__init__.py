@@ -1,6 +1,9 @@
 """Physics and statistics layer of CERNenv: line shapes, fits, significance, bump scan, spin.
 
-Pure functions on numpy arrays; no environment or agent state.
+Pure functions on numpy arrays; no environment or agent state. One job per module:
+`shapes` (line shapes, bin integrals), `likelihood` (the binned model and its Poisson
+deviance), `fitting` (the minimiser and the fits), `scan` (the bump scan), `significance`
+(profile-likelihood significance, look-elsewhere effect), `angular` (spin likelihoods).
 """
 
 from .angular import (

@@ -24,7 +24,8 @@ from typing import Callable
 
 import numpy as np
 
-from .fitting import BackgroundFit, BinnedTemplate, _as_counts, _fit_background, _template
+from .fitting import BackgroundFit, fit_background_on_template
+from .likelihood import BinnedTemplate, as_counts, template
 
 _SQRT2PI = float(np.sqrt(2.0 * np.pi))
 
@@ -130,7 +131,7 @@ def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarr
     f, df/dp1, df/dp2 at theta, and whether each row converged (K,). ``positive``: a row is
     given up (not converged) once its N_s is <= 0 (a search for a maximum at N_s > 0).
 
-    The background stays falling (``fitting._SHAPE_PENALTY``): the log-log slopes at the window
+    The background stays falling (``fitting.SHAPE_PENALTY``): the log-log slopes at the window
     edges, linear in (p1, p2), stay >= min(their value at the start, 0) - 1e-9. A step is cut
     where it would cross that floor, and at the floor the constraint is held (``_wall_steps``)."""
     free_signal = s is not None
@@ -302,7 +303,7 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
     return ns, q0
 
 
-def _resolutions(resolution_gev_fn, masses):
+def resolutions_on_grid(resolution_gev_fn, masses):
     """σ(m) on the grid: one vectorised call when the function takes arrays, else one per mass."""
     try:
         res = np.asarray(resolution_gev_fn(masses), dtype=float)
@@ -348,13 +349,13 @@ def scan_local_significance(
     Narrow-width hypothesis; all background parameters profiled at every mass (see
     the module docstring). Candidates: see ``BumpScan``.
     """
-    edges, counts = _as_counts(edges, counts)
+    edges, counts = as_counts(edges, counts)
     grid = np.asarray(mass_grid_gev, dtype=float).ravel()
     if grid.size == 0:
         raise ValueError("mass_grid_gev is empty")
-    tmpl = _template(edges, sqrt_s_tev)
-    bkg = background if background is not None else _fit_background(tmpl, counts)
-    res = _resolutions(resolution_gev_fn, grid)
+    tmpl = template(edges, sqrt_s_tev)
+    bkg = background if background is not None else fit_background_on_template(tmpl, counts)
+    res = resolutions_on_grid(resolution_gev_fn, grid)
     ns, q0 = local_q0(tmpl, counts, bkg, gaussian_bin_fractions(tmpl, grid, res))
     # A hypothesis whose profile failed numerically (empty high-mass bins) shows no excess.
     z = np.where(np.isfinite(q0), np.sqrt(np.where(np.isfinite(q0), q0, 0.0)), 0.0)

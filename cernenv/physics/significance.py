@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammainc, gammaln, log_ndtr, ndtr, ndtri, pdtr
 
-from .fitting import _M, _NS, BackgroundFit, _as_counts, _fit_background, _fit_sb, _template
+from .fitting import BackgroundFit, fit_background_on_template, fit_resonance_on_template
+from .likelihood import NS, M, as_counts, template
 from .scan import gaussian_bin_fractions, local_q0
 
 # The standard normal's tail functions, as scipy.stats.norm computes them (sf(z) = ndtr(-z),
@@ -34,7 +35,7 @@ def p_from_z(z):
     return float(p) if np.ndim(p) == 0 else p
 
 
-def _z_from_log_p(log_p: float) -> float:
+def z_from_log_p(log_p: float) -> float:
     """Z with log(1 - Phi(Z)) = log_p; Newton on norm.logsf beyond double-precision p."""
     if log_p > _LOG_TINY:
         return float(-ndtri(np.exp(log_p)))
@@ -100,13 +101,13 @@ def profile_likelihood_significance(
     minimum). The width is fixed to 0: with a floating
     width (undefined under H0) q0 would not follow the half-chi2 law.
     """
-    edges, counts = _as_counts(edges, counts)
-    tmpl = _template(edges, sqrt_s_tev)
+    edges, counts = as_counts(edges, counts)
+    tmpl = template(edges, sqrt_s_tev)
     res = float(resolution_gev)
     spur = float(spurious_signal_events)
     if spur < 0:
         raise ValueError("spurious_signal_events must be >= 0")
-    bkg = background if background is not None else _fit_background(tmpl, counts)
+    bkg = background if background is not None else fit_background_on_template(tmpl, counts)
     fix_mass = mass_bounds_gev is None
     starts = [float(mass_gev)]
     if not fix_mass:
@@ -122,16 +123,16 @@ def profile_likelihood_significance(
         bounds = None
     best = best_cost = None
     for m0 in starts:
-        fit, cost = _fit_sb(tmpl, counts, bkg, res, m0, mass_bounds_gev=bounds, fix_mass=fix_mass,
+        fit, cost = fit_resonance_on_template(tmpl, counts, bkg, res, m0, mass_bounds_gev=bounds, fix_mass=fix_mass,
                          max_width_gev=0.0, spurious_events=spur, fit_theta=False)
         if best is None or fit.fval < best.fval:
             best, best_cost = fit, cost
-    mu_hat = float(best.values[_NS])
-    m_hat = float(best.values[_M])
+    mu_hat = float(best.values[NS])
+    m_hat = float(best.values[M])
     nll1 = 0.5 * float(best.fval)
     converged = bool(best.valid and bkg.converged)
     if spur > 0.0:
-        h0, _ = _fit_sb(tmpl, counts, bkg, res, m_hat, mass_bounds_gev=None, fix_mass=True,
+        h0, _ = fit_resonance_on_template(tmpl, counts, bkg, res, m_hat, mass_bounds_gev=None, fix_mass=True,
                         max_width_gev=0.0, spurious_events=spur, fix_signal_zero=True)
         nll0 = 0.5 * float(h0.fval)
         converged = converged and bool(h0.valid)
@@ -139,10 +140,10 @@ def profile_likelihood_significance(
         # H0 must be at least as good as the s+b background with N_s set to 0: if not,
         # the background-only fit stopped in a worse local minimum -> refit from there
         par = list(best.values)
-        par[_NS] = 0.0
+        par[NS] = 0.0
         if 0.5 * best_cost(*par) < bkg.nll - 1e-6:
             p1, p2 = best_cost.shape_params(par[1], par[2])
-            refit = _fit_background(tmpl, counts, starts=[(p1, p2)])
+            refit = fit_background_on_template(tmpl, counts, starts=[(p1, p2)])
             if refit.nll < bkg.nll:
                 bkg = refit
         nll0 = bkg.nll
@@ -181,7 +182,7 @@ def global_significance(z_local: float, n_upcrossings_ref: float, z_ref: float =
         log_p_global = log_p_local
     log_p_global = min(log_p_global, 0.0)
     p_global = float(np.exp(log_p_global))
-    z_global = min(max(_z_from_log_p(log_p_global), 0.0), z_local) if log_p_global < 0 else 0.0
+    z_global = min(max(z_from_log_p(log_p_global), 0.0), z_local) if log_p_global < 0 else 0.0
     trials = float(np.exp(log_p_global - log_p_local))
     return p_global, z_global, trials
 
