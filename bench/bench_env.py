@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from cernenv import CERNCollisionEnvironment  # noqa: E402
 from cernenv.scenarios import DIFFICULTIES, list_scenarios  # noqa: E402
-from lib.agents import HeuristicAgent, RandomAgent  # noqa: E402
+from lib.baselines import HeuristicAgent, RandomAgent  # noqa: E402
 
 RANDOM_STEPS_TARGET = 2000.0
 HEURISTIC_EPISODES_TARGET = 50.0

@@ -19,8 +19,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from cernenv import CERNCollisionEnvironment  # noqa: E402
-from lib.agents import HeuristicAgent, prompt_budget  # noqa: E402
+from lib.baselines import HeuristicAgent  # noqa: E402
 from lib.evaluation import heldout_suite  # noqa: E402
+from lib.prompting import prompt_budget  # noqa: E402
 from lib.rollouts import transitions  # noqa: E402
 
 CHARS_MEDIAN_TARGET = 2000

@@ -34,7 +34,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from cernenv.client import CERNEnvClient  # noqa: E402
-from lib.agents import HeuristicAgent  # noqa: E402
+from lib.baselines import HeuristicAgent  # noqa: E402
 
 from bench_env import episode_specs, heuristic_throughput  # noqa: E402
 from server_load import run_load  # noqa: E402

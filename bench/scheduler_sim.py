@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from cernenv import CERNCollisionEnvironment, ExperimentAction  # noqa: E402
 from cernenv.server.scheduler import RecentUsage  # noqa: E402
-from lib.agents import HeuristicAgent  # noqa: E402
+from lib.baselines import HeuristicAgent  # noqa: E402
 
 from server_load import HONEST_SCENARIOS  # noqa: E402
 

@@ -35,7 +35,7 @@ from websockets.asyncio.client import connect  # noqa: E402
 
 from cernenv.client import CERNEnvClient, parse_observation  # noqa: E402
 from cernenv.models import ActionType  # noqa: E402
-from lib.agents import HeuristicAgent  # noqa: E402
+from lib.baselines import HeuristicAgent  # noqa: E402
 
 HONEST_SCENARIOS = ("z_mumu_91", "higgs_4l_125", None)  # None: a procedural campaign (medium)
 ABUSER_KINDS = ("scan", "slow", "flood", "create")

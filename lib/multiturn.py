@@ -30,8 +30,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from cernenv import CERNCollisionEnvironment, CollisionObservation
-from lib.agents import SYSTEM_PROMPT, LLMAgentConfig, parse_action, render_observation
 from lib.progress import Progress
+from lib.prompting import SYSTEM_PROMPT, LLMAgentConfig, parse_reply, render_observation
 from lib.rollouts import EpisodeRecord, StepRecord, _spec, episode_record, step_record
 
 
@@ -427,7 +427,7 @@ def _play_batch(generate_fn: GenerateFn, layout: ChatLayout, specs: List[Dict[st
             episode.completion_ids += tokens
             episode.env_mask += [1] * len(tokens)
             episode.logprobs += logprobs
-            parse = parse_action(text)
+            parse = parse_reply(text)
             next_obs = envs[i].step(parse.payload)
             steps[i].append(step_record(obs, parse.payload, next_obs, prompt=messages[i][-1]["content"],
                                         completion=text, parsed_ok=parse.ok, parse_error=parse.error))

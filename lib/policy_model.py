@@ -31,8 +31,9 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from cernenv import CERNCollisionEnvironment, ExperimentAction
-from lib.agents import HeuristicAgent, action_to_json
+from lib.baselines import HeuristicAgent
 from lib.multiturn import first_messages, followup_message
+from lib.prompting import action_to_json
 from lib.rollouts import transitions
 from lib.tokenizer import PROJECT_CACHE, corpus_specs
 

@@ -23,8 +23,8 @@ from tqdm.auto import tqdm
 from cernenv import CERNCollisionEnvironment, CollisionObservation, ExperimentAction
 from cernenv.rules import RuleViolation
 from cernenv.rules import parse_action as validate_action
-from lib.agents import LLMAgent, LLMAgentConfig
 from lib.files import atomic_write
+from lib.prompting import LLMAgent, LLMAgentConfig
 
 PromptFn = Callable[[List[Dict[str, str]]], str]
 """Formats a chat into the model's prompt, e.g. a tokenizer's `apply_chat_template(..., tokenize=False,

@@ -26,8 +26,9 @@ from transformers import PreTrainedTokenizerFast
 
 from cernenv import CERNCollisionEnvironment, ExperimentAction
 from cernenv.scenarios import DIFFICULTIES, list_scenarios
-from lib.agents import SYSTEM_PROMPT, HeuristicAgent, RandomAgent, action_to_json, render_observation
+from lib.baselines import HeuristicAgent, RandomAgent
 from lib.evaluation import assert_disjoint_from_suite
+from lib.prompting import SYSTEM_PROMPT, action_to_json, render_observation
 from lib.rollouts import transitions
 
 SYSTEM, USER, ASSISTANT, END, PAD = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>"

@@ -11,19 +11,19 @@ import pytest
 from cernenv import ACTION_TABLE, ActionType, CERNCollisionEnvironment, ExperimentAction
 from cernenv.rewards import NO_CLAIM, VIOLATION_PENALTY
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS
-from lib.agents import (
+from lib.baselines import HeuristicAgent
+from lib.evaluation import heldout_suite
+from lib.prompting import (
     SYSTEM_PROMPT,
-    HeuristicAgent,
     LLMAgent,
     LLMAgentConfig,
     action_json_schema,
     action_to_json,
     build_chat,
     chat_text,
-    parse_action,
+    parse_reply,
     prompt_budget,
 )
-from lib.evaluation import heldout_suite
 from lib.rollouts import transitions
 
 SCAN = {"action_type": "scan_bump", "parameters": {}, "justification": "look for a bump"}
@@ -36,30 +36,30 @@ def heuristic_steps(seed=3, scenario="higgs_4l_125", difficulty=None):
                                                             difficulty=difficulty)]
 
 
-# parse_action -----------------------------------------------------------------------------
+# parse_reply -----------------------------------------------------------------------------
 
 
 def test_parse_plain_json():
-    result = parse_action(json.dumps(SCAN))
+    result = parse_reply(json.dumps(SCAN))
     assert result.ok and result.error is None
     assert result.action == ExperimentAction(**SCAN)
     assert result.payload is result.action
 
 
 def test_parse_json_fence():
-    result = parse_action(f"```json\n{json.dumps(SCAN, indent=2)}\n```")
+    result = parse_reply(f"```json\n{json.dumps(SCAN, indent=2)}\n```")
     assert result.ok and result.action.action_type is ActionType.SCAN_BUMP
 
 
 def test_parse_prose_around_the_object():
     text = f"The spectrum is built, so next I scan it.\n{json.dumps(SCAN)}\nThat should show any excess."
-    assert parse_action(text).ok
+    assert parse_reply(text).ok
 
 
 def test_parse_braces_inside_strings_and_prose():
     action = {"action_type": "fit_resonance", "parameters": {"mass_hint_gev": 125.0},
               "justification": "fit {the peak} near 125 GeV; an unbalanced { and } in text"}
-    result = parse_action("My plan {roughly}: " + json.dumps(action) + " done {")
+    result = parse_reply("My plan {roughly}: " + json.dumps(action) + " done {")
     assert result.ok, result.error
     assert result.action.justification == action["justification"]
     assert result.action.parameters == {"mass_hint_gev": 125.0}
@@ -67,35 +67,35 @@ def test_parse_braces_inside_strings_and_prose():
 
 def test_parse_two_objects_is_an_error():
     text = json.dumps(SCAN) + "\nor maybe\n" + json.dumps({**SCAN, "action_type": "fit_resonance"})
-    result = parse_action(text)
+    result = parse_reply(text)
     assert not result.ok and result.action is None
     assert "2 JSON objects" in result.error
     assert result.payload == text  # no guess at which one was meant
 
 
 def test_parse_no_object_is_an_error():
-    result = parse_action("I would scan the spectrum next.")
+    result = parse_reply("I would scan the spectrum next.")
     assert not result.ok and "no JSON object" in result.error
     assert result.payload == "I would scan the spectrum next."
-    assert not parse_action("").ok
-    assert not parse_action('{"action_type": "scan_bump", "parameters": {}').ok  # truncated
+    assert not parse_reply("").ok
+    assert not parse_reply('{"action_type": "scan_bump", "parameters": {}').ok  # truncated
 
 
 def test_parse_invalid_parameters_are_refused_as_the_environment_would():
     raw = {"action_type": "fit_resonance", "parameters": {"mass_hint_gev": -5}}
-    result = parse_action(json.dumps(raw))
+    result = parse_reply(json.dumps(raw))
     assert not result.ok and result.error.startswith("INVALID_PARAMETERS") and "mass_hint_gev" in result.error
     assert result.payload == raw  # the decoded object goes to the environment, which refuses it
-    missing = parse_action('{"action_type": "measure_angular", "parameters": {}}')
+    missing = parse_reply('{"action_type": "measure_angular", "parameters": {}}')
     assert missing.error.startswith("INVALID_PARAMETERS") and "mass_gev" in missing.error
 
 
 def test_parse_unknown_verb_and_malformed_action():
-    unknown = parse_action('{"action_type": "discover_higgs", "parameters": {}}')
+    unknown = parse_reply('{"action_type": "discover_higgs", "parameters": {}}')
     assert not unknown.ok and unknown.error.startswith("INVALID_ACTION") and "discover_higgs" in unknown.error
-    extra_key = parse_action('{"action_type": "scan_bump", "parameters": {}, "confidence": 1}')
+    extra_key = parse_reply('{"action_type": "scan_bump", "parameters": {}, "confidence": 1}')
     assert not extra_key.ok and extra_key.error.startswith("INVALID_ACTION")
-    not_text = parse_action(None)
+    not_text = parse_reply(None)
     assert not not_text.ok and "text" in not_text.error
 
 
@@ -105,8 +105,8 @@ def test_heuristic_actions_round_trip_through_json():
     verbs = {a.action_type for a in actions}
     assert {ActionType.CONFIGURE_BEAM, ActionType.FIT_RESONANCE, ActionType.SUBMIT_DISCOVERY_CLAIM} <= verbs
     for action in actions:
-        assert parse_action(json.dumps(action.model_dump(mode="json"))).action == action
-        assert parse_action(action_to_json(action)).action == action
+        assert parse_reply(json.dumps(action.model_dump(mode="json"))).action == action
+        assert parse_reply(action_to_json(action)).action == action
 
 
 def test_action_json_schema_has_one_branch_per_verb_and_accepts_valid_actions():
@@ -120,7 +120,7 @@ def test_action_json_schema_has_one_branch_per_verb_and_accepts_valid_actions():
     for bad in ({"action_type": "fit_resonance", "parameters": {"mass_hint_gev": -5}},
                 {"action_type": "discover_higgs"}, {"action_type": "measure_angular", "parameters": {}}):
         assert not validator.is_valid(bad)
-        assert not parse_action(json.dumps(bad)).ok  # the schema and the environment agree
+        assert not parse_reply(json.dumps(bad)).ok  # the schema and the environment agree
 
 
 # The prompt -------------------------------------------------------------------------------

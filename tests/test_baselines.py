@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cernenv import CERNCollisionEnvironment
-from lib.agents import HeuristicAgent, OracleAgent, RandomAgent
+from lib.baselines import HeuristicAgent, OracleAgent, RandomAgent
 from lib.rollouts import collect_agent_episode
 
 

@@ -26,7 +26,7 @@ from cernenv.rewards import (
 )
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS, Violation
 from cernenv.scenarios import DIFFICULTIES, PROCEDURAL_CONFIGURATIONS, list_scenarios, procedural_scenario
-from lib.agents import HeuristicAgent, RandomAgent, best_trigger
+from lib.baselines import HeuristicAgent, RandomAgent, best_trigger
 
 from truth_leaks import NUMBER_BOUNDARY, blank_random_ids, truth_patterns
 

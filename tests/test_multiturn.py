@@ -9,8 +9,9 @@ import torch
 
 from cernenv import CERNCollisionEnvironment
 from cernenv.rewards import COMPONENT_NAMES
-from lib.agents import HeuristicAgent, action_to_json, parse_action
+from lib.baselines import HeuristicAgent
 from lib.multiturn import ChatLayout, Sampling, first_messages, hf_generate_fn, play_episodes
+from lib.prompting import action_to_json, parse_reply
 from lib.rollouts import collect_agent_episode
 
 
@@ -45,7 +46,7 @@ def test_token_layout_is_the_chat_template_of_the_conversation(tokenizer):
     layout = ChatLayout(tokenizer)
     for i, reply in enumerate(replies):
         messages.append({"role": "assistant", "content": reply})
-        obs = env.step(parse_action(reply).payload)
+        obs = env.step(parse_reply(reply).payload)
         if i < len(replies) - 1:
             messages.append(layout.followup_message(obs))
     rendered = tokenizer.apply_chat_template(messages, tokenize=False)

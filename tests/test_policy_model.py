@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.agents import parse_action
 from lib.policy_model import (
     SFTSettings,
     TinyModelConfig,
@@ -18,6 +17,7 @@ from lib.policy_model import (
     sft_examples,
     warm_start,
 )
+from lib.prompting import parse_reply
 from lib.tokenizer import build_tokenizer
 
 
@@ -43,8 +43,8 @@ def test_sft_examples_are_whole_heuristic_episodes_as_conversations(tokenizer):
         assert roles[:2] == ["system", "user"] and roles[-1] == "assistant"
         assert roles[1:] == ["user", "assistant"] * (len(roles) // 2), "observation, action, observation, ..."
         replies = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
-        assert all(parse_action(reply).ok for reply in replies)
-        assert parse_action(replies[-1]).action.action_type.value == "submit_discovery_claim"
+        assert all(parse_reply(reply).ok for reply in replies)
+        assert parse_reply(replies[-1]).action.action_type.value == "submit_discovery_claim"
         # the template marks the replies and their <|end|>, nothing the environment wrote
         # (the loss mask when SFTSettings.assistant_only_loss is set)
         encoded = tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True,

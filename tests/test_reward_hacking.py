@@ -11,7 +11,7 @@ import pytest
 
 from cernenv import ActionType, CERNCollisionEnvironment, ExperimentAction
 from cernenv.scenarios import DIFFICULTIES, list_scenarios
-from lib.agents import HeuristicAgent, RandomAgent
+from lib.baselines import HeuristicAgent, RandomAgent
 from lib.rollouts import collect_agent_episode
 
 N_EPISODES = 210

@@ -9,8 +9,9 @@ import os
 import pytest
 
 from cernenv import CERNCollisionEnvironment
-from lib.agents import HeuristicAgent, LLMAgentConfig, OracleAgent, RandomAgent, action_to_json, chat_text
+from lib.baselines import HeuristicAgent, OracleAgent, RandomAgent
 from lib.evaluation import EpisodeSpec
+from lib.prompting import LLMAgentConfig, action_to_json, chat_text
 from lib.rollouts import (
     EpisodeRecord,
     StepRecord,

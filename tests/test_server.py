@@ -45,7 +45,7 @@ from cernenv.server.__main__ import main as server_main
 from cernenv.server.app import EnvironmentCount
 from cernenv.server.guard import ConnectionGuard, GuardedListener, listening_socket
 from cernenv.server.scheduler import FairScheduler
-from lib.agents import HeuristicAgent, RandomAgent, best_trigger
+from lib.baselines import HeuristicAgent, RandomAgent, best_trigger
 
 from truth_leaks import leaked_truth
 

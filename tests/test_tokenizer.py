@@ -9,7 +9,8 @@ from transformers import PreTrainedTokenizerFast
 
 import lib.tokenizer as tokenizer_module
 from cernenv import CERNCollisionEnvironment
-from lib.agents import SYSTEM_PROMPT, HeuristicAgent, action_to_json, build_chat
+from lib.baselines import HeuristicAgent
+from lib.prompting import SYSTEM_PROMPT, action_to_json, build_chat
 from lib.rollouts import transitions
 from lib.tokenizer import ASSISTANT, END, PAD, SPECIAL_TOKENS, build_tokenizer, make_prompt_fn
 

@@ -7,7 +7,7 @@ import ipywidgets as widgets
 import pytest
 
 from cernenv import CERNCollisionEnvironment
-from lib.agents import HeuristicAgent
+from lib.baselines import HeuristicAgent
 from lib.replay import ReplayMismatch, replay
 from lib.rollouts import collect_agent_episode
 from lib.widgets import TrajectoryBrowser, prepare_episode, static_trajectory_browser

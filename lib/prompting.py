@@ -1,0 +1,295 @@
+"""The LLM agent's side of the text: its prompt (`SYSTEM_PROMPT`, `render_observation`,
+`build_chat`), the action schema and formatting (`action_json_schema`, `action_to_json`), the
+parser of its replies (`parse_reply`), and `LLMAgent`, which plays with a `generate_fn`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from types import UnionType
+from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Union, get_args, get_origin
+
+import numpy as np
+
+from cernenv.actions import ACTION_TABLE, Prerequisite
+from cernenv.models import CollisionObservation, ExperimentAction
+from cernenv.rewards import EVIDENCE_Z_LOCAL, REDUNDANCY_PENALTY, VIOLATION_PENALTY
+from cernenv.rules import RuleViolation
+from cernenv.rules import parse_action as validate_action
+
+# LLM agent: prompt, parse, act ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LLMAgentConfig:
+    """How an LLM policy is prompted and sampled (`generate_fn` reads the sampling fields)."""
+
+    max_history_steps: int = 6
+    """Entries of `pipeline_history` shown in the prompt [steps]."""
+    temperature: float = 0.7
+    """Sampling temperature [dimensionless]; 0 means greedy."""
+    top_p: float = 0.95
+    """Nucleus-sampling probability mass [0, 1]."""
+    max_new_tokens: int = 192
+    """Longest completion [tokens]; with `lib.tokenizer`'s tokenizer the baselines' actions take 25-90."""
+
+
+def _type_label(annotation: Any) -> str:
+    """The values of a parameter with a fixed set of them (`a|b`, `[lo,hi]`); else "" (a number,
+    a name or a boolean, which its name makes clear)."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return "|".join(str(a) for a in args)
+    if origin in (Union, UnionType):
+        return "|".join(filter(None, (_type_label(a) for a in args if a is not type(None))))
+    if origin is tuple:
+        return "[lo,hi]"
+    return ""
+
+
+def _parameter_label(name: str, field: Any) -> str:
+    """`name`, or `name?` when it may be left out; `:values` when they are a fixed set."""
+    label = _type_label(field.annotation)
+    return f"{name}{'' if field.is_required() else '?'}{':' + label if label else ''}"
+
+
+def _prerequisite_label(prerequisite: Prerequisite) -> str:
+    """`beam` for beam_configured, `spectrum` for spectrum_built: the thing that must exist."""
+    return re.sub(r"_(configured|set|allocated|built|done)$", "", prerequisite.value)
+
+
+def _action_reference() -> str:
+    """`ACTION_TABLE` grouped by prerequisites, one line per group: `[needs] verb(params)M$/days ...`."""
+    groups: Dict[tuple, List[str]] = {}
+    for spec in ACTION_TABLE.values():
+        params = ",".join(_parameter_label(n, f) for n, f in spec.params.model_fields.items())
+        cost = f"{spec.cost_musd:g}/{spec.time_days:g}" + ("+" if spec.cost_note else "")
+        groups.setdefault(spec.prerequisites, []).append(f"{spec.action_type.value}({params}){cost}")
+    lines = []
+    for needs, verbs in groups.items():
+        label = f"[{','.join(_prerequisite_label(p) for p in needs)}] " if needs else ""
+        lines.append(label + " ".join(verbs))
+    return "\n".join(lines)
+
+
+def render_system_prompt() -> str:
+    """The system prompt, assembled from `ACTION_TABLE` and the reward constants.
+
+    Terse by design (the whole prompt should stay under ~2,000 characters): parameter types
+    and defaults are left to `action_json_schema()`; the reference lists names, which are
+    optional (`p?`), the fixed sets of values, costs and prerequisites.
+    """
+    return (
+        "You are an experimental particle physicist running a resonance search.\n"
+        'Reply with exactly one JSON object {"action_type":..,"parameters":{..},"justification":".."}\n'
+        "Actions: [needs] name(params)M$/days (+: variable part; p?: optional)\n"
+        f"{_action_reference()}\n"
+        f"A refused action costs {-VIOLATION_PENALTY:g}, a repeat on unchanged data {-REDUNDANCY_PENALTY:g}. "
+        "The claim ends the campaign and is graded: a discovery needs the right mass and "
+        f"≥{EVIDENCE_Z_LOCAL:g}σ local in your data, a null claim (nothing there) data analysed; "
+        "overclaiming significance or confidence costs."
+    )
+
+
+SYSTEM_PROMPT = render_system_prompt()
+
+
+def _short(value: Any) -> str:
+    """A value as the prompt shows it: floats to 4 significant figures, containers compact."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, float):
+        return format(value, ".4g")
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_short(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
+def render_observation(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> str:
+    """The user message: a compact text rendering of what the observation shows.
+
+    The task's problem statement is left out: it restates the window and channels (shown
+    here), and the system prompt says the window may hold nothing.
+    """
+    task, usage = obs.task, obs.resource_usage
+    lo, hi = task.search_window_gev
+    beams = ",".join(format(e, "g") for e in task.available_beam_energies_tev)
+    lines = [
+        f"Window {lo:g}-{hi:g} GeV ({task.difficulty}); channels {','.join(task.available_channels)}; "
+        f"triggers {','.join(task.available_triggers)}; beams {beams} TeV",
+        f"Step {obs.step_index}/{task.max_steps}; "
+        f"left {usage.budget_remaining_musd:.4g}/{task.budget_total_musd:g} M$, "
+        f"{usage.time_remaining_days:.4g}/{task.time_total_days:g} d, "
+        f"{usage.luminosity_remaining_fb:.4g}/{task.luminosity_total_fb:g} fb^-1"
+        + (f" ({usage.luminosity_allocated_fb:.4g} booked)" if usage.luminosity_allocated_fb else ""),
+    ]
+    if obs.selected_beam_energy is not None:
+        lines.append(f"Beam {obs.selected_beam_energy:g} TeV {obs.selected_pileup}; trigger {obs.selected_trigger}; "
+                     f"channel {obs.selected_channel}")
+    for name, data in obs.data_collected.items():
+        lines.append(f"Data {name}: {data.luminosity_fb:.4g} fb^-1 {data.recorded_events} events "
+                     f"calibration {data.calibration_level} reco {data.reconstruction}")
+    history = obs.pipeline_history[-config.max_history_steps:] if config.max_history_steps > 0 else []
+    if history:
+        lines.append("History: " + ",".join(entry.removesuffix(": ok") for entry in history))
+    result = dict(obs.latest_result)
+    action = result.pop("action", None)
+    if result.get("error") in obs.rule_violations:
+        del result["error"]  # shown once, under Violations
+    lines.append(f"Last ({action or 'none'}): " + " ".join(f"{k}={_short(v)}" for k, v in result.items()))
+    candidates = f"candidates {_short(obs.candidate_masses_gev)} GeV; " if obs.candidate_masses_gev else ""
+    lines.append(f"{candidates}best global Z {obs.cumulative_significance:.3g}")
+    if obs.rule_violations:
+        lines.append("Violations: " + " | ".join(obs.rule_violations))
+    return "\n".join(lines)
+
+
+def build_chat(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> List[Dict[str, str]]:
+    """[system, user] messages for one decision; deterministic in `obs` and `config`."""
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": render_observation(obs, config)}]
+
+
+def chat_text(chat: List[Dict[str, str]]) -> str:
+    """The plain text of a chat (contents joined by newlines): what the prompt budget counts."""
+    return "\n".join(message["content"] for message in chat)
+
+
+def action_json_schema() -> Dict[str, Any]:
+    """JSON schema of a valid action: one branch per verb of `ACTION_TABLE`, its `parameters`
+    being that verb's parameter model (what `cernenv.rules.parse_action` validates)."""
+    branches = []
+    for spec in ACTION_TABLE.values():
+        parameters = spec.params.model_json_schema()
+        branches.append({
+            "title": spec.action_type.value,
+            "description": spec.summary,
+            "type": "object",
+            "properties": {
+                "action_type": {"const": spec.action_type.value},
+                "parameters": parameters,
+                "justification": {"type": "string", "maxLength": 2000},
+                "metadata": {"type": "object"},
+            },
+            "required": ["action_type", "parameters"] if parameters.get("required") else ["action_type"],
+            "additionalProperties": False,
+        })
+    return {"title": "ExperimentAction", "oneOf": branches}
+
+
+def action_to_json(action: ExperimentAction, *, justification: bool = True) -> str:
+    """An action as the reply the system prompt asks for (the target text of a completion);
+    without its justification (optional in the schema) when `justification` is False."""
+    reply = {"action_type": action.action_type.value, "parameters": action.parameters}
+    if justification:
+        reply["justification"] = action.justification
+    return json.dumps(reply)
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    """What `parse_reply` made of a completion."""
+
+    action: Optional[ExperimentAction]
+    """The validated action, or None."""
+    payload: Any
+    """What to send to `env.step`: the action; else the one JSON object found; else the raw text."""
+    error: Optional[str] = None
+    """Why there is no action."""
+
+    @property
+    def ok(self) -> bool:
+        return self.action is not None
+
+
+def _json_objects(text: str) -> List[Dict[str, Any]]:
+    """Every top-level JSON object in `text`, decoded left to right (braces inside strings and
+    nested objects belong to the object that contains them)."""
+    decoder, objects, index = json.JSONDecoder(), [], 0
+    while (start := text.find("{", index)) >= 0:
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            index = start + 1
+            continue
+        objects.append(value)
+        index = end
+    return objects
+
+
+def parse_reply(text: str) -> ParseResult:
+    """Read one action from a completion: exactly one JSON object, around which prose and
+    ```json fences are tolerated, validated as the environment validates it.
+
+    Nothing is repaired or guessed: a reply with no object, with two or more, or with one
+    that the environment would refuse yields `ok == False` and the reason.
+    """
+    if not isinstance(text, str):
+        return ParseResult(None, text, f"a completion is text, got {type(text).__name__}")
+    objects = _json_objects(text)
+    if not objects:
+        return ParseResult(None, text, "no JSON object in the reply: answer with one "
+                                       '{"action_type": ..., "parameters": {...}, "justification": "..."}')
+    if len(objects) > 1:
+        return ParseResult(None, text, f"{len(objects)} JSON objects in the reply; send exactly one action")
+    try:
+        action, _ = validate_action(objects[0])
+    except RuleViolation as violation:
+        return ParseResult(None, objects[0], str(violation))
+    return ParseResult(action, action, None)
+
+
+class LLMAgent:
+    """A language-model policy: observation → chat → prompt → completion → action.
+
+    `act` returns `ParseResult.payload`, so a reply that is not a valid action reaches the
+    environment as it is, which refuses it (`INVALID_ACTION` / `INVALID_PARAMETERS`) and
+    charges the violation penalty. There is deliberately no `safe_default_action`: replacing
+    garbage with a sensible move would let a policy farm valid steps (and their milestones)
+    from output that means nothing, and hide parse failures from the reward and the logs.
+    """
+
+    def __init__(self, generate_fn: Callable[[str], str],
+                 prompt_fn: Callable[[List[Dict[str, str]]], str] = chat_text,
+                 config: LLMAgentConfig = LLMAgentConfig()) -> None:
+        self.generate_fn = generate_fn
+        self.prompt_fn = prompt_fn
+        self.config = config
+        self.reset()
+
+    def reset(self) -> None:
+        self.last_prompt = ""
+        self.last_completion = ""
+        self.last_parse: Optional[ParseResult] = None
+
+    def act(self, observation: CollisionObservation) -> Any:
+        self.last_prompt = self.prompt_fn(build_chat(observation, self.config))
+        self.last_completion = self.generate_fn(self.last_prompt)
+        self.last_parse = parse_reply(self.last_completion)
+        return self.last_parse.payload
+
+
+def prompt_budget(observations: Iterable[CollisionObservation], tokenizer: Any = None,
+                  config: LLMAgentConfig = LLMAgentConfig()) -> Dict[str, float]:
+    """Size of the prompts for `observations`: characters of the chat's plain text
+    (`chat_text`) and, with a tokenizer, tokens of the prompt the model reads (its chat
+    template with the generation prompt, else the plain text); median and 95th percentile."""
+    chats = [build_chat(obs, config) for obs in observations]
+    if not chats:
+        raise ValueError("prompt_budget needs at least one observation")
+    chars = np.array([len(chat_text(chat)) for chat in chats])
+    budget = {"n_prompts": len(chats), "system_chars": len(SYSTEM_PROMPT),
+              "chars_median": float(np.median(chars)), "chars_p95": float(np.percentile(chars, 95))}
+    if tokenizer is not None:
+        if getattr(tokenizer, "chat_template", None):
+            prompts = [tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                       for chat in chats]
+        else:
+            prompts = [chat_text(chat) for chat in chats]
+        tokens = np.array([len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts])
+        budget.update(tokens_median=float(np.median(tokens)), tokens_p95=float(np.percentile(tokens, 95)))
+    return budget
