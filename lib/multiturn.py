@@ -31,20 +31,8 @@ import torch
 
 from cernenv import CERNCollisionEnvironment, CollisionObservation
 from lib.progress import Progress
-from lib.prompting import SYSTEM_PROMPT, LLMAgentConfig, parse_reply, render_observation
+from lib.prompting import SYSTEM_PROMPT, LLMAgentConfig, Sampling, parse_reply, render_observation
 from lib.rollouts import EpisodeRecord, StepRecord, _spec, episode_record, step_record
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How each action is decoded."""
-
-    temperature: float = 1.0
-    """Softmax temperature; 0 means greedy (evaluation)."""
-    top_p: float = 1.0
-    """Nucleus mass; 1.0 samples from the whole distribution (what GRPO's ratios assume)."""
-    max_new_tokens: int = 96
-    """Longest action [tokens]; a turn that reaches it is cut and sent to the environment as it is."""
 
 
 @dataclass

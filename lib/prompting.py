@@ -23,17 +23,27 @@ from cernenv.rules import parse_action as validate_action
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How each action is decoded: the one sampling setting of evaluation, rollouts and training
+    (`TrainConfig.sampling` builds one from its command-line fields)."""
+
+    temperature: float = 1.0
+    """Softmax temperature [dimensionless]; 0 means greedy (evaluation)."""
+    top_p: float = 1.0
+    """Nucleus mass [0, 1]; 1.0 samples from the whole distribution (what GRPO's ratios assume)."""
+    max_new_tokens: int = 96
+    """Longest action [tokens]; a turn that reaches it is cut and sent to the environment as it is.
+    With `lib.tokenizer`'s tokenizer the baselines' actions take 25-90."""
+
+
+@dataclass(frozen=True)
 class LLMAgentConfig:
-    """How an LLM policy is prompted and sampled (`generate_fn` reads the sampling fields)."""
+    """How an LLM policy is prompted and sampled (`generate_fn` reads `sampling`)."""
 
     max_history_steps: int = 6
     """Entries of `pipeline_history` shown in the prompt [steps]."""
-    temperature: float = 0.7
-    """Sampling temperature [dimensionless]; 0 means greedy."""
-    top_p: float = 0.95
-    """Nucleus-sampling probability mass [0, 1]."""
-    max_new_tokens: int = 192
-    """Longest completion [tokens]; with `lib.tokenizer`'s tokenizer the baselines' actions take 25-90."""
+    sampling: Sampling = Sampling()
+    """How each action is decoded."""
 
 
 def _type_label(annotation: Any) -> str:

@@ -11,7 +11,7 @@ import pytest
 from cernenv import CERNCollisionEnvironment
 from lib.baselines import HeuristicAgent, OracleAgent, RandomAgent
 from lib.evaluation import EpisodeSpec
-from lib.prompting import LLMAgentConfig, action_to_json, chat_text
+from lib.prompting import LLMAgentConfig, Sampling, action_to_json, chat_text
 from lib.rollouts import (
     EpisodeRecord,
     StepRecord,
@@ -59,7 +59,7 @@ def test_scripted_llm_reproduces_the_heuristic_episode_exactly(seed, scenario, d
     env = CERNCollisionEnvironment()
     reference = collect_agent_episode(env=env, agent=HeuristicAgent(), seed=seed, scenario=scenario,
                                       difficulty=difficulty)
-    config = LLMAgentConfig(temperature=0.0)
+    config = LLMAgentConfig(sampling=Sampling(temperature=0.0))
     generate_fn = scripted_heuristic(seed, scenario, difficulty)
     llm = collect_episode(env=env, seed=seed, scenario=scenario, difficulty=difficulty, prompt_fn=chat_text,
                           generate_fn=generate_fn, config=config)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union, get_args, get_origin, get_type_hints
 
 from cernenv.scenarios import DIFFICULTIES, list_scenarios
+from lib.prompting import Sampling
 
 TINY_MODEL = "cernenv-tiny"
 """`model_name` of the CPU stand-in: the project's own tokenizer and tiny Qwen2 model,
@@ -79,7 +80,8 @@ class TrainConfig:
     "none" does not scale (Dr. GRPO)."""
     temperature: float = 0.6
     """Sampling temperature of training rollouts (TRL scores the completions at the same one;
-    docs/training.md: why 0.6 for the CPU stand-in)."""
+    docs/training.md: why 0.6 for the CPU stand-in). With `top_p` and `max_new_tokens`, the
+    `Sampling` of training rollouts (`sampling`), kept as separate fields for the command line."""
     top_p: float = 1.0
     """Nucleus mass of training rollouts."""
     max_new_tokens: int = 64
@@ -135,6 +137,11 @@ class TrainConfig:
     """A checkpoint folder to resume from, or "latest" for the newest in output_dir."""
     seed: int = 0
     """Seed of the model's initialisation, data order and sampling."""
+
+    @property
+    def sampling(self) -> Sampling:
+        """The `Sampling` of training rollouts (`temperature`, `top_p`, `max_new_tokens`)."""
+        return Sampling(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens)
 
     def __post_init__(self) -> None:
         problems = self._check_types()

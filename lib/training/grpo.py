@@ -32,7 +32,8 @@ import numpy as np
 from cernenv.rewards import COMPONENT_NAMES
 from lib.evaluation import EpisodeSpec, assert_disjoint_from_suite, heldout_suite
 from lib.evidence import RewardComponentLogWriter
-from lib.multiturn import GenerateFn, PlayedEpisode, Sampling, hf_generate_fn, play_episodes
+from lib.multiturn import GenerateFn, PlayedEpisode, hf_generate_fn, play_episodes
+from lib.prompting import Sampling
 from lib.training.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -146,8 +147,7 @@ class CampaignRollout:
         self.config = config
         self.backend = backend
         self.tokenizer = tokenizer
-        self.sampling = Sampling(temperature=config.temperature, top_p=config.top_p,
-                                 max_new_tokens=config.max_new_tokens)
+        self.sampling = config.sampling
         self.writer = RewardComponentLogWriter(Path(evidence_dir) / "reward_components.csv") if evidence_dir else None
         self.generate_fn_factory = generate_fn_factory
         self.calls = 0

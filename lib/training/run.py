@@ -31,7 +31,8 @@ from cernenv.scenarios import list_scenarios
 from lib.evaluation import EpisodeSpec
 from lib.evidence import EvidencePaths, before_after_metrics, render_all
 from lib.files import atomic_write
-from lib.multiturn import Sampling, hf_generate_fn, play_episodes
+from lib.multiturn import hf_generate_fn, play_episodes
+from lib.prompting import Sampling
 from lib.rollouts import load_episodes_jsonl, save_episodes_jsonl
 from lib.training.backends import load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import EvidenceCallback, ProgressLog
