@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -64,10 +65,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _open_files_limit(soft: int, hard: int) -> Callable[[], None]:
+    """A `preexec_fn` that sets the child's RLIMIT_NOFILE to (soft, hard)."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 class Server:
     """`python -m cernenv.server` in a subprocess, with helpers to talk to it."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, open_files: Optional[Tuple[int, int]] = None) -> None:
+        """`open_files`: the (soft, hard) RLIMIT_NOFILE the server starts with."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
@@ -75,7 +84,8 @@ class Server:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.process = subprocess.Popen([sys.executable, "-m", "cernenv.server", "--port", str(self.port), *args],
-                                        cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+                                        cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                        preexec_fn=None if open_files is None else _open_files_limit(*open_files))
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -583,6 +593,23 @@ def test_server_config_from_variables_and_flags(capsys):
     assert f"cannot listen on 127.0.0.1:{port}" in error and "--port N" in error
 
 
+def test_a_low_soft_file_limit_is_raised_and_a_low_hard_one_explained():
+    """Containers often start processes at 1,024 open files (soft): the server raises its soft
+    limit to what --max-connections needs when the hard limit allows, and otherwise stops with
+    a message that names the limit and the flag."""
+    server = Server(open_files=(256, 4096))
+    try:
+        soft, hard = psutil.Process(server.process.pid).rlimit(psutil.RLIMIT_NOFILE)
+        assert (soft, hard) == (1024 + 64, 4096) and server.http("GET", "/health")[0] == 200
+    finally:
+        server.stop()
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    refused = subprocess.run([sys.executable, "-m", "cernenv.server", "--port", str(free_port())], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120, preexec_fn=_open_files_limit(256, 512))
+    assert refused.returncode == 2
+    assert "--max-connections 1024" in refused.stderr and "512 open files (ulimit -Hn)" in refused.stderr
+
+
 def test_manifest_is_valid_and_matches_the_code():
     from openenv.validation.parsers.openenv_yaml import OpenEnvYamlParser
 
@@ -600,6 +627,106 @@ def test_manifest_is_valid_and_matches_the_code():
     module, name = raw["app"].split(":")
     assert module == "cernenv.server.app" and name == "app"
     assert (raw["action"], raw["observation"]) == (ExperimentAction.__name__, CollisionObservation.__name__)
+
+
+def _requirement_pins(path: Path) -> Dict[str, str]:
+    """{normalised name: "name==version"} of a requirements file's pinned lines."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        requirement = line.split("#")[0].strip()
+        if "==" in requirement:
+            pins[re.sub(r"[-_.]+", "-", requirement.split("==")[0].strip().lower())] = requirement
+    return pins
+
+
+def test_the_container_installs_the_package_dependencies_pinned_as_the_repository_pins_them():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[ ]", d)[0].lower()) for d in project["dependencies"]}
+    container = _requirement_pins(ROOT / "cernenv" / "server" / "requirements.txt")
+    repository = _requirement_pins(ROOT / "requirements.txt")
+    assert set(container) == names
+    assert all(container[name] == repository[name] for name in container), (container, repository)
+
+
+def test_the_manifest_declares_how_to_build_the_server_and_its_runtime_plan_plays_an_episode():
+    """`openenv validate` builds cernenv/Dockerfile and plays validation/runtime.json over the
+    WebSocket (schema 2 manifest): the plan's reset and every action are accepted here, in
+    process, and the last action ends the episode."""
+    from openenv.validation.manifest import NormalizedManifestV2
+    from openenv.validation.parsers.openenv_yaml import OpenEnvYamlParser
+    from openenv.validation.runtime.contracts import load_runtime_plan
+
+    manifest = OpenEnvYamlParser().parse(ROOT / "cernenv")
+    assert isinstance(manifest, NormalizedManifestV2)
+    assert (ROOT / "cernenv" / manifest.execution.dockerfile).is_file()
+    plan = load_runtime_plan(ROOT / "cernenv", manifest.execution)
+    env = CERNCollisionEnvironment()
+    obs = env.reset(seed=plan.reset.seed, episode_id=plan.reset.episode_id, **plan.reset.options)
+    assert env.state.episode_id == plan.reset.episode_id
+    for i, action in enumerate(plan.actions):
+        assert not obs.done, f"the episode ended before action {i}"
+        obs = env.step(ExperimentAction.model_validate(action))
+        assert not obs.rule_violations, (i, action, obs.rule_violations)
+    assert obs.done and env.state.terminal_reward is not None
+
+
+def _docker_engine_missing() -> Optional[str]:
+    """Why no image can be built here (None: a Docker engine answers)."""
+    if shutil.which("docker") is None:
+        return "no docker command on this machine"
+    try:
+        info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"`docker info` failed: {error}"
+    if info.returncode != 0 or not info.stdout.strip():
+        return "no Docker engine: `docker info` says " + (info.stderr.strip().splitlines() or ["nothing"])[-1]
+    return None
+
+
+@pytest.mark.slow
+def test_the_container_image_builds_starts_and_serves_an_episode():
+    """cernenv/Dockerfile, as `openenv validate` runs it: read-only, non-root, its port
+    published on loopback; /health answers and the runtime plan's episode plays to its end.
+    Skipped, with the reason, where no Docker engine runs (this project's CPU machines)."""
+    reason = _docker_engine_missing()
+    if reason:
+        pytest.skip(reason)
+    tag = f"cernenv-test:{os.getpid()}"
+    name = f"cernenv-test-{os.getpid()}"
+    build = subprocess.run(["docker", "build", "-t", tag, "-f", str(ROOT / "cernenv" / "Dockerfile"),
+                            str(ROOT / "cernenv")], capture_output=True, text=True, timeout=1800)
+    assert build.returncode == 0, build.stderr[-4000:]
+    try:
+        run = subprocess.run(["docker", "run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp",
+                              "--user", "65532:65532", "-p", "127.0.0.1::8000", tag],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        port = subprocess.run(["docker", "port", name, "8000/tcp"], capture_output=True, text=True,
+                              timeout=30).stdout.strip().splitlines()[0].rsplit(":", 1)[1]
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, subprocess.run(["docker", "logs", name], capture_output=True,
+                                                                   text=True).stderr[-4000:]
+                time.sleep(1.0)
+        plan = json.loads((ROOT / "cernenv" / "validation" / "runtime.json").read_text())
+        with CERNEnvClient(base_url=url).sync() as client:
+            result = client.reset(seed=plan["reset"]["seed"], **plan["reset"]["options"])
+            for action in plan["actions"]:
+                result = client.step(ExperimentAction.model_validate(action))
+                assert not result.observation.rule_violations
+        assert result.done
+    finally:
+        subprocess.run(["docker", "rm", "--force", name], capture_output=True, timeout=60)
+        subprocess.run(["docker", "image", "rm", "--force", tag], capture_output=True, timeout=60)
 
 
 def docs_python_block(containing: str) -> str:

@@ -74,10 +74,15 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"sessions, messages up to {config.max_message_bytes} bytes"
           f"{', with an evaluation secret' if config.secret_salt else ''}"
           f"{', bearer token required' if config.token else ''})", file=sys.stderr, flush=True)
-    soft_limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft_limit != resource.RLIM_INFINITY and config.max_connections > soft_limit - 64:
-        parser.error(f"--max-connections {config.max_connections} does not fit under this process's limit of "
-                     f"{soft_limit} open files (ulimit -n) with room for the server's own: lower it or raise the limit")
+    needed = config.max_connections + 64  # with room for the server's own files
+    soft_limit, hard_limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft_limit != resource.RLIM_INFINITY and soft_limit < needed:
+        if hard_limit == resource.RLIM_INFINITY or hard_limit >= needed:  # a soft limit any process may raise
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard_limit))  # (containers often start at 1024)
+        else:
+            parser.error(f"--max-connections {config.max_connections} does not fit under this process's limit of "
+                         f"{hard_limit} open files (ulimit -Hn) with room for the server's own: lower it or raise "
+                         f"the limit")
     guard = ConnectionGuard(config.max_connections, config.max_connections_per_client, config.request_read_timeout_s)
     try:  # a taken port: say which, and how to choose another (uvicorn only logs "[Errno 98]")
         listener = listening_socket(guard, config.host, config.port)
