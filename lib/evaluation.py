@@ -8,13 +8,15 @@ suite holds out particles, not only seeds: it has two parts (`PARTS`), reported 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy import stats
 
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
+from lib.records import EpisodeSpec, as_episode_dict, part_of
+from lib.rollouts import collect_episodes
 
 SUITE_VERSION = "v2"
 HELDOUT_SEED_START = EVALUATION_SEED_START
@@ -33,26 +35,6 @@ written before evaluation seeds had their own mass bands count as "unseen" by th
 though their particles came from the training bands."""
 PARTICLE_SPLITS = {"with_particle": True, "null": False}
 """Tasks with a particle and null tasks (no particle: the right answer is no discovery)."""
-
-
-def part_of(scenario: Optional[str]) -> str:
-    """The suite part of an episode (spec or record) from its scenario: "rediscovery" for a
-    curated scenario, "unseen" for a procedural one (None in a spec, "procedural_*" in a record)."""
-    return "rediscovery" if scenario in list_scenarios() else "unseen"
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """One episode of a suite: the seed and either a curated scenario or a difficulty."""
-
-    seed: int
-    scenario: Optional[str] = None
-    difficulty: Optional[str] = None
-
-    @property
-    def part(self) -> str:
-        """"rediscovery" (a curated scenario) or "unseen" (procedural): see `PARTS`."""
-        return part_of(self.scenario)
 
 
 @dataclass(frozen=True)
@@ -149,10 +131,6 @@ def bootstrap_difference(before: Sequence[float], after: Sequence[float], *, see
     return Estimate(mean, float(interval.low), float(interval.high), int(min(a.size, b.size)))
 
 
-def _as_dict(episode: Any) -> Mapping[str, Any]:
-    return asdict(episode) if is_dataclass(episode) else episode
-
-
 def has_particle(episode: Mapping[str, Any]) -> Optional[bool]:
     """Whether a particle existed in the episode's hidden truth (`EpisodeRecord.truth`);
     None for a record without a recorded truth."""
@@ -183,7 +161,7 @@ def group_label(name: str) -> str:
 def episode_groups(episodes: Sequence[Any]) -> Dict[str, List[Mapping[str, Any]]]:
     """The episodes of each group of `GROUPS` (records or their dicts; dicts returned). An
     episode without a recorded truth is in its part but in neither particle split."""
-    records = [_as_dict(e) for e in episodes]
+    records = [as_episode_dict(e) for e in episodes]
     groups: Dict[str, List[Mapping[str, Any]]] = {}
     for name, (part, split) in GROUPS.items():
         groups[name] = [e for e in records
@@ -229,7 +207,7 @@ def _fraction(episode: Mapping[str, Any], used: str, remaining: str) -> Optional
 
 def agent_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Estimate]:
     """Every metric of `METRICS` with its 95% bootstrap interval."""
-    records = [_as_dict(e) for e in episodes]
+    records = [as_episode_dict(e) for e in episodes]
     return {name: bootstrap_mean([value(e) for e in records if include(e)], seed=seed)
             for name, (_, include, value) in METRICS.items()}
 
@@ -246,7 +224,7 @@ def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, 
 
     def keyed(episodes):
         out = {}
-        for e in map(_as_dict, episodes):
+        for e in map(as_episode_dict, episodes):
             if include(e):
                 out[(e.get("seed"), e.get("scenario"), e.get("difficulty"))] = value(e)
         return out
@@ -304,8 +282,6 @@ def estimates_from_json(payload: Mapping[str, Mapping[str, Mapping[str, float]]]
 def evaluate_agents(agents: Mapping[str, Any], suite: Sequence[EpisodeSpec], *, progress: bool = True
                     ) -> Dict[str, List[Any]]:
     """Play every agent on every episode of `suite`: {agent name: [EpisodeRecord, ...]}."""
-    from lib.rollouts import collect_episodes  # lib.rollouts imports this module's EpisodeSpec
-
     return {name: collect_episodes(suite, agent=agent, progress=progress, desc=name)
             for name, agent in agents.items()}
 

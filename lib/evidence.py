@@ -33,7 +33,7 @@ import logging
 import math
 import os
 import threading
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -50,15 +50,14 @@ from lib.evaluation import (
     bootstrap_mean,
     episode_groups,
     group_label,
-    part_of,
 )
 from lib.files import atomic_write
+from lib.records import PAIR_KEY, as_episode_dict, pair_key, part_of
 
 logger = logging.getLogger(__name__)
 
 BOOTSTRAP_SEED = 0
 """numpy seed of every bootstrap here, so a re-render gives the same intervals."""
-PAIR_KEY = ("seed", "scenario", "difficulty")
 """An episode before and one after training are the same task when these agree."""
 DPI = 140
 MAX_TABLE_STEPS = 40
@@ -544,7 +543,7 @@ def _episode_values(episodes: Sequence[Mapping[str, Any]], key: str) -> List[Tup
         if include(episode):
             number = _number(value(episode))
             if not math.isnan(number):
-                out.append((tuple(episode.get(k) for k in PAIR_KEY), number))
+                out.append((pair_key(episode), number))
     return out
 
 
@@ -583,7 +582,7 @@ def bootstrap_interval(values: Sequence[float]) -> Optional[List[float]]:
 
 
 def _pairable(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> bool:
-    keys = [[tuple(e.get(k) for k in PAIR_KEY) for e in side] for side in (pre, post)]
+    keys = [[pair_key(e) for e in side] for side in (pre, post)]
     return bool(pre) and all(len(set(k)) == len(k) for k in keys) and set(keys[0]) == set(keys[1])
 
 
@@ -899,9 +898,7 @@ def _format_episode(episode: Mapping[str, Any], heading: str) -> List[str]:
 
 def format_episode_markdown(episode: Any, heading: str) -> str:
     """One episode (an `EpisodeRecord` or its dict) as readable Markdown: task, truth, outcome, steps."""
-    if is_dataclass(episode):
-        episode = asdict(episode)
-    return "\n".join(_format_episode(episode, heading))
+    return "\n".join(_format_episode(as_episode_dict(episode), heading))
 
 
 def _reward_rank(episode: Mapping[str, Any]) -> Tuple[bool, float]:
@@ -917,10 +914,6 @@ def _spread(episodes: Sequence[Mapping[str, Any]], n: int) -> List[Mapping[str, 
     return [ranked[int(round(i))] for i in np.linspace(0, len(ranked) - 1, n)]
 
 
-def _pair_key(episode: Mapping[str, Any]) -> Tuple:
-    return tuple(episode.get(k) for k in PAIR_KEY)
-
-
 def sample_pairs(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]],
                  n: int) -> List[Tuple[Mapping[str, Any], Mapping[str, Any]]]:
     """`n` tasks played both before and after training, as (pre, post) episode pairs, spread
@@ -928,8 +921,8 @@ def sample_pairs(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, A
     when the two sides are not the same tasks."""
     if not _pairable(pre, post):
         return []
-    after = {_pair_key(e): e for e in post}
-    return [(episode, after[_pair_key(episode)]) for episode in _spread(pre, n)]
+    after = {pair_key(e): e for e in post}
+    return [(episode, after[pair_key(episode)]) for episode in _spread(pre, n)]
 
 
 def correct_by_part(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> List[str]:

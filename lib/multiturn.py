@@ -32,7 +32,8 @@ import torch
 from cernenv import CERNCollisionEnvironment, CollisionObservation
 from lib.progress import Progress
 from lib.prompting import SYSTEM_PROMPT, LLMAgentConfig, Sampling, parse_reply, render_observation
-from lib.rollouts import EpisodeRecord, StepRecord, _spec, episode_record, step_record
+from lib.records import EpisodeRecord, StepRecord, spec_fields
+from lib.rollouts import episode_record, step_record
 
 
 @dataclass
@@ -374,7 +375,7 @@ def play_episodes(generate_fn: GenerateFn, tokenizer: Any, specs: Sequence[Any],
     from torch's generator seeded with `seed` + batch index, so a call is reproducible.
     """
     layout = ChatLayout(tokenizer, observation_config)
-    specs = [_spec(s) for s in specs]
+    specs = [spec_fields(s) for s in specs]
     played: List[PlayedEpisode] = []
     counter = Progress(progress, len(specs), unit="episode") if progress else None
     for index in range(0, len(specs), batch_size):

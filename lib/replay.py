@@ -10,12 +10,12 @@ another code version fails loudly instead of showing someone else's physics).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, is_dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 from cernenv import CERNCollisionEnvironment
 from cernenv.scenarios import list_scenarios
 from lib.plotting import analysis_snapshot
+from lib.records import as_episode_dict
 
 REWARD_TOLERANCE = 1e-6
 """Largest difference between a recorded and a replayed step reward that counts as equal."""
@@ -23,15 +23,6 @@ REWARD_TOLERANCE = 1e-6
 
 class ReplayMismatch(RuntimeError):
     """The replayed episode earned other rewards than the recorded one."""
-
-
-def as_episode_dict(episode: Any) -> Dict[str, Any]:
-    """An `EpisodeRecord` or a JSONL row, as a dict."""
-    if is_dataclass(episode):
-        return asdict(episode)
-    if isinstance(episode, Mapping):
-        return dict(episode)
-    raise TypeError(f"an episode is an EpisodeRecord or a dict read from a JSONL file, got {type(episode).__name__}")
 
 
 def reset_for(env: CERNCollisionEnvironment, episode: Mapping[str, Any]) -> Any:

@@ -3,7 +3,7 @@
 `collect_episode` runs an LLM (a `generate_fn`) in process against
 `CERNCollisionEnvironment`; `collect_agent_episode` runs any agent with the
 `reset()`/`act(obs)` protocol (the baselines). Both return the same `EpisodeRecord`,
-which `save_episodes_jsonl` / `load_episodes_jsonl` store one episode per line.
+which `lib.records.save_episodes_jsonl` / `load_episodes_jsonl` store one episode per line.
 
 A completion that is not a valid action is recorded (`parsed_ok=False`, `parse_error`)
 and sent to the environment as it is: the environment refuses it and charges the
@@ -13,66 +13,21 @@ violation penalty. Nothing substitutes a good move for it.
 from __future__ import annotations
 
 import inspect
-import json
-import warnings
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from tqdm.auto import tqdm
 
 from cernenv import CERNCollisionEnvironment, CollisionObservation, ExperimentAction
 from cernenv.rules import RuleViolation
 from cernenv.rules import parse_action as validate_action
-from lib.files import atomic_write
 from lib.prompting import LLMAgent, LLMAgentConfig
+from lib.records import EpisodeRecord, StepRecord, spec_fields
 
 PromptFn = Callable[[List[Dict[str, str]]], str]
 """Formats a chat into the model's prompt, e.g. a tokenizer's `apply_chat_template(..., tokenize=False,
 add_generation_prompt=True)`."""
 GenerateFn = Callable[[str, LLMAgentConfig], str]
 """Runs the model on a prompt with the config's sampling settings; returns the raw completion."""
-
-
-@dataclass
-class StepRecord:
-    """One step: what the agent saw and said, what was sent, and what it earned."""
-
-    step: int
-    prompt: str
-    completion: str
-    action: Any
-    """What was sent to `env.step`, as JSON: the action, or the unparsed object or text."""
-    parsed_ok: bool
-    reward: float
-    done: bool
-    rule_violations: List[str]
-    observation_summary: Dict[str, Any] = field(default_factory=dict)
-    parse_error: Optional[str] = None
-    reward_breakdown: Dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class EpisodeRecord:
-    """One episode and its grade. `truth` is for evaluation only: no prompt ever contains it."""
-
-    seed: int
-    scenario: Optional[str]
-    difficulty: Optional[str]
-    truth: Optional[Dict[str, Any]]
-    total_reward: float
-    cumulative_reward: float
-    terminal_reward: Optional[float]
-    discovered: Optional[bool]
-    correct_mass: Optional[bool]
-    correct_channel: Optional[bool]
-    correct_spin: Optional[bool]
-    steps: List[StepRecord]
-    agent: str = ""
-    correct_outcome: Optional[bool] = None
-    reward_components: Dict[str, float] = field(default_factory=dict)
-    resources: Dict[str, float] = field(default_factory=dict)
-    """Final `resource_usage`: budget [M$], luminosity [fb^-1], time [days], used and left."""
-    n_steps: int = 0
 
 
 def _summarise(obs: CollisionObservation) -> Dict[str, Any]:
@@ -177,19 +132,6 @@ def collect_episode(*, env: CERNCollisionEnvironment, seed: int, scenario: Optio
                                  max_steps=max_steps)
 
 
-def _spec(item: Any) -> Dict[str, Any]:
-    """seed, scenario and difficulty of a spec: an object with those attributes (such as
-    `lib.evaluation.EpisodeSpec`), a mapping, or a (seed, scenario, difficulty) tuple."""
-    if isinstance(item, Mapping):
-        spec = dict(item)
-    elif hasattr(item, "seed"):
-        spec = {"seed": item.seed, "scenario": getattr(item, "scenario", None),
-                "difficulty": getattr(item, "difficulty", None)}
-    else:
-        spec = dict(zip(("seed", "scenario", "difficulty"), item))
-    return {"scenario": None, "difficulty": None, **spec}
-
-
 def collect_episodes(specs: Iterable[Any], *, env: Optional[CERNCollisionEnvironment] = None,
                      make_env: Optional[Callable[[], CERNCollisionEnvironment]] = None, agent: Any = None,
                      prompt_fn: Optional[PromptFn] = None, generate_fn: Optional[GenerateFn] = None,
@@ -205,30 +147,6 @@ def collect_episodes(specs: Iterable[Any], *, env: Optional[CERNCollisionEnviron
             raise ValueError("an LLM needs prompt_fn (e.g. a tokenizer's apply_chat_template) with generate_fn")
         agent = LLMAgent(lambda prompt: generate_fn(prompt, config), prompt_fn, config)
     env = env or (make_env() if make_env is not None else CERNCollisionEnvironment())
-    specs = [_spec(item) for item in specs]
+    specs = [spec_fields(item) for item in specs]
     return [collect_agent_episode(env=env, agent=agent, max_steps=max_steps, **spec)
             for spec in tqdm(specs, desc=desc, disable=not progress)]
-
-
-def save_episodes_jsonl(episodes: Sequence[Union[EpisodeRecord, Dict[str, Any]]], path: str) -> None:
-    """Write one episode per line, atomically: a reader never sees a half-written file
-    (`lib.files.atomic_write`)."""
-    atomic_write(path, "".join(json.dumps(asdict(episode) if isinstance(episode, EpisodeRecord) else episode) + "\n"
-                               for episode in episodes))
-
-
-def load_episodes_jsonl(path: str) -> List[Dict[str, Any]]:
-    """Read episodes written by `save_episodes_jsonl` (or appended line by line): a truncated
-    last line, from a writer that was interrupted, is skipped with a warning."""
-    with open(path) as f:
-        lines = [line for line in f.read().split("\n") if line.strip()]
-    episodes = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            episodes.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            if number < len(lines):
-                raise ValueError(f"{path}:{number} is not JSON ({error}); only the last line may be "
-                                 "truncated") from None
-            warnings.warn(f"{path}:{number}: skipped a truncated last line ({len(line)} characters)", stacklevel=2)
-    return episodes

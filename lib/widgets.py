@@ -24,9 +24,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
-from lib.evidence import PAIR_KEY
 from lib.plotting import plot_spectrum, savefig, subplots
-from lib.replay import as_episode_dict, replay
+from lib.records import PAIR_KEY, as_episode_dict
+from lib.replay import replay
 
 ALL = "all"
 OUTCOMES = (ALL, "success", "failure")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from lib.files import FILE_MODE, atomic_write, sweep_stale_temporaries
-from lib.rollouts import load_episodes_jsonl, save_episodes_jsonl
+from lib.records import load_episodes_jsonl, save_episodes_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 

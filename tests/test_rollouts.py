@@ -10,18 +10,9 @@ import pytest
 
 from cernenv import CERNCollisionEnvironment
 from lib.baselines import HeuristicAgent, OracleAgent, RandomAgent
-from lib.evaluation import EpisodeSpec
 from lib.prompting import LLMAgentConfig, Sampling, action_to_json, chat_text
-from lib.rollouts import (
-    EpisodeRecord,
-    StepRecord,
-    collect_agent_episode,
-    collect_episode,
-    collect_episodes,
-    load_episodes_jsonl,
-    save_episodes_jsonl,
-    transitions,
-)
+from lib.records import EpisodeRecord, EpisodeSpec, StepRecord, load_episodes_jsonl, pair_key, save_episodes_jsonl
+from lib.rollouts import collect_agent_episode, collect_episode, collect_episodes, transitions
 
 # The fields of the original rollout collector, which downstream code reads.
 SEED_STEP_FIELDS = {"step", "prompt", "completion", "action", "parsed_ok", "reward", "done", "rule_violations",
@@ -136,6 +127,10 @@ def test_jsonl_round_trip(records, tmp_path):
     loaded = load_episodes_jsonl(str(path))
     assert loaded == [json.loads(json.dumps(dataclasses.asdict(r))) for r in records]
     assert loaded[0]["steps"][0]["action"]["action_type"] == "configure_beam"
+    # a line read back is the record again, steps included
+    assert [EpisodeRecord.from_dict(line) for line in loaded] == [EpisodeRecord.from_dict(r.to_dict()) for r in records]
+    assert EpisodeRecord.from_dict(loaded[1]).steps[-1].done
+    assert pair_key(loaded[1]) == (22, records[1].scenario, "medium")
     save_episodes_jsonl(loaded[:1], str(path))  # dicts too; replaces the file atomically
     assert len(load_episodes_jsonl(str(path))) == 1
     assert os.listdir(path.parent) == ["episodes.jsonl"]  # no temporary file left behind

@@ -13,7 +13,7 @@ import torch
 from cernenv.rewards import COMPONENT_NAMES
 from lib.evaluation import HELDOUT_SEED_START, heldout_suite
 from lib.policy_model import build_tiny_model, sft_examples
-from lib.rollouts import load_episodes_jsonl
+from lib.records import load_episodes_jsonl
 from lib.tokenizer import build_tokenizer
 from lib.training import TrainConfig
 from lib.training.backends import resolve_backend, unsloth_available

@@ -30,10 +30,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from cernenv.rewards import COMPONENT_NAMES
-from lib.evaluation import EpisodeSpec, assert_disjoint_from_suite, heldout_suite
+from lib.evaluation import assert_disjoint_from_suite, heldout_suite
 from lib.evidence import RewardComponentLogWriter
 from lib.multiturn import GenerateFn, PlayedEpisode, hf_generate_fn, play_episodes
 from lib.prompting import Sampling
+from lib.records import EpisodeSpec
 from lib.training.config import TrainConfig
 
 logger = logging.getLogger(__name__)

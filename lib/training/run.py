@@ -21,19 +21,18 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 from cernenv.scenarios import list_scenarios
-from lib.evaluation import EpisodeSpec
 from lib.evidence import EvidencePaths, before_after_metrics, render_all
 from lib.files import atomic_write
 from lib.multiturn import hf_generate_fn, play_episodes
 from lib.prompting import Sampling
-from lib.rollouts import load_episodes_jsonl, save_episodes_jsonl
+from lib.records import EpisodeSpec, load_episodes_jsonl, save_episodes_jsonl
 from lib.training.backends import load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import EvidenceCallback, ProgressLog
 from lib.training.config import TrainConfig
@@ -75,7 +74,7 @@ def evaluate_policy(model: Any, tokenizer: Any, specs: Sequence[EpisodeSpec], co
                            max_turns=config.max_turns, max_context_tokens=config.max_seq_length,
                            batch_size=config.eval_batch_size, agent_name=agent_name, seed=config.seed,
                            progress=f"held-out evaluation ({agent_name})")
-    return [asdict(episode.record) for episode in played]
+    return [episode.record.to_dict() for episode in played]
 
 
 def task_key(seed: int, scenario: Optional[str], difficulty: Optional[str]) -> tuple:

@@ -1,0 +1,145 @@
+"""The one record of an episode, and the key that pairs it across runs.
+
+`EpisodeSpec` says which episode to play (seed, and a curated scenario or a difficulty);
+`StepRecord` and `EpisodeRecord` say what happened (rollouts, evaluation, training and
+replay all write and read these); `PAIR_KEY` / `pair_key` identify the same task in two
+runs (before and after training); `save_episodes_jsonl` / `load_episodes_jsonl` store one
+episode per line; `as_episode_dict` turns a record (or a line read back) into a dict.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from cernenv.scenarios import list_scenarios
+from lib.files import atomic_write
+
+PAIR_KEY = ("seed", "scenario", "difficulty")
+"""The fields that identify a task: two records with the same values played the same world."""
+
+
+def pair_key(episode: Mapping[str, Any]) -> Tuple:
+    """`episode`'s values of `PAIR_KEY` (an episode dict or spec mapping)."""
+    return tuple(episode.get(k) for k in PAIR_KEY)
+
+
+def part_of(scenario: Optional[str]) -> str:
+    """The suite part of an episode (spec or record) from its scenario: "rediscovery" for a
+    curated scenario, "unseen" for a procedural one (None in a spec, "procedural_*" in a record)."""
+    return "rediscovery" if scenario in list_scenarios() else "unseen"
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode of a suite: the seed and either a curated scenario or a difficulty."""
+
+    seed: int
+    scenario: Optional[str] = None
+    difficulty: Optional[str] = None
+
+    @property
+    def part(self) -> str:
+        """"rediscovery" (a curated scenario) or "unseen" (procedural): see `PARTS`."""
+        return part_of(self.scenario)
+
+
+def spec_fields(item: Any) -> Dict[str, Any]:
+    """seed, scenario and difficulty of a spec: an object with those attributes (such as
+    `EpisodeSpec`), a mapping, or a (seed, scenario, difficulty) tuple."""
+    if isinstance(item, Mapping):
+        spec = dict(item)
+    elif hasattr(item, "seed"):
+        spec = {"seed": item.seed, "scenario": getattr(item, "scenario", None),
+                "difficulty": getattr(item, "difficulty", None)}
+    else:
+        spec = dict(zip(("seed", "scenario", "difficulty"), item))
+    return {"scenario": None, "difficulty": None, **spec}
+
+
+@dataclass
+class StepRecord:
+    """One step: what the agent saw and said, what was sent, and what it earned."""
+
+    step: int
+    prompt: str
+    completion: str
+    action: Any
+    """What was sent to `env.step`, as JSON: the action, or the unparsed object or text."""
+    parsed_ok: bool
+    reward: float
+    done: bool
+    rule_violations: List[str]
+    observation_summary: Dict[str, Any] = field(default_factory=dict)
+    parse_error: Optional[str] = None
+    reward_breakdown: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeRecord:
+    """One episode and its grade. `truth` is for evaluation only: no prompt ever contains it."""
+
+    seed: int
+    scenario: Optional[str]
+    difficulty: Optional[str]
+    truth: Optional[Dict[str, Any]]
+    total_reward: float
+    cumulative_reward: float
+    terminal_reward: Optional[float]
+    discovered: Optional[bool]
+    correct_mass: Optional[bool]
+    correct_channel: Optional[bool]
+    correct_spin: Optional[bool]
+    steps: List[StepRecord]
+    agent: str = ""
+    correct_outcome: Optional[bool] = None
+    reward_components: Dict[str, float] = field(default_factory=dict)
+    resources: Dict[str, float] = field(default_factory=dict)
+    """Final `resource_usage`: budget [M$], luminosity [fb^-1], time [days], used and left."""
+    n_steps: int = 0
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The record as plain data, as a JSONL line holds it."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EpisodeRecord":
+        """The record of a dict written by `to_dict` (a JSONL line); unknown keys are an error."""
+        data = dict(data)
+        data["steps"] = [StepRecord(**step) for step in data.get("steps") or []]
+        return cls(**data)
+
+
+def as_episode_dict(episode: Any) -> Dict[str, Any]:
+    """An `EpisodeRecord` (or any record dataclass) or a JSONL row, as a dict."""
+    if is_dataclass(episode):
+        return asdict(episode)
+    if isinstance(episode, Mapping):
+        return dict(episode)
+    raise TypeError(f"an episode is an EpisodeRecord or a dict read from a JSONL file, got {type(episode).__name__}")
+
+
+def save_episodes_jsonl(episodes: Sequence[Union[EpisodeRecord, Dict[str, Any]]], path: str) -> None:
+    """Write one episode per line, atomically: a reader never sees a half-written file
+    (`lib.files.atomic_write`)."""
+    atomic_write(path, "".join(json.dumps(as_episode_dict(episode)) + "\n"
+                               for episode in episodes))
+
+
+def load_episodes_jsonl(path: str) -> List[Dict[str, Any]]:
+    """Read episodes written by `save_episodes_jsonl` (or appended line by line): a truncated
+    last line, from a writer that was interrupted, is skipped with a warning."""
+    with open(path) as f:
+        lines = [line for line in f.read().split("\n") if line.strip()]
+    episodes = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            episodes.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number < len(lines):
+                raise ValueError(f"{path}:{number} is not JSON ({error}); only the last line may be "
+                                 "truncated") from None
+            warnings.warn(f"{path}:{number}: skipped a truncated last line ({len(line)} characters)", stacklevel=2)
+    return episodes
