@@ -8,13 +8,23 @@ suite holds out particles, not only seeds: it has two parts (`PARTS`), reported 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
-
-import numpy as np
-from scipy import stats
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
+from lib.metrics import (
+    CONFIDENCE,
+    METRICS,
+    N_BOOTSTRAP,
+    SPLIT_TABLE_METRICS,
+    Estimate,
+    agent_metrics,
+    comparison_table,
+    correct_count,
+    estimates_from_json,
+    estimates_to_json,
+    has_particle,
+)
 from lib.records import EpisodeSpec, as_episode_dict, part_of
 from lib.rollouts import collect_episodes
 
@@ -23,9 +33,6 @@ HELDOUT_SEED_START = EVALUATION_SEED_START
 TRAINING_SEEDS = range(0, HELDOUT_SEED_START)
 """Seeds training may use; the held-out suite never does. Procedural particles of the seeds
 above are drawn from mass bands training never produces (`cernenv.scenarios.MASS_BANDS`)."""
-CONFIDENCE = 0.95
-N_BOOTSTRAP = 2000
-
 PARTS = {
     "unseen": "procedural campaigns whose particle training never produces (evaluation mass bands)",
     "rediscovery": "curated campaigns of known physics (the same particles training plays)",
@@ -84,64 +91,6 @@ def assert_disjoint_from_suite(training_seeds: Iterable[int], suite: Sequence[Ep
                          f"train on seeds below {HELDOUT_SEED_START}")
 
 
-@dataclass(frozen=True)
-class Estimate:
-    """A mean with its 95% bootstrap confidence interval."""
-
-    mean: float
-    low: float
-    high: float
-    n: int
-
-    def __str__(self) -> str:
-        if self.n == 0:
-            return "—"
-        return f"{self.mean:.3g} [{self.low:.3g}, {self.high:.3g}]"
-
-
-def bootstrap_mean(values: Sequence[float], *, seed: int = 0) -> Estimate:
-    """Mean and percentile-bootstrap 95% interval (scipy.stats.bootstrap, 2000 resamples)."""
-    data = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
-    if data.size == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"), 0)
-    mean = float(data.mean())
-    if data.size == 1 or np.all(data == data[0]):
-        return Estimate(mean, mean, mean, int(data.size))
-    result = stats.bootstrap((data,), np.mean, n_resamples=N_BOOTSTRAP, confidence_level=CONFIDENCE,
-                             method="percentile", random_state=np.random.default_rng(seed))
-    interval = result.confidence_interval
-    return Estimate(mean, float(interval.low), float(interval.high), int(data.size))
-
-
-def bootstrap_difference(before: Sequence[float], after: Sequence[float], *, seed: int = 0) -> Estimate:
-    """mean(after) − mean(before) of two independent samples, with the 95% percentile-bootstrap
-    interval (each sample resampled on its own). For the same episodes on both sides, prefer
-    the paired `bootstrap_mean` of per-episode differences: it removes task-to-task variance."""
-    a = np.asarray([v for v in before if v is not None and np.isfinite(v)], dtype=float)
-    b = np.asarray([v for v in after if v is not None and np.isfinite(v)], dtype=float)
-    if a.size == 0 or b.size == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"), 0)
-    mean = float(b.mean() - a.mean())
-    if a.size == 1 and b.size == 1 or (np.all(a == a[0]) and np.all(b == b[0])):
-        return Estimate(mean, mean, mean, int(min(a.size, b.size)))
-    result = stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(y, axis=axis) - np.mean(x, axis=axis),
-                             n_resamples=N_BOOTSTRAP, confidence_level=CONFIDENCE, method="percentile",
-                             random_state=np.random.default_rng(seed), vectorized=True)
-    interval = result.confidence_interval
-    return Estimate(mean, float(interval.low), float(interval.high), int(min(a.size, b.size)))
-
-
-def has_particle(episode: Mapping[str, Any]) -> Optional[bool]:
-    """Whether a particle existed in the episode's hidden truth (`EpisodeRecord.truth`);
-    None for a record without a recorded truth."""
-    truth = episode.get("truth")
-    return bool(truth["exists"]) if isinstance(truth, Mapping) and "exists" in truth else None
-
-
-def _exists(episode: Mapping[str, Any]) -> bool:
-    return bool(has_particle(episode))
-
-
 GROUPS: Dict[str, Tuple[Optional[str], Optional[str]]] = {
     "_".join(filter(None, (part, split))) or "all": (part, split)
     for part in (None, *PARTS) for split in (None, *PARTICLE_SPLITS)}
@@ -170,91 +119,9 @@ def episode_groups(episodes: Sequence[Any]) -> Dict[str, List[Mapping[str, Any]]
     return groups
 
 
-def _parse_rate(episode: Mapping[str, Any]) -> Optional[float]:
-    steps = episode.get("steps") or []
-    if not steps:
-        return None
-    return float(np.mean([bool(step.get("parsed_ok", True)) for step in steps]))
-
-
-# Metric name → (what it means, which episodes it averages over, value per episode).
-METRICS: Dict[str, Tuple[str, Callable[[Mapping[str, Any]], bool], Callable[[Mapping[str, Any]], Any]]] = {
-    "mean_reward": ("episode reward", lambda e: True, lambda e: e.get("cumulative_reward")),
-    "success_rate": ("correct discovery or correct null", lambda e: True,
-                     lambda e: float(bool(e.get("correct_outcome")))),
-    "mass_accuracy": ("right mass, particle exists", _exists, lambda e: float(bool(e.get("correct_mass")))),
-    "channel_accuracy": ("right channel, particle exists", _exists,
-                         lambda e: float(bool(e.get("correct_channel")))),
-    "spin_accuracy": ("right spin, particle exists", _exists, lambda e: float(bool(e.get("correct_spin")))),
-    "false_discovery_rate": ("discovery claimed, nothing there", lambda e: not _exists(e),
-                             lambda e: float(bool(e.get("discovered")))),
-    "parse_rate": ("actions that parsed", lambda e: True, _parse_rate),
-    "mean_steps": ("steps per episode", lambda e: True, lambda e: e.get("n_steps", len(e.get("steps") or []))),
-    "budget_used_fraction": ("budget spent", lambda e: True,
-                             lambda e: _fraction(e, "budget_used_musd", "budget_remaining_musd")),
-    "time_used_fraction": ("time spent", lambda e: True,
-                           lambda e: _fraction(e, "time_used_days", "time_remaining_days")),
-}
-
-
-def _fraction(episode: Mapping[str, Any], used: str, remaining: str) -> Optional[float]:
-    resources = episode.get("resources") or {}
-    if used not in resources or remaining not in resources:
-        return None
-    total = resources[used] + resources[remaining]
-    return resources[used] / total if total > 0 else None
-
-
-def agent_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Estimate]:
-    """Every metric of `METRICS` with its 95% bootstrap interval."""
-    records = [as_episode_dict(e) for e in episodes]
-    return {name: bootstrap_mean([value(e) for e in records if include(e)], seed=seed)
-            for name, (_, include, value) in METRICS.items()}
-
-
 def group_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Dict[str, Estimate]]:
     """`agent_metrics` of each group of `GROUPS`: {group: {metric: Estimate}}."""
     return {name: agent_metrics(group, seed=seed) for name, group in episode_groups(episodes).items()}
-
-
-def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, *, seed: int = 0) -> Estimate:
-    """after − before of `metric`, paired by episode (seed, scenario, difficulty): the 95%
-    interval of the mean per-episode difference. Both sides must cover the same episodes."""
-    _, include, value = METRICS[metric]
-
-    def keyed(episodes):
-        out = {}
-        for e in map(as_episode_dict, episodes):
-            if include(e):
-                out[(e.get("seed"), e.get("scenario"), e.get("difficulty"))] = value(e)
-        return out
-
-    pre, post = keyed(before), keyed(after)
-    if set(pre) != set(post):
-        raise ValueError("paired_difference needs the same episodes before and after "
-                         f"({len(set(pre) ^ set(post))} differ); evaluate both on the same suite")
-    return bootstrap_mean([post[k] - pre[k] for k in sorted(pre, key=str)
-                           if pre[k] is not None and post[k] is not None], seed=seed)
-
-
-def correct_count(success_rate: Estimate) -> str:
-    """"k of n": the episodes with a correct outcome, from the success rate over n episodes."""
-    return "—" if success_rate.n == 0 else f"{round(success_rate.mean * success_rate.n)} of {success_rate.n}"
-
-
-def comparison_table(results: Mapping[str, Mapping[str, Estimate]],
-                     metrics: Sequence[str] = ("mean_reward", "success_rate", "mass_accuracy",
-                                               "channel_accuracy", "spin_accuracy", "false_discovery_rate",
-                                               "parse_rate", "mean_steps", "budget_used_fraction")) -> str:
-    """A Markdown table: one row per agent, `mean [95% CI]` per metric."""
-    header = "| agent | " + " | ".join(metrics) + " |"
-    rule = "|---|" + "---|" * len(metrics)
-    rows = [f"| {agent} | " + " | ".join(str(result[m]) for m in metrics) + " |"
-            for agent, result in results.items()]
-    return "\n".join([header, rule, *rows])
-
-
-SPLIT_TABLE_METRICS = ("mean_reward", "success_rate", "mass_accuracy", "false_discovery_rate")
 
 
 def split_comparison_table(results_by_group: Mapping[str, Mapping[str, Mapping[str, Estimate]]],
@@ -267,16 +134,6 @@ def split_comparison_table(results_by_group: Mapping[str, Mapping[str, Mapping[s
             + " | ".join(str(result[m]) for m in metrics) + " |"
             for group, results in results_by_group.items() for agent, result in results.items()]
     return "\n".join([header, rule, *rows])
-
-
-def estimates_to_json(results: Mapping[str, Mapping[str, Estimate]]) -> Dict[str, Dict[str, Dict[str, float]]]:
-    return {agent: {name: asdict(est) for name, est in metrics.items()} for agent, metrics in results.items()}
-
-
-def estimates_from_json(payload: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Dict[str, Dict[str, Estimate]]:
-    """The inverse of `estimates_to_json` (e.g. the `metrics` of evidence/baselines.json)."""
-    return {agent: {name: Estimate(float(est["mean"]), float(est["low"]), float(est["high"]), int(est["n"]))
-                    for name, est in metrics.items()} for agent, metrics in payload.items()}
 
 
 def evaluate_agents(agents: Mapping[str, Any], suite: Sequence[EpisodeSpec], *, progress: bool = True

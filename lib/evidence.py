@@ -39,19 +39,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.evaluation import (
-    CONFIDENCE,
-    GROUP_WORDS,
-    GROUPS,
-    METRICS,
-    N_BOOTSTRAP,
-    PARTS,
-    bootstrap_difference,
-    bootstrap_mean,
-    episode_groups,
-    group_label,
-)
+from lib.evaluation import GROUP_WORDS, GROUPS, PARTS, episode_groups, group_label
 from lib.files import atomic_write
+from lib.metrics import CONFIDENCE, METRICS, N_BOOTSTRAP, bootstrap_difference, bootstrap_mean, paired_difference
 from lib.records import PAIR_KEY, as_episode_dict, pair_key, part_of
 
 logger = logging.getLogger(__name__)
@@ -592,15 +582,13 @@ def difference_interval(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping
 
     Paired (resampling per-task differences) when both sides hold the same episodes by
     (seed, scenario, difficulty), which removes task-to-task variance; otherwise the two
-    sides are resampled independently. The statistics live in `lib.evaluation`.
+    sides are resampled independently. The statistics live in `lib.metrics`.
     """
-    pre_values, post_values = _episode_values(pre, key), _episode_values(post, key)
     if _pairable(pre, post):
-        before = dict(pre_values)
-        diffs = [v - before[k] for k, v in post_values if k in before]
-        estimate = bootstrap_mean(diffs, seed=BOOTSTRAP_SEED)
+        estimate = paired_difference(pre, post, SUMMARY_METRICS[key], seed=BOOTSTRAP_SEED)
         return {"method": "paired", "n_pairs": estimate.n,
                 "ci95": None if estimate.n == 0 else [estimate.low, estimate.high]}
+    pre_values, post_values = _episode_values(pre, key), _episode_values(post, key)
     estimate = bootstrap_difference([v for _, v in pre_values], [v for _, v in post_values], seed=BOOTSTRAP_SEED)
     return {"method": "unpaired", "n_pairs": 0, "ci95": None if estimate.n == 0 else [estimate.low, estimate.high]}
 

@@ -14,19 +14,16 @@ from lib.evaluation import (
     GROUPS,
     HELDOUT_SEED_START,
     SUITE_VERSION,
-    agent_metrics,
     assert_disjoint_from_suite,
     baseline_groups_from_json,
-    bootstrap_mean,
-    comparison_table,
     episode_groups,
     group_metrics,
     heldout_suite,
-    paired_difference,
     part_of,
     split_comparison_table,
     write_baseline_evidence,
 )
+from lib.metrics import agent_metrics, bootstrap_mean, comparison_table, paired_difference
 
 
 def test_suite_is_fixed_large_and_spans_everything():
@@ -129,6 +126,8 @@ def test_paired_difference_detects_a_clear_improvement_and_needs_the_same_episod
     assert same.mean == same.low == same.high == 0.0
     with pytest.raises(ValueError, match="same episodes"):
         paired_difference(before, after[:-1], "mean_reward")
+    with pytest.raises(ValueError, match="each once"):  # a task twice on one side cannot be paired
+        paired_difference(before, after[:-1] + after[:1], "mean_reward")
 
 
 def _split_sample():

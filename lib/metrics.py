@@ -1,0 +1,185 @@
+"""The metrics an agent is measured by, each with one name, and their 95% bootstrap intervals.
+
+`METRICS` lists them (what each means, which episodes it averages over, its value per
+episode); `agent_metrics` gives all of them for a list of episodes; `bootstrap_mean` and
+`bootstrap_difference` are the intervals, `paired_difference` the paired one of a change
+on the same tasks; `comparison_table` and `correct_count` write them for a reader. Evidence
+files keep the column names of the original evidence logger for some of them (`mass_acc`,
+`mass_correct_rate`): `lib.evidence.SUMMARY_METRICS` maps those to these names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from scipy import stats
+
+from lib.records import as_episode_dict, pair_key
+
+CONFIDENCE = 0.95
+N_BOOTSTRAP = 2000
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean with its 95% bootstrap confidence interval."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    def __str__(self) -> str:
+        if self.n == 0:
+            return "—"
+        return f"{self.mean:.3g} [{self.low:.3g}, {self.high:.3g}]"
+
+
+def bootstrap_mean(values: Sequence[float], *, seed: int = 0) -> Estimate:
+    """Mean and percentile-bootstrap 95% interval (scipy.stats.bootstrap, 2000 resamples)."""
+    data = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
+    if data.size == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+    mean = float(data.mean())
+    if data.size == 1 or np.all(data == data[0]):
+        return Estimate(mean, mean, mean, int(data.size))
+    result = stats.bootstrap((data,), np.mean, n_resamples=N_BOOTSTRAP, confidence_level=CONFIDENCE,
+                             method="percentile", random_state=np.random.default_rng(seed))
+    interval = result.confidence_interval
+    return Estimate(mean, float(interval.low), float(interval.high), int(data.size))
+
+
+def bootstrap_difference(before: Sequence[float], after: Sequence[float], *, seed: int = 0) -> Estimate:
+    """mean(after) − mean(before) of two independent samples, with the 95% percentile-bootstrap
+    interval (each sample resampled on its own). For the same episodes on both sides, prefer
+    the paired `bootstrap_mean` of per-episode differences: it removes task-to-task variance."""
+    a = np.asarray([v for v in before if v is not None and np.isfinite(v)], dtype=float)
+    b = np.asarray([v for v in after if v is not None and np.isfinite(v)], dtype=float)
+    if a.size == 0 or b.size == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+    mean = float(b.mean() - a.mean())
+    if a.size == 1 and b.size == 1 or (np.all(a == a[0]) and np.all(b == b[0])):
+        return Estimate(mean, mean, mean, int(min(a.size, b.size)))
+    result = stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(y, axis=axis) - np.mean(x, axis=axis),
+                             n_resamples=N_BOOTSTRAP, confidence_level=CONFIDENCE, method="percentile",
+                             random_state=np.random.default_rng(seed), vectorized=True)
+    interval = result.confidence_interval
+    return Estimate(mean, float(interval.low), float(interval.high), int(min(a.size, b.size)))
+
+
+def has_particle(episode: Mapping[str, Any]) -> Optional[bool]:
+    """Whether a particle existed in the episode's hidden truth (`EpisodeRecord.truth`);
+    None for a record without a recorded truth."""
+    truth = episode.get("truth")
+    return bool(truth["exists"]) if isinstance(truth, Mapping) and "exists" in truth else None
+
+
+def _exists(episode: Mapping[str, Any]) -> bool:
+    return bool(has_particle(episode))
+
+
+def _parse_rate(episode: Mapping[str, Any]) -> Optional[float]:
+    steps = episode.get("steps") or []
+    if not steps:
+        return None
+    return float(np.mean([bool(step.get("parsed_ok", True)) for step in steps]))
+
+
+# Metric name → (what it means, which episodes it averages over, value per episode).
+METRICS: Dict[str, Tuple[str, Callable[[Mapping[str, Any]], bool], Callable[[Mapping[str, Any]], Any]]] = {
+    "mean_reward": ("episode reward", lambda e: True, lambda e: e.get("cumulative_reward")),
+    "success_rate": ("correct discovery or correct null", lambda e: True,
+                     lambda e: float(bool(e.get("correct_outcome")))),
+    "mass_accuracy": ("right mass, particle exists", _exists, lambda e: float(bool(e.get("correct_mass")))),
+    "channel_accuracy": ("right channel, particle exists", _exists,
+                         lambda e: float(bool(e.get("correct_channel")))),
+    "spin_accuracy": ("right spin, particle exists", _exists, lambda e: float(bool(e.get("correct_spin")))),
+    "false_discovery_rate": ("discovery claimed, nothing there", lambda e: not _exists(e),
+                             lambda e: float(bool(e.get("discovered")))),
+    "parse_rate": ("actions that parsed", lambda e: True, _parse_rate),
+    "mean_steps": ("steps per episode", lambda e: True, lambda e: e.get("n_steps", len(e.get("steps") or []))),
+    "budget_used_fraction": ("budget spent", lambda e: True,
+                             lambda e: _fraction(e, "budget_used_musd", "budget_remaining_musd")),
+    "time_used_fraction": ("time spent", lambda e: True,
+                           lambda e: _fraction(e, "time_used_days", "time_remaining_days")),
+}
+
+
+def _fraction(episode: Mapping[str, Any], used: str, remaining: str) -> Optional[float]:
+    resources = episode.get("resources") or {}
+    if used not in resources or remaining not in resources:
+        return None
+    total = resources[used] + resources[remaining]
+    return resources[used] / total if total > 0 else None
+
+
+def agent_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Estimate]:
+    """Every metric of `METRICS` with its 95% bootstrap interval."""
+    records = [as_episode_dict(e) for e in episodes]
+    return {name: bootstrap_mean([value(e) for e in records if include(e)], seed=seed)
+            for name, (_, include, value) in METRICS.items()}
+
+
+def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, *, seed: int = 0) -> Estimate:
+    """after − before of `metric`, paired by task (`lib.records.PAIR_KEY`): the mean per-task
+    difference with its 95% percentile-bootstrap interval, which removes task-to-task variance.
+    The episodes `metric` averages over must be the same tasks on both sides, each once
+    (ValueError otherwise; `bootstrap_difference` compares independent samples). Differences
+    are taken in the order of `after`; values that are None or not finite are left out."""
+    pre, post = _task_values(before, metric), _task_values(after, metric)
+    if set(pre) != set(post) or len(pre) != sum(1 for _ in _included(before, metric)) \
+            or len(post) != sum(1 for _ in _included(after, metric)):
+        raise ValueError("paired_difference needs the same episodes before and after, each once "
+                         f"({len(set(pre) ^ set(post))} tasks differ); evaluate both on the same suite")
+    return bootstrap_mean([post[k] - pre[k] for k in post if _finite(pre[k]) and _finite(post[k])], seed=seed)
+
+
+def _included(episodes: Sequence[Any], metric: str):
+    _, include, _ = METRICS[metric]
+    return (e for e in map(as_episode_dict, episodes) if include(e))
+
+
+def _task_values(episodes: Sequence[Any], metric: str) -> Dict[Tuple, Any]:
+    """{task key: value of `metric`} over the episodes it averages over, in their order."""
+    _, _, value = METRICS[metric]
+    return {pair_key(e): value(e) for e in _included(episodes, metric)}
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return value is not None and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def correct_count(success_rate: Estimate) -> str:
+    """"k of n": the episodes with a correct outcome, from the success rate over n episodes."""
+    return "—" if success_rate.n == 0 else f"{round(success_rate.mean * success_rate.n)} of {success_rate.n}"
+
+
+def comparison_table(results: Mapping[str, Mapping[str, Estimate]],
+                     metrics: Sequence[str] = ("mean_reward", "success_rate", "mass_accuracy",
+                                               "channel_accuracy", "spin_accuracy", "false_discovery_rate",
+                                               "parse_rate", "mean_steps", "budget_used_fraction")) -> str:
+    """A Markdown table: one row per agent, `mean [95% CI]` per metric."""
+    header = "| agent | " + " | ".join(metrics) + " |"
+    rule = "|---|" + "---|" * len(metrics)
+    rows = [f"| {agent} | " + " | ".join(str(result[m]) for m in metrics) + " |"
+            for agent, result in results.items()]
+    return "\n".join([header, rule, *rows])
+
+
+SPLIT_TABLE_METRICS = ("mean_reward", "success_rate", "mass_accuracy", "false_discovery_rate")
+
+
+def estimates_to_json(results: Mapping[str, Mapping[str, Estimate]]) -> Dict[str, Dict[str, Dict[str, float]]]:
+    return {agent: {name: asdict(est) for name, est in metrics.items()} for agent, metrics in results.items()}
+
+
+def estimates_from_json(payload: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Dict[str, Dict[str, Estimate]]:
+    """The inverse of `estimates_to_json` (e.g. the `metrics` of evidence/baselines.json)."""
+    return {agent: {name: Estimate(float(est["mean"]), float(est["low"]), float(est["high"]), int(est["n"]))
+                    for name, est in metrics.items()} for agent, metrics in payload.items()}
