@@ -208,6 +208,17 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             raise RuntimeError("call reset() before hidden_truth()")
         return self._episode.scenario.hidden_truth()
 
+    ANALYSIS_OBJECTS = ("spectrum", "resonance_fit", "background_fit", "scan")
+
+    def analysis_objects(self) -> Dict[str, Any]:
+        """The episode's current analysis objects, for plots and replays (never for the agent,
+        which sees their numbers in its observations): the `Spectrum`, the `ResonanceFit` and
+        `BackgroundFit` made from it, the `BumpScan`; None until the action that makes each has
+        run (a `select_channel` to another channel clears them). Like `hidden_truth`, not served."""
+        if self._episode is None:
+            raise RuntimeError("call reset() before analysis_objects()")
+        return {name: getattr(self._episode, name, None) for name in self.ANALYSIS_OBJECTS}
+
     def get_metadata(self) -> EnvironmentMetadata:
         return EnvironmentMetadata(
             name="cernenv",

@@ -28,21 +28,13 @@ STYLE = mplhep.style.CMS
 EXPERIMENT = "CERNenv"
 # Model curves are drawn on this many sub-bins per data bin, scaled to events per data bin.
 CURVE_SUBBINS = 8
-SNAPSHOT_FIELDS = ("spectrum", "resonance_fit", "background_fit", "scan")
 DISCOVERY_LINES_SIGMA = (3.0, 5.0)
 
 
 def analysis_snapshot(env: Any) -> Dict[str, Any]:
-    """The environment's current analysis objects: spectrum, resonance_fit, background_fit, scan.
-
-    Reads the environment's *private* episode (`env._episode`), for plotting only: an
-    agent sees numbers in its observations, never these objects. Values are None until
-    the corresponding action has run (a `select_channel` to another channel clears them).
-    """
-    episode = getattr(env, "_episode", None)
-    if episode is None:
-        raise RuntimeError("the environment has no episode yet: call env.reset() first")
-    return {name: getattr(episode, name, None) for name in SNAPSHOT_FIELDS}
+    """The environment's current analysis objects (`CERNCollisionEnvironment.analysis_objects`:
+    spectrum, resonance_fit, background_fit, scan; None until made), for plotting only."""
+    return env.analysis_objects()
 
 
 def use_style() -> None:

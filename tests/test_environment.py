@@ -981,3 +981,19 @@ def test_random_agent_reward_bookkeeping():
         state = env.state
         assert total == pytest.approx(state.cumulative_reward, abs=1e-5)
         assert sum(state.reward_components.values()) == pytest.approx(state.cumulative_reward, abs=1e-9)
+
+
+def test_analysis_objects_are_the_episodes_own_and_none_until_made():
+    """The public view plots and replays read (lib.plotting.analysis_snapshot), instead of the
+    environment's private episode."""
+    env = CERNCollisionEnvironment()
+    with pytest.raises(RuntimeError, match="reset"):
+        env.analysis_objects()
+    agent = HeuristicAgent()
+    obs = env.reset(seed=3, scenario="z_mumu_91")
+    assert env.analysis_objects() == dict.fromkeys(CERNCollisionEnvironment.ANALYSIS_OBJECTS)
+    while not obs.done and env.analysis_objects()["scan"] is None:
+        obs = env.step(agent.act(obs))
+    objects = env.analysis_objects()
+    assert objects["scan"].best_mass_gev == pytest.approx(obs.latest_result["best_mass_gev"], abs=1e-4)
+    assert objects["spectrum"].counts.sum() > 0 and objects["resonance_fit"] is None  # no fit made yet

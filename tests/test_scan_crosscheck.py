@@ -158,10 +158,11 @@ def scanned_spectra(specs):
             result = obs.latest_result
             if result.get("action") != "scan_bump" or "error" in result:
                 continue
-            spectrum = env._episode.spectrum
+            analysis = env.analysis_objects()
+            spectrum = analysis["spectrum"]
             out.append((f"{scenario or difficulty}/seed{seed}", np.asarray(spectrum.edges_gev, dtype=float),
                         np.asarray(spectrum.counts, dtype=float), float(spectrum.sqrt_s_tev),
-                        spectrum.resolution_gev, env._episode.scan))
+                        spectrum.resolution_gev, analysis["scan"]))
     return out
 
 
