@@ -1,5 +1,5 @@
-"""Evidence that training improved the agent: logs written during training, plots and
-before/after metrics rendered from them.
+"""Evidence that training improved the agent: the files of one run, written during training
+(locked CSV logs), read back, and rendered into figures and documents.
 
 Three kinds of evidence, all under one folder (`EvidencePaths`):
 
@@ -9,6 +9,9 @@ Three kinds of evidence, all under one folder (`EvidencePaths`):
 3. Episodes before and after training (pre_eval.jsonl / post_eval.jsonl, one episode per
    line) → before_after_metrics.json with 95% bootstrap intervals, two plots and a
    Markdown sample of trajectories.
+
+The statistics of the comparison are `lib.comparison`'s, the metrics `lib.metrics`', an
+episode's Markdown `lib.episode_markdown`'s; this module writes, reads and draws.
 
 Logs are append-only and may be written by several processes and threads at once, and
 a run may be killed at any moment. Each row is therefore one `write` of one complete line
@@ -39,19 +42,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.evaluation import GROUP_WORDS, GROUPS, PARTS, episode_groups, group_label
+from lib.comparison import SUMMARY_METRICS, before_after_metrics, episode_values, same_tasks
+from lib.episode_markdown import correct_by_part, episode_markdown_lines, sample_pairs, spread_by_reward
+from lib.evaluation import PARTS, group_label
 from lib.files import atomic_write
-from lib.metrics import CONFIDENCE, METRICS, N_BOOTSTRAP, bootstrap_difference, bootstrap_mean, paired_difference
-from lib.records import PAIR_KEY, as_episode_dict, pair_key, part_of
+from lib.metrics import as_number
+from lib.records import part_of
 
 logger = logging.getLogger(__name__)
 
-BOOTSTRAP_SEED = 0
-"""numpy seed of every bootstrap here, so a re-render gives the same intervals."""
-"""An episode before and one after training are the same task when these agree."""
 DPI = 140
-MAX_TABLE_STEPS = 40
-"""Steps listed per episode in sample_trajectories.md; the rest are counted."""
 _MARKER_MAX_POINTS = 60  # below this many points, mark each one (a lone point is invisible as a line)
 
 
@@ -310,17 +310,9 @@ def _csv_fields(text: str) -> Optional[List[str]]:
         return None
 
 
-def _number(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return number if math.isfinite(number) else math.nan
-
-
 def _column(rows: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
     """Values of one column as floats; missing, empty and non-finite values are NaN."""
-    return np.array([_number(row.get(name)) for row in rows], dtype=float)
+    return np.array([as_number(row.get(name)) for row in rows], dtype=float)
 
 
 # ----------------------------------------------------------------------------- figures
@@ -511,171 +503,8 @@ def render_checkpoint_progression(csv_path: Path, png_path: Path) -> Optional[Pa
 
 # ----------------------------------------------------------------------------- before / after
 
-# Key in the JSON and checkpoint CSV → metric of `lib.evaluation.METRICS` (one definition of each).
-SUMMARY_METRICS = {
-    "mean_reward": "mean_reward",
-    "success_rate": "success_rate",
-    "mass_acc": "mass_accuracy",
-    "channel_acc": "channel_accuracy",
-    "spin_acc": "spin_accuracy",
-}
-DIFFERENCE_METRICS = ("mean_reward", "success_rate")
-"""Metrics whose post − pre difference gets a bootstrap interval."""
 _RATE_LABELS = {"success_rate": "success\n(correct outcome)", "mass_acc": "mass\naccuracy",
                 "channel_acc": "channel\naccuracy", "spin_acc": "spin\naccuracy"}
-
-
-def _episode_values(episodes: Sequence[Mapping[str, Any]], key: str) -> List[Tuple[Tuple, float]]:
-    """(pair key, value) for the episodes `key` averages over; None and non-numbers dropped."""
-    _, include, value = METRICS[SUMMARY_METRICS[key]]
-    out = []
-    for episode in episodes:
-        if include(episode):
-            number = _number(value(episode))
-            if not math.isnan(number):
-                out.append((pair_key(episode), number))
-    return out
-
-
-def _mean(values: Sequence[float]) -> Optional[float]:
-    return float(np.mean(values)) if len(values) else None
-
-
-def summarise_episodes(episodes: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """n, correct outcomes, mean/median reward, success rate and mass/channel/spin accuracy
-    (None when no episode qualifies; accuracies count only episodes whose particle exists)."""
-    rewards = [v for _, v in _episode_values(episodes, "mean_reward")]
-    summary: Dict[str, Any] = {
-        "n": len(episodes),
-        "n_with_particle": sum(bool((e.get("truth") or {}).get("exists")) for e in episodes),
-        "n_correct": sum(bool(e.get("correct_outcome")) for e in episodes),
-        "mean_reward": _mean(rewards),
-        "median_reward": float(np.median(rewards)) if rewards else None,
-    }
-    for key in SUMMARY_METRICS:
-        summary[key] = _mean([v for _, v in _episode_values(episodes, key)])
-    return summary
-
-
-def checkpoint_row(step: int, episodes: Sequence[Mapping[str, Any]], *,
-                   fraction_done: Optional[float] = None) -> Dict[str, Any]:
-    """A `CheckpointEvalWriter.append(**row)` row computed from evaluated episodes."""
-    s = summarise_episodes(episodes)
-    return {"step": step, "fraction_done": fraction_done, "episodes": s["n"],
-            **{k: s[k] for k in ("mean_reward", "success_rate", "mass_acc", "channel_acc")}}
-
-
-def bootstrap_interval(values: Sequence[float]) -> Optional[List[float]]:
-    """Percentile-bootstrap 95% interval of a mean ([low, high]; None without values)."""
-    estimate = bootstrap_mean(values, seed=BOOTSTRAP_SEED)
-    return None if estimate.n == 0 else [estimate.low, estimate.high]
-
-
-def _pairable(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> bool:
-    keys = [[pair_key(e) for e in side] for side in (pre, post)]
-    return bool(pre) and all(len(set(k)) == len(k) for k in keys) and set(keys[0]) == set(keys[1])
-
-
-def difference_interval(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]],
-                        key: str) -> Dict[str, Any]:
-    """95% bootstrap interval of post − pre for `key` (a `SUMMARY_METRICS` name).
-
-    Paired (resampling per-task differences) when both sides hold the same episodes by
-    (seed, scenario, difficulty), which removes task-to-task variance; otherwise the two
-    sides are resampled independently. The statistics live in `lib.metrics`.
-    """
-    if _pairable(pre, post):
-        estimate = paired_difference(pre, post, SUMMARY_METRICS[key], seed=BOOTSTRAP_SEED)
-        return {"method": "paired", "n_pairs": estimate.n,
-                "ci95": None if estimate.n == 0 else [estimate.low, estimate.high]}
-    pre_values, post_values = _episode_values(pre, key), _episode_values(post, key)
-    estimate = bootstrap_difference([v for _, v in pre_values], [v for _, v in post_values], seed=BOOTSTRAP_SEED)
-    return {"method": "unpaired", "n_pairs": 0, "ci95": None if estimate.n == 0 else [estimate.low, estimate.high]}
-
-
-def _comparison(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """Summaries of both sides, their differences and 95% intervals, the counts and the pairing."""
-    pre_stats, post_stats = summarise_episodes(pre), summarise_episodes(post)
-    keys = ("mean_reward", "median_reward", *[k for k in SUMMARY_METRICS if k != "mean_reward"])
-    delta = {k: (post_stats[k] - pre_stats[k] if pre_stats[k] is not None and post_stats[k] is not None else None)
-             for k in keys}
-    intervals = {k: difference_interval(pre, post, k) for k in DIFFERENCE_METRICS}
-    return {
-        "pre": pre_stats,
-        "post": post_stats,
-        "delta": delta,
-        "delta_ci95": {k: v["ci95"] for k, v in intervals.items()},
-        "pre_ci95": {k: bootstrap_interval([v for _, v in _episode_values(pre, k)]) for k in SUMMARY_METRICS},
-        "post_ci95": {k: bootstrap_interval([v for _, v in _episode_values(post, k)]) for k in SUMMARY_METRICS},
-        "n": {"pre": len(pre), "post": len(post), "pairs": intervals["mean_reward"]["n_pairs"]},
-        "pairing": intervals["mean_reward"]["method"],
-    }
-
-
-def before_after_metrics(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """The content of before_after_metrics.json (documented in `render_before_after`)."""
-    payload = _comparison(pre, post)
-    pairing = payload.pop("pairing")
-    payload["bootstrap"] = {
-        "pairing": pairing,
-        "paired_by": list(PAIR_KEY),
-        "interval": "percentile (scipy.stats.bootstrap)",
-        "confidence": CONFIDENCE,
-        "n_resamples": N_BOOTSTRAP,
-        "numpy_seed": BOOTSTRAP_SEED,
-    }
-    pre_groups, post_groups = episode_groups(pre), episode_groups(post)
-    payload["groups"] = {name: _comparison(pre_groups[name], post_groups[name]) for name in GROUPS if name != "all"}
-    return payload
-
-
-def before_after_markdown(payload: Mapping[str, Any], keys: Sequence[str] = DIFFERENCE_METRICS) -> str:
-    """`before_after_metrics` as Markdown: the pair count, then before, after and the difference
-    with its 95% interval for each of `keys`; then, when the payload has `groups` (files written
-    before the split have none), the same per group of `lib.evaluation.GROUPS` (`group_table`)."""
-    rows = ["| metric | before | after | after − before [95% CI] |", "|---|---|---|---|"]
-    for key in keys:
-        interval = payload["delta_ci95"].get(key)
-        ci = "—" if interval is None else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
-        rows.append(f"| {key} | {_format_stat(payload['pre'][key])} | {_format_stat(payload['post'][key])} "
-                    f"| {_format_stat(payload['delta'][key], signed=True)} {ci} |")
-    text = f"{payload['n']['pairs']} paired episodes.\n\n" + "\n".join(rows)
-    if payload.get("groups"):
-        text += ("\n\nBy part of the suite (" + "; ".join(f"{group_label(p)}: {m}" for p, m in PARTS.items())
-                 + ") and by task, with a particle or null:\n\n" + group_table(payload))
-    return text
-
-
-def _correct(comparison: Mapping[str, Any]) -> str:
-    """Correct outcomes before → after, "7 → 14 of 28" (each side's own n when they differ)."""
-    pre, post = comparison["pre"], comparison["post"]
-    pre_correct, post_correct = pre.get("n_correct"), post.get("n_correct")
-    if pre_correct is None or post_correct is None:
-        return "—"
-    if pre["n"] == post["n"]:
-        return f"{pre_correct} → {post_correct} of {pre['n']}"
-    return f"{pre_correct} of {pre['n']} → {post_correct} of {post['n']}"
-
-
-def group_table(payload: Mapping[str, Any]) -> str:
-    """A Markdown table of `before_after_metrics`: one row for the whole suite and one per group
-    of its `groups`, with the correct outcomes before → after and, for mean reward and success
-    rate, before → after and the difference with its 95% interval."""
-    rows = ["| group | correct | mean reward | Δ reward [95% CI] | success rate | Δ success [95% CI] |",
-            "|---|---|---|---|---|---|"]
-    for name, comparison in [("all", payload), *payload.get("groups", {}).items()]:
-        cells = []
-        for key in DIFFERENCE_METRICS:
-            interval = comparison["delta_ci95"].get(key)
-            ci = "" if interval is None else f" [{interval[0]:+.3f}, {interval[1]:+.3f}]"
-            cells += [f"{_format_stat(comparison['pre'][key])} → {_format_stat(comparison['post'][key])}",
-                      f"{_format_stat(comparison['delta'][key], signed=True)}{ci}"]
-        rows.append(f"| {group_label(name)} | {_correct(comparison)} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
-
-
-def _format_stat(value: Any, signed: bool = False) -> str:
-    return "—" if value is None else (f"{value:+.3f}" if signed else f"{value:.3f}")
 
 
 def _draw_bars(ax, keys: Sequence[str], payload: Mapping[str, Any]) -> None:
@@ -740,7 +569,7 @@ def _shared_bins(values: np.ndarray, max_bins: int = 40) -> np.ndarray:
 
 def _render_distribution(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]],
                          png_path: Path) -> Optional[Path]:
-    sides = [(label, color, np.array([v for _, v in _episode_values(eps, "mean_reward")]))
+    sides = [(label, color, np.array([v for _, v in episode_values(eps, "mean_reward")]))
              for label, color, eps in (("before training", "#94a3b8", pre), ("after training", "#1d4ed8", post))]
     sides = [s for s in sides if s[2].size]
     if not sides:
@@ -802,131 +631,6 @@ def render_before_after(*, pre_jsonl: Path, post_jsonl: Path, summary_png: Path,
 
 # ----------------------------------------------------------------------------- trajectories
 
-def _md(text: Any, limit: int = 120) -> str:
-    """Text safe inside a Markdown table cell, cut to `limit` characters."""
-    text = " ".join(str(text).split()).replace("|", "\\|")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _format_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":"), default=str)
-    return str(value)
-
-
-def _format_reward(value: Any) -> str:
-    number = _number(value)
-    return "—" if math.isnan(number) else f"{number:+.3f}"
-
-
-def _truth_summary(truth: Any) -> str:
-    if not isinstance(truth, Mapping) or "exists" not in truth:
-        return "unknown (no truth recorded)"
-    if not truth["exists"]:
-        return "no particle (a null scenario: the right answer is no discovery)"
-    parts = []
-    if truth.get("mass_gev") is not None:
-        parts.append(f"mass {_format_value(_number(truth['mass_gev']))} GeV")
-    if truth.get("width_gev") is not None:
-        parts.append(f"width {_format_value(_number(truth['width_gev']))} GeV")
-    if truth.get("spin") is not None:
-        parts.append(f"spin {truth['spin']}")
-    if truth.get("channels"):
-        parts.append("channels " + ", ".join(map(str, truth["channels"])))
-    if truth.get("cross_section_fb") is not None:
-        parts.append(f"σ {_format_value(_number(truth['cross_section_fb']))} fb")
-    return "a particle" + (": " + "; ".join(parts) if parts else "")
-
-
-def _verdict(value: Any) -> str:
-    return "n/a" if value is None else ("✓" if value else "✗")
-
-
-def _format_episode(episode: Mapping[str, Any], heading: str) -> List[str]:
-    steps = episode.get("steps") or []
-    steps = steps if isinstance(steps, list) else []
-    outcome = episode.get("correct_outcome")
-    lines = [
-        f"### {heading}",
-        "",
-        f"- **Task**: scenario `{episode.get('scenario') or 'procedural'}`, "
-        f"difficulty `{episode.get('difficulty')}`, "
-        f"seed `{episode.get('seed')}`; part: {group_label(part_of(episode.get('scenario')))}",
-        f"- **Truth**: {_truth_summary(episode.get('truth'))}",
-        f"- **Outcome**: {'correct ✓' if outcome else 'wrong ✗' if outcome is not None else 'not graded'}; "
-        f"discovery claimed {_verdict(episode.get('discovered'))}, mass {_verdict(episode.get('correct_mass'))}, "
-        f"channel {_verdict(episode.get('correct_channel'))}, spin {_verdict(episode.get('correct_spin'))}",
-        f"- **Reward**: {_format_reward(episode.get('cumulative_reward'))} over {len(steps)} step(s)",
-        "",
-    ]
-    if not steps:
-        return lines + ["_No steps recorded._", ""]
-    lines += ["| # | action | key parameters | reward | parsed | rule violations |", "|---|---|---|---|---|---|"]
-    for i, step in enumerate(steps[:MAX_TABLE_STEPS], start=1):
-        step = step if isinstance(step, Mapping) else {"action": step}
-        action = step.get("action")
-        if isinstance(action, Mapping):
-            kind = action.get("action_type", "?")
-            params = action.get("parameters") or {}
-            params = (", ".join(f"{k}={_format_value(v)}" for k, v in params.items())
-                      if isinstance(params, Mapping) else _format_value(params))
-        else:
-            kind, params = "(unparsed)", "" if action is None else f"raw: {action}"
-        violations = step.get("rule_violations") or []
-        violations = "; ".join(map(str, violations)) if isinstance(violations, list) else str(violations)
-        parsed = step.get("parsed_ok")
-        lines.append(f"| {i} | `{_md(kind, 40)}` | {_md(params) or '—'} | {_format_reward(step.get('reward'))} "
-                     f"| {_verdict(parsed) if parsed is not None else '—'} | {_md(violations) or '—'} |")
-    if len(steps) > MAX_TABLE_STEPS:
-        lines.append(f"| … | {len(steps) - MAX_TABLE_STEPS} more step(s) | | | | |")
-    return lines + [""]
-
-
-def format_episode_markdown(episode: Any, heading: str) -> str:
-    """One episode (an `EpisodeRecord` or its dict) as readable Markdown: task, truth, outcome, steps."""
-    return "\n".join(_format_episode(as_episode_dict(episode), heading))
-
-
-def _reward_rank(episode: Mapping[str, Any]) -> Tuple[bool, float]:
-    reward = _number(episode.get("cumulative_reward"))
-    return (True, 0.0) if math.isnan(reward) else (False, reward)
-
-
-def _spread(episodes: Sequence[Mapping[str, Any]], n: int) -> List[Mapping[str, Any]]:
-    """`n` episodes spread evenly over the reward ranking (lowest, …, highest): not cherry-picked."""
-    ranked = sorted(episodes, key=_reward_rank)
-    if len(ranked) <= n:
-        return ranked
-    return [ranked[int(round(i))] for i in np.linspace(0, len(ranked) - 1, n)]
-
-
-def sample_pairs(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]],
-                 n: int) -> List[Tuple[Mapping[str, Any], Mapping[str, Any]]]:
-    """`n` tasks played both before and after training, as (pre, post) episode pairs, spread
-    evenly over the pre-training reward ranking (lowest first): not cherry-picked. Empty
-    when the two sides are not the same tasks."""
-    if not _pairable(pre, post):
-        return []
-    after = {pair_key(e): e for e in post}
-    return [(episode, after[pair_key(episode)]) for episode in _spread(pre, n)]
-
-
-def correct_by_part(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]]) -> List[str]:
-    """One line per part of the suite with episodes: correct outcomes before → after training,
-    in all, with a particle and in null tasks ("unseen particles: 2 → 7 of 78 (...)")."""
-    pre_groups, post_groups = episode_groups(pre), episode_groups(post)
-
-    def correct(name: str) -> str:
-        return _correct({"pre": summarise_episodes(pre_groups[name]), "post": summarise_episodes(post_groups[name])})
-
-    return [f"{group_label(part)}: {correct(part)} ("
-            + "; ".join(f"{GROUP_WORDS[split]} {correct(f'{part}_{split}')}"
-                        for split in ("with_particle", "null")) + ")"
-            for part in PARTS if pre_groups[part] or post_groups[part]]
-
-
 def render_sample_trajectories(*, pre_jsonl: Path, post_jsonl: Path, md_path: Path,
                                n_samples: int = 3) -> Optional[Path]:
     """Markdown of sample episodes before and after training; None without episodes.
@@ -945,24 +649,24 @@ def render_sample_trajectories(*, pre_jsonl: Path, post_jsonl: Path, md_path: Pa
     md += [f"- {line}" for line in correct_by_part(pre, post)] + [""]
     by_part = {part: ([e for e in pre if part_of(e.get("scenario")) == part],
                       [e for e in post if part_of(e.get("scenario")) == part]) for part in PARTS}
-    if _pairable(pre, post):
+    if same_tasks(pre, post):
         pairs = [(part, pair) for part, (part_pre, part_post) in by_part.items()
                  for pair in sample_pairs(part_pre, part_post, n_samples)]
         md += [f"The same {len(pairs)} task(s) before and after training, up to {n_samples} per part of the "
                f"suite, spread from the lowest to the highest pre-training reward ({len(pre)} tasks evaluated).", ""]
         for i, (part, (before, after)) in enumerate(pairs, start=1):
             md += [f"## Task {i} · {group_label(part)}", ""]
-            md += _format_episode(before, "Before training")
-            md += _format_episode(after, "After training")
+            md += episode_markdown_lines(before, "Before training")
+            md += episode_markdown_lines(after, "After training")
     else:
         md += ["Episodes spread from the lowest to the highest reward of each side and part of the suite "
                "(the two sides are different tasks).", ""]
         for side, label in ((0, "Before training"), (1, "After training")):
             md += [f"## {label} ({len((pre, post)[side])} episodes)", ""]
             chosen = [(part, episode) for part, episodes in by_part.items()
-                      for episode in _spread(episodes[side], n_samples)]
+                      for episode in spread_by_reward(episodes[side], n_samples)]
             for i, (part, episode) in enumerate(chosen, start=1):
-                md += _format_episode(episode, f"Episode {i} of {len(chosen)} · {group_label(part)}")
+                md += episode_markdown_lines(episode, f"Episode {i} of {len(chosen)} · {group_label(part)}")
             if not chosen:
                 md += ["_No episodes yet._", ""]
     text = "\n".join(md)
@@ -1013,20 +717,11 @@ __all__ = [
     "CheckpointEvalWriter",
     "Records",
     "read_records",
-    "summarise_episodes",
-    "checkpoint_row",
-    "bootstrap_interval",
-    "difference_interval",
-    "before_after_metrics",
-    "before_after_markdown",
-    "group_table",
-    "correct_by_part",
     "render_training_curve",
     "render_reward_components",
     "render_checkpoint_progression",
     "render_before_after",
     "render_sample_trajectories",
-    "format_episode_markdown",
     "render_all",
 ]
 

@@ -5,7 +5,7 @@ episode); `agent_metrics` gives all of them for a list of episodes; `bootstrap_m
 `bootstrap_difference` are the intervals, `paired_difference` the paired one of a change
 on the same tasks; `comparison_table` and `correct_count` write them for a reader. Evidence
 files keep the column names of the original evidence logger for some of them (`mass_acc`,
-`mass_correct_rate`): `lib.evidence.SUMMARY_METRICS` maps those to these names.
+`mass_correct_rate`): `lib.comparison.SUMMARY_METRICS` maps those to these names.
 """
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ class Estimate:
         if self.n == 0:
             return "—"
         return f"{self.mean:.3g} [{self.low:.3g}, {self.high:.3g}]"
+
+
+def as_number(value: Any) -> float:
+    """`value` as a float; NaN when it is not a finite number (None, text, inf)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return number if math.isfinite(number) else math.nan
 
 
 def bootstrap_mean(values: Sequence[float], *, seed: int = 0) -> Estimate:

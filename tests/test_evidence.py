@@ -12,14 +12,14 @@ import matplotlib
 import numpy as np
 import pytest
 
-from lib import evidence
+from lib import comparison
+from lib.comparison import before_after_metrics
+from lib.episode_markdown import format_episode_markdown
 from lib.evidence import (
     CheckpointEvalWriter,
     EvidencePaths,
     RewardComponentLogWriter,
     TrainingLogWriter,
-    before_after_metrics,
-    format_episode_markdown,
     read_records,
     render_all,
     render_before_after,
@@ -334,7 +334,7 @@ def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_sti
     assert groups["rediscovery_with_particle"]["delta"]["mean_reward"] == 0.0
     assert groups["rediscovery_with_particle"]["delta_ci95"]["mean_reward"] == [0.0, 0.0]
     assert groups["null"]["pre"]["n"] == 3 and groups["null"]["post"]["success_rate"] == 1.0
-    markdown = evidence.before_after_markdown(payload)
+    markdown = comparison.before_after_markdown(payload)
     assert markdown.startswith("7 paired episodes.")
     for row in ("| whole suite | 3 → 6 of 7 |",
                 "| unseen particles, with a particle | 0 → 1 of 2 | -2.000 → 1.000 | +3.000 [",
@@ -349,9 +349,9 @@ def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_sti
     del old["groups"]
     for side in ("pre", "post"):
         del old[side]["n_correct"]
-    old_markdown = evidence.before_after_markdown(old)
+    old_markdown = comparison.before_after_markdown(old)
     assert "| success_rate |" in old_markdown and "| group |" not in old_markdown
-    assert "— |" in evidence.group_table(old)
+    assert "— |" in comparison.group_table(old)
 
 
 def _synthetic(rng, n, shift, seed_offset=0):
@@ -447,7 +447,7 @@ def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
 
 
 def test_checkpoint_row_feeds_the_checkpoint_writer(tmp_path):
-    row = evidence.checkpoint_row(50, [episode(0, 1.0, True), episode(1, -1.0, False, mass=False)],
+    row = comparison.checkpoint_row(50, [episode(0, 1.0, True), episode(1, -1.0, False, mass=False)],
                                   fraction_done=0.25)
     CheckpointEvalWriter(tmp_path / "ck.csv").append(**row)
     (got,) = read_records(tmp_path / "ck.csv").rows
@@ -487,7 +487,8 @@ def test_checkpoint_progression_draws_exact_intervals_on_the_success_rate(tmp_pa
     monkeypatch.setattr(evidence, "_save_figure", lambda fig, path: figures.append(fig) or path)
     writer = CheckpointEvalWriter(tmp_path / "checkpoint_evals.csv")
     for step, rewards in ((0, [-1.0, 0.5, 2.0, -0.5]), (7, [1.0, 2.5, 3.0, 0.0])):
-        writer.append(**evidence.checkpoint_row(step, [episode(i, r, correct=r > 0.4) for i, r in enumerate(rewards)]))
+        episodes = [episode(i, r, correct=r > 0.4) for i, r in enumerate(rewards)]
+        writer.append(**comparison.checkpoint_row(step, episodes))
     render_checkpoint_progression(tmp_path / "checkpoint_evals.csv", tmp_path / "progression.png")
     reward_ax, rates_ax = [ax for ax in figures[0].axes if ax.get_visible()]
     assert len(rates_ax.collections) == 1 and len(reward_ax.collections) == 0, "error bars on the success rate"

@@ -17,11 +17,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from transformers import TrainerCallback
 
+from lib.comparison import checkpoint_row
 from lib.evidence import (
     CheckpointEvalWriter,
     EvidencePaths,
     TrainingLogWriter,
-    checkpoint_row,
     render_checkpoint_progression,
     render_reward_components,
     render_training_curve,

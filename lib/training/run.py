@@ -28,7 +28,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from cernenv.scenarios import list_scenarios
-from lib.evidence import EvidencePaths, before_after_metrics, render_all
+from lib.comparison import before_after_metrics
+from lib.evidence import EvidencePaths, render_all
 from lib.files import atomic_write
 from lib.multiturn import hf_generate_fn, play_episodes
 from lib.prompting import Sampling
