@@ -42,7 +42,7 @@ class EpisodeSpec:
 
     @property
     def part(self) -> str:
-        """"rediscovery" (a curated scenario) or "unseen" (procedural): see `PARTS`."""
+        """"rediscovery" (a curated scenario) or "unseen" (procedural): see `lib.evaluation.PARTS`."""
         return part_of(self.scenario)
 
 
@@ -55,7 +55,7 @@ def spec_fields(item: Any) -> Dict[str, Any]:
         spec = {"seed": item.seed, "scenario": getattr(item, "scenario", None),
                 "difficulty": getattr(item, "difficulty", None)}
     else:
-        spec = dict(zip(("seed", "scenario", "difficulty"), item))
+        spec = dict(zip(PAIR_KEY, item))
     return {"scenario": None, "difficulty": None, **spec}
 
 
