@@ -22,7 +22,7 @@ spectra) fell behind for good: honest p99 0.72-0.92 s at 64 clients without any 
 1.49-1.65 s beside the load test's abusers (bench/bench_server.py). The half-life trades the
 two targets of issue 15: longer protects honest clients from scan spammers better (0.5 s: their
 median latency x1.34-2.02) but lengthens the tail (p99 beside the abusers 1.0-1.5 s); 0.1 s
-gave x1.60-2.03 and 0.77-0.82 s. `bench/scheduler_sim.py` simulates the rules on the CPU times
+gave x1.60-2.03 and 0.77-0.92 s. `bench/scheduler_sim.py` simulates the rules on the CPU times
 of real steps. Many clients in the same phase of their episodes (all scanning at once) still
 wait for one another: a round of 64 scans is 0.5 s of CPU whatever the order.
 """
