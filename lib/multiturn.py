@@ -366,7 +366,7 @@ def play_episodes(generate_fn: GenerateFn, tokenizer: Any, specs: Sequence[Any],
                   make_env: Callable[[], CERNCollisionEnvironment] = CERNCollisionEnvironment,
                   observation_config: LLMAgentConfig = LLMAgentConfig(), agent_name: str = "LLM",
                   batch_size: int = 32, seed: int = 0, progress: Optional[str] = None) -> List[PlayedEpisode]:
-    """Play one episode per spec (`lib.evaluation.EpisodeSpec`, mapping or tuple), in
+    """Play one episode per spec (`lib.records.EpisodeSpec`, mapping or tuple), in
     lockstep batches of `batch_size`; returns them in the order of `specs`. `progress`: a
     label under which the episodes played so far are logged (`lib.progress`).
 

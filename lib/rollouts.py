@@ -137,7 +137,7 @@ def collect_episodes(specs: Iterable[Any], *, env: Optional[CERNCollisionEnviron
                      prompt_fn: Optional[PromptFn] = None, generate_fn: Optional[GenerateFn] = None,
                      config: LLMAgentConfig = LLMAgentConfig(), max_steps: Optional[int] = None,
                      progress: bool = True, desc: str = "episodes") -> List[EpisodeRecord]:
-    """Record one episode per spec (`lib.evaluation.EpisodeSpec`, a mapping or a tuple), with
+    """Record one episode per spec (`lib.records.EpisodeSpec`, a mapping or a tuple), with
     either `agent` or an LLM (`prompt_fn` and `generate_fn`), in one environment (`env`, or
     one made by `make_env`, else a new `CERNCollisionEnvironment`)."""
     if (agent is None) == (generate_fn is None):
