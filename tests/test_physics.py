@@ -19,7 +19,7 @@ from scipy import integrate, optimize
 from scipy.stats import norm
 
 from cernenv.physics import (
-    CHANNELS,
+    ANGULAR_CHANNELS,
     allowed_spins,
     angular_bin_probabilities,
     angular_density,
@@ -455,7 +455,7 @@ def test_scan_background_only_has_few_candidates():
 
 
 def test_angular_pdfs_normalised_and_landau_yang():
-    for channel in CHANNELS:
+    for channel in ANGULAR_CHANNELS:
         for spin in allowed_spins(channel):
             probs = angular_bin_probabilities(spin, channel, 10)
             assert probs.sum() == pytest.approx(1.0) and np.all(probs > 0)
@@ -476,7 +476,7 @@ def test_angular_pdfs_normalised_and_landau_yang():
     assert set(result.log_likelihood) == {0, 2} and 1 not in result.relative_likelihood
 
 
-@pytest.mark.parametrize("channel", CHANNELS)
+@pytest.mark.parametrize("channel", ANGULAR_CHANNELS)
 def test_spin_likelihoods_pick_true_spin(channel):
     rng = np.random.default_rng(16)
     bkg = background_angular_probabilities(channel, 10)
@@ -503,3 +503,11 @@ def test_no_ml_framework_imported():
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
     assert subprocess.run([sys.executable, "-c", code], cwd=root, env=env, check=False).returncode == 0
+
+
+def test_the_angular_model_covers_exactly_the_detectors_channels():
+    """One list of decay channels: the physics layer's angular model and the detector's responses
+    (cernenv.detector.CHANNELS) name the same ones."""
+    from cernenv.detector import CHANNELS
+
+    assert set(ANGULAR_CHANNELS) == set(CHANNELS) and len(ANGULAR_CHANNELS) == len(set(ANGULAR_CHANNELS))

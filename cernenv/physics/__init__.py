@@ -7,7 +7,7 @@ deviance), `fitting` (the minimiser and the fits), `scan` (the bump scan), `sign
 """
 
 from .angular import (
-    CHANNELS,
+    ANGULAR_CHANNELS,
     SpinResult,
     allowed_spins,
     angular_bin_probabilities,
@@ -29,7 +29,7 @@ from .significance import (
 )
 
 __all__ = [
-    "CHANNELS",
+    "ANGULAR_CHANNELS",
     "BackgroundFit",
     "BumpScan",
     "LocalSignificance",

@@ -35,7 +35,9 @@ import numpy as np
 from numpy.polynomial import polynomial as P
 from scipy.optimize import brentq
 
-CHANNELS = ("diphoton", "four_lepton", "dimuon", "dielectron", "dijet")
+# The decay channels whose angular distributions are modelled here: the detector's channels
+# (`cernenv.detector.CHANNELS`, a dict of their detector response; tests/test_physics.py checks they agree).
+ANGULAR_CHANNELS = ("diphoton", "four_lepton", "dimuon", "dielectron", "dijet")
 _LEPTONIC = {"dimuon", "dielectron", "four_lepton"}
 
 BACKGROUND_B2 = {
@@ -54,8 +56,8 @@ _SPIN2_FERMIONS = (1.0, 0.0, 0.0, 0.0, -1.0)
 
 
 def _check_channel(channel: str) -> str:
-    if channel not in CHANNELS:
-        raise ValueError(f"unknown channel {channel!r}; expected one of {CHANNELS}")
+    if channel not in ANGULAR_CHANNELS:
+        raise ValueError(f"unknown channel {channel!r}; expected one of {ANGULAR_CHANNELS}")
     return channel
 
 
