@@ -95,7 +95,7 @@ def rice_density(spectrum, fit: BackgroundFit, masses_gev: np.ndarray) -> np.nda
     Z(m) is the score of the narrow-peak template s(m) (binned Gaussian of σ(m)) made
     orthogonal, in the metric W = diag(1/μ) of the background-only fit, to the profiled
     background directions J = dμ/d(N_b, p1, p2): s⊥ = s - Jᵀ(J W Jᵀ)⁻¹ J W s. Its correlation
-    is ρ(m, m') = <s⊥(m), s⊥(m')>W / (|s⊥(m)| |s⊥(m')|), and Rice's density is
+    is ρ(m, m') = <s⊥(m), s⊥(m')>_W / (|s⊥(m)| |s⊥(m')|), and Rice's density is
     √λ2 / 2π with λ2 = -∂²ρ = (|s⊥'|²|s⊥|² - <s⊥, s⊥'>²) / |s⊥|⁴ (s⊥' = ∂s⊥/∂m). For fine
     bins, a flat background and no profiling, λ2 = 1/(2σ²): `upcrossing_density`; this form
     also holds for coarse bins, σ(m) and the window edges, where profiling sharpens Z(m)."""

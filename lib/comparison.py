@@ -154,8 +154,8 @@ def before_after_markdown(payload: Mapping[str, Any], keys: Sequence[str] = DIFF
     for key in keys:
         interval = payload["delta_ci95"].get(key)
         ci = "—" if interval is None else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
-        rows.append(f"| {key} | {format_stat(payload['pre'][key])} | {format_stat(payload['post'][key])} "
-                    f"| {format_stat(payload['delta'][key], signed=True)} {ci} |")
+        rows.append(f"| {key} | {_format_stat(payload['pre'][key])} | {_format_stat(payload['post'][key])} "
+                    f"| {_format_stat(payload['delta'][key], signed=True)} {ci} |")
     text = f"{payload['n']['pairs']} paired episodes.\n\n" + "\n".join(rows)
     if payload.get("groups"):
         text += ("\n\nBy part of the suite (" + "; ".join(f"{group_label(p)}: {m}" for p, m in PARTS.items())
@@ -185,13 +185,13 @@ def group_table(payload: Mapping[str, Any]) -> str:
         for key in DIFFERENCE_METRICS:
             interval = comparison["delta_ci95"].get(key)
             ci = "" if interval is None else f" [{interval[0]:+.3f}, {interval[1]:+.3f}]"
-            cells += [f"{format_stat(comparison['pre'][key])} → {format_stat(comparison['post'][key])}",
-                      f"{format_stat(comparison['delta'][key], signed=True)}{ci}"]
+            cells += [f"{_format_stat(comparison['pre'][key])} → {_format_stat(comparison['post'][key])}",
+                      f"{_format_stat(comparison['delta'][key], signed=True)}{ci}"]
         rows.append(f"| {group_label(name)} | {correct_change(comparison)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
-def format_stat(value: Any, signed: bool = False) -> str:
+def _format_stat(value: Any, signed: bool = False) -> str:
     return "—" if value is None else (f"{value:+.3f}" if signed else f"{value:.3f}")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy import stats
@@ -138,30 +138,18 @@ def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, 
     The episodes `metric` averages over must be the same tasks on both sides, each once
     (ValueError otherwise; `bootstrap_difference` compares independent samples). Differences
     are taken in the order of `after`; values that are None or not finite are left out."""
-    pre, post = _task_values(before, metric), _task_values(after, metric)
-    if set(pre) != set(post) or len(pre) != sum(1 for _ in _included(before, metric)) \
-            or len(post) != sum(1 for _ in _included(after, metric)):
+    pre_items, post_items = _task_values(before, metric), _task_values(after, metric)
+    pre, post = dict(pre_items), dict(post_items)
+    if set(pre) != set(post) or len(pre) != len(pre_items) or len(post) != len(post_items):
         raise ValueError("paired_difference needs the same episodes before and after, each once "
                          f"({len(set(pre) ^ set(post))} tasks differ); evaluate both on the same suite")
-    return bootstrap_mean([post[k] - pre[k] for k in post if _finite(pre[k]) and _finite(post[k])], seed=seed)
+    return bootstrap_mean([as_number(post[k]) - as_number(pre[k]) for k in post], seed=seed)  # NaN: left out
 
 
-def _included(episodes: Sequence[Any], metric: str):
-    _, include, _ = METRICS[metric]
-    return (e for e in map(as_episode_dict, episodes) if include(e))
-
-
-def _task_values(episodes: Sequence[Any], metric: str) -> Dict[Tuple, Any]:
-    """{task key: value of `metric`} over the episodes it averages over, in their order."""
-    _, _, value = METRICS[metric]
-    return {pair_key(e): value(e) for e in _included(episodes, metric)}
-
-
-def _finite(value: Any) -> bool:
-    try:
-        return value is not None and math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
+def _task_values(episodes: Sequence[Any], metric: str) -> List[Tuple[Tuple, Any]]:
+    """(task key, value of `metric`) for the episodes it averages over, in their order."""
+    _, include, value = METRICS[metric]
+    return [(pair_key(e), value(e)) for e in map(as_episode_dict, episodes) if include(e)]
 
 
 def correct_count(success_rate: Estimate) -> str:

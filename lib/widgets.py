@@ -25,7 +25,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from lib.plotting import plot_spectrum, savefig, subplots
-from lib.records import PAIR_KEY, as_episode_dict
+from lib.records import as_episode_dict, pair_key
 from lib.replay import replay
 
 ALL = "all"
@@ -236,7 +236,7 @@ def _menu_and_panels(labels: Sequence[str], panels: Sequence[widgets.Widget]) ->
 
 
 def _task_of(view: EpisodeView) -> Tuple:
-    return tuple(view.episode.get(key) for key in PAIR_KEY)
+    return pair_key(view.episode)
 
 
 def browser_groups(views: Sequence[EpisodeView]) -> List[Tuple[str, List[int]]]:

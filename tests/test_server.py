@@ -630,20 +630,23 @@ def test_manifest_is_valid_and_matches_the_code():
 
 
 def _requirement_pins(path: Path) -> Dict[str, str]:
-    """{normalised name: "name==version"} of a requirements file's pinned lines."""
-    pins = {}
-    for line in path.read_text().splitlines():
-        requirement = line.split("#")[0].strip()
-        if "==" in requirement:
-            pins[re.sub(r"[-_.]+", "-", requirement.split("==")[0].strip().lower())] = requirement
-    return pins
+    """{canonical name: "==version"} of a requirements file's pinned lines (packaging's parser)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    requirements = [Requirement(line.split("#")[0]) for line in path.read_text().splitlines()
+                    if line.split("#")[0].strip()]
+    return {canonicalize_name(r.name): str(r.specifier) for r in requirements if "==" in str(r.specifier)}
 
 
 def test_the_container_installs_the_package_dependencies_pinned_as_the_repository_pins_them():
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    names = {re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[ ]", d)[0].lower()) for d in project["dependencies"]}
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    names = {canonicalize_name(Requirement(d).name) for d in project["dependencies"]}
     container = _requirement_pins(ROOT / "cernenv" / "server" / "requirements.txt")
     repository = _requirement_pins(ROOT / "requirements.txt")
     assert set(container) == names

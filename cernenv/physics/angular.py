@@ -38,7 +38,6 @@ from scipy.optimize import brentq
 # The decay channels whose angular distributions are modelled here: the detector's channels
 # (`cernenv.detector.CHANNELS`, a dict of their detector response; tests/test_physics.py checks they agree).
 ANGULAR_CHANNELS = ("diphoton", "four_lepton", "dimuon", "dielectron", "dijet")
-_LEPTONIC = {"dimuon", "dielectron", "four_lepton"}
 
 BACKGROUND_B2 = {
     "diphoton": 2.0,

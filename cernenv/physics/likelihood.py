@@ -287,7 +287,7 @@ class PoissonDeviance:
         return np.minimum(self.t.slope_matrix @ np.array(self.shape_params(par[A1], par[A2])), 0.0)
 
     def wall_constraint(self, par, free):
-        """For ``_newton``: the log-log slopes at the two window edges (>= 0 inside the wall) and
+        """For ``fitting._newton``: the log-log slopes at the two window edges (>= 0 inside the wall) and
         their gradients with respect to the parameters ``free``: ((2,), (2, len(free)))."""
         slope = self.t.slope_matrix @ np.array(self.shape_params(par[A1], par[A2]))
         rows = np.zeros((2, 7))
@@ -312,7 +312,7 @@ class PoissonDeviance:
 
     def value_grad_hess(self, *par):
         """(cost, gradient, exact Hessian) at ``par``, from one evaluation of the model and its
-        first and second derivatives (for the Newton minimiser, ``_newton``).
+        first and second derivatives (for the Newton minimiser, ``fitting._newton``).
 
         Hessian: 2 [J diag(n/mu^2) J^T + sum_i r_i d2mu_i], r_i = 1 - n_i/mu_i, plus the
         theta constraint and the shape wall; H / 2 is the observed information. The cost and

@@ -131,7 +131,7 @@ def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarr
     f, df/dp1, df/dp2 at theta, and whether each row converged (K,). ``positive``: a row is
     given up (not converged) once its N_s is <= 0 (a search for a maximum at N_s > 0).
 
-    The background stays falling (``fitting.SHAPE_PENALTY``): the log-log slopes at the window
+    The background stays falling (``likelihood.SHAPE_PENALTY``): the log-log slopes at the window
     edges, linear in (p1, p2), stay >= min(their value at the start, 0) - 1e-9. A step is cut
     where it would cross that floor, and at the floor the constraint is held (``_wall_steps``)."""
     free_signal = s is not None

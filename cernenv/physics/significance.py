@@ -123,8 +123,9 @@ def profile_likelihood_significance(
         bounds = None
     best = best_cost = None
     for m0 in starts:
-        fit, cost = fit_resonance_on_template(tmpl, counts, bkg, res, m0, mass_bounds_gev=bounds, fix_mass=fix_mass,
-                         max_width_gev=0.0, spurious_events=spur, fit_theta=False)
+        fit, cost = fit_resonance_on_template(tmpl, counts, bkg, res, m0, mass_bounds_gev=bounds,
+                                              fix_mass=fix_mass, max_width_gev=0.0, spurious_events=spur,
+                                              fit_theta=False)
         if best is None or fit.fval < best.fval:
             best, best_cost = fit, cost
     mu_hat = float(best.values[NS])
@@ -133,7 +134,7 @@ def profile_likelihood_significance(
     converged = bool(best.valid and bkg.converged)
     if spur > 0.0:
         h0, _ = fit_resonance_on_template(tmpl, counts, bkg, res, m_hat, mass_bounds_gev=None, fix_mass=True,
-                        max_width_gev=0.0, spurious_events=spur, fix_signal_zero=True)
+                                          max_width_gev=0.0, spurious_events=spur, fix_signal_zero=True)
         nll0 = 0.5 * float(h0.fval)
         converged = converged and bool(h0.valid)
     else:
