@@ -85,7 +85,7 @@ test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
 # 1.15's GRPO needs triton, so the training runs, marked slow, are left out).
 GPU_SET_VENV  ?= .venv-gpu-set
 GPU_SET_STAMP  = $(GPU_SET_VENV)/.installed
-GPU_SET_TESTS ?= tests/test_gpu_path.py tests/test_multiturn.py tests/test_training.py
+GPU_SET_TESTS ?= tests/test_gpu_path.py tests/test_multiturn.py tests/test_training.py tests/test_training_processes.py
 
 $(GPU_SET_STAMP): requirements.txt requirements-gpu.txt pyproject.toml scripts/gpu_set_requirements.py
 	$(PYTHON) -m venv $(GPU_SET_VENV)
@@ -121,10 +121,22 @@ bench: setup ## run the environment and physics-kernel benchmarks (bench/bench_e
 	$(RUN_ENV) $(PY) bench/bench_physics.py
 
 # `make train TRAIN_ARGS="--max_steps 10"`: any TrainConfig field as a typed flag (python -m lib.training --help).
+# NPROC=2 runs the same GRPO in 2 processes through `accelerate launch --multi_gpu` (its torchrun
+# launcher; lib/training/processes.py): one process per GPU with NCCL, or on a machine without CUDA
+# CPU processes over gloo, one thread each (ACCELERATE_ARGS="--num_cpu_threads_per_process 4" to
+# change). ACCELERATE_ARGS="--config_file my.yaml" for DeepSpeed/FSDP (docs/training.md).
 TRAIN_ARGS ?=
+NPROC ?= 1
+ACCELERATE_ARGS ?=
 
-train: setup ## GRPO-train the policy with the default CPU config (python -m lib.training); evidence → evidence/
+train: setup ## GRPO-train the policy with the default CPU config (python -m lib.training; NPROC=2: 2 processes); evidence → evidence/
+ifeq ($(NPROC),1)
 	$(RUN_ENV) $(PY) -m lib.training $(TRAIN_ARGS)
+else
+	$(RUN_ENV) $(PY) -m accelerate.commands.launch --num_processes $(NPROC) \
+	  --multi_gpu $$($(PY) -c 'import torch; torch.cuda.is_available() or print("--num_cpu_threads_per_process 1")') \
+	  $(ACCELERATE_ARGS) -m lib.training $(TRAIN_ARGS)
+endif
 
 bench-train: setup ## time one GRPO step: generation vs environment vs optimisation (bench/bench_train.py)
 	$(RUN_ENV) $(PY) bench/bench_train.py $(TRAIN_ARGS)

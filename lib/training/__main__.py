@@ -24,10 +24,13 @@ def main(argv=None) -> int:
     from lib.training import train
 
     result = train(config)
-    payload = json.dumps(asdict(result), indent=2, default=str)
-    out = Path(config.output_dir) / "train_result.json"
-    out.write_text(payload + "\n")
-    print(payload)
+    from lib.training.processes import is_main_process
+
+    if is_main_process():  # under `accelerate launch`, one process reports
+        payload = json.dumps(asdict(result), indent=2, default=str)
+        out = Path(config.output_dir) / "train_result.json"
+        out.write_text(payload + "\n")
+        print(payload)
     return 0
 
 

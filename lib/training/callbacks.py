@@ -43,11 +43,15 @@ class EvidenceCallback(TrainerCallback):
 
     def __init__(self, paths: EvidencePaths, *, eval_every_steps: int,
                  evaluate: Optional[Callable[[Any], Sequence[Dict[str, Any]]]] = None,
-                 max_steps: Optional[int] = None, render: bool = True, final_from_post_eval: bool = False) -> None:
-        paths.ensure()
+                 max_steps: Optional[int] = None, render: bool = True, final_from_post_eval: bool = False,
+                 write: bool = True) -> None:
         self.paths = paths
-        self.training_log = TrainingLogWriter(paths.training_log_csv)
-        self.checkpoint_log = CheckpointEvalWriter(paths.checkpoint_evals_csv)
+        self.write = write
+        """False (every process of a multi-process run but the main one): evaluate, write nothing."""
+        if write:
+            paths.ensure()
+            self.training_log = TrainingLogWriter(paths.training_log_csv)
+            self.checkpoint_log = CheckpointEvalWriter(paths.checkpoint_evals_csv)
         self.eval_every_steps = eval_every_steps
         self.evaluate = evaluate
         self.max_steps = max_steps
@@ -60,7 +64,7 @@ class EvidenceCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
-        if not any(key in logs for key in ("loss", "reward")):
+        if not self.write or not any(key in logs for key in ("loss", "reward")):
             return  # e.g. the final train_runtime summary
         row = {"step": state.global_step, "epoch": logs.get("epoch", state.epoch),
                "wall_time_s": round(time.perf_counter() - self.started, 3)}
@@ -85,9 +89,11 @@ class EvidenceCallback(TrainerCallback):
             episodes = self.evaluate(model)
         total = max_steps or self.max_steps
         row = checkpoint_row(step, episodes, fraction_done=step / total if total else None)
-        self.checkpoint_log.append(**row)
         self.checkpoint_results.append(row)
         self.eval_seconds += time.perf_counter() - start
+        if not self.write:
+            return row
+        self.checkpoint_log.append(**row)
         logger.info("checkpoint eval at step %d: mean reward %.3f, success %.3f", step, row["mean_reward"] or 0.0,
                     row["success_rate"] or 0.0)
         if self.render:

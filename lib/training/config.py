@@ -89,6 +89,10 @@ class TrainConfig:
     stand-in's tokenizer; a reply cut here is sent as it is and usually refused)."""
     max_turns: Optional[int] = None
     """Turns per episode; None plays until the environment ends it (its step limit)."""
+    rollout_batch_size: Optional[int] = None
+    """Training episodes a process plays in lockstep (one `generate` call per turn for the batch);
+    None: all of its share of the step at once. Sampling is seeded per batch, so a run on N
+    processes samples what one process does with this set to episodes_per_step / N."""
     max_grad_norm: float = 1.0
     """Gradient clipping."""
 
@@ -164,6 +168,8 @@ class TrainConfig:
             problems.append(f"episodes per step (per_device_train_batch_size × gradient_accumulation_steps = "
                             f"{self.episodes_per_step}) must be a multiple of num_generations "
                             f"({self.num_generations}): each step trains on whole groups")
+        if self.rollout_batch_size is not None and self.rollout_batch_size < 1:
+            problems.append(f"rollout_batch_size must be at least 1 or None, got {self.rollout_batch_size}")
         if self.max_turns is not None and self.max_turns < 1:
             problems.append(f"max_turns must be at least 1 or None, got {self.max_turns}")
         if not 0.0 <= self.curated_fraction <= 1.0:

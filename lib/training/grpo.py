@@ -34,8 +34,9 @@ from lib.evaluation import assert_disjoint_from_suite, heldout_suite
 from lib.evidence import RewardComponentLogWriter
 from lib.multiturn import GenerateFn, PlayedEpisode, hf_generate_fn, play_episodes
 from lib.prompting import Sampling
-from lib.records import EpisodeSpec
+from lib.records import EpisodeRecord, EpisodeSpec
 from lib.training.config import TrainConfig
+from lib.training.processes import gather, process_index
 
 logger = logging.getLogger(__name__)
 
@@ -110,9 +111,8 @@ REWARD_FUNCS = [_component_reward(name) for name in COMPONENT_NAMES]
 
 # ----------------------------------------------------------------------------- rollouts
 
-def rollout_row(step: int, episodes: Sequence[PlayedEpisode]) -> Dict[str, Any]:
-    """A reward_components.csv row (`RewardComponentLogWriter`) for one rollout batch."""
-    records = [e.record for e in episodes]
+def rollout_row(step: int, records: Sequence[EpisodeRecord]) -> Dict[str, Any]:
+    """A reward_components.csv row (`RewardComponentLogWriter`) for one step's episodes."""
     steps = [s for r in records for s in r.steps]
     terminal = [r.terminal_reward or 0.0 for r in records]
     cumulative = [r.total_reward for r in records]
@@ -166,16 +166,22 @@ class CampaignRollout:
                               unsloth=self.backend == "unsloth")
 
     def __call__(self, prompts: List[Any], trainer: Any) -> Dict[str, Any]:
+        """Play `prompts`, this process's contiguous share of the step's episodes (all of them
+        with one process)."""
         tasks = [json.loads(p) if isinstance(p, str) else p for p in prompts]
         timed = _TimedGenerate(self._generate_fn(trainer))
         start = time.perf_counter()
         # The sampling seed follows the trainer's step, not a call counter: a run resumed from a
-        # checkpoint samples the same episodes as the run that was not interrupted.
+        # checkpoint samples the same episodes as the run that was not interrupted. Each lockstep
+        # batch is seeded by its first episode's index in the step (play_episodes adds the index
+        # within the share, `first` the share's offset), so N processes sample what one process
+        # sampling in batches of `rollout_batch_size` = the share does.
         completed_steps = int(getattr(getattr(trainer, "state", None), "global_step", self.calls))
+        first = process_index() * len(tasks)
         episodes = play_episodes(timed, self.tokenizer, tasks, sampling=self.sampling,
                                  max_turns=self.config.max_turns, max_context_tokens=self.config.max_seq_length,
-                                 batch_size=len(tasks), agent_name="policy",
-                                 seed=self.config.seed * 1_000_003 + 7919 * completed_steps)
+                                 batch_size=self.config.rollout_batch_size or len(tasks), agent_name="policy",
+                                 seed=self.config.seed * 1_000_003 + 7919 * completed_steps + first)
         total = time.perf_counter() - start
         self.calls += 1
         self.last_episodes = episodes
@@ -183,8 +189,9 @@ class CampaignRollout:
                              "generated_tokens": float(timed.tokens)})
         # the optimisation step these episodes train (training_log.csv counts steps from 1 too)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0)) + 1
+        records = gather([episode.record for episode in episodes])  # the whole step's, on every process
         if self.writer is not None:
-            self.writer.append(rollout_row(step, episodes))
+            self.writer.append(rollout_row(step, records))
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],

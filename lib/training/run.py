@@ -8,6 +8,9 @@
    checkpoint row of the last step is the checkpoint subset of these episodes).
 5. Render every artifact: before_after_metrics.json, plots, sample_trajectories.md.
 
+Under `accelerate launch` (`make train NPROC=2`) every process runs this function: each plays
+its share of the episodes and the main process writes every file (`lib.training.processes`).
+
 A fresh run first moves the previous run's evidence files (not baselines.*) to
 `<output_dir>/previous_evidence/<UTC time>/`, so logs of two runs never mix and nothing
 is deleted. A resumed run keeps them, minus rows logged after the checkpoint it resumes.
@@ -38,6 +41,7 @@ from lib.training.backends import load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import EvidenceCallback, ProgressLog
 from lib.training.config import TrainConfig
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
+from lib.training.processes import gather, is_main_process, main_process_first, num_processes, shard, wait_for_everyone
 from lib.training.publish import push_to_hub, save_merged
 
 logger = logging.getLogger(__name__)
@@ -68,14 +72,16 @@ class TrainResult:
 
 def evaluate_policy(model: Any, tokenizer: Any, specs: Sequence[EpisodeSpec], config: TrainConfig, *,
                     agent_name: str, backend: str = "trl") -> List[Dict[str, Any]]:
-    """Greedy episodes of `model` on `specs` (records as dicts, as the evidence files hold them)."""
+    """Greedy episodes of `model` on `specs` (records as dicts, as the evidence files hold them),
+    in the order of `specs`. With several processes each plays its shard and every process
+    gets all the records."""
     generate = hf_generate_fn(model, tokenizer, config.generation_engine, unsloth=backend == "unsloth")
-    played = play_episodes(generate, tokenizer, specs,
+    played = play_episodes(generate, tokenizer, shard(specs),
                            sampling=Sampling(temperature=0.0, max_new_tokens=config.max_new_tokens),
                            max_turns=config.max_turns, max_context_tokens=config.max_seq_length,
                            batch_size=config.eval_batch_size, agent_name=agent_name, seed=config.seed,
-                           progress=f"held-out evaluation ({agent_name})")
-    return [episode.record.to_dict() for episode in played]
+                           progress=f"held-out evaluation ({agent_name})" if is_main_process() else None)
+    return gather([episode.record.to_dict() for episode in played])
 
 
 def task_key(seed: int, scenario: Optional[str], difficulty: Optional[str]) -> tuple:
@@ -172,14 +178,17 @@ def _resolve_resume(config: TrainConfig) -> Optional[str]:
 
 
 def grpo_args(config: TrainConfig, **overrides: Any):
-    """TRL's `GRPOConfig` for `config` (generation is ours: `rollout_func`)."""
+    """TRL's `GRPOConfig` for `config` (generation is ours: `rollout_func`). With several
+    processes each accumulates `gradient_accumulation_steps / num_processes` passes, so that a
+    step still trains on `config.episodes_per_step` episodes."""
     from trl import GRPOConfig
 
     cuda = torch.cuda.is_available()
     values = dict(
         output_dir=config.output_dir, max_steps=config.max_steps, num_generations=config.num_generations,
         per_device_train_batch_size=config.per_device_train_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps, learning_rate=config.learning_rate,
+        gradient_accumulation_steps=accumulation_per_process(config, num_processes()),
+        learning_rate=config.learning_rate,
         lr_scheduler_type="constant_with_warmup", warmup_steps=0, beta=config.beta, epsilon=config.epsilon,
         scale_rewards=config.scale_rewards,
         # TRL divides logits by this temperature when it scores completions: it must be the sampling one.
@@ -191,11 +200,23 @@ def grpo_args(config: TrainConfig, **overrides: Any):
         # TRL turns activation recomputation on by default: it saves GPU memory; on a CPU it only
         # costs a second forward pass per step (the stand-in's activations fit in memory many times over)
         gradient_checkpointing=cuda, use_vllm=config.use_vllm, disable_tqdm=True,
+        # several processes (DDP): every trainable weight takes part in each forward pass, so DDP
+        # need not search the graph for unused ones (it warned that the search found none)
+        ddp_find_unused_parameters=False,
         dataloader_num_workers=0, remove_unused_columns=False)
     if config.use_vllm:
         values.update(vllm_mode="colocate")
     values.update(overrides)
     return GRPOConfig(**values)
+
+
+def accumulation_per_process(config: TrainConfig, processes: int) -> int:
+    """`config.gradient_accumulation_steps` shared among `processes` (an error if it does not divide)."""
+    if config.gradient_accumulation_steps % processes:
+        raise ValueError(f"gradient_accumulation_steps ({config.gradient_accumulation_steps}) must be a multiple of "
+                         f"the number of processes ({processes}): each process plays an equal share of a step's "
+                         f"{config.episodes_per_step} episodes; change one of them")
+    return config.gradient_accumulation_steps // processes
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -205,15 +226,20 @@ def train(config: TrainConfig) -> TrainResult:
     backend = resolve_backend(config)  # imports unsloth (when used) before trl
     from trl import GRPOTrainer
 
+    accumulation_per_process(config, num_processes())  # fails before anything is loaded or moved
     resume = _resolve_resume(config)
     output_dir = Path(config.output_dir)
     paths = EvidencePaths(Path(config.evidence_dir))
-    if resume is None:
-        archive_previous_evidence(paths, output_dir)
-    paths.ensure()
-    config.save(output_dir / "train_config.json")
+    main = is_main_process()
+    if main:
+        if resume is None:
+            archive_previous_evidence(paths, output_dir)
+        paths.ensure()
+        config.save(output_dir / "train_config.json")
+    wait_for_everyone()
 
-    policy = load_policy(config, backend)
+    with main_process_first():  # a model built on first use (the stand-in's warm start) is built once
+        policy = load_policy(config, backend)
     tokenizer = policy.tokenizer
     seconds["load"] = time.perf_counter() - start
     eval_specs, checkpoint_specs = evaluation_suite(config), checkpoint_suite(config)
@@ -223,7 +249,8 @@ def train(config: TrainConfig) -> TrainResult:
         pre = load_episodes_jsonl(str(paths.pre_eval_jsonl))
     else:
         pre = evaluate_policy(policy.model, tokenizer, eval_specs, config, agent_name="pre", backend=backend)
-        save_episodes_jsonl(pre, str(paths.pre_eval_jsonl))
+        if main:
+            save_episodes_jsonl(pre, str(paths.pre_eval_jsonl))
     seconds["pre_eval"] = time.perf_counter() - t
 
     def evaluate_checkpoint(model: Any) -> List[Dict[str, Any]]:
@@ -236,40 +263,48 @@ def train(config: TrainConfig) -> TrainResult:
         return [by_key[k] for k in keys] if all(k in by_key for k in keys) else None
 
     callback = EvidenceCallback(paths, eval_every_steps=config.eval_every_steps, evaluate=evaluate_checkpoint,
-                                max_steps=config.max_steps, final_from_post_eval=bool(config.eval_every_steps))
+                                max_steps=config.max_steps, final_from_post_eval=bool(config.eval_every_steps),
+                                write=main)
     if resume is None:  # step 0: the initial policy, from the pre-evaluation when it covers the subset
         callback.record_checkpoint(0, policy.model, episodes=checkpoint_subset(pre))
-    else:
+    elif main:
         step = int(Path(resume).name.rsplit("-", 1)[-1])
         for name in ("training_log_csv", "reward_components_csv", "checkpoint_evals_csv"):
             drop_rows_after(getattr(paths, name), step)
+    wait_for_everyone()  # the logs are cut before any process appends to them
 
-    rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root, backend=backend)
+    rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root if main else None, backend=backend)
     trainer = GRPOTrainer(model=policy.model, reward_funcs=REWARD_FUNCS, args=grpo_args(config),
                           train_dataset=training_dataset(config), processing_class=tokenizer,
                           peft_config=policy.peft_config, rollout_func=rollout,
-                          callbacks=[callback, ProgressLog("GRPO training")])
+                          callbacks=[callback, *([ProgressLog("GRPO training")] if main else [])])
     t = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
     seconds["grpo"] = time.perf_counter() - t
     seconds["checkpoint_evals"] = callback.eval_seconds
     final_dir = output_dir / "final"
-    trainer.save_model(str(final_dir))
-    tokenizer.save_pretrained(str(final_dir))
+    trainer.save_model(str(final_dir))  # the Trainer writes from the main process only
+    if main:
+        tokenizer.save_pretrained(str(final_dir))
 
     t = time.perf_counter()
     post = evaluate_policy(trainer.model, tokenizer, eval_specs, config, agent_name="post", backend=backend)
-    save_episodes_jsonl(post, str(paths.post_eval_jsonl))
+    if main:
+        save_episodes_jsonl(post, str(paths.post_eval_jsonl))
     seconds["post_eval"] = time.perf_counter() - t
     if callback.final_from_post_eval:  # the last step's checkpoint row, from the post-training evaluation
         t = time.perf_counter()
         callback.record_checkpoint(trainer.state.global_step, trainer.model, max_steps=config.max_steps,
                                    episodes=checkpoint_subset(post))
         seconds["checkpoint_evals"] += time.perf_counter() - t
-    merged_dir = save_merged(trainer.model, tokenizer, output_dir / "merged") if config.save_merged else None
-    published = (push_to_hub(merged_dir or final_dir, config.hub_repo_id, dry_run=config.hub_dry_run)
-                 if config.hub_repo_id else None)
-    rendered = render_all(paths)
+    merged_dir = published = None
+    rendered: Dict[str, Any] = {}
+    if main:
+        merged_dir = save_merged(trainer.model, tokenizer, output_dir / "merged") if config.save_merged else None
+        published = (push_to_hub(merged_dir or final_dir, config.hub_repo_id, dry_run=config.hub_dry_run)
+                     if config.hub_repo_id else None)
+        rendered = render_all(paths)
+    wait_for_everyone()
     seconds["total"] = time.perf_counter() - start
     return TrainResult(config=config.to_dict(), backend=backend, model_name=policy.model_name,
                        final_model_dir=str(final_dir),
