@@ -52,6 +52,14 @@ class TrainConfig:
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
     max_seq_length: int = 8192
     """Longest prompt + episode [tokens] the model is loaded for (Unsloth) and a rollout may reach."""
+    warm_start_episodes: int = 0
+    """Before GRPO, fine-tune a Hugging Face model (its LoRA adapter) on this many HeuristicAgent
+    campaigns laid out as GRPO plays them, loss on the actions (`lib.training.warm_start`); 0: none.
+    The stand-in `cernenv-tiny` comes warm-started (`lib.policy_model`)."""
+    warm_start_epochs: float = 1.0
+    """Passes over the warm start's campaigns."""
+    warm_start_learning_rate: float = 2e-4
+    """AdamW learning rate of the warm start (cosine decay)."""
 
     # -- GRPO
     max_steps: int = 14
@@ -168,6 +176,10 @@ class TrainConfig:
             problems.append(f"episodes per step (per_device_train_batch_size × gradient_accumulation_steps = "
                             f"{self.episodes_per_step}) must be a multiple of num_generations "
                             f"({self.num_generations}): each step trains on whole groups")
+        if self.warm_start_episodes < 0:
+            problems.append(f"warm_start_episodes must be >= 0, got {self.warm_start_episodes}")
+        if self.warm_start_epochs <= 0 or self.warm_start_learning_rate <= 0:
+            problems.append("warm_start_epochs and warm_start_learning_rate must be > 0")
         if self.rollout_batch_size is not None and self.rollout_batch_size < 1:
             problems.append(f"rollout_batch_size must be at least 1 or None, got {self.rollout_batch_size}")
         if self.max_turns is not None and self.max_turns < 1:

@@ -1,6 +1,7 @@
 """`train(config)`: the whole GRPO run, the same from `make train`, notebook 03 and tests.
 
-1. Load the policy for the backend (`lib.training.backends`).
+1. Load the policy for the backend (`lib.training.backends`); with `warm_start_episodes`,
+   fine-tune it on heuristic campaigns first (`lib.training.warm_start`).
 2. Evaluate it on the held-out suite, greedily: evidence/pre_eval.jsonl (the checkpoint
    row of step 0 is the checkpoint subset of these episodes).
 3. GRPO (`lib.training.grpo`) with `EvidenceCallback` logging and checkpoint evaluations.
@@ -37,12 +38,13 @@ from lib.files import atomic_write
 from lib.multiturn import hf_generate_fn, play_episodes
 from lib.prompting import Sampling
 from lib.records import EpisodeSpec, load_episodes_jsonl, save_episodes_jsonl
-from lib.training.backends import load_policy, precision_flags, resolve_backend
+from lib.training.backends import load_policy, precision_flags, resolve_backend, resolve_model_name
 from lib.training.callbacks import EvidenceCallback, ProgressLog
-from lib.training.config import TrainConfig
+from lib.training.config import TINY_MODEL, TINY_UNTRAINED_MODEL, TrainConfig
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
 from lib.training.processes import gather, is_main_process, main_process_first, num_processes, shard, wait_for_everyone
 from lib.training.publish import push_to_hub, save_merged
+from lib.training.warm_start import sft_warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,8 @@ class TrainResult:
     published: Optional[Dict[str, Any]] = None
     """What `push_to_hub` sent (or, in a dry run, would send)."""
     checkpoint_evals: List[Dict[str, Any]] = field(default_factory=list)
+    warm_start: Optional[Dict[str, Any]] = None
+    """What the SFT warm start did (`lib.training.warm_start.sft_warm_start`), if it ran."""
 
 
 def evaluate_policy(model: Any, tokenizer: Any, specs: Sequence[EpisodeSpec], config: TrainConfig, *,
@@ -227,6 +231,10 @@ def train(config: TrainConfig) -> TrainResult:
     from trl import GRPOTrainer
 
     accumulation_per_process(config, num_processes())  # fails before anything is loaded or moved
+    if config.warm_start_episodes and resolve_model_name(config) in (TINY_MODEL, TINY_UNTRAINED_MODEL):
+        raise ValueError(f"warm_start_episodes is for a Hugging Face model, not the CPU stand-in "
+                         f"{resolve_model_name(config)} ({TINY_MODEL} comes warm-started: lib.policy_model); "
+                         "give model_name, or set warm_start_episodes=0")
     resume = _resolve_resume(config)
     output_dir = Path(config.output_dir)
     paths = EvidencePaths(Path(config.evidence_dir))
@@ -242,6 +250,16 @@ def train(config: TrainConfig) -> TrainResult:
         policy = load_policy(config, backend)
     tokenizer = policy.tokenizer
     seconds["load"] = time.perf_counter() - start
+    warm = None
+    if config.warm_start_episodes and resume is None:  # a resumed run's checkpoint holds the warm-started weights
+        t = time.perf_counter()
+        warm = sft_warm_start(policy, config)
+        if main:
+            policy.model.save_pretrained(str(output_dir / "warm_start"))
+            tokenizer.save_pretrained(str(output_dir / "warm_start"))
+        seconds["warm_start"] = time.perf_counter() - t
+        logger.info("SFT warm start: %d campaigns, %d steps, loss %.3f -> %.3f", warm["episodes"], warm["steps"],
+                    warm["first_loss"] or float("nan"), warm["last_loss"] or float("nan"))
     eval_specs, checkpoint_specs = evaluation_suite(config), checkpoint_suite(config)
 
     t = time.perf_counter()
@@ -311,4 +329,5 @@ def train(config: TrainConfig) -> TrainResult:
                        evidence={k: (str(v) if v else None) for k, v in rendered.items()},
                        before_after=before_after_metrics(pre, post), seconds=seconds,
                        checkpoint_evals=callback.checkpoint_results,
-                       merged_model_dir=str(merged_dir) if merged_dir else None, published=published)
+                       merged_model_dir=str(merged_dir) if merged_dir else None, published=published,
+                       warm_start=warm)
