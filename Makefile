@@ -50,7 +50,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # --cwd notebooks and bench scripts run from bench/, so put the root on the path.
 RUN_ENV = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" MPLBACKEND=Agg
 
-.PHONY: help setup lint test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-generate train lab serve clean distclean FORCE
+.PHONY: help setup lint test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -85,7 +85,7 @@ test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
 # 1.15's GRPO needs triton, so the training runs, marked slow, are left out).
 GPU_SET_VENV  ?= .venv-gpu-set
 GPU_SET_STAMP  = $(GPU_SET_VENV)/.installed
-GPU_SET_TESTS ?= tests/test_gpu_path.py tests/test_multiturn.py tests/test_training.py tests/test_training_processes.py
+GPU_SET_TESTS ?= tests/test_gpu_path.py tests/test_multiturn.py tests/test_training.py tests/test_training_processes.py tests/test_warm_start.py
 
 $(GPU_SET_STAMP): requirements.txt requirements-gpu.txt pyproject.toml scripts/gpu_set_requirements.py
 	$(PYTHON) -m venv $(GPU_SET_VENV)
@@ -140,6 +140,9 @@ endif
 
 bench-train: setup ## time one GRPO step: generation vs environment vs optimisation (bench/bench_train.py)
 	$(RUN_ENV) $(PY) bench/bench_train.py $(TRAIN_ARGS)
+
+bench-train-gpu: setup ## on a GPU: Unsloth vs TRL+PEFT GRPO steps of a Qwen2.5-1.5B-shaped model (bench/bench_train_gpu.py)
+	$(RUN_ENV) $(PY) bench/bench_train_gpu.py $(TRAIN_ARGS)
 
 bench-generate: setup ## generated tokens/s of each generation engine on one step's episodes (bench/bench_generate.py)
 	$(RUN_ENV) $(PY) bench/bench_generate.py $(TRAIN_ARGS)

@@ -7,8 +7,9 @@ A step = the rollout (the policy plays every episode of the batch: `generate` ca
 the environment's reset/step/grading in between) + TRL's scoring and optimisation (old
 log-probs, loss, backward, optimiser). Generation and environment time are measured
 inside `CampaignRollout`; the rest of the step's wall time is optimisation. The first
-step is a warm-up and is reported but not averaged. The environment's share must stay
-under 5% (checked; exit 1 if not).
+step is a warm-up and is reported but not averaged. On a GPU the peak memory torch
+allocated is reported too. The environment's share must stay under 5% (checked; exit 1 if
+not). The last line printed is the result as JSON (`bench/bench_train_gpu.py` reads it).
 """
 
 from __future__ import annotations
@@ -77,7 +78,13 @@ def main(argv=None) -> int:
                                                                                        r["step"] == 0 else ""))
     print("mean of measured steps: " + ", ".join(f"{k.removesuffix('_s')} {v:.1%}" for k, v in share.items())
           + f"; {mean['generation_tokens_per_s']:.1f} generated tokens/s")
-    print(json.dumps({"mean": mean, "share": share, "steps": rows}))
+    import torch
+
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    if peak_gib is not None:
+        print(f"peak GPU memory allocated: {peak_gib:.2f} GiB")
+    print(json.dumps({"backend": backend, "model": policy.model_name, "episodes_per_step": config.episodes_per_step,
+                      "mean": mean, "share": share, "steps": rows, "peak_gpu_memory_gib": peak_gib}))
     if share["environment_s"] >= ENVIRONMENT_SHARE_LIMIT:
         print(f"FAIL: the environment takes {share['environment_s']:.1%} of a step "
               f"(limit {ENVIRONMENT_SHARE_LIMIT:.0%})", file=sys.stderr)

@@ -164,3 +164,53 @@ def test_records_and_specs_name_the_same_task():
     assert task_key(5, "procedural_hard", "hard") == task_key(5, None, "hard")
     assert task_key(6, "higgs_4l_125", "medium") == task_key(6, "higgs_4l_125", None)
     assert task_key(5, None, "hard") != task_key(5, None, "easy")
+
+
+def _bench_train_gpu():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_train_gpu
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return bench_train_gpu
+
+
+def test_the_gpu_benchmark_model_has_qwen2_5_1_5b_s_shape(tokenizer):
+    """1.31B parameters outside the embedding, as Qwen2.5-1.5B's model card states (built on the
+    meta device: no memory)."""
+    from transformers import Qwen2ForCausalLM
+
+    bench = _bench_train_gpu()
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(bench.model_config(tokenizer, bench.QWEN25_15B_SHAPE))
+    non_embedding = sum(p.numel() for p in model.parameters()) - model.model.embed_tokens.weight.numel()
+    assert round(non_embedding / 1e9, 2) == 1.31
+
+
+def test_the_gpu_benchmark_refuses_a_cpu_and_checks_its_targets():
+    bench = _bench_train_gpu()
+    if not torch.cuda.is_available():
+        assert bench.main(["--backends", "trl"]) == 2
+    fast = {"mean": {"total_s": 12.0, "generated_tokens": 5120.0, "generation_tokens_per_s": 6000.0},
+            "share": {"generation_s": 0.5, "environment_s": 0.01}}
+    report = bench.summary({"unsloth": {**fast, "peak_gpu_memory_gib": 5.0},
+                            "trl": {**fast, "peak_gpu_memory_gib": 9.0}})
+    assert report["targets"]["unsloth peak memory <= 0.6 x trl's"] is True
+    assert all(report["targets"].values()) and len(report["targets"]) == 5
+    slow = bench.summary({"trl": {**fast, "mean": {**fast["mean"], "total_s": 36.9}, "peak_gpu_memory_gib": 9.0}})
+    assert slow["targets"]["trl: step <= 15 s"] is False
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_on_a_cpu_with_a_tiny_shape(tmp_path):
+    """The script a GPU session runs (bench/bench_train_gpu.py), checked end to end here."""
+    out = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_train_gpu.py"), "--shape", "tiny", "--allow-cpu",
+                           "--backends", "trl", "--steps", "1", "--max_turns", "1", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1"})
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    row = report["backends"]["trl"]
+    assert row["seconds_per_step"] > 0 and 0 < row["generation_share"] < 1
+    assert row["generated_tokens_per_step"] > 0 and report["device"] == "cpu"
