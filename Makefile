@@ -1,7 +1,7 @@
 # CERNenv Lab — GNU make entry points. `make` (or `make help`) lists targets.
 #
 # Everything runs inside $(VENV), which `make setup` creates on demand from
-# requirements.txt (+ the cernenv package in editable mode).
+# requirements.txt (+ this repository's cernenv and lib packages, in editable mode).
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -46,9 +46,8 @@ REPORTS ?= reports
 HTML_MANAGER_VERSION ?= 1.0.15
 REQUIREJS_VERSION    ?= 2.3.7
 
-# lib/ is imported from the repo root (not installed); notebooks run with
-# --cwd notebooks and bench scripts run from bench/, so put the root on the path.
-RUN_ENV = PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" MPLBACKEND=Agg
+# cernenv and lib are installed in the venv (editable, `make setup`): any directory can import them.
+RUN_ENV = MPLBACKEND=Agg
 
 .PHONY: help setup lint test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
 
@@ -57,7 +56,7 @@ help: ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 	  awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
 
-setup: $(STAMP) $(KERNEL_SPEC) ## create the venv and install requirements.txt + cernenv (-e)
+setup: $(STAMP) $(KERNEL_SPEC) ## create the venv and install requirements.txt + cernenv and lib (-e)
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 required, found " + sys.version.split()[0])'
@@ -82,7 +81,7 @@ test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
 
 # The GPU training set (requirements-gpu.txt) on a CPU: everything but unsloth, which cannot be
 # imported without a GPU, over requirements.txt; then the tests that set can run here (trl
-# 1.15's GRPO needs triton, so the training runs, marked slow, are left out).
+# 1.15's GRPO and SFT trainers need triton, so the training runs, marked slow, are left out).
 GPU_SET_VENV  ?= .venv-gpu-set
 GPU_SET_STAMP  = $(GPU_SET_VENV)/.installed
 GPU_SET_TESTS ?= tests/test_gpu_path.py tests/test_multiturn.py tests/test_training.py tests/test_training_processes.py tests/test_warm_start.py
@@ -155,7 +154,7 @@ SERVE_ARGS ?=
 LAB_ARGS ?=
 
 lab: setup ## open notebooks/ in JupyterLab (kernel "Python (cernenv)", widgets included)
-	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m jupyterlab --notebook-dir=notebooks \
+	$(PY) -m jupyterlab --notebook-dir=notebooks \
 	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
 serve: setup ## serve CERNenv over OpenEnv's HTTP/WebSocket API on 127.0.0.1:8000 (SERVE_ARGS="--port 8001 ...")

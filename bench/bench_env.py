@@ -16,7 +16,6 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # single core: no BLAS threads
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from cernenv import CERNCollisionEnvironment  # noqa: E402
 from cernenv.scenarios import DIFFICULTIES, list_scenarios  # noqa: E402

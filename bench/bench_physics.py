@@ -15,7 +15,6 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # single core: no BLAS threads
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import numpy as np  # noqa: E402
 

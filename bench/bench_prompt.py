@@ -13,16 +13,13 @@ Target: median below 2,000 characters.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from cernenv import CERNCollisionEnvironment  # noqa: E402
-from lib.baselines import HeuristicAgent  # noqa: E402
-from lib.evaluation import heldout_suite  # noqa: E402
-from lib.prompting import prompt_budget  # noqa: E402
-from lib.rollouts import transitions  # noqa: E402
+from cernenv import CERNCollisionEnvironment
+from lib.baselines import HeuristicAgent
+from lib.evaluation import heldout_suite
+from lib.prompting import prompt_budget
+from lib.rollouts import transitions
 
 CHARS_MEDIAN_TARGET = 2000
 

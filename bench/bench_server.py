@@ -31,7 +31,6 @@ from typing import Any, List, Optional, Tuple
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # single core: no BLAS threads (the server inherits these)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
 
 from cernenv.client import CERNEnvClient  # noqa: E402
 from lib.baselines import HeuristicAgent  # noqa: E402

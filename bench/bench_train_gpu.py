@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -78,9 +77,8 @@ def run_backend(backend: str, model_dir: Path, steps: int, flags: list) -> dict:
     """`bench/bench_train.py` for one backend in its own process; its JSON result."""
     command = [sys.executable, str(ROOT / "bench" / "bench_train.py"), "--model_name", str(model_dir),
                "--backend", backend, "--steps", str(steps), *DEFAULT_FLAGS, *flags]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     print("$", " ".join(command), flush=True)
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     print(done.stdout[-4000:], flush=True)
     if done.returncode not in (0, 1):  # 1: bench_train's environment-share check failed; the figures stand
         print(done.stderr[-6000:], file=sys.stderr)

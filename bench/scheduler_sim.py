@@ -33,7 +33,6 @@ import time
 from typing import Dict, Hashable, List, Tuple
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import numpy as np  # noqa: E402
 

@@ -29,13 +29,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from websockets.asyncio.client import connect
 
-from websockets.asyncio.client import connect  # noqa: E402
-
-from cernenv.client import CERNEnvClient, parse_observation  # noqa: E402
-from cernenv.models import ActionType  # noqa: E402
-from lib.baselines import HeuristicAgent  # noqa: E402
+from cernenv.client import CERNEnvClient, parse_observation
+from cernenv.models import ActionType
+from lib.baselines import HeuristicAgent
 
 HONEST_SCENARIOS = ("z_mumu_91", "higgs_4l_125", None)  # None: a procedural campaign (medium)
 ABUSER_KINDS = ("scan", "slow", "flood", "create")

@@ -24,7 +24,7 @@ print(json.dumps({"loaded": loaded, "web_routes": sorted(r for r in routes if r.
 
 def _probe(**env: str) -> dict:
     environment = {k: v for k, v in os.environ.items() if k != "ENABLE_WEB_INTERFACE"}
-    environment.update(PYTHONPATH=str(ROOT), **env)
+    environment.update(**env)
     result = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=environment, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -40,3 +40,20 @@ def test_import_cernenv_loads_no_ml_library_and_no_web_ui_until_asked():
 def test_the_web_ui_asked_for_at_start_up_loads_as_openenv_does():
     probe = _probe(ENABLE_WEB_INTERFACE="true")
     assert probe["loaded"]["gradio"] is True and "/web" in probe["web_routes"]
+
+
+def test_lib_is_reached_through_the_install_alone(tmp_path):
+    """One way to reach lib/: the editable install (`make setup`, the Colab cell). From a folder
+    outside the repository, with no PYTHONPATH, lib is this checkout's; and nothing in the
+    Makefile, pyproject, notebooks, scripts or benchmarks puts the repository on the path."""
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", "import lib, cernenv; print(lib.__file__); print(cernenv.__file__)"],
+                            cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [Path(line).parent.parent for line in result.stdout.split()] == [ROOT, ROOT]
+    workarounds = ("sys.path.insert", "sys.path.append", "PYTHONPATH=", "pythonpath =")
+    files = [ROOT / "Makefile", ROOT / "pyproject.toml", *(ROOT / "notebooks").glob("*.ipynb"),
+             *(ROOT / "bench").glob("*.py"), *(ROOT / "scripts").glob("*.py"), *(ROOT / "lib").rglob("*.py")]
+    offenders = [f"{path.relative_to(ROOT)}: {marker}" for path in files for marker in workarounds
+                 if marker in path.read_text()]
+    assert not offenders, offenders

@@ -22,8 +22,7 @@ def executed_04(tmp_path_factory):
     papermill = pytest.importorskip("papermill")
     build = tmp_path_factory.mktemp("build")
     output = build / f"{NAME}.ipynb"
-    env = {"MPLBACKEND": "Agg",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {"MPLBACKEND": "Agg"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

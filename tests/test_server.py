@@ -81,8 +81,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
         self.log = tempfile.TemporaryFile()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
         self.process = subprocess.Popen([sys.executable, "-m", "cernenv.server", "--port", str(self.port), *args],
                                         cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                         preexec_fn=None if open_files is None else _open_files_limit(*open_files))
@@ -603,8 +602,7 @@ def test_a_low_soft_file_limit_is_raised_and_a_low_hard_one_explained():
         assert (soft, hard) == (1024 + 64, 4096) and server.http("GET", "/health")[0] == 200
     finally:
         server.stop()
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    refused = subprocess.run([sys.executable, "-m", "cernenv.server", "--port", str(free_port())], cwd=ROOT, env=env,
+    refused = subprocess.run([sys.executable, "-m", "cernenv.server", "--port", str(free_port())], cwd=ROOT,
                              capture_output=True, text=True, timeout=120, preexec_fn=_open_files_limit(256, 512))
     assert refused.returncode == 2
     assert "--max-connections 1024" in refused.stderr and "512 open files (ulimit -Hn)" in refused.stderr

@@ -84,7 +84,7 @@ def test_train_config_accepts_ints_for_floats_and_tuples_for_lists():
 
 def test_help_runs_from_the_command_line():
     result = subprocess.run([sys.executable, "-m", "lib.training", "--help"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--max_steps MAX_STEPS" in result.stdout and "Optimisation steps" in result.stdout
 
@@ -108,7 +108,7 @@ def test_the_command_line_imports_unsloth_before_transformers():
         "    pass\n"
         "print('SEEN', seen)\n")
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr[-2000:]
     seen = result.stdout.strip().splitlines()[-1]
     assert seen == "SEEN [[]]", f"asked for unsloth once, before transformers, trl and peft: {seen}"

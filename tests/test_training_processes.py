@@ -102,7 +102,7 @@ def test_two_processes_write_what_one_process_writes(tmp_path, first_action_mode
              "--num_generations", "2", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "4",
              "--max_turns", "2", "--max_new_tokens", "48", "--eval_episodes", "3", "--checkpoint_eval_episodes", "4",
              "--eval_every_steps", "1", "--save_steps", "1", "--temperature", "1.0", "--learning_rate", "1e-3"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
            "TRL_EXPERIMENTAL_SILENCE": "1"}
     one, two = tmp_path / "one", tmp_path / "two"
     single = subprocess.run([sys.executable, "-m", "lib.training", *flags, "--rollout_batch_size", "2",

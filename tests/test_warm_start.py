@@ -62,6 +62,7 @@ def test_demonstrations_never_use_an_evaluation_seed():
     assert not suite & {spec["seed"] for spec in corpus_specs(200, SFT_SEED)}
 
 
+@pytest.mark.slow  # a training run (trl 1.15, the GPU set, needs triton for it)
 def test_warm_start_trains_the_lora_adapter_on_the_actions(hf_model_dir):
     config = TrainConfig(model_name=hf_model_dir, backend="trl", lora_r=8, warm_start_episodes=2,
                          warm_start_epochs=3, warm_start_learning_rate=5e-3)
