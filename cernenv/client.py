@@ -5,7 +5,7 @@
 >>> with CERNEnvClient(base_url="http://127.0.0.1:8000").sync() as env:  # doctest: +SKIP
 ...     result = env.reset(seed=7, scenario="higgs_diphoton_125")  # or difficulty="easy"|"medium"|"hard"
 ...     result = env.step(ExperimentAction(action_type="configure_beam", parameters={"beam_energy_tev": 13.6}))
-...     result.observation.selected_beam_energy, env.state().step_count
+...     result.observation.selected_beam_energy_tev, env.state().step_count
 (13.6, 1)
 
 Each client is one session, i.e. one environment on the server, for as long as it is

@@ -694,7 +694,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
                 for name, rec in episode.recorder.records.items() if rec.luminosity_fb > 0}
         return CollisionObservation(
             task=task, step_index=self._state.step_count, resource_usage=usage,
-            selected_beam_energy=episode.beam_energy_tev, selected_pileup=episode.pileup,
+            selected_beam_energy_tev=episode.beam_energy_tev, selected_pileup=episode.pileup,
             selected_trigger=episode.trigger, selected_channel=episode.channel, data_collected=data,
             latest_result=dict(episode.latest_result), candidate_masses_gev=list(episode.candidates_gev),
             cumulative_significance=_r(episode.best_significance, 3) or 0.0,
@@ -768,6 +768,6 @@ Stepping after the end returns an observation with an `EPISODE_DONE` violation.
 >>> env = CERNCollisionEnvironment()
 >>> obs = env.reset(seed=7, scenario="higgs_diphoton_125")
 >>> obs = env.step(ExperimentAction(action_type="configure_beam", parameters={{"beam_energy_tev": 13.6}}))
->>> obs.selected_beam_energy
+>>> obs.selected_beam_energy_tev
 13.6
 """

@@ -128,7 +128,7 @@ class CollisionObservation(Observation):
     step_index: int = Field(default=0, description="Steps taken so far.")
     resource_usage: ResourceUsage = Field(default_factory=ResourceUsage,
                                           description="Budget [M$], luminosity [fb^-1] and time [days] used and left.")
-    selected_beam_energy: Optional[float] = Field(default=None, description="Beam energy √s [TeV].")
+    selected_beam_energy_tev: Optional[float] = Field(default=None, description="Beam energy √s [TeV].")
     selected_pileup: Optional[str] = Field(default=None, description="Pileup regime: low, nominal or high.")
     selected_trigger: Optional[str] = Field(default=None, description="Trigger recording collisions now.")
     selected_channel: Optional[str] = Field(default=None, description="Decay channel under analysis.")

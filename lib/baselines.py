@@ -119,7 +119,7 @@ class HeuristicAgent:
         usage, task = obs.resource_usage, obs.task
         reserve_musd = min(25.0, 0.2 * task.budget_total_musd)
         reserve_days = min(40.0, 0.2 * task.time_total_days)
-        beam = BEAM_ENERGIES[obs.selected_beam_energy]
+        beam = BEAM_ENERGIES[obs.selected_beam_energy_tev]
         rate = PILEUP_SETTINGS[obs.selected_pileup or "nominal"].luminosity_rate_factor
         by_budget = (usage.budget_remaining_musd - reserve_musd) / beam.cost_musd_per_fb
         by_time = (usage.time_remaining_days - reserve_days) / (beam.days_per_fb / rate)

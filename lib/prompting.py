@@ -137,8 +137,8 @@ def render_observation(obs: CollisionObservation, config: LLMAgentConfig = LLMAg
         f"{usage.luminosity_remaining_fb:.4g}/{task.luminosity_total_fb:g} fb^-1"
         + (f" ({usage.luminosity_allocated_fb:.4g} booked)" if usage.luminosity_allocated_fb else ""),
     ]
-    if obs.selected_beam_energy is not None:
-        lines.append(f"Beam {obs.selected_beam_energy:g} TeV {obs.selected_pileup}; trigger {obs.selected_trigger}; "
+    if obs.selected_beam_energy_tev is not None:
+        lines.append(f"Beam {obs.selected_beam_energy_tev:g} TeV {obs.selected_pileup}; trigger {obs.selected_trigger}; "
                      f"channel {obs.selected_channel}")
     for name, data in obs.data_collected.items():
         lines.append(f"Data {name}: {data.luminosity_fb:.4g} fb^-1 {data.recorded_events} events "

@@ -34,7 +34,7 @@ def _summarise(obs: CollisionObservation) -> Dict[str, Any]:
     return {
         "step_index": obs.step_index,
         "selected_channel": obs.selected_channel,
-        "selected_beam_energy": obs.selected_beam_energy,
+        "selected_beam_energy_tev": obs.selected_beam_energy_tev,
         "n_candidates": len(obs.candidate_masses_gev),
         "best_significance": obs.cumulative_significance,
         "budget_remaining_musd": obs.resource_usage.budget_remaining_musd,

@@ -217,7 +217,7 @@ def test_garbage_output_is_refused_and_never_becomes_a_move(garbage):
         assert obs.rule_violations[0].split(":")[0] in ("INVALID_ACTION", "INVALID_PARAMETERS")
     state = env.state
     assert steps == MAX_CONSECUTIVE_REFUSALS < env.max_steps  # the run is stopped, graded as no claim
-    assert obs.selected_beam_energy is None and obs.resource_usage == start  # nothing ever ran
+    assert obs.selected_beam_energy_tev is None and obs.resource_usage == start  # nothing ever ran
     assert state.reward_components["violations"] == pytest.approx(VIOLATION_PENALTY * steps)
     assert state.cumulative_reward == pytest.approx(VIOLATION_PENALTY * steps + NO_CLAIM)
     assert np.isclose(state.reward_components["milestones"], 0.0)

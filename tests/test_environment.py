@@ -92,7 +92,7 @@ def assert_fresh(obs: CollisionObservation) -> None:
     for channel in task.available_channels:
         assert any(TRIGGERS[t].get(channel, 0.0) > 0.1 for t in task.available_triggers), channel
     assert task.max_steps > 0 and task.problem_statement
-    assert obs.selected_beam_energy is obs.selected_pileup is obs.selected_trigger is obs.selected_channel is None
+    assert obs.selected_beam_energy_tev is obs.selected_pileup is obs.selected_trigger is obs.selected_channel is None
     assert obs.data_collected == {} and obs.candidate_masses_gev == [] and obs.cumulative_significance == 0.0
     assert obs.rule_violations == [] and obs.pipeline_history == []
 
@@ -471,7 +471,7 @@ HARD_VIOLATIONS = [
 def _snapshot(obs: CollisionObservation) -> Dict[str, Any]:
     return {"resources": obs.resource_usage.model_dump(), "data": {k: v.model_dump() for k, v in
                                                                     obs.data_collected.items()},
-            "beam": obs.selected_beam_energy, "pileup": obs.selected_pileup, "trigger": obs.selected_trigger,
+            "beam": obs.selected_beam_energy_tev, "pileup": obs.selected_pileup, "trigger": obs.selected_trigger,
             "channel": obs.selected_channel, "candidates": obs.candidate_masses_gev,
             "significance": obs.cumulative_significance}
 

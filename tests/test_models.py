@@ -181,7 +181,7 @@ def _rich_observation() -> CollisionObservation:
         resource_usage=ResourceUsage(budget_used_musd=12.5, budget_remaining_musd=167.5, luminosity_used_fb=10.0,
                                      luminosity_remaining_fb=50.0, luminosity_allocated_fb=2.5,
                                      time_used_days=20.25, time_remaining_days=179.75),
-        selected_beam_energy=13.6, selected_pileup="nominal", selected_trigger="diphoton",
+        selected_beam_energy_tev=13.6, selected_pileup="nominal", selected_trigger="diphoton",
         selected_channel="diphoton",
         data_collected={"diphoton": ChannelData(luminosity_fb=10.0, recorded_events=12345, calibration_level=2,
                                                 reconstruction="tight")},
