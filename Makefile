@@ -49,7 +49,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # cernenv and lib are installed in the venv (editable, `make setup`): any directory can import them.
 RUN_ENV = MPLBACKEND=Agg
 
-.PHONY: help setup lint test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
+.PHONY: help setup lint format test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -73,8 +73,13 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 $(KERNEL_SPEC): $(STAMP)
 	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python ($(KERNEL))"
 
-lint: setup ## ruff: pyflakes, pycodestyle and import order on the code, tests and notebooks (pyproject.toml)
+lint: setup ## ruff: pyflakes, pycodestyle, import order and formatting of the code, tests and notebooks (pyproject.toml)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup ## apply ruff's formatter and its fixable lint rules (what `make lint` checks)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)

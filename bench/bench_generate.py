@@ -36,15 +36,25 @@ def main(argv=None) -> int:
     specs = [(config.train_seed_start + i // config.num_generations, None, "easy") for i in range(args.episodes)]
     engines = [e for e in ENGINES if not (backend == "unsloth" and e == "cached")]
     device = next(policy.model.parameters()).device
-    print(f"model {policy.model_name} on {device}, backend {backend}, {args.episodes} episodes, "
-          f"temperature {config.temperature}, threads {torch.get_num_threads()}")
+    print(
+        f"model {policy.model_name} on {device}, backend {backend}, {args.episodes} episodes, "
+        f"temperature {config.temperature}, threads {torch.get_num_threads()}"
+    )
     print(f"{'engine':<10}{'seconds':>10}{'tokens':>10}{'tokens/s':>10}")
     for engine in engines:
         generate = hf_generate_fn(policy.model, policy.tokenizer, engine, unsloth=backend == "unsloth")
         play_episodes(generate, policy.tokenizer, specs[:2], sampling=sampling, max_turns=2)  # warm-up
         start = time.perf_counter()
-        played = play_episodes(generate, policy.tokenizer, specs, sampling=sampling, max_turns=args.max_turns,
-                               max_context_tokens=config.max_seq_length, batch_size=len(specs), seed=config.seed)
+        played = play_episodes(
+            generate,
+            policy.tokenizer,
+            specs,
+            sampling=sampling,
+            max_turns=args.max_turns,
+            max_context_tokens=config.max_seq_length,
+            batch_size=len(specs),
+            seed=config.seed,
+        )
         seconds = time.perf_counter() - start
         tokens = sum(sum(episode.env_mask) for episode in played)
         print(f"{engine:<10}{seconds:>10.1f}{tokens:>10d}{tokens / seconds:>10.0f}")

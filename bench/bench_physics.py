@@ -29,8 +29,12 @@ from cernenv.physics import (  # noqa: E402
 
 SQRT_S_TEV, RESOLUTION_GEV = 13.0, 1.6
 P1, P2, BACKGROUND_EVENTS = 8.0, 5.0, 20000.0
-TARGETS_MS = {"s+b fit, 80 bins": 5.0, "bump scan, 60 masses x 80 bins": 5.0,
-              "profile-likelihood significance": 5.0, "spin likelihoods (profiled f)": 2.0}
+TARGETS_MS = {
+    "s+b fit, 80 bins": 5.0,
+    "bump scan, 60 masses x 80 bins": 5.0,
+    "profile-likelihood significance": 5.0,
+    "spin likelihoods (profiled f)": 2.0,
+}
 
 
 def median_ms(fn, repeat: int = 30) -> float:
@@ -45,8 +49,9 @@ def median_ms(fn, repeat: int = 30) -> float:
 
 def spectrum(seed: int, signal_events: float):
     edges = np.linspace(100.0, 180.0, 81)
-    expected = (BACKGROUND_EVENTS * shapes.background_bin_fractions(edges, SQRT_S_TEV, P1, P2)
-                + signal_events * shapes.signal_bin_fractions(edges, 125.0, 0.0, RESOLUTION_GEV))
+    expected = BACKGROUND_EVENTS * shapes.background_bin_fractions(
+        edges, SQRT_S_TEV, P1, P2
+    ) + signal_events * shapes.signal_bin_fractions(edges, 125.0, 0.0, RESOLUTION_GEV)
     return edges, np.random.default_rng(seed).poisson(expected)
 
 
@@ -59,12 +64,15 @@ def main() -> int:
     grid = np.linspace(105.0, 175.0, 60)
     cos_counts = np.random.default_rng(17).multinomial(2000, background_angular_probabilities("dimuon", 10))
     measured = {
-        "s+b fit, 80 bins": median_ms(lambda: fit_signal_plus_background(
-            edges, counts, SQRT_S_TEV, RESOLUTION_GEV, 124.0, max_width_gev=0.0)),
-        "bump scan, 60 masses x 80 bins": median_ms(lambda: scan_local_significance(
-            edges, counts, SQRT_S_TEV, resolution_gev, grid)),
-        "profile-likelihood significance": median_ms(lambda: profile_likelihood_significance(
-            edges, counts, SQRT_S_TEV, RESOLUTION_GEV, 125.0)),
+        "s+b fit, 80 bins": median_ms(
+            lambda: fit_signal_plus_background(edges, counts, SQRT_S_TEV, RESOLUTION_GEV, 124.0, max_width_gev=0.0)
+        ),
+        "bump scan, 60 masses x 80 bins": median_ms(
+            lambda: scan_local_significance(edges, counts, SQRT_S_TEV, resolution_gev, grid)
+        ),
+        "profile-likelihood significance": median_ms(
+            lambda: profile_likelihood_significance(edges, counts, SQRT_S_TEV, RESOLUTION_GEV, 125.0)
+        ),
         "spin likelihoods (profiled f)": median_ms(lambda: spin_likelihoods(cos_counts, "dimuon"), repeat=50),
     }
     print(f"{'physics kernel [ms, median]':<40}{'measured':>10}{'target':>8}")

@@ -30,9 +30,12 @@ def main() -> int:
     parser.add_argument("--no-tokenizer", action="store_true", help="characters only (skips the tokenizer)")
     args = parser.parse_args()
     env, agent = CERNCollisionEnvironment(), HeuristicAgent()
-    specs = heldout_suite()[::args.every]
-    observations = [obs for spec in specs for obs, _, _ in transitions(
-        env, agent, seed=spec.seed, scenario=spec.scenario, difficulty=spec.difficulty)]
+    specs = heldout_suite()[:: args.every]
+    observations = [
+        obs
+        for spec in specs
+        for obs, _, _ in transitions(env, agent, seed=spec.seed, scenario=spec.scenario, difficulty=spec.difficulty)
+    ]
     tokenizer = None
     if not args.no_tokenizer:
         from lib.tokenizer import build_tokenizer

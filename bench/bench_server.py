@@ -89,8 +89,9 @@ def start_server(max_sessions: int) -> Tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "cernenv.server", "--port", str(port),
-                                "--max-sessions", str(max_sessions)], cwd=ROOT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cernenv.server", "--port", str(port), "--max-sessions", str(max_sessions)], cwd=ROOT
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
@@ -122,24 +123,31 @@ def main() -> int:
         if not args.no_abuse:
             lines, _, _, ratio = under_attack(url, 4, 6, ("scan",) * 8)
             attack_lines += ["fairness: 4 honest clients x 6 episodes, 8 scan spammers"] + lines
-            attack_lines.append(f"target: median ratio <= {FAIRNESS_TARGET_RATIO:g}: "
-                                f"{'met' if ratio <= FAIRNESS_TARGET_RATIO else 'NOT met'}")
+            attack_lines.append(
+                f"target: median ratio <= {FAIRNESS_TARGET_RATIO:g}: "
+                f"{'met' if ratio <= FAIRNESS_TARGET_RATIO else 'NOT met'}"
+            )
             lines, _, attacked, _ = under_attack(url, 64, 2, LOAD_ABUSERS)
             attack_lines += [f"load: 64 honest clients x 2 episodes, abusers {','.join(LOAD_ABUSERS)}"] + lines
             met = not attacked.errors and attacked.percentile_s(99) < LOAD_TARGET_P99_S
-            attack_lines.append(f"target: 0 errors and honest p99 < {LOAD_TARGET_P99_S:g} s with abusers: "
-                                f"{'met' if met else 'NOT met'}")
+            attack_lines.append(
+                f"target: 0 errors and honest p99 < {LOAD_TARGET_P99_S:g} s with abusers: {'met' if met else 'NOT met'}"
+            )
     finally:
         process.terminate()
         process.wait(timeout=10)
     print(f"{'mode':<12}{'sessions':>9}{'episodes':>10}{'episodes/s':>12}{'steps/s':>10}{'remote/in-process':>19}")
     for mode, sessions, n, episodes_per_s, steps_per_s in rows:
-        print(f"{mode:<12}{sessions:>9}{n:>10}{episodes_per_s:>12.1f}{steps_per_s:>10.0f}"
-              f"{episodes_per_s / base_episodes:>19.2f}")
+        print(
+            f"{mode:<12}{sessions:>9}{n:>10}{episodes_per_s:>12.1f}{steps_per_s:>10.0f}"
+            f"{episodes_per_s / base_episodes:>19.2f}"
+        )
     at_32 = [r[3] / base_episodes for r in rows if r[0] == "websocket" and r[1] == 32]
     if at_32:
-        print(f"target: remote/in-process at 32 sessions >= {TARGET_RATIO_AT_32:.2f}: "
-              f"{'met' if at_32[0] >= TARGET_RATIO_AT_32 else 'NOT met'} ({at_32[0]:.2f})")
+        print(
+            f"target: remote/in-process at 32 sessions >= {TARGET_RATIO_AT_32:.2f}: "
+            f"{'met' if at_32[0] >= TARGET_RATIO_AT_32 else 'NOT met'} ({at_32[0]:.2f})"
+        )
     for line in attack_lines:
         print(line)
     return 0

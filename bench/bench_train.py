@@ -46,48 +46,82 @@ def main(argv=None) -> int:
             self.durations.append(time.perf_counter() - self._start)
 
     with tempfile.TemporaryDirectory() as tmp:
-        config = config.from_dict({**config.to_dict(), "max_steps": args.steps + 1, "output_dir": tmp,
-                                   "evidence_dir": tmp})
+        config = config.from_dict(
+            {**config.to_dict(), "max_steps": args.steps + 1, "output_dir": tmp, "evidence_dir": tmp}
+        )
         backend = resolve_backend(config)
         from trl import GRPOTrainer
 
         policy = load_policy(config, backend)
         rollout = CampaignRollout(config, policy.tokenizer, backend=backend)
         timer = StepTimer()
-        trainer = GRPOTrainer(model=policy.model, reward_funcs=REWARD_FUNCS,
-                              args=grpo_args(config, save_strategy="no", logging_steps=1000),
-                              train_dataset=training_dataset(config), processing_class=policy.tokenizer,
-                              peft_config=policy.peft_config, rollout_func=rollout, callbacks=[timer])
+        trainer = GRPOTrainer(
+            model=policy.model,
+            reward_funcs=REWARD_FUNCS,
+            args=grpo_args(config, save_strategy="no", logging_steps=1000),
+            train_dataset=training_dataset(config),
+            processing_class=policy.tokenizer,
+            peft_config=policy.peft_config,
+            rollout_func=rollout,
+            callbacks=[timer],
+        )
         trainer.train()
     rows = []
     for step, (total, timing) in enumerate(zip(timer.durations, rollout.timings)):
         generation, environment = timing["generation_s"], timing["environment_s"]
-        rows.append({"step": step, "total_s": total, "generation_s": generation, "environment_s": environment,
-                     "optimisation_s": total - generation - environment,
-                     "generated_tokens": timing["generated_tokens"],
-                     "generation_tokens_per_s": timing["generated_tokens"] / generation if generation else None})
+        rows.append(
+            {
+                "step": step,
+                "total_s": total,
+                "generation_s": generation,
+                "environment_s": environment,
+                "optimisation_s": total - generation - environment,
+                "generated_tokens": timing["generated_tokens"],
+                "generation_tokens_per_s": timing["generated_tokens"] / generation if generation else None,
+            }
+        )
     measured = rows[1:] or rows
     mean = {key: statistics.fmean(r[key] for r in measured) for key in rows[0] if key != "step"}
     share = {key: mean[key] / mean["total_s"] for key in ("generation_s", "environment_s", "optimisation_s")}
-    print(f"backend {backend}, model {policy.model_name}, {config.episodes_per_step} episodes per step "
-          f"({config.num_generations} per group)")
+    print(
+        f"backend {backend}, model {policy.model_name}, {config.episodes_per_step} episodes per step "
+        f"({config.num_generations} per group)"
+    )
     print(f"{'step':>4} {'total s':>8} {'generate':>9} {'environment':>11} {'optimise':>9} {'tok/s':>7}")
     for r in rows:
-        print(f"{r['step']:>4} {r['total_s']:8.2f} {r['generation_s']:9.2f} {r['environment_s']:11.2f} "
-              f"{r['optimisation_s']:9.2f} {r['generation_tokens_per_s'] or 0:7.1f}" + ("  (warm-up)" if
-                                                                                       r["step"] == 0 else ""))
-    print("mean of measured steps: " + ", ".join(f"{k.removesuffix('_s')} {v:.1%}" for k, v in share.items())
-          + f"; {mean['generation_tokens_per_s']:.1f} generated tokens/s")
+        print(
+            f"{r['step']:>4} {r['total_s']:8.2f} {r['generation_s']:9.2f} {r['environment_s']:11.2f} "
+            f"{r['optimisation_s']:9.2f} {r['generation_tokens_per_s'] or 0:7.1f}"
+            + ("  (warm-up)" if r["step"] == 0 else "")
+        )
+    print(
+        "mean of measured steps: "
+        + ", ".join(f"{k.removesuffix('_s')} {v:.1%}" for k, v in share.items())
+        + f"; {mean['generation_tokens_per_s']:.1f} generated tokens/s"
+    )
     import torch
 
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     if peak_gib is not None:
         print(f"peak GPU memory allocated: {peak_gib:.2f} GiB")
-    print(json.dumps({"backend": backend, "model": policy.model_name, "episodes_per_step": config.episodes_per_step,
-                      "mean": mean, "share": share, "steps": rows, "peak_gpu_memory_gib": peak_gib}))
+    print(
+        json.dumps(
+            {
+                "backend": backend,
+                "model": policy.model_name,
+                "episodes_per_step": config.episodes_per_step,
+                "mean": mean,
+                "share": share,
+                "steps": rows,
+                "peak_gpu_memory_gib": peak_gib,
+            }
+        )
+    )
     if share["environment_s"] >= ENVIRONMENT_SHARE_LIMIT:
-        print(f"FAIL: the environment takes {share['environment_s']:.1%} of a step "
-              f"(limit {ENVIRONMENT_SHARE_LIMIT:.0%})", file=sys.stderr)
+        print(
+            f"FAIL: the environment takes {share['environment_s']:.1%} of a step (limit {ENVIRONMENT_SHARE_LIMIT:.0%})",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -30,20 +30,49 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-QWEN25_15B_SHAPE = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                        num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0,
-                        rms_norm_eps=1e-6, tie_word_embeddings=True)
+QWEN25_15B_SHAPE = dict(
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
 """Qwen2.5-1.5B-Instruct's config.json, less its vocabulary (the project tokenizer's is used)."""
-TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=8192, tie_word_embeddings=True)
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+)
 """A shape that runs on a CPU in seconds, to check the script itself."""
 SHAPES = {"qwen2.5-1.5b": QWEN25_15B_SHAPE, "tiny": TINY_SHAPE}
 
 STEP_SECONDS_TARGET = 15.0
 GENERATION_TOKENS_PER_S_TARGET = 5000.0
 UNSLOTH_MEMORY_RATIO_TARGET = 0.6
-DEFAULT_FLAGS = ["--num_generations", "8", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "4",
-                 "--max_turns", "5", "--max_new_tokens", "64", "--temperature", "1.0", "--lora_r", "16"]
+DEFAULT_FLAGS = [
+    "--num_generations",
+    "8",
+    "--per_device_train_batch_size",
+    "4",
+    "--gradient_accumulation_steps",
+    "4",
+    "--max_turns",
+    "5",
+    "--max_new_tokens",
+    "64",
+    "--temperature",
+    "1.0",
+    "--lora_r",
+    "16",
+]
 """16 episodes per step in groups of 8, 5 turns of 64 tokens: issue 14's measurement."""
 
 
@@ -51,8 +80,13 @@ def model_config(tokenizer, shape: dict):
     """A Qwen2 config of `shape` over `tokenizer`'s vocabulary."""
     from transformers import Qwen2Config
 
-    return Qwen2Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                       eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **shape)
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        **shape,
+    )
 
 
 def build_model(folder: Path, shape: dict) -> int:
@@ -75,8 +109,18 @@ def build_model(folder: Path, shape: dict) -> int:
 
 def run_backend(backend: str, model_dir: Path, steps: int, flags: list) -> dict:
     """`bench/bench_train.py` for one backend in its own process; its JSON result."""
-    command = [sys.executable, str(ROOT / "bench" / "bench_train.py"), "--model_name", str(model_dir),
-               "--backend", backend, "--steps", str(steps), *DEFAULT_FLAGS, *flags]
+    command = [
+        sys.executable,
+        str(ROOT / "bench" / "bench_train.py"),
+        "--model_name",
+        str(model_dir),
+        "--backend",
+        backend,
+        "--steps",
+        str(steps),
+        *DEFAULT_FLAGS,
+        *flags,
+    ]
     print("$", " ".join(command), flush=True)
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     print(done.stdout[-4000:], flush=True)
@@ -93,22 +137,26 @@ def summary(results: dict) -> dict:
         if "error" in result:
             rows[backend] = {"error": result["error"]}
             continue
-        rows[backend] = {"seconds_per_step": result["mean"]["total_s"],
-                         "generated_tokens_per_step": result["mean"]["generated_tokens"],
-                         "generation_tokens_per_s": result["mean"]["generation_tokens_per_s"],
-                         "generation_share": result["share"]["generation_s"],
-                         "environment_share": result["share"]["environment_s"],
-                         "peak_gpu_memory_gib": result.get("peak_gpu_memory_gib")}
+        rows[backend] = {
+            "seconds_per_step": result["mean"]["total_s"],
+            "generated_tokens_per_step": result["mean"]["generated_tokens"],
+            "generation_tokens_per_s": result["mean"]["generation_tokens_per_s"],
+            "generation_share": result["share"]["generation_s"],
+            "environment_share": result["share"]["environment_s"],
+            "peak_gpu_memory_gib": result.get("peak_gpu_memory_gib"),
+        }
     targets = {}
     for backend, row in rows.items():
         if "error" not in row:
             targets[f"{backend}: step <= {STEP_SECONDS_TARGET:g} s"] = row["seconds_per_step"] <= STEP_SECONDS_TARGET
             targets[f"{backend}: generation >= {GENERATION_TOKENS_PER_S_TARGET:g} tokens/s"] = (
-                row["generation_tokens_per_s"] >= GENERATION_TOKENS_PER_S_TARGET)
+                row["generation_tokens_per_s"] >= GENERATION_TOKENS_PER_S_TARGET
+            )
     memory = {b: rows[b].get("peak_gpu_memory_gib") for b in ("unsloth", "trl") if b in rows}
     if len(memory) == 2 and None not in memory.values():
         targets[f"unsloth peak memory <= {UNSLOTH_MEMORY_RATIO_TARGET} x trl's"] = (
-            memory["unsloth"] <= UNSLOTH_MEMORY_RATIO_TARGET * memory["trl"])
+            memory["unsloth"] <= UNSLOTH_MEMORY_RATIO_TARGET * memory["trl"]
+        )
     return {"backends": rows, "targets": targets}
 
 
@@ -124,8 +172,11 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available() and not args.allow_cpu:
-        print("bench_train_gpu.py measures a GPU and none is visible; on a CPU run `make bench-train`, "
-              "or pass --allow-cpu --shape tiny to check this script", file=sys.stderr)
+        print(
+            "bench_train_gpu.py measures a GPU and none is visible; on a CPU run `make bench-train`, "
+            "or pass --allow-cpu --shape tiny to check this script",
+            file=sys.stderr,
+        )
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
         model_dir = args.model_dir or Path(tmp) / "model"
@@ -134,8 +185,14 @@ def main(argv=None) -> int:
             print(f"built a random-weight {args.shape} model: {n_params / 1e6:.0f}M parameters", flush=True)
         results = {backend: run_backend(backend, model_dir, args.steps, flags) for backend in args.backends}
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    report = {"device": device, "shape": args.shape, "steps": args.steps, "flags": DEFAULT_FLAGS + flags,
-              **summary(results), "raw": results}
+    report = {
+        "device": device,
+        "shape": args.shape,
+        "steps": args.steps,
+        "flags": DEFAULT_FLAGS + flags,
+        **summary(results),
+        "raw": results,
+    }
     print(json.dumps({k: v for k, v in report.items() if k != "raw"}, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

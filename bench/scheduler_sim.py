@@ -180,20 +180,30 @@ def main() -> int:
     args = parser.parse_args()
     costs, scan_s = record_costs(args.episodes)
     flat = np.concatenate(costs)
-    print(f"{flat.size} steps recorded: mean {1e3 * flat.mean():.2f} ms, p99 {1e3 * np.percentile(flat, 99):.1f} ms; "
-          f"a Z-spectrum scan {1e3 * scan_s:.1f} ms; server overhead {args.overhead_ms:g} ms, "
-          f"client {args.client_ms:g} ms; {args.seeds} seeds")
+    print(
+        f"{flat.size} steps recorded: mean {1e3 * flat.mean():.2f} ms, p99 {1e3 * np.percentile(flat, 99):.1f} ms; "
+        f"a Z-spectrum scan {1e3 * scan_s:.1f} ms; server overhead {args.overhead_ms:g} ms, "
+        f"client {args.client_ms:g} ms; {args.seeds} seeds"
+    )
     if args.grid:
-        rules = {f"recent usage, half-life {h:g} ms, lead {lead:g} ms":
-                 (lambda h=h, lead=lead: RecentUsage(h / 1e3, lead / 1e3))
-                 for h in (100, 150, 200) for lead in (3, 5, 10)}
+        rules = {
+            f"recent usage, half-life {h:g} ms, lead {lead:g} ms": (
+                lambda h=h, lead=lead: RecentUsage(h / 1e3, lead / 1e3)
+            )
+            for h in (100, 150, 200)
+            for lead in (3, 5, 10)
+        }
     else:
-        rules = {"arrival order": ArrivalOrder, "least total CPU (before)": LeastTotalCpu,
-                 "recent usage (the server's default)": RecentUsage}
+        rules = {
+            "arrival order": ArrivalOrder,
+            "least total CPU (before)": LeastTotalCpu,
+            "recent usage (the server's default)": RecentUsage,
+        }
     print(f"{'rule':<48}{'fairness ratio (<= 2)':>26}{'p99 64 alone [s]':>20}{'p99 64 + 3 scans [s]':>24}")
     for name, make_rule in rules.items():
-        fair, alone, beside = evaluate(make_rule, costs, scan_s, args.seeds, args.overhead_ms / 1e3,
-                                       args.client_ms / 1e3)
+        fair, alone, beside = evaluate(
+            make_rule, costs, scan_s, args.seeds, args.overhead_ms / 1e3, args.client_ms / 1e3
+        )
         print(f"{name:<48}{span(fair):>26}{span(alone):>20}{span(beside):>24}")
     return 0
 

@@ -54,10 +54,12 @@ class LoadResult:
         return ordered[min(len(ordered) - 1, int(q / 100.0 * len(ordered)))] if ordered else float("nan")
 
     def summary(self) -> str:
-        return (f"{self.episodes} honest episodes, {len(self.latencies_s)} requests in {self.wall_s:.1f} s: "
-                f"latency p50 {1e3 * self.percentile_s(50):.0f} ms, p99 {1e3 * self.percentile_s(99):.0f} ms, "
-                f"max {1e3 * max(self.latencies_s, default=float('nan')):.0f} ms; {len(self.errors)} errors; "
-                f"abusers: {dict(sorted(self.abuse.items()))}")
+        return (
+            f"{self.episodes} honest episodes, {len(self.latencies_s)} requests in {self.wall_s:.1f} s: "
+            f"latency p50 {1e3 * self.percentile_s(50):.0f} ms, p99 {1e3 * self.percentile_s(99):.0f} ms, "
+            f"max {1e3 * max(self.latencies_s, default=float('nan')):.0f} ms; {len(self.errors)} errors; "
+            f"abusers: {dict(sorted(self.abuse.items()))}"
+        )
 
 
 async def _honest(url: str, index: int, episodes: int, result: LoadResult) -> None:
@@ -194,8 +196,9 @@ async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio
             abuse[f"{kind} abuser stopped: {type(outcome).__name__}: {outcome}"] += 1
 
 
-async def run_load(url: str, honest: int, episodes_per_client: int, abusers: Sequence[str] = (),
-                   timeout_s: float = 600.0) -> LoadResult:
+async def run_load(
+    url: str, honest: int, episodes_per_client: int, abusers: Sequence[str] = (), timeout_s: float = 600.0
+) -> LoadResult:
     """`honest` clients play `episodes_per_client` episodes each while `abusers` (kinds from
     ABUSER_KINDS) run in a process of their own, so that their work does not delay the honest
     clients' event loop here; what the honest clients saw, and the abusers' counts."""
@@ -211,8 +214,9 @@ async def run_load(url: str, honest: int, episodes_per_client: int, abusers: Seq
         await asyncio.sleep(3.0)  # the abuse is under way before the honest clients start
     start = time.perf_counter()
     try:
-        await asyncio.wait_for(asyncio.gather(*(_honest(url, i, episodes_per_client, result) for i in range(honest))),
-                               timeout_s)
+        await asyncio.wait_for(
+            asyncio.gather(*(_honest(url, i, episodes_per_client, result) for i in range(honest))), timeout_s
+        )
     finally:
         result.wall_s = time.perf_counter() - start
         if process is not None:
@@ -226,6 +230,7 @@ async def run_load(url: str, honest: int, episodes_per_client: int, abusers: Seq
 
 def _abuse_until_terminated(url: str, abusers: Sequence[str], counts_path: str) -> None:
     """The abusers' process: run them until SIGTERM, then write their counts to `counts_path`."""
+
     async def main() -> Counter:
         abuse, stop = Counter(), asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -26,7 +26,8 @@ class _Params(BaseModel):
 class ConfigureBeamParams(_Params):
     beam_energy_tev: float = Field(gt=0, le=100, description="√s [TeV]; one of the task's beam energies.", **_FINITE)
     pileup: Literal["low", "nominal", "high"] = Field(
-        default="nominal", description="Collisions per crossing: more data per day, worse resolution and trigger.")
+        default="nominal", description="Collisions per crossing: more data per day, worse resolution and trigger."
+    )
 
 
 class LuminosityParams(_Params):
@@ -43,16 +44,20 @@ class ChannelParams(_Params):
 
 class ReconstructParams(ChannelParams):
     quality: Literal["fast", "standard", "tight"] = Field(
-        default="standard", description="fast: cheap, worse resolution and purity; tight: purer, fewer signal events.")
+        default="standard", description="fast: cheap, worse resolution and purity; tight: purer, fewer signal events."
+    )
 
 
 class SpectrumParams(_Params):
-    mass_min_gev: Optional[float] = Field(default=None, gt=0, description="Lower edge [GeV]; default: window.",
-                                          **_FINITE)
-    mass_max_gev: Optional[float] = Field(default=None, gt=0, description="Upper edge [GeV]; default: window.",
-                                          **_FINITE)
-    bin_width_gev: Optional[float] = Field(default=None, gt=0, description="Bin width [GeV]; default: ~resolution/2.",
-                                           **_FINITE)
+    mass_min_gev: Optional[float] = Field(
+        default=None, gt=0, description="Lower edge [GeV]; default: window.", **_FINITE
+    )
+    mass_max_gev: Optional[float] = Field(
+        default=None, gt=0, description="Upper edge [GeV]; default: window.", **_FINITE
+    )
+    bin_width_gev: Optional[float] = Field(
+        default=None, gt=0, description="Bin width [GeV]; default: ~resolution/2.", **_FINITE
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> "SpectrumParams":
@@ -63,10 +68,11 @@ class SpectrumParams(_Params):
 
 class BackgroundParams(_Params):
     method: Literal["sideband", "fit"] = Field(
-        default="fit",
-        description="fit: smooth fit to the whole spectrum; sideband: fit with the signal region masked.")
+        default="fit", description="fit: smooth fit to the whole spectrum; sideband: fit with the signal region masked."
+    )
     signal_region_gev: Optional[Tuple[float, float]] = Field(
-        default=None, description="[lo, hi] region [GeV] to test for an excess; required for sideband.")
+        default=None, description="[lo, hi] region [GeV] to test for an excess; required for sideband."
+    )
 
     @model_validator(mode="after")
     def _region(self) -> "BackgroundParams":
@@ -84,9 +90,9 @@ class FitParams(_Params):
 
 
 class ScanParams(_Params):
-    step_gev: Optional[float] = Field(default=None, gt=0, lt=1.0e4,
-                                      description="Scan step [GeV]; default: half the resolution.",
-                                      **_FINITE)
+    step_gev: Optional[float] = Field(
+        default=None, gt=0, lt=1.0e4, description="Scan step [GeV]; default: half the resolution.", **_FINITE
+    )
 
 
 class MassParams(_Params):
@@ -94,8 +100,9 @@ class MassParams(_Params):
 
 
 class AngularParams(MassParams):
-    window_sigma: float = Field(default=2.0, ge=0.5, le=5.0, description="Half-width of the signal region [σ_m].",
-                                **_FINITE)
+    window_sigma: float = Field(
+        default=2.0, ge=0.5, le=5.0, description="Half-width of the signal region [σ_m].", **_FINITE
+    )
 
 
 class NoParams(_Params):
@@ -131,54 +138,153 @@ P = Prerequisite
 ACTION_TABLE: Dict[ActionType, ActionSpec] = {
     spec.action_type: spec
     for spec in [
-        ActionSpec(ActionType.CONFIGURE_BEAM, ConfigureBeamParams, 5.0, 3.0, (),
-                   "Set √s and the pileup regime. Locked once collisions are recorded.",
-                   "cost and days per fb^-1 at this setting"),
-        ActionSpec(ActionType.ALLOCATE_LUMINOSITY, LuminosityParams, 0.0, 1.0, (P.BEAM_CONFIGURED,),
-                   "Book beam time with the machine; pays the luminosity up front.",
-                   "luminosity booked, budget left", cost_note="+ cost per fb^-1 of the beam energy × fb^-1"),
-        ActionSpec(ActionType.SET_TRIGGER, TriggerParams, 0.2, 0.5, (P.BEAM_CONFIGURED,),
-                   "Choose which events are recorded: each trigger keeps some channels.",
-                   "trigger efficiency per channel"),
-        ActionSpec(ActionType.COLLECT_COLLISIONS, LuminosityParams, 0.0, 0.0,
-                   (P.BEAM_CONFIGURED, P.TRIGGER_SET, P.LUMINOSITY_ALLOCATED),
-                   "Take booked luminosity; every channel the trigger keeps records events.",
-                   "events recorded per channel", cost_note="+ days per fb^-1 of the beam and pileup × fb^-1"),
-        ActionSpec(ActionType.CALIBRATE_DETECTOR, ChannelParams, 2.0, 5.0, (P.CHANNEL_DATA,),
-                   "Calibrate a channel's energy scale and resolution on control samples (2 levels).",
-                   "calibration level, residual scale uncertainty, resolution"),
-        ActionSpec(ActionType.RECONSTRUCT_TRACKS, ReconstructParams, 0.0, 0.0, (P.CHANNEL_DATA,),
-                   "Reconstruct and select a channel's events at a chosen quality.",
-                   "selected events, resolution",
-                   cost_note="+ " + ", ".join(f"{r.name} {r.cost_musd:g} M$/{r.days:g} d"
-                                              for r in RECONSTRUCTIONS.values())),
-        ActionSpec(ActionType.SELECT_CHANNEL, ChannelParams, 0.0, 0.1, (),
-                   "Choose the decay channel the analysis works on.", "recorded events in that channel"),
-        ActionSpec(ActionType.BUILD_INVARIANT_MASS, SpectrumParams, 0.1, 0.5, (P.CHANNEL_SELECTED, P.RECONSTRUCTED),
-                   "Histogram the selected channel's invariant mass.", "events, bins, range, expected resolution"),
-        ActionSpec(ActionType.SUBTRACT_BACKGROUND, BackgroundParams, 0.1, 1.0, (P.SPECTRUM_BUILT,),
-                   "Fit the smooth background and measure the excess over it.",
-                   "observed, expected and excess events in the signal region; largest excess"),
-        ActionSpec(ActionType.FIT_RESONANCE, FitParams, 0.2, 1.0, (P.SPECTRUM_BUILT,),
-                   "Extended binned likelihood fit, signal (Breit–Wigner ⊗ Gauss) + background.",
-                   "mass ± stat. error, width, signal yield ± error, fit χ²/ndf"),
-        ActionSpec(ActionType.SCAN_BUMP, ScanParams, 0.2, 1.0, (P.SPECTRUM_BUILT,),
-                   "Local-significance scan over the window.", "best mass, best local Z, candidate masses"),
-        ActionSpec(ActionType.MEASURE_ANGULAR, AngularParams, 0.3, 2.0, (P.SPECTRUM_BUILT,),
-                   "cos θ* of signal-region events; likelihood of spin 0, 1, 2.",
-                   "relative likelihood per allowed spin, best spin, separation"),
-        ActionSpec(ActionType.ESTIMATE_SIGNIFICANCE, MassParams, 0.2, 1.0, (P.SPECTRUM_BUILT,),
-                   "Profile-likelihood significance at a mass, with the look-elsewhere effect.",
-                   "q0, local Z, global Z, trials factor, systematics included?"),
-        ActionSpec(ActionType.REQUEST_SYSTEMATICS, NoParams, 1.0, 5.0, (P.SPECTRUM_BUILT,),
-                   "Evaluate systematic uncertainties of the selected channel; later significances include them.",
-                   "energy-scale, resolution, luminosity and spurious-signal uncertainties"),
-        ActionSpec(ActionType.REQUEST_THEORY_REVIEW, MassParams, 0.5, 7.0, (P.FIT_DONE,),
-                   "Ask theorists: allowed spins (Landau–Yang), and the luminosity for an expected 5σ at the "
-                   "fitted yield.",
-                   "allowed spins, luminosity for 5σ, background per fb^-1 under the peak"),
-        ActionSpec(ActionType.SUBMIT_DISCOVERY_CLAIM, DiscoveryClaim, 0.0, 0.0, (),
-                   "End the campaign with a claim (a discovery, or that nothing is there).", "the grade"),
+        ActionSpec(
+            ActionType.CONFIGURE_BEAM,
+            ConfigureBeamParams,
+            5.0,
+            3.0,
+            (),
+            "Set √s and the pileup regime. Locked once collisions are recorded.",
+            "cost and days per fb^-1 at this setting",
+        ),
+        ActionSpec(
+            ActionType.ALLOCATE_LUMINOSITY,
+            LuminosityParams,
+            0.0,
+            1.0,
+            (P.BEAM_CONFIGURED,),
+            "Book beam time with the machine; pays the luminosity up front.",
+            "luminosity booked, budget left",
+            cost_note="+ cost per fb^-1 of the beam energy × fb^-1",
+        ),
+        ActionSpec(
+            ActionType.SET_TRIGGER,
+            TriggerParams,
+            0.2,
+            0.5,
+            (P.BEAM_CONFIGURED,),
+            "Choose which events are recorded: each trigger keeps some channels.",
+            "trigger efficiency per channel",
+        ),
+        ActionSpec(
+            ActionType.COLLECT_COLLISIONS,
+            LuminosityParams,
+            0.0,
+            0.0,
+            (P.BEAM_CONFIGURED, P.TRIGGER_SET, P.LUMINOSITY_ALLOCATED),
+            "Take booked luminosity; every channel the trigger keeps records events.",
+            "events recorded per channel",
+            cost_note="+ days per fb^-1 of the beam and pileup × fb^-1",
+        ),
+        ActionSpec(
+            ActionType.CALIBRATE_DETECTOR,
+            ChannelParams,
+            2.0,
+            5.0,
+            (P.CHANNEL_DATA,),
+            "Calibrate a channel's energy scale and resolution on control samples (2 levels).",
+            "calibration level, residual scale uncertainty, resolution",
+        ),
+        ActionSpec(
+            ActionType.RECONSTRUCT_TRACKS,
+            ReconstructParams,
+            0.0,
+            0.0,
+            (P.CHANNEL_DATA,),
+            "Reconstruct and select a channel's events at a chosen quality.",
+            "selected events, resolution",
+            cost_note="+ " + ", ".join(f"{r.name} {r.cost_musd:g} M$/{r.days:g} d" for r in RECONSTRUCTIONS.values()),
+        ),
+        ActionSpec(
+            ActionType.SELECT_CHANNEL,
+            ChannelParams,
+            0.0,
+            0.1,
+            (),
+            "Choose the decay channel the analysis works on.",
+            "recorded events in that channel",
+        ),
+        ActionSpec(
+            ActionType.BUILD_INVARIANT_MASS,
+            SpectrumParams,
+            0.1,
+            0.5,
+            (P.CHANNEL_SELECTED, P.RECONSTRUCTED),
+            "Histogram the selected channel's invariant mass.",
+            "events, bins, range, expected resolution",
+        ),
+        ActionSpec(
+            ActionType.SUBTRACT_BACKGROUND,
+            BackgroundParams,
+            0.1,
+            1.0,
+            (P.SPECTRUM_BUILT,),
+            "Fit the smooth background and measure the excess over it.",
+            "observed, expected and excess events in the signal region; largest excess",
+        ),
+        ActionSpec(
+            ActionType.FIT_RESONANCE,
+            FitParams,
+            0.2,
+            1.0,
+            (P.SPECTRUM_BUILT,),
+            "Extended binned likelihood fit, signal (Breit–Wigner ⊗ Gauss) + background.",
+            "mass ± stat. error, width, signal yield ± error, fit χ²/ndf",
+        ),
+        ActionSpec(
+            ActionType.SCAN_BUMP,
+            ScanParams,
+            0.2,
+            1.0,
+            (P.SPECTRUM_BUILT,),
+            "Local-significance scan over the window.",
+            "best mass, best local Z, candidate masses",
+        ),
+        ActionSpec(
+            ActionType.MEASURE_ANGULAR,
+            AngularParams,
+            0.3,
+            2.0,
+            (P.SPECTRUM_BUILT,),
+            "cos θ* of signal-region events; likelihood of spin 0, 1, 2.",
+            "relative likelihood per allowed spin, best spin, separation",
+        ),
+        ActionSpec(
+            ActionType.ESTIMATE_SIGNIFICANCE,
+            MassParams,
+            0.2,
+            1.0,
+            (P.SPECTRUM_BUILT,),
+            "Profile-likelihood significance at a mass, with the look-elsewhere effect.",
+            "q0, local Z, global Z, trials factor, systematics included?",
+        ),
+        ActionSpec(
+            ActionType.REQUEST_SYSTEMATICS,
+            NoParams,
+            1.0,
+            5.0,
+            (P.SPECTRUM_BUILT,),
+            "Evaluate systematic uncertainties of the selected channel; later significances include them.",
+            "energy-scale, resolution, luminosity and spurious-signal uncertainties",
+        ),
+        ActionSpec(
+            ActionType.REQUEST_THEORY_REVIEW,
+            MassParams,
+            0.5,
+            7.0,
+            (P.FIT_DONE,),
+            "Ask theorists: allowed spins (Landau–Yang), and the luminosity for an expected 5σ at the fitted yield.",
+            "allowed spins, luminosity for 5σ, background per fb^-1 under the peak",
+        ),
+        ActionSpec(
+            ActionType.SUBMIT_DISCOVERY_CLAIM,
+            DiscoveryClaim,
+            0.0,
+            0.0,
+            (),
+            "End the campaign with a claim (a discovery, or that nothing is there).",
+            "the grade",
+        ),
     ]
 }
 assert set(ACTION_TABLE) == set(ActionType), "every ActionType needs a row in ACTION_TABLE"
@@ -214,6 +320,8 @@ def render_action_table_markdown() -> str:
     for spec in ACTION_TABLE.values():
         cost = f"{spec.cost_musd:g} M$, {spec.time_days:g} d" + (f" {spec.cost_note}" if spec.cost_note else "")
         needs = ", ".join(p.value for p in spec.prerequisites) or "—"
-        rows.append(f"| `{spec.action_type.value}` | {_parameter_summary(spec.params)} | {cost} | {needs} | "
-                    f"{markdown_cell(spec.summary)} Returns: {markdown_cell(spec.returns)}. |")
+        rows.append(
+            f"| `{spec.action_type.value}` | {_parameter_summary(spec.params)} | {cost} | {needs} | "
+            f"{markdown_cell(spec.summary)} Returns: {markdown_cell(spec.returns)}. |"
+        )
     return "\n".join(rows)

@@ -101,6 +101,7 @@ def rice_density(spectrum, fit: BackgroundFit, masses_gev: np.ndarray) -> np.nda
     also holds for coarse bins, σ(m) and the window edges, where profiling sharpens Z(m)."""
     from cernenv.physics.likelihood import template
     from cernenv.physics.scan import gaussian_bin_fractions
+
     masses = np.asarray(masses_gev, dtype=float)
     tmpl = template(spectrum.edges_gev, spectrum.sqrt_s_tev)
     sigma = resolutions_on_grid(spectrum.resolution_gev, masses)
@@ -108,8 +109,9 @@ def rice_density(spectrum, fit: BackgroundFit, masses_gev: np.ndarray) -> np.nda
     sig_up = resolutions_on_grid(spectrum.resolution_gev, masses + step)
     sig_down = resolutions_on_grid(spectrum.resolution_gev, masses - step)
     templ = gaussian_bin_fractions(tmpl, masses, sigma)
-    deriv = (gaussian_bin_fractions(tmpl, masses + step, sig_up)
-             - gaussian_bin_fractions(tmpl, masses - step, sig_down)) / (2.0 * step[:, None])
+    deriv = (
+        gaussian_bin_fractions(tmpl, masses + step, sig_up) - gaussian_bin_fractions(tmpl, masses - step, sig_down)
+    ) / (2.0 * step[:, None])
     mu, jac = _background_jacobian(spectrum, fit)
     w = 1.0 / np.maximum(mu, 1e-12)
     info = (jac * w) @ jac.T
@@ -157,8 +159,14 @@ def default_scan_step(spectrum) -> float:
 
 def bump_scan(spectrum, grid_gev: np.ndarray, background: BackgroundFit) -> BumpScan:
     """Local significance of a narrow resonance at every mass of `grid_gev` (`scan_local_significance`)."""
-    return scan_local_significance(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev, spectrum.resolution_gev,
-                                   grid_gev, background=background)
+    return scan_local_significance(
+        spectrum.edges_gev,
+        spectrum.counts,
+        spectrum.sqrt_s_tev,
+        spectrum.resolution_gev,
+        grid_gev,
+        background=background,
+    )
 
 
 def default_bump_scan(spectrum, background: Optional[BackgroundFit] = None) -> BumpScan:
@@ -173,15 +181,22 @@ def spurious_signal_events(spectrum, mass_gev: float, background: BackgroundFit)
     return SPURIOUS_SIGNAL_STAT_FRACTION * float(np.sqrt(background_under_peak(spectrum, mass_gev, sigma, background)))
 
 
-def local_significance(spectrum, mass_gev: float, spurious_events: float, background: BackgroundFit
-                       ) -> LocalSignificance:
+def local_significance(
+    spectrum, mass_gev: float, spurious_events: float, background: BackgroundFit
+) -> LocalSignificance:
     """Profile-likelihood local significance, mass floated within ±2σ_m of `mass_gev`."""
     sigma = float(spectrum.resolution_gev(mass_gev))
     half = PEAK_HALF_WIDTH_SIGMA * sigma
     return profile_likelihood_significance(
-        spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev, sigma, mass_gev,
-        spurious_signal_events=spurious_events, mass_bounds_gev=(mass_gev - half, mass_gev + half),
-        background=background)
+        spectrum.edges_gev,
+        spectrum.counts,
+        spectrum.sqrt_s_tev,
+        sigma,
+        mass_gev,
+        spurious_signal_events=spurious_events,
+        mass_bounds_gev=(mass_gev - half, mass_gev + half),
+        background=background,
+    )
 
 
 @dataclass(frozen=True)
@@ -198,9 +213,14 @@ class GlobalSignificance:
     upcrossings_source: str  # "scan" or "analytic"
 
 
-def global_significance(spectrum, mass_gev: float, local: LocalSignificance, background: BackgroundFit,
-                        scan_z: Optional[np.ndarray] = None, scan_grid_gev: Optional[np.ndarray] = None
-                        ) -> GlobalSignificance:
+def global_significance(
+    spectrum,
+    mass_gev: float,
+    local: LocalSignificance,
+    background: BackgroundFit,
+    scan_z: Optional[np.ndarray] = None,
+    scan_grid_gev: Optional[np.ndarray] = None,
+) -> GlobalSignificance:
     """Local and look-elsewhere-corrected significance at `mass_gev` given its profile-likelihood
     `local` significance; `scan_z` (with its `scan_grid_gev`) from a bump scan of the same
     spectrum, else the analytic upcrossing count."""
@@ -233,8 +253,10 @@ def global_significance(spectrum, mass_gev: float, local: LocalSignificance, bac
     masses = np.linspace(edges[0], edges[-1], int(np.ceil((edges[-1] - edges[0]) / step)) + 1)
     res = resolutions_on_grid(spectrum.resolution_gev, masses)
     centres = 0.5 * (edges[1:] + edges[:-1])
-    b_at = (cum[np.searchsorted(centres, masses + PEAK_HALF_WIDTH_SIGMA * res, side="right")]
-            - cum[np.searchsorted(centres, masses - PEAK_HALF_WIDTH_SIGMA * res, side="left")])
+    b_at = (
+        cum[np.searchsorted(centres, masses + PEAK_HALF_WIDTH_SIGMA * res, side="right")]
+        - cum[np.searchsorted(centres, masses - PEAK_HALF_WIDTH_SIGMA * res, side="left")]
+    )
     dense = b_at >= LOW_COUNT_BACKGROUND
     nodes = np.linspace(edges[0], edges[-1], RICE_NODES)
     node_dense = np.interp(nodes, masses, dense.astype(float)) > 0.5
@@ -261,14 +283,25 @@ def global_significance(spectrum, mass_gev: float, local: LocalSignificance, bac
     log_p_global = min(float(np.logaddexp.reduce(log_terms)), 0.0)
     z_global = min(max(z_from_log_p(log_p_global), 0.0), z_local) if log_p_global < 0 else 0.0
     return GlobalSignificance(
-        z_local=z_local, p_local=float(np.exp(log_p_local)), local_method=method, z_global=z_global,
-        p_global=float(np.exp(log_p_global)), trials_factor=float(np.exp(log_p_global - log_p_local)),
-        upcrossings_z1=n_ref, upcrossings_source=source)
+        z_local=z_local,
+        p_local=float(np.exp(log_p_local)),
+        local_method=method,
+        z_global=z_global,
+        p_global=float(np.exp(log_p_global)),
+        trials_factor=float(np.exp(log_p_global - log_p_local)),
+        upcrossings_z1=n_ref,
+        upcrossings_source=source,
+    )
 
 
-def significance(spectrum, mass_gev: float, with_systematics: bool, scan: Optional[BumpScan] = None,
-                 background: Optional[BackgroundFit] = None, local: Optional[LocalSignificance] = None
-                 ) -> Dict[str, Any]:
+def significance(
+    spectrum,
+    mass_gev: float,
+    with_systematics: bool,
+    scan: Optional[BumpScan] = None,
+    background: Optional[BackgroundFit] = None,
+    local: Optional[LocalSignificance] = None,
+) -> Dict[str, Any]:
     """What `estimate_significance` reports at `mass_gev` (and what the grader uses, with
     systematics and without a scan). `background` and `local` may be passed when already
     computed (they must be `background_fit(spectrum)` and `local_significance(...)` with the
@@ -277,9 +310,21 @@ def significance(spectrum, mass_gev: float, with_systematics: bool, scan: Option
     if local is None:
         spurious = spurious_signal_events(spectrum, mass_gev, background) if with_systematics else 0.0
         local = local_significance(spectrum, mass_gev, spurious, background)
-    result = global_significance(spectrum, mass_gev, local, background,
-                                 scan_z=None if scan is None else np.asarray(scan.z_local),
-                                 scan_grid_gev=None if scan is None else np.asarray(scan.mass_grid_gev))
-    return {"q0": local.q0, "z_local": result.z_local, "p_local": result.p_local,
-            "local_p_method": result.local_method, "z_global": result.z_global, "p_global": result.p_global,
-            "trials_factor": result.trials_factor, "upcrossings_source": result.upcrossings_source}
+    result = global_significance(
+        spectrum,
+        mass_gev,
+        local,
+        background,
+        scan_z=None if scan is None else np.asarray(scan.z_local),
+        scan_grid_gev=None if scan is None else np.asarray(scan.mass_grid_gev),
+    )
+    return {
+        "q0": local.q0,
+        "z_local": result.z_local,
+        "p_local": result.p_local,
+        "local_p_method": result.local_method,
+        "z_global": result.z_global,
+        "p_global": result.p_global,
+        "trials_factor": result.trials_factor,
+        "upcrossings_source": result.upcrossings_source,
+    }

@@ -43,15 +43,18 @@ def action_payload(action: Any) -> Dict[str, Any]:
     try:
         json.dumps(action)
     except (TypeError, ValueError):
-        raise TypeError(f"cannot send a {type(action).__name__} to the server: an action is an ExperimentAction, "
-                        "a JSON object or a JSON value") from None
+        raise TypeError(
+            f"cannot send a {type(action).__name__} to the server: an action is an ExperimentAction, "
+            "a JSON object or a JSON value"
+        ) from None
     return {RAW_ACTION_KEY: action}
 
 
 def parse_observation(payload: Dict[str, Any]) -> CollisionObservation:
     """The observation in a reset or step reply (OpenEnv sends `reward` and `done` beside it)."""
     return CollisionObservation.model_validate(
-        {**payload.get("observation", {}), "reward": payload.get("reward"), "done": payload.get("done", False)})
+        {**payload.get("observation", {}), "reward": payload.get("reward"), "done": payload.get("done", False)}
+    )
 
 
 class CERNEnvClient(EnvClient[ExperimentAction, CollisionObservation, CernState]):
@@ -63,8 +66,9 @@ class CERNEnvClient(EnvClient[ExperimentAction, CollisionObservation, CernState]
 
     def _parse_result(self, payload: Dict[str, Any]) -> StepResult[CollisionObservation]:
         observation = parse_observation(payload)
-        return StepResult(observation=observation, reward=observation.reward, done=observation.done,
-                          metadata=payload.get("metadata"))
+        return StepResult(
+            observation=observation, reward=observation.reward, done=observation.done, metadata=payload.get("metadata")
+        )
 
     def _parse_state(self, payload: Dict[str, Any]) -> CernState:
         return CernState.model_validate(payload)

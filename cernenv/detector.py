@@ -211,8 +211,9 @@ def mass_resolution_gev(channel: Channel, mass_gev, calibration_level: int, reco
     return rel * mass_gev
 
 
-def expected_background_events(channel: Channel, edges_gev: np.ndarray, sqrt_s_tev: float,
-                               luminosity_fb: float) -> np.ndarray:
+def expected_background_events(
+    channel: Channel, edges_gev: np.ndarray, sqrt_s_tev: float, luminosity_fb: float
+) -> np.ndarray:
     """Expected background per mass bin before trigger and reconstruction efficiencies."""
     from cernenv.physics.shapes import background_density, integrate_bins, simpson_nodes
 
@@ -220,8 +221,9 @@ def expected_background_events(channel: Channel, edges_gev: np.ndarray, sqrt_s_t
     density = background_density(nodes, sqrt_s_tev, channel.background_p1, channel.background_p2)
     # Normalised at the reference mass at the same √s: the energy dependence of the
     # rate comes from `cross_section_scale` alone, the shape from x = m/√s.
-    at_reference = background_density(np.array([channel.reference_mass_gev]), sqrt_s_tev,
-                                      channel.background_p1, channel.background_p2)[0]
+    at_reference = background_density(
+        np.array([channel.reference_mass_gev]), sqrt_s_tev, channel.background_p1, channel.background_p2
+    )[0]
     per_bin = integrate_bins(density, edges_gev) / at_reference
     scale = cross_section_scale(channel.reference_mass_gev, sqrt_s_tev, channel.background_production)
     return channel.background_per_fb_per_gev * scale * luminosity_fb * per_bin

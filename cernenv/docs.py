@@ -58,14 +58,18 @@ def _join(values: Sequence[object]) -> str:
 
 def render_scenario_table_markdown() -> str:
     """The curated scenarios as the agent is told them: resources and options, never the particle."""
-    rows = ["| scenario | difficulty | search window [GeV] | channels | √s [TeV] | budget [M$] | "
-            "luminosity cap [fb^-1] | time [days] | max steps |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| scenario | difficulty | search window [GeV] | channels | √s [TeV] | budget [M$] | "
+        "luminosity cap [fb^-1] | time [days] | max steps |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in CURATED.values():
         lo, hi = s.search_window_gev
-        rows.append(f"| `{s.name}` | {s.difficulty} | {lo:g}–{hi:g} | {_join(s.channels)} | "
-                    f"{_join(s.beam_energies_tev)} | {s.budget_musd:g} | {s.luminosity_fb:g} | {s.time_days:g} | "
-                    f"{s.max_steps} |")
+        rows.append(
+            f"| `{s.name}` | {s.difficulty} | {lo:g}–{hi:g} | {_join(s.channels)} | "
+            f"{_join(s.beam_energies_tev)} | {s.budget_musd:g} | {s.luminosity_fb:g} | {s.time_days:g} | "
+            f"{s.max_steps} |"
+        )
     return "\n".join(rows)
 
 
@@ -129,8 +133,13 @@ def render_environment_markdown() -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cernenv.docs", description=__doc__.splitlines()[0])
-    parser.add_argument("--write", nargs="?", const=str(DEFAULT_PATH), metavar="PATH",
-                        help=f"write the Markdown to PATH (default {DEFAULT_PATH}) instead of stdout")
+    parser.add_argument(
+        "--write",
+        nargs="?",
+        const=str(DEFAULT_PATH),
+        metavar="PATH",
+        help=f"write the Markdown to PATH (default {DEFAULT_PATH}) instead of stdout",
+    )
     args = parser.parse_args(argv)
     text = render_environment_markdown()
     if args.write is None:

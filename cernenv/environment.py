@@ -124,9 +124,15 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
     def state(self) -> CernState:
         return self._state.model_copy(deep=True)
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, scenario: Optional[str] = None,
-              difficulty: Optional[str] = None, secret_salt: Optional[str] = None,
-              **kwargs: Any) -> CollisionObservation:
+    def reset(
+        self,
+        seed: Optional[int] = None,
+        episode_id: Optional[str] = None,
+        scenario: Optional[str] = None,
+        difficulty: Optional[str] = None,
+        secret_salt: Optional[str] = None,
+        **kwargs: Any,
+    ) -> CollisionObservation:
         """Start a campaign. Same `seed` (and scenario/difficulty, and secret) → same hidden world.
 
         `secret_salt` is an evaluation secret mixed, with the environment's own (the
@@ -144,9 +150,13 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         recorder = CollisionRecorder(chosen.search_window_gev, chosen.channels, chosen.truth, rng)
         episode_id = episode_id or str(uuid.uuid4())
         self._episode = _Episode(scenario=chosen, seed=int(seed), recorder=recorder, episode_id=episode_id)
-        self._state = CernState(episode_id=episode_id, step_count=0, scenario_name=chosen.name,
-                                difficulty=chosen.difficulty,
-                                reward_components={name: 0.0 for name in COMPONENT_NAMES})
+        self._state = CernState(
+            episode_id=episode_id,
+            step_count=0,
+            scenario_name=chosen.name,
+            difficulty=chosen.difficulty,
+            reward_components={name: 0.0 for name in COMPONENT_NAMES},
+        )
         self._episode.latest_result = {"message": "campaign started: configure the beam"}
         return self._observation(reward=0.0, breakdown={}, violations=[])
 
@@ -172,8 +182,13 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             result = self._execute(parsed.action_type, params)
             redundancy_key = self._redundancy_key(parsed.action_type, result)
             if redundancy_key in episode.seen_actions:
-                violations.append(str(RuleViolation(Violation.REDUNDANT_ACTION,
-                                                    "same action and parameters on unchanged data: same result")))
+                violations.append(
+                    str(
+                        RuleViolation(
+                            Violation.REDUNDANT_ACTION, "same action and parameters on unchanged data: same result"
+                        )
+                    )
+                )
                 breakdown["redundancy"] = REDUNDANCY_PENALTY
             episode.seen_actions.add(redundancy_key)
             episode.latest_result = {"action": label, **result}
@@ -184,8 +199,10 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             episode.latest_result = {"action": label, "error": str(violation)}
             episode.history.append(f"{label}: {violation.code.value}")
         except Exception as error:  # a bug must not take the episode down; report it as a violation
-            violations.append(f"{Violation.INVALID_PARAMETERS.value}: could not run {label}: "
-                              f"{type(error).__name__}: {str(error)[:200]}")
+            violations.append(
+                f"{Violation.INVALID_PARAMETERS.value}: could not run {label}: "
+                f"{type(error).__name__}: {str(error)[:200]}"
+            )
             breakdown["violations"] = VIOLATION_PENALTY
             episode.latest_result = {"action": label, "error": violations[-1]}
             episode.history.append(f"{label}: failed")
@@ -250,8 +267,12 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
 
     def _charge(self, cost_musd: float, time_days: float) -> None:
         episode = self._episode
-        check_resources(cost_musd, time_days, episode.scenario.budget_musd - episode.budget_used_musd,
-                        episode.scenario.time_days - episode.time_used_days)
+        check_resources(
+            cost_musd,
+            time_days,
+            episode.scenario.budget_musd - episode.budget_used_musd,
+            episode.scenario.time_days - episode.time_used_days,
+        )
         # within the rounding tolerance of check_resources, never past the totals
         episode.budget_used_musd = min(episode.budget_used_musd + cost_musd, episode.scenario.budget_musd)
         episode.time_used_days = min(episode.time_used_days + time_days, episode.scenario.time_days)
@@ -273,8 +294,10 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
 
     def _require_option(self, kind: str, value: Any, options: Tuple[Any, ...]) -> None:
         if value not in options:
-            raise RuleViolation(Violation.UNAVAILABLE_OPTION,
-                                f"{kind} {value!r} is not available in this task; choose one of {list(options)}")
+            raise RuleViolation(
+                Violation.UNAVAILABLE_OPTION,
+                f"{kind} {value!r} is not available in this task; choose one of {list(options)}",
+            )
 
     # Actions ---------------------------------------------------------------------------
 
@@ -297,22 +320,30 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         energy = float(params.beam_energy_tev)
         self._require_option("beam_energy_tev", energy, episode.scenario.beam_energies_tev)
         if episode.luminosity_fb > 0:
-            raise RuleViolation(Violation.BEAM_LOCKED, "collisions are already recorded at "
-                                f"{episode.beam_energy_tev:g} TeV; one campaign runs at one beam setting")
+            raise RuleViolation(
+                Violation.BEAM_LOCKED,
+                "collisions are already recorded at "
+                f"{episode.beam_energy_tev:g} TeV; one campaign runs at one beam setting",
+            )
         self._charge_table(ActionType.CONFIGURE_BEAM)
         episode.beam_energy_tev, episode.pileup = energy, params.pileup
         beam, pileup = BEAM_ENERGIES[energy], PILEUP_SETTINGS[params.pileup]
-        return {"beam_energy_tev": energy, "pileup": params.pileup,
-                "cost_musd_per_fb": beam.cost_musd_per_fb,
-                "days_per_fb": _r(beam.days_per_fb / pileup.luminosity_rate_factor)}
+        return {
+            "beam_energy_tev": energy,
+            "pileup": params.pileup,
+            "cost_musd_per_fb": beam.cost_musd_per_fb,
+            "days_per_fb": _r(beam.days_per_fb / pileup.luminosity_rate_factor),
+        }
 
     def _do_allocate_luminosity(self, params) -> Dict[str, Any]:
         episode = self._episode
         requested = float(params.luminosity_fb)
         left = episode.scenario.luminosity_fb - episode.luminosity_fb - episode.booked_fb
         if requested > left + 1e-9:
-            raise RuleViolation(Violation.LUMINOSITY_LIMIT,
-                                f"only {left:.4g} fb^-1 of the campaign's {episode.scenario.luminosity_fb:g} are left")
+            raise RuleViolation(
+                Violation.LUMINOSITY_LIMIT,
+                f"only {left:.4g} fb^-1 of the campaign's {episode.scenario.luminosity_fb:g} are left",
+            )
         cost = requested * BEAM_ENERGIES[episode.beam_energy_tev].cost_musd_per_fb
         self._charge_table(ActionType.ALLOCATE_LUMINOSITY, extra_musd=cost)
         episode.booked_fb += requested
@@ -324,21 +355,24 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         self._charge_table(ActionType.SET_TRIGGER)
         episode.trigger = params.trigger
         factor = PILEUP_SETTINGS[episode.pileup].trigger_efficiency_factor
-        return {"trigger": params.trigger,
-                "efficiency": {ch: _r(TRIGGERS[params.trigger].get(ch, 0.0) * factor)
-                               for ch in episode.scenario.channels}}
+        return {
+            "trigger": params.trigger,
+            "efficiency": {ch: _r(TRIGGERS[params.trigger].get(ch, 0.0) * factor) for ch in episode.scenario.channels},
+        }
 
     def _do_collect_collisions(self, params) -> Dict[str, Any]:
         episode = self._episode
         requested = float(params.luminosity_fb)
         if requested > episode.booked_fb + 1e-9:
-            raise RuleViolation(Violation.NOT_ENOUGH_BOOKED,
-                                f"{episode.booked_fb:.4g} fb^-1 booked; allocate_luminosity for more")
+            raise RuleViolation(
+                Violation.NOT_ENOUGH_BOOKED, f"{episode.booked_fb:.4g} fb^-1 booked; allocate_luminosity for more"
+            )
         days = requested * BEAM_ENERGIES[episode.beam_energy_tev].days_per_fb
         days /= PILEUP_SETTINGS[episode.pileup].luminosity_rate_factor
         self._charge_table(ActionType.COLLECT_COLLISIONS, extra_days=days)
-        recorded = episode.recorder.collect(requested, episode.beam_energy_tev, episode.pileup,
-                                            TRIGGERS[episode.trigger])
+        recorded = episode.recorder.collect(
+            requested, episode.beam_energy_tev, episode.pileup, TRIGGERS[episode.trigger]
+        )
         episode.booked_fb -= requested
         episode.luminosity_fb += requested
         episode.data_version += 1
@@ -350,14 +384,18 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         episode = self._episode
         record = episode.recorder.records[params.channel]
         if record.calibration_level >= MAX_CALIBRATION_LEVEL:
-            raise RuleViolation(Violation.FULLY_CALIBRATED,
-                                f"{params.channel} is already at the highest calibration level")
+            raise RuleViolation(
+                Violation.FULLY_CALIBRATED, f"{params.channel} is already at the highest calibration level"
+            )
         self._charge_table(ActionType.CALIBRATE_DETECTOR)
         record.calibration_level += 1
         episode.data_version += 1
-        return {"channel": params.channel, "calibration_level": record.calibration_level,
-                "energy_scale_uncertainty_frac": _r(self._scale_uncertainty(params.channel)),
-                "resolution_at_window_centre_gev": _r(self._resolution(params.channel))}
+        return {
+            "channel": params.channel,
+            "calibration_level": record.calibration_level,
+            "energy_scale_uncertainty_frac": _r(self._scale_uncertainty(params.channel)),
+            "resolution_at_window_centre_gev": _r(self._resolution(params.channel)),
+        }
 
     def _do_reconstruct_tracks(self, params) -> Dict[str, Any]:
         episode = self._episode
@@ -367,8 +405,11 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         if record.reconstruction != params.quality:
             episode.data_version += 1  # re-running the same reconstruction changes no data
         record.reconstruction = params.quality
-        return {"channel": params.channel, "quality": params.quality,
-                "resolution_at_window_centre_gev": _r(self._resolution(params.channel))}
+        return {
+            "channel": params.channel,
+            "quality": params.quality,
+            "resolution_at_window_centre_gev": _r(self._resolution(params.channel)),
+        }
 
     def _do_select_channel(self, params) -> Dict[str, Any]:
         episode = self._episode
@@ -378,8 +419,12 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             episode.spectrum = episode.background_fit = None
             episode.resonance_fit = episode.scan = None
         record = episode.recorder.records[params.channel]
-        return {"channel": params.channel, "luminosity_fb": _r(record.luminosity_fb),
-                "recorded_events": record.recorded_events, "reconstructed": record.reconstruction is not None}
+        return {
+            "channel": params.channel,
+            "luminosity_fb": _r(record.luminosity_fb),
+            "recorded_events": record.recorded_events,
+            "reconstructed": record.reconstruction is not None,
+        }
 
     def _do_build_invariant_mass(self, params) -> Dict[str, Any]:
         episode = self._episode
@@ -387,22 +432,29 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         lo = max(lo_window, params.mass_min_gev or lo_window)
         hi = min(hi_window, params.mass_max_gev or hi_window)
         if hi <= lo:
-            raise RuleViolation(Violation.INVALID_PARAMETERS,
-                                f"the range must overlap the search window [{lo_window:g}, {hi_window:g}] GeV")
+            raise RuleViolation(
+                Violation.INVALID_PARAMETERS,
+                f"the range must overlap the search window [{lo_window:g}, {hi_window:g}] GeV",
+            )
         finest = float(self._record_resolution(episode.channel, lo))
         width = params.bin_width_gev or self._default_bin_width(episode.channel, lo, hi)
         if width > finest * 1.0001:
-            raise RuleViolation(Violation.INVALID_PARAMETERS,
-                                f"bin_width_gev {width:.4g} is wider than the mass resolution {finest:.4g} GeV at "
-                                f"{lo:g} GeV: a narrow peak would be lost in one bin; choose bins ≤ {finest:.4g} GeV")
+            raise RuleViolation(
+                Violation.INVALID_PARAMETERS,
+                f"bin_width_gev {width:.4g} is wider than the mass resolution {finest:.4g} GeV at "
+                f"{lo:g} GeV: a narrow peak would be lost in one bin; choose bins ≤ {finest:.4g} GeV",
+            )
         n_bins = (hi - lo) / width
         if not MIN_SPECTRUM_BINS <= n_bins <= MAX_SPECTRUM_BINS:
-            raise RuleViolation(Violation.INVALID_PARAMETERS,
-                                f"{n_bins:.0f} bins; choose bin_width_gev between {(hi - lo) / MAX_SPECTRUM_BINS:.3g} "
-                                f"and {(hi - lo) / MIN_SPECTRUM_BINS:.3g} GeV")
+            raise RuleViolation(
+                Violation.INVALID_PARAMETERS,
+                f"{n_bins:.0f} bins; choose bin_width_gev between {(hi - lo) / MAX_SPECTRUM_BINS:.3g} "
+                f"and {(hi - lo) / MIN_SPECTRUM_BINS:.3g} GeV",
+            )
         self._charge_table(ActionType.BUILD_INVARIANT_MASS)
-        spectrum = episode.recorder.build_spectrum(episode.channel, (lo, hi), width, episode.beam_energy_tev,
-                                                   episode.pileup)
+        spectrum = episode.recorder.build_spectrum(
+            episode.channel, (lo, hi), width, episode.beam_energy_tev, episode.pileup
+        )
         if episode.spectrum is None or episode.spectrum.fit_key != spectrum.fit_key:
             episode.data_version += 1  # the same histogram again is the same data
         episode.spectrum, episode.background_fit = spectrum, None
@@ -410,10 +462,15 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         episode.milestones.add("spectrum_built")
         counts, edges = spectrum.counts, spectrum.edges_gev
         peak = int(np.argmax(counts / np.diff(edges)))
-        return {"channel": episode.channel, "events": int(counts.sum()), "bins": int(counts.size),
-                "range_gev": [_r(edges[0]), _r(edges[-1])], "bin_width_gev": _r(edges[1] - edges[0]),
-                "resolution_at_window_centre_gev": _r(self._resolution(episode.channel)),
-                "densest_bin_gev": _r(0.5 * (edges[peak] + edges[peak + 1]))}
+        return {
+            "channel": episode.channel,
+            "events": int(counts.sum()),
+            "bins": int(counts.size),
+            "range_gev": [_r(edges[0]), _r(edges[-1])],
+            "bin_width_gev": _r(edges[1] - edges[0]),
+            "resolution_at_window_centre_gev": _r(self._resolution(episode.channel)),
+            "densest_bin_gev": _r(0.5 * (edges[peak] + edges[peak + 1])),
+        }
 
     def _do_subtract_background(self, params) -> Dict[str, Any]:
         episode = self._episode
@@ -427,21 +484,33 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             if mask.sum() < 6:
                 raise RuleViolation(Violation.INVALID_PARAMETERS, "the signal region leaves too few sideband bins")
         self._charge_table(ActionType.SUBTRACT_BACKGROUND)
-        fit = (fit_background_only(edges, counts, spectrum.sqrt_s_tev, mask=mask) if params.method == "sideband"
-               else self._background_only(spectrum))
+        fit = (
+            fit_background_only(edges, counts, spectrum.sqrt_s_tev, mask=mask)
+            if params.method == "sideband"
+            else self._background_only(spectrum)
+        )
         expected = analysis.background_expectation(fit, edges, spectrum.sqrt_s_tev)
         episode.background_fit = fit
         residual = (counts - expected) / np.sqrt(np.maximum(expected, 1.0))
         worst = int(np.argmax(residual))
-        result: Dict[str, Any] = {"method": params.method, "background_fit_converged": bool(fit.converged),
-                                  "largest_excess_gev": _r(centres[worst]),
-                                  "largest_excess_bin_pull": _r(residual[worst], 3)}
+        result: Dict[str, Any] = {
+            "method": params.method,
+            "background_fit_converged": bool(fit.converged),
+            "largest_excess_gev": _r(centres[worst]),
+            "largest_excess_bin_pull": _r(residual[worst], 3),
+        }
         if region is not None:
             inside = (centres >= region[0]) & (centres <= region[1])
             observed, background = float(counts[inside].sum()), float(expected[inside].sum())
-            result.update({"signal_region_gev": [_r(region[0]), _r(region[1])], "observed": int(observed),
-                           "expected_background": _r(background), "excess": _r(observed - background),
-                           "excess_error": _r(np.sqrt(max(observed, 1.0)))})
+            result.update(
+                {
+                    "signal_region_gev": [_r(region[0]), _r(region[1])],
+                    "observed": int(observed),
+                    "expected_background": _r(background),
+                    "excess": _r(observed - background),
+                    "excess_error": _r(np.sqrt(max(observed, 1.0))),
+                }
+            )
         return result
 
     def _do_fit_resonance(self, params) -> Dict[str, Any]:
@@ -451,28 +520,46 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         start = params.mass_hint_gev or (episode.scan.best_mass_gev if episode.scan else None)
         if start is None:
             counts = spectrum.counts
-            background = (analysis.background_expectation(episode.background_fit, edges, spectrum.sqrt_s_tev)
-                          if episode.background_fit else np.median(counts))
+            background = (
+                analysis.background_expectation(episode.background_fit, edges, spectrum.sqrt_s_tev)
+                if episode.background_fit
+                else np.median(counts)
+            )
             centres = 0.5 * (edges[:-1] + edges[1:])
             start = float(centres[int(np.argmax(counts - background))])
         if not edges[0] < start < edges[-1]:
-            raise RuleViolation(Violation.INVALID_PARAMETERS,
-                                f"mass_hint_gev must lie in the spectrum [{edges[0]:g}, {edges[-1]:g}] GeV")
+            raise RuleViolation(
+                Violation.INVALID_PARAMETERS,
+                f"mass_hint_gev must lie in the spectrum [{edges[0]:g}, {edges[-1]:g}] GeV",
+            )
         self._charge_table(ActionType.FIT_RESONANCE)
         resolution = float(spectrum.resolution_gev(start))
         window_width = edges[-1] - edges[0]
-        fit = fit_signal_plus_background(edges, spectrum.counts, spectrum.sqrt_s_tev, resolution, start,
-                                         max_width_gev=(0.25 * window_width if params.float_width else 0.0),
-                                         background=self._background_only(spectrum))
+        fit = fit_signal_plus_background(
+            edges,
+            spectrum.counts,
+            spectrum.sqrt_s_tev,
+            resolution,
+            start,
+            max_width_gev=(0.25 * window_width if params.float_width else 0.0),
+            background=self._background_only(spectrum),
+        )
         episode.resonance_fit = fit
         episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
         episode.milestones.add("resonance_fitted")
-        return {"mass_gev": _r(fit.mass_gev, 6), "mass_err_gev": _r(fit.mass_err_gev, 3),
-                "width_gev": _r(fit.width_gev, 3), "width_err_gev": _r(fit.width_err_gev, 3),
-                "signal_yield": _r(fit.signal_yield), "signal_yield_err": _r(fit.signal_yield_err, 3),
-                "background_yield": _r(fit.background_yield), "resolution_gev": _r(resolution, 3),
-                "chi2_per_ndof": _r(fit.chi2 / max(fit.ndof, 1), 3), "fit_p_value": _r(fit.fit_p_value, 3),
-                "converged": bool(fit.converged)}
+        return {
+            "mass_gev": _r(fit.mass_gev, 6),
+            "mass_err_gev": _r(fit.mass_err_gev, 3),
+            "width_gev": _r(fit.width_gev, 3),
+            "width_err_gev": _r(fit.width_err_gev, 3),
+            "signal_yield": _r(fit.signal_yield),
+            "signal_yield_err": _r(fit.signal_yield_err, 3),
+            "background_yield": _r(fit.background_yield),
+            "resolution_gev": _r(resolution, 3),
+            "chi2_per_ndof": _r(fit.chi2 / max(fit.ndof, 1), 3),
+            "fit_p_value": _r(fit.fit_p_value, 3),
+            "converged": bool(fit.converged),
+        }
 
     def _do_scan_bump(self, params) -> Dict[str, Any]:
         episode = self._episode
@@ -481,18 +568,24 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         step = params.step_gev or analysis.default_scan_step(spectrum)  # grid ≤ σ_m/2: no peak missed
         n_points = int((edges[-1] - edges[0]) / step)
         if not 5 <= n_points <= 400:
-            raise RuleViolation(Violation.INVALID_PARAMETERS,
-                                f"{n_points} scan points; choose step_gev between {(edges[-1] - edges[0]) / 400:.3g} "
-                                f"and {(edges[-1] - edges[0]) / 5:.3g} GeV")
+            raise RuleViolation(
+                Violation.INVALID_PARAMETERS,
+                f"{n_points} scan points; choose step_gev between {(edges[-1] - edges[0]) / 400:.3g} "
+                f"and {(edges[-1] - edges[0]) / 5:.3g} GeV",
+            )
         self._charge_table(ActionType.SCAN_BUMP)
         grid = analysis.scan_grid(edges, step)
         scan = analysis.bump_scan(spectrum, grid, self._background_only(spectrum))
         episode.scan = scan
         episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
         episode.candidates_gev = [_r(m, 5) for m in scan.candidates_gev]
-        return {"best_mass_gev": _r(scan.best_mass_gev, 5), "best_z_local": _r(scan.best_z_local, 3),
-                "candidates_gev": episode.candidates_gev, "points": int(len(grid)),
-                "upcrossings_z1": int(count_upcrossings(np.asarray(scan.z_local), 1.0))}
+        return {
+            "best_mass_gev": _r(scan.best_mass_gev, 5),
+            "best_z_local": _r(scan.best_z_local, 3),
+            "candidates_gev": episode.candidates_gev,
+            "points": int(len(grid)),
+            "upcrossings_z1": int(count_upcrossings(np.asarray(scan.z_local), 1.0)),
+        }
 
     def _do_measure_angular(self, params) -> Dict[str, Any]:
         episode = self._episode
@@ -501,25 +594,35 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         half = params.window_sigma * sigma
         cos_counts = spectrum.cos_counts(params.mass_gev - half, params.mass_gev + half)
         if cos_counts.sum() < 5:
-            raise RuleViolation(Violation.INVALID_PARAMETERS,
-                                f"only {int(cos_counts.sum())} events within ±{params.window_sigma:g}σ of "
-                                f"{params.mass_gev:g} GeV; pick the candidate mass or widen window_sigma")
+            raise RuleViolation(
+                Violation.INVALID_PARAMETERS,
+                f"only {int(cos_counts.sum())} events within ±{params.window_sigma:g}σ of "
+                f"{params.mass_gev:g} GeV; pick the candidate mass or widen window_sigma",
+            )
         self._charge_table(ActionType.MEASURE_ANGULAR)
-        result = spin_likelihoods(cos_counts, spectrum.channel,
-                                  signal_fraction=self._fitted_signal_fraction(params.mass_gev, half, cos_counts.sum()))
-        return {"mass_gev": _r(params.mass_gev), "events": int(cos_counts.sum()),
-                "allowed_spins": list(allowed_spins(spectrum.channel)),
-                "relative_likelihood": {f"spin_{j}": _r(p, 3) for j, p in result.relative_likelihood.items()},
-                "best_spin": int(result.best_spin), "separation_2dlnl": _r(result.separation, 3),
-                "signal_fraction": _r(result.signal_fraction, 3)}
+        result = spin_likelihoods(
+            cos_counts,
+            spectrum.channel,
+            signal_fraction=self._fitted_signal_fraction(params.mass_gev, half, cos_counts.sum()),
+        )
+        return {
+            "mass_gev": _r(params.mass_gev),
+            "events": int(cos_counts.sum()),
+            "allowed_spins": list(allowed_spins(spectrum.channel)),
+            "relative_likelihood": {f"spin_{j}": _r(p, 3) for j, p in result.relative_likelihood.items()},
+            "best_spin": int(result.best_spin),
+            "separation_2dlnl": _r(result.separation, 3),
+            "signal_fraction": _r(result.signal_fraction, 3),
+        }
 
     def _do_estimate_significance(self, params) -> Dict[str, Any]:
         episode = self._episode
         spectrum = episode.spectrum
         edges = spectrum.edges_gev
         if not edges[0] < params.mass_gev < edges[-1]:
-            raise RuleViolation(Violation.INVALID_PARAMETERS,
-                                f"mass_gev must lie in the spectrum [{edges[0]:g}, {edges[-1]:g}] GeV")
+            raise RuleViolation(
+                Violation.INVALID_PARAMETERS, f"mass_gev must lie in the spectrum [{edges[0]:g}, {edges[-1]:g}] GeV"
+            )
         self._charge_table(ActionType.ESTIMATE_SIGNIFICANCE)
         with_systematics = spectrum.channel in episode.systematics
         result = self._significance(spectrum, params.mass_gev, with_systematics, scan=episode.scan)
@@ -555,12 +658,15 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         lumi = spectrum.luminosity_fb
         needed = lumi * (5.0 / z_now) ** 2 if z_now > 0 else None
         narrow = fit.width_gev < 2.0 * max(fit.width_err_gev, 1e-9) or fit.width_gev < 0.5 * sigma
-        return {"channel": spectrum.channel, "allowed_spins": list(allowed_spins(spectrum.channel)),
-                "landau_yang": spectrum.channel == "diphoton",
-                "expected_z_at_current_yield": _r(z_now, 3),
-                "luminosity_for_expected_5sigma_fb": _r(needed, 3),
-                "background_per_fb_under_peak": _r(background / max(lumi, 1e-12), 3),
-                "width_consistent_with_resolution": bool(narrow)}
+        return {
+            "channel": spectrum.channel,
+            "allowed_spins": list(allowed_spins(spectrum.channel)),
+            "landau_yang": spectrum.channel == "diphoton",
+            "expected_z_at_current_yield": _r(z_now, 3),
+            "luminosity_for_expected_5sigma_fb": _r(needed, 3),
+            "background_per_fb_under_peak": _r(background / max(lumi, 1e-12), 3),
+            "width_consistent_with_resolution": bool(narrow),
+        }
 
     def _do_submit_discovery_claim(self, claim: DiscoveryClaim) -> Dict[str, Any]:
         components = self._grade(claim)
@@ -572,8 +678,15 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         """Mass resolution [GeV] of `channel` at `mass_gev` in its current detector state."""
         episode = self._episode
         record = episode.recorder.records[channel]
-        return float(mass_resolution_gev(record.channel, mass_gev, record.calibration_level,
-                                         record.reconstruction or "standard", episode.pileup or "nominal"))
+        return float(
+            mass_resolution_gev(
+                record.channel,
+                mass_gev,
+                record.calibration_level,
+                record.reconstruction or "standard",
+                episode.pileup or "nominal",
+            )
+        )
 
     def _default_bin_width(self, channel: str, lo_gev: float, hi_gev: float) -> float:
         """Half the resolution at the window centre, with 20 to 100 bins, never wider than the
@@ -617,25 +730,35 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         """The background-only fit of `spectrum`, fitted once and reused by every action."""
         return self._cached_fit(("background_only", spectrum.fit_key), lambda: analysis.background_fit(spectrum))
 
-    def _background_under_peak(self, spectrum: Spectrum, mass_gev: float, sigma_gev: float,
-                               background=None) -> float:
-        return analysis.background_under_peak(spectrum, mass_gev, sigma_gev,
-                                              background or self._background_only(spectrum))
+    def _background_under_peak(self, spectrum: Spectrum, mass_gev: float, sigma_gev: float, background=None) -> float:
+        return analysis.background_under_peak(
+            spectrum, mass_gev, sigma_gev, background or self._background_only(spectrum)
+        )
 
-    def _significance(self, spectrum: Spectrum, mass_gev: float, with_systematics: bool,
-                      scan: Optional[Any]) -> Dict[str, Any]:
+    def _significance(
+        self, spectrum: Spectrum, mass_gev: float, with_systematics: bool, scan: Optional[Any]
+    ) -> Dict[str, Any]:
         """`cernenv.analysis.significance` at `mass_gev`, with the episode's cached fits; `scan`: a
         bump scan of this spectrum (its upcrossings), or None (the analytic count)."""
         background = self._background_only(spectrum)
         spurious = analysis.spurious_signal_events(spectrum, mass_gev, background) if with_systematics else 0.0
-        local = self._cached_fit(("local_significance", spectrum.fit_key, float(mass_gev), float(spurious)),
-                                 lambda: analysis.local_significance(spectrum, mass_gev, spurious, background))
+        local = self._cached_fit(
+            ("local_significance", spectrum.fit_key, float(mass_gev), float(spurious)),
+            lambda: analysis.local_significance(spectrum, mass_gev, spurious, background),
+        )
         result = analysis.significance(spectrum, mass_gev, with_systematics, scan, background, local)
-        return {"mass_gev": _r(mass_gev), "q0": _r(result["q0"], 4), "z_local": _r(result["z_local"], 3),
-                "p_local": _r(result["p_local"], 3), "local_p_method": result["local_p_method"],
-                "z_global": _r(result["z_global"], 3), "p_global": _r(result["p_global"], 3),
-                "trials_factor": _r(result["trials_factor"], 3), "upcrossings_source": result["upcrossings_source"],
-                "systematics_included": bool(with_systematics)}
+        return {
+            "mass_gev": _r(mass_gev),
+            "q0": _r(result["q0"], 4),
+            "z_local": _r(result["z_local"], 3),
+            "p_local": _r(result["p_local"], 3),
+            "local_p_method": result["local_p_method"],
+            "z_global": _r(result["z_global"], 3),
+            "p_global": _r(result["p_global"], 3),
+            "trials_factor": _r(result["trials_factor"], 3),
+            "upcrossings_source": result["upcrossings_source"],
+            "systematics_included": bool(with_systematics),
+        }
 
     def _grade(self, claim: Optional[DiscoveryClaim]) -> Dict[str, float]:
         """Terminal components; ends the episode and fills the grading fields of the state."""
@@ -646,14 +769,22 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             lo, hi = episode.scenario.search_window_gev
             if record.luminosity_fb > 0 and lo < claim.mass_gev < hi:
                 reference = episode.recorder.build_spectrum(
-                    claim.channel, (lo, hi), self._default_bin_width(claim.channel, lo, hi),
-                    episode.beam_energy_tev, episode.pileup)
+                    claim.channel,
+                    (lo, hi),
+                    self._default_bin_width(claim.channel, lo, hi),
+                    episode.beam_energy_tev,
+                    episode.pileup,
+                )
                 result = self._significance(reference, claim.mass_gev, True, None)
                 z_local, z_global = result["z_local"] or 0.0, result["z_global"] or 0.0
         grade = grade_claim(
-            claim, episode.scenario.hidden_truth(), reference_z_local=z_local, reference_z_global=z_global,
+            claim,
+            episode.scenario.hidden_truth(),
+            reference_z_local=z_local,
+            reference_z_global=z_global,
             luminosity_analysed_fraction=episode.analysed_luminosity_fb / episode.scenario.luminosity_fb,
-            budget_left_fraction=1.0 - episode.budget_used_musd / episode.scenario.budget_musd)
+            budget_left_fraction=1.0 - episode.budget_used_musd / episode.scenario.budget_musd,
+        )
         episode.done = True
         episode.terminal_components = dict(grade.components)
         state = self._state
@@ -661,7 +792,10 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         state.discovered = grade.discovered
         state.correct_outcome = grade.correct_outcome
         state.correct_mass, state.correct_channel, state.correct_spin = (
-            grade.correct_mass, grade.correct_channel, grade.correct_spin)
+            grade.correct_mass,
+            grade.correct_channel,
+            grade.correct_spin,
+        )
         episode.latest_result["reference_z_local"] = _r(z_local, 3)
         episode.latest_result["reference_z_global"] = _r(z_global, 3)
         return grade.components
@@ -676,11 +810,18 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             for name, value in breakdown.items():
                 self._state.reward_components[name] = self._state.reward_components.get(name, 0.0) + value
         task = TaskInfo(
-            campaign_type="curated" if scenario.curated else "procedural", difficulty=scenario.difficulty,
-            problem_statement=scenario.summary, search_window_gev=scenario.search_window_gev,
-            available_channels=list(scenario.channels), available_triggers=list(scenario.triggers),
-            available_beam_energies_tev=list(scenario.beam_energies_tev), budget_total_musd=scenario.budget_musd,
-            luminosity_total_fb=scenario.luminosity_fb, time_total_days=scenario.time_days, max_steps=self.max_steps)
+            campaign_type="curated" if scenario.curated else "procedural",
+            difficulty=scenario.difficulty,
+            problem_statement=scenario.summary,
+            search_window_gev=scenario.search_window_gev,
+            available_channels=list(scenario.channels),
+            available_triggers=list(scenario.triggers),
+            available_beam_energies_tev=list(scenario.beam_energies_tev),
+            budget_total_musd=scenario.budget_musd,
+            luminosity_total_fb=scenario.luminosity_fb,
+            time_total_days=scenario.time_days,
+            max_steps=self.max_steps,
+        )
         usage = ResourceUsage(
             budget_used_musd=_r(episode.budget_used_musd, 6),
             budget_remaining_musd=_r(scenario.budget_musd - episode.budget_used_musd, 6),
@@ -688,18 +829,36 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             luminosity_remaining_fb=_r(scenario.luminosity_fb - episode.luminosity_fb, 6),
             luminosity_allocated_fb=_r(episode.booked_fb, 6),
             time_used_days=_r(episode.time_used_days, 6),
-            time_remaining_days=_r(scenario.time_days - episode.time_used_days, 6))
-        data = {name: ChannelData(luminosity_fb=_r(rec.luminosity_fb, 6), recorded_events=rec.recorded_events,
-                                  calibration_level=rec.calibration_level, reconstruction=rec.reconstruction)
-                for name, rec in episode.recorder.records.items() if rec.luminosity_fb > 0}
+            time_remaining_days=_r(scenario.time_days - episode.time_used_days, 6),
+        )
+        data = {
+            name: ChannelData(
+                luminosity_fb=_r(rec.luminosity_fb, 6),
+                recorded_events=rec.recorded_events,
+                calibration_level=rec.calibration_level,
+                reconstruction=rec.reconstruction,
+            )
+            for name, rec in episode.recorder.records.items()
+            if rec.luminosity_fb > 0
+        }
         return CollisionObservation(
-            task=task, step_index=self._state.step_count, resource_usage=usage,
-            selected_beam_energy_tev=episode.beam_energy_tev, selected_pileup=episode.pileup,
-            selected_trigger=episode.trigger, selected_channel=episode.channel, data_collected=data,
-            latest_result=dict(episode.latest_result), candidate_masses_gev=list(episode.candidates_gev),
+            task=task,
+            step_index=self._state.step_count,
+            resource_usage=usage,
+            selected_beam_energy_tev=episode.beam_energy_tev,
+            selected_pileup=episode.pileup,
+            selected_trigger=episode.trigger,
+            selected_channel=episode.channel,
+            data_collected=data,
+            latest_result=dict(episode.latest_result),
+            candidate_masses_gev=list(episode.candidates_gev),
             cumulative_significance=_r(episode.best_significance, 3) or 0.0,
-            pipeline_history=episode.history[-HISTORY_LENGTH:], rule_violations=violations,
-            reward_breakdown=dict(breakdown), done=episode.done, reward=float(reward))
+            pipeline_history=episode.history[-HISTORY_LENGTH:],
+            rule_violations=violations,
+            reward_breakdown=dict(breakdown),
+            done=episode.done,
+            reward=float(reward),
+        )
 
 
 def _check_salt(secret_salt: Optional[str]) -> Optional[str]:
@@ -707,8 +866,10 @@ def _check_salt(secret_salt: Optional[str]) -> Optional[str]:
     if secret_salt is None:
         return None
     if not isinstance(secret_salt, str) or not secret_salt:
-        raise ValueError("secret_salt must be a non-empty string (or None for no evaluation secret), "
-                         f"got {type(secret_salt).__name__}")
+        raise ValueError(
+            "secret_salt must be a non-empty string (or None for no evaluation secret), "
+            f"got {type(secret_salt).__name__}"
+        )
     return secret_salt
 
 
@@ -717,8 +878,9 @@ def field_table(model) -> str:
     for name, info in model.model_fields.items():
         if name == "metadata":
             continue
-        rows.append(f"| `{name}` | {markdown_cell(type_label(info.annotation))} | "
-                    f"{markdown_cell(info.description or '')} |")
+        rows.append(
+            f"| `{name}` | {markdown_cell(type_label(info.annotation))} | {markdown_cell(info.description or '')} |"
+        )
     return "\n".join(rows)
 
 

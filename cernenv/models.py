@@ -51,17 +51,28 @@ class DiscoveryClaim(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     discovered: bool = Field(description="True: a new resonance exists in the search window; False: nothing there.")
-    mass_gev: Optional[float] = Field(default=None, gt=0, lt=1.0e5, allow_inf_nan=False,
-                                      description="Claimed mass [GeV]; required when discovered.")
+    mass_gev: Optional[float] = Field(
+        default=None, gt=0, lt=1.0e5, allow_inf_nan=False, description="Claimed mass [GeV]; required when discovered."
+    )
     mass_uncertainty_gev: Optional[float] = Field(
-        default=None, gt=0, lt=1.0e5, allow_inf_nan=False,
-        description="One-sigma uncertainty on the mass [GeV]; required when discovered.")
+        default=None,
+        gt=0,
+        lt=1.0e5,
+        allow_inf_nan=False,
+        description="One-sigma uncertainty on the mass [GeV]; required when discovered.",
+    )
     channel: Optional[str] = Field(default=None, max_length=40, description="Decay channel in which it was seen.")
     spin: Optional[int] = Field(default=None, ge=0, le=2, description="Claimed spin J (0, 1 or 2).")
-    significance_sigma: float = Field(default=0.0, ge=0, le=1000, allow_inf_nan=False,
-                                      description="Claimed global significance [standard deviations].")
-    confidence: float = Field(ge=0, le=1, allow_inf_nan=False,
-                              description="Probability the agent gives that this claim is correct.")
+    significance_sigma: float = Field(
+        default=0.0,
+        ge=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="Claimed global significance [standard deviations].",
+    )
+    confidence: float = Field(
+        ge=0, le=1, allow_inf_nan=False, description="Probability the agent gives that this claim is correct."
+    )
 
     @field_validator("mass_uncertainty_gev")
     @classmethod
@@ -82,8 +93,9 @@ class TaskInfo(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    campaign_type: str = Field(description="curated or procedural (a curated campaign's name is withheld: "
-                                           "it would give the answer away).")
+    campaign_type: str = Field(
+        description="curated or procedural (a curated campaign's name is withheld: it would give the answer away)."
+    )
     difficulty: str
     problem_statement: str
     search_window_gev: Tuple[float, float]
@@ -126,26 +138,32 @@ class CollisionObservation(Observation):
 
     task: TaskInfo = Field(description="The problem statement and the options of this campaign.")
     step_index: int = Field(default=0, description="Steps taken so far.")
-    resource_usage: ResourceUsage = Field(default_factory=ResourceUsage,
-                                          description="Budget [M$], luminosity [fb^-1] and time [days] used and left.")
+    resource_usage: ResourceUsage = Field(
+        default_factory=ResourceUsage, description="Budget [M$], luminosity [fb^-1] and time [days] used and left."
+    )
     selected_beam_energy_tev: Optional[float] = Field(default=None, description="Beam energy √s [TeV].")
     selected_pileup: Optional[str] = Field(default=None, description="Pileup regime: low, nominal or high.")
     selected_trigger: Optional[str] = Field(default=None, description="Trigger recording collisions now.")
     selected_channel: Optional[str] = Field(default=None, description="Decay channel under analysis.")
     data_collected: Dict[str, ChannelData] = Field(
-        default_factory=dict, description="Per channel: luminosity, events, calibration, reconstruction.")
-    latest_result: Dict[str, Any] = Field(default_factory=dict,
-                                          description="Numeric summary of the last action's result.")
-    candidate_masses_gev: List[float] = Field(default_factory=list,
-                                              description="Local excesses from the last bump scan [GeV].")
-    cumulative_significance: float = Field(default=0.0,
-                                           description="Best global significance measured so far [sigma].")
-    pipeline_history: List[str] = Field(default_factory=list,
-                                        description="The last actions and their status (ok or a violation code).")
-    rule_violations: List[str] = Field(default_factory=list,
-                                       description="'CODE: what to do' for each rule the last action broke.")
-    reward_breakdown: Dict[str, float] = Field(default_factory=dict,
-                                               description="The last step's reward, component by component.")
+        default_factory=dict, description="Per channel: luminosity, events, calibration, reconstruction."
+    )
+    latest_result: Dict[str, Any] = Field(
+        default_factory=dict, description="Numeric summary of the last action's result."
+    )
+    candidate_masses_gev: List[float] = Field(
+        default_factory=list, description="Local excesses from the last bump scan [GeV]."
+    )
+    cumulative_significance: float = Field(default=0.0, description="Best global significance measured so far [sigma].")
+    pipeline_history: List[str] = Field(
+        default_factory=list, description="The last actions and their status (ok or a violation code)."
+    )
+    rule_violations: List[str] = Field(
+        default_factory=list, description="'CODE: what to do' for each rule the last action broke."
+    )
+    reward_breakdown: Dict[str, float] = Field(
+        default_factory=dict, description="The last step's reward, component by component."
+    )
 
 
 class CernState(State):
@@ -157,9 +175,11 @@ class CernState(State):
     terminal_reward: Optional[float] = None
     discovered: Optional[bool] = None
     correct_outcome: Optional[bool] = Field(
-        default=None, description="A supported discovery at the right mass, or a well-founded null claim.")
+        default=None, description="A supported discovery at the right mass, or a well-founded null claim."
+    )
     correct_mass: Optional[bool] = None
     correct_channel: Optional[bool] = None
     correct_spin: Optional[bool] = None
-    reward_components: Dict[str, float] = Field(default_factory=dict,
-                                                description="Episode total of each reward component.")
+    reward_components: Dict[str, float] = Field(
+        default_factory=dict, description="Episode total of each reward component."
+    )

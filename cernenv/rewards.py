@@ -45,29 +45,57 @@ MAX_CLAIM_UNCERTAINTY_FRAC = 0.05
 NULL_EVIDENCE_LUMINOSITY_FRACTION = 0.25
 
 REWARD_COMPONENTS: Tuple[RewardComponent, ...] = (
-    RewardComponent("milestones", "step", (0.0, MILESTONE_REWARD),
-                    f"+{MILESTONE_REWARD} the first time each of {', '.join(MILESTONES)} happens."),
-    RewardComponent("violations", "step", (VIOLATION_PENALTY, 0.0),
-                    f"{VIOLATION_PENALTY} for an action the rules reject (it does not run)."),
-    RewardComponent("redundancy", "step", (REDUNDANCY_PENALTY, 0.0),
-                    f"{REDUNDANCY_PENALTY} for repeating an action with the same parameters on unchanged data."),
-    RewardComponent("outcome", "terminal", (FALSE_DISCOVERY, CORRECT_DISCOVERY),
-                    f"{CORRECT_DISCOVERY:+g} correct discovery (right mass, own data ≥ {EVIDENCE_Z_LOCAL:g}σ local); "
-                    f"{CORRECT_NULL:+g} correct null, scaled by the luminosity analysed (full at "
-                    f"{NULL_EVIDENCE_LUMINOSITY_FRACTION:.0%} of the cap); {FALSE_DISCOVERY:+g} false discovery; "
-                    f"{WRONG_MASS_DISCOVERY:+g} discovery at a wrong mass; {MISSED_DISCOVERY:+g} missed; "
-                    f"{NO_CLAIM:+g} no claim; 0 for a right guess without evidence."),
-    RewardComponent("mass", "terminal", (-0.5, 1.0),
-                    f"+1 if |m_claim − m_true| ≤ 2·√(σ_claim² + (0.001 m)²) with σ_claim ≤ "
-                    f"{MAX_CLAIM_UNCERTAINTY_FRAC:.0%} of m; else −0.5. Mass, channel and spin are graded "
-                    "for discoveries of a real particle that the agent's data support; else 0."),
+    RewardComponent(
+        "milestones",
+        "step",
+        (0.0, MILESTONE_REWARD),
+        f"+{MILESTONE_REWARD} the first time each of {', '.join(MILESTONES)} happens.",
+    ),
+    RewardComponent(
+        "violations",
+        "step",
+        (VIOLATION_PENALTY, 0.0),
+        f"{VIOLATION_PENALTY} for an action the rules reject (it does not run).",
+    ),
+    RewardComponent(
+        "redundancy",
+        "step",
+        (REDUNDANCY_PENALTY, 0.0),
+        f"{REDUNDANCY_PENALTY} for repeating an action with the same parameters on unchanged data.",
+    ),
+    RewardComponent(
+        "outcome",
+        "terminal",
+        (FALSE_DISCOVERY, CORRECT_DISCOVERY),
+        f"{CORRECT_DISCOVERY:+g} correct discovery (right mass, own data ≥ {EVIDENCE_Z_LOCAL:g}σ local); "
+        f"{CORRECT_NULL:+g} correct null, scaled by the luminosity analysed (full at "
+        f"{NULL_EVIDENCE_LUMINOSITY_FRACTION:.0%} of the cap); {FALSE_DISCOVERY:+g} false discovery; "
+        f"{WRONG_MASS_DISCOVERY:+g} discovery at a wrong mass; {MISSED_DISCOVERY:+g} missed; "
+        f"{NO_CLAIM:+g} no claim; 0 for a right guess without evidence.",
+    ),
+    RewardComponent(
+        "mass",
+        "terminal",
+        (-0.5, 1.0),
+        f"+1 if |m_claim − m_true| ≤ 2·√(σ_claim² + (0.001 m)²) with σ_claim ≤ "
+        f"{MAX_CLAIM_UNCERTAINTY_FRAC:.0%} of m; else −0.5. Mass, channel and spin are graded "
+        "for discoveries of a real particle that the agent's data support; else 0.",
+    ),
     RewardComponent("channel", "terminal", (-0.25, 0.5), "+0.5 right decay channel, −0.25 wrong."),
     RewardComponent("spin", "terminal", (-0.25, 0.5), "+0.5 right spin, −0.25 wrong, 0 not claimed."),
-    RewardComponent("significance_calibration", "terminal", (-2.0, 0.0),
-                    "−0.5 per σ that the claimed significance exceeds the reference analysis's global Z "
-                    "(with systematics) by more than 1σ; at most −2."),
-    RewardComponent("confidence_calibration", "terminal", (-0.5, 0.5),
-                    "0.5·(1 − 2·(confidence − correct)²): a Brier score, so honest confidence pays best."),
+    RewardComponent(
+        "significance_calibration",
+        "terminal",
+        (-2.0, 0.0),
+        "−0.5 per σ that the claimed significance exceeds the reference analysis's global Z "
+        "(with systematics) by more than 1σ; at most −2.",
+    ),
+    RewardComponent(
+        "confidence_calibration",
+        "terminal",
+        (-0.5, 0.5),
+        "0.5·(1 − 2·(confidence − correct)²): a Brier score, so honest confidence pays best.",
+    ),
     RewardComponent("efficiency", "terminal", (0.0, 0.5), "+0.5 × fraction of the budget left, for a correct outcome."),
 )
 COMPONENT_NAMES = tuple(c.name for c in REWARD_COMPONENTS)
@@ -76,8 +104,9 @@ COMPONENT_NAMES = tuple(c.name for c in REWARD_COMPONENTS)
 def render_reward_table_markdown() -> str:
     rows = ["| component | paid | range | rule |", "|---|---|---|---|"]
     for c in REWARD_COMPONENTS:
-        rows.append(f"| `{c.name}` | {c.when} | [{c.value_range[0]:g}, {c.value_range[1]:g}] | "
-                    f"{markdown_cell(c.description)} |")
+        rows.append(
+            f"| `{c.name}` | {c.when} | [{c.value_range[0]:g}, {c.value_range[1]:g}] | {markdown_cell(c.description)} |"
+        )
     return "\n".join(rows)
 
 
@@ -93,13 +122,21 @@ class Grade:
 
 def mass_is_correct(claim_mass_gev: float, claim_uncertainty_gev: float, true_mass_gev: float) -> bool:
     tolerance = 2.0 * float(np.hypot(claim_uncertainty_gev, 0.001 * true_mass_gev))
-    return claim_uncertainty_gev <= MAX_CLAIM_UNCERTAINTY_FRAC * true_mass_gev and abs(
-        claim_mass_gev - true_mass_gev) <= tolerance
+    return (
+        claim_uncertainty_gev <= MAX_CLAIM_UNCERTAINTY_FRAC * true_mass_gev
+        and abs(claim_mass_gev - true_mass_gev) <= tolerance
+    )
 
 
-def grade_claim(claim: Optional[DiscoveryClaim], truth: Optional[dict], *, reference_z_local: float,
-                reference_z_global: float, luminosity_analysed_fraction: float,
-                budget_left_fraction: float) -> Grade:
+def grade_claim(
+    claim: Optional[DiscoveryClaim],
+    truth: Optional[dict],
+    *,
+    reference_z_local: float,
+    reference_z_global: float,
+    luminosity_analysed_fraction: float,
+    budget_left_fraction: float,
+) -> Grade:
     """Terminal reward components for `claim` (None: the episode ended without one).
 
     `truth` is `Scenario.hidden_truth()`; the reference significances are the environment's
@@ -109,8 +146,9 @@ def grade_claim(claim: Optional[DiscoveryClaim], truth: Optional[dict], *, refer
     exists = bool(truth and truth["exists"])
     if claim is None:
         components["outcome"] = NO_CLAIM
-        return Grade(components, False, False, False if exists else None, False if exists else None,
-                     False if exists else None)
+        return Grade(
+            components, False, False, False if exists else None, False if exists else None, False if exists else None
+        )
 
     correct_mass = correct_channel = correct_spin = None
     if exists and claim.discovered:

@@ -43,7 +43,7 @@ be used to dodge a grade; it spares a derailed policy 20 turns of refusals."""
 VIOLATION_MEANINGS: Dict[Violation, str] = {
     Violation.INVALID_ACTION: "The input is not an action: unknown `action_type` or a malformed object.",
     Violation.INVALID_PARAMETERS: "The parameters do not validate against the verb's model, or make no sense "
-                                  "for the current data (range outside the window, too many bins, ...).",
+    "for the current data (range outside the window, too many bins, ...).",
     Violation.EPISODE_DONE: "The episode has ended; call `reset()`.",
     Violation.MISSING_PREREQUISITE: "A condition the verb needs is not met (see the table below).",
     Violation.UNAVAILABLE_OPTION: "A channel, trigger or beam energy that this task does not offer.",
@@ -54,7 +54,7 @@ VIOLATION_MEANINGS: Dict[Violation, str] = {
     Violation.NOT_ENOUGH_BOOKED: "Collecting more luminosity than was booked with `allocate_luminosity`.",
     Violation.FULLY_CALIBRATED: "The channel is already at the highest calibration level.",
     Violation.REDUNDANT_ACTION: "The same action with the same parameters on unchanged data: it runs, "
-                                "but gives the same result.",
+    "but gives the same result.",
 }
 
 
@@ -66,8 +66,10 @@ PREREQUISITE_HINTS: Dict[Prerequisite, str] = {
     Prerequisite.CHANNEL_DATA: "collect_collisions with a trigger that records this channel first",
     Prerequisite.CHANNEL_SELECTED: "select_channel first",
     Prerequisite.RECONSTRUCTED: "reconstruct_tracks for the selected channel first",
-    Prerequisite.SPECTRUM_BUILT: ("build_invariant_mass first, with events in it (an empty spectrum has nothing "
-                                  "to fit: collect more luminosity, or build a wider range)"),
+    Prerequisite.SPECTRUM_BUILT: (
+        "build_invariant_mass first, with events in it (an empty spectrum has nothing "
+        "to fit: collect more luminosity, or build a wider range)"
+    ),
     Prerequisite.FIT_DONE: "fit_resonance first",
 }
 
@@ -97,38 +99,45 @@ def parse_action(raw: Any) -> Tuple[ExperimentAction, BaseModel]:
     elif isinstance(raw, dict):
         action_type = raw.get("action_type")
         if not isinstance(action_type, str) or action_type not in ActionType._value2member_map_:
-            raise RuleViolation(Violation.INVALID_ACTION,
-                                f"unknown action_type {str(action_type)[:60]!r}; use one of "
-                                f"{', '.join(a.value for a in ActionType)}")
+            raise RuleViolation(
+                Violation.INVALID_ACTION,
+                f"unknown action_type {str(action_type)[:60]!r}; use one of {', '.join(a.value for a in ActionType)}",
+            )
         try:
             action = ExperimentAction.model_validate(raw)
         except ValidationError as error:
             raise RuleViolation(Violation.INVALID_ACTION, f"malformed action: {_describe(error)}") from None
     else:
-        raise RuleViolation(Violation.INVALID_ACTION,
-                            'an action is a JSON object {"action_type": ..., "parameters": {...}}, '
-                            f"got {type(raw).__name__}")
+        raise RuleViolation(
+            Violation.INVALID_ACTION,
+            f'an action is a JSON object {{"action_type": ..., "parameters": {{...}}}}, got {type(raw).__name__}',
+        )
     spec = ACTION_TABLE[action.action_type]
     try:
         params = spec.params.model_validate(action.parameters)
     except ValidationError as error:
-        raise RuleViolation(Violation.INVALID_PARAMETERS,
-                            f"{action.action_type.value}: {_describe(error)}") from None
+        raise RuleViolation(Violation.INVALID_PARAMETERS, f"{action.action_type.value}: {_describe(error)}") from None
     return action, params
 
 
 def missing_prerequisite(action_type: ActionType, satisfied: Dict[Prerequisite, bool]) -> Optional[RuleViolation]:
     for prerequisite in ACTION_TABLE[action_type].prerequisites:
         if not satisfied[prerequisite]:
-            return RuleViolation(Violation.MISSING_PREREQUISITE,
-                                 f"{action_type.value} needs {prerequisite.value}: {PREREQUISITE_HINTS[prerequisite]}")
+            return RuleViolation(
+                Violation.MISSING_PREREQUISITE,
+                f"{action_type.value} needs {prerequisite.value}: {PREREQUISITE_HINTS[prerequisite]}",
+            )
     return None
 
 
 def check_resources(cost_musd: float, time_days: float, budget_left_musd: float, time_left_days: float) -> None:
     if cost_musd > budget_left_musd + 1e-9:
-        raise RuleViolation(Violation.INSUFFICIENT_BUDGET,
-                            f"needs {cost_musd:.4g} M$ but {budget_left_musd:.4g} M$ are left; do less, or claim")
+        raise RuleViolation(
+            Violation.INSUFFICIENT_BUDGET,
+            f"needs {cost_musd:.4g} M$ but {budget_left_musd:.4g} M$ are left; do less, or claim",
+        )
     if time_days > time_left_days + 1e-9:
-        raise RuleViolation(Violation.INSUFFICIENT_TIME,
-                            f"needs {time_days:.4g} days but {time_left_days:.4g} are left; do less, or claim")
+        raise RuleViolation(
+            Violation.INSUFFICIENT_TIME,
+            f"needs {time_days:.4g} days but {time_left_days:.4g} are left; do less, or claim",
+        )

@@ -64,8 +64,14 @@ class Scenario:
 
     def hidden_truth(self) -> Dict[str, object]:
         if self.truth is None:
-            return {"exists": False, "mass_gev": None, "width_gev": None, "spin": None,
-                    "channels": [], "cross_section_fb": 0.0}
+            return {
+                "exists": False,
+                "mass_gev": None,
+                "width_gev": None,
+                "spin": None,
+                "channels": [],
+                "cross_section_fb": 0.0,
+            }
         return {
             "exists": True,
             "mass_gev": self.truth.mass_gev,
@@ -79,8 +85,9 @@ class Scenario:
 # Higgs: m = 125.09 GeV (ATLAS+CMS, PRL 114 (2015) 191803), Γ = 4.1 MeV (SM, YR4),
 # σ(pp→H, 13 TeV) = 55.1 pb (YR4), B(γγ) = 2.27e-3, B(ZZ*→4ℓ, ℓ=e,μ) = 1.25e-4.
 _HIGGS_13TEV_FB = PRODUCTION_REFERENCES["gg"][1][13.0] * 1e3
-_HIGGS = ParticleTruth(125.09, 0.0041, 0, "gg", {"diphoton": _HIGGS_13TEV_FB * 2.27e-3,
-                                                 "four_lepton": _HIGGS_13TEV_FB * 1.25e-4})
+_HIGGS = ParticleTruth(
+    125.09, 0.0041, 0, "gg", {"diphoton": _HIGGS_13TEV_FB * 2.27e-3, "four_lepton": _HIGGS_13TEV_FB * 1.25e-4}
+)
 # Z: m = 91.1876 GeV, Γ = 2.4952 GeV (PDG); σ·B(ℓℓ) = 1.981 nb per flavour at 13 TeV
 # (ATLAS, PLB 759 (2016) 601; other energies: `detector.PRODUCTION_REFERENCES`).
 _Z_13TEV_FB = PRODUCTION_REFERENCES["qq"][1][13.0] * 1e6
@@ -90,65 +97,104 @@ CURATED: Dict[str, Scenario] = {
     s.name: s
     for s in [
         Scenario(
-            "higgs_diphoton_125", "medium",
+            "higgs_diphoton_125",
+            "medium",
             "Search for a new resonance decaying to two photons between 110 and 160 GeV; the "
             "four-lepton channel is also available. There may be a particle in the window, or nothing at all.",
-            (110.0, 160.0), ("diphoton", "four_lepton"), (13.0, 13.6),
-            budget_musd=180.0, luminosity_fb=60.0, time_days=200.0, truth=_HIGGS,
+            (110.0, 160.0),
+            ("diphoton", "four_lepton"),
+            (13.0, 13.6),
+            budget_musd=180.0,
+            luminosity_fb=60.0,
+            time_days=200.0,
+            truth=_HIGGS,
             reference="The Higgs boson: ATLAS, PLB 716 (2012) 1; CMS, PLB 716 (2012) 30.",
         ),
         Scenario(
-            "higgs_4l_125", "easy",
+            "higgs_4l_125",
+            "easy",
             "Search for a new resonance decaying to four charged leptons between 110 and 160 GeV: few "
             "events, almost no background. There may be a particle in the window, or nothing at all.",
-            (110.0, 160.0), ("four_lepton",), (13.0, 13.6),
-            budget_musd=90.0, luminosity_fb=30.0, time_days=120.0,
+            (110.0, 160.0),
+            ("four_lepton",),
+            (13.0, 13.6),
+            budget_musd=90.0,
+            luminosity_fb=30.0,
+            time_days=120.0,
             reference="H→ZZ*→4ℓ: CMS, PLB 716 (2012) 30; JHEP 11 (2017) 047.",
             truth=replace(_HIGGS, sigma_br_fb={"four_lepton": _HIGGS_13TEV_FB * 1.25e-4}),
         ),
         Scenario(
-            "z_mumu_91", "easy",
+            "z_mumu_91",
+            "easy",
             "Early-data search for a resonance decaying to a lepton pair between 60 and 120 GeV, with at "
             "most 50 pb^-1 at 7 TeV. There may be a particle in the window, or nothing at all.",
-            (60.0, 120.0), ("dimuon", "dielectron"), (7.0,),
-            budget_musd=20.0, luminosity_fb=0.05, time_days=40.0, truth=_Z,
+            (60.0, 120.0),
+            ("dimuon", "dielectron"),
+            (7.0,),
+            budget_musd=20.0,
+            luminosity_fb=0.05,
+            time_days=40.0,
+            truth=_Z,
             reference="The Z boson in CMS's first 36 pb^-1: JHEP 10 (2011) 132.",
         ),
         Scenario(
-            "zprime_dilepton_4000", "medium",
+            "zprime_dilepton_4000",
+            "medium",
             "High-mass search for a new resonance decaying to a lepton pair between 1.5 and 6 TeV. "
             "There may be a particle in the window, or nothing at all.",
-            (1500.0, 6000.0), ("dielectron", "dimuon"), (13.0, 13.6),
-            budget_musd=400.0, luminosity_fb=200.0, time_days=400.0,
+            (1500.0, 6000.0),
+            ("dielectron", "dimuon"),
+            (13.0, 13.6),
+            budget_musd=400.0,
+            luminosity_fb=200.0,
+            time_days=400.0,
             reference="A sequential-SM-like Z' (Γ/m = 3%); resolution and acceptance from ATLAS, PLB 796 (2019) "
-                      "68; σ·B set near that search's 139 fb^-1 sensitivity.",
+            "68; σ·B set near that search's 139 fb^-1 sensitivity.",
             truth=ParticleTruth(4000.0, 120.0, 1, "qq", {"dielectron": 0.12, "dimuon": 0.12}),
         ),
         Scenario(
-            "dijet_2500", "hard",
+            "dijet_2500",
+            "hard",
             "Search for a new resonance decaying to two jets between 1.5 and 4 TeV: a huge QCD "
             "continuum and 7% mass resolution. There may be a particle in the window, or nothing at all.",
-            (1500.0, 4000.0), ("dijet",), (13.0, 13.6),
-            budget_musd=200.0, luminosity_fb=80.0, time_days=200.0,
+            (1500.0, 4000.0),
+            ("dijet",),
+            (13.0, 13.6),
+            budget_musd=200.0,
+            luminosity_fb=80.0,
+            time_days=200.0,
             reference="A W'/Z'-like qq̄ resonance; resolution from CMS, JHEP 08 (2018) 130; σ·B·A near that "
-                      "search's 36 fb^-1 sensitivity.",
+            "search's 36 fb^-1 sensitivity.",
             truth=ParticleTruth(2500.0, 25.0, 1, "qq", {"dijet": 60.0}),
         ),
         Scenario(
-            "null_diphoton_750", "medium",
+            "null_diphoton_750",
+            "medium",
             "Search for a new resonance decaying to two photons between 500 and 1500 GeV. There may be "
             "a particle in the window, or nothing at all.",
-            (500.0, 1500.0), ("diphoton",), (13.0, 13.6),
-            budget_musd=150.0, luminosity_fb=60.0, time_days=200.0, truth=None,
+            (500.0, 1500.0),
+            ("diphoton",),
+            (13.0, 13.6),
+            budget_musd=150.0,
+            luminosity_fb=60.0,
+            time_days=200.0,
+            truth=None,
             reference="The 750 GeV diphoton excess of 2015 that vanished with more data: ATLAS, JHEP 09 (2016) "
-                      "001; CMS, PLB 767 (2017) 147.",
+            "001; CMS, PLB 767 (2017) 147.",
         ),
         Scenario(
-            "null_dilepton_highmass", "medium",
+            "null_dilepton_highmass",
+            "medium",
             "High-mass search for a new resonance decaying to a lepton pair between 1 and 5 TeV. There "
             "may be a particle in the window, or nothing at all.",
-            (1000.0, 5000.0), ("dielectron", "dimuon"), (13.0, 13.6),
-            budget_musd=300.0, luminosity_fb=150.0, time_days=350.0, truth=None,
+            (1000.0, 5000.0),
+            ("dielectron", "dimuon"),
+            (13.0, 13.6),
+            budget_musd=300.0,
+            luminosity_fb=150.0,
+            time_days=350.0,
+            truth=None,
             reference="The Drell–Yan tail alone: ATLAS, PLB 796 (2019) 68 saw no excess.",
         ),
     ]
@@ -279,9 +325,11 @@ DECAY_PATTERNS = ("first", "second", "both")
 gives the stronger one the target significance and the other 30-100% of its own."""
 
 PROCEDURAL_PRIOR = {
-    difficulty: {"particle_probability": 1.0 - settings.null_probability,
-                 "mass_fraction_of_window": MASS_FRACTION_RANGE,
-                 "decay_patterns": DECAY_PATTERNS}
+    difficulty: {
+        "particle_probability": 1.0 - settings.null_probability,
+        "mass_fraction_of_window": MASS_FRACTION_RANGE,
+        "decay_patterns": DECAY_PATTERNS,
+    }
     for difficulty, settings in _DIFFICULTY.items()
 }
 """What an agent may know about a procedural particle before it takes data, per difficulty:
@@ -342,8 +390,10 @@ def procedural_scenario(seed: int, difficulty: str, secret_salt: Optional[str] =
     other_fraction = float(rng.uniform(0.3, 1.0))  # of its own target strength, for the weaker of "both"
     # The signal strength is solved for every draw, particle or not: reset takes the same work.
     unit = ParticleTruth(mass, round(mass * relative_width, 3), spin, _production(spin), {})
-    needed = {ch: _sigma_br_for_target(unit, ch, 13.0, 0.7 * config.luminosity_fb, config.search_window_gev,
-                                       target_z) for ch in config.channels}
+    needed = {
+        ch: _sigma_br_for_target(unit, ch, 13.0, 0.7 * config.luminosity_fb, config.search_window_gev, target_z)
+        for ch in config.channels
+    }
     # The channel that reaches the target with the least σ·B gets it; the same operations
     # for every decay pattern (no timing difference between hidden worlds either).
     strongest = min(config.channels, key=lambda ch: needed[ch] if ch in decays_to else np.inf)
@@ -353,29 +403,45 @@ def procedural_scenario(seed: int, difficulty: str, secret_salt: Optional[str] =
     truth = particle if exists else None
 
     description = _FAMILIES[config.family].description
-    summary = (f"Search for a new resonance decaying to {description} between {lo:g} and {hi:g} GeV. "
-               "There may be a particle in the window, or nothing at all.")
+    summary = (
+        f"Search for a new resonance decaying to {description} between {lo:g} and {hi:g} GeV. "
+        "There may be a particle in the window, or nothing at all."
+    )
     return Scenario(
-        name=f"procedural_{difficulty}", difficulty=difficulty, summary=summary,
-        search_window_gev=config.search_window_gev, channels=config.channels,
-        beam_energies_tev=config.beam_energies_tev, budget_musd=config.budget_musd,
-        luminosity_fb=config.luminosity_fb, time_days=config.time_days, truth=truth, curated=False,
+        name=f"procedural_{difficulty}",
+        difficulty=difficulty,
+        summary=summary,
+        search_window_gev=config.search_window_gev,
+        channels=config.channels,
+        beam_energies_tev=config.beam_energies_tev,
+        budget_musd=config.budget_musd,
+        luminosity_fb=config.luminosity_fb,
+        time_days=config.time_days,
+        truth=truth,
+        curated=False,
     )
 
 
-def _standard_analysis(truth: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float,
-                       window_gev: Tuple[float, float]) -> Tuple[Tuple[float, ...], float]:
+def _standard_analysis(
+    truth: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float, window_gev: Tuple[float, float]
+) -> Tuple[Tuple[float, ...], float]:
     """What `expected_local_significance` multiplies σ·B by to get the signal (in order), and
     the background it counts within ±2σ of the true mass."""
     spec = CHANNELS[channel]
     sigma = mass_resolution_gev(spec, truth.mass_gev, 1, "standard", "nominal")
     half = float(np.hypot(2.0 * sigma, truth.width_gev))
     lo, hi = max(window_gev[0], truth.mass_gev - half), min(window_gev[1], truth.mass_gev + half)
-    trigger = (max(TRIGGERS[t].get(channel, 0.0) for t in TRIGGERS)
-               * PILEUP_SETTINGS["nominal"].trigger_efficiency_factor)
+    trigger = (
+        max(TRIGGERS[t].get(channel, 0.0) for t in TRIGGERS) * PILEUP_SETTINGS["nominal"].trigger_efficiency_factor
+    )
     background = float(expected_background_events(spec, np.array([lo, hi]), sqrt_s_tev, luminosity_fb)[0]) * trigger
-    factors = (cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production), luminosity_fb,
-               spec.signal_efficiency, trigger, 0.9)
+    factors = (
+        cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production),
+        luminosity_fb,
+        spec.signal_efficiency,
+        trigger,
+        0.9,
+    )
     return factors, max(background, 1e-3)
 
 
@@ -390,30 +456,38 @@ def _asimov_z(sigma_br_fb: float, factors: Tuple[float, ...], background: float)
     return float(np.sqrt(np.maximum(z2, 0.0)))
 
 
-def expected_local_significance(truth: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float,
-                                window_gev: Tuple[float, float]) -> float:
+def expected_local_significance(
+    truth: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float, window_gev: Tuple[float, float]
+) -> float:
     """Asimov expected local Z of a standard analysis (calibrated, standard reconstruction,
     nominal pileup, best trigger) counting events within ±2σ of the true mass."""
     factors, background = _standard_analysis(truth, channel, sqrt_s_tev, luminosity_fb, window_gev)
     return _asimov_z(truth.sigma_br_fb.get(channel, 0.0), factors, background)
 
 
-def _sigma_br_for_target(unit: ParticleTruth, channel: str, sqrt_s_tev: float, luminosity_fb: float,
-                         window: Tuple[float, float], target_z: float) -> float:
+def _sigma_br_for_target(
+    unit: ParticleTruth,
+    channel: str,
+    sqrt_s_tev: float,
+    luminosity_fb: float,
+    window: Tuple[float, float],
+    target_z: float,
+) -> float:
     """σ·B [fb] at which `expected_local_significance` equals `target_z` (bisection in log σ·B)."""
     factors, background = _standard_analysis(unit, channel, sqrt_s_tev, luminosity_fb, window)  # σ·B-independent
     lo, hi = -8.0, 8.0
     for _ in range(50):
         mid = 0.5 * (lo + hi)
-        if _asimov_z(10.0 ** mid, factors, background) < target_z:
+        if _asimov_z(10.0**mid, factors, background) < target_z:
             lo = mid
         else:
             hi = mid
-    return 10.0 ** hi
+    return 10.0**hi
 
 
-def make_scenario(seed: int, scenario: Optional[str] = None, difficulty: Optional[str] = None,
-                  secret_salt: Optional[str] = None) -> Scenario:
+def make_scenario(
+    seed: int, scenario: Optional[str] = None, difficulty: Optional[str] = None, secret_salt: Optional[str] = None
+) -> Scenario:
     """The scenario an episode plays: a curated one by name, else a procedural one.
 
     With neither given, the difficulty is drawn from the seed. `secret_salt` (an evaluation
@@ -421,8 +495,10 @@ def make_scenario(seed: int, scenario: Optional[str] = None, difficulty: Optiona
     if scenario is not None:
         if scenario in CURATED:
             return CURATED[scenario]
-        raise ValueError(f"unknown scenario {scenario!r}; choose one of {list_scenarios()} "
-                         "or pass difficulty='easy'|'medium'|'hard' for a procedural one")
+        raise ValueError(
+            f"unknown scenario {scenario!r}; choose one of {list_scenarios()} "
+            "or pass difficulty='easy'|'medium'|'hard' for a procedural one"
+        )
     if difficulty is None:
         difficulty = DIFFICULTIES[seed % 3]
     return procedural_scenario(seed, difficulty, secret_salt)

@@ -64,8 +64,10 @@ class ChannelRecord:
     @property
     def recorded_events(self) -> int:
         if self._recorded is None or self._recorded[0] != self.luminosity_fb:  # the data change with it
-            self._recorded = (self.luminosity_fb, int(self.background_counts.sum() / _LOOSEST_BACKGROUND)
-                              + int(self.signal_true_mass_gev.size))
+            self._recorded = (
+                self.luminosity_fb,
+                int(self.background_counts.sum() / _LOOSEST_BACKGROUND) + int(self.signal_true_mass_gev.size),
+            )
         return self._recorded[1]
 
     def selected_background(self, reconstruction: str) -> np.ndarray:
@@ -77,8 +79,9 @@ class ChannelRecord:
             kept_fraction = RECONSTRUCTIONS[reconstruction].background_efficiency_factor / _LOOSEST_BACKGROUND
             background = self.background_counts
             if kept_fraction < 1.0:
-                thin_rng = np.random.default_rng([self.selection_seed, list(RECONSTRUCTIONS).index(reconstruction),
-                                                  key[1]])
+                thin_rng = np.random.default_rng(
+                    [self.selection_seed, list(RECONSTRUCTIONS).index(reconstruction), key[1]]
+                )
                 background = thin_rng.binomial(background, kept_fraction)
             self._selected = (key, background)
         return self._selected[1]
@@ -109,12 +112,20 @@ class Spectrum:
     def fit_key(self) -> tuple:
         """Everything a fit of the mass spectrum depends on (binning, counts, √s and the detector
         state that sets the resolution): two spectra with equal keys give identical fits."""
-        return (self.channel, self.sqrt_s_tev, self.calibration_level, self.reconstruction, self.pileup,
-                self.edges_gev.tobytes(), self.counts.tobytes())
+        return (
+            self.channel,
+            self.sqrt_s_tev,
+            self.calibration_level,
+            self.reconstruction,
+            self.pileup,
+            self.edges_gev.tobytes(),
+            self.counts.tobytes(),
+        )
 
     def resolution_gev(self, mass_gev):
-        return mass_resolution_gev(CHANNELS[self.channel], mass_gev, self.calibration_level,
-                                   self.reconstruction, self.pileup)
+        return mass_resolution_gev(
+            CHANNELS[self.channel], mass_gev, self.calibration_level, self.reconstruction, self.pileup
+        )
 
     def cos_counts(self, mass_lo_gev: float, mass_hi_gev: float) -> np.ndarray:
         """|cos θ*| counts of events with reconstructed mass in [lo, hi) (whole bins)."""
@@ -126,8 +137,13 @@ class Spectrum:
 class CollisionRecorder:
     """The episode's recorded data, channel by channel."""
 
-    def __init__(self, window_gev: Tuple[float, float], channels: Tuple[str, ...], truth: Optional[ParticleTruth],
-                 rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        window_gev: Tuple[float, float],
+        channels: Tuple[str, ...],
+        truth: Optional[ParticleTruth],
+        rng: np.random.Generator,
+    ) -> None:
         self.window_gev = window_gev
         self.fine_edges_gev = np.linspace(window_gev[0], window_gev[1], N_FINE_BINS + 1)
         self.truth = truth
@@ -142,8 +158,9 @@ class CollisionRecorder:
                 selection_seed=int(rng.integers(2**31)),
             )
 
-    def collect(self, luminosity_fb: float, sqrt_s_tev: float, pileup: str,
-                trigger_efficiency: Dict[str, float]) -> Dict[str, int]:
+    def collect(
+        self, luminosity_fb: float, sqrt_s_tev: float, pileup: str, trigger_efficiency: Dict[str, float]
+    ) -> Dict[str, int]:
         """Record `luminosity_fb` of collisions; returns the events recorded per channel."""
         recorded: Dict[str, int] = {}
         pileup_factor = PILEUP_SETTINGS[pileup].trigger_efficiency_factor
@@ -153,8 +170,9 @@ class CollisionRecorder:
                 continue
             spec = record.channel
             background = expected_background_events(spec, self.fine_edges_gev, sqrt_s_tev, luminosity_fb)
-            expected = np.outer(background * efficiency * _LOOSEST_BACKGROUND,
-                                background_angular_probabilities(name, N_COS_BINS))
+            expected = np.outer(
+                background * efficiency * _LOOSEST_BACKGROUND, background_angular_probabilities(name, N_COS_BINS)
+            )
             before = record.recorded_events
             record.background_counts += self.rng.poisson(expected)
             self._record_signal(record, luminosity_fb, sqrt_s_tev, efficiency)
@@ -162,14 +180,18 @@ class CollisionRecorder:
             recorded[name] = record.recorded_events - before  # so the collections add up to the total
         return recorded
 
-    def _record_signal(self, record: ChannelRecord, luminosity_fb: float, sqrt_s_tev: float,
-                       efficiency: float) -> int:
+    def _record_signal(self, record: ChannelRecord, luminosity_fb: float, sqrt_s_tev: float, efficiency: float) -> int:
         truth = self.truth
         name = record.channel.name
         if truth is None or truth.sigma_br_fb.get(name, 0.0) <= 0.0:
             return 0
-        mean = (truth.sigma_br_fb[name] * cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production)
-                * luminosity_fb * record.channel.signal_efficiency * efficiency)
+        mean = (
+            truth.sigma_br_fb[name]
+            * cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production)
+            * luminosity_fb
+            * record.channel.signal_efficiency
+            * efficiency
+        )
         n = int(self.rng.poisson(mean))
         if n == 0:
             return 0
@@ -181,12 +203,14 @@ class CollisionRecorder:
         record.signal_true_mass_gev = np.concatenate([record.signal_true_mass_gev, true_mass])
         record.signal_smear = np.concatenate([record.signal_smear, self.rng.standard_normal(n)])
         record.signal_selection_draw = np.concatenate([record.signal_selection_draw, self.rng.random(n)])
-        record.signal_cos_bin = np.concatenate([record.signal_cos_bin,
-                                                self.rng.choice(N_COS_BINS, size=n, p=probabilities)])
+        record.signal_cos_bin = np.concatenate(
+            [record.signal_cos_bin, self.rng.choice(N_COS_BINS, size=n, p=probabilities)]
+        )
         return n
 
-    def build_spectrum(self, channel: str, mass_range_gev: Tuple[float, float], bin_width_gev: float,
-                       sqrt_s_tev: float, pileup: str) -> Spectrum:
+    def build_spectrum(
+        self, channel: str, mass_range_gev: Tuple[float, float], bin_width_gev: float, sqrt_s_tev: float, pileup: str
+    ) -> Spectrum:
         """Histogram the reconstructed events of `channel`. The range and bin width snap to the
         fine recording grid (the returned histogram's edges are the ones used)."""
         record = self.records[channel]
@@ -194,19 +218,21 @@ class CollisionRecorder:
         fine_width = self.fine_edges_gev[1] - self.fine_edges_gev[0]
         group = max(1, int(round(bin_width_gev / fine_width)))
         first = int(np.clip(np.floor((mass_range_gev[0] - self.window_gev[0]) / fine_width + 1e-9), 0, N_FINE_BINS - 1))
-        last = int(np.clip(np.ceil((mass_range_gev[1] - self.window_gev[0]) / fine_width - 1e-9), first + 1,
-                           N_FINE_BINS))
+        last = int(
+            np.clip(np.ceil((mass_range_gev[1] - self.window_gev[0]) / fine_width - 1e-9), first + 1, N_FINE_BINS)
+        )
         n_bins = max(1, (last - first) // group)
         last = first + n_bins * group
-        edges = self.fine_edges_gev[first:last + 1:group]
+        edges = self.fine_edges_gev[first : last + 1 : group]
 
         background = record.selected_background(reconstruction.name)[first:last]
         background = background.reshape(n_bins, group, N_COS_BINS).sum(axis=1)
 
         histogram = hist.Hist(
             hist.axis.Variable(edges, name="mass_gev", label=f"m({record.channel.final_state_mathtext}) [GeV]"),
-            hist.axis.Integer(0, N_COS_BINS, name="cos_theta_bin", label="|cos θ*| bin", underflow=False,
-                              overflow=False),
+            hist.axis.Integer(
+                0, N_COS_BINS, name="cos_theta_bin", label="|cos θ*| bin", underflow=False, overflow=False
+            ),
             storage=hist.storage.Int64(),
         )
         counts = np.zeros((edges.size + 1, N_COS_BINS), dtype=np.int64)  # with the mass under/overflow
@@ -215,12 +241,14 @@ class CollisionRecorder:
         if keep.any():
             true_mass = record.signal_true_mass_gev[keep]
             scale = 1.0 + record.energy_scale_bias_frac * CALIBRATION_BIAS_FACTOR[record.calibration_level]
-            sigma = mass_resolution_gev(record.channel, true_mass, record.calibration_level, reconstruction.name,
-                                        pileup)
+            sigma = mass_resolution_gev(
+                record.channel, true_mass, record.calibration_level, reconstruction.name, pileup
+            )
             reco_mass = true_mass * scale + sigma * record.signal_smear[keep]
             # what histogram.fill does: bin i holds [edge_i, edge_i+1); 0 and the last are the flow bins
             index = np.searchsorted(edges, reco_mass, side="right") * N_COS_BINS + record.signal_cos_bin[keep]
             counts += np.bincount(index, minlength=counts.size).reshape(counts.shape)
         histogram.view(flow=True)[...] = counts
-        return Spectrum(channel, histogram, sqrt_s_tev, record.calibration_level, reconstruction.name, pileup,
-                        record.luminosity_fb)
+        return Spectrum(
+            channel, histogram, sqrt_s_tev, record.calibration_level, reconstruction.name, pileup, record.luminosity_fb
+        )

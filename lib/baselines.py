@@ -53,14 +53,18 @@ class RandomAgent:
             return float(task.luminosity_total_fb * rng.uniform(0.05, 0.5))
 
         parameters: Dict[str, Any] = {
-            ActionType.CONFIGURE_BEAM: lambda: {"beam_energy_tev": float(rng.choice(task.available_beam_energies_tev)),
-                                                "pileup": str(rng.choice(list(PILEUP_SETTINGS)))},
+            ActionType.CONFIGURE_BEAM: lambda: {
+                "beam_energy_tev": float(rng.choice(task.available_beam_energies_tev)),
+                "pileup": str(rng.choice(list(PILEUP_SETTINGS))),
+            },
             ActionType.ALLOCATE_LUMINOSITY: lambda: {"luminosity_fb": random_luminosity()},
             ActionType.SET_TRIGGER: lambda: {"trigger": str(rng.choice(task.available_triggers))},
             ActionType.COLLECT_COLLISIONS: lambda: {"luminosity_fb": random_luminosity()},
             ActionType.CALIBRATE_DETECTOR: lambda: {"channel": channel},
-            ActionType.RECONSTRUCT_TRACKS: lambda: {"channel": channel,
-                                                    "quality": str(rng.choice(list(RECONSTRUCTIONS)))},
+            ActionType.RECONSTRUCT_TRACKS: lambda: {
+                "channel": channel,
+                "quality": str(rng.choice(list(RECONSTRUCTIONS))),
+            },
             ActionType.SELECT_CHANNEL: lambda: {"channel": channel},
             ActionType.BUILD_INVARIANT_MASS: lambda: {},
             ActionType.SUBTRACT_BACKGROUND: lambda: {"method": "fit"},
@@ -71,9 +75,14 @@ class RandomAgent:
             ActionType.REQUEST_SYSTEMATICS: lambda: {},
             ActionType.REQUEST_THEORY_REVIEW: lambda: {"mass_gev": mass},
             ActionType.SUBMIT_DISCOVERY_CLAIM: lambda: {
-                "discovered": bool(rng.random() < 0.5), "mass_gev": mass,
-                "mass_uncertainty_gev": float(0.01 * mass), "channel": channel, "spin": int(rng.integers(0, 3)),
-                "significance_sigma": float(rng.uniform(0, 8)), "confidence": float(rng.random())},
+                "discovered": bool(rng.random() < 0.5),
+                "mass_gev": mass,
+                "mass_uncertainty_gev": float(0.01 * mass),
+                "channel": channel,
+                "spin": int(rng.integers(0, 3)),
+                "significance_sigma": float(rng.uniform(0, 8)),
+                "confidence": float(rng.random()),
+            },
         }[action_type]()
         return _action(action_type, "random", **parameters)
 
@@ -168,8 +177,12 @@ class HeuristicAgent:
             self.trigger = triggers[0]
             self.phase = "first_block"
             self.queue = [_action(ActionType.SET_TRIGGER, "record the channels to survey", trigger=self.trigger)]
-            return _action(ActionType.CONFIGURE_BEAM, "highest energy maximises the signal cross-section",
-                           beam_energy_tev=max(task.available_beam_energies_tev), pileup="nominal")
+            return _action(
+                ActionType.CONFIGURE_BEAM,
+                "highest energy maximises the signal cross-section",
+                beam_energy_tev=max(task.available_beam_energies_tev),
+                pileup="nominal",
+            )
         if self.phase == "first_block":
             block = self._affordable_luminosity(obs, self.first_block_fraction)
             triggers = self._triggers_for(channels, list(task.available_triggers))
@@ -177,12 +190,15 @@ class HeuristicAgent:
             self.queue = [_action(ActionType.COLLECT_COLLISIONS, "survey block", luminosity_fb=share)]
             for trigger in triggers[1:]:
                 self.trigger = trigger
-                self.queue += [_action(ActionType.SET_TRIGGER, "record the next channel", trigger=trigger),
-                               _action(ActionType.COLLECT_COLLISIONS, "survey block", luminosity_fb=share)]
+                self.queue += [
+                    _action(ActionType.SET_TRIGGER, "record the next channel", trigger=trigger),
+                    _action(ActionType.COLLECT_COLLISIONS, "survey block", luminosity_fb=share),
+                ]
             for channel in channels:
                 self.queue += [
-                    _action(ActionType.RECONSTRUCT_TRACKS, "tight selection for purity", channel=channel,
-                            quality="tight"),
+                    _action(
+                        ActionType.RECONSTRUCT_TRACKS, "tight selection for purity", channel=channel, quality="tight"
+                    ),
                     _action(ActionType.SELECT_CHANNEL, "survey the channel", channel=channel),
                     _action(ActionType.BUILD_INVARIANT_MASS, "histogram the channel"),
                     _action(ActionType.SCAN_BUMP, "look for local excesses over the window"),
@@ -196,10 +212,13 @@ class HeuristicAgent:
             self.phase = "significance"
             self.queue = [_action(ActionType.CALIBRATE_DETECTOR, "refine the energy scale", channel=self.channel)]
             if self.selected != self.channel:
-                self.queue.append(_action(ActionType.SELECT_CHANNEL, "analyse the strongest excess",
-                                          channel=self.channel))
-            self.queue += [_action(ActionType.BUILD_INVARIANT_MASS, "histogram the calibrated channel"),
-                           _action(ActionType.FIT_RESONANCE, "fit the strongest candidate", mass_hint_gev=mass)]
+                self.queue.append(
+                    _action(ActionType.SELECT_CHANNEL, "analyse the strongest excess", channel=self.channel)
+                )
+            self.queue += [
+                _action(ActionType.BUILD_INVARIANT_MASS, "histogram the calibrated channel"),
+                _action(ActionType.FIT_RESONANCE, "fit the strongest candidate", mass_hint_gev=mass),
+            ]
             return _action(ActionType.CALIBRATE_DETECTOR, "fix the energy scale", channel=self.channel)
         if self.phase == "significance":
             if not self.asked_systematics:
@@ -210,15 +229,15 @@ class HeuristicAgent:
         if self.phase == "decide":
             z_global = self.significance.get("z_global") or 0.0
             block = self._affordable_luminosity(obs, 1.0)
-            if (z_global < 5.0 and not self.took_second_block
-                    and block > 0.05 * obs.resource_usage.luminosity_used_fb):
+            if z_global < 5.0 and not self.took_second_block and block > 0.05 * obs.resource_usage.luminosity_used_fb:
                 self.took_second_block = True
                 self.phase = "significance"
-                self.queue = [_action(ActionType.ALLOCATE_LUMINOSITY, "evidence short of 5σ: book the rest",
-                                      luminosity_fb=block),
-                              _action(ActionType.COLLECT_COLLISIONS, "more data", luminosity_fb=block),
-                              _action(ActionType.BUILD_INVARIANT_MASS, "histogram all the data"),
-                              _action(ActionType.FIT_RESONANCE, "refit the candidate", mass_hint_gev=self._mass(task))]
+                self.queue = [
+                    _action(ActionType.ALLOCATE_LUMINOSITY, "evidence short of 5σ: book the rest", luminosity_fb=block),
+                    _action(ActionType.COLLECT_COLLISIONS, "more data", luminosity_fb=block),
+                    _action(ActionType.BUILD_INVARIANT_MASS, "histogram all the data"),
+                    _action(ActionType.FIT_RESONANCE, "refit the candidate", mass_hint_gev=self._mass(task)),
+                ]
                 best = best_trigger(self.channel, task.available_triggers)
                 if self._records(self.trigger, self.channel) < self._records(best, self.channel):
                     self.trigger = best
@@ -243,12 +262,25 @@ class HeuristicAgent:
             stat = float(self.fit.get("mass_err_gev") or 0.01 * mass)
             scale = float(self.systematics.get("energy_scale_frac") or 0.0) * mass
             confidence = float(np.clip(0.5 + 0.45 * np.tanh((z_global - 2.5) / 1.5), 0.05, 0.97))
-            return _action(ActionType.SUBMIT_DISCOVERY_CLAIM, "significant, consistent excess", discovered=True,
-                           mass_gev=mass, mass_uncertainty_gev=float(np.hypot(stat, scale)), channel=self.channel,
-                           spin=self.spin, significance_sigma=z_global, confidence=confidence)
+            return _action(
+                ActionType.SUBMIT_DISCOVERY_CLAIM,
+                "significant, consistent excess",
+                discovered=True,
+                mass_gev=mass,
+                mass_uncertainty_gev=float(np.hypot(stat, scale)),
+                channel=self.channel,
+                spin=self.spin,
+                significance_sigma=z_global,
+                confidence=confidence,
+            )
         confidence = float(np.clip(0.9 - 0.15 * z_global, 0.5, 0.9))
-        return _action(ActionType.SUBMIT_DISCOVERY_CLAIM, "no significant excess", discovered=False,
-                       significance_sigma=0.0, confidence=confidence)
+        return _action(
+            ActionType.SUBMIT_DISCOVERY_CLAIM,
+            "no significant excess",
+            discovered=False,
+            significance_sigma=0.0,
+            confidence=confidence,
+        )
 
 
 class OracleAgent:
@@ -276,10 +308,19 @@ class OracleAgent:
         if action.action_type is ActionType.MEASURE_ANGULAR or action.action_type is ActionType.SUBMIT_DISCOVERY_CLAIM:
             truth = self.truth
             if not truth["exists"]:
-                return _action(ActionType.SUBMIT_DISCOVERY_CLAIM, "oracle: nothing there", discovered=False,
-                               confidence=1.0)
+                return _action(
+                    ActionType.SUBMIT_DISCOVERY_CLAIM, "oracle: nothing there", discovered=False, confidence=1.0
+                )
             stat = float(heuristic.fit.get("mass_err_gev") or 0.001 * truth["mass_gev"])
-            return _action(ActionType.SUBMIT_DISCOVERY_CLAIM, "oracle", discovered=True, mass_gev=truth["mass_gev"],
-                           mass_uncertainty_gev=stat, channel=heuristic.channel, spin=truth["spin"],
-                           significance_sigma=float(heuristic.significance.get("z_global") or 0.0), confidence=1.0)
+            return _action(
+                ActionType.SUBMIT_DISCOVERY_CLAIM,
+                "oracle",
+                discovered=True,
+                mass_gev=truth["mass_gev"],
+                mass_uncertainty_gev=stat,
+                channel=heuristic.channel,
+                spin=truth["spin"],
+                significance_sigma=float(heuristic.significance.get("z_global") or 0.0),
+                confidence=1.0,
+            )
         return action

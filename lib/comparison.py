@@ -74,12 +74,17 @@ def summarise_episodes(episodes: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     return summary
 
 
-def checkpoint_row(step: int, episodes: Sequence[Mapping[str, Any]], *,
-                   fraction_done: Optional[float] = None) -> Dict[str, Any]:
+def checkpoint_row(
+    step: int, episodes: Sequence[Mapping[str, Any]], *, fraction_done: Optional[float] = None
+) -> Dict[str, Any]:
     """A `CheckpointEvalWriter.append(**row)` row computed from evaluated episodes."""
     s = summarise_episodes(episodes)
-    return {"step": step, "fraction_done": fraction_done, "episodes": s["n"],
-            **{k: s[k] for k in ("mean_reward", "success_rate", "mass_acc", "channel_acc")}}
+    return {
+        "step": step,
+        "fraction_done": fraction_done,
+        "episodes": s["n"],
+        **{k: s[k] for k in ("mean_reward", "success_rate", "mass_acc", "channel_acc")},
+    }
 
 
 def bootstrap_interval(values: Sequence[float]) -> Optional[List[float]]:
@@ -93,8 +98,9 @@ def same_tasks(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any
     return bool(pre) and all(len(set(k)) == len(k) for k in keys) and set(keys[0]) == set(keys[1])
 
 
-def difference_interval(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]],
-                        key: str) -> Dict[str, Any]:
+def difference_interval(
+    pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]], key: str
+) -> Dict[str, Any]:
     """95% bootstrap interval of post − pre for `key` (a `SUMMARY_METRICS` name).
 
     Paired (resampling per-task differences) when both sides hold the same episodes by
@@ -103,8 +109,11 @@ def difference_interval(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping
     """
     if same_tasks(pre, post):
         estimate = paired_difference(pre, post, SUMMARY_METRICS[key], seed=BOOTSTRAP_SEED)
-        return {"method": "paired", "n_pairs": estimate.n,
-                "ci95": None if estimate.n == 0 else [estimate.low, estimate.high]}
+        return {
+            "method": "paired",
+            "n_pairs": estimate.n,
+            "ci95": None if estimate.n == 0 else [estimate.low, estimate.high],
+        }
     pre_values, post_values = episode_values(pre, key), episode_values(post, key)
     estimate = bootstrap_difference([v for _, v in pre_values], [v for _, v in post_values], seed=BOOTSTRAP_SEED)
     return {"method": "unpaired", "n_pairs": 0, "ci95": None if estimate.n == 0 else [estimate.low, estimate.high]}
@@ -114,8 +123,10 @@ def _comparison(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, An
     """Summaries of both sides, their differences and 95% intervals, the counts and the pairing."""
     pre_stats, post_stats = summarise_episodes(pre), summarise_episodes(post)
     keys = ("mean_reward", "median_reward", *[k for k in SUMMARY_METRICS if k != "mean_reward"])
-    delta = {k: (post_stats[k] - pre_stats[k] if pre_stats[k] is not None and post_stats[k] is not None else None)
-             for k in keys}
+    delta = {
+        k: (post_stats[k] - pre_stats[k] if pre_stats[k] is not None and post_stats[k] is not None else None)
+        for k in keys
+    }
     intervals = {k: difference_interval(pre, post, k) for k in DIFFERENCE_METRICS}
     return {
         "pre": pre_stats,
@@ -154,12 +165,18 @@ def before_after_markdown(payload: Mapping[str, Any], keys: Sequence[str] = DIFF
     for key in keys:
         interval = payload["delta_ci95"].get(key)
         ci = "—" if interval is None else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
-        rows.append(f"| {key} | {_format_stat(payload['pre'][key])} | {_format_stat(payload['post'][key])} "
-                    f"| {_format_stat(payload['delta'][key], signed=True)} {ci} |")
+        rows.append(
+            f"| {key} | {_format_stat(payload['pre'][key])} | {_format_stat(payload['post'][key])} "
+            f"| {_format_stat(payload['delta'][key], signed=True)} {ci} |"
+        )
     text = f"{payload['n']['pairs']} paired episodes.\n\n" + "\n".join(rows)
     if payload.get("groups"):
-        text += ("\n\nBy part of the suite (" + "; ".join(f"{group_label(p)}: {m}" for p, m in PARTS.items())
-                 + ") and by task, with a particle or null:\n\n" + group_table(payload))
+        text += (
+            "\n\nBy part of the suite ("
+            + "; ".join(f"{group_label(p)}: {m}" for p, m in PARTS.items())
+            + ") and by task, with a particle or null:\n\n"
+            + group_table(payload)
+        )
     return text
 
 
@@ -178,20 +195,22 @@ def group_table(payload: Mapping[str, Any]) -> str:
     """A Markdown table of `before_after_metrics`: one row for the whole suite and one per group
     of its `groups`, with the correct outcomes before → after and, for mean reward and success
     rate, before → after and the difference with its 95% interval."""
-    rows = ["| group | correct | mean reward | Δ reward [95% CI] | success rate | Δ success [95% CI] |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| group | correct | mean reward | Δ reward [95% CI] | success rate | Δ success [95% CI] |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, comparison in [("all", payload), *payload.get("groups", {}).items()]:
         cells = []
         for key in DIFFERENCE_METRICS:
             interval = comparison["delta_ci95"].get(key)
             ci = "" if interval is None else f" [{interval[0]:+.3f}, {interval[1]:+.3f}]"
-            cells += [f"{_format_stat(comparison['pre'][key])} → {_format_stat(comparison['post'][key])}",
-                      f"{_format_stat(comparison['delta'][key], signed=True)}{ci}"]
+            cells += [
+                f"{_format_stat(comparison['pre'][key])} → {_format_stat(comparison['post'][key])}",
+                f"{_format_stat(comparison['delta'][key], signed=True)}{ci}",
+            ]
         rows.append(f"| {group_label(name)} | {correct_change(comparison)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
 def _format_stat(value: Any, signed: bool = False) -> str:
     return "—" if value is None else (f"{value:+.3f}" if signed else f"{value:.3f}")
-
-

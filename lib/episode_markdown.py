@@ -86,15 +86,20 @@ def episode_markdown_lines(episode: Mapping[str, Any], heading: str) -> List[str
         if isinstance(action, Mapping):
             kind = action.get("action_type", "?")
             params = action.get("parameters") or {}
-            params = (", ".join(f"{k}={_format_value(v)}" for k, v in params.items())
-                      if isinstance(params, Mapping) else _format_value(params))
+            params = (
+                ", ".join(f"{k}={_format_value(v)}" for k, v in params.items())
+                if isinstance(params, Mapping)
+                else _format_value(params)
+            )
         else:
             kind, params = "(unparsed)", "" if action is None else f"raw: {action}"
         violations = step.get("rule_violations") or []
         violations = "; ".join(map(str, violations)) if isinstance(violations, list) else str(violations)
         parsed = step.get("parsed_ok")
-        lines.append(f"| {i} | `{_md(kind, 40)}` | {_md(params) or '—'} | {_format_reward(step.get('reward'))} "
-                     f"| {_verdict(parsed) if parsed is not None else '—'} | {_md(violations) or '—'} |")
+        lines.append(
+            f"| {i} | `{_md(kind, 40)}` | {_md(params) or '—'} | {_format_reward(step.get('reward'))} "
+            f"| {_verdict(parsed) if parsed is not None else '—'} | {_md(violations) or '—'} |"
+        )
     if len(steps) > MAX_TABLE_STEPS:
         lines.append(f"| … | {len(steps) - MAX_TABLE_STEPS} more step(s) | | | | |")
     return lines + [""]
@@ -118,8 +123,9 @@ def spread_by_reward(episodes: Sequence[Mapping[str, Any]], n: int) -> List[Mapp
     return [ranked[int(round(i))] for i in np.linspace(0, len(ranked) - 1, n)]
 
 
-def sample_pairs(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]],
-                 n: int) -> List[Tuple[Mapping[str, Any], Mapping[str, Any]]]:
+def sample_pairs(
+    pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]], n: int
+) -> List[Tuple[Mapping[str, Any], Mapping[str, Any]]]:
     """`n` tasks played both before and after training, as (pre, post) episode pairs, spread
     evenly over the pre-training reward ranking (lowest first): not cherry-picked. Empty
     when the two sides are not the same tasks."""
@@ -135,12 +141,14 @@ def correct_by_part(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str
     pre_groups, post_groups = episode_groups(pre), episode_groups(post)
 
     def correct(name: str) -> str:
-        return correct_change({"pre": summarise_episodes(pre_groups[name]),
-                               "post": summarise_episodes(post_groups[name])})
+        return correct_change(
+            {"pre": summarise_episodes(pre_groups[name]), "post": summarise_episodes(post_groups[name])}
+        )
 
-    return [f"{group_label(part)}: {correct(part)} ("
-            + "; ".join(f"{GROUP_WORDS[split]} {correct(f'{part}_{split}')}"
-                        for split in ("with_particle", "null")) + ")"
-            for part in PARTS if pre_groups[part] or post_groups[part]]
-
-
+    return [
+        f"{group_label(part)}: {correct(part)} ("
+        + "; ".join(f"{GROUP_WORDS[split]} {correct(f'{part}_{split}')}" for split in ("with_particle", "null"))
+        + ")"
+        for part in PARTS
+        if pre_groups[part] or post_groups[part]
+    ]

@@ -87,17 +87,25 @@ def assert_disjoint_from_suite(training_seeds: Iterable[int], suite: Sequence[Ep
     heldout = {spec.seed for spec in (suite or heldout_suite())}
     overlap = {seed for seed in training_seeds if seed >= HELDOUT_SEED_START or seed in heldout}
     if overlap:
-        raise ValueError(f"training seeds overlap the evaluation seeds: {sorted(overlap)[:5]}...; "
-                         f"train on seeds below {HELDOUT_SEED_START}")
+        raise ValueError(
+            f"training seeds overlap the evaluation seeds: {sorted(overlap)[:5]}...; "
+            f"train on seeds below {HELDOUT_SEED_START}"
+        )
 
 
 GROUPS: Dict[str, Tuple[Optional[str], Optional[str]]] = {
     "_".join(filter(None, (part, split))) or "all": (part, split)
-    for part in (None, *PARTS) for split in (None, *PARTICLE_SPLITS)}
+    for part in (None, *PARTS)
+    for split in (None, *PARTICLE_SPLITS)
+}
 """The groups results are reported for, by name ("all", "null", "unseen_with_particle", ...):
 (part of `PARTS`, None for the whole suite; split of `PARTICLE_SPLITS`, None for both)."""
-GROUP_WORDS = {"unseen": "unseen particles", "rediscovery": "rediscovery of known physics",
-               "with_particle": "with a particle", "null": "null tasks"}
+GROUP_WORDS = {
+    "unseen": "unseen particles",
+    "rediscovery": "rediscovery of known physics",
+    "with_particle": "with a particle",
+    "null": "null tasks",
+}
 """A reader's words for each part and particle split."""
 
 
@@ -113,9 +121,12 @@ def episode_groups(episodes: Sequence[Any]) -> Dict[str, List[Mapping[str, Any]]
     records = [as_episode_dict(e) for e in episodes]
     groups: Dict[str, List[Mapping[str, Any]]] = {}
     for name, (part, split) in GROUPS.items():
-        groups[name] = [e for e in records
-                        if (part is None or part_of(e.get("scenario")) == part)
-                        and (split is None or has_particle(e) is PARTICLE_SPLITS[split])]
+        groups[name] = [
+            e
+            for e in records
+            if (part is None or part_of(e.get("scenario")) == part)
+            and (split is None or has_particle(e) is PARTICLE_SPLITS[split])
+        ]
     return groups
 
 
@@ -124,27 +135,33 @@ def group_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Dict[s
     return {name: agent_metrics(group, seed=seed) for name, group in episode_groups(episodes).items()}
 
 
-def split_comparison_table(results_by_group: Mapping[str, Mapping[str, Mapping[str, Estimate]]],
-                           metrics: Sequence[str] = SPLIT_TABLE_METRICS) -> str:
+def split_comparison_table(
+    results_by_group: Mapping[str, Mapping[str, Mapping[str, Estimate]]], metrics: Sequence[str] = SPLIT_TABLE_METRICS
+) -> str:
     """A Markdown table of `{group: {agent: metrics}}` (as `group_metrics` gives per agent):
     one row per group and agent, the correct outcomes as "k of n", then `mean [95% CI]` per metric."""
     header = "| group | agent | correct | " + " | ".join(metrics) + " |"
     rule = "|---|---|---|" + "---|" * len(metrics)
-    rows = [f"| {group_label(group)} | {agent} | {correct_count(result['success_rate'])} | "
-            + " | ".join(str(result[m]) for m in metrics) + " |"
-            for group, results in results_by_group.items() for agent, result in results.items()]
+    rows = [
+        f"| {group_label(group)} | {agent} | {correct_count(result['success_rate'])} | "
+        + " | ".join(str(result[m]) for m in metrics)
+        + " |"
+        for group, results in results_by_group.items()
+        for agent, result in results.items()
+    ]
     return "\n".join([header, rule, *rows])
 
 
-def evaluate_agents(agents: Mapping[str, Any], suite: Sequence[EpisodeSpec], *, progress: bool = True
-                    ) -> Dict[str, List[Any]]:
+def evaluate_agents(
+    agents: Mapping[str, Any], suite: Sequence[EpisodeSpec], *, progress: bool = True
+) -> Dict[str, List[Any]]:
     """Play every agent on every episode of `suite`: {agent name: [EpisodeRecord, ...]}."""
-    return {name: collect_episodes(suite, agent=agent, progress=progress, desc=name)
-            for name, agent in agents.items()}
+    return {name: collect_episodes(suite, agent=agent, progress=progress, desc=name) for name, agent in agents.items()}
 
 
-def write_baseline_evidence(episodes_by_agent: Mapping[str, Sequence[Any]], evidence_dir: Any, *,
-                            suite_version: str = SUITE_VERSION) -> Dict[str, Any]:
+def write_baseline_evidence(
+    episodes_by_agent: Mapping[str, Sequence[Any]], evidence_dir: Any, *, suite_version: str = SUITE_VERSION
+) -> Dict[str, Any]:
     """evidence/baselines.json (every metric with its interval, for the whole suite under
     `metrics` and per group of `GROUPS` under `groups.<group>.metrics`) and
     evidence/baselines.md (the tables)."""
@@ -156,19 +173,38 @@ def write_baseline_evidence(episodes_by_agent: Mapping[str, Sequence[Any]], evid
     n_episodes = {name: len(episodes) for name, episodes in episodes_by_agent.items()}
     directory = Path(evidence_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    payload = {"suite_version": suite_version, "n_episodes": n_episodes, "confidence": CONFIDENCE,
-               "bootstrap_resamples": N_BOOTSTRAP, "metrics": estimates_to_json(results),
-               "groups": {group: {"n_episodes": {agent: m["mean_reward"].n for agent, m in agents.items()},
-                                  "metrics": estimates_to_json(agents)}
-                          for group, agents in by_group.items() if group != "all"}}
+    payload = {
+        "suite_version": suite_version,
+        "n_episodes": n_episodes,
+        "confidence": CONFIDENCE,
+        "bootstrap_resamples": N_BOOTSTRAP,
+        "metrics": estimates_to_json(results),
+        "groups": {
+            group: {
+                "n_episodes": {agent: m["mean_reward"].n for agent, m in agents.items()},
+                "metrics": estimates_to_json(agents),
+            }
+            for group, agents in by_group.items()
+            if group != "all"
+        },
+    }
     (directory / "baselines.json").write_text(json.dumps(payload, indent=2, allow_nan=True) + "\n")
-    lines = [f"# Baselines on the held-out suite {suite_version}", "",
-             f"Episodes per agent: {', '.join(f'{k} {v}' for k, v in n_episodes.items())}. "
-             f"Each cell: mean [{CONFIDENCE:.0%} bootstrap interval].", "", comparison_table(results), "",
-             "Metrics: " + "; ".join(f"`{name}`: {meaning}" for name, (meaning, _, _) in METRICS.items()) + ".",
-             "", "## By part of the suite, tasks with a particle and null tasks", "",
-             "Parts: " + "; ".join(f"{GROUP_WORDS[part]}: {meaning}" for part, meaning in PARTS.items()) + ".",
-             "", split_comparison_table({g: a for g, a in by_group.items() if g != "all"})]
+    lines = [
+        f"# Baselines on the held-out suite {suite_version}",
+        "",
+        f"Episodes per agent: {', '.join(f'{k} {v}' for k, v in n_episodes.items())}. "
+        f"Each cell: mean [{CONFIDENCE:.0%} bootstrap interval].",
+        "",
+        comparison_table(results),
+        "",
+        "Metrics: " + "; ".join(f"`{name}`: {meaning}" for name, (meaning, _, _) in METRICS.items()) + ".",
+        "",
+        "## By part of the suite, tasks with a particle and null tasks",
+        "",
+        "Parts: " + "; ".join(f"{GROUP_WORDS[part]}: {meaning}" for part, meaning in PARTS.items()) + ".",
+        "",
+        split_comparison_table({g: a for g, a in by_group.items() if g != "all"}),
+    ]
     (directory / "baselines.md").write_text("\n".join(lines) + "\n")
     return results
 

@@ -119,8 +119,11 @@ def _cut_partial_last_line(fd: int, path: Path) -> int:
             end = start + cut + 1
             break
         end = start
-    logger.warning("%s: dropped an unfinished last line %r (its writer was interrupted)",
-                   path, os.pread(fd, min(size - end, 200), end))
+    logger.warning(
+        "%s: dropped an unfinished last line %r (its writer was interrupted)",
+        path,
+        os.pread(fd, min(size - end, 200), end),
+    )
     os.ftruncate(fd, end)
     return end
 
@@ -128,7 +131,7 @@ def _cut_partial_last_line(fd: int, path: Path) -> int:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _csv_cell(value: Any) -> str:
@@ -169,8 +172,10 @@ class _CsvLog:
     def _append_row(self, row: Mapping[str, Any]) -> None:
         unknown = [key for key in row if key not in self.COLUMNS]
         if unknown:
-            raise ValueError(f"{type(self).__name__}: unknown column(s) {unknown} for {self.path.name}; "
-                             f"the columns are {list(self.COLUMNS)}")
+            raise ValueError(
+                f"{type(self).__name__}: unknown column(s) {unknown} for {self.path.name}; "
+                f"the columns are {list(self.COLUMNS)}"
+            )
         self._append_line(_csv_line([_csv_cell(row.get(column)) for column in self.COLUMNS]))
 
     def _append_line(self, line: bytes) -> None:
@@ -190,8 +195,10 @@ class _CsvLog:
     def _check_header(self, fd: int) -> None:
         found = os.pread(fd, len(self._header) + 1, 0).split(b"\n")[0].rstrip(b"\r")  # csv's default ends \r\n
         if found != self._header.rstrip(b"\n"):
-            raise ValueError(f"{self.path} starts with {found!r}, not the columns {list(self.COLUMNS)}; "
-                             "move the old file aside or log to a new evidence folder")
+            raise ValueError(
+                f"{self.path} starts with {found!r}, not the columns {list(self.COLUMNS)}; "
+                "move the old file aside or log to a new evidence folder"
+            )
 
 
 class TrainingLogWriter(_CsvLog):
@@ -207,8 +214,19 @@ class RewardComponentLogWriter(_CsvLog):
     """One row per rollout batch: each reward component and outcome rate on its own, so a
     rising total can be traced to the grade rather than to shaping."""
 
-    COLUMNS = ("step", "n", "mean_cumulative", "mean_terminal", "mean_step_shaping", "discovered_rate",
-               "mass_correct_rate", "channel_correct_rate", "spin_correct_rate", "parsed_rate", "mean_n_steps")
+    COLUMNS = (
+        "step",
+        "n",
+        "mean_cumulative",
+        "mean_terminal",
+        "mean_step_shaping",
+        "discovered_rate",
+        "mass_correct_rate",
+        "channel_correct_rate",
+        "spin_correct_rate",
+        "parsed_rate",
+        "mean_n_steps",
+    )
 
     def append(self, row: Mapping[str, Any]) -> None:
         self._append_row(row)
@@ -224,6 +242,7 @@ class CheckpointEvalWriter(_CsvLog):
 
 
 # ----------------------------------------------------------------------------- reading
+
 
 @dataclass
 class Records:
@@ -317,6 +336,7 @@ def _column(rows: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- figures
 
+
 def _new_figure(nrows: int, ncols: int, figsize: Tuple[float, float], **subplots_kw: Any):
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -395,14 +415,29 @@ def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Pa
             spread = _column(rows, s.band)[order]
             good = ok & np.isfinite(spread)
             if good.any():
-                ax.fill_between(xs[good], (y - spread)[good], (y + spread)[good], color=s.color, alpha=0.2,
-                                lw=0, label=f"± 1 std ({s.band})")
+                ax.fill_between(
+                    xs[good],
+                    (y - spread)[good],
+                    (y + spread)[good],
+                    color=s.color,
+                    alpha=0.2,
+                    lw=0,
+                    label=f"± 1 std ({s.band})",
+                )
         if s.binomial:
             low, high = _binomial_interval(y, _column(rows, "episodes")[order])
             good = ok & np.isfinite(low) & np.isfinite(high)
             if good.any():  # the CSV (the seed's columns) holds rates and counts, not per-episode rewards
-                ax.errorbar(xs[good], y[good], yerr=[(y - low)[good], (high - y)[good]], fmt="none",
-                            ecolor=s.color, elinewidth=1, capsize=3, alpha=0.7)
+                ax.errorbar(
+                    xs[good],
+                    y[good],
+                    yerr=[(y - low)[good], (high - y)[good]],
+                    fmt="none",
+                    ecolor=s.color,
+                    elinewidth=1,
+                    capsize=3,
+                    alpha=0.7,
+                )
         drawn += 1
     ax.set_title(panel.title, fontsize=10)
     ax.set_ylabel(panel.ylabel)
@@ -416,15 +451,17 @@ def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Pa
         ax.text(0.5, 0.5, "not logged yet", transform=ax.transAxes, ha="center", va="center", color="0.5")
 
 
-def _render_csv_panels(csv_path: Path, png_path: Path, title: str, panels: Sequence[_Panel],
-                       ncols: int = 1) -> Optional[Path]:
+def _render_csv_panels(
+    csv_path: Path, png_path: Path, title: str, panels: Sequence[_Panel], ncols: int = 1
+) -> Optional[Path]:
     """Draw `panels` (one per axes, sharing the step axis) from a CSV log; None if nothing to draw."""
     rows = read_records(csv_path).rows
     if not rows:
         return None
     x, xlabel = _x_axis(rows)
-    has_data = any((np.isfinite(x) & np.isfinite(_column(rows, s.column))).any()
-                   for panel in panels for s in panel.series)
+    has_data = any(
+        (np.isfinite(x) & np.isfinite(_column(rows, s.column))).any() for panel in panels for s in panel.series
+    )
     if not has_data:
         return None
     notes, shown = [], []
@@ -441,7 +478,7 @@ def _render_csv_panels(csv_path: Path, png_path: Path, title: str, panels: Seque
         return None
     for ax, panel in zip(axes.flat, shown):
         _draw_panel(ax, x, rows, panel, xlabel)
-    for ax in list(axes.flat)[len(shown):]:
+    for ax in list(axes.flat)[len(shown) :]:
         ax.set_visible(False)
     subtitle = f"{len(rows)} rows of {Path(csv_path).name}" + "".join(f"; {note}" for note in notes)
     fig.suptitle(f"{title}\n({subtitle})", fontsize=11)
@@ -449,39 +486,69 @@ def _render_csv_panels(csv_path: Path, png_path: Path, title: str, panels: Seque
 
 
 _TRAINING_PANELS = (
-    _Panel("Reward of sampled completions", "mean reward per completion",
-           (_Series("reward", "mean reward", "#1d4ed8", band="reward_std"),)),
+    _Panel(
+        "Reward of sampled completions",
+        "mean reward per completion",
+        (_Series("reward", "mean reward", "#1d4ed8", band="reward_std"),),
+    ),
     _Panel("GRPO loss", "loss", (_Series("loss", "loss", "#c026d3"),)),
-    _Panel("KL divergence to the reference policy", "KL [nats per token]", (_Series("kl", "KL", "#ea580c"),),
-           note_if_flat="KL not computed (beta = 0: no reference model)"),
+    _Panel(
+        "KL divergence to the reference policy",
+        "KL [nats per token]",
+        (_Series("kl", "KL", "#ea580c"),),
+        note_if_flat="KL not computed (beta = 0: no reference model)",
+    ),
     _Panel("Gradient norm (before clipping)", "‖g‖₂", (_Series("grad_norm", "gradient norm", "#0f766e"),)),
-    _Panel("Learning rate schedule", "learning rate", (_Series("learning_rate", "learning rate", "#64748b"),),
-           note_if_flat="learning rate constant at {value}"),
+    _Panel(
+        "Learning rate schedule",
+        "learning rate",
+        (_Series("learning_rate", "learning rate", "#64748b"),),
+        note_if_flat="learning rate constant at {value}",
+    ),
     _Panel("Wall-clock time", "elapsed [s]", (_Series("wall_time_s", "wall time", "#0f172a"),)),
 )
 
 _COMPONENT_PANELS = (
-    _Panel("Reward per rollout, by component", "mean reward per episode",
-           (_Series("mean_cumulative", "total (cumulative)", "#0f172a"),
+    _Panel(
+        "Reward per rollout, by component",
+        "mean reward per episode",
+        (
+            _Series("mean_cumulative", "total (cumulative)", "#0f172a"),
             _Series("mean_terminal", "terminal grade", "#1d4ed8"),
-            _Series("mean_step_shaping", "step shaping", "#9333ea", style="--"))),
-    _Panel("Outcome rates over the rollouts of each logging step", "fraction of episodes",
-           (_Series("discovered_rate", "discovery claimed", "#16a34a"),
+            _Series("mean_step_shaping", "step shaping", "#9333ea", style="--"),
+        ),
+    ),
+    _Panel(
+        "Outcome rates over the rollouts of each logging step",
+        "fraction of episodes",
+        (
+            _Series("discovered_rate", "discovery claimed", "#16a34a"),
             _Series("mass_correct_rate", "mass correct", "#9333ea", style="--"),
             _Series("channel_correct_rate", "channel correct", "#ea580c", style="--"),
             _Series("spin_correct_rate", "spin correct", "#0891b2", style="--"),
-            _Series("parsed_rate", "action parsed", "#64748b", style=":")), rate=True),
+            _Series("parsed_rate", "action parsed", "#64748b", style=":"),
+        ),
+        rate=True,
+    ),
     _Panel("Episode length", "mean steps per episode", (_Series("mean_n_steps", "steps", "#0f766e"),)),
 )
 
 _CHECKPOINT_PANELS = (
-    _Panel("Mean episode reward on the held-out suite", "mean episode reward",
-           (_Series("mean_reward", "mean reward", "#1d4ed8"),)),
-    _Panel("Held-out rates (success = correct discovery or correct null; 95% exact intervals)",
-           "fraction of episodes",
-           (_Series("success_rate", "success (correct outcome)", "#16a34a", binomial=True),
+    _Panel(
+        "Mean episode reward on the held-out suite",
+        "mean episode reward",
+        (_Series("mean_reward", "mean reward", "#1d4ed8"),),
+    ),
+    _Panel(
+        "Held-out rates (success = correct discovery or correct null; 95% exact intervals)",
+        "fraction of episodes",
+        (
+            _Series("success_rate", "success (correct outcome)", "#16a34a", binomial=True),
             _Series("mass_acc", "mass accuracy", "#9333ea", style="--"),
-            _Series("channel_acc", "channel accuracy", "#ea580c", style="--")), rate=True),
+            _Series("channel_acc", "channel accuracy", "#ea580c", style="--"),
+        ),
+        rate=True,
+    ),
 )
 
 
@@ -497,21 +564,26 @@ def render_reward_components(csv_path: Path, png_path: Path) -> Optional[Path]:
 
 def render_checkpoint_progression(csv_path: Path, png_path: Path) -> Optional[Path]:
     """Held-out reward and success/mass/channel rates at each checkpoint; None without data."""
-    return _render_csv_panels(csv_path, png_path, "CERNenv held-out evaluation during training",
-                              _CHECKPOINT_PANELS)
+    return _render_csv_panels(csv_path, png_path, "CERNenv held-out evaluation during training", _CHECKPOINT_PANELS)
 
 
 # ----------------------------------------------------------------------------- before / after
 
-_RATE_LABELS = {"success_rate": "success\n(correct outcome)", "mass_acc": "mass\naccuracy",
-                "channel_acc": "channel\naccuracy", "spin_acc": "spin\naccuracy"}
+_RATE_LABELS = {
+    "success_rate": "success\n(correct outcome)",
+    "mass_acc": "mass\naccuracy",
+    "channel_acc": "channel\naccuracy",
+    "spin_acc": "spin\naccuracy",
+}
 
 
 def _draw_bars(ax, keys: Sequence[str], payload: Mapping[str, Any]) -> None:
     width = 0.38
     x = np.arange(len(keys))
-    for offset, side, color, label in ((-width / 2, "pre", "#94a3b8", "before training"),
-                                       (width / 2, "post", "#1d4ed8", "after training")):
+    for offset, side, color, label in (
+        (-width / 2, "pre", "#94a3b8", "before training"),
+        (width / 2, "post", "#1d4ed8", "after training"),
+    ):
         stats, cis = payload[side], payload[f"{side}_ci95"]
         if not stats["n"]:
             continue
@@ -519,9 +591,16 @@ def _draw_bars(ax, keys: Sequence[str], payload: Mapping[str, Any]) -> None:
             if stats[key] is None:
                 continue
             low, high = cis[key]
-            ax.bar(x[i] + offset, stats[key], width, color=color,
-                   yerr=[[stats[key] - low], [high - stats[key]]], capsize=4, ecolor="#0f172a",
-                   label=f"{label} (n={stats['n']})" if i == 0 else None)
+            ax.bar(
+                x[i] + offset,
+                stats[key],
+                width,
+                color=color,
+                yerr=[[stats[key] - low], [high - stats[key]]],
+                capsize=4,
+                ecolor="#0f172a",
+                label=f"{label} (n={stats['n']})" if i == 0 else None,
+            )
     for i, key in enumerate(keys):
         delta = payload["delta"].get(key)
         if delta is None:
@@ -530,8 +609,16 @@ def _draw_bars(ax, keys: Sequence[str], payload: Mapping[str, Any]) -> None:
         ci = payload["delta_ci95"].get(key)
         if ci is not None:
             text += f"\n95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]"
-        ax.annotate(text, xy=(x[i], 1.0), xycoords=("data", "axes fraction"), xytext=(0, -4),
-                    textcoords="offset points", ha="center", va="top", fontsize=8)
+        ax.annotate(
+            text,
+            xy=(x[i], 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, -4),
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            fontsize=8,
+        )
     ax.set_xticks(x, [_RATE_LABELS.get(k, k.replace("_", " ")) for k in keys])
     ax.axhline(0, color="0.3", lw=0.8)
     ax.grid(axis="y", alpha=0.25)
@@ -554,8 +641,11 @@ def _render_summary(payload: Mapping[str, Any], png_path: Path) -> Optional[Path
     handles, labels = reward_ax.get_legend_handles_labels()
     if handles:
         rate_ax.legend(handles, labels, loc="upper right", bbox_to_anchor=(1.0, 0.83), fontsize=8)
-    fig.suptitle(f"CERNenv before vs after training: error bars are 95% bootstrap intervals "
-                 f"(Δ intervals {payload['bootstrap']['pairing']})", fontsize=11)
+    fig.suptitle(
+        f"CERNenv before vs after training: error bars are 95% bootstrap intervals "
+        f"(Δ intervals {payload['bootstrap']['pairing']})",
+        fontsize=11,
+    )
     return _save_figure(fig, png_path)
 
 
@@ -567,10 +657,13 @@ def _shared_bins(values: np.ndarray, max_bins: int = 40) -> np.ndarray:
     return edges if len(edges) - 1 <= max_bins else np.linspace(low, high, max_bins + 1)
 
 
-def _render_distribution(pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]],
-                         png_path: Path) -> Optional[Path]:
-    sides = [(label, color, np.array([v for _, v in episode_values(eps, "mean_reward")]))
-             for label, color, eps in (("before training", "#94a3b8", pre), ("after training", "#1d4ed8", post))]
+def _render_distribution(
+    pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]], png_path: Path
+) -> Optional[Path]:
+    sides = [
+        (label, color, np.array([v for _, v in episode_values(eps, "mean_reward")]))
+        for label, color, eps in (("before training", "#94a3b8", pre), ("after training", "#1d4ed8", post))
+    ]
     sides = [s for s in sides if s[2].size]
     if not sides:
         return None
@@ -582,20 +675,30 @@ def _render_distribution(pre: Sequence[Mapping[str, Any]], post: Sequence[Mappin
     for label, color, values in sides:
         weights = np.full(values.size, 1.0 / values.size)  # fractions: comparable when n differ
         ax.hist(values, bins=bins, weights=weights, histtype="stepfilled", alpha=0.35, color=color)
-        ax.hist(values, bins=bins, weights=weights, histtype="step", lw=1.8, color=color,
-                label=f"{label}: n={values.size}, mean={values.mean():+.2f}")
+        ax.hist(
+            values,
+            bins=bins,
+            weights=weights,
+            histtype="step",
+            lw=1.8,
+            color=color,
+            label=f"{label}: n={values.size}, mean={values.mean():+.2f}",
+        )
         ax.axvline(values.mean(), color=color, ls="--", lw=1.2)
     ax.set_xlabel("episode cumulative reward (step rewards + terminal grade)")
     ax.set_ylabel("fraction of episodes per bin")
-    ax.set_title(f"Episode reward distribution, before vs after training ({len(bins) - 1} shared bins; "
-                 "dashed: means)", fontsize=10)
+    ax.set_title(
+        f"Episode reward distribution, before vs after training ({len(bins) - 1} shared bins; dashed: means)",
+        fontsize=10,
+    )
     ax.grid(alpha=0.25)
     ax.legend(fontsize=8)
     return _save_figure(fig, png_path)
 
 
-def _render_before_after(pre_jsonl: Path, post_jsonl: Path, summary_png: Path, distribution_png: Path,
-                         metrics_json: Path) -> Tuple[Optional[Dict[str, Any]], Dict[str, Optional[Path]]]:
+def _render_before_after(
+    pre_jsonl: Path, post_jsonl: Path, summary_png: Path, distribution_png: Path, metrics_json: Path
+) -> Tuple[Optional[Dict[str, Any]], Dict[str, Optional[Path]]]:
     pre, post = read_records(pre_jsonl).rows, read_records(post_jsonl).rows
     written: Dict[str, Optional[Path]] = {"metrics_json": None, "summary_png": None, "distribution_png": None}
     if not pre and not post:
@@ -609,8 +712,9 @@ def _render_before_after(pre_jsonl: Path, post_jsonl: Path, summary_png: Path, d
     return payload, written
 
 
-def render_before_after(*, pre_jsonl: Path, post_jsonl: Path, summary_png: Path, distribution_png: Path,
-                        metrics_json: Path) -> Optional[Dict[str, Any]]:
+def render_before_after(
+    *, pre_jsonl: Path, post_jsonl: Path, summary_png: Path, distribution_png: Path, metrics_json: Path
+) -> Optional[Dict[str, Any]]:
     """Before/after metrics JSON, bar chart with 95% intervals and shared-bin reward histogram.
 
     Returns the JSON payload, or None (nothing written) when neither file holds an episode;
@@ -625,14 +729,17 @@ def render_before_after(*, pre_jsonl: Path, post_jsonl: Path, summary_png: Path,
     a particle and null tasks). Files written before `groups` and `n_correct` existed still
     render with `before_after_markdown`.
     """
-    return _render_before_after(Path(pre_jsonl), Path(post_jsonl), Path(summary_png), Path(distribution_png),
-                                Path(metrics_json))[0]
+    return _render_before_after(
+        Path(pre_jsonl), Path(post_jsonl), Path(summary_png), Path(distribution_png), Path(metrics_json)
+    )[0]
 
 
 # ----------------------------------------------------------------------------- trajectories
 
-def render_sample_trajectories(*, pre_jsonl: Path, post_jsonl: Path, md_path: Path,
-                               n_samples: int = 3) -> Optional[Path]:
+
+def render_sample_trajectories(
+    *, pre_jsonl: Path, post_jsonl: Path, md_path: Path, n_samples: int = 3
+) -> Optional[Path]:
     """Markdown of sample episodes before and after training; None without episodes.
 
     Opens with the correct outcomes before → after per part of the suite (`correct_by_part`).
@@ -644,27 +751,48 @@ def render_sample_trajectories(*, pre_jsonl: Path, post_jsonl: Path, md_path: Pa
     pre, post = read_records(Path(pre_jsonl)).rows, read_records(Path(post_jsonl)).rows
     if not pre and not post:
         return None
-    md = ["# CERNenv: sample trajectories before and after training", "",
-          "Correct outcomes, before → after training:", ""]
+    md = [
+        "# CERNenv: sample trajectories before and after training",
+        "",
+        "Correct outcomes, before → after training:",
+        "",
+    ]
     md += [f"- {line}" for line in correct_by_part(pre, post)] + [""]
-    by_part = {part: ([e for e in pre if part_of(e.get("scenario")) == part],
-                      [e for e in post if part_of(e.get("scenario")) == part]) for part in PARTS}
+    by_part = {
+        part: (
+            [e for e in pre if part_of(e.get("scenario")) == part],
+            [e for e in post if part_of(e.get("scenario")) == part],
+        )
+        for part in PARTS
+    }
     if same_tasks(pre, post):
-        pairs = [(part, pair) for part, (part_pre, part_post) in by_part.items()
-                 for pair in sample_pairs(part_pre, part_post, n_samples)]
-        md += [f"The same {len(pairs)} task(s) before and after training, up to {n_samples} per part of the "
-               f"suite, spread from the lowest to the highest pre-training reward ({len(pre)} tasks evaluated).", ""]
+        pairs = [
+            (part, pair)
+            for part, (part_pre, part_post) in by_part.items()
+            for pair in sample_pairs(part_pre, part_post, n_samples)
+        ]
+        md += [
+            f"The same {len(pairs)} task(s) before and after training, up to {n_samples} per part of the "
+            f"suite, spread from the lowest to the highest pre-training reward ({len(pre)} tasks evaluated).",
+            "",
+        ]
         for i, (part, (before, after)) in enumerate(pairs, start=1):
             md += [f"## Task {i} · {group_label(part)}", ""]
             md += episode_markdown_lines(before, "Before training")
             md += episode_markdown_lines(after, "After training")
     else:
-        md += ["Episodes spread from the lowest to the highest reward of each side and part of the suite "
-               "(the two sides are different tasks).", ""]
+        md += [
+            "Episodes spread from the lowest to the highest reward of each side and part of the suite "
+            "(the two sides are different tasks).",
+            "",
+        ]
         for side, label in ((0, "Before training"), (1, "After training")):
             md += [f"## {label} ({len((pre, post)[side])} episodes)", ""]
-            chosen = [(part, episode) for part, episodes in by_part.items()
-                      for episode in spread_by_reward(episodes[side], n_samples)]
+            chosen = [
+                (part, episode)
+                for part, episodes in by_part.items()
+                for episode in spread_by_reward(episodes[side], n_samples)
+            ]
             for i, (part, episode) in enumerate(chosen, start=1):
                 md += episode_markdown_lines(episode, f"Episode {i} of {len(chosen)} · {group_label(part)}")
             if not chosen:
@@ -675,6 +803,7 @@ def render_sample_trajectories(*, pre_jsonl: Path, post_jsonl: Path, md_path: Pa
 
 # ----------------------------------------------------------------------------- everything
 
+
 def render_all(paths: EvidencePaths) -> Dict[str, Optional[Path]]:
     """Regenerate every PNG, JSON and Markdown artifact from the data that exist.
 
@@ -684,12 +813,15 @@ def render_all(paths: EvidencePaths) -> Dict[str, Optional[Path]]:
     """
     plots = {
         "training_curve_png": lambda: render_training_curve(paths.training_log_csv, paths.training_curve_png),
-        "reward_components_png": lambda: render_reward_components(paths.reward_components_csv,
-                                                                  paths.reward_components_png),
-        "checkpoint_progression_png": lambda: render_checkpoint_progression(paths.checkpoint_evals_csv,
-                                                                            paths.checkpoint_progression_png),
+        "reward_components_png": lambda: render_reward_components(
+            paths.reward_components_csv, paths.reward_components_png
+        ),
+        "checkpoint_progression_png": lambda: render_checkpoint_progression(
+            paths.checkpoint_evals_csv, paths.checkpoint_progression_png
+        ),
         "sample_trajectories_md": lambda: render_sample_trajectories(
-            pre_jsonl=paths.pre_eval_jsonl, post_jsonl=paths.post_eval_jsonl, md_path=paths.sample_trajectories_md),
+            pre_jsonl=paths.pre_eval_jsonl, post_jsonl=paths.post_eval_jsonl, md_path=paths.sample_trajectories_md
+        ),
     }
     out: Dict[str, Optional[Path]] = {}
     for key, render in plots.items():
@@ -700,8 +832,13 @@ def render_all(paths: EvidencePaths) -> Dict[str, Optional[Path]]:
             out[key] = None
     written: Dict[str, Optional[Path]] = {}
     try:
-        written = _render_before_after(paths.pre_eval_jsonl, paths.post_eval_jsonl, paths.before_after_summary_png,
-                                       paths.reward_distribution_png, paths.before_after_metrics_json)[1]
+        written = _render_before_after(
+            paths.pre_eval_jsonl,
+            paths.post_eval_jsonl,
+            paths.before_after_summary_png,
+            paths.reward_distribution_png,
+            paths.before_after_metrics_json,
+        )[1]
     except Exception:
         logger.exception("rendering the before/after metrics failed; the other evidence is still rendered")
     out["before_after_metrics_json"] = written.get("metrics_json")
@@ -724,4 +861,3 @@ __all__ = [
     "render_sample_trajectories",
     "render_all",
 ]
-

@@ -55,8 +55,14 @@ def bootstrap_mean(values: Sequence[float], *, seed: int = 0) -> Estimate:
     mean = float(data.mean())
     if data.size == 1 or np.all(data == data[0]):
         return Estimate(mean, mean, mean, int(data.size))
-    result = stats.bootstrap((data,), np.mean, n_resamples=N_BOOTSTRAP, confidence_level=CONFIDENCE,
-                             method="percentile", random_state=np.random.default_rng(seed))
+    result = stats.bootstrap(
+        (data,),
+        np.mean,
+        n_resamples=N_BOOTSTRAP,
+        confidence_level=CONFIDENCE,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    )
     interval = result.confidence_interval
     return Estimate(mean, float(interval.low), float(interval.high), int(data.size))
 
@@ -72,9 +78,15 @@ def bootstrap_difference(before: Sequence[float], after: Sequence[float], *, see
     mean = float(b.mean() - a.mean())
     if a.size == 1 and b.size == 1 or (np.all(a == a[0]) and np.all(b == b[0])):
         return Estimate(mean, mean, mean, int(min(a.size, b.size)))
-    result = stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(y, axis=axis) - np.mean(x, axis=axis),
-                             n_resamples=N_BOOTSTRAP, confidence_level=CONFIDENCE, method="percentile",
-                             random_state=np.random.default_rng(seed), vectorized=True)
+    result = stats.bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: np.mean(y, axis=axis) - np.mean(x, axis=axis),
+        n_resamples=N_BOOTSTRAP,
+        confidence_level=CONFIDENCE,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+        vectorized=True,
+    )
     interval = result.confidence_interval
     return Estimate(mean, float(interval.low), float(interval.high), int(min(a.size, b.size)))
 
@@ -100,20 +112,31 @@ def _parse_rate(episode: Mapping[str, Any]) -> Optional[float]:
 # Metric name → (what it means, which episodes it averages over, value per episode).
 METRICS: Dict[str, Tuple[str, Callable[[Mapping[str, Any]], bool], Callable[[Mapping[str, Any]], Any]]] = {
     "mean_reward": ("episode reward", lambda e: True, lambda e: e.get("cumulative_reward")),
-    "success_rate": ("correct discovery or correct null", lambda e: True,
-                     lambda e: float(bool(e.get("correct_outcome")))),
+    "success_rate": (
+        "correct discovery or correct null",
+        lambda e: True,
+        lambda e: float(bool(e.get("correct_outcome"))),
+    ),
     "mass_accuracy": ("right mass, particle exists", _exists, lambda e: float(bool(e.get("correct_mass")))),
-    "channel_accuracy": ("right channel, particle exists", _exists,
-                         lambda e: float(bool(e.get("correct_channel")))),
+    "channel_accuracy": ("right channel, particle exists", _exists, lambda e: float(bool(e.get("correct_channel")))),
     "spin_accuracy": ("right spin, particle exists", _exists, lambda e: float(bool(e.get("correct_spin")))),
-    "false_discovery_rate": ("discovery claimed, nothing there", lambda e: not _exists(e),
-                             lambda e: float(bool(e.get("discovered")))),
+    "false_discovery_rate": (
+        "discovery claimed, nothing there",
+        lambda e: not _exists(e),
+        lambda e: float(bool(e.get("discovered"))),
+    ),
     "parse_rate": ("actions that parsed", lambda e: True, _parse_rate),
     "mean_steps": ("steps per episode", lambda e: True, lambda e: e.get("n_steps", len(e.get("steps") or []))),
-    "budget_used_fraction": ("budget spent", lambda e: True,
-                             lambda e: _fraction(e, "budget_used_musd", "budget_remaining_musd")),
-    "time_used_fraction": ("time spent", lambda e: True,
-                           lambda e: _fraction(e, "time_used_days", "time_remaining_days")),
+    "budget_used_fraction": (
+        "budget spent",
+        lambda e: True,
+        lambda e: _fraction(e, "budget_used_musd", "budget_remaining_musd"),
+    ),
+    "time_used_fraction": (
+        "time spent",
+        lambda e: True,
+        lambda e: _fraction(e, "time_used_days", "time_remaining_days"),
+    ),
 }
 
 
@@ -128,8 +151,10 @@ def _fraction(episode: Mapping[str, Any], used: str, remaining: str) -> Optional
 def agent_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Estimate]:
     """Every metric of `METRICS` with its 95% bootstrap interval."""
     records = [as_episode_dict(e) for e in episodes]
-    return {name: bootstrap_mean([value(e) for e in records if include(e)], seed=seed)
-            for name, (_, include, value) in METRICS.items()}
+    return {
+        name: bootstrap_mean([value(e) for e in records if include(e)], seed=seed)
+        for name, (_, include, value) in METRICS.items()
+    }
 
 
 def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, *, seed: int = 0) -> Estimate:
@@ -141,8 +166,10 @@ def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, 
     pre_items, post_items = _task_values(before, metric), _task_values(after, metric)
     pre, post = dict(pre_items), dict(post_items)
     if set(pre) != set(post) or len(pre) != len(pre_items) or len(post) != len(post_items):
-        raise ValueError("paired_difference needs the same episodes before and after, each once "
-                         f"({len(set(pre) ^ set(post))} tasks differ); evaluate both on the same suite")
+        raise ValueError(
+            "paired_difference needs the same episodes before and after, each once "
+            f"({len(set(pre) ^ set(post))} tasks differ); evaluate both on the same suite"
+        )
     return bootstrap_mean([as_number(post[k]) - as_number(pre[k]) for k in post], seed=seed)  # NaN: left out
 
 
@@ -153,19 +180,28 @@ def _task_values(episodes: Sequence[Any], metric: str) -> List[Tuple[Tuple, Any]
 
 
 def correct_count(success_rate: Estimate) -> str:
-    """"k of n": the episodes with a correct outcome, from the success rate over n episodes."""
+    """ "k of n": the episodes with a correct outcome, from the success rate over n episodes."""
     return "—" if success_rate.n == 0 else f"{round(success_rate.mean * success_rate.n)} of {success_rate.n}"
 
 
-def comparison_table(results: Mapping[str, Mapping[str, Estimate]],
-                     metrics: Sequence[str] = ("mean_reward", "success_rate", "mass_accuracy",
-                                               "channel_accuracy", "spin_accuracy", "false_discovery_rate",
-                                               "parse_rate", "mean_steps", "budget_used_fraction")) -> str:
+def comparison_table(
+    results: Mapping[str, Mapping[str, Estimate]],
+    metrics: Sequence[str] = (
+        "mean_reward",
+        "success_rate",
+        "mass_accuracy",
+        "channel_accuracy",
+        "spin_accuracy",
+        "false_discovery_rate",
+        "parse_rate",
+        "mean_steps",
+        "budget_used_fraction",
+    ),
+) -> str:
     """A Markdown table: one row per agent, `mean [95% CI]` per metric."""
     header = "| agent | " + " | ".join(metrics) + " |"
     rule = "|---|" + "---|" * len(metrics)
-    rows = [f"| {agent} | " + " | ".join(str(result[m]) for m in metrics) + " |"
-            for agent, result in results.items()]
+    rows = [f"| {agent} | " + " | ".join(str(result[m]) for m in metrics) + " |" for agent, result in results.items()]
     return "\n".join([header, rule, *rows])
 
 
@@ -178,5 +214,10 @@ def estimates_to_json(results: Mapping[str, Mapping[str, Estimate]]) -> Dict[str
 
 def estimates_from_json(payload: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Dict[str, Dict[str, Estimate]]:
     """The inverse of `estimates_to_json` (e.g. the `metrics` of evidence/baselines.json)."""
-    return {agent: {name: Estimate(float(est["mean"]), float(est["low"]), float(est["high"]), int(est["n"]))
-                    for name, est in metrics.items()} for agent, metrics in payload.items()}
+    return {
+        agent: {
+            name: Estimate(float(est["mean"]), float(est["low"]), float(est["high"]), int(est["n"]))
+            for name, est in metrics.items()
+        }
+        for agent, metrics in payload.items()
+    }

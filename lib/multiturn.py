@@ -57,8 +57,7 @@ class PlayedEpisode:
 
 def first_messages(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> List[Dict[str, str]]:
     """The conversation's opening: the system prompt and the whole first observation."""
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": render_observation(obs, config)}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": render_observation(obs, config)}]
 
 
 def followup_message(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> Dict[str, str]:
@@ -84,8 +83,7 @@ class ChatLayout:
         self.eos_text = tokenizer.decode([tokenizer.eos_token_id])
 
     def _render(self, messages: List[Dict[str, str]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def _ids(self, text: str) -> List[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -99,8 +97,9 @@ class ChatLayout:
     def prompt_ids(self, messages: List[Dict[str, str]]) -> List[int]:
         return self._ids(self._render(messages, add_generation_prompt=True))
 
-    def environment_ids(self, messages: List[Dict[str, str]], obs: CollisionObservation, *,
-                        reply_ended: bool) -> List[int]:
+    def environment_ids(
+        self, messages: List[Dict[str, str]], obs: CollisionObservation, *, reply_ended: bool
+    ) -> List[int]:
         """Tokens between the model's last reply (the last message of `messages`) and its
         next turn: what the template closes the reply with (less the eos the model already
         wrote, when it did), the user message showing `obs`, and the next assistant header."""
@@ -108,14 +107,16 @@ class ChatLayout:
         user = self.followup_message(obs)
         after = self._render(messages + [user], add_generation_prompt=True)
         if not after.startswith(before):
-            raise ValueError("the chat template re-renders earlier turns when a message is added; "
-                             "multi-turn token masks need a template that only appends")
+            raise ValueError(
+                "the chat template re-renders earlier turns when a message is added; "
+                "multi-turn token masks need a template that only appends"
+            )
         probe = messages[:-1] + [{"role": "assistant", "content": _PROBE}]
         rendered = self._render(probe, add_generation_prompt=False)
-        tail = rendered[rendered.rindex(_PROBE) + len(_PROBE):]
+        tail = rendered[rendered.rindex(_PROBE) + len(_PROBE) :]
         if reply_ended and tail.startswith(self.eos_text):
-            tail = tail[len(self.eos_text):]
-        return self._ids(tail + after[len(before):])
+            tail = tail[len(self.eos_text) :]
+        return self._ids(tail + after[len(before) :])
 
 
 GenerateFn = Callable[[List[List[int]], Sampling], List[tuple[List[int], List[float]]]]
@@ -151,8 +152,7 @@ class CachedGenerator:
         return _Session(tokens=[], cache=DynamicCache(config=self.model.config))
 
     def _prefill(self, session: "_Session", tokens: List[int], device: Any) -> torch.Tensor:
-        out = self.model(input_ids=torch.tensor([tokens], device=device), past_key_values=session.cache,
-                         use_cache=True)
+        out = self.model(input_ids=torch.tensor([tokens], device=device), past_key_values=session.cache, use_cache=True)
         session.cache = out.past_key_values
         session.tokens += tokens
         return out.logits[0, -1].float()
@@ -166,8 +166,12 @@ class CachedGenerator:
             torch.set_num_threads(1)  # small sequential forwards: more threads only add synchronisation
         try:
             sessions = [self._session_for(context) for context in contexts]
-            logits = torch.stack([self._prefill(session, context[len(session.tokens):], device)
-                                  for session, context in zip(sessions, contexts)])
+            logits = torch.stack(
+                [
+                    self._prefill(session, context[len(session.tokens) :], device)
+                    for session, context in zip(sessions, contexts)
+                ]
+            )
             replies = self._decode(sessions, logits, sampling, device)
         finally:
             self.model.train(was_training)
@@ -175,8 +179,9 @@ class CachedGenerator:
         self._sessions = sessions
         return replies
 
-    def _decode(self, sessions: List["_Session"], logits: torch.Tensor, sampling: Sampling,
-                device: Any) -> List[tuple[List[int], List[float]]]:
+    def _decode(
+        self, sessions: List["_Session"], logits: torch.Tensor, sampling: Sampling, device: Any
+    ) -> List[tuple[List[int], List[float]]]:
         """Decode one reply per session; leaves in each cache the reply's tokens but its last.
         A row leaves the batch as soon as its reply ends, taking its slice of the cache."""
         from transformers import DynamicCache
@@ -185,11 +190,10 @@ class CachedGenerator:
         width = max(lengths)
         n_layers = len(sessions[0].cache.layers)
         keys = [_left_pad_cache([s.cache.layers[layer].keys for s in sessions], width) for layer in range(n_layers)]
-        values = [_left_pad_cache([s.cache.layers[layer].values for s in sessions], width)
-                  for layer in range(n_layers)]
+        values = [_left_pad_cache([s.cache.layers[layer].values for s in sessions], width) for layer in range(n_layers)]
         mask = torch.zeros((len(sessions), width), dtype=torch.long, device=device)
         for row, length in enumerate(lengths):
-            mask[row, width - length:] = 1
+            mask[row, width - length :] = 1
         replies: List[tuple[List[int], List[float]]] = [([], []) for _ in sessions]
         rows = list(range(len(sessions)))  # session index of each batch row
         while True:
@@ -205,8 +209,9 @@ class CachedGenerator:
                 start = width - lengths[row]
                 cache = DynamicCache()
                 for layer in range(n_layers):
-                    cache.update(keys[layer][i:i + 1, :, start:].clone(), values[layer][i:i + 1, :, start:].clone(),
-                                 layer)
+                    cache.update(
+                        keys[layer][i : i + 1, :, start:].clone(), values[layer][i : i + 1, :, start:].clone(), layer
+                    )
                 sessions[row].cache = cache
                 sessions[row].tokens = sessions[row].tokens + replies[row][0][:-1]
             if ended:
@@ -221,11 +226,13 @@ class CachedGenerator:
             for layer in range(n_layers):
                 batched.update(keys[layer], values[layer], layer)
             mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=1)
-            positions = torch.tensor([[len(sessions[row].tokens) + len(replies[row][0]) - 1] for row in rows],
-                                     device=device)
+            positions = torch.tensor(
+                [[len(sessions[row].tokens) + len(replies[row][0]) - 1] for row in rows], device=device
+            )
             last = torch.tensor([replies[row][0][-1] for row in rows], device=device)[:, None]
-            out = self.model(input_ids=last, attention_mask=mask, position_ids=positions, past_key_values=batched,
-                             use_cache=True)
+            out = self.model(
+                input_ids=last, attention_mask=mask, position_ids=positions, past_key_values=batched, use_cache=True
+            )
             keys = [out.past_key_values.layers[layer].keys for layer in range(n_layers)]
             values = [out.past_key_values.layers[layer].values for layer in range(n_layers)]
             logits = out.logits[:, -1].float()
@@ -237,7 +244,7 @@ def _left_pad_cache(tensors: List[torch.Tensor], width: int) -> torch.Tensor:
     first = tensors[0]
     out = first.new_zeros((len(tensors), first.shape[1], width, first.shape[3]))
     for row, tensor in enumerate(tensors):
-        out[row, :, width - tensor.shape[2]:] = tensor[0]
+        out[row, :, width - tensor.shape[2] :] = tensor[0]
     return out
 
 
@@ -289,8 +296,15 @@ class BatchedGenerate:
         greedy = sampling.temperature <= 0
         sampled = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
         return GenerationConfig(
-            do_sample=not greedy, **sampled, max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos_id,
-            pad_token_id=self.pad_id, return_dict_in_generate=True, output_logits=True, use_cache=True)
+            do_sample=not greedy,
+            **sampled,
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+            use_cache=True,
+        )
 
     @torch.no_grad()
     def __call__(self, contexts: List[List[int]], sampling: Sampling) -> List[tuple[List[int], List[float]]]:
@@ -299,8 +313,8 @@ class BatchedGenerate:
         input_ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long, device=device)
         attention_mask = torch.zeros_like(input_ids)
         for row, context in enumerate(contexts):
-            input_ids[row, width - len(context):] = torch.tensor(context, device=device)
-            attention_mask[row, width - len(context):] = 1
+            input_ids[row, width - len(context) :] = torch.tensor(context, device=device)
+            attention_mask[row, width - len(context) :] = 1
         was_training = self.model.training
         # generate() fills what a passed config leaves unset from the model's own generation_config
         # (a checkpoint's top_k, repetition penalty...): swap it for ours while generating
@@ -308,8 +322,9 @@ class BatchedGenerate:
         saved, base.generation_config = base.generation_config, self._generation_config(sampling)
         self._inference_mode(True)
         try:
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                      generation_config=base.generation_config)
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=base.generation_config
+            )
         finally:
             self._inference_mode(False, was_training)
             base.generation_config = saved
@@ -356,16 +371,28 @@ def hf_generate_fn(model: Any, tokenizer: Any, engine: str = "auto", *, unsloth:
     if engine == "generate":
         return BatchedGenerate(model, tokenizer, unsloth=unsloth)
     if unsloth:
-        raise ValueError("the cached engine calls the model one token at a time, which Unsloth's patched "
-                         "forward does not support; use engine='generate' (or 'auto') with Unsloth")
+        raise ValueError(
+            "the cached engine calls the model one token at a time, which Unsloth's patched "
+            "forward does not support; use engine='generate' (or 'auto') with Unsloth"
+        )
     return CachedGenerator(model, tokenizer)
 
 
-def play_episodes(generate_fn: GenerateFn, tokenizer: Any, specs: Sequence[Any], *, sampling: Sampling = Sampling(),
-                  max_turns: Optional[int] = None, max_context_tokens: Optional[int] = None,
-                  make_env: Callable[[], CERNCollisionEnvironment] = CERNCollisionEnvironment,
-                  observation_config: LLMAgentConfig = LLMAgentConfig(), agent_name: str = "LLM",
-                  batch_size: int = 32, seed: int = 0, progress: Optional[str] = None) -> List[PlayedEpisode]:
+def play_episodes(
+    generate_fn: GenerateFn,
+    tokenizer: Any,
+    specs: Sequence[Any],
+    *,
+    sampling: Sampling = Sampling(),
+    max_turns: Optional[int] = None,
+    max_context_tokens: Optional[int] = None,
+    make_env: Callable[[], CERNCollisionEnvironment] = CERNCollisionEnvironment,
+    observation_config: LLMAgentConfig = LLMAgentConfig(),
+    agent_name: str = "LLM",
+    batch_size: int = 32,
+    seed: int = 0,
+    progress: Optional[str] = None,
+) -> List[PlayedEpisode]:
     """Play one episode per spec (`lib.records.EpisodeSpec`, mapping or tuple), in
     lockstep batches of `batch_size`; returns them in the order of `specs`. `progress`: a
     label under which the episodes played so far are logged (`lib.progress`).
@@ -380,17 +407,34 @@ def play_episodes(generate_fn: GenerateFn, tokenizer: Any, specs: Sequence[Any],
     counter = Progress(progress, len(specs), unit="episode") if progress else None
     for index in range(0, len(specs), batch_size):
         torch.manual_seed(seed + index)
-        played.extend(_play_batch(generate_fn, layout, specs[index:index + batch_size], sampling=sampling,
-                                  max_turns=max_turns, max_context_tokens=max_context_tokens, make_env=make_env,
-                                  agent_name=agent_name))
+        played.extend(
+            _play_batch(
+                generate_fn,
+                layout,
+                specs[index : index + batch_size],
+                sampling=sampling,
+                max_turns=max_turns,
+                max_context_tokens=max_context_tokens,
+                make_env=make_env,
+                agent_name=agent_name,
+            )
+        )
         if counter is not None:
             counter.update(len(played))
     return played
 
 
-def _play_batch(generate_fn: GenerateFn, layout: ChatLayout, specs: List[Dict[str, Any]], *, sampling: Sampling,
-                max_turns: Optional[int], max_context_tokens: Optional[int],
-                make_env: Callable[[], CERNCollisionEnvironment], agent_name: str) -> List[PlayedEpisode]:
+def _play_batch(
+    generate_fn: GenerateFn,
+    layout: ChatLayout,
+    specs: List[Dict[str, Any]],
+    *,
+    sampling: Sampling,
+    max_turns: Optional[int],
+    max_context_tokens: Optional[int],
+    make_env: Callable[[], CERNCollisionEnvironment],
+    agent_name: str,
+) -> List[PlayedEpisode]:
     envs = [make_env() for _ in specs]
     observations = [env.reset(**spec) for env, spec in zip(envs, specs)]
     turn_limit = min(max_turns or envs[0].max_steps, envs[0].max_steps)
@@ -401,8 +445,12 @@ def _play_batch(generate_fn: GenerateFn, layout: ChatLayout, specs: List[Dict[st
     active = list(range(len(specs)))
     for _turn in range(turn_limit):
         if max_context_tokens is not None:
-            for i in [i for i in active if len(episodes[i].prompt_ids) + len(episodes[i].completion_ids)
-                      + sampling.max_new_tokens > max_context_tokens]:
+            for i in [
+                i
+                for i in active
+                if len(episodes[i].prompt_ids) + len(episodes[i].completion_ids) + sampling.max_new_tokens
+                > max_context_tokens
+            ]:
                 episodes[i].truncated = True
                 active.remove(i)
         if not active:
@@ -418,8 +466,17 @@ def _play_batch(generate_fn: GenerateFn, layout: ChatLayout, specs: List[Dict[st
             episode.logprobs += logprobs
             parse = parse_reply(text)
             next_obs = envs[i].step(parse.payload)
-            steps[i].append(step_record(obs, parse.payload, next_obs, prompt=messages[i][-1]["content"],
-                                        completion=text, parsed_ok=parse.ok, parse_error=parse.error))
+            steps[i].append(
+                step_record(
+                    obs,
+                    parse.payload,
+                    next_obs,
+                    prompt=messages[i][-1]["content"],
+                    completion=text,
+                    parsed_ok=parse.ok,
+                    parse_error=parse.error,
+                )
+            )
             messages[i].append({"role": "assistant", "content": text})
             last_obs[i] = next_obs
             if next_obs.done:
@@ -435,8 +492,9 @@ def _play_batch(generate_fn: GenerateFn, layout: ChatLayout, specs: List[Dict[st
         episodes[i].truncated = True
     for i, (env, spec) in enumerate(zip(envs, specs)):
         _drop_trailing_environment_text(episodes[i])
-        episodes[i].record = episode_record(env, seed=spec["seed"], steps=steps[i], last_obs=last_obs[i],
-                                            agent_name=agent_name)
+        episodes[i].record = episode_record(
+            env, seed=spec["seed"], steps=steps[i], last_obs=last_obs[i], agent_name=agent_name
+        )
     return episodes
 
 

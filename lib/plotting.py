@@ -61,9 +61,14 @@ def _new_axes(ax: Optional[plt.Axes]) -> plt.Axes:
 
 
 def _label(ax: plt.Axes, luminosity_fb: Optional[float] = None, sqrt_s_tev: Optional[float] = None) -> None:
-    mplhep.label.exp_label(exp=EXPERIMENT, data=False, ax=ax, loc=0,
-                           lumi=None if luminosity_fb is None else f"{luminosity_fb:.3g}",
-                           com=None if sqrt_s_tev is None else f"{sqrt_s_tev:g}")
+    mplhep.label.exp_label(
+        exp=EXPERIMENT,
+        data=False,
+        ax=ax,
+        loc=0,
+        lumi=None if luminosity_fb is None else f"{luminosity_fb:.3g}",
+        com=None if sqrt_s_tev is None else f"{sqrt_s_tev:g}",
+    )
 
 
 def model_curves(spectrum: Spectrum, fit: Union[ResonanceFit, BackgroundFit]) -> Dict[str, np.ndarray]:
@@ -84,9 +89,13 @@ def model_curves(spectrum: Spectrum, fit: Union[ResonanceFit, BackgroundFit]) ->
     return {"mass_gev": centres, "background": b * per_data_bin, "total": total * per_data_bin}
 
 
-def plot_spectrum(spectrum: Spectrum, fit: Union[ResonanceFit, BackgroundFit, None] = None,
-                  ax: Optional[plt.Axes] = None, *,
-                  z_local: Optional[float] = None) -> plt.Axes:
+def plot_spectrum(
+    spectrum: Spectrum,
+    fit: Union[ResonanceFit, BackgroundFit, None] = None,
+    ax: Optional[plt.Axes] = None,
+    *,
+    z_local: Optional[float] = None,
+) -> plt.Axes:
     """Invariant-mass spectrum as data points; with `fit`, the fitted model as lines.
 
     A `ResonanceFit` draws the signal+background model (solid) and its background
@@ -103,13 +112,27 @@ def plot_spectrum(spectrum: Spectrum, fit: Union[ResonanceFit, BackgroundFit, No
             if isinstance(fit, ResonanceFit):
                 label = "S+B fit" + ("" if z_local is None else f", $Z_{{local}}$ = {z_local:.1f}σ")
                 ax.plot(curves["mass_gev"], curves["total"], color="tab:red", lw=2, label=label)
-                title += (f"\n$m$ = {fit.mass_gev:.5g} ± {fit.mass_err_gev:.2g} GeV"
-                          f"\n$N_s$ = {fit.signal_yield:.0f} ± {fit.signal_yield_err:.0f}")
-                ax.plot(curves["mass_gev"], curves["background"], color="tab:blue", lw=2, ls="--",
-                        label="Background component")
+                title += (
+                    f"\n$m$ = {fit.mass_gev:.5g} ± {fit.mass_err_gev:.2g} GeV"
+                    f"\n$N_s$ = {fit.signal_yield:.0f} ± {fit.signal_yield_err:.0f}"
+                )
+                ax.plot(
+                    curves["mass_gev"],
+                    curves["background"],
+                    color="tab:blue",
+                    lw=2,
+                    ls="--",
+                    label="Background component",
+                )
             else:
-                ax.plot(curves["mass_gev"], curves["background"], color="tab:blue", lw=2, ls="--",
-                        label="Background-only fit")
+                ax.plot(
+                    curves["mass_gev"],
+                    curves["background"],
+                    color="tab:blue",
+                    lw=2,
+                    ls="--",
+                    label="Background-only fit",
+                )
         width = float(edges[1] - edges[0])
         ax.set_xlabel(spectrum.histogram.axes[0].label)
         ax.set_ylabel(f"Events / {width:.3g} GeV")
@@ -127,12 +150,18 @@ def plot_scan(scan: BumpScan, ax: Optional[plt.Axes] = None) -> plt.Axes:
     with plt.style.context(STYLE):
         ax = _new_axes(ax)
         mass, z = np.asarray(scan.mass_grid_gev), np.asarray(scan.z_local)
-        ax.plot(mass, z, color="black", lw=2,
-                label=f"Local $Z$ (best {scan.best_z_local:.1f}σ at {scan.best_mass_gev:.4g} GeV)")
+        ax.plot(
+            mass,
+            z,
+            color="black",
+            lw=2,
+            label=f"Local $Z$ (best {scan.best_z_local:.1f}σ at {scan.best_mass_gev:.4g} GeV)",
+        )
         if scan.candidates_gev:
             candidates = np.asarray(scan.candidates_gev)
-            ax.plot(candidates, np.interp(candidates, mass, z), "v", color="tab:red", ms=12, ls="none",
-                    label="Candidates")
+            ax.plot(
+                candidates, np.interp(candidates, mass, z), "v", color="tab:red", ms=12, ls="none", label="Candidates"
+            )
         for level, colour in zip(DISCOVERY_LINES_SIGMA, ("tab:orange", "tab:red")):
             ax.axhline(level, color=colour, ls=":", lw=1.5, label=f"{level:g}σ")
         ax.set_xlabel("Mass hypothesis [GeV]")
@@ -156,27 +185,30 @@ def plot_spin(result: SpinResult, cos_counts: Sequence[float], channel: str, ax:
     fractions: Mapping[int, float] = result.signal_fraction_by_spin or {result.best_spin: result.signal_fraction}
     with plt.style.context(STYLE):
         ax = _new_axes(ax)
-        mplhep.histplot(counts, edges, histtype="errorbar", color="black", label="Data (signal region)", ax=ax,
-                        markersize=5)
+        mplhep.histplot(
+            counts, edges, histtype="errorbar", color="black", label="Data (signal region)", ax=ax, markersize=5
+        )
         background = background_angular_probabilities(channel, counts.size)
         for spin, relative in result.relative_likelihood.items():
             f = fractions.get(spin, result.signal_fraction)
-            expected = counts.sum() * (f * angular_bin_probabilities(spin, channel, counts.size)
-                                       + (1.0 - f) * background)
-            mplhep.histplot(expected, edges, histtype="step", lw=2, ax=ax,
-                            label=f"$J$ = {spin}: $L_J/\\Sigma L$ = {relative:.2f}")
+            expected = counts.sum() * (
+                f * angular_bin_probabilities(spin, channel, counts.size) + (1.0 - f) * background
+            )
+            mplhep.histplot(
+                expected, edges, histtype="step", lw=2, ax=ax, label=f"$J$ = {spin}: $L_J/\\Sigma L$ = {relative:.2f}"
+            )
         ax.set_xlabel(r"$|\cos\theta^*|$")
         ax.set_ylabel(f"Events / {1.0 / counts.size:.2g}")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1.5 * max(float(counts.max()), 1.0))
-        ax.legend(loc="upper right", fontsize="small", title=f"best spin {result.best_spin}",
-                  title_fontsize="small")
+        ax.legend(loc="upper right", fontsize="small", title=f"best spin {result.best_spin}", title_fontsize="small")
         _label(ax)
     return ax
 
 
-def plot_reward_distributions(rewards_by_agent: Mapping[str, Sequence[float]], ax: Optional[plt.Axes] = None,
-                              bins: int = 24) -> plt.Axes:
+def plot_reward_distributions(
+    rewards_by_agent: Mapping[str, Sequence[float]], ax: Optional[plt.Axes] = None, bins: int = 24
+) -> plt.Axes:
     """Episode-reward histograms of several agents on shared bins, with each mean in the legend."""
     with plt.style.context(STYLE):
         ax = _new_axes(ax)
@@ -188,31 +220,45 @@ def plot_reward_distributions(rewards_by_agent: Mapping[str, Sequence[float]], a
         for name, rewards in rewards_by_agent.items():
             rewards = np.asarray(rewards, dtype=float)
             if rewards.size:
-                ax.hist(rewards, bins=edges, histtype="step", lw=2,
-                        label=f"{name} (mean {rewards.mean():+.2f}, n={rewards.size})")
+                ax.hist(
+                    rewards,
+                    bins=edges,
+                    histtype="step",
+                    lw=2,
+                    label=f"{name} (mean {rewards.mean():+.2f}, n={rewards.size})",
+                )
         ax.set_xlabel("episode reward")
         ax.set_ylabel("episodes")
         ax.legend(fontsize="small")
     return ax
 
 
-def plot_agent_comparison(results: Mapping[str, Mapping[str, Any]], metric: str, ax: Optional[plt.Axes] = None,
-                          label: Optional[str] = None) -> plt.Axes:
+def plot_agent_comparison(
+    results: Mapping[str, Mapping[str, Any]], metric: str, ax: Optional[plt.Axes] = None, label: Optional[str] = None
+) -> plt.Axes:
     """One row per agent: the mean of `metric` with its 95% interval as an error bar.
 
     `results` maps agent → metric name → an estimate with `mean`, `low`, `high` and `n`
     (`lib.evaluation.Estimate`); agents without that metric, or with n = 0, are skipped.
     """
-    rows = [(agent, metrics[metric]) for agent, metrics in results.items()
-            if metric in metrics and metrics[metric].n > 0]
+    rows = [
+        (agent, metrics[metric]) for agent, metrics in results.items() if metric in metrics and metrics[metric].n > 0
+    ]
     with plt.style.context(STYLE):
         ax = _new_axes(ax)
         positions = np.arange(len(rows))[::-1]
         for y, (agent, est) in zip(positions, rows):
-            ax.errorbar([est.mean], [y], xerr=[[est.mean - est.low], [est.high - est.mean]], fmt="o", ms=9,
-                        capsize=6, lw=2)
-            ax.annotate(f"{est.mean:.3g} [{est.low:.3g}, {est.high:.3g}]", (est.high, y), xytext=(8, 0),
-                        textcoords="offset points", va="center", fontsize="x-small")
+            ax.errorbar(
+                [est.mean], [y], xerr=[[est.mean - est.low], [est.high - est.mean]], fmt="o", ms=9, capsize=6, lw=2
+            )
+            ax.annotate(
+                f"{est.mean:.3g} [{est.low:.3g}, {est.high:.3g}]",
+                (est.high, y),
+                xytext=(8, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize="x-small",
+            )
         ax.set_yticks(positions, [agent for agent, _ in rows])
         ax.set_ylim(-0.7, len(rows) - 0.3)
         ax.set_xlabel(label or f"{metric} (95% bootstrap interval)")

@@ -89,21 +89,30 @@ class SFTSettings:
     """Optimisation steps between logged losses."""
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig = TinyModelConfig()
-                     ) -> Qwen2ForCausalLM:
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig = TinyModelConfig()
+) -> Qwen2ForCausalLM:
     """A randomly initialised Qwen2 causal LM over `tokenizer`'s vocabulary (same seed, same weights)."""
     torch.manual_seed(config.seed)
     model_config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
-        intermediate_size=config.intermediate_size, max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id)
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
     return Qwen2ForCausalLM(model_config)
 
 
-def untrained_stand_in(tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig = TinyModelConfig(), *,
-                       cache_dir: Optional[str] = None) -> Qwen2ForCausalLM:
+def untrained_stand_in(
+    tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig = TinyModelConfig(), *, cache_dir: Optional[str] = None
+) -> Qwen2ForCausalLM:
     """`build_tiny_model`, saved once to `PROJECT_CACHE/policy/tiny-qwen2-untrained-<fingerprint>` and
     loaded from there: a LoRA adapter trained on it then names a base folder that loads
     (`lib.training.publish.load_trained_policy`); a model built in memory has no name."""
@@ -167,22 +176,39 @@ def sft_examples(n_episodes: int, first_seed: int = SFT_SEED, significant_digits
 
 
 def _fingerprint(tokenizer: PreTrainedTokenizerFast, model: TinyModelConfig, sft: SFTSettings) -> str:
-    key = json.dumps({"vocab": tokenizer.get_vocab(), "model": asdict(model), "sft": asdict(sft),
-                      "template": tokenizer.chat_template,
-                      "probe": sft_examples(1, significant_digits=sft.significant_digits)}, sort_keys=True)
+    key = json.dumps(
+        {
+            "vocab": tokenizer.get_vocab(),
+            "model": asdict(model),
+            "sft": asdict(sft),
+            "template": tokenizer.chat_template,
+            "probe": sft_examples(1, significant_digits=sft.significant_digits),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def cached_model_dir(tokenizer: PreTrainedTokenizerFast, model_config: TinyModelConfig = TinyModelConfig(),
-                     sft: SFTSettings = SFTSettings(), *, cache_dir: Optional[str] = None) -> Path:
+def cached_model_dir(
+    tokenizer: PreTrainedTokenizerFast,
+    model_config: TinyModelConfig = TinyModelConfig(),
+    sft: SFTSettings = SFTSettings(),
+    *,
+    cache_dir: Optional[str] = None,
+) -> Path:
     """Where `warm_start` keeps the model for these inputs: `cache_dir` (default
     `PROJECT_CACHE/policy`, at the repository root) / `tiny-qwen2-<fingerprint>`."""
     return Path(cache_dir or PROJECT_CACHE / "policy") / f"tiny-qwen2-{_fingerprint(tokenizer, model_config, sft)}"
 
 
-def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: Optional[str] = None,
-               model_config: TinyModelConfig = TinyModelConfig(), sft: SFTSettings = SFTSettings(),
-               report: Optional[Dict[str, Any]] = None) -> Qwen2ForCausalLM:
+def warm_start(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    cache_dir: Optional[str] = None,
+    model_config: TinyModelConfig = TinyModelConfig(),
+    sft: SFTSettings = SFTSettings(),
+    report: Optional[Dict[str, Any]] = None,
+) -> Qwen2ForCausalLM:
     """The SFT-warm-started stand-in model, trained once and cached under a name that
     changes with any of its inputs (under `cache_dir`, default `PROJECT_CACHE/policy`).
     `report` (a dict) receives the training losses."""
@@ -197,19 +223,38 @@ def warm_start(tokenizer: PreTrainedTokenizerFast, *, cache_dir: Optional[str] =
         return Qwen2ForCausalLM.from_pretrained(target)
     model = build_tiny_model(tokenizer, model_config)
     dataset = Dataset.from_list(sft_examples(sft.n_episodes, significant_digits=sft.significant_digits))
-    work = Path(tempfile.mkdtemp(prefix="sft-", dir=str(Path(cache_dir).parent if Path(cache_dir).parent.exists()
-                                                         else None)))
+    work = Path(
+        tempfile.mkdtemp(prefix="sft-", dir=str(Path(cache_dir).parent if Path(cache_dir).parent.exists() else None))
+    )
     args = SFTConfig(
-        output_dir=str(work), num_train_epochs=sft.epochs, per_device_train_batch_size=sft.batch_size,
-        learning_rate=sft.learning_rate, lr_scheduler_type="cosine", warmup_steps=0.05, seed=sft.seed,
-        logging_steps=sft.logging_steps, save_strategy="no", report_to=[],
-        assistant_only_loss=sft.assistant_only_loss, max_length=model_config.max_position_embeddings,
-        use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=str(work),
+        num_train_epochs=sft.epochs,
+        per_device_train_batch_size=sft.batch_size,
+        learning_rate=sft.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=0.05,
+        seed=sft.seed,
+        logging_steps=sft.logging_steps,
+        save_strategy="no",
+        report_to=[],
+        assistant_only_loss=sft.assistant_only_loss,
+        max_length=model_config.max_position_embeddings,
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+        disable_tqdm=True,
         # float32 without autocast: TRL's configs default to bf16, whose autocast on a CPU made every
         # step 7x slower (a 5,000-token conversation: 8 s instead of 1.1 s); the model is 1M parameters.
-        bf16=False, fp16=False, gradient_checkpointing=False)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=[ProgressLog(f"SFT warm start of the stand-in ({len(dataset)} conversations)")])
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[ProgressLog(f"SFT warm start of the stand-in ({len(dataset)} conversations)")],
+    )
     logger.info("building the stand-in's SFT warm start once (cached in %s)", target)
     trainer.train()
     if report is not None:

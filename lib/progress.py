@@ -34,8 +34,9 @@ class Progress:
     """Counts `done` of `total` units of work and logs at most every `every_s` seconds (and when
     the work is done): the fraction done, seconds per unit, elapsed and estimated time left."""
 
-    def __init__(self, label: str, total: int, *, unit: str = "item", every_s: float = 30.0,
-                 log: Optional[logging.Logger] = None) -> None:
+    def __init__(
+        self, label: str, total: int, *, unit: str = "item", every_s: float = 30.0, log: Optional[logging.Logger] = None
+    ) -> None:
         self.label, self.total, self.unit, self.every_s = label, max(int(total), 0), unit, every_s
         self.log = log or logger
         self.started = time.perf_counter()

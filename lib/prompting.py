@@ -138,12 +138,16 @@ def render_observation(obs: CollisionObservation, config: LLMAgentConfig = LLMAg
         + (f" ({usage.luminosity_allocated_fb:.4g} booked)" if usage.luminosity_allocated_fb else ""),
     ]
     if obs.selected_beam_energy_tev is not None:
-        lines.append(f"Beam {obs.selected_beam_energy_tev:g} TeV {obs.selected_pileup}; trigger {obs.selected_trigger}; "
-                     f"channel {obs.selected_channel}")
+        lines.append(
+            f"Beam {obs.selected_beam_energy_tev:g} TeV {obs.selected_pileup}; trigger {obs.selected_trigger}; "
+            f"channel {obs.selected_channel}"
+        )
     for name, data in obs.data_collected.items():
-        lines.append(f"Data {name}: {data.luminosity_fb:.4g} fb^-1 {data.recorded_events} events "
-                     f"calibration {data.calibration_level} reco {data.reconstruction}")
-    history = obs.pipeline_history[-config.max_history_steps:] if config.max_history_steps > 0 else []
+        lines.append(
+            f"Data {name}: {data.luminosity_fb:.4g} fb^-1 {data.recorded_events} events "
+            f"calibration {data.calibration_level} reco {data.reconstruction}"
+        )
+    history = obs.pipeline_history[-config.max_history_steps :] if config.max_history_steps > 0 else []
     if history:
         lines.append("History: " + ",".join(entry.removesuffix(": ok") for entry in history))
     result = dict(obs.latest_result)
@@ -160,8 +164,7 @@ def render_observation(obs: CollisionObservation, config: LLMAgentConfig = LLMAg
 
 def build_chat(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> List[Dict[str, str]]:
     """[system, user] messages for one decision; deterministic in `obs` and `config`."""
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": render_observation(obs, config)}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": render_observation(obs, config)}]
 
 
 def chat_text(chat: List[Dict[str, str]]) -> str:
@@ -175,19 +178,21 @@ def action_json_schema() -> Dict[str, Any]:
     branches = []
     for spec in ACTION_TABLE.values():
         parameters = spec.params.model_json_schema()
-        branches.append({
-            "title": spec.action_type.value,
-            "description": spec.summary,
-            "type": "object",
-            "properties": {
-                "action_type": {"const": spec.action_type.value},
-                "parameters": parameters,
-                "justification": {"type": "string", "maxLength": 2000},
-                "metadata": {"type": "object"},
-            },
-            "required": ["action_type", "parameters"] if parameters.get("required") else ["action_type"],
-            "additionalProperties": False,
-        })
+        branches.append(
+            {
+                "title": spec.action_type.value,
+                "description": spec.summary,
+                "type": "object",
+                "properties": {
+                    "action_type": {"const": spec.action_type.value},
+                    "parameters": parameters,
+                    "justification": {"type": "string", "maxLength": 2000},
+                    "metadata": {"type": "object"},
+                },
+                "required": ["action_type", "parameters"] if parameters.get("required") else ["action_type"],
+                "additionalProperties": False,
+            }
+        )
     return {"title": "ExperimentAction", "oneOf": branches}
 
 
@@ -242,8 +247,12 @@ def parse_reply(text: str) -> ParseResult:
         return ParseResult(None, text, f"a completion is text, got {type(text).__name__}")
     objects = _json_objects(text)
     if not objects:
-        return ParseResult(None, text, "no JSON object in the reply: answer with one "
-                                       '{"action_type": ..., "parameters": {...}, "justification": "..."}')
+        return ParseResult(
+            None,
+            text,
+            "no JSON object in the reply: answer with one "
+            '{"action_type": ..., "parameters": {...}, "justification": "..."}',
+        )
     if len(objects) > 1:
         return ParseResult(None, text, f"{len(objects)} JSON objects in the reply; send exactly one action")
     try:
@@ -263,9 +272,12 @@ class LLMAgent:
     from output that means nothing, and hide parse failures from the reward and the logs.
     """
 
-    def __init__(self, generate_fn: Callable[[str], str],
-                 prompt_fn: Callable[[List[Dict[str, str]]], str] = chat_text,
-                 config: LLMAgentConfig = LLMAgentConfig()) -> None:
+    def __init__(
+        self,
+        generate_fn: Callable[[str], str],
+        prompt_fn: Callable[[List[Dict[str, str]]], str] = chat_text,
+        config: LLMAgentConfig = LLMAgentConfig(),
+    ) -> None:
         self.generate_fn = generate_fn
         self.prompt_fn = prompt_fn
         self.config = config
@@ -283,8 +295,9 @@ class LLMAgent:
         return self.last_parse.payload
 
 
-def prompt_budget(observations: Iterable[CollisionObservation], tokenizer: Any = None,
-                  config: LLMAgentConfig = LLMAgentConfig()) -> Dict[str, float]:
+def prompt_budget(
+    observations: Iterable[CollisionObservation], tokenizer: Any = None, config: LLMAgentConfig = LLMAgentConfig()
+) -> Dict[str, float]:
     """Size of the prompts for `observations`: characters of the chat's plain text
     (`chat_text`) and, with a tokenizer, tokens of the prompt the model reads (its chat
     template with the generation prompt, else the plain text); median and 95th percentile."""
@@ -292,12 +305,17 @@ def prompt_budget(observations: Iterable[CollisionObservation], tokenizer: Any =
     if not chats:
         raise ValueError("prompt_budget needs at least one observation")
     chars = np.array([len(chat_text(chat)) for chat in chats])
-    budget = {"n_prompts": len(chats), "system_chars": len(SYSTEM_PROMPT),
-              "chars_median": float(np.median(chars)), "chars_p95": float(np.percentile(chars, 95))}
+    budget = {
+        "n_prompts": len(chats),
+        "system_chars": len(SYSTEM_PROMPT),
+        "chars_median": float(np.median(chars)),
+        "chars_p95": float(np.percentile(chars, 95)),
+    }
     if tokenizer is not None:
         if getattr(tokenizer, "chat_template", None):
-            prompts = [tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-                       for chat in chats]
+            prompts = [
+                tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) for chat in chats
+            ]
         else:
             prompts = [chat_text(chat) for chat in chats]
         tokens = np.array([len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts])

@@ -42,7 +42,7 @@ class EpisodeSpec:
 
     @property
     def part(self) -> str:
-        """"rediscovery" (a curated scenario) or "unseen" (procedural): see `lib.evaluation.PARTS`."""
+        """ "rediscovery" (a curated scenario) or "unseen" (procedural): see `lib.evaluation.PARTS`."""
         return part_of(self.scenario)
 
 
@@ -52,8 +52,11 @@ def spec_fields(item: Any) -> Dict[str, Any]:
     if isinstance(item, Mapping):
         spec = dict(item)
     elif hasattr(item, "seed"):
-        spec = {"seed": item.seed, "scenario": getattr(item, "scenario", None),
-                "difficulty": getattr(item, "difficulty", None)}
+        spec = {
+            "seed": item.seed,
+            "scenario": getattr(item, "scenario", None),
+            "difficulty": getattr(item, "difficulty", None),
+        }
     else:
         spec = dict(zip(PAIR_KEY, item))
     return {"scenario": None, "difficulty": None, **spec}
@@ -124,8 +127,7 @@ def as_episode_dict(episode: Any) -> Dict[str, Any]:
 def save_episodes_jsonl(episodes: Sequence[Union[EpisodeRecord, Dict[str, Any]]], path: str) -> None:
     """Write one episode per line, atomically: a reader never sees a half-written file
     (`lib.files.atomic_write`)."""
-    atomic_write(path, "".join(json.dumps(as_episode_dict(episode)) + "\n"
-                               for episode in episodes))
+    atomic_write(path, "".join(json.dumps(as_episode_dict(episode)) + "\n" for episode in episodes))
 
 
 def load_episodes_jsonl(path: str) -> List[Dict[str, Any]]:
@@ -139,7 +141,8 @@ def load_episodes_jsonl(path: str) -> List[Dict[str, Any]]:
             episodes.append(json.loads(line))
         except json.JSONDecodeError as error:
             if number < len(lines):
-                raise ValueError(f"{path}:{number} is not JSON ({error}); only the last line may be "
-                                 "truncated") from None
+                raise ValueError(
+                    f"{path}:{number} is not JSON ({error}); only the last line may be truncated"
+                ) from None
             warnings.warn(f"{path}:{number}: skipped a truncated last line ({len(line)} characters)", stacklevel=2)
     return episodes

@@ -55,6 +55,7 @@ def replay(episode: Any, *, upto_step: Optional[int] = None) -> List[Dict[str, A
             raise ReplayMismatch(
                 f"seed {record.get('seed')} step {index}: replayed reward {obs.reward!r} ≠ recorded {recorded!r}; "
                 "the record comes from another version of the environment: regenerate the evidence "
-                "(make train or make reproduce)")
+                "(make train or make reproduce)"
+            )
         snapshots.append(analysis_snapshot(env))
     return snapshots

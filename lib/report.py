@@ -68,16 +68,22 @@ def provenance(notebook_path: Path) -> str:
         run = record["notebooks"][notebook_path.stem]
         profile = str(record["profile"])
     except (OSError, ValueError, KeyError, TypeError):
-        return (f"> **Provenance unknown:** `{notebook_path}` has no entry in a `run.json` beside it; "
-                "`make reproduce` writes one.")
+        return (
+            f"> **Provenance unknown:** `{notebook_path}` has no entry in a `run.json` beside it; "
+            "`make reproduce` writes one."
+        )
     commit = str(run.get("commit") or "unknown")
-    line = (f"> Report of `make reproduce PROFILE={profile}`: this notebook ran at commit `{commit[:12]}` "
-            f"on {run.get('finished', '?')} ({run.get('seconds', '?')} s).")
+    line = (
+        f"> Report of `make reproduce PROFILE={profile}`: this notebook ran at commit `{commit[:12]}` "
+        f"on {run.get('finished', '?')} ({run.get('seconds', '?')} s)."
+    )
     if run.get("dirty"):
         line += " **The checkout had uncommitted changes**: the commit alone does not reproduce it."
     if profile != "full":
-        line += (f" **Profile `{profile}`, not the full run**: its numbers check the pipeline and are not "
-                 "the published evidence.")
+        line += (
+            f" **Profile `{profile}`, not the full run**: its numbers check the pipeline and are not "
+            "the published evidence."
+        )
     return line
 
 
@@ -85,8 +91,14 @@ def _data_url(path: Path) -> str:
     return "data:text/javascript;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
-def export_html(notebook_path: Path, html_path: Path, *, no_input: bool = False,
-                assets_dir: Path = ASSETS_DIR, self_contained: bool = False) -> Path:
+def export_html(
+    notebook_path: Path,
+    html_path: Path,
+    *,
+    no_input: bool = False,
+    assets_dir: Path = ASSETS_DIR,
+    self_contained: bool = False,
+) -> Path:
     """Write `notebook_path` as an HTML page at `html_path` that loads its scripts from `assets_dir`
     (`self_contained`: with the scripts inside the page as data URLs, so it works on its own)."""
     import nbformat
@@ -94,8 +106,10 @@ def export_html(notebook_path: Path, html_path: Path, *, no_input: bool = False,
 
     for name in (REQUIRE_JS, WIDGET_MANAGER_JS):
         if not (assets_dir / name).is_file():
-            raise FileNotFoundError(f"{assets_dir / name} is missing: restore reports/assets from git "
-                                    "(git checkout -- reports/assets) or run `make report-assets`")
+            raise FileNotFoundError(
+                f"{assets_dir / name} is missing: restore reports/assets from git "
+                "(git checkout -- reports/assets) or run `make report-assets`"
+            )
     html_path.parent.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATES_DIR)])
     if self_contained:
@@ -120,15 +134,26 @@ def export_reports(build_dir: Path, reports_dir: Path, *, assets_dir: Path = ASS
     """Both pages for every executed notebook in `build_dir`; returns the pages written."""
     notebooks = sorted(build_dir.glob("*.ipynb"))
     if not notebooks:
-        raise FileNotFoundError(f"no executed notebooks in {build_dir}/: run `make reproduce` "
-                                f"(PROFILE={build_dir.name}) first")
+        raise FileNotFoundError(
+            f"no executed notebooks in {build_dir}/: run `make reproduce` (PROFILE={build_dir.name}) first"
+        )
     written = []
     for notebook in notebooks:
         written.append(export_html(notebook, reports_dir / f"{notebook.stem}.html", assets_dir=assets_dir))
-        written.append(export_html(notebook, reports_dir / f"{notebook.stem}{READERS_SUFFIX}.html",
-                                   no_input=True, assets_dir=assets_dir))
-        written.append(export_html(notebook, reports_dir / f"{notebook.stem}{STANDALONE_SUFFIX}.html",
-                                   no_input=True, assets_dir=assets_dir, self_contained=True))
+        written.append(
+            export_html(
+                notebook, reports_dir / f"{notebook.stem}{READERS_SUFFIX}.html", no_input=True, assets_dir=assets_dir
+            )
+        )
+        written.append(
+            export_html(
+                notebook,
+                reports_dir / f"{notebook.stem}{STANDALONE_SUFFIX}.html",
+                no_input=True,
+                assets_dir=assets_dir,
+                self_contained=True,
+            )
+        )
     return written
 
 
@@ -180,8 +205,15 @@ def _wait_for(read: Callable[[], Optional[str]], differs_from: Optional[str], ti
     return value
 
 
-def check_browser(html_path: Path, screenshot_path: Optional[Path] = None, *, chromium: Optional[str] = None,
-                  slider_moves: int = 2, end_at_last_step: bool = False, timeout_s: float = 60.0) -> BrowserCheck:
+def check_browser(
+    html_path: Path,
+    screenshot_path: Optional[Path] = None,
+    *,
+    chromium: Optional[str] = None,
+    slider_moves: int = 2,
+    end_at_last_step: bool = False,
+    timeout_s: float = 60.0,
+) -> BrowserCheck:
     """Open the exported page in headless Chromium with every non-local request refused, wait
     for the trajectory browser's widgets to render, press → on the step slider
     `slider_moves` times (then End, with `end_at_last_step`), pick the next episode in the
@@ -194,8 +226,10 @@ def check_browser(html_path: Path, screenshot_path: Optional[Path] = None, *, ch
 
     chromium = chromium or find_chromium()
     if chromium is None:
-        raise FileNotFoundError("no Chromium found: install Debian's `chromium` package (apt-get install chromium) "
-                                "or set CHROMIUM=/path/to/chrome")
+        raise FileNotFoundError(
+            "no Chromium found: install Debian's `chromium` package (apt-get install chromium) "
+            "or set CHROMIUM=/path/to/chrome"
+        )
     check = BrowserCheck()
 
     def route(request_route) -> None:
@@ -271,14 +305,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if find_chromium() is None:
             print("no Chromium: the trajectory browser was not checked in a browser (apt-get install chromium)")
             return 0
-        check = check_browser(browser_page, args.reports_dir / f"{BROWSER_NOTEBOOK}{SCREENSHOT_SUFFIX}",
-                              end_at_last_step=True)
-        print(f"checked {browser_page} in headless Chromium: steps shown {check.steps_shown}, "
-              f"{len(check.blocked_requests)} network request(s) refused, {len(check.page_errors)} page error(s); "
-              f"screenshot {check.screenshot}")
+        check = check_browser(
+            browser_page, args.reports_dir / f"{BROWSER_NOTEBOOK}{SCREENSHOT_SUFFIX}", end_at_last_step=True
+        )
+        print(
+            f"checked {browser_page} in headless Chromium: steps shown {check.steps_shown}, "
+            f"{len(check.blocked_requests)} network request(s) refused, {len(check.page_errors)} page error(s); "
+            f"screenshot {check.screenshot}"
+        )
         if check.blocked_requests or check.page_errors or len(set(check.steps_shown)) < 2:
-            print("error: the report does not work offline as it should: "
-                  f"{check.blocked_requests[:3]} {check.page_errors[:3]}", file=sys.stderr)
+            print(
+                "error: the report does not work offline as it should: "
+                f"{check.blocked_requests[:3]} {check.page_errors[:3]}",
+                file=sys.stderr,
+            )
             return 1
     return 0
 

@@ -56,8 +56,9 @@ def profile_path(profile: str) -> Path:
         path = CONFIGS_DIR / f"{profile}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
-        raise ReproduceError(f"no profile {profile!r} ({path} does not exist); choose one of {known} "
-                             "or give a path to a YAML file")
+        raise ReproduceError(
+            f"no profile {profile!r} ({path} does not exist); choose one of {known} or give a path to a YAML file"
+        )
     return path
 
 
@@ -79,8 +80,9 @@ def load_profile(profile: str) -> Dict[str, Dict[str, Any]]:
         known = set(papermill.inspect_notebook(str(notebook)))
         unknown = sorted(set(parameters) - known)
         if unknown:
-            raise ReproduceError(f"{path}: {name} has no parameter(s) {unknown}; its parameters cell defines "
-                                 f"{sorted(known)}")
+            raise ReproduceError(
+                f"{path}: {name} has no parameter(s) {unknown}; its parameters cell defines {sorted(known)}"
+            )
         plan[str(name)] = parameters
     return plan
 
@@ -98,10 +100,12 @@ def profile_build_dir(profile: str) -> Path:
 def source_revision() -> Dict[str, Any]:
     """The checkout's commit and whether its source has uncommitted changes (outside evidence/ and
     reports/, which the notebooks write; None when git cannot tell)."""
+
     def git(*args: str) -> Optional[str]:
         try:
-            return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True,
-                                  timeout=30).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True, timeout=30
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
 
@@ -120,8 +124,10 @@ def record_run(build_dir: Path, profile: str, notebook: str, seconds: float) -> 
         record = {}
     record["profile"] = profile_name(profile)
     record.setdefault("notebooks", {})[notebook] = {
-        **source_revision(), "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "seconds": round(seconds, 1)}
+        **source_revision(),
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(seconds, 1),
+    }
     path.write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -132,8 +138,15 @@ def default_kernel_name() -> str:
     return DEFAULT_KERNEL if DEFAULT_KERNEL in KernelSpecManager().find_kernel_specs() else "python3"
 
 
-def run_notebook(name: str, parameters: Mapping[str, Any], *, build_dir: Optional[Path] = None,
-                 kernel_name: Optional[str] = None, profile: str = "full", show_progress: bool = False) -> Path:
+def run_notebook(
+    name: str,
+    parameters: Mapping[str, Any],
+    *,
+    build_dir: Optional[Path] = None,
+    kernel_name: Optional[str] = None,
+    profile: str = "full",
+    show_progress: bool = False,
+) -> Path:
     """Execute `notebooks/NAME.ipynb` with `parameters` into `build_dir/NAME.ipynb` (default
     build/PROFILE/). `show_progress`: a bar over the notebook's cells, and every line the
     notebook prints (training logs and progress bars included) echoed to this process's stderr."""
@@ -144,9 +157,15 @@ def run_notebook(name: str, parameters: Mapping[str, Any], *, build_dir: Optiona
     build_dir.mkdir(parents=True, exist_ok=True)
     output = build_dir / f"{name}.ipynb"
     try:
-        papermill.execute_notebook(str(NOTEBOOKS_DIR / f"{name}.ipynb"), str(output), parameters=dict(parameters),
-                                   kernel_name=kernel_name or default_kernel_name(), cwd=str(NOTEBOOKS_DIR),
-                                   progress_bar=show_progress, log_output=show_progress)
+        papermill.execute_notebook(
+            str(NOTEBOOKS_DIR / f"{name}.ipynb"),
+            str(output),
+            parameters=dict(parameters),
+            kernel_name=kernel_name or default_kernel_name(),
+            cwd=str(NOTEBOOKS_DIR),
+            progress_bar=show_progress,
+            log_output=show_progress,
+        )
     except PapermillExecutionError as error:
         raise ReproduceError(
             f"{name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}\n"
@@ -156,8 +175,9 @@ def run_notebook(name: str, parameters: Mapping[str, Any], *, build_dir: Optiona
     return output
 
 
-def reproduce(profile: str = "full", only: Sequence[str] = (), build_dir: Optional[Path] = None,
-              show_progress: bool = False) -> List[Path]:
+def reproduce(
+    profile: str = "full", only: Sequence[str] = (), build_dir: Optional[Path] = None, show_progress: bool = False
+) -> List[Path]:
     """Run the profile's notebooks in order (or just those in `only`); returns the executed copies."""
     plan = load_profile(profile)
     missing = sorted(set(only) - set(plan))
@@ -169,8 +189,9 @@ def reproduce(profile: str = "full", only: Sequence[str] = (), build_dir: Option
             continue
         start = time.perf_counter()
         print(f"== {name} ({profile}) …", flush=True)
-        outputs.append(run_notebook(name, parameters, build_dir=build_dir, profile=profile,
-                                    show_progress=show_progress))
+        outputs.append(
+            run_notebook(name, parameters, build_dir=build_dir, profile=profile, show_progress=show_progress)
+        )
         record_run(outputs[-1].parent, profile, name, time.perf_counter() - start)
         print(f"== {name}: done in {time.perf_counter() - start:.0f} s → {outputs[-1]}", flush=True)
     return outputs
@@ -180,8 +201,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="full", help="configs/NAME.yaml, or a path to a YAML file")
     parser.add_argument("--only", nargs="*", default=(), help="run just these notebooks of the profile")
-    parser.add_argument("--build-dir", type=Path, default=None,
-                        help="where the executed notebooks go (default build/PROFILE/)")
+    parser.add_argument(
+        "--build-dir", type=Path, default=None, help="where the executed notebooks go (default build/PROFILE/)"
+    )
     parser.add_argument("--quiet", action="store_true", help="print only a line per notebook, not its output")
     args = parser.parse_args(argv)
     if not args.quiet:  # papermill logs each line a notebook prints at INFO

@@ -66,9 +66,15 @@ def _reset_agent(agent: Any, env: CERNCollisionEnvironment) -> None:
         agent.reset()
 
 
-def transitions(env: CERNCollisionEnvironment, agent: Any, *, seed: int, scenario: Optional[str] = None,
-                difficulty: Optional[str] = None, max_steps: Optional[int] = None,
-                ) -> Iterator[Tuple[CollisionObservation, Any, CollisionObservation]]:
+def transitions(
+    env: CERNCollisionEnvironment,
+    agent: Any,
+    *,
+    seed: int,
+    scenario: Optional[str] = None,
+    difficulty: Optional[str] = None,
+    max_steps: Optional[int] = None,
+) -> Iterator[Tuple[CollisionObservation, Any, CollisionObservation]]:
     """Play one episode, yielding (observation, what the agent sent, next observation)."""
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be at least 1 (or None for the environment's), got {max_steps}")
@@ -83,60 +89,126 @@ def transitions(env: CERNCollisionEnvironment, agent: Any, *, seed: int, scenari
         obs = next_obs
 
 
-def step_record(obs: CollisionObservation, payload: Any, next_obs: CollisionObservation, *, prompt: str = "",
-                completion: str = "", parsed_ok: bool, parse_error: Optional[str]) -> StepRecord:
+def step_record(
+    obs: CollisionObservation,
+    payload: Any,
+    next_obs: CollisionObservation,
+    *,
+    prompt: str = "",
+    completion: str = "",
+    parsed_ok: bool,
+    parse_error: Optional[str],
+) -> StepRecord:
     """The record of one step: `obs` seen, `payload` sent, `next_obs` returned."""
     return StepRecord(
-        step=obs.step_index, prompt=prompt, completion=completion, action=_as_json(payload), parsed_ok=parsed_ok,
-        reward=float(next_obs.reward or 0.0), done=next_obs.done, rule_violations=list(next_obs.rule_violations),
-        observation_summary=_summarise(obs), parse_error=parse_error, reward_breakdown=dict(next_obs.reward_breakdown))
+        step=obs.step_index,
+        prompt=prompt,
+        completion=completion,
+        action=_as_json(payload),
+        parsed_ok=parsed_ok,
+        reward=float(next_obs.reward or 0.0),
+        done=next_obs.done,
+        rule_violations=list(next_obs.rule_violations),
+        observation_summary=_summarise(obs),
+        parse_error=parse_error,
+        reward_breakdown=dict(next_obs.reward_breakdown),
+    )
 
 
-def episode_record(env: CERNCollisionEnvironment, *, seed: int, steps: List[StepRecord],
-                   last_obs: CollisionObservation, agent_name: str) -> EpisodeRecord:
+def episode_record(
+    env: CERNCollisionEnvironment,
+    *,
+    seed: int,
+    steps: List[StepRecord],
+    last_obs: CollisionObservation,
+    agent_name: str,
+) -> EpisodeRecord:
     """The record of the episode `env` has just played (its state and hidden truth, read now)."""
     state = env.state
     return EpisodeRecord(
-        seed=seed, scenario=state.scenario_name, difficulty=state.difficulty, truth=env.hidden_truth(),
-        total_reward=sum(step.reward for step in steps), cumulative_reward=float(state.cumulative_reward),
-        terminal_reward=state.terminal_reward, discovered=state.discovered, correct_mass=state.correct_mass,
-        correct_channel=state.correct_channel, correct_spin=state.correct_spin, steps=steps,
-        agent=agent_name, correct_outcome=state.correct_outcome,
-        reward_components=dict(state.reward_components), resources=last_obs.resource_usage.model_dump(),
-        n_steps=len(steps))
+        seed=seed,
+        scenario=state.scenario_name,
+        difficulty=state.difficulty,
+        truth=env.hidden_truth(),
+        total_reward=sum(step.reward for step in steps),
+        cumulative_reward=float(state.cumulative_reward),
+        terminal_reward=state.terminal_reward,
+        discovered=state.discovered,
+        correct_mass=state.correct_mass,
+        correct_channel=state.correct_channel,
+        correct_spin=state.correct_spin,
+        steps=steps,
+        agent=agent_name,
+        correct_outcome=state.correct_outcome,
+        reward_components=dict(state.reward_components),
+        resources=last_obs.resource_usage.model_dump(),
+        n_steps=len(steps),
+    )
 
 
-def collect_agent_episode(*, env: CERNCollisionEnvironment, agent: Any, seed: int, scenario: Optional[str] = None,
-                          difficulty: Optional[str] = None, max_steps: Optional[int] = None,
-                          agent_name: Optional[str] = None) -> EpisodeRecord:
+def collect_agent_episode(
+    *,
+    env: CERNCollisionEnvironment,
+    agent: Any,
+    seed: int,
+    scenario: Optional[str] = None,
+    difficulty: Optional[str] = None,
+    max_steps: Optional[int] = None,
+    agent_name: Optional[str] = None,
+) -> EpisodeRecord:
     """Play and record one episode of `agent` (prompt and completion are the LLM agent's, else "")."""
     steps: List[StepRecord] = []
     last_obs = None
-    for obs, payload, next_obs in transitions(env, agent, seed=seed, scenario=scenario, difficulty=difficulty,
-                                              max_steps=max_steps):
+    for obs, payload, next_obs in transitions(
+        env, agent, seed=seed, scenario=scenario, difficulty=difficulty, max_steps=max_steps
+    ):
         parsed_ok, parse_error = _parse_status(agent, payload)
-        steps.append(step_record(obs, payload, next_obs, prompt=getattr(agent, "last_prompt", ""),
-                                 completion=getattr(agent, "last_completion", ""), parsed_ok=parsed_ok,
-                                 parse_error=parse_error))
+        steps.append(
+            step_record(
+                obs,
+                payload,
+                next_obs,
+                prompt=getattr(agent, "last_prompt", ""),
+                completion=getattr(agent, "last_completion", ""),
+                parsed_ok=parsed_ok,
+                parse_error=parse_error,
+            )
+        )
         last_obs = next_obs
-    return episode_record(env, seed=seed, steps=steps, last_obs=last_obs,
-                          agent_name=agent_name or type(agent).__name__)
+    return episode_record(env, seed=seed, steps=steps, last_obs=last_obs, agent_name=agent_name or type(agent).__name__)
 
 
-def collect_episode(*, env: CERNCollisionEnvironment, seed: int, scenario: Optional[str], difficulty: Optional[str],
-                    prompt_fn: PromptFn, generate_fn: GenerateFn, config: LLMAgentConfig = LLMAgentConfig(),
-                    max_steps: Optional[int] = None) -> EpisodeRecord:
+def collect_episode(
+    *,
+    env: CERNCollisionEnvironment,
+    seed: int,
+    scenario: Optional[str],
+    difficulty: Optional[str],
+    prompt_fn: PromptFn,
+    generate_fn: GenerateFn,
+    config: LLMAgentConfig = LLMAgentConfig(),
+    max_steps: Optional[int] = None,
+) -> EpisodeRecord:
     """Play and record one episode of the LLM behind `generate_fn(prompt, config)`."""
     agent = LLMAgent(lambda prompt: generate_fn(prompt, config), prompt_fn, config)
-    return collect_agent_episode(env=env, agent=agent, seed=seed, scenario=scenario, difficulty=difficulty,
-                                 max_steps=max_steps)
+    return collect_agent_episode(
+        env=env, agent=agent, seed=seed, scenario=scenario, difficulty=difficulty, max_steps=max_steps
+    )
 
 
-def collect_episodes(specs: Iterable[Any], *, env: Optional[CERNCollisionEnvironment] = None,
-                     make_env: Optional[Callable[[], CERNCollisionEnvironment]] = None, agent: Any = None,
-                     prompt_fn: Optional[PromptFn] = None, generate_fn: Optional[GenerateFn] = None,
-                     config: LLMAgentConfig = LLMAgentConfig(), max_steps: Optional[int] = None,
-                     progress: bool = True, desc: str = "episodes") -> List[EpisodeRecord]:
+def collect_episodes(
+    specs: Iterable[Any],
+    *,
+    env: Optional[CERNCollisionEnvironment] = None,
+    make_env: Optional[Callable[[], CERNCollisionEnvironment]] = None,
+    agent: Any = None,
+    prompt_fn: Optional[PromptFn] = None,
+    generate_fn: Optional[GenerateFn] = None,
+    config: LLMAgentConfig = LLMAgentConfig(),
+    max_steps: Optional[int] = None,
+    progress: bool = True,
+    desc: str = "episodes",
+) -> List[EpisodeRecord]:
     """Record one episode per spec (`lib.records.EpisodeSpec`, a mapping or a tuple), with
     either `agent` or an LLM (`prompt_fn` and `generate_fn`), in one environment (`env`, or
     one made by `make_env`, else a new `CERNCollisionEnvironment`)."""
@@ -148,5 +220,7 @@ def collect_episodes(specs: Iterable[Any], *, env: Optional[CERNCollisionEnviron
         agent = LLMAgent(lambda prompt: generate_fn(prompt, config), prompt_fn, config)
     env = env or (make_env() if make_env is not None else CERNCollisionEnvironment())
     specs = [spec_fields(item) for item in specs]
-    return [collect_agent_episode(env=env, agent=agent, max_steps=max_steps, **spec)
-            for spec in tqdm(specs, desc=desc, disable=not progress)]
+    return [
+        collect_agent_episode(env=env, agent=agent, max_steps=max_steps, **spec)
+        for spec in tqdm(specs, desc=desc, disable=not progress)
+    ]

@@ -63,9 +63,12 @@ def corpus_specs(n_episodes: int, first_seed: int = CORPUS_SEED) -> List[Dict[st
     """`n_episodes` training seeds alternating curated scenarios (in turn) and procedural
     ones (each difficulty in turn); never a held-out evaluation seed."""
     curated = list_scenarios()
-    specs = [{"seed": first_seed + i, "scenario": curated[(i // 2) % len(curated)]} if i % 2 == 0
-             else {"seed": first_seed + i, "difficulty": DIFFICULTIES[(i // 2) % len(DIFFICULTIES)]}
-             for i in range(n_episodes)]
+    specs = [
+        {"seed": first_seed + i, "scenario": curated[(i // 2) % len(curated)]}
+        if i % 2 == 0
+        else {"seed": first_seed + i, "difficulty": DIFFICULTIES[(i // 2) % len(DIFFICULTIES)]}
+        for i in range(n_episodes)
+    ]
     assert_disjoint_from_suite(spec["seed"] for spec in specs)
     return specs
 
@@ -88,10 +91,23 @@ def _fingerprint(vocab_size: int, n_episodes: int) -> str:
     """A hash of everything the trained tokenizer depends on: its settings, the tokenizers
     version, and the text of one probe episode (which changes if the prompt does)."""
     env = CERNCollisionEnvironment()
-    probe = [render_observation(obs) + action_to_json(action)
-             for obs, action, _ in transitions(env, HeuristicAgent(), **corpus_specs(1)[0])]
-    payload = json.dumps([CORPUS_VERSION, vocab_size, n_episodes, tokenizers.__version__, SPECIAL_TOKENS,
-                          WORD_PATTERN, CHAT_TEMPLATE, SYSTEM_PROMPT, probe])
+    probe = [
+        render_observation(obs) + action_to_json(action)
+        for obs, action, _ in transitions(env, HeuristicAgent(), **corpus_specs(1)[0])
+    ]
+    payload = json.dumps(
+        [
+            CORPUS_VERSION,
+            vocab_size,
+            n_episodes,
+            tokenizers.__version__,
+            SPECIAL_TOKENS,
+            WORD_PATTERN,
+            CHAT_TEMPLATE,
+            SYSTEM_PROMPT,
+            probe,
+        ]
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -99,30 +115,44 @@ def train_tokenizer(texts: List[str], vocab_size: int) -> PreTrainedTokenizerFas
     """Byte-level BPE on `texts`. Deterministic: each merge is the most frequent pair, ties
     broken by the pair itself, whatever the number of threads."""
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
     bpe.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     bpe.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=END, pad_token=PAD,
-                                        additional_special_tokens=[SYSTEM, USER, ASSISTANT],
-                                        clean_up_tokenization_spaces=False)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token=END,
+        pad_token=PAD,
+        additional_special_tokens=[SYSTEM, USER, ASSISTANT],
+        clean_up_tokenization_spaces=False,
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
-def build_tokenizer(cache_dir: Optional[str] = None, vocab_size: int = 2048,
-                    n_episodes: int = 100) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    cache_dir: Optional[str] = None, vocab_size: int = 2048, n_episodes: int = 100
+) -> PreTrainedTokenizerFast:
     """The project's tokenizer: loaded from `cache_dir` (default `PROJECT_CACHE/tokenizer`) when a
     matching one is there, else trained on `corpus(n_episodes)` and saved (atomically: concurrent
     builders are safe)."""
     cache_dir = cache_dir or str(PROJECT_CACHE / "tokenizer")
     if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must cover the 256 bytes and {len(SPECIAL_TOKENS)} special tokens, "
-                         f"got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must cover the 256 bytes and {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}"
+        )
     target = Path(cache_dir) / f"bpe-v{vocab_size}-n{n_episodes}-{_fingerprint(vocab_size, n_episodes)}"
     if (target / "tokenizer.json").exists():
         return PreTrainedTokenizerFast.from_pretrained(str(target))

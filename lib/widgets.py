@@ -58,8 +58,10 @@ def episode_label(phase: str, episode: Mapping[str, Any]) -> str:
     """One line naming an episode: phase, task, outcome and reward."""
     reward = episode.get("cumulative_reward", episode.get("total_reward"))
     reward_text = "?" if reward is None else f"{float(reward):+.2f}"
-    return (f"{phase} · {task_label(episode)} · {outcome_of(episode)} · reward {reward_text} · "
-            f"{len(episode.get('steps') or [])} steps")
+    return (
+        f"{phase} · {task_label(episode)} · {outcome_of(episode)} · reward {reward_text} · "
+        f"{len(episode.get('steps') or [])} steps"
+    )
 
 
 def _pre(text: Any) -> str:
@@ -67,8 +69,10 @@ def _pre(text: Any) -> str:
 
 
 def _table(mapping: Mapping[str, Any]) -> str:
-    rows = "".join(f"<tr><td style='padding-right:12px'>{html.escape(str(k))}</td>"
-                   f"<td>{html.escape(str(v))}</td></tr>" for k, v in mapping.items())
+    rows = "".join(
+        f"<tr><td style='padding-right:12px'>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
+        for k, v in mapping.items()
+    )
     return f"<table style='font-size:12px'>{rows}</table>"
 
 
@@ -100,8 +104,11 @@ def step_html(episode: Mapping[str, Any], index: int) -> str:
     step = steps[index]
     parsed = step.get("parsed_ok")
     action = step.get("action")
-    action_text = json.dumps(action, default=str) if parsed else (
-        f"not an action: {step.get('parse_error') or 'unparsed'}\nsent as is: {json.dumps(action, default=str)}")
+    action_text = (
+        json.dumps(action, default=str)
+        if parsed
+        else (f"not an action: {step.get('parse_error') or 'unparsed'}\nsent as is: {json.dumps(action, default=str)}")
+    )
     kind = action.get("action_type", "?") if isinstance(action, Mapping) else "(unparsed)"
     breakdown = step.get("reward_breakdown") or {}
     violations = step.get("rule_violations") or []
@@ -122,12 +129,20 @@ def step_html(episode: Mapping[str, Any], index: int) -> str:
 def episode_header_html(phase: str, episode: Mapping[str, Any]) -> str:
     """The episode's label, its hidden truth and its grade."""
     truth = episode.get("truth") or {}
-    verdicts = ", ".join(f"{name} {'✓' if episode.get(key) else '✗'}" for name, key in
-                         (("discovery", "discovered"), ("mass", "correct_mass"), ("channel", "correct_channel"),
-                          ("spin", "correct_spin")))
-    return (f'<div style="{BLOCK_STYLE}"><b>{html.escape(episode_label(phase, episode))}</b><br>'
-            f"hidden truth: <code>{html.escape(json.dumps(truth, default=str))}</code><br>"
-            f"graded: {verdicts}; outcome <b>{outcome_of(episode)}</b></div>")
+    verdicts = ", ".join(
+        f"{name} {'✓' if episode.get(key) else '✗'}"
+        for name, key in (
+            ("discovery", "discovered"),
+            ("mass", "correct_mass"),
+            ("channel", "correct_channel"),
+            ("spin", "correct_spin"),
+        )
+    )
+    return (
+        f'<div style="{BLOCK_STYLE}"><b>{html.escape(episode_label(phase, episode))}</b><br>'
+        f"hidden truth: <code>{html.escape(json.dumps(truth, default=str))}</code><br>"
+        f"graded: {verdicts}; outcome <b>{outcome_of(episode)}</b></div>"
+    )
 
 
 def spectrum_png(snapshot: Mapping[str, Any]) -> Optional[bytes]:
@@ -176,8 +191,12 @@ def prepare_episode(phase: str, episode: Any) -> EpisodeView:
         if key != previous_key:
             previous_key, previous_png = key, spectrum_png(snapshot)
         images.append(previous_png)
-    return EpisodeView(phase=phase, episode=record, step_html=[step_html(record, i) for i in range(len(snapshots))],
-                       spectrum_png=images)
+    return EpisodeView(
+        phase=phase,
+        episode=record,
+        step_html=[step_html(record, i) for i in range(len(snapshots))],
+        spectrum_png=images,
+    )
 
 
 def _switcher(children: Sequence[widgets.Widget], titles: Sequence[str]) -> widgets.Widget:
@@ -195,8 +214,11 @@ def _image(png: Optional[bytes], cache: Dict[int, widgets.Widget]) -> widgets.Wi
     """One widget per distinct image (shared by every step that shows it, so the saved state stays small)."""
     key = id(png)
     if key not in cache:
-        cache[key] = (widgets.HTML(NO_SPECTRUM_HTML) if png is None else
-                      widgets.Image(value=png, format="png", layout=IMAGE_LAYOUT))
+        cache[key] = (
+            widgets.HTML(NO_SPECTRUM_HTML)
+            if png is None
+            else widgets.Image(value=png, format="png", layout=IMAGE_LAYOUT)
+        )
     return cache[key]
 
 
@@ -216,20 +238,32 @@ def _episode_panel(view: EpisodeView, compact: bool = False) -> widgets.Widget:
         return widgets.VBox([header, widgets.HTML("<i>This episode has no steps.</i>")])
     images: Dict[int, widgets.Widget] = {}
     # panel k is step k (1-based, as the headings count): panel 0 is never shown (the slider starts at 1)
-    panels = _switcher([widgets.HTML("")] + [_step_panel(view, i, images, compact) for i in range(n_steps)],
-                       ["-"] + [str(i + 1) for i in range(n_steps)])
+    panels = _switcher(
+        [widgets.HTML("")] + [_step_panel(view, i, images, compact) for i in range(n_steps)],
+        ["-"] + [str(i + 1) for i in range(n_steps)],
+    )
     panels.selected_index = 1
-    slider = widgets.IntSlider(value=1, min=1, max=n_steps, description="step",
-                               continuous_update=True, layout=widgets.Layout(width="440px" if compact else "560px"),
-                               style={"description_width": "initial"})
+    slider = widgets.IntSlider(
+        value=1,
+        min=1,
+        max=n_steps,
+        description="step",
+        continuous_update=True,
+        layout=widgets.Layout(width="440px" if compact else "560px"),
+        style={"description_width": "initial"},
+    )
     widgets.jslink((slider, "value"), (panels, "selected_index"))
     return widgets.VBox([header, slider, panels])
 
 
 def _menu_and_panels(labels: Sequence[str], panels: Sequence[widgets.Widget]) -> widgets.Widget:
     """A menu of `labels` linked (`jslink`) to a switcher of `panels`."""
-    menu = widgets.Dropdown(options=[(label, index) for index, label in enumerate(labels)], value=0,
-                            description="episode", layout=widgets.Layout(width="900px"))
+    menu = widgets.Dropdown(
+        options=[(label, index) for index, label in enumerate(labels)],
+        value=0,
+        description="episode",
+        layout=widgets.Layout(width="900px"),
+    )
     shown = _switcher(list(panels), [str(i) for i in range(len(panels))])
     widgets.jslink((menu, "index"), (shown, "selected_index"))
     return widgets.VBox([menu, shown])
@@ -245,9 +279,13 @@ def browser_groups(views: Sequence[EpisodeView]) -> List[Tuple[str, List[int]]]:
     phases = list(dict.fromkeys(view.phase for view in views))
     candidates = [("every episode", list(range(len(views))))]
     candidates += [(f"{phase} only", [i for i, v in enumerate(views) if v.phase == phase]) for phase in phases]
-    candidates += [(f"{outcome}es only" if outcome == "success" else f"{outcome}s only",
-                    [i for i, v in enumerate(views) if outcome_of(v.episode) == outcome])
-                   for outcome in ("success", "failure")]
+    candidates += [
+        (
+            f"{outcome}es only" if outcome == "success" else f"{outcome}s only",
+            [i for i, v in enumerate(views) if outcome_of(v.episode) == outcome],
+        )
+        for outcome in ("success", "failure")
+    ]
     groups: List[Tuple[str, List[int]]] = []
     for name, indices in candidates:
         if indices and indices not in [seen for _, seen in groups]:
@@ -255,8 +293,9 @@ def browser_groups(views: Sequence[EpisodeView]) -> List[Tuple[str, List[int]]]:
     return groups
 
 
-def static_trajectory_browser(views: Sequence[EpisodeView], before_after: Tuple[str, str] = ("pre", "post")
-                              ) -> widgets.Widget:
+def static_trajectory_browser(
+    views: Sequence[EpisodeView], before_after: Tuple[str, str] = ("pre", "post")
+) -> widgets.Widget:
     """Every step of `views` pre-rendered; the menus, the step sliders and what they show are
     linked by `jslink`, which runs in the page: the browser works in an exported HTML page with
     no kernel. A first menu picks what to browse (`browser_groups`: every episode, one phase,
@@ -265,20 +304,38 @@ def static_trajectory_browser(views: Sequence[EpisodeView], before_after: Tuple[
     if not views:
         return widgets.HTML("<i>No episodes to browse.</i>")
     panels = [_episode_panel(view) for view in views]  # shared by the selections that hold them
-    selections = [(name, _menu_and_panels([views[i].label for i in indices], [panels[i] for i in indices]))
-                  for name, indices in browser_groups(views)]
+    selections = [
+        (name, _menu_and_panels([views[i].label for i in indices], [panels[i] for i in indices]))
+        for name, indices in browser_groups(views)
+    ]
     first, second = before_after
     by_task = {(_task_of(v), v.phase): v for v in views}
-    paired = [(by_task[(task, first)], view) for view in views if view.phase == second
-              for task in [_task_of(view)] if (task, first) in by_task]
+    paired = [
+        (by_task[(task, first)], view)
+        for view in views
+        if view.phase == second
+        for task in [_task_of(view)]
+        if (task, first) in by_task
+    ]
     if paired:
-        labels = [f"{task_label(a.episode)}: {first} {outcome_of(a.episode)} → {second} {outcome_of(b.episode)}"
-                  for a, b in paired]
-        sides = [widgets.HBox([_episode_panel(a, compact=True), _episode_panel(b, compact=True)],
-                              layout=dict(align_items="flex-start", grid_gap="16px")) for a, b in paired]
+        labels = [
+            f"{task_label(a.episode)}: {first} {outcome_of(a.episode)} → {second} {outcome_of(b.episode)}"
+            for a, b in paired
+        ]
+        sides = [
+            widgets.HBox(
+                [_episode_panel(a, compact=True), _episode_panel(b, compact=True)],
+                layout=dict(align_items="flex-start", grid_gap="16px"),
+            )
+            for a, b in paired
+        ]
         selections.append((f"{first} | {second}, side by side", _menu_and_panels(labels, sides)))
-    show = widgets.Dropdown(options=[(name, index) for index, (name, _) in enumerate(selections)], value=0,
-                            description="browse", layout=widgets.Layout(width="420px"))
+    show = widgets.Dropdown(
+        options=[(name, index) for index, (name, _) in enumerate(selections)],
+        value=0,
+        description="browse",
+        layout=widgets.Layout(width="420px"),
+    )
     shown = _switcher([box for _, box in selections], [name for name, _ in selections])
     widgets.jslink((show, "index"), (shown, "selected_index"))
     return widgets.VBox([show, shown])
@@ -295,7 +352,8 @@ class TrajectoryBrowser:
 
     def __init__(self, episodes_by_phase: Mapping[str, Sequence[Any]]) -> None:
         self.entries: List[Tuple[str, Dict[str, Any]]] = [
-            (phase, as_episode_dict(episode)) for phase, episodes in episodes_by_phase.items() for episode in episodes]
+            (phase, as_episode_dict(episode)) for phase, episodes in episodes_by_phase.items() for episode in episodes
+        ]
         if not self.entries:
             raise ValueError("no episodes to browse: pass e.g. {'pre': pre_episodes, 'post': post_episodes}")
         self._views: Dict[int, EpisodeView] = {}
@@ -304,8 +362,14 @@ class TrajectoryBrowser:
         self.scenario = widgets.Dropdown(options=[ALL, *scenarios], value=ALL, description="scenario")
         self.outcome = widgets.Dropdown(options=list(OUTCOMES), value=ALL, description="outcome")
         self.episode = widgets.Dropdown(description="episode", layout=widgets.Layout(width="900px"))
-        self.step = widgets.IntSlider(value=1, min=1, max=1, description="step",
-                                      layout=widgets.Layout(width="560px"), style={"description_width": "initial"})
+        self.step = widgets.IntSlider(
+            value=1,
+            min=1,
+            max=1,
+            description="step",
+            layout=widgets.Layout(width="560px"),
+            style={"description_width": "initial"},
+        )
         self.header = widgets.HTML()
         self.text = widgets.HTML(layout=widgets.Layout(width="560px"))
         self.image = widgets.Image(format="png", layout=IMAGE_LAYOUT)
@@ -315,9 +379,15 @@ class TrajectoryBrowser:
             control.observe(self._refilter, names="value")
         self.episode.observe(self._show_episode, names="value")
         self.step.observe(self._show_step, names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.phase, self.scenario, self.outcome]), self.episode,
-                                    self.header, self.step,
-                                    widgets.HBox([self.text, self.figure], layout=ROW_LAYOUT)])
+        self.widget = widgets.VBox(
+            [
+                widgets.HBox([self.phase, self.scenario, self.outcome]),
+                self.episode,
+                self.header,
+                self.step,
+                widgets.HBox([self.text, self.figure], layout=ROW_LAYOUT),
+            ]
+        )
         self._refilter()
 
     def _ipython_display_(self) -> None:  # shown as its widget in a notebook
@@ -327,10 +397,13 @@ class TrajectoryBrowser:
 
     def matching(self) -> List[int]:
         """Indices (into `entries`) of the episodes that pass the filters."""
-        return [i for i, (phase, episode) in enumerate(self.entries)
-                if self.phase.value in (ALL, phase)
-                and self.scenario.value in (ALL, str(episode.get("scenario")))
-                and self.outcome.value in (ALL, outcome_of(episode))]
+        return [
+            i
+            for i, (phase, episode) in enumerate(self.entries)
+            if self.phase.value in (ALL, phase)
+            and self.scenario.value in (ALL, str(episode.get("scenario")))
+            and self.outcome.value in (ALL, outcome_of(episode))
+        ]
 
     def view(self, index: int) -> EpisodeView:
         """The prepared (replayed and rendered) episode `entries[index]`."""

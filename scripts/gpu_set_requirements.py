@@ -17,8 +17,7 @@ def _name(line: str) -> str:
 
 
 def requirements(path: Path) -> list[str]:
-    return [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()
-            if line.split("#", 1)[0].strip()]
+    return [line.split("#", 1)[0].strip() for line in path.read_text().splitlines() if line.split("#", 1)[0].strip()]
 
 
 def main() -> int:

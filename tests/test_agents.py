@@ -32,8 +32,10 @@ SCAN = {"action_type": "scan_bump", "parameters": {}, "justification": "look for
 def heuristic_steps(seed=3, scenario="higgs_4l_125", difficulty=None):
     """(observation, action) pairs of one HeuristicAgent episode."""
     env = CERNCollisionEnvironment()
-    return [(obs, action) for obs, action, _ in transitions(env, HeuristicAgent(), seed=seed, scenario=scenario,
-                                                            difficulty=difficulty)]
+    return [
+        (obs, action)
+        for obs, action, _ in transitions(env, HeuristicAgent(), seed=seed, scenario=scenario, difficulty=difficulty)
+    ]
 
 
 # parse_reply -----------------------------------------------------------------------------
@@ -57,8 +59,11 @@ def test_parse_prose_around_the_object():
 
 
 def test_parse_braces_inside_strings_and_prose():
-    action = {"action_type": "fit_resonance", "parameters": {"mass_hint_gev": 125.0},
-              "justification": "fit {the peak} near 125 GeV; an unbalanced { and } in text"}
+    action = {
+        "action_type": "fit_resonance",
+        "parameters": {"mass_hint_gev": 125.0},
+        "justification": "fit {the peak} near 125 GeV; an unbalanced { and } in text",
+    }
     result = parse_reply("My plan {roughly}: " + json.dumps(action) + " done {")
     assert result.ok, result.error
     assert result.action.justification == action["justification"]
@@ -100,8 +105,9 @@ def test_parse_unknown_verb_and_malformed_action():
 
 
 def test_heuristic_actions_round_trip_through_json():
-    actions = [a for _, a in heuristic_steps()] + [a for _, a in heuristic_steps(seed=8, scenario=None,
-                                                                                  difficulty="hard")]
+    actions = [a for _, a in heuristic_steps()] + [
+        a for _, a in heuristic_steps(seed=8, scenario=None, difficulty="hard")
+    ]
     verbs = {a.action_type for a in actions}
     assert {ActionType.CONFIGURE_BEAM, ActionType.FIT_RESONANCE, ActionType.SUBMIT_DISCOVERY_CLAIM} <= verbs
     for action in actions:
@@ -117,8 +123,11 @@ def test_action_json_schema_has_one_branch_per_verb_and_accepts_valid_actions():
     validator = jsonschema.Draft202012Validator(schema)
     for _, action in heuristic_steps():
         validator.validate(json.loads(action_to_json(action)))
-    for bad in ({"action_type": "fit_resonance", "parameters": {"mass_hint_gev": -5}},
-                {"action_type": "discover_higgs"}, {"action_type": "measure_angular", "parameters": {}}):
+    for bad in (
+        {"action_type": "fit_resonance", "parameters": {"mass_hint_gev": -5}},
+        {"action_type": "discover_higgs"},
+        {"action_type": "measure_angular", "parameters": {}},
+    ):
         assert not validator.is_valid(bad)
         assert not parse_reply(json.dumps(bad)).ok  # the schema and the environment agree
 
@@ -170,8 +179,11 @@ def test_user_message_shows_the_observation():
 
 def test_median_prompt_fits_the_budget():
     env, agent = CERNCollisionEnvironment(), HeuristicAgent()
-    observations = [obs for spec in heldout_suite()[::3] for obs, _, _ in transitions(
-        env, agent, seed=spec.seed, scenario=spec.scenario, difficulty=spec.difficulty)]
+    observations = [
+        obs
+        for spec in heldout_suite()[::3]
+        for obs, _, _ in transitions(env, agent, seed=spec.seed, scenario=spec.scenario, difficulty=spec.difficulty)
+    ]
     budget = prompt_budget(observations)
     assert budget["n_prompts"] == len(observations) > 300
     assert budget["chars_median"] < 2000, budget
@@ -199,9 +211,15 @@ def test_llm_agent_with_a_scripted_model_reaches_a_graded_end():
     assert state.terminal_reward is not None and state.correct_outcome is not None
 
 
-@pytest.mark.parametrize("garbage", ["I am not sure what to do.", '{"action_type": "win"}',
-                                     '{"action_type": "configure_beam", "parameters": {"beam_energy_tev": "max"}}',
-                                     json.dumps(SCAN) + json.dumps(SCAN)])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "I am not sure what to do.",
+        '{"action_type": "win"}',
+        '{"action_type": "configure_beam", "parameters": {"beam_energy_tev": "max"}}',
+        json.dumps(SCAN) + json.dumps(SCAN),
+    ],
+)
 def test_garbage_output_is_refused_and_never_becomes_a_move(garbage):
     agent = LLMAgent(generate_fn=lambda prompt: garbage, prompt_fn=chat_text)
     env = CERNCollisionEnvironment()

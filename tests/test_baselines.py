@@ -12,8 +12,10 @@ from lib.rollouts import collect_agent_episode
 
 def _play(agent, specs):
     env = CERNCollisionEnvironment()
-    return [collect_agent_episode(env=env, agent=agent, seed=seed, scenario=scenario, difficulty=difficulty)
-            for seed, scenario, difficulty in specs]
+    return [
+        collect_agent_episode(env=env, agent=agent, seed=seed, scenario=scenario, difficulty=difficulty)
+        for seed, scenario, difficulty in specs
+    ]
 
 
 @pytest.mark.slow
@@ -34,9 +36,13 @@ def test_heuristic_rarely_claims_a_discovery_when_nothing_is_there():
 
 
 def test_oracle_beats_heuristic_beats_random_on_curated_campaigns():
-    specs = [(23000 + i, name, None) for i in range(2) for name in
-             ("higgs_4l_125", "z_mumu_91", "dijet_2500", "null_diphoton_750")]
-    mean = {name: np.mean([o.total_reward for o in _play(agent, specs)])
-            for name, agent in (("oracle", OracleAgent()), ("heuristic", HeuristicAgent()),
-                                ("random", RandomAgent(seed=5)))}
+    specs = [
+        (23000 + i, name, None)
+        for i in range(2)
+        for name in ("higgs_4l_125", "z_mumu_91", "dijet_2500", "null_diphoton_750")
+    ]
+    mean = {
+        name: np.mean([o.total_reward for o in _play(agent, specs)])
+        for name, agent in (("oracle", OracleAgent()), ("heuristic", HeuristicAgent()), ("random", RandomAgent(seed=5)))
+    }
     assert mean["oracle"] >= mean["heuristic"] - 0.25 and mean["heuristic"] > mean["random"] + 2.0, mean

@@ -13,7 +13,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "environment.md"
 def test_environment_doc_is_up_to_date():
     assert DOC.is_file(), "docs/environment.md is missing: run `make docs`"
     assert DOC.read_text(encoding="utf-8") == render_environment_markdown(), (
-        "docs/environment.md is out of date with the code: run `make docs` and commit the result")
+        "docs/environment.md is out of date with the code: run `make docs` and commit the result"
+    )
 
 
 def test_environment_doc_lists_every_action_and_violation():

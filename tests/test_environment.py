@@ -33,16 +33,20 @@ from truth_leaks import NUMBER_BOUNDARY, blank_random_ids, truth_patterns
 SCENARIOS = list_scenarios()
 TRUTH_KEYS = {"exists", "mass_gev", "width_gev", "spin", "channels", "cross_section_fb"}
 # Procedural (difficulty, seed) pairs whose hidden world holds a particle.
-PROCEDURAL_WITH_PARTICLE = [(difficulty, seed) for difficulty in DIFFICULTIES
-                            for seed in [s for s in range(50) if procedural_scenario(s, difficulty).truth][:2]]
+PROCEDURAL_WITH_PARTICLE = [
+    (difficulty, seed)
+    for difficulty in DIFFICULTIES
+    for seed in [s for s in range(50) if procedural_scenario(s, difficulty).truth][:2]
+]
 
 
 def A(verb: str, **parameters: Any) -> Dict[str, Any]:
     return {"action_type": verb, "parameters": parameters}
 
 
-def fresh(scenario: Optional[str] = None, seed: int = 0, difficulty: Optional[str] = None,
-          **kwargs: Any) -> Tuple[CERNCollisionEnvironment, CollisionObservation]:
+def fresh(
+    scenario: Optional[str] = None, seed: int = 0, difficulty: Optional[str] = None, **kwargs: Any
+) -> Tuple[CERNCollisionEnvironment, CollisionObservation]:
     env = CERNCollisionEnvironment(**kwargs)
     return env, env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
 
@@ -53,13 +57,16 @@ def ok(env: CERNCollisionEnvironment, action: Any) -> CollisionObservation:
     return obs
 
 
-def data_actions(task, luminosity_fb: float, energy: Optional[float] = None, pileup: str = "nominal",
-                 channel: Optional[str] = None) -> List[Dict[str, Any]]:
+def data_actions(
+    task, luminosity_fb: float, energy: Optional[float] = None, pileup: str = "nominal", channel: Optional[str] = None
+) -> List[Dict[str, Any]]:
     channel = channel or task.available_channels[0]
-    return [A("configure_beam", beam_energy_tev=energy or max(task.available_beam_energies_tev), pileup=pileup),
-            A("set_trigger", trigger=best_trigger(channel, task.available_triggers)),
-            A("allocate_luminosity", luminosity_fb=luminosity_fb),
-            A("collect_collisions", luminosity_fb=luminosity_fb)]
+    return [
+        A("configure_beam", beam_energy_tev=energy or max(task.available_beam_energies_tev), pileup=pileup),
+        A("set_trigger", trigger=best_trigger(channel, task.available_triggers)),
+        A("allocate_luminosity", luminosity_fb=luminosity_fb),
+        A("collect_collisions", luminosity_fb=luminosity_fb),
+    ]
 
 
 def run_heuristic(env: CERNCollisionEnvironment, obs: CollisionObservation) -> List[CollisionObservation]:
@@ -134,8 +141,9 @@ def test_reset_starts_over_after_an_episode():
     assert env.state.step_count == 0 and env.state.cumulative_reward == 0.0
 
 
-@pytest.mark.parametrize("kwargs", [{"scenario": "higgs_4l_126"}, {"difficulty": "insane"}, {"seed": -1},
-                                    {"seed": 1.5}, {"seed": True}])
+@pytest.mark.parametrize(
+    "kwargs", [{"scenario": "higgs_4l_126"}, {"difficulty": "insane"}, {"seed": -1}, {"seed": 1.5}, {"seed": True}]
+)
 def test_reset_rejects_bad_arguments(kwargs):
     env = CERNCollisionEnvironment()
     with pytest.raises(ValueError):
@@ -145,8 +153,9 @@ def test_reset_rejects_bad_arguments(kwargs):
 # Determinism ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario, difficulty, seed", [("higgs_4l_125", None, 5), (None, "medium", 3),
-                                                        ("higgs_diphoton_125", None, 2)])
+@pytest.mark.parametrize(
+    "scenario, difficulty, seed", [("higgs_4l_125", None, 5), (None, "medium", 3), ("higgs_diphoton_125", None, 2)]
+)
 def test_same_seed_same_actions_same_bytes(scenario, difficulty, seed):
     runs = []
     for _ in range(2):
@@ -161,13 +170,20 @@ def test_same_seed_same_actions_same_bytes(scenario, difficulty, seed):
 
 
 def test_same_seed_same_scripted_actions_same_bytes_including_violations():
-    script = [A("build_invariant_mass"), A("configure_beam", beam_energy_tev=13.0, pileup="high"),
-              A("set_trigger", trigger="single_lepton"), A("allocate_luminosity", luminosity_fb=8.0),
-              A("collect_collisions", luminosity_fb=9.0), A("collect_collisions", luminosity_fb=8.0),
-              A("reconstruct_tracks", channel="four_lepton", quality="fast"),
-              A("select_channel", channel="four_lepton"),
-              A("build_invariant_mass", bin_width_gev=2.0), A("scan_bump"), A("fit_resonance", mass_hint_gev=125.0),
-              A("submit_discovery_claim", discovered=False, confidence=0.3)]
+    script = [
+        A("build_invariant_mass"),
+        A("configure_beam", beam_energy_tev=13.0, pileup="high"),
+        A("set_trigger", trigger="single_lepton"),
+        A("allocate_luminosity", luminosity_fb=8.0),
+        A("collect_collisions", luminosity_fb=9.0),
+        A("collect_collisions", luminosity_fb=8.0),
+        A("reconstruct_tracks", channel="four_lepton", quality="fast"),
+        A("select_channel", channel="four_lepton"),
+        A("build_invariant_mass", bin_width_gev=2.0),
+        A("scan_bump"),
+        A("fit_resonance", mass_hint_gev=125.0),
+        A("submit_discovery_claim", discovered=False, confidence=0.3),
+    ]
     outputs = []
     for _ in range(2):
         env, obs = fresh("higgs_4l_125", seed=11)
@@ -204,6 +220,7 @@ def test_different_seeds_give_different_hidden_worlds_from_a_fixed_task_set():
 
 # No leak of the hidden truth -----------------------------------------------------------
 
+
 def public_json(model) -> str:
     """JSON of an observation or state with the scenario name and the (random) episode id blanked
     (both tested on their own below)."""
@@ -229,8 +246,9 @@ def assert_ungraded(state) -> None:
     assert state.correct_mass is None and state.correct_channel is None and state.correct_spin is None
 
 
-LEAK_CASES = ([(name, None, seed) for name in SCENARIOS if not name.startswith("null") for seed in (0, 1)]
-              + [(None, difficulty, seed) for difficulty, seed in PROCEDURAL_WITH_PARTICLE])
+LEAK_CASES = [(name, None, seed) for name in SCENARIOS if not name.startswith("null") for seed in (0, 1)] + [
+    (None, difficulty, seed) for difficulty, seed in PROCEDURAL_WITH_PARTICLE
+]
 
 
 @pytest.mark.parametrize("scenario, difficulty, seed", LEAK_CASES)
@@ -241,8 +259,11 @@ def test_no_truth_in_observations_and_state_before_any_fit(scenario, difficulty,
     patterns = truth_patterns(truth)
     channel = obs.task.available_channels[0]
     script = data_actions(obs.task, 0.2 * obs.task.luminosity_total_fb) + [
-        A("calibrate_detector", channel=channel), A("reconstruct_tracks", channel=channel, quality="standard"),
-        A("select_channel", channel=channel), A("calibrate_detector", channel=channel)]
+        A("calibrate_detector", channel=channel),
+        A("reconstruct_tracks", channel=channel, quality="standard"),
+        A("select_channel", channel=channel),
+        A("calibrate_detector", channel=channel),
+    ]
     observations = [obs]
     for action in script:
         observations.append(ok(env, action))
@@ -253,9 +274,16 @@ def test_no_truth_in_observations_and_state_before_any_fit(scenario, difficulty,
         assert_no_truth(public_json(o), patterns, f"observation {step}")
 
 
-@pytest.mark.parametrize("scenario, difficulty, seed", [("higgs_4l_125", None, 0), ("higgs_diphoton_125", None, 1),
-                                                        ("dijet_2500", None, 0), (None, "easy", 2),
-                                                        (None, "medium", 3)])
+@pytest.mark.parametrize(
+    "scenario, difficulty, seed",
+    [
+        ("higgs_4l_125", None, 0),
+        ("higgs_diphoton_125", None, 1),
+        ("dijet_2500", None, 0),
+        (None, "easy", 2),
+        (None, "medium", 3),
+    ],
+)
 def test_state_never_reveals_truth_before_done(scenario, difficulty, seed):
     env, obs = fresh(scenario, seed=seed, difficulty=difficulty)
     truth = env.hidden_truth()
@@ -288,9 +316,11 @@ def _mass_texts(mass: float) -> List[str]:
     return sorted(texts)
 
 
-@pytest.mark.parametrize("scenario, difficulty, seed",
-                         [(name, None, 0) for name in SCENARIOS if not name.startswith("null")]
-                         + [(None, d, s) for d, s in PROCEDURAL_WITH_PARTICLE])
+@pytest.mark.parametrize(
+    "scenario, difficulty, seed",
+    [(name, None, 0) for name in SCENARIOS if not name.startswith("null")]
+    + [(None, d, s) for d, s in PROCEDURAL_WITH_PARTICLE],
+)
 def test_problem_statement_does_not_state_the_mass(scenario, difficulty, seed):
     env, obs = fresh(scenario, seed=seed, difficulty=difficulty)
     mass = env.hidden_truth()["mass_gev"]
@@ -346,8 +376,12 @@ def test_a_secret_salt_hides_the_particle_from_the_public_code_but_not_the_task(
     assert changed >= 20  # two null worlds are equal; particles differ
     runs = {}
     salted = {"secret_salt": "s3cret"}
-    for name, kwargs, reset_salt in (("public", {}, None), ("salted", salted, None), ("both", salted, "mine"),
-                                     ("twice", salted, None)):
+    for name, kwargs, reset_salt in (
+        ("public", {}, None),
+        ("salted", salted, None),
+        ("both", salted, "mine"),
+        ("twice", salted, None),
+    ):
         env = CERNCollisionEnvironment(**kwargs)
         obs = env.reset(seed=4, scenario="higgs_4l_125", secret_salt=reset_salt)
         runs[name] = [o.model_dump_json() for o in run_heuristic(env, obs)][:6]
@@ -420,24 +454,51 @@ def test_hidden_truth_before_reset_raises_and_is_stable_across_steps():
 
 # Rules -------------------------------------------------------------------------------------
 
-H4L_DATA = [A("configure_beam", beam_energy_tev=13.6), A("set_trigger", trigger="dilepton"),
-            A("allocate_luminosity", luminosity_fb=5.0), A("collect_collisions", luminosity_fb=5.0)]
-H4L_SPECTRUM = H4L_DATA + [A("reconstruct_tracks", channel="four_lepton"), A("select_channel", channel="four_lepton"),
-                           A("build_invariant_mass")]
+H4L_DATA = [
+    A("configure_beam", beam_energy_tev=13.6),
+    A("set_trigger", trigger="dilepton"),
+    A("allocate_luminosity", luminosity_fb=5.0),
+    A("collect_collisions", luminosity_fb=5.0),
+]
+H4L_SPECTRUM = H4L_DATA + [
+    A("reconstruct_tracks", channel="four_lepton"),
+    A("select_channel", channel="four_lepton"),
+    A("build_invariant_mass"),
+]
 
 # (scenario, setup actions, refused action, code, what the message must tell the agent)
 HARD_VIOLATIONS = [
     ("higgs_4l_125", [], A("build_invariant_mass"), "MISSING_PREREQUISITE", "select_channel first"),
     ("higgs_4l_125", [], A("collect_collisions", luminosity_fb=1.0), "MISSING_PREREQUISITE", "configure_beam first"),
-    ("higgs_4l_125", H4L_DATA[:2], A("collect_collisions", luminosity_fb=1.0), "MISSING_PREREQUISITE",
-     "allocate_luminosity first"),
+    (
+        "higgs_4l_125",
+        H4L_DATA[:2],
+        A("collect_collisions", luminosity_fb=1.0),
+        "MISSING_PREREQUISITE",
+        "allocate_luminosity first",
+    ),
     ("higgs_4l_125", [], A("calibrate_detector", channel="four_lepton"), "MISSING_PREREQUISITE", "collect_collisions"),
-    ("higgs_4l_125", H4L_DATA + [A("select_channel", channel="four_lepton")], A("build_invariant_mass"),
-     "MISSING_PREREQUISITE", "reconstruct_tracks"),
-    ("higgs_4l_125", H4L_DATA, A("fit_resonance", mass_hint_gev=125.0), "MISSING_PREREQUISITE",
-     "build_invariant_mass first"),
-    ("higgs_4l_125", H4L_SPECTRUM, A("request_theory_review", mass_gev=125.0), "MISSING_PREREQUISITE",
-     "fit_resonance first"),
+    (
+        "higgs_4l_125",
+        H4L_DATA + [A("select_channel", channel="four_lepton")],
+        A("build_invariant_mass"),
+        "MISSING_PREREQUISITE",
+        "reconstruct_tracks",
+    ),
+    (
+        "higgs_4l_125",
+        H4L_DATA,
+        A("fit_resonance", mass_hint_gev=125.0),
+        "MISSING_PREREQUISITE",
+        "build_invariant_mass first",
+    ),
+    (
+        "higgs_4l_125",
+        H4L_SPECTRUM,
+        A("request_theory_review", mass_gev=125.0),
+        "MISSING_PREREQUISITE",
+        "fit_resonance first",
+    ),
     ("higgs_4l_125", [], A("select_channel", channel="dijet"), "UNAVAILABLE_OPTION", "four_lepton"),
     ("higgs_4l_125", [], A("configure_beam", beam_energy_tev=7.0), "UNAVAILABLE_OPTION", "13.6"),
     ("higgs_4l_125", H4L_DATA[:1], A("set_trigger", trigger="muon_plus_jets"), "UNAVAILABLE_OPTION", "dilepton"),
@@ -445,15 +506,38 @@ HARD_VIOLATIONS = [
     ("higgs_4l_125", H4L_DATA, A("configure_beam", beam_energy_tev=13.0), "BEAM_LOCKED", "13.6"),
     ("higgs_4l_125", H4L_DATA[:1], A("allocate_luminosity", luminosity_fb=31.0), "LUMINOSITY_LIMIT", "30"),
     ("higgs_4l_125", H4L_DATA, A("allocate_luminosity", luminosity_fb=25.5), "LUMINOSITY_LIMIT", "25"),
-    ("higgs_4l_125", H4L_DATA[:2] + [A("allocate_luminosity", luminosity_fb=2.0)],
-     A("collect_collisions", luminosity_fb=3.0), "NOT_ENOUGH_BOOKED", "allocate_luminosity"),
-    ("zprime_dilepton_4000", [A("configure_beam", beam_energy_tev=13.0)],
-     A("allocate_luminosity", luminosity_fb=160.0), "INSUFFICIENT_BUDGET", "395"),
-    ("dijet_2500", [A("configure_beam", beam_energy_tev=13.6, pileup="low"), A("set_trigger", trigger="single_jet"),
-                    A("allocate_luminosity", luminosity_fb=80.0)],
-     A("collect_collisions", luminosity_fb=80.0), "INSUFFICIENT_TIME", "195.5"),
-    ("higgs_4l_125", H4L_DATA + [A("calibrate_detector", channel="four_lepton")] * 2,
-     A("calibrate_detector", channel="four_lepton"), "FULLY_CALIBRATED", "highest calibration level"),
+    (
+        "higgs_4l_125",
+        H4L_DATA[:2] + [A("allocate_luminosity", luminosity_fb=2.0)],
+        A("collect_collisions", luminosity_fb=3.0),
+        "NOT_ENOUGH_BOOKED",
+        "allocate_luminosity",
+    ),
+    (
+        "zprime_dilepton_4000",
+        [A("configure_beam", beam_energy_tev=13.0)],
+        A("allocate_luminosity", luminosity_fb=160.0),
+        "INSUFFICIENT_BUDGET",
+        "395",
+    ),
+    (
+        "dijet_2500",
+        [
+            A("configure_beam", beam_energy_tev=13.6, pileup="low"),
+            A("set_trigger", trigger="single_jet"),
+            A("allocate_luminosity", luminosity_fb=80.0),
+        ],
+        A("collect_collisions", luminosity_fb=80.0),
+        "INSUFFICIENT_TIME",
+        "195.5",
+    ),
+    (
+        "higgs_4l_125",
+        H4L_DATA + [A("calibrate_detector", channel="four_lepton")] * 2,
+        A("calibrate_detector", channel="four_lepton"),
+        "FULLY_CALIBRATED",
+        "highest calibration level",
+    ),
     ("higgs_4l_125", [], A("warp_drive"), "INVALID_ACTION", "configure_beam"),
     ("higgs_4l_125", [], None, "INVALID_ACTION", "JSON object"),
     ("higgs_4l_125", [], "configure_beam", "INVALID_ACTION", "JSON object"),
@@ -461,23 +545,34 @@ HARD_VIOLATIONS = [
     ("higgs_4l_125", [], A("configure_beam", beam_energy_tev="fast"), "INVALID_PARAMETERS", "beam_energy_tev"),
     ("higgs_4l_125", [], A("configure_beam", beam_energy_tev=math.nan), "INVALID_PARAMETERS", "beam_energy_tev"),
     ("higgs_4l_125", [], A("configure_beam"), "INVALID_PARAMETERS", "beam_energy_tev"),
-    ("higgs_4l_125", [], A("submit_discovery_claim", discovered=True, confidence=0.5), "INVALID_PARAMETERS",
-     "mass_gev"),
+    (
+        "higgs_4l_125",
+        [],
+        A("submit_discovery_claim", discovered=True, confidence=0.5),
+        "INVALID_PARAMETERS",
+        "mass_gev",
+    ),
     ("higgs_4l_125", H4L_SPECTRUM, A("estimate_significance", mass_gev=500.0), "INVALID_PARAMETERS", "spectrum"),
     ("higgs_4l_125", H4L_SPECTRUM, A("scan_bump", step_gev=0.001), "INVALID_PARAMETERS", "step_gev"),
 ]
 
 
 def _snapshot(obs: CollisionObservation) -> Dict[str, Any]:
-    return {"resources": obs.resource_usage.model_dump(), "data": {k: v.model_dump() for k, v in
-                                                                    obs.data_collected.items()},
-            "beam": obs.selected_beam_energy_tev, "pileup": obs.selected_pileup, "trigger": obs.selected_trigger,
-            "channel": obs.selected_channel, "candidates": obs.candidate_masses_gev,
-            "significance": obs.cumulative_significance}
+    return {
+        "resources": obs.resource_usage.model_dump(),
+        "data": {k: v.model_dump() for k, v in obs.data_collected.items()},
+        "beam": obs.selected_beam_energy_tev,
+        "pileup": obs.selected_pileup,
+        "trigger": obs.selected_trigger,
+        "channel": obs.selected_channel,
+        "candidates": obs.candidate_masses_gev,
+        "significance": obs.cumulative_significance,
+    }
 
 
-@pytest.mark.parametrize("scenario, setup, action, code, hint", HARD_VIOLATIONS,
-                         ids=[f"{c[3]}-{i}" for i, c in enumerate(HARD_VIOLATIONS)])
+@pytest.mark.parametrize(
+    "scenario, setup, action, code, hint", HARD_VIOLATIONS, ids=[f"{c[3]}-{i}" for i, c in enumerate(HARD_VIOLATIONS)]
+)
 def test_hard_violation_is_reported_penalised_and_changes_nothing(scenario, setup, action, code, hint):
     env, obs = fresh(scenario, seed=0)
     for step in setup:
@@ -532,13 +627,22 @@ def test_redundant_action_runs_and_is_penalised_softly():
     assert env.state.reward_components["redundancy"] == pytest.approx(REDUNDANCY_PENALTY)
 
 
-@pytest.mark.parametrize("setup, first, second", [
-    (H4L_SPECTRUM, A("scan_bump"), A("scan_bump", step_gev=None)),  # a default spelt out
-    (H4L_SPECTRUM[:-1], A("build_invariant_mass"),
-     A("build_invariant_mass", mass_min_gev=1.0, mass_max_gev=10_000.0)),  # clipped to the same window
-    (H4L_DATA, A("reconstruct_tracks", channel="four_lepton"),
-     A("reconstruct_tracks", channel="four_lepton", quality="standard")),
-])
+@pytest.mark.parametrize(
+    "setup, first, second",
+    [
+        (H4L_SPECTRUM, A("scan_bump"), A("scan_bump", step_gev=None)),  # a default spelt out
+        (
+            H4L_SPECTRUM[:-1],
+            A("build_invariant_mass"),
+            A("build_invariant_mass", mass_min_gev=1.0, mass_max_gev=10_000.0),
+        ),  # clipped to the same window
+        (
+            H4L_DATA,
+            A("reconstruct_tracks", channel="four_lepton"),
+            A("reconstruct_tracks", channel="four_lepton", quality="standard"),
+        ),
+    ],
+)
 def test_the_same_action_spelt_another_way_is_still_redundant(setup, first, second):
     """Redundancy is judged on what the action did, not on how its parameters were written."""
     env, obs = fresh("higgs_4l_125", seed=0)
@@ -551,8 +655,10 @@ def test_the_same_action_spelt_another_way_is_still_redundant(setup, first, seco
 
 def test_same_action_on_changed_data_is_not_redundant():
     env, obs = fresh("higgs_4l_125", seed=0)
-    for action in H4L_SPECTRUM[:2] + [A("allocate_luminosity", luminosity_fb=6.0), A("collect_collisions",
-                                                                                        luminosity_fb=3.0)]:
+    for action in H4L_SPECTRUM[:2] + [
+        A("allocate_luminosity", luminosity_fb=6.0),
+        A("collect_collisions", luminosity_fb=3.0),
+    ]:
         ok(env, action)
     for action in H4L_SPECTRUM[4:]:
         ok(env, action)
@@ -601,16 +707,21 @@ def test_claim_ends_and_grades_the_episode():
     assert state.correct_mass is False  # a particle was there and was missed
     assert state.reward_components["outcome"] == MISSED_DISCOVERY
     assert obs.reward_breakdown["outcome"] == MISSED_DISCOVERY
-    assert state.terminal_reward == pytest.approx(sum(v for k, v in state.reward_components.items()
-                                                      if k not in ("milestones", "violations", "redundancy")))
+    assert state.terminal_reward == pytest.approx(
+        sum(v for k, v in state.reward_components.items() if k not in ("milestones", "violations", "redundancy"))
+    )
 
 
 def test_correct_null_claim_on_null_scenario_is_rewarded():
     env, obs = fresh("null_diphoton_750", seed=0)
     for action in data_actions(obs.task, 0.3 * obs.task.luminosity_total_fb, energy=13.6):
         ok(env, action)
-    for action in [A("reconstruct_tracks", channel="diphoton"), A("select_channel", channel="diphoton"),
-                   A("build_invariant_mass"), A("fit_resonance", mass_hint_gev=1000.0)]:
+    for action in [
+        A("reconstruct_tracks", channel="diphoton"),
+        A("select_channel", channel="diphoton"),
+        A("build_invariant_mass"),
+        A("fit_resonance", mass_hint_gev=1000.0),
+    ]:
         ok(env, action)
     obs = ok(env, A("submit_discovery_claim", discovered=False, confidence=0.9))
     state = env.state
@@ -668,8 +779,11 @@ def test_budget_exhaustion_ends_the_episode():
 
 def test_time_exhaustion_ends_the_episode():
     env, obs = fresh("dijet_2500", seed=0)
-    for action in [A("configure_beam", beam_energy_tev=13.6, pileup="low"), A("set_trigger", trigger="single_jet"),
-                   A("allocate_luminosity", luminosity_fb=80.0)]:
+    for action in [
+        A("configure_beam", beam_energy_tev=13.6, pileup="low"),
+        A("set_trigger", trigger="single_jet"),
+        A("allocate_luminosity", luminosity_fb=80.0),
+    ]:
         ok(env, action)
     left = obs.task.time_total_days - 3.0 - 0.5 - 1.0
     luminosity = left * PILEUP_SETTINGS["low"].luminosity_rate_factor / BEAM_ENERGIES[13.6].days_per_fb
@@ -689,8 +803,12 @@ def test_stepping_after_done_changes_nothing(ending):
         obs = ok(env, A("submit_discovery_claim", discovered=False, confidence=0.5))
     assert obs.done
     done_obs, done_state = obs, env.state.model_dump_json()
-    for action in [A("configure_beam", beam_energy_tev=13.0), A("submit_discovery_claim", discovered=False,
-                                                                confidence=1.0), None, A("warp_drive")]:
+    for action in [
+        A("configure_beam", beam_energy_tev=13.0),
+        A("submit_discovery_claim", discovered=False, confidence=1.0),
+        None,
+        A("warp_drive"),
+    ]:
         after = env.step(action)
         assert after.done
         assert len(after.rule_violations) == 1 and after.rule_violations[0].startswith("EPISODE_DONE: ")
@@ -718,10 +836,16 @@ def test_step_before_reset_does_not_raise():
 # Resources ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario, difficulty, seed, energy, pileup", [
-    ("z_mumu_91", None, 0, 7.0, "nominal"), ("higgs_4l_125", None, 0, 13.0, "low"),
-    ("higgs_4l_125", None, 0, 13.6, "high"), (None, "medium", 1, 8.0, "high"), (None, "medium", 1, 13.6, "low"),
-])
+@pytest.mark.parametrize(
+    "scenario, difficulty, seed, energy, pileup",
+    [
+        ("z_mumu_91", None, 0, 7.0, "nominal"),
+        ("higgs_4l_125", None, 0, 13.0, "low"),
+        ("higgs_4l_125", None, 0, 13.6, "high"),
+        (None, "medium", 1, 8.0, "high"),
+        (None, "medium", 1, 13.6, "low"),
+    ],
+)
 def test_collect_charges_time_and_allocate_charges_budget(scenario, difficulty, seed, energy, pileup):
     env, obs = fresh(scenario, seed=seed, difficulty=difficulty)
     luminosity = 0.1 * obs.task.luminosity_total_fb
@@ -731,21 +855,24 @@ def test_collect_charges_time_and_allocate_charges_budget(scenario, difficulty, 
     after_allocate = ok(env, allocate).resource_usage
     beam, setting = BEAM_ENERGIES[energy], PILEUP_SETTINGS[pileup]
     assert after_allocate.budget_used_musd - before.budget_used_musd == pytest.approx(
-        luminosity * beam.cost_musd_per_fb, rel=1e-5)
+        luminosity * beam.cost_musd_per_fb, rel=1e-5
+    )
     assert after_allocate.time_used_days - before.time_used_days == pytest.approx(1.0, rel=1e-5)
     assert after_allocate.luminosity_allocated_fb == pytest.approx(luminosity, rel=1e-5)
     assert after_allocate.luminosity_used_fb == 0.0
     after_collect = ok(env, collect).resource_usage
     assert after_collect.time_used_days - after_allocate.time_used_days == pytest.approx(
-        luminosity * beam.days_per_fb / setting.luminosity_rate_factor, rel=1e-5)
+        luminosity * beam.days_per_fb / setting.luminosity_rate_factor, rel=1e-5
+    )
     assert after_collect.budget_used_musd == after_allocate.budget_used_musd
     assert after_collect.luminosity_used_fb == pytest.approx(luminosity, rel=1e-5)
     assert after_collect.luminosity_allocated_fb == pytest.approx(0.0, abs=1e-9)
     assert after_collect.luminosity_remaining_fb == pytest.approx(obs.task.luminosity_total_fb - luminosity, rel=1e-5)
     for usage in (before, after_allocate, after_collect):
         # Used and remaining are each rounded to 6 significant figures.
-        assert usage.budget_used_musd + usage.budget_remaining_musd == pytest.approx(obs.task.budget_total_musd,
-                                                                                     rel=1e-5)
+        assert usage.budget_used_musd + usage.budget_remaining_musd == pytest.approx(
+            obs.task.budget_total_musd, rel=1e-5
+        )
         assert usage.time_used_days + usage.time_remaining_days == pytest.approx(obs.task.time_total_days, rel=1e-5)
 
 
@@ -769,9 +896,11 @@ def test_resources_stay_in_bounds_under_random_play(seed):
     while not obs.done:
         obs = env.step(agent.act(obs))
         usage = obs.resource_usage
-        for used, left, total in [(usage.budget_used_musd, usage.budget_remaining_musd, task.budget_total_musd),
-                                  (usage.time_used_days, usage.time_remaining_days, task.time_total_days),
-                                  (usage.luminosity_used_fb, usage.luminosity_remaining_fb, task.luminosity_total_fb)]:
+        for used, left, total in [
+            (usage.budget_used_musd, usage.budget_remaining_musd, task.budget_total_musd),
+            (usage.time_used_days, usage.time_remaining_days, task.time_total_days),
+            (usage.luminosity_used_fb, usage.luminosity_remaining_fb, task.luminosity_total_fb),
+        ]:
             assert 0 <= used <= total and 0 <= left <= total
         assert usage.luminosity_used_fb + usage.luminosity_allocated_fb <= task.luminosity_total_fb * (1 + 1e-9)
 
@@ -790,8 +919,9 @@ def test_calibration_reduces_the_reported_resolution():
     env, obs = fresh("higgs_diphoton_125", seed=0)
     for action in data_actions(obs.task, 5.0):
         ok(env, action)
-    resolutions = [ok(env, A("reconstruct_tracks", channel="diphoton"))
-                   .latest_result["resolution_at_window_centre_gev"]]
+    resolutions = [
+        ok(env, A("reconstruct_tracks", channel="diphoton")).latest_result["resolution_at_window_centre_gev"]
+    ]
     for level in (1, 2):
         obs = ok(env, A("calibrate_detector", channel="diphoton"))
         assert obs.latest_result["calibration_level"] == level == obs.data_collected["diphoton"].calibration_level
@@ -816,8 +946,9 @@ def test_reconstruction_quality_trades_events_for_purity():
     ok(env, A("select_channel", channel="dimuon"))
     events, resolution = {}, {}
     for quality in ("standard", "tight", "fast"):
-        resolution[quality] = ok(env, A("reconstruct_tracks", channel="dimuon", quality=quality)) \
-            .latest_result["resolution_at_window_centre_gev"]
+        resolution[quality] = ok(env, A("reconstruct_tracks", channel="dimuon", quality=quality)).latest_result[
+            "resolution_at_window_centre_gev"
+        ]
         events[quality] = ok(env, A("build_invariant_mass", bin_width_gev=1.0)).latest_result["events"]
     assert events["tight"] < events["standard"] < events["fast"]
     assert events["tight"] > 0.7 * events["standard"]
@@ -851,8 +982,11 @@ def test_a_trigger_records_only_its_channels():
 
 
 def _last_fit(trajectory: List[CollisionObservation]) -> Dict[str, Any]:
-    fits = [o.latest_result for o in trajectory
-            if o.latest_result.get("action") == "fit_resonance" and "error" not in o.latest_result]
+    fits = [
+        o.latest_result
+        for o in trajectory
+        if o.latest_result.get("action") == "fit_resonance" and "error" not in o.latest_result
+    ]
     assert fits, "the heuristic agent never fitted"
     return fits[-1]
 
@@ -878,22 +1012,41 @@ def test_heuristic_discovers_the_higgs_in_four_leptons():
 def test_z_discovery_with_systematics_is_significant_and_graded_correct():
     # Regression: the spurious-signal systematic once made the Z peak's significance NaN.
     env, obs = fresh("z_mumu_91", seed=0)
-    for action in data_actions(obs.task, 0.02) + [A("reconstruct_tracks", channel="dimuon"),
-                                                  A("select_channel", channel="dimuon"), A("build_invariant_mass"),
-                                                  A("request_systematics")]:
+    for action in data_actions(obs.task, 0.02) + [
+        A("reconstruct_tracks", channel="dimuon"),
+        A("select_channel", channel="dimuon"),
+        A("build_invariant_mass"),
+        A("request_systematics"),
+    ]:
         ok(env, action)
     obs = ok(env, A("estimate_significance", mass_gev=91.19))
     assert obs.latest_result["systematics_included"] is True
     assert obs.latest_result["z_local"] is not None and obs.latest_result["z_local"] > 10
-    ok(env, A("submit_discovery_claim", discovered=True, mass_gev=91.19, mass_uncertainty_gev=0.1, channel="dimuon",
-              spin=1, significance_sigma=10.0, confidence=0.95))
+    ok(
+        env,
+        A(
+            "submit_discovery_claim",
+            discovered=True,
+            mass_gev=91.19,
+            mass_uncertainty_gev=0.1,
+            channel="dimuon",
+            spin=1,
+            significance_sigma=10.0,
+            confidence=0.95,
+        ),
+    )
     assert env.state.reward_components["outcome"] == CORRECT_DISCOVERY
 
 
-Z_FULL_DATA = [A("configure_beam", beam_energy_tev=7.0), A("set_trigger", trigger="dilepton"),
-               A("allocate_luminosity", luminosity_fb=0.05), A("collect_collisions", luminosity_fb=0.05),
-               A("reconstruct_tracks", channel="dimuon"), A("select_channel", channel="dimuon"),
-               A("build_invariant_mass")]
+Z_FULL_DATA = [
+    A("configure_beam", beam_energy_tev=7.0),
+    A("set_trigger", trigger="dilepton"),
+    A("allocate_luminosity", luminosity_fb=0.05),
+    A("collect_collisions", luminosity_fb=0.05),
+    A("reconstruct_tracks", channel="dimuon"),
+    A("select_channel", channel="dimuon"),
+    A("build_invariant_mass"),
+]
 
 
 def test_claiming_the_reported_significance_is_accepted():
@@ -902,8 +1055,18 @@ def test_claiming_the_reported_significance_is_accepted():
     for action in Z_FULL_DATA:
         ok(env, action)
     z_global = ok(env, A("estimate_significance", mass_gev=91.19)).latest_result["z_global"]
-    obs = env.step(A("submit_discovery_claim", discovered=True, mass_gev=91.19, mass_uncertainty_gev=0.1,
-                     channel="dimuon", spin=1, significance_sigma=z_global, confidence=0.95))
+    obs = env.step(
+        A(
+            "submit_discovery_claim",
+            discovered=True,
+            mass_gev=91.19,
+            mass_uncertainty_gev=0.1,
+            channel="dimuon",
+            spin=1,
+            significance_sigma=z_global,
+            confidence=0.95,
+        )
+    )
     assert not obs.rule_violations, obs.rule_violations
     assert obs.done and env.state.reward_components["outcome"] == CORRECT_DISCOVERY
 
@@ -954,15 +1117,21 @@ def test_penalties_accumulate_in_the_state():
     state = env.state
     assert state.reward_components["violations"] == pytest.approx(2 * VIOLATION_PENALTY)
     assert state.reward_components["redundancy"] == pytest.approx(REDUNDANCY_PENALTY)
-    assert state.cumulative_reward == pytest.approx(sum(rewards)) == pytest.approx(
-        2 * VIOLATION_PENALTY + REDUNDANCY_PENALTY)
+    assert (
+        state.cumulative_reward
+        == pytest.approx(sum(rewards))
+        == pytest.approx(2 * VIOLATION_PENALTY + REDUNDANCY_PENALTY)
+    )
 
 
 def test_milestones_are_paid_once():
     env, obs = fresh("higgs_4l_125", seed=0)
     rewards = []
-    for action in H4L_SPECTRUM + [A("allocate_luminosity", luminosity_fb=2.0),
-                                  A("collect_collisions", luminosity_fb=2.0), A("build_invariant_mass")]:
+    for action in H4L_SPECTRUM + [
+        A("allocate_luminosity", luminosity_fb=2.0),
+        A("collect_collisions", luminosity_fb=2.0),
+        A("build_invariant_mass"),
+    ]:
         rewards.append(ok(env, action).reward_breakdown["milestones"])
     assert rewards.count(MILESTONE_REWARD) == 2  # collisions_collected, spectrum_built
     assert env.state.reward_components["milestones"] == pytest.approx(2 * MILESTONE_REWARD)

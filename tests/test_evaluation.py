@@ -93,17 +93,35 @@ def test_bootstrap_edge_cases():
 
 
 def _episode(seed, reward, correct, exists=True, discovered=True, mass=True):
-    return {"seed": seed, "scenario": None, "difficulty": "easy", "cumulative_reward": reward,
-            "correct_outcome": correct, "truth": {"exists": exists}, "discovered": discovered,
-            "correct_mass": mass if exists else None, "correct_channel": mass if exists else None,
-            "correct_spin": None, "steps": [{"parsed_ok": True}, {"parsed_ok": False}], "n_steps": 2,
-            "resources": {"budget_used_musd": 30.0, "budget_remaining_musd": 70.0,
-                          "time_used_days": 10.0, "time_remaining_days": 90.0}}
+    return {
+        "seed": seed,
+        "scenario": None,
+        "difficulty": "easy",
+        "cumulative_reward": reward,
+        "correct_outcome": correct,
+        "truth": {"exists": exists},
+        "discovered": discovered,
+        "correct_mass": mass if exists else None,
+        "correct_channel": mass if exists else None,
+        "correct_spin": None,
+        "steps": [{"parsed_ok": True}, {"parsed_ok": False}],
+        "n_steps": 2,
+        "resources": {
+            "budget_used_musd": 30.0,
+            "budget_remaining_musd": 70.0,
+            "time_used_days": 10.0,
+            "time_remaining_days": 90.0,
+        },
+    }
 
 
 def test_metrics_on_a_hand_made_sample():
-    episodes = [_episode(0, 4.0, True), _episode(1, -2.0, False, mass=False),
-                _episode(2, 3.0, True, exists=False, discovered=False), _episode(3, -3.0, False, exists=False)]
+    episodes = [
+        _episode(0, 4.0, True),
+        _episode(1, -2.0, False, mass=False),
+        _episode(2, 3.0, True, exists=False, discovered=False),
+        _episode(3, -3.0, False, exists=False),
+    ]
     m = agent_metrics(episodes)
     assert m["mean_reward"].mean == pytest.approx(0.5)
     assert m["success_rate"].mean == pytest.approx(0.5)
@@ -133,15 +151,24 @@ def test_paired_difference_detects_a_clear_improvement_and_needs_the_same_episod
 def _split_sample():
     """10 episodes: 6 procedural (4 with a particle, 1 of them correct; 2 null, 1 correct),
     3 curated (2 with a particle, both correct; 1 null, wrong) and a record without a truth."""
-    def ep(seed, scenario, exists, correct, reward):
-        return dict(_episode(seed, reward, correct, exists=exists, discovered=correct if exists else not correct),
-                    scenario=scenario)
 
-    episodes = [ep(0, "procedural_easy", True, True, 4.0), ep(1, "procedural_easy", True, False, -2.0),
-                ep(2, "procedural_hard", True, False, -2.0), ep(3, "procedural_hard", True, False, -1.0),
-                ep(4, "procedural_medium", False, True, 3.0), ep(5, "procedural_medium", False, False, -3.0),
-                ep(6, "higgs_diphoton_125", True, True, 5.0), ep(7, "z_mumu_91", True, True, 5.0),
-                ep(8, "null_diphoton_750", False, False, -1.0)]
+    def ep(seed, scenario, exists, correct, reward):
+        return dict(
+            _episode(seed, reward, correct, exists=exists, discovered=correct if exists else not correct),
+            scenario=scenario,
+        )
+
+    episodes = [
+        ep(0, "procedural_easy", True, True, 4.0),
+        ep(1, "procedural_easy", True, False, -2.0),
+        ep(2, "procedural_hard", True, False, -2.0),
+        ep(3, "procedural_hard", True, False, -1.0),
+        ep(4, "procedural_medium", False, True, 3.0),
+        ep(5, "procedural_medium", False, False, -3.0),
+        ep(6, "higgs_diphoton_125", True, True, 5.0),
+        ep(7, "z_mumu_91", True, True, 5.0),
+        ep(8, "null_diphoton_750", False, False, -1.0),
+    ]
     no_truth = dict(ep(9, "procedural_easy", True, True, 1.0))
     del no_truth["truth"]
     return episodes + [no_truth]

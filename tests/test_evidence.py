@@ -58,16 +58,34 @@ def full_row(writer_cls, step: int) -> dict:
 
 
 def episode(seed, reward, correct, *, exists=True, mass=True, spin=None, scenario=None, steps=None):
-    return {"seed": seed, "scenario": scenario, "difficulty": "easy", "cumulative_reward": reward,
-            "discovered": correct and exists, "correct_outcome": correct,
-            "correct_mass": mass if exists else None, "correct_channel": mass if exists else None,
-            "correct_spin": spin, "truth": {"exists": exists, "mass_gev": 125.09 if exists else None},
-            "steps": steps if steps is not None else [
-                {"action": {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}},
-                 "reward": 0.0, "parsed_ok": True, "rule_violations": []},
-                {"action": {"action_type": "fit_resonance", "parameters": {"window_gev": [110, 140]}},
-                 "reward": -0.1, "parsed_ok": True, "rule_violations": ["PREREQUISITE: build the spectrum first"]},
-            ]}
+    return {
+        "seed": seed,
+        "scenario": scenario,
+        "difficulty": "easy",
+        "cumulative_reward": reward,
+        "discovered": correct and exists,
+        "correct_outcome": correct,
+        "correct_mass": mass if exists else None,
+        "correct_channel": mass if exists else None,
+        "correct_spin": spin,
+        "truth": {"exists": exists, "mass_gev": 125.09 if exists else None},
+        "steps": steps
+        if steps is not None
+        else [
+            {
+                "action": {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}},
+                "reward": 0.0,
+                "parsed_ok": True,
+                "rule_violations": [],
+            },
+            {
+                "action": {"action_type": "fit_resonance", "parameters": {"window_gev": [110, 140]}},
+                "reward": -0.1,
+                "parsed_ok": True,
+                "rule_violations": ["PREREQUISITE: build the spectrum first"],
+            },
+        ],
+    }
 
 
 def write_jsonl(path: Path, episodes) -> Path:
@@ -77,25 +95,31 @@ def write_jsonl(path: Path, episodes) -> Path:
 
 # ----------------------------------------------------------------------------- interface
 
+
 def test_artifact_names_and_columns_are_the_seeds(tmp_path):
     paths = EvidencePaths(tmp_path / "ev")
     paths.ensure()
     assert paths.root.is_dir()
     names = {name: getattr(paths, name).name for name in paths.__dataclass_fields__ if name != "root"}
     assert names == {
-        "training_log_csv": "training_log.csv", "reward_components_csv": "reward_components.csv",
-        "checkpoint_evals_csv": "checkpoint_evals.csv", "training_curve_png": "training_curve.png",
+        "training_log_csv": "training_log.csv",
+        "reward_components_csv": "reward_components.csv",
+        "checkpoint_evals_csv": "checkpoint_evals.csv",
+        "training_curve_png": "training_curve.png",
         "reward_components_png": "reward_components.png",
         "checkpoint_progression_png": "checkpoint_progression.png",
-        "before_after_summary_png": "before_after_summary.png", "reward_distribution_png": "reward_distribution.png",
-        "before_after_metrics_json": "before_after_metrics.json", "sample_trajectories_md": "sample_trajectories.md",
-        "pre_eval_jsonl": "pre_eval.jsonl", "post_eval_jsonl": "post_eval.jsonl",
+        "before_after_summary_png": "before_after_summary.png",
+        "reward_distribution_png": "reward_distribution.png",
+        "before_after_metrics_json": "before_after_metrics.json",
+        "sample_trajectories_md": "sample_trajectories.md",
+        "pre_eval_jsonl": "pre_eval.jsonl",
+        "post_eval_jsonl": "post_eval.jsonl",
     }
     assert all(getattr(paths, name).parent == paths.root for name in names)
     expected = {
         TrainingLogWriter: "step,epoch,loss,reward,reward_std,kl,grad_norm,learning_rate,wall_time_s",
         RewardComponentLogWriter: "step,n,mean_cumulative,mean_terminal,mean_step_shaping,discovered_rate,"
-                                  "mass_correct_rate,channel_correct_rate,spin_correct_rate,parsed_rate,mean_n_steps",
+        "mass_correct_rate,channel_correct_rate,spin_correct_rate,parsed_rate,mean_n_steps",
         CheckpointEvalWriter: "step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc",
     }
     for cls, header in expected.items():
@@ -135,9 +159,17 @@ N_ROWS = 200
 
 
 def _expected(writer_id: int, i: int) -> dict:
-    return {"step": writer_id * 10_000 + i, "epoch": writer_id, "loss": 0.1234567890123 * i,
-            "reward": -1.0 / (i + 1), "reward_std": 1e-7 * i, "kl": 3.0, "grad_norm": float(i) ** 0.5,
-            "learning_rate": 1e-5, "wall_time_s": 1234.5678 + i}
+    return {
+        "step": writer_id * 10_000 + i,
+        "epoch": writer_id,
+        "loss": 0.1234567890123 * i,
+        "reward": -1.0 / (i + 1),
+        "reward_std": 1e-7 * i,
+        "kl": 3.0,
+        "grad_norm": float(i) ** 0.5,
+        "learning_rate": 1e-5,
+        "wall_time_s": 1234.5678 + i,
+    }
 
 
 def _append_many(path: str, writer_id: int, start) -> None:
@@ -171,8 +203,9 @@ def test_concurrent_appends_from_processes_and_threads_give_whole_rows(tmp_path)
         for i in range(N_ROWS):
             want = _expected(writer_id, i)
             got = by_step[want["step"]]
-            assert {k: float(v) for k, v in got.items()} == pytest.approx({k: float(v) for k, v in want.items()},
-                                                                         rel=0, abs=0)
+            assert {k: float(v) for k, v in got.items()} == pytest.approx(
+                {k: float(v) for k, v in want.items()}, rel=0, abs=0
+            )
 
 
 @pytest.mark.parametrize("writer_cls, render", CSV_RENDERERS)
@@ -200,13 +233,14 @@ def test_a_kill_during_the_header_and_garbage_lines_are_survived(tmp_path):
     TrainingLogWriter(path).append({"step": 1, "reward": 0.5})
     assert [r["reward"] for r in read_records(path).rows] == ["0.5"]
     with open(path, "ab") as f:
-        f.write(b"\x00\x00\x00\n1,2\n\"unclosed,quote\n\xff\xfe,bad\n")
+        f.write(b'\x00\x00\x00\n1,2\n"unclosed,quote\n\xff\xfe,bad\n')
     TrainingLogWriter(path).append({"step": 2, "reward": 0.75})
     records = read_records(path)
     assert [r["reward"] for r in records.rows] == ["0.5", "0.75"] and records.n_skipped == 4
 
 
 # ----------------------------------------------------------------------------- renderers
+
 
 @pytest.mark.parametrize("writer_cls, render", CSV_RENDERERS)
 def test_csv_renderers_on_missing_empty_and_partial_data(tmp_path, writer_cls, render):
@@ -244,9 +278,13 @@ def test_csv_renderers_draw_full_logs_without_touching_pyplot(tmp_path, writer_c
 
 
 def _before_after(tmp_path, pre, post):
-    kwargs = dict(pre_jsonl=tmp_path / "pre.jsonl", post_jsonl=tmp_path / "post.jsonl",
-                  summary_png=tmp_path / "summary.png", distribution_png=tmp_path / "dist.png",
-                  metrics_json=tmp_path / "metrics.json")
+    kwargs = dict(
+        pre_jsonl=tmp_path / "pre.jsonl",
+        post_jsonl=tmp_path / "post.jsonl",
+        summary_png=tmp_path / "summary.png",
+        distribution_png=tmp_path / "dist.png",
+        metrics_json=tmp_path / "metrics.json",
+    )
     if pre is not None:
         write_jsonl(kwargs["pre_jsonl"], pre)
     if post is not None:
@@ -268,18 +306,36 @@ def test_before_after_on_missing_empty_and_one_sided_data(tmp_path):
 
 
 def test_before_after_metrics_on_a_hand_made_sample(tmp_path):
-    pre = [episode(0, 4.0, True, spin=True), episode(1, -2.0, False, mass=False),
-           episode(2, 3.0, True, exists=False), episode(3, -3.0, False, exists=False)]
-    post = [episode(0, 4.0, True, spin=True), episode(1, 3.0, True, spin=True),
-            episode(2, 3.0, True, exists=False), episode(3, 3.0, True, exists=False)]
+    pre = [
+        episode(0, 4.0, True, spin=True),
+        episode(1, -2.0, False, mass=False),
+        episode(2, 3.0, True, exists=False),
+        episode(3, -3.0, False, exists=False),
+    ]
+    post = [
+        episode(0, 4.0, True, spin=True),
+        episode(1, 3.0, True, spin=True),
+        episode(2, 3.0, True, exists=False),
+        episode(3, 3.0, True, exists=False),
+    ]
     payload, kwargs = _before_after(tmp_path, pre, post)
     with open(kwargs["pre_jsonl"], "a") as f:
         f.write('{"seed": 9, "cumulative_re')  # an evaluation killed mid-write
     payload = render_before_after(**kwargs)
     assert payload == json.loads(kwargs["metrics_json"].read_text())
-    assert payload["pre"] == pytest.approx({"n": 4, "n_with_particle": 2, "n_correct": 2, "mean_reward": 0.5,
-                                            "median_reward": 0.5, "success_rate": 0.5, "mass_acc": 0.5,
-                                            "channel_acc": 0.5, "spin_acc": 0.5})
+    assert payload["pre"] == pytest.approx(
+        {
+            "n": 4,
+            "n_with_particle": 2,
+            "n_correct": 2,
+            "mean_reward": 0.5,
+            "median_reward": 0.5,
+            "success_rate": 0.5,
+            "mass_acc": 0.5,
+            "channel_acc": 0.5,
+            "spin_acc": 0.5,
+        }
+    )
     assert payload["post"]["mean_reward"] == pytest.approx(3.25) and payload["post"]["success_rate"] == 1.0
     assert payload["post"]["mass_acc"] == 1.0 and payload["post"]["spin_acc"] == 1.0
     assert payload["delta"]["mean_reward"] == pytest.approx(2.75)
@@ -296,8 +352,10 @@ def test_before_after_metrics_and_plots_on_a_clear_improvement(tmp_path):
     rng = np.random.default_rng(3)
     base = rng.normal(0.0, 2.0, size=100)
     pre = [episode(i, float(r), i % 4 == 0, exists=i % 5 != 0, mass=i % 4 == 0) for i, r in enumerate(base)]
-    post = [episode(i, float(r) + 1.5 + rng.normal(0, 0.2), i % 4 != 3, exists=i % 5 != 0, mass=i % 4 != 3)
-            for i, r in enumerate(base)]
+    post = [
+        episode(i, float(r) + 1.5 + rng.normal(0, 0.2), i % 4 != 3, exists=i % 5 != 0, mass=i % 4 != 3)
+        for i, r in enumerate(base)
+    ]
     payload, kwargs = _before_after(tmp_path, pre, post)
     assert payload["n"] == {"pre": 100, "post": 100, "pairs": 100}
     assert payload["bootstrap"]["pairing"] == "paired"
@@ -312,23 +370,37 @@ def test_before_after_metrics_and_plots_on_a_clear_improvement(tmp_path):
 
 def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_still_render():
     curated = dict(scenario="higgs_diphoton_125")
-    pre = [episode(0, -2.0, False, scenario="procedural_easy"), episode(1, -2.0, False, scenario="procedural_easy"),
-           episode(2, -3.0, False, exists=False, scenario="procedural_hard"),
-           episode(3, 1.0, True, exists=False, scenario="procedural_hard"),
-           episode(4, 5.0, True, **curated), episode(5, 4.0, True, **curated),
-           episode(6, -1.0, False, exists=False, scenario="null_diphoton_750")]
+    pre = [
+        episode(0, -2.0, False, scenario="procedural_easy"),
+        episode(1, -2.0, False, scenario="procedural_easy"),
+        episode(2, -3.0, False, exists=False, scenario="procedural_hard"),
+        episode(3, 1.0, True, exists=False, scenario="procedural_hard"),
+        episode(4, 5.0, True, **curated),
+        episode(5, 4.0, True, **curated),
+        episode(6, -1.0, False, exists=False, scenario="null_diphoton_750"),
+    ]
     post = [dict(e) for e in pre]
-    post[1].update(cumulative_reward=4.0, correct_outcome=True)    # unseen, with a particle: 0 → 1 of 2
-    post[2].update(cumulative_reward=3.0, correct_outcome=True)    # unseen, null: 1 → 2 of 2
-    post[6].update(cumulative_reward=3.0, correct_outcome=True)    # rediscovery, null: 0 → 1 of 1
+    post[1].update(cumulative_reward=4.0, correct_outcome=True)  # unseen, with a particle: 0 → 1 of 2
+    post[2].update(cumulative_reward=3.0, correct_outcome=True)  # unseen, null: 1 → 2 of 2
+    post[6].update(cumulative_reward=3.0, correct_outcome=True)  # rediscovery, null: 0 → 1 of 1
     payload = before_after_metrics(pre, post)
     groups = payload["groups"]
-    assert set(groups) == {"with_particle", "null", "unseen", "unseen_with_particle", "unseen_null", "rediscovery",
-                           "rediscovery_with_particle", "rediscovery_null"}
+    assert set(groups) == {
+        "with_particle",
+        "null",
+        "unseen",
+        "unseen_with_particle",
+        "unseen_null",
+        "rediscovery",
+        "rediscovery_with_particle",
+        "rediscovery_null",
+    }
     assert payload["pre"]["n_correct"] == 3 and payload["post"]["n_correct"] == 6
     assert groups["unseen"]["n"] == {"pre": 4, "post": 4, "pairs": 4} and groups["unseen"]["pairing"] == "paired"
-    assert (groups["unseen_with_particle"]["pre"]["n_correct"], groups["unseen_with_particle"]["post"]["n_correct"]) \
-        == (0, 1)
+    assert (
+        groups["unseen_with_particle"]["pre"]["n_correct"],
+        groups["unseen_with_particle"]["post"]["n_correct"],
+    ) == (0, 1)
     assert groups["unseen_with_particle"]["delta"]["mean_reward"] == pytest.approx(3.0)
     assert groups["unseen_null"]["delta"]["success_rate"] == pytest.approx(0.5)
     assert groups["rediscovery_with_particle"]["delta"]["mean_reward"] == 0.0
@@ -336,12 +408,13 @@ def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_sti
     assert groups["null"]["pre"]["n"] == 3 and groups["null"]["post"]["success_rate"] == 1.0
     markdown = comparison.before_after_markdown(payload)
     assert markdown.startswith("7 paired episodes.")
-    for row in ("| whole suite | 3 → 6 of 7 |",
-                "| unseen particles, with a particle | 0 → 1 of 2 | -2.000 → 1.000 | +3.000 [",
-                "| unseen particles, null tasks | 1 → 2 of 2 |",
-                "| rediscovery of known physics, null tasks | 0 → 1 of 1 |",
-                "| rediscovery of known physics, with a particle | 2 → 2 of 2 | 4.500 → 4.500 "
-                "| +0.000 [+0.000, +0.000] |"):
+    for row in (
+        "| whole suite | 3 → 6 of 7 |",
+        "| unseen particles, with a particle | 0 → 1 of 2 | -2.000 → 1.000 | +3.000 [",
+        "| unseen particles, null tasks | 1 → 2 of 2 |",
+        "| rediscovery of known physics, null tasks | 0 → 1 of 1 |",
+        "| rediscovery of known physics, with a particle | 2 → 2 of 2 | 4.500 → 4.500 | +0.000 [+0.000, +0.000] |",
+    ):
         assert row in markdown, row
     json.dumps(payload, allow_nan=False)
 
@@ -355,8 +428,10 @@ def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_sti
 
 
 def _synthetic(rng, n, shift, seed_offset=0):
-    return [episode(seed_offset + i, float(rng.normal(shift, 1.0)), bool(rng.random() < 0.3 + 0.4 * (shift > 0)))
-            for i in range(n)]
+    return [
+        episode(seed_offset + i, float(rng.normal(shift, 1.0)), bool(rng.random() < 0.3 + 0.4 * (shift > 0)))
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("seed_offset", [0, 10_000], ids=["paired", "unpaired"])
@@ -378,8 +453,10 @@ def test_difference_interval_contains_zero_without_an_effect():
     same = before_after_metrics(pre, pre)
     assert same["delta_ci95"]["mean_reward"] == [0.0, 0.0]
     relabelled = [dict(e, seed=e["seed"] + 10_000) for e in pre]
-    for payload in (before_after_metrics(pre, relabelled),
-                    before_after_metrics(pre, _synthetic(rng, 150, 0.0, 10_000))):
+    for payload in (
+        before_after_metrics(pre, relabelled),
+        before_after_metrics(pre, _synthetic(rng, 150, 0.0, 10_000)),
+    ):
         assert payload["bootstrap"]["pairing"] == "unpaired"
         for key in ("mean_reward", "success_rate"):
             low, high = payload["delta_ci95"][key]
@@ -388,25 +465,44 @@ def test_difference_interval_contains_zero_without_an_effect():
 
 def test_sample_trajectories_are_readable_and_survive_odd_episodes(tmp_path):
     md = tmp_path / "samples.md"
-    assert render_sample_trajectories(pre_jsonl=tmp_path / "a.jsonl", post_jsonl=tmp_path / "b.jsonl",
-                                      md_path=md) is None and not md.exists()
-    pre = [episode(1, -2.0, False, scenario="higgs_diphoton"), episode(2, 0.5, False, steps=[]), {},
-           {"steps": [None, "not a dict", {"action": "raw model text | with a pipe", "parsed_ok": False}]}]
+    assert (
+        render_sample_trajectories(pre_jsonl=tmp_path / "a.jsonl", post_jsonl=tmp_path / "b.jsonl", md_path=md) is None
+        and not md.exists()
+    )
+    pre = [
+        episode(1, -2.0, False, scenario="higgs_diphoton"),
+        episode(2, 0.5, False, steps=[]),
+        {},
+        {"steps": [None, "not a dict", {"action": "raw model text | with a pipe", "parsed_ok": False}]},
+    ]
     post = [episode(10, 3.0, True, scenario="z_dimuon")]
     write_jsonl(tmp_path / "pre.jsonl", pre)
     write_jsonl(tmp_path / "post.jsonl", post)
-    path = render_sample_trajectories(pre_jsonl=tmp_path / "pre.jsonl", post_jsonl=tmp_path / "post.jsonl",
-                                      md_path=md, n_samples=4)
+    path = render_sample_trajectories(
+        pre_jsonl=tmp_path / "pre.jsonl", post_jsonl=tmp_path / "post.jsonl", md_path=md, n_samples=4
+    )
     text = path.read_text()
-    for fragment in ("higgs_diphoton", "z_dimuon", "`configure_beam`", "beam_energy_tev=13.6",
-                     "PREREQUISITE: build the spectrum first", "mass 125.09 GeV", "_No steps recorded._",
-                     "(unparsed)", "raw model text \\| with a pipe", "correct ✓", "wrong ✗", "-0.100"):
+    for fragment in (
+        "higgs_diphoton",
+        "z_dimuon",
+        "`configure_beam`",
+        "beam_energy_tev=13.6",
+        "PREREQUISITE: build the spectrum first",
+        "mass 125.09 GeV",
+        "_No steps recorded._",
+        "(unparsed)",
+        "raw model text \\| with a pipe",
+        "correct ✓",
+        "wrong ✗",
+        "-0.100",
+    ):
         assert fragment in text, fragment
 
     write_jsonl(tmp_path / "post.jsonl", [dict(e, cumulative_reward=3.0) for e in pre[:2]])
     write_jsonl(tmp_path / "pre.jsonl", pre[:2])
-    text = render_sample_trajectories(pre_jsonl=tmp_path / "pre.jsonl", post_jsonl=tmp_path / "post.jsonl",
-                                      md_path=md).read_text()
+    text = render_sample_trajectories(
+        pre_jsonl=tmp_path / "pre.jsonl", post_jsonl=tmp_path / "post.jsonl", md_path=md
+    ).read_text()
     assert "The same 2 task(s)" in text and text.count("### Before training") == 2
     assert "- unseen particles: 0 → 0 of 2 (with a particle 0 → 0 of 2; null tasks 0 → 0 of 0)" in text
     assert "## Task 1 · unseen particles" in text and "rediscovery of known physics:" not in text
@@ -426,9 +522,11 @@ def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
     assert rendered["training_curve_png"] is None and rendered["before_after_metrics_json"] is None
 
     paths.ensure()
-    for cls, csv_path in ((TrainingLogWriter, paths.training_log_csv),
-                          (RewardComponentLogWriter, paths.reward_components_csv),
-                          (CheckpointEvalWriter, paths.checkpoint_evals_csv)):
+    for cls, csv_path in (
+        (TrainingLogWriter, paths.training_log_csv),
+        (RewardComponentLogWriter, paths.reward_components_csv),
+        (CheckpointEvalWriter, paths.checkpoint_evals_csv),
+    ):
         writer = cls(csv_path)
         for step in range(1, 30):
             append(writer, full_row(cls, step))
@@ -436,9 +534,15 @@ def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
     write_jsonl(paths.pre_eval_jsonl, _synthetic(rng, 40, 0.0))
     write_jsonl(paths.post_eval_jsonl, _synthetic(rng, 40, 1.0))
     out = render_all(paths)
-    assert set(out) == {"training_curve_png", "reward_components_png", "checkpoint_progression_png",
-                        "before_after_summary_png", "reward_distribution_png", "before_after_metrics_json",
-                        "sample_trajectories_md"}
+    assert set(out) == {
+        "training_curve_png",
+        "reward_components_png",
+        "checkpoint_progression_png",
+        "before_after_summary_png",
+        "reward_distribution_png",
+        "before_after_metrics_json",
+        "sample_trajectories_md",
+    }
     for key, path in out.items():
         assert path == getattr(paths, key)
         if path.suffix == ".png":
@@ -447,12 +551,20 @@ def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
 
 
 def test_checkpoint_row_feeds_the_checkpoint_writer(tmp_path):
-    row = comparison.checkpoint_row(50, [episode(0, 1.0, True), episode(1, -1.0, False, mass=False)],
-                                  fraction_done=0.25)
+    row = comparison.checkpoint_row(
+        50, [episode(0, 1.0, True), episode(1, -1.0, False, mass=False)], fraction_done=0.25
+    )
     CheckpointEvalWriter(tmp_path / "ck.csv").append(**row)
     (got,) = read_records(tmp_path / "ck.csv").rows
-    assert got == {"step": "50", "fraction_done": "0.25", "episodes": "2", "mean_reward": "0.0",
-                   "success_rate": "0.5", "mass_acc": "0.5", "channel_acc": "0.5"}
+    assert got == {
+        "step": "50",
+        "fraction_done": "0.25",
+        "episodes": "2",
+        "mean_reward": "0.0",
+        "success_rate": "0.5",
+        "mass_acc": "0.5",
+        "channel_acc": "0.5",
+    }
 
 
 def test_training_curve_leaves_out_flat_panels_and_says_why(tmp_path, monkeypatch):
@@ -463,9 +575,19 @@ def test_training_curve_leaves_out_flat_panels_and_says_why(tmp_path, monkeypatc
     monkeypatch.setattr(evidence, "_save_figure", lambda fig, path: figures.append(fig) or path)
     writer = TrainingLogWriter(tmp_path / "training_log.csv")
     for step in (1, 2, 3):
-        writer.append({"step": step, "epoch": 0.1 * step, "loss": 0.1 / step, "reward": -1.0 + 0.2 * step,
-                       "reward_std": 0.3, "kl": None, "grad_norm": 1.0 + step, "learning_rate": 3e-4,
-                       "wall_time_s": 10.0 * step})
+        writer.append(
+            {
+                "step": step,
+                "epoch": 0.1 * step,
+                "loss": 0.1 / step,
+                "reward": -1.0 + 0.2 * step,
+                "reward_std": 0.3,
+                "kl": None,
+                "grad_norm": 1.0 + step,
+                "learning_rate": 3e-4,
+                "wall_time_s": 10.0 * step,
+            }
+        )
     render_training_curve(tmp_path / "training_log.csv", tmp_path / "curve.png")
     (fig,) = figures
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
@@ -474,8 +596,19 @@ def test_training_curve_leaves_out_flat_panels_and_says_why(tmp_path, monkeypatc
     assert "KL not computed (beta = 0" in fig._suptitle.get_text()
     assert "learning rate constant at 0.0003" in fig._suptitle.get_text()
     for step, kl in ((4, 0.01), (5, 0.02)):  # beta > 0 and a schedule: both panels come back
-        writer.append({"step": step, "epoch": 0.1 * step, "loss": 0.02, "reward": 0.0, "reward_std": 0.3, "kl": kl,
-                       "grad_norm": 2.0, "learning_rate": 1e-4 / step, "wall_time_s": 10.0 * step})
+        writer.append(
+            {
+                "step": step,
+                "epoch": 0.1 * step,
+                "loss": 0.02,
+                "reward": 0.0,
+                "reward_std": 0.3,
+                "kl": kl,
+                "grad_norm": 2.0,
+                "learning_rate": 1e-4 / step,
+                "wall_time_s": 10.0 * step,
+            }
+        )
     render_training_curve(tmp_path / "training_log.csv", tmp_path / "curve.png")
     assert len([ax for ax in figures[-1].axes if ax.get_visible()]) == 6
 

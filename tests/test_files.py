@@ -17,12 +17,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _killed_mid_write(target: Path) -> None:
     """A writer process SIGKILLed while its temporary file is open and half written."""
-    code = ("import sys, time; from lib.files import atomic_write\n"
-            "def write(tmp):\n"
-            "    open(tmp, 'w').write('half a fi'); print('writing', flush=True); time.sleep(60)\n"
-            f"atomic_write({str(target)!r}, write)\n")
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=str(ROOT),
-                             env=dict(os.environ))
+    code = (
+        "import sys, time; from lib.files import atomic_write\n"
+        "def write(tmp):\n"
+        "    open(tmp, 'w').write('half a fi'); print('writing', flush=True); time.sleep(60)\n"
+        f"atomic_write({str(target)!r}, write)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=str(ROOT), env=dict(os.environ)
+    )
     assert child.stdout.readline().strip() == "writing"
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)

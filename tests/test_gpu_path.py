@@ -29,10 +29,8 @@ def test_generate_engine_plays_what_the_cached_decoder_plays(tokenizer, model):
     """Greedy, three episodes of different context lengths (left padding): the same tokens and
     log-probabilities from the model's own `generate` as from the hand-written decoder."""
     greedy = Sampling(temperature=0.0, max_new_tokens=12)
-    engine = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS, sampling=greedy,
-                           max_turns=3)
-    cached = play_episodes(hf_generate_fn(model, tokenizer, "cached"), tokenizer, SPECS, sampling=greedy,
-                           max_turns=3)
+    engine = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS, sampling=greedy, max_turns=3)
+    cached = play_episodes(hf_generate_fn(model, tokenizer, "cached"), tokenizer, SPECS, sampling=greedy, max_turns=3)
     for a, b in zip(engine, cached):
         assert a.completion_ids == b.completion_ids and a.env_mask == b.env_mask
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
@@ -42,11 +40,17 @@ def test_generate_engine_logprobs_are_what_the_trainer_scores(tokenizer, model):
     """At the training temperature TRL scores log_softmax(logits / T) of the whole sequence:
     the engine's sampling log-probabilities must be those numbers."""
     temperature = 0.6
-    [episode] = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, [(8, None, "hard")],
-                              sampling=Sampling(temperature=temperature, max_new_tokens=10), max_turns=1, seed=5)
+    [episode] = play_episodes(
+        hf_generate_fn(model, tokenizer, "generate"),
+        tokenizer,
+        [(8, None, "hard")],
+        sampling=Sampling(temperature=temperature, max_new_tokens=10),
+        max_turns=1,
+        seed=5,
+    )
     ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(episode.prompt_ids) - 1:-1].float() / temperature
+        logits = model(ids).logits[0, len(episode.prompt_ids) - 1 : -1].float() / temperature
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(episode.completion_ids)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(episode.logprobs), expected, atol=1e-4)
 
@@ -55,13 +59,15 @@ def test_generate_engine_ignores_the_models_generation_defaults(tokenizer, model
     """A checkpoint's generation_config (Qwen's sets top_k, top_p, a repetition penalty) must not
     change how actions are sampled: the sampling GRPO assumes is `Sampling`'s alone."""
     sampling = Sampling(temperature=1.0, max_new_tokens=10)
-    plain = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS[:2], sampling=sampling,
-                          max_turns=1, seed=11)
+    plain = play_episodes(
+        hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS[:2], sampling=sampling, max_turns=1, seed=11
+    )
     saved = model.generation_config
     model.generation_config = type(saved)(top_k=1, top_p=0.1, repetition_penalty=5.0, do_sample=False)
     try:
-        patched = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS[:2],
-                                sampling=sampling, max_turns=1, seed=11)
+        patched = play_episodes(
+            hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS[:2], sampling=sampling, max_turns=1, seed=11
+        )
     finally:
         model.generation_config = saved
     assert [e.completion_ids for e in plain] == [e.completion_ids for e in patched]
@@ -78,10 +84,13 @@ def test_engine_choice(tokenizer, model):
         TrainConfig(generation_engine="fast")
 
 
-@pytest.mark.parametrize("bf16_supported, dtype, flags", [
-    (True, torch.bfloat16, {"bf16": True, "fp16": False}),
-    (False, torch.float16, {"bf16": False, "fp16": True}),  # a T4: Unsloth loads fp16, so must the trainer
-])
+@pytest.mark.parametrize(
+    "bf16_supported, dtype, flags",
+    [
+        (True, torch.bfloat16, {"bf16": True, "fp16": False}),
+        (False, torch.float16, {"bf16": False, "fp16": True}),  # a T4: Unsloth loads fp16, so must the trainer
+    ],
+)
 def test_precision_follows_the_device(monkeypatch, bf16_supported, dtype, flags):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16_supported)
@@ -113,15 +122,17 @@ def _run_with_fake_cuda(tmp_path, code: str) -> subprocess.CompletedProcess:
     the fake unsloth package above on its path."""
     (tmp_path / "unsloth").mkdir()
     (tmp_path / "unsloth" / "__init__.py").write_text(FAKE_UNSLOTH)
-    prelude = ("import torch\ntorch.cuda.is_available = lambda: True\n"
-               "torch.cuda.is_bf16_supported = lambda *a, **k: False\n")
+    prelude = (
+        "import torch\ntorch.cuda.is_available = lambda: True\ntorch.cuda.is_bf16_supported = lambda *a, **k: False\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # the fake unsloth
-    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env,
-                          cwd=str(tmp_path), timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300
+    )
 
 
 def test_train_imports_unsloth_before_transformers_peft_and_trl(tmp_path):
-    code = textwrap.dedent(f'''
+    code = textwrap.dedent(f"""
         import json, sys
         from lib.training import TrainConfig, train
         assert "transformers" not in sys.modules
@@ -133,7 +144,7 @@ def test_train_imports_unsloth_before_transformers_peft_and_trl(tmp_path):
             message = str(error)
         import unsloth
         print(json.dumps({{"imported_before": unsloth.IMPORTED_BEFORE, "message": message}}))
-    ''')
+    """)
     result = _run_with_fake_cuda(tmp_path, code)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -144,7 +155,7 @@ def test_train_imports_unsloth_before_transformers_peft_and_trl(tmp_path):
 def test_backend_trl_never_imports_unsloth(tmp_path):
     """Once imported, Unsloth replaces TRL's trainer for the whole process: a trl run must not
     import it, not even to see whether it is there."""
-    code = textwrap.dedent('''
+    code = textwrap.dedent("""
         import sys
         from lib.training import TrainConfig
         from lib.training.backends import import_unsloth_first, resolve_backend, unsloth_available
@@ -152,7 +163,7 @@ def test_backend_trl_never_imports_unsloth(tmp_path):
         assert resolve_backend(TrainConfig(backend="trl")) == "trl"
         assert import_unsloth_first(TrainConfig(backend="trl")) is False
         print("unsloth" in sys.modules)
-    ''')
+    """)
     result = _run_with_fake_cuda(tmp_path, code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "False"
@@ -191,10 +202,13 @@ def test_the_gpu_benchmark_refuses_a_cpu_and_checks_its_targets():
     bench = _bench_train_gpu()
     if not torch.cuda.is_available():
         assert bench.main(["--backends", "trl"]) == 2
-    fast = {"mean": {"total_s": 12.0, "generated_tokens": 5120.0, "generation_tokens_per_s": 6000.0},
-            "share": {"generation_s": 0.5, "environment_s": 0.01}}
-    report = bench.summary({"unsloth": {**fast, "peak_gpu_memory_gib": 5.0},
-                            "trl": {**fast, "peak_gpu_memory_gib": 9.0}})
+    fast = {
+        "mean": {"total_s": 12.0, "generated_tokens": 5120.0, "generation_tokens_per_s": 6000.0},
+        "share": {"generation_s": 0.5, "environment_s": 0.01},
+    }
+    report = bench.summary(
+        {"unsloth": {**fast, "peak_gpu_memory_gib": 5.0}, "trl": {**fast, "peak_gpu_memory_gib": 9.0}}
+    )
     assert report["targets"]["unsloth peak memory <= 0.6 x trl's"] is True
     assert all(report["targets"].values()) and len(report["targets"]) == 5
     slow = bench.summary({"trl": {**fast, "mean": {**fast["mean"], "total_s": 36.9}, "peak_gpu_memory_gib": 9.0}})
@@ -205,10 +219,28 @@ def test_the_gpu_benchmark_refuses_a_cpu_and_checks_its_targets():
 def test_the_gpu_benchmark_runs_on_a_cpu_with_a_tiny_shape(tmp_path):
     """The script a GPU session runs (bench/bench_train_gpu.py), checked end to end here."""
     out = tmp_path / "result.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_train_gpu.py"), "--shape", "tiny", "--allow-cpu",
-                           "--backends", "trl", "--steps", "1", "--max_turns", "1", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_train_gpu.py"),
+            "--shape",
+            "tiny",
+            "--allow-cpu",
+            "--backends",
+            "trl",
+            "--steps",
+            "1",
+            "--max_turns",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"},
+    )
     assert done.returncode in (0, 1), done.stderr[-3000:]
     report = json.loads(out.read_text())
     row = report["backends"]["trl"]

@@ -25,8 +25,9 @@ print(json.dumps({"loaded": loaded, "web_routes": sorted(r for r in routes if r.
 def _probe(**env: str) -> dict:
     environment = {k: v for k, v in os.environ.items() if k != "ENABLE_WEB_INTERFACE"}
     environment.update(**env)
-    result = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=environment, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -47,13 +48,26 @@ def test_lib_is_reached_through_the_install_alone(tmp_path):
     outside the repository, with no PYTHONPATH, lib is this checkout's; and nothing in the
     Makefile, pyproject, notebooks, scripts or benchmarks puts the repository on the path."""
     environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, "-c", "import lib, cernenv; print(lib.__file__); print(cernenv.__file__)"],
-                            cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", "import lib, cernenv; print(lib.__file__); print(cernenv.__file__)"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert [Path(line).parent.parent for line in result.stdout.split()] == [ROOT, ROOT]
     workarounds = ("sys.path.insert", "sys.path.append", "PYTHONPATH=", "pythonpath =")
-    files = [ROOT / "Makefile", ROOT / "pyproject.toml", *(ROOT / "notebooks").glob("*.ipynb"),
-             *(ROOT / "bench").glob("*.py"), *(ROOT / "scripts").glob("*.py"), *(ROOT / "lib").rglob("*.py")]
-    offenders = [f"{path.relative_to(ROOT)}: {marker}" for path in files for marker in workarounds
-                 if marker in path.read_text()]
+    files = [
+        ROOT / "Makefile",
+        ROOT / "pyproject.toml",
+        *(ROOT / "notebooks").glob("*.ipynb"),
+        *(ROOT / "bench").glob("*.py"),
+        *(ROOT / "scripts").glob("*.py"),
+        *(ROOT / "lib").rglob("*.py"),
+    ]
+    offenders = [
+        f"{path.relative_to(ROOT)}: {marker}" for path in files for marker in workarounds if marker in path.read_text()
+    ]
     assert not offenders, offenders

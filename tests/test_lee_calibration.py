@@ -48,19 +48,32 @@ def null_configurations():
     for name in NULL_SCENARIOS:
         scenario = CURATED[name]
         assert scenario.truth is None
-        out += [("curated_null", scenario.search_window_gev, channel, max(scenario.beam_energies_tev),
-                 scenario.luminosity_fb) for channel in scenario.channels]
+        out += [
+            (
+                "curated_null",
+                scenario.search_window_gev,
+                channel,
+                max(scenario.beam_energies_tev),
+                scenario.luminosity_fb,
+            )
+            for channel in scenario.channels
+        ]
     for configurations in PROCEDURAL_CONFIGURATIONS.values():
-        out += [(config.family, config.search_window_gev, channel, max(config.beam_energies_tev), config.luminosity_fb)
-                for config in configurations for channel in config.channels]
+        out += [
+            (config.family, config.search_window_gev, channel, max(config.beam_energies_tev), config.luminosity_fb)
+            for config in configurations
+            for channel in config.channels
+        ]
     return out
 
 
 def default_bin_width(channel: str, lo: float, hi: float) -> float:
     """`CERNCollisionEnvironment._default_bin_width` for a channel calibrated once, standard
     reconstruction, nominal pileup."""
+
     def resolution(mass):
         return float(mass_resolution_gev(CHANNELS[channel], mass, 1, "standard", "nominal"))
+
     span = hi - lo
     return min(resolution(lo), span / 20, max(0.5 * resolution(0.5 * (lo + hi)), span / 100))
 
@@ -88,9 +101,11 @@ def analyse(spectrum):
 def _check(label, k, n, z, two_sided=True, confidence=0.95):
     nominal = float(norm.sf(z))
     interval = binomtest(int(k), int(n)).proportion_ci(confidence)
-    line = (f"{label}: global Z >= {z:g} in {k}/{n} = {100 * k / n:.2f}% "
-            f"[{100 * interval.low:.2f}, {100 * interval.high:.2f}]% at {100 * confidence:.2f}% CL "
-            f"(nominal {100 * nominal:.3f}%{'' if two_sided else ', upper check only'})")
+    line = (
+        f"{label}: global Z >= {z:g} in {k}/{n} = {100 * k / n:.2f}% "
+        f"[{100 * interval.low:.2f}, {100 * interval.high:.2f}]% at {100 * confidence:.2f}% CL "
+        f"(nominal {100 * nominal:.3f}%{'' if two_sided else ', upper check only'})"
+    )
     return interval.low <= nominal and (nominal <= interval.high or not two_sided), line
 
 
@@ -99,8 +114,12 @@ def test_global_significance_is_calibrated_on_background_only_toys():
     start = time.perf_counter()
     results = defaultdict(list)
     for index, (family, window, channel, sqrt_s, luminosity) in enumerate(null_configurations()):
-        toys = np.array([analyse(toy_spectrum(window, channel, sqrt_s, luminosity, [index, toy, 20101525]))
-                         for toy in range(TOYS_PER_CONFIGURATION)])
+        toys = np.array(
+            [
+                analyse(toy_spectrum(window, channel, sqrt_s, luminosity, [index, toy, 20101525]))
+                for toy in range(TOYS_PER_CONFIGURATION)
+            ]
+        )
         results["low-count" if toys[:, 2].mean() > 0.5 else family].append(toys)
     z = {group: np.concatenate(values) for group, values in results.items()}
     asymptotic = np.concatenate([values for group, values in z.items() if group != "low-count"])
@@ -110,15 +129,28 @@ def test_global_significance_is_calibrated_on_background_only_toys():
     for path, column in (("estimate_significance", 0), ("grader reference", 1)):
         for group in families:
             values = z[group]
-            checks.append(_check(f"{path}, {group}", int(np.sum(values[:, column] >= 2.0)), len(values), 2.0,
-                                 confidence=per_family))
+            checks.append(
+                _check(
+                    f"{path}, {group}", int(np.sum(values[:, column] >= 2.0)), len(values), 2.0, confidence=per_family
+                )
+            )
         for level in (2.0, 3.0):
-            checks.append(_check(f"{path}, asymptotic pooled", int(np.sum(asymptotic[:, column] >= level)),
-                                 len(asymptotic), level))
+            checks.append(
+                _check(
+                    f"{path}, asymptotic pooled", int(np.sum(asymptotic[:, column] >= level)), len(asymptotic), level
+                )
+            )
             if "low-count" in z:
                 low = z["low-count"]
-                checks.append(_check(f"{path}, low-count pooled", int(np.sum(low[:, column] >= level)), len(low),
-                                     level, two_sided=False))
+                checks.append(
+                    _check(
+                        f"{path}, low-count pooled",
+                        int(np.sum(low[:, column] >= level)),
+                        len(low),
+                        level,
+                        two_sided=False,
+                    )
+                )
     report = "\n".join(line for _, line in checks)
     n_toys = sum(len(values) for values in z.values())
     print(f"\n{n_toys} toys in {time.perf_counter() - start:.0f} s\n{report}")

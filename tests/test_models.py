@@ -40,9 +40,15 @@ VALID_PARAMS = {
     ActionType.ESTIMATE_SIGNIFICANCE: {"mass_gev": 125.0},
     ActionType.REQUEST_SYSTEMATICS: {},
     ActionType.REQUEST_THEORY_REVIEW: {"mass_gev": 125.0},
-    ActionType.SUBMIT_DISCOVERY_CLAIM: {"discovered": True, "mass_gev": 125.0, "mass_uncertainty_gev": 0.3,
-                                        "channel": "diphoton", "spin": 0, "significance_sigma": 5.1,
-                                        "confidence": 0.9},
+    ActionType.SUBMIT_DISCOVERY_CLAIM: {
+        "discovered": True,
+        "mass_gev": 125.0,
+        "mass_uncertainty_gev": 0.3,
+        "channel": "diphoton",
+        "spin": 0,
+        "significance_sigma": 5.1,
+        "confidence": 0.9,
+    },
 }
 
 
@@ -139,11 +145,19 @@ def test_claim_rejects_non_finite_numbers(field, value):
         claim(**{field: value})
 
 
-@pytest.mark.parametrize("overrides", [
-    {"mass_gev": 0.0}, {"mass_gev": -125.0}, {"mass_gev": 1.0e5}, {"mass_uncertainty_gev": 0.0},
-    {"spin": 3}, {"spin": -1}, {"significance_sigma": -1.0},
-    {"channel": "x" * 41},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"mass_gev": 0.0},
+        {"mass_gev": -125.0},
+        {"mass_gev": 1.0e5},
+        {"mass_uncertainty_gev": 0.0},
+        {"spin": 3},
+        {"spin": -1},
+        {"significance_sigma": -1.0},
+        {"channel": "x" * 41},
+    ],
+)
 def test_claim_rejects_out_of_range_values(overrides):
     with pytest.raises(ValidationError):
         claim(**overrides)
@@ -172,22 +186,51 @@ def test_claim_json_round_trip():
 
 
 def _rich_observation() -> CollisionObservation:
-    task = TaskInfo(campaign_type="procedural", difficulty="hard", problem_statement="Search for ½ a bump: γγ, μ⁺μ⁻.",
-                    search_window_gev=(110.0, 160.0), available_channels=["diphoton", "four_lepton"],
-                    available_triggers=["diphoton"], available_beam_energies_tev=[13.0, 13.6],
-                    budget_total_musd=180.0, luminosity_total_fb=60.0, time_total_days=200.0, max_steps=30)
+    task = TaskInfo(
+        campaign_type="procedural",
+        difficulty="hard",
+        problem_statement="Search for ½ a bump: γγ, μ⁺μ⁻.",
+        search_window_gev=(110.0, 160.0),
+        available_channels=["diphoton", "four_lepton"],
+        available_triggers=["diphoton"],
+        available_beam_energies_tev=[13.0, 13.6],
+        budget_total_musd=180.0,
+        luminosity_total_fb=60.0,
+        time_total_days=200.0,
+        max_steps=30,
+    )
     return CollisionObservation(
-        task=task, step_index=7, done=False, reward=-0.05,
-        resource_usage=ResourceUsage(budget_used_musd=12.5, budget_remaining_musd=167.5, luminosity_used_fb=10.0,
-                                     luminosity_remaining_fb=50.0, luminosity_allocated_fb=2.5,
-                                     time_used_days=20.25, time_remaining_days=179.75),
-        selected_beam_energy_tev=13.6, selected_pileup="nominal", selected_trigger="diphoton",
+        task=task,
+        step_index=7,
+        done=False,
+        reward=-0.05,
+        resource_usage=ResourceUsage(
+            budget_used_musd=12.5,
+            budget_remaining_musd=167.5,
+            luminosity_used_fb=10.0,
+            luminosity_remaining_fb=50.0,
+            luminosity_allocated_fb=2.5,
+            time_used_days=20.25,
+            time_remaining_days=179.75,
+        ),
+        selected_beam_energy_tev=13.6,
+        selected_pileup="nominal",
+        selected_trigger="diphoton",
         selected_channel="diphoton",
-        data_collected={"diphoton": ChannelData(luminosity_fb=10.0, recorded_events=12345, calibration_level=2,
-                                                reconstruction="tight")},
-        latest_result={"action": "scan_bump", "best_mass_gev": 125.3, "candidates_gev": [125.3, 141.2],
-                       "nested": {"z": [1.5, None]}, "ok": True},
-        candidate_masses_gev=[125.3, 141.2], cumulative_significance=3.4,
+        data_collected={
+            "diphoton": ChannelData(
+                luminosity_fb=10.0, recorded_events=12345, calibration_level=2, reconstruction="tight"
+            )
+        },
+        latest_result={
+            "action": "scan_bump",
+            "best_mass_gev": 125.3,
+            "candidates_gev": [125.3, 141.2],
+            "nested": {"z": [1.5, None]},
+            "ok": True,
+        },
+        candidate_masses_gev=[125.3, 141.2],
+        cumulative_significance=3.4,
         pipeline_history=["configure_beam: ok", "scan_bump: ok"],
         rule_violations=["REDUNDANT_ACTION: same action and parameters on unchanged data: same result"],
         reward_breakdown={"milestones": 0.0, "violations": 0.0, "redundancy": -0.05},
@@ -212,10 +255,19 @@ def test_observation_rejects_unknown_fields():
 
 
 def test_state_json_round_trip():
-    state = CernState(episode_id="abc", step_count=4, scenario_name="higgs_4l_125", difficulty="easy",
-                      cumulative_reward=1.25, terminal_reward=1.0, discovered=True, correct_mass=True,
-                      correct_channel=False, correct_spin=None,
-                      reward_components={"milestones": 0.25, "outcome": 3.0, "spin": -0.25})
+    state = CernState(
+        episode_id="abc",
+        step_count=4,
+        scenario_name="higgs_4l_125",
+        difficulty="easy",
+        cumulative_reward=1.25,
+        terminal_reward=1.0,
+        discovered=True,
+        correct_mass=True,
+        correct_channel=False,
+        correct_spin=None,
+        reward_components={"milestones": 0.25, "outcome": 3.0, "spin": -0.25},
+    )
     text = state.model_dump_json()
     again = CernState.model_validate_json(text)
     assert again == state and again.model_dump_json() == text
@@ -230,11 +282,13 @@ def test_fresh_state_has_no_grade():
 def test_environment_observations_and_state_round_trip():
     env = CERNCollisionEnvironment()
     observations = [env.reset(seed=4, scenario="higgs_4l_125")]
-    for action in [{"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}},
-                   {"action_type": "set_trigger", "parameters": {"trigger": "dilepton"}},
-                   {"action_type": "allocate_luminosity", "parameters": {"luminosity_fb": 5.0}},
-                   {"action_type": "collect_collisions", "parameters": {"luminosity_fb": 5.0}},
-                   {"action_type": "warp_drive"}]:
+    for action in [
+        {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}},
+        {"action_type": "set_trigger", "parameters": {"trigger": "dilepton"}},
+        {"action_type": "allocate_luminosity", "parameters": {"luminosity_fb": 5.0}},
+        {"action_type": "collect_collisions", "parameters": {"luminosity_fb": 5.0}},
+        {"action_type": "warp_drive"},
+    ]:
         observations.append(env.step(action))
     assert observations[-1].rule_violations  # the last one was refused, and still round-trips
     for obs in observations:
@@ -273,28 +327,39 @@ def test_params_model_accepts_valid_and_rejects_extra(action_type):
     assert set(schema.get("properties", {})) == set(model.model_fields)
 
 
-@pytest.mark.parametrize("action_type, field", [
-    (ActionType.CONFIGURE_BEAM, "beam_energy_tev"), (ActionType.ALLOCATE_LUMINOSITY, "luminosity_fb"),
-    (ActionType.COLLECT_COLLISIONS, "luminosity_fb"), (ActionType.BUILD_INVARIANT_MASS, "bin_width_gev"),
-    (ActionType.FIT_RESONANCE, "mass_hint_gev"), (ActionType.SCAN_BUMP, "step_gev"),
-    (ActionType.MEASURE_ANGULAR, "mass_gev"), (ActionType.MEASURE_ANGULAR, "window_sigma"),
-    (ActionType.ESTIMATE_SIGNIFICANCE, "mass_gev"), (ActionType.REQUEST_THEORY_REVIEW, "mass_gev"),
-])
+@pytest.mark.parametrize(
+    "action_type, field",
+    [
+        (ActionType.CONFIGURE_BEAM, "beam_energy_tev"),
+        (ActionType.ALLOCATE_LUMINOSITY, "luminosity_fb"),
+        (ActionType.COLLECT_COLLISIONS, "luminosity_fb"),
+        (ActionType.BUILD_INVARIANT_MASS, "bin_width_gev"),
+        (ActionType.FIT_RESONANCE, "mass_hint_gev"),
+        (ActionType.SCAN_BUMP, "step_gev"),
+        (ActionType.MEASURE_ANGULAR, "mass_gev"),
+        (ActionType.MEASURE_ANGULAR, "window_sigma"),
+        (ActionType.ESTIMATE_SIGNIFICANCE, "mass_gev"),
+        (ActionType.REQUEST_THEORY_REVIEW, "mass_gev"),
+    ],
+)
 @pytest.mark.parametrize("value", NON_FINITE, ids=["nan", "inf", "-inf"])
 def test_params_reject_non_finite_numbers(action_type, field, value):
     with pytest.raises(ValidationError):
         ACTION_TABLE[action_type].params.model_validate({**VALID_PARAMS[action_type], field: value})
 
 
-@pytest.mark.parametrize("action_type, params", [
-    (ActionType.BUILD_INVARIANT_MASS, {"mass_min_gev": 150.0, "mass_max_gev": 120.0}),
-    (ActionType.SUBTRACT_BACKGROUND, {"method": "sideband"}),
-    (ActionType.SUBTRACT_BACKGROUND, {"method": "fit", "signal_region_gev": [130.0, 120.0]}),
-    (ActionType.CONFIGURE_BEAM, {"beam_energy_tev": 13.0, "pileup": "extreme"}),
-    (ActionType.RECONSTRUCT_TRACKS, {"channel": "diphoton", "quality": "perfect"}),
-    (ActionType.ALLOCATE_LUMINOSITY, {"luminosity_fb": 0.0}),
-    (ActionType.ALLOCATE_LUMINOSITY, {"luminosity_fb": -5.0}),
-])
+@pytest.mark.parametrize(
+    "action_type, params",
+    [
+        (ActionType.BUILD_INVARIANT_MASS, {"mass_min_gev": 150.0, "mass_max_gev": 120.0}),
+        (ActionType.SUBTRACT_BACKGROUND, {"method": "sideband"}),
+        (ActionType.SUBTRACT_BACKGROUND, {"method": "fit", "signal_region_gev": [130.0, 120.0]}),
+        (ActionType.CONFIGURE_BEAM, {"beam_energy_tev": 13.0, "pileup": "extreme"}),
+        (ActionType.RECONSTRUCT_TRACKS, {"channel": "diphoton", "quality": "perfect"}),
+        (ActionType.ALLOCATE_LUMINOSITY, {"luminosity_fb": 0.0}),
+        (ActionType.ALLOCATE_LUMINOSITY, {"luminosity_fb": -5.0}),
+    ],
+)
 def test_params_reject_inconsistent_values(action_type, params):
     with pytest.raises(ValidationError):
         ACTION_TABLE[action_type].params.model_validate(params)

@@ -29,16 +29,19 @@ def scripted(tokenizer, replies, *, eos=True):
 
 
 def test_token_layout_is_the_chat_template_of_the_conversation(tokenizer):
-    replies = ['{"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}',
-               '{"action_type": "set_trigger", "parameters": {"trigger": "diphoton"}}', "not json at all"]
-    [episode] = play_episodes(scripted(tokenizer, replies), tokenizer, [(11, "higgs_diphoton_125", None)],
-                              max_turns=3)
+    replies = [
+        '{"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}',
+        '{"action_type": "set_trigger", "parameters": {"trigger": "diphoton"}}',
+        "not json at all",
+    ]
+    [episode] = play_episodes(scripted(tokenizer, replies), tokenizer, [(11, "higgs_diphoton_125", None)], max_turns=3)
     record = episode.record
     assert record.n_steps == 3 and episode.truncated
     # the model's tokens, in order, are exactly its three replies each closed by eos
     model_tokens = [t for t, m in zip(episode.completion_ids, episode.env_mask) if m]
-    expected = sum((tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-                    for r in replies), [])
+    expected = sum(
+        (tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for r in replies), []
+    )
     assert model_tokens == expected
     # prompt + completion decodes to the conversation rendered by the chat template
     env = CERNCollisionEnvironment()
@@ -51,7 +54,7 @@ def test_token_layout_is_the_chat_template_of_the_conversation(tokenizer):
             messages.append(layout.followup_message(obs))
     rendered = tokenizer.apply_chat_template(messages, tokenize=False)
     decoded = tokenizer.decode(episode.prompt_ids + episode.completion_ids)
-    assert rendered.startswith(decoded) and rendered[len(decoded):] == "\n", "only the template's final newline"
+    assert rendered.startswith(decoded) and rendered[len(decoded) :] == "\n", "only the template's final newline"
     # environment tokens carry no sampling log-probability
     assert all(lp == 0.0 for lp, m in zip(episode.logprobs, episode.env_mask) if not m)
     assert all(lp == -0.5 for lp, m in zip(episode.logprobs, episode.env_mask) if m)
@@ -64,14 +67,17 @@ def test_a_policy_that_writes_the_heuristics_actions_earns_the_heuristics_reward
     """The text round trip (JSON → tokens → decode → parse → env) changes nothing."""
     spec = dict(seed=321, scenario=None, difficulty="easy")
     reference = collect_agent_episode(env=CERNCollisionEnvironment(), agent=HeuristicAgent(), **spec)
-    replies = [json.dumps({"action_type": s.action["action_type"], "parameters": s.action["parameters"]})
-               for s in reference.steps]
+    replies = [
+        json.dumps({"action_type": s.action["action_type"], "parameters": s.action["parameters"]})
+        for s in reference.steps
+    ]
     [episode] = play_episodes(scripted(tokenizer, replies), tokenizer, [spec])
     assert not episode.truncated
     assert episode.record.total_reward == pytest.approx(reference.total_reward)
     assert episode.record.correct_outcome == reference.correct_outcome
     assert sum(episode.record.reward_components[n] for n in COMPONENT_NAMES) == pytest.approx(
-        episode.record.total_reward)
+        episode.record.total_reward
+    )
 
 
 def test_an_unended_turn_is_closed_by_environment_text(tokenizer):
@@ -103,19 +109,29 @@ def test_sampling_is_reproducible_and_greedy_is_deterministic(tokenizer, model):
 
 def test_sampling_logprobs_are_the_models(tokenizer, model):
     """The log-probabilities returned with a sample are the model's, at temperature 1."""
-    [episode] = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, [(8, None, "hard")],
-                              sampling=Sampling(temperature=1.0, max_new_tokens=10), max_turns=1)
+    [episode] = play_episodes(
+        hf_generate_fn(model, tokenizer),
+        tokenizer,
+        [(8, None, "hard")],
+        sampling=Sampling(temperature=1.0, max_new_tokens=10),
+        max_turns=1,
+    )
     ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(episode.prompt_ids) - 1:-1]
+        logits = model(ids).logits[0, len(episode.prompt_ids) - 1 : -1]
     expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(episode.completion_ids)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(episode.logprobs), expected, atol=1e-4)
 
 
 def test_context_limit_truncates(tokenizer):
     reply = '{"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}'
-    [episode] = play_episodes(scripted(tokenizer, [reply]), tokenizer, [(2, None, "easy")], max_context_tokens=900,
-                              sampling=Sampling(max_new_tokens=50))
+    [episode] = play_episodes(
+        scripted(tokenizer, [reply]),
+        tokenizer,
+        [(2, None, "easy")],
+        max_context_tokens=900,
+        sampling=Sampling(max_new_tokens=50),
+    )
     assert episode.truncated
     assert len(episode.prompt_ids) + len(episode.completion_ids) <= 900
 
@@ -125,8 +141,10 @@ def test_batched_decoding_matches_one_episode_at_a_time(tokenizer, model):
     specs = [(21, None, "easy"), (22, "higgs_4l_125", None), (23, None, "hard")]
     greedy = Sampling(temperature=0.0, max_new_tokens=12)
     together = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, specs, sampling=greedy, max_turns=3)
-    alone = [play_episodes(hf_generate_fn(model, tokenizer), tokenizer, [spec], sampling=greedy, max_turns=3)[0]
-             for spec in specs]
+    alone = [
+        play_episodes(hf_generate_fn(model, tokenizer), tokenizer, [spec], sampling=greedy, max_turns=3)[0]
+        for spec in specs
+    ]
     for a, b in zip(together, alone):
         assert a.completion_ids == b.completion_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

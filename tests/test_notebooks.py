@@ -24,8 +24,9 @@ def test_notebook_is_committed_clean(path):
     nbformat.validate(nb)
     tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1 and tagged[0].cell_type == "code", f"{path.name}: tag exactly one code cell `parameters`"
-    dirty = [i for i, c in enumerate(nb.cells)
-             if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]
+    dirty = [
+        i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)
+    ]
     assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
     first = nb.cells[0]
     assert first.cell_type == "markdown" and "colab.research.google.com" in first.source, "Open in Colab badge"
@@ -52,11 +53,14 @@ def test_colab_bootstrap_runs_twice_and_takes_the_repository_url(tmp_path):
     source = _first_code_cell(NOTEBOOKS[0])
     assert 'COLAB_ROOT = Path("/content/cernenv")' in source and "REPO_URL = " in source
     target = tmp_path / "content" / "cernenv"
-    branch = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--abbrev-ref", "HEAD"], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    for old, new in (('COLAB_ROOT = Path("/content/cernenv")', f"COLAB_ROOT = Path({str(target)!r})"),
-                     ('REPO_URL = "https://github.com/cernenv-lab/cernenv.git"', f"REPO_URL = {str(ROOT)!r}"),
-                     ('REPO_REF = "main"', f"REPO_REF = {branch!r}")):
+    branch = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--abbrev-ref", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    for old, new in (
+        ('COLAB_ROOT = Path("/content/cernenv")', f"COLAB_ROOT = Path({str(target)!r})"),
+        ('REPO_URL = "https://github.com/cernenv-lab/cernenv.git"', f"REPO_URL = {str(ROOT)!r}"),
+        ('REPO_REF = "main"', f"REPO_REF = {branch!r}"),
+    ):
         assert old in source, old
         source = source.replace(old, new)
     driver = textwrap.dedent(f"""
@@ -76,8 +80,9 @@ def test_colab_bootstrap_runs_twice_and_takes_the_repository_url(tmp_path):
             exec(source, namespace)
         print(namespace["ROOT"], len(pip_calls), sys.path.count(str(namespace["ROOT"])))
     """)
-    result = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300,
-                            cwd=str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-c", driver], capture_output=True, text=True, timeout=300, cwd=str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     root, pip_calls, on_path = result.stdout.split()
     assert Path(root) == target and (target / "cernenv" / "environment.py").is_file()
@@ -91,9 +96,14 @@ def test_notebook_01_runs(tmp_path, monkeypatch):
     output = tmp_path / "01_explore_environment.ipynb"
     figures = tmp_path / "figures"
     papermill.execute_notebook(
-        str(ROOT / "notebooks" / "01_explore_environment.ipynb"), str(output),
-        parameters={**SMALL_01, "FIGURE_DIR": str(figures)}, kernel_name=default_kernel_name(),
-        cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=120)
+        str(ROOT / "notebooks" / "01_explore_environment.ipynb"),
+        str(output),
+        parameters={**SMALL_01, "FIGURE_DIR": str(figures)},
+        kernel_name=default_kernel_name(),
+        cwd=str(ROOT / "notebooks"),
+        progress_bar=False,
+        execution_timeout=120,
+    )
     nb = nbformat.read(output, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -109,9 +119,14 @@ def test_notebook_02_runs_and_writes_the_baselines(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     output, evidence = tmp_path / "02_baseline_rollouts.ipynb", tmp_path / "evidence"
     papermill.execute_notebook(
-        str(ROOT / "notebooks" / "02_baseline_rollouts.ipynb"), str(output),
+        str(ROOT / "notebooks" / "02_baseline_rollouts.ipynb"),
+        str(output),
         parameters={"MAX_EPISODES": 4, "EVIDENCE_DIR": str(evidence), "N_TRAJECTORIES": 2},
-        kernel_name=default_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=180)
+        kernel_name=default_kernel_name(),
+        cwd=str(ROOT / "notebooks"),
+        progress_bar=False,
+        execution_timeout=180,
+    )
     nb = nbformat.read(output, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -138,13 +153,29 @@ def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     output, evidence = tmp_path / "03_train_grpo.ipynb", tmp_path / "evidence"
     papermill.execute_notebook(
-        str(ROOT / "notebooks" / "03_train_grpo.ipynb"), str(output),
-        parameters={"model_name": str(model_dir), "backend": "trl", "max_steps": 2, "num_generations": 2,
-                    "per_device_train_batch_size": 1, "gradient_accumulation_steps": 2, "lora_r": 0, "max_turns": 3,
-                    "eval_episodes": 3, "eval_every_steps": 1, "checkpoint_eval_episodes": 2,
-                    "evidence_dir": str(evidence), "output_dir": str(tmp_path / "out"),
-                    "curated_fraction": 1.0},  # a TrainConfig field the parameters cell does not list
-        kernel_name=default_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=300)
+        str(ROOT / "notebooks" / "03_train_grpo.ipynb"),
+        str(output),
+        parameters={
+            "model_name": str(model_dir),
+            "backend": "trl",
+            "max_steps": 2,
+            "num_generations": 2,
+            "per_device_train_batch_size": 1,
+            "gradient_accumulation_steps": 2,
+            "lora_r": 0,
+            "max_turns": 3,
+            "eval_episodes": 3,
+            "eval_every_steps": 1,
+            "checkpoint_eval_episodes": 2,
+            "evidence_dir": str(evidence),
+            "output_dir": str(tmp_path / "out"),
+            "curated_fraction": 1.0,
+        },  # a TrainConfig field the parameters cell does not list
+        kernel_name=default_kernel_name(),
+        cwd=str(ROOT / "notebooks"),
+        progress_bar=False,
+        execution_timeout=300,
+    )
     nb = nbformat.read(output, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -169,8 +200,7 @@ def test_notebook_03_parameters_are_train_config_fields_with_its_defaults():
     assigned = {node.targets[0].id: node.value for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)}
     names = {f.name for f in fields(TrainConfig)}
     assert assigned and set(assigned) <= names, f"not TrainConfig fields: {set(assigned) - names}"
-    restated = [name for name, value in assigned.items()
-                if ast.unparse(value) != f"TrainConfig.{name}"]
+    restated = [name for name, value in assigned.items() if ast.unparse(value) != f"TrainConfig.{name}"]
     assert not restated, f"parameters restating a default instead of reading TrainConfig's: {restated}"
     from lib.reproduce import load_profile
 

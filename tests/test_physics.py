@@ -62,8 +62,9 @@ def test_template_matches_shapes_and_gradients_are_exact():
     rng = np.random.default_rng(0)
     counts = rng.poisson(BKG + signal(500)).astype(float)
     bkg = F.fit_background_on_template(tmpl, counts)
-    _, cost = F.fit_resonance_on_template(tmpl, counts, bkg, RES, 125.0, mass_bounds_gev=None, fix_mass=False,
-                        max_width_gev=5.0, spurious_events=30.0)
+    _, cost = F.fit_resonance_on_template(
+        tmpl, counts, bkg, RES, 125.0, mass_bounds_gev=None, fix_mass=False, max_width_gev=5.0, spurious_events=30.0
+    )
     par = np.array([20100.0, 0.3, -0.2, 400.0, 125.2, 0.4, 0.3])
     numeric = []
     for i in range(7):
@@ -81,7 +82,8 @@ def test_cost_equals_iminuit_extended_binned_nll():
 
     def scaled_cdf(xe, nb, p1, p2, ns, mass, width):
         mu = nb * shapes.background_bin_fractions(xe, SQRT_S, p1, p2) + ns * shapes.signal_bin_fractions(
-            xe, mass, width, RES)
+            xe, mass, width, RES
+        )
         return np.concatenate([[0.0], np.cumsum(mu)])
 
     reference = ExtendedBinnedNLL(counts, EDGES, scaled_cdf)
@@ -97,7 +99,8 @@ def test_fit_agrees_with_independent_minuit_fit():
 
     def scaled_cdf(xe, nb, p1, p2, ns, mass):
         mu = nb * shapes.background_bin_fractions(xe, SQRT_S, p1, p2) + ns * shapes.signal_bin_fractions(
-            xe, mass, 0.0, RES)
+            xe, mass, 0.0, RES
+        )
         return np.concatenate([[0.0], np.cumsum(mu)])
 
     m = Minuit(ExtendedBinnedNLL(counts, EDGES, scaled_cdf), 20000, 8, 5, 300, 124.5)
@@ -139,8 +142,7 @@ def test_strong_signal_mass_recovered_and_pulls():
     assert first.width_gev <= first.width_err_gev * 3 + 0.5  # narrow truth
     mass_pulls, yield_pulls, pvalues = [], [], []
     for _ in range(50):
-        fit = fit_signal_plus_background(EDGES, rng.poisson(BKG + signal(800)), SQRT_S, RES, 124.0,
-                                         max_width_gev=0.0)
+        fit = fit_signal_plus_background(EDGES, rng.poisson(BKG + signal(800)), SQRT_S, RES, 124.0, max_width_gev=0.0)
         assert fit.converged
         assert fit.width_gev == 0.0 and fit.width_err_gev == 0.0
         assert fit.ndof == 60 - 5
@@ -157,8 +159,9 @@ def test_width_fit_recovers_wide_resonance():
     rng = np.random.default_rng(5)
     pulls = []
     for _ in range(20):
-        fit = fit_signal_plus_background(EDGES, rng.poisson(BKG + signal(1500, width=4.0)), SQRT_S, RES, 126.0,
-                                         max_width_gev=15.0)
+        fit = fit_signal_plus_background(
+            EDGES, rng.poisson(BKG + signal(1500, width=4.0)), SQRT_S, RES, 126.0, max_width_gev=15.0
+        )
         assert fit.converged and 0.0 <= fit.width_gev <= 15.0
         pulls.append((fit.width_gev - 4.0) / fit.width_err_gev)
     assert abs(np.mean(pulls)) < 0.6 and 0.6 < np.std(pulls) < 1.5
@@ -180,8 +183,9 @@ def test_low_statistics_fits_converge():
     converged = 0
     for _ in range(30):
         counts = rng.poisson(50 * fb + signal(10))
-        fit = fit_signal_plus_background(EDGES, counts, SQRT_S, RES, 125.0, max_width_gev=0.0,
-                                         mass_bounds_gev=(120.0, 130.0))
+        fit = fit_signal_plus_background(
+            EDGES, counts, SQRT_S, RES, 125.0, max_width_gev=0.0, mass_bounds_gev=(120.0, 130.0)
+        )
         sig = profile_likelihood_significance(EDGES, counts, SQRT_S, RES, 125.0)
         converged += fit.converged and sig.converged
     assert converged >= 28
@@ -226,7 +230,8 @@ def test_profile_significance_matches_asymptotic_fisher_on_asimov_data():
 
     def model(t):
         return t[0] * shapes.background_bin_fractions(EDGES, SQRT_S, t[1], t[2]) + t[3] * shapes.signal_bin_fractions(
-            EDGES, 125.0, 0.0, RES)
+            EDGES, 125.0, 0.0, RES
+        )
 
     asimov = model(theta)
     jac = []
@@ -254,8 +259,10 @@ def test_asimov_formulae():
     assert asimov_significance(s, b, 2.0) < asimov_significance(s, b, 1.0)
     assert asimov_significance(1.0, 1e6) == pytest.approx(1e-3, rel=1e-3)  # s/sqrt(b) limit
     assert asimov_significance(0.0, 5.0) == 0.0 and asimov_significance(-1.0, 5.0) == 0.0
-    np.testing.assert_allclose(asimov_significance(np.array([s, s]), np.array([b, b]), np.array([0.0, 1.0])),
-                               [closed, asimov_significance(s, b, 1.0)])
+    np.testing.assert_allclose(
+        asimov_significance(np.array([s, s]), np.array([b, b]), np.array([0.0, 1.0])),
+        [closed, asimov_significance(s, b, 1.0)],
+    )
 
 
 @pytest.mark.parametrize("s,b,sigma_b", [(10.0, 3.0, 1.0), (50.0, 100.0, 20.0), (5.0, 40.0, 3.0)])
@@ -267,8 +274,9 @@ def test_asimov_with_uncertainty_equals_brute_force_on_off_likelihood(s, b, sigm
     def nll(mu_s, mu_b):
         return (mu_s + mu_b) - n * np.log(mu_s + mu_b) + tau * mu_b - m * np.log(tau * mu_b)
 
-    nll_b = optimize.minimize_scalar(lambda mb: nll(0.0, mb), bounds=(1e-6, 10 * (n + m)), method="bounded",
-                                     options={"xatol": 1e-10}).fun
+    nll_b = optimize.minimize_scalar(
+        lambda mb: nll(0.0, mb), bounds=(1e-6, 10 * (n + m)), method="bounded", options={"xatol": 1e-10}
+    ).fun
     q0 = 2 * (nll_b - nll(s, b))  # (s, b) is the unconditional MLE on Asimov data
     assert asimov_significance(s, b, sigma_b) == pytest.approx(np.sqrt(q0), rel=1e-5)
 
@@ -278,18 +286,20 @@ def test_spurious_signal_lowers_significance():
     counts = rng.poisson(BKG + signal(400))
     base = profile_likelihood_significance(EDGES, counts, SQRT_S, RES, 125.0)
     assert base.z_local > 3
-    zs = [profile_likelihood_significance(EDGES, counts, SQRT_S, RES, 125.0, spurious_signal_events=ss).z_local
-          for ss in (20.0, 60.0, 200.0)]
+    zs = [
+        profile_likelihood_significance(EDGES, counts, SQRT_S, RES, 125.0, spurious_signal_events=ss).z_local
+        for ss in (20.0, 60.0, 200.0)
+    ]
     assert base.z_local > zs[0] > zs[1] > zs[2] > 0
     # Gaussian limit: Z = N_s / sqrt(sigma_stat^2 + S^2), sigma_stat = N_s / Z_0
     sigma_stat = base.signal_yield / base.z_local
     for ss, z in zip((20.0, 60.0, 200.0), zs):
         assert z == pytest.approx(base.signal_yield / np.hypot(sigma_stat, ss), rel=0.05)
-    assert profile_likelihood_significance(EDGES, counts, SQRT_S, RES, 125.0,
-                                           spurious_signal_events=0.0).z_local == pytest.approx(base.z_local)
+    assert profile_likelihood_significance(
+        EDGES, counts, SQRT_S, RES, 125.0, spurious_signal_events=0.0
+    ).z_local == pytest.approx(base.z_local)
     fit0 = fit_signal_plus_background(EDGES, counts, SQRT_S, RES, 125.0, max_width_gev=0.0)
-    fit1 = fit_signal_plus_background(EDGES, counts, SQRT_S, RES, 125.0, max_width_gev=0.0,
-                                      spurious_signal_events=60.0)
+    fit1 = fit_signal_plus_background(EDGES, counts, SQRT_S, RES, 125.0, max_width_gev=0.0, spurious_signal_events=60.0)
     assert fit1.signal_yield == pytest.approx(fit0.signal_yield, rel=1e-3)
     assert fit1.signal_yield_err == pytest.approx(np.hypot(fit0.signal_yield_err, 60.0), rel=0.02)
 
@@ -333,8 +343,10 @@ def test_expected_upcrossings_matches_toys():
     """Rice-formula estimate vs upcrossings of Z = 1 counted in background-only scans."""
     rng = np.random.default_rng(12)
     grid = np.arange(105.0, 155.01, 0.25)
-    counts = [count_upcrossings(scan_local_significance(EDGES, rng.poisson(BKG), SQRT_S, lambda m: RES,
-                                                        grid).z_local, 1.0) for _ in range(60)]
+    counts = [
+        count_upcrossings(scan_local_significance(EDGES, rng.poisson(BKG), SQRT_S, lambda m: RES, grid).z_local, 1.0)
+        for _ in range(60)
+    ]
     expected = expected_upcrossings(50.0, RES, 1.0)
     assert expected == pytest.approx(50.0 / (2 * np.sqrt(2) * np.pi * RES) * np.exp(-0.5))
     assert np.mean(counts) == pytest.approx(expected, rel=0.25)
@@ -348,7 +360,8 @@ def test_expected_upcrossings_matches_toys():
     assert expected_upcrossings((105.0, 155.0), lambda m: 0.0128 * float(m), 1.0) == pytest.approx(exact, rel=1e-4)
     # binning smooths the process: sigma_eff^2 = sigma^2 + w^2 / 12
     assert expected_upcrossings(50.0, RES, 1.0, bin_width_gev=1.0) == pytest.approx(
-        expected * RES / np.hypot(RES, 1.0 / np.sqrt(12.0)))
+        expected * RES / np.hypot(RES, 1.0 / np.sqrt(12.0))
+    )
     with pytest.raises(ValueError):
         expected_upcrossings(50.0, lambda m: RES)  # a resolution function needs the range
 
@@ -377,8 +390,10 @@ def test_rice_density_of_the_profiled_scan():
     nodes = np.linspace(100.0, 160.0, 201)
     density = rice_density(spectrum, fit_background_only(EDGES, bkg, SQRT_S), nodes)
     expected = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(nodes))) * np.exp(-0.5)
-    counts = [count_upcrossings(scan_local_significance(EDGES, rng.poisson(bkg), SQRT_S, resolution, grid).z_local, 1.0)
-              for _ in range(60)]
+    counts = [
+        count_upcrossings(scan_local_significance(EDGES, rng.poisson(bkg), SQRT_S, resolution, grid).z_local, 1.0)
+        for _ in range(60)
+    ]
     assert np.mean(counts) == pytest.approx(expected, rel=0.2)
 
 
@@ -404,8 +419,9 @@ def test_counting_scan_upcrossings_bounds_toys():
         assert bound < (1.5 if toys > 0.1 else 1.3) * toys + 1e-3
     assert log_poisson_tail(0, 1.0) == 0.0
     assert log_poisson_tail(3, 1.0) == pytest.approx(np.log(1 - np.exp(-1) * (1 + 1 + 0.5)))
-    assert log_poisson_tail(200, 0.01) == pytest.approx(200 * np.log(0.01) - 0.01 - np.sum(np.log(np.arange(1, 201))),
-                                                        abs=1e-3)  # beyond double precision
+    assert log_poisson_tail(200, 0.01) == pytest.approx(
+        200 * np.log(0.01) - 0.01 - np.sum(np.log(np.arange(1, 201))), abs=1e-3
+    )  # beyond double precision
 
 
 # ----------------------------------------------------------------------------- scan
@@ -418,8 +434,9 @@ def resolution(mass_gev):
 def test_scan_finds_injected_signal_and_matches_full_profile():
     rng = np.random.default_rng(13)
     grid = np.linspace(104.0, 156.0, 60)
-    counts = rng.poisson(NB * shapes.background_bin_fractions(EDGES, SQRT_S, P1, P2)
-                         + signal(450, mass=137.0, res=resolution(137.0)))
+    counts = rng.poisson(
+        NB * shapes.background_bin_fractions(EDGES, SQRT_S, P1, P2) + signal(450, mass=137.0, res=resolution(137.0))
+    )
     scan = scan_local_significance(EDGES, counts, SQRT_S, resolution, grid)
     assert len(scan.mass_grid_gev) == len(scan.z_local) == 60
     assert abs(scan.best_mass_gev - 137.0) < resolution(137.0)

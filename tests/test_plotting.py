@@ -66,8 +66,9 @@ def test_analysis_snapshot_reads_the_current_analysis(env, spectrum):
 
 
 def test_plot_spectrum_with_resonance_fit(spectrum, tmp_path):
-    fit = fit_signal_plus_background(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev,
-                                     float(spectrum.resolution_gev(125.0)), 125.0)
+    fit = fit_signal_plus_background(
+        spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev, float(spectrum.resolution_gev(125.0)), 125.0
+    )
     ax = plotting.plot_spectrum(spectrum, fit, z_local=4.2)
     assert any(isinstance(c, ErrorbarContainer) for c in ax.containers), "data drawn as error bars"
     assert len(ax.get_lines()) >= 2, "s+b model and background component"
@@ -78,8 +79,9 @@ def test_plot_spectrum_with_resonance_fit(spectrum, tmp_path):
 
 
 def test_model_curves_integrate_to_the_fitted_yields(spectrum):
-    fit = fit_signal_plus_background(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev,
-                                     float(spectrum.resolution_gev(125.0)), 125.0)
+    fit = fit_signal_plus_background(
+        spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev, float(spectrum.resolution_gev(125.0)), 125.0
+    )
     curves = plotting.model_curves(spectrum, fit)
     # curves are events per data bin on CURVE_SUBBINS sub-bins: their mean times the bins is the yield
     n_bins = spectrum.counts.size
@@ -96,8 +98,9 @@ def test_plot_spectrum_with_background_fit_only(spectrum, tmp_path):
 
 def test_plot_scan_marks_candidates_and_thresholds(spectrum, tmp_path):
     grid = np.linspace(112.0, 158.0, 47)
-    scan = scan_local_significance(spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev,
-                                   spectrum.resolution_gev, grid)
+    scan = scan_local_significance(
+        spectrum.edges_gev, spectrum.counts, spectrum.sqrt_s_tev, spectrum.resolution_gev, grid
+    )
     ax = plotting.plot_scan(scan)
     horizontal = [line for line in ax.get_lines() if np.ptp(line.get_ydata()) == 0]
     assert sorted(float(line.get_ydata()[0]) for line in horizontal) == [3.0, 5.0]

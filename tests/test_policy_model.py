@@ -47,16 +47,21 @@ def test_sft_examples_are_whole_heuristic_episodes_as_conversations(tokenizer):
         assert parse_reply(replies[-1]).action.action_type.value == "submit_discovery_claim"
         # the template marks the replies and their <|end|>, nothing the environment wrote
         # (the loss mask when SFTSettings.assistant_only_loss is set)
-        encoded = tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True,
-                                                return_assistant_tokens_mask=True)
+        encoded = tokenizer.apply_chat_template(
+            row["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         trained = tokenizer.decode([t for t, m in zip(encoded["input_ids"], encoded["assistant_masks"]) if m])
         assert trained == "".join(reply + "<|end|>" for reply in replies)
 
 
 def test_demonstrations_write_numbers_to_four_significant_digits():
     assert round_significant(0.21110827456039238, 4) == 0.2111
-    assert round_significant({"m": [125.019, 3], "z": -0.0012345, "ok": True, "c": "x"}, 4) == \
-        {"m": [125.0, 3], "z": -0.001234, "ok": True, "c": "x"}
+    assert round_significant({"m": [125.019, 3], "z": -0.0012345, "ok": True, "c": "x"}, 4) == {
+        "m": [125.0, 3],
+        "z": -0.001234,
+        "ok": True,
+        "c": "x",
+    }
     assert round_significant(0.0, 4) == 0.0 and round_significant(12345.6, 4) == 12350.0
     replies = [json.loads(m["content"]) for row in sft_examples(3) for m in row["messages"] if m["role"] == "assistant"]
     numbers = [v for reply in replies for v in reply["parameters"].values() if isinstance(v, float)]
@@ -70,8 +75,9 @@ def test_warm_start_learns_and_is_cached(tokenizer, tmp_path):
     model = warm_start(tokenizer, cache_dir=str(tmp_path), sft=settings, report=report)
     losses = report["losses"]
     assert len(losses) >= 3 and losses[-1] < 0.7 * losses[0], losses
-    assert Path(model.name_or_path) == cached_model_dir(tokenizer, sft=settings, cache_dir=str(tmp_path)), \
+    assert Path(model.name_or_path) == cached_model_dir(tokenizer, sft=settings, cache_dir=str(tmp_path)), (
         "a freshly built warm start names its folder, as an adapter's base must"
+    )
     reloaded = warm_start(tokenizer, cache_dir=str(tmp_path), sft=settings, report=(again := {}))
     assert again == {}, "a cached model is loaded, not retrained"
     assert all(torch.equal(x, y) for x, y in zip(model.state_dict().values(), reloaded.state_dict().values()))

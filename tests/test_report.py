@@ -27,9 +27,14 @@ def executed_04(tmp_path_factory):
     os.environ.update(env)
     try:
         papermill.execute_notebook(
-            str(ROOT / "notebooks" / f"{NAME}.ipynb"), str(output),
+            str(ROOT / "notebooks" / f"{NAME}.ipynb"),
+            str(output),
             parameters={"EVIDENCE_DIR": "evidence", "N_BROWSER_TASKS": N_BROWSER_TASKS},
-            kernel_name=default_kernel_name(), cwd=str(ROOT / "notebooks"), progress_bar=False, execution_timeout=300)
+            kernel_name=default_kernel_name(),
+            cwd=str(ROOT / "notebooks"),
+            progress_bar=False,
+            execution_timeout=300,
+        )
     finally:
         for key, value in saved.items():
             os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
@@ -49,8 +54,11 @@ def test_notebook_04_tells_the_story_from_the_evidence(executed_04):
     # training curve, components, progression, before/after bars and distributions, baselines; then the
     # physics view when a trained-agent episode of the evidence reached a fit, else the notebook says so
     post = [json.loads(line) for line in (ROOT / "evidence" / "post_eval.jsonl").read_text().splitlines() if line]
-    fitted = any(isinstance(s.get("action"), dict) and s["action"].get("action_type") == "fit_resonance"
-                 for e in post for s in e["steps"])
+    fitted = any(
+        isinstance(s.get("action"), dict) and s["action"].get("action_type") == "fit_resonance"
+        for e in post
+        for s in e["steps"]
+    )
     texts = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     images = sum("image/png" in o.get("data", {}) for o in outputs)
     assert images >= (7 if fitted else 6)
@@ -61,16 +69,22 @@ def test_notebook_04_tells_the_story_from_the_evidence(executed_04):
     models = [m["model_name"] for m in state.values()]
     assert models.count("LinkModel") >= 1 + 2 * N_BROWSER_TASKS, "menu and one slider per episode, jslinked"
     pre = [json.loads(line) for line in (ROOT / "evidence" / "pre_eval.jsonl").read_text().splitlines() if line]
-    built = any(isinstance(s.get("action"), dict) and s["action"].get("action_type") == "build_invariant_mass"
-                for e in pre + post for s in e["steps"])
+    built = any(
+        isinstance(s.get("action"), dict) and s["action"].get("action_type") == "build_invariant_mass"
+        for e in pre + post
+        for s in e["steps"]
+    )
     assert models.count("ImageModel") >= (1 if built else 0), "spectra in the browser"
 
 
 @pytest.mark.notebook
 def test_report_pages_load_nothing_from_the_network(executed_04, tmp_path):
     pages = export_reports(executed_04.parent, tmp_path)
-    assert [p.name for p in pages] == [f"{NAME}.html", f"{NAME}{READERS_SUFFIX}.html",
-                                       f"{NAME}{STANDALONE_SUFFIX}.html"]
+    assert [p.name for p in pages] == [
+        f"{NAME}.html",
+        f"{NAME}{READERS_SUFFIX}.html",
+        f"{NAME}{STANDALONE_SUFFIX}.html",
+    ]
     standalone = pages.pop()
     html = standalone.read_text()
     scripts = re.findall(r"""<script[^>]*src=["']([^"']+)""", html) + re.findall(r"widgetRendererSrc = '([^']+)'", html)
@@ -98,14 +112,30 @@ def test_every_page_says_which_profile_and_commit_made_it(tmp_path):
     nbformat.write(new_notebook(cells=[new_markdown_cell("# A notebook")]), build / "x.ipynb")
     assert "Provenance unknown" in provenance(build / "x.ipynb")
     commit = "0123456789abcdef" * 2 + "01234567"
-    (build / "run.json").write_text(json.dumps({"profile": "smoke", "notebooks": {"x": {
-        "commit": commit, "dirty": True, "finished": "2026-11-24T05:00:00+00:00", "seconds": 3.0}}}))
+    (build / "run.json").write_text(
+        json.dumps(
+            {
+                "profile": "smoke",
+                "notebooks": {
+                    "x": {"commit": commit, "dirty": True, "finished": "2026-11-24T05:00:00+00:00", "seconds": 3.0}
+                },
+            }
+        )
+    )
     (page,) = [p for p in export_reports(build, tmp_path / "reports") if p.name == "x.html"]
     html = page.read_text()
     assert "PROFILE=smoke" in html and commit[:12] in html
     assert "uncommitted changes" in html and "not the full run" in html
-    (build / "run.json").write_text(json.dumps({"profile": "full", "notebooks": {"x": {
-        "commit": commit, "dirty": False, "finished": "2026-11-24T05:00:00+00:00", "seconds": 3.0}}}))
+    (build / "run.json").write_text(
+        json.dumps(
+            {
+                "profile": "full",
+                "notebooks": {
+                    "x": {"commit": commit, "dirty": False, "finished": "2026-11-24T05:00:00+00:00", "seconds": 3.0}
+                },
+            }
+        )
+    )
     line = provenance(build / "x.ipynb")
     assert "PROFILE=full" in line and "uncommitted" not in line and "not the full run" not in line
 
@@ -118,8 +148,9 @@ def test_export_says_what_to_do_without_build_or_assets(tmp_path):
 
 
 @pytest.mark.notebook
-@pytest.mark.skipif(find_chromium() is None, reason="no Chromium on this machine (apt-get install chromium; "
-                                                    ".ci/run installs it)")
+@pytest.mark.skipif(
+    find_chromium() is None, reason="no Chromium on this machine (apt-get install chromium; .ci/run installs it)"
+)
 def test_trajectory_browser_works_offline_in_chromium(executed_04, tmp_path):
     pytest.importorskip("playwright", reason="the playwright package drives Chromium (requirements.txt)")
     page = export_html(executed_04, tmp_path / f"{NAME}.html")
@@ -133,8 +164,9 @@ def test_trajectory_browser_works_offline_in_chromium(executed_04, tmp_path):
     assert check.side_by_side_headers == 2, "before and after of one task, side by side"
     assert check.screenshot.stat().st_size > 20_000
     # the one-file page works on its own: no assets folder beside it
-    alone = export_html(executed_04, tmp_path / "mailed" / f"{NAME}.standalone.html", no_input=True,
-                        self_contained=True)
+    alone = export_html(
+        executed_04, tmp_path / "mailed" / f"{NAME}.standalone.html", no_input=True, self_contained=True
+    )
     assert not (alone.parent / "assets").exists()
     check = check_browser(alone, None, slider_moves=1)
     assert check.blocked_requests == [] and check.page_errors == [] and len(set(check.steps_shown)) == 2

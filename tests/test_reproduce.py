@@ -23,8 +23,12 @@ def test_full_profile_writes_the_committed_evidence_and_smoke_stays_out_of_it():
     full, smoke = load_profile("full"), load_profile("smoke")
     directories = ("EVIDENCE_DIR", "evidence_dir", "OUTPUT_DIR", "output_dir")  # notebook 03's are TrainConfig's
     assert {p[key] for p in full.values() for key in directories[:2] if key in p} == {"evidence"}
-    assert all(not str(p[key]).startswith("evidence") and str(p[key]).startswith("build/")
-               for p in smoke.values() for key in directories if key in p)
+    assert all(
+        not str(p[key]).startswith("evidence") and str(p[key]).startswith("build/")
+        for p in smoke.values()
+        for key in directories
+        if key in p
+    )
     assert smoke["03_train_grpo"]["model_name"] == "cernenv-tiny-untrained"
 
 
@@ -82,8 +86,9 @@ def test_each_profile_writes_its_own_folder_with_the_commit_that_ran_it(tmp_path
         profile.write_text(f"notebooks:\n  a_first:\n    N: {n}\n")
         (output,) = reproduce.reproduce(str(profile))
         assert output == tmp_path / "build" / name / "a_first.ipynb"
-    smoke, full = (nbformat.read(tmp_path / "build" / name / "a_first.ipynb", as_version=4)
-                   for name in ("smoke", "full"))
+    smoke, full = (
+        nbformat.read(tmp_path / "build" / name / "a_first.ipynb", as_version=4) for name in ("smoke", "full")
+    )
     assert smoke.cells[-1].outputs[0]["text"] == "2\n" and full.cells[-1].outputs[0]["text"] == "3\n"
     record = json.loads((tmp_path / "build" / "smoke" / "run.json").read_text())
     run = record["notebooks"]["a_first"]

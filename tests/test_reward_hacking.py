@@ -45,8 +45,15 @@ def _claim(**parameters):
 
 def _claim_window_centre(obs):
     lo, hi = obs.task.search_window_gev
-    return _claim(discovered=True, mass_gev=0.5 * (lo + hi), mass_uncertainty_gev=0.01 * (lo + hi),
-                  channel=obs.task.available_channels[0], spin=0, significance_sigma=5.0, confidence=0.9)
+    return _claim(
+        discovered=True,
+        mass_gev=0.5 * (lo + hi),
+        mass_uncertainty_gev=0.01 * (lo + hi),
+        channel=obs.task.available_channels[0],
+        spin=0,
+        significance_sigma=5.0,
+        confidence=0.9,
+    )
 
 
 class _MaxConfidence(HeuristicAgent):
@@ -54,18 +61,36 @@ class _MaxConfidence(HeuristicAgent):
 
     def _claim(self, obs):
         mass = self.fit.get("mass_gev") or float(np.mean(obs.task.search_window_gev))
-        return _claim(discovered=True, mass_gev=mass, mass_uncertainty_gev=float(self.fit.get("mass_err_gev") or 1.0),
-                      channel=self.channel, spin=self.spin, significance_sigma=10.0, confidence=1.0)
+        return _claim(
+            discovered=True,
+            mass_gev=mass,
+            mass_uncertainty_gev=float(self.fit.get("mass_err_gev") or 1.0),
+            channel=self.channel,
+            spin=self.spin,
+            significance_sigma=10.0,
+            confidence=1.0,
+        )
 
 
 DEGENERATE = {
     "claim_at_once": lambda: _Scripted(_claim_window_centre),
-    "always_125_gev": lambda: _Scripted(lambda obs: _claim(
-        discovered=True, mass_gev=125.0, mass_uncertainty_gev=0.3, channel=obs.task.available_channels[0],
-        spin=0, significance_sigma=5.0, confidence=0.9)),
+    "always_125_gev": lambda: _Scripted(
+        lambda obs: _claim(
+            discovered=True,
+            mass_gev=125.0,
+            mass_uncertainty_gev=0.3,
+            channel=obs.task.available_channels[0],
+            spin=0,
+            significance_sigma=5.0,
+            confidence=0.9,
+        )
+    ),
     "always_no_discovery": lambda: _Scripted(lambda obs: _claim(discovered=False, confidence=0.9)),
-    "repeat_cheapest_action": lambda: _Scripted(lambda obs: ExperimentAction(
-        action_type=ActionType.SELECT_CHANNEL, parameters={"channel": obs.task.available_channels[0]})),
+    "repeat_cheapest_action": lambda: _Scripted(
+        lambda obs: ExperimentAction(
+            action_type=ActionType.SELECT_CHANNEL, parameters={"channel": obs.task.available_channels[0]}
+        )
+    ),
     "maximum_confidence": lambda: _MaxConfidence(),
     "random": lambda: RandomAgent(seed=11),
 }
@@ -73,8 +98,10 @@ DEGENERATE = {
 
 def mean_reward(make_agent) -> float:
     env, agent = CERNCollisionEnvironment(), make_agent()
-    rewards = [collect_agent_episode(env=env, agent=agent, seed=s, scenario=sc, difficulty=d).total_reward
-               for s, sc, d in suite()]
+    rewards = [
+        collect_agent_episode(env=env, agent=agent, seed=s, scenario=sc, difficulty=d).total_reward
+        for s, sc, d in suite()
+    ]
     return float(np.mean(rewards))
 
 

@@ -23,15 +23,32 @@ from cernenv.models import ActionType, CernState, CollisionObservation, Experime
 MIN_ACTIONS = 2000
 VERBS = [a.value for a in ActionType]
 
-HOSTILE_NUMBERS = [0, 0.0, -0.0, -1, -1e-9, 1e-320, 5e-324, 1e300, -1e300, 1.7976931348623157e308, 2**63, -(2**63),
-                   math.nan, math.inf, -math.inf]
-numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**20), 10**20),
-                    st.sampled_from(HOSTILE_NUMBERS))
+HOSTILE_NUMBERS = [
+    0,
+    0.0,
+    -0.0,
+    -1,
+    -1e-9,
+    1e-320,
+    5e-324,
+    1e300,
+    -1e300,
+    1.7976931348623157e308,
+    2**63,
+    -(2**63),
+    math.nan,
+    math.inf,
+    -math.inf,
+]
+numbers = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**20), 10**20), st.sampled_from(HOSTILE_NUMBERS)
+)
 ODD_WORDS = ["", " ", "\x00", "null", "NaN", "low", "tight", "sideband"]
 words = st.one_of(st.text(max_size=24), st.sampled_from(VERBS + list(CHANNELS) + list(TRIGGERS) + ODD_WORDS))
 leaves = st.one_of(st.none(), st.booleans(), numbers, words)
-junk = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(words, inner, max_size=3),
-                    max_leaves=8)
+junk = st.recursive(
+    leaves, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(words, inner, max_size=3), max_leaves=8
+)
 
 # Sensible values, so that random sequences also get deep into the analysis chain. Hypothesis
 # favours the first element of `sampled_from` and the bounds of ranges, so the first
@@ -81,8 +98,12 @@ def parameters_for(draw, verb: str) -> Dict[str, Any]:
 
 @st.composite
 def actions(draw) -> Any:
-    kind = draw(st.sampled_from(["valid"] * 8 + ["model", "unknown_verb", "non_dict", "junk_dict", "no_verb",
-                                                 "bad_parameters", "extra_top_level"]))
+    kind = draw(
+        st.sampled_from(
+            ["valid"] * 8
+            + ["model", "unknown_verb", "non_dict", "junk_dict", "no_verb", "bad_parameters", "extra_top_level"]
+        )
+    )
     verb = draw(st.sampled_from(VERB_ORDER))
     if kind == "valid":
         action = {"action_type": verb, "parameters": draw(parameters_for(verb))}
@@ -123,9 +144,11 @@ def check_observation(obs: Any, task_totals: Dict[str, float]) -> None:
     assert obs.reward is not None and math.isfinite(obs.reward)
     assert len(obs.rule_violations) <= 1
     usage = obs.resource_usage
-    for used, left, total in [(usage.budget_used_musd, usage.budget_remaining_musd, task_totals["budget"]),
-                              (usage.time_used_days, usage.time_remaining_days, task_totals["time"]),
-                              (usage.luminosity_used_fb, usage.luminosity_remaining_fb, task_totals["luminosity"])]:
+    for used, left, total in [
+        (usage.budget_used_musd, usage.budget_remaining_musd, task_totals["budget"]),
+        (usage.time_used_days, usage.time_remaining_days, task_totals["time"]),
+        (usage.luminosity_used_fb, usage.luminosity_remaining_fb, task_totals["luminosity"]),
+    ]:
         assert 0.0 <= used <= total * (1 + 1e-9)
         assert 0.0 <= left <= total * (1 + 1e-9)
     assert 0.0 <= usage.luminosity_allocated_fb <= task_totals["luminosity"] * (1 + 1e-9)
@@ -135,23 +158,51 @@ def test_step_survives_random_actions():
     sent: List[int] = [0]
     episodes_ended: List[int] = [0]
 
-    @settings(max_examples=200, derandomize=True, database=None, deadline=None, print_blob=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
-    @given(scenario=st.sampled_from(["higgs_4l_125", "higgs_4l_125", "z_mumu_91"]), seed=st.integers(0, 3),
-           max_steps=st.sampled_from([None, None, 12]), prefix=st.sampled_from([0, 4, 6, 7, 7, 7]),
-           batch=st.lists(actions(), min_size=10, max_size=20), claim=st.sampled_from([None, True, False]),
-           claim_at=st.integers(0, 20))
+    @settings(
+        max_examples=200,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )
+    @given(
+        scenario=st.sampled_from(["higgs_4l_125", "higgs_4l_125", "z_mumu_91"]),
+        seed=st.integers(0, 3),
+        max_steps=st.sampled_from([None, None, 12]),
+        prefix=st.sampled_from([0, 4, 6, 7, 7, 7]),
+        batch=st.lists(actions(), min_size=10, max_size=20),
+        claim=st.sampled_from([None, True, False]),
+        claim_at=st.integers(0, 20),
+    )
     def run(scenario, seed, max_steps, prefix, batch, claim, claim_at):
         env = CERNCollisionEnvironment(default_max_steps=max_steps)
         obs = env.reset(seed=seed, scenario=scenario)
         if claim is not None:  # a well-formed claim somewhere in the batch: grading, then EPISODE_DONE
             mass = 125.0 if scenario == "higgs_4l_125" else 91.2
-            batch = batch[:claim_at] + [{"action_type": "submit_discovery_claim", "parameters": {
-                "discovered": claim, "mass_gev": mass, "mass_uncertainty_gev": 0.5,
-                "channel": obs.task.available_channels[0], "spin": 0, "significance_sigma": 4.0,
-                "confidence": 0.7}}] + batch[claim_at:]
-        totals = {"budget": obs.task.budget_total_musd, "time": obs.task.time_total_days,
-                  "luminosity": obs.task.luminosity_total_fb}
+            batch = (
+                batch[:claim_at]
+                + [
+                    {
+                        "action_type": "submit_discovery_claim",
+                        "parameters": {
+                            "discovered": claim,
+                            "mass_gev": mass,
+                            "mass_uncertainty_gev": 0.5,
+                            "channel": obs.task.available_channels[0],
+                            "spin": 0,
+                            "significance_sigma": 4.0,
+                            "confidence": 0.7,
+                        },
+                    }
+                ]
+                + batch[claim_at:]
+            )
+        totals = {
+            "budget": obs.task.budget_total_musd,
+            "time": obs.task.time_total_days,
+            "luminosity": obs.task.luminosity_total_fb,
+        }
         check_observation(obs, totals)
         done, index = obs.done, obs.step_index
         for action in PREFIX[:prefix] + batch:

@@ -15,17 +15,40 @@ from lib.records import EpisodeRecord, EpisodeSpec, StepRecord, load_episodes_js
 from lib.rollouts import collect_agent_episode, collect_episode, collect_episodes, transitions
 
 # The fields of the original rollout collector, which downstream code reads.
-SEED_STEP_FIELDS = {"step", "prompt", "completion", "action", "parsed_ok", "reward", "done", "rule_violations",
-                    "observation_summary"}
-SEED_EPISODE_FIELDS = {"seed", "scenario", "difficulty", "truth", "total_reward", "cumulative_reward",
-                       "terminal_reward", "discovered", "correct_mass", "correct_channel", "correct_spin", "steps"}
+SEED_STEP_FIELDS = {
+    "step",
+    "prompt",
+    "completion",
+    "action",
+    "parsed_ok",
+    "reward",
+    "done",
+    "rule_violations",
+    "observation_summary",
+}
+SEED_EPISODE_FIELDS = {
+    "seed",
+    "scenario",
+    "difficulty",
+    "truth",
+    "total_reward",
+    "cumulative_reward",
+    "terminal_reward",
+    "discovered",
+    "correct_mass",
+    "correct_channel",
+    "correct_spin",
+    "steps",
+}
 
 
 def scripted_heuristic(seed, scenario=None, difficulty=None):
     """A generate_fn(prompt, config) that replies with HeuristicAgent's actions of that episode, as JSON."""
     env = CERNCollisionEnvironment()
-    replies = [action_to_json(action) for _, action, _ in transitions(env, HeuristicAgent(), seed=seed,
-                                                                       scenario=scenario, difficulty=difficulty)]
+    replies = [
+        action_to_json(action)
+        for _, action, _ in transitions(env, HeuristicAgent(), seed=seed, scenario=scenario, difficulty=difficulty)
+    ]
     configs = []
 
     def generate_fn(prompt, config):
@@ -40,20 +63,31 @@ def test_records_have_the_original_fields_and_more():
     step_fields = {f.name for f in dataclasses.fields(StepRecord)}
     episode_fields = {f.name for f in dataclasses.fields(EpisodeRecord)}
     assert SEED_STEP_FIELDS | {"parse_error", "reward_breakdown"} <= step_fields
-    assert SEED_EPISODE_FIELDS | {"agent", "correct_outcome", "reward_components", "resources",
-                                  "n_steps"} <= episode_fields
+    assert (
+        SEED_EPISODE_FIELDS | {"agent", "correct_outcome", "reward_components", "resources", "n_steps"}
+        <= episode_fields
+    )
 
 
-@pytest.mark.parametrize("seed,scenario,difficulty", [(3, "higgs_4l_125", None), (41, None, "medium"),
-                                                      (7, "null_diphoton_750", None)])
+@pytest.mark.parametrize(
+    "seed,scenario,difficulty", [(3, "higgs_4l_125", None), (41, None, "medium"), (7, "null_diphoton_750", None)]
+)
 def test_scripted_llm_reproduces_the_heuristic_episode_exactly(seed, scenario, difficulty):
     env = CERNCollisionEnvironment()
-    reference = collect_agent_episode(env=env, agent=HeuristicAgent(), seed=seed, scenario=scenario,
-                                      difficulty=difficulty)
+    reference = collect_agent_episode(
+        env=env, agent=HeuristicAgent(), seed=seed, scenario=scenario, difficulty=difficulty
+    )
     config = LLMAgentConfig(sampling=Sampling(temperature=0.0))
     generate_fn = scripted_heuristic(seed, scenario, difficulty)
-    llm = collect_episode(env=env, seed=seed, scenario=scenario, difficulty=difficulty, prompt_fn=chat_text,
-                          generate_fn=generate_fn, config=config)
+    llm = collect_episode(
+        env=env,
+        seed=seed,
+        scenario=scenario,
+        difficulty=difficulty,
+        prompt_fn=chat_text,
+        generate_fn=generate_fn,
+        config=config,
+    )
     assert llm.total_reward == reference.total_reward and llm.n_steps == reference.n_steps
     assert [s.reward for s in llm.steps] == [s.reward for s in reference.steps]
     assert [s.action for s in llm.steps] == [s.action for s in reference.steps]
@@ -70,9 +104,15 @@ def test_scripted_llm_reproduces_the_heuristic_episode_exactly(seed, scenario, d
 
 def test_parse_failures_are_recorded_and_sent_as_they_are():
     replies = iter(["no idea", '{"action_type": "fit_resonance", "parameters": {"mass_hint_gev": -1}}'])
-    record = collect_episode(env=CERNCollisionEnvironment(), seed=1, scenario="z_mumu_91", difficulty=None,
-                             prompt_fn=chat_text, generate_fn=lambda p, c: next(replies, "still no idea"),
-                             max_steps=3)
+    record = collect_episode(
+        env=CERNCollisionEnvironment(),
+        seed=1,
+        scenario="z_mumu_91",
+        difficulty=None,
+        prompt_fn=chat_text,
+        generate_fn=lambda p, c: next(replies, "still no idea"),
+        max_steps=3,
+    )
     first, second, third = record.steps
     assert record.n_steps == 3 and not any(s.parsed_ok for s in record.steps)
     assert first.action == "no idea" and "no JSON object" in first.parse_error
@@ -85,16 +125,16 @@ def test_parse_failures_are_recorded_and_sent_as_they_are():
 
 
 def test_oracle_is_handed_the_truth():
-    record = collect_agent_episode(env=CERNCollisionEnvironment(), agent=OracleAgent(), seed=4,
-                                   scenario="higgs_4l_125")
+    record = collect_agent_episode(env=CERNCollisionEnvironment(), agent=OracleAgent(), seed=4, scenario="higgs_4l_125")
     claim = record.steps[-1].action
     assert claim["action_type"] == "submit_discovery_claim"
     assert claim["parameters"]["mass_gev"] == record.truth["mass_gev"]
 
 
 def test_max_steps_caps_an_episode():
-    record = collect_agent_episode(env=CERNCollisionEnvironment(), agent=HeuristicAgent(), seed=3,
-                                   scenario="higgs_4l_125", max_steps=4)
+    record = collect_agent_episode(
+        env=CERNCollisionEnvironment(), agent=HeuristicAgent(), seed=3, scenario="higgs_4l_125", max_steps=4
+    )
     assert record.n_steps == 4 and record.terminal_reward is None and not record.steps[-1].done
     with pytest.raises(ValueError, match="max_steps"):
         collect_agent_episode(env=CERNCollisionEnvironment(), agent=HeuristicAgent(), seed=3, max_steps=0)
@@ -106,8 +146,13 @@ def test_batch_collection_with_agents_and_llms():
     assert [r.seed for r in records] == [11, 12, 13]
     assert [r.difficulty for r in records][1:] == ["easy", "hard"]
     assert all(r.agent == "RandomAgent" and r.n_steps == len(r.steps) > 0 for r in records)
-    llm = collect_episodes([(3, "higgs_4l_125", None)], make_env=CERNCollisionEnvironment, prompt_fn=chat_text,
-                           generate_fn=scripted_heuristic(3, "higgs_4l_125"), progress=False)
+    llm = collect_episodes(
+        [(3, "higgs_4l_125", None)],
+        make_env=CERNCollisionEnvironment,
+        prompt_fn=chat_text,
+        generate_fn=scripted_heuristic(3, "higgs_4l_125"),
+        progress=False,
+    )
     assert llm[0].correct_outcome is not None and llm[0].agent == "LLMAgent"
     with pytest.raises(ValueError, match="either agent"):
         collect_episodes(specs, agent=RandomAgent(), generate_fn=lambda p, c: "", prompt_fn=chat_text)
@@ -117,8 +162,9 @@ def test_batch_collection_with_agents_and_llms():
 
 @pytest.fixture(scope="module")
 def records():
-    return collect_episodes([(21, "higgs_diphoton_125", None), (22, None, "medium")], agent=HeuristicAgent(),
-                            progress=False)
+    return collect_episodes(
+        [(21, "higgs_diphoton_125", None), (22, None, "medium")], agent=HeuristicAgent(), progress=False
+    )
 
 
 def test_jsonl_round_trip(records, tmp_path):

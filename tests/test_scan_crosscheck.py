@@ -160,9 +160,16 @@ def scanned_spectra(specs):
                 continue
             analysis = env.analysis_objects()
             spectrum = analysis["spectrum"]
-            out.append((f"{scenario or difficulty}/seed{seed}", np.asarray(spectrum.edges_gev, dtype=float),
-                        np.asarray(spectrum.counts, dtype=float), float(spectrum.sqrt_s_tev),
-                        spectrum.resolution_gev, analysis["scan"]))
+            out.append(
+                (
+                    f"{scenario or difficulty}/seed{seed}",
+                    np.asarray(spectrum.edges_gev, dtype=float),
+                    np.asarray(spectrum.counts, dtype=float),
+                    float(spectrum.sqrt_s_tev),
+                    spectrum.resolution_gev,
+                    analysis["scan"],
+                )
+            )
     return out
 
 

@@ -37,6 +37,7 @@ def job(clock: FakeClock, log: list, name: str, cost_s: float):
         clock.now += cost_s
         log.append(name)
         return name
+
     return run
 
 
@@ -66,8 +67,11 @@ def test_equal_charges_run_in_arrival_order_and_busy_sessions_alternate(setup):
     scheduler, clock = setup
     log: list = []
     release = hold_worker(scheduler)
-    futures = [scheduler.submit(session, job(clock, log, f"{session}{i}", 0.125))  # exact in binary
-               for i in range(3) for session in ("a", "b")]
+    futures = [
+        scheduler.submit(session, job(clock, log, f"{session}{i}", 0.125))  # exact in binary
+        for i in range(3)
+        for session in ("a", "b")
+    ]
     release.set()
     for future in futures:
         future.result(30)

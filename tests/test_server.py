@@ -82,9 +82,14 @@ class Server:
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
         self.log = tempfile.TemporaryFile()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", "cernenv.server", "--port", str(self.port), *args],
-                                        cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                        preexec_fn=None if open_files is None else _open_files_limit(*open_files))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cernenv.server", "--port", str(self.port), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=None if open_files is None else _open_files_limit(*open_files),
+        )
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -110,13 +115,20 @@ class Server:
             self.process.wait(timeout=10)
         self.log.close()
 
-    def http(self, method: str, path: str, body: Any = None, data: Optional[bytes] = None,
-             headers: Optional[Dict[str, str]] = None) -> Tuple[int, Any]:
+    def http(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        data: Optional[bytes] = None,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> Tuple[int, Any]:
         """(status, parsed JSON or text) of one request."""
         if body is not None:
             data = json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json", **(headers or {})})
+        request = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 status, text = response.status, response.read().decode()
@@ -164,8 +176,14 @@ def error_of(reply: Dict[str, Any]) -> Tuple[str, str]:
 # Playing an episode in both places ----------------------------------------------------
 
 
-def lockstep(client: Any, agent_factory: Callable[[], Any], seed: int, scenario: Optional[str] = None,
-             difficulty: Optional[str] = None, secret_salt: Optional[str] = None) -> int:
+def lockstep(
+    client: Any,
+    agent_factory: Callable[[], Any],
+    seed: int,
+    scenario: Optional[str] = None,
+    difficulty: Optional[str] = None,
+    secret_salt: Optional[str] = None,
+) -> int:
     """Play one episode remotely and in process with twin agents; every observation must match
     (the in-process environment holds `secret_salt`, the server's secret)."""
     env = CERNCollisionEnvironment(secret_salt=secret_salt)
@@ -199,8 +217,13 @@ def episode_digest(observations: List[CollisionObservation], state: CernState) -
     return digest.hexdigest()
 
 
-def play(reset: Callable[..., CollisionObservation], step: Callable[[Any], CollisionObservation],
-         state: Callable[[], CernState], seed: int, scenario: str) -> Tuple[str, int]:
+def play(
+    reset: Callable[..., CollisionObservation],
+    step: Callable[[Any], CollisionObservation],
+    state: Callable[[], CernState],
+    seed: int,
+    scenario: str,
+) -> Tuple[str, int]:
     """(digest of every observation and the final state, steps) of a HeuristicAgent episode."""
     agent = HeuristicAgent()
     observations = [reset(seed=seed, scenario=scenario)]
@@ -218,8 +241,9 @@ def _local_calls(env: CERNCollisionEnvironment, extra: Optional[str] = None) -> 
 
 
 def play_remote(client: Any, seed: int, scenario: str) -> Tuple[str, int]:
-    return play(lambda **kw: client.reset(**kw).observation, lambda a: client.step(a).observation,
-                client.state, seed, scenario)
+    return play(
+        lambda **kw: client.reset(**kw).observation, lambda a: client.step(a).observation, client.state, seed, scenario
+    )
 
 
 def play_local(seed: int, scenario: str) -> Tuple[str, int]:
@@ -251,8 +275,11 @@ def test_http_routes(server):
 
 
 def test_http_reset_forwards_seed_scenario_and_difficulty(server):
-    for body in ({"seed": 7, "scenario": "higgs_diphoton_125"}, {"seed": 4, "difficulty": "hard"},
-                 {"seed": 5, "scenario": "z_mumu_91", "episode_id": "run-5"}):
+    for body in (
+        {"seed": 7, "scenario": "higgs_diphoton_125"},
+        {"seed": 4, "difficulty": "hard"},
+        {"seed": 5, "scenario": "z_mumu_91", "episode_id": "run-5"},
+    ):
         status, reply = server.http("POST", "/reset", body)
         assert status == 200, reply
         local = CERNCollisionEnvironment().reset(**body)
@@ -261,8 +288,9 @@ def test_http_reset_forwards_seed_scenario_and_difficulty(server):
 
 
 def test_http_step_is_stateless_and_says_where_episodes_are_played(server):
-    status, reply = server.http("POST", "/step", {"action": {"action_type": "configure_beam",
-                                                             "parameters": {"beam_energy_tev": 13.6}}})
+    status, reply = server.http(
+        "POST", "/step", {"action": {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}}
+    )
     assert status == 409 and "send reset" in reply["detail"] and "/ws" in reply["detail"]
 
 
@@ -277,9 +305,17 @@ def test_websocket_route_serves_a_session(server):
 # Remote = in process ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario, difficulty, seed", [
-    ("higgs_diphoton_125", None, 7), ("higgs_4l_125", None, 0), ("z_mumu_91", None, 3),
-    ("null_diphoton_750", None, 1), (None, "easy", 2), (None, "hard", 8)])
+@pytest.mark.parametrize(
+    "scenario, difficulty, seed",
+    [
+        ("higgs_diphoton_125", None, 7),
+        ("higgs_4l_125", None, 0),
+        ("z_mumu_91", None, 3),
+        ("null_diphoton_750", None, 1),
+        (None, "easy", 2),
+        (None, "hard", 8),
+    ],
+)
 def test_heuristic_episode_is_identical_remote_and_in_process(server, scenario, difficulty, seed):
     with server.client() as client:
         assert lockstep(client, HeuristicAgent, seed, scenario, difficulty) > 3
@@ -295,14 +331,21 @@ def test_a_server_secret_changes_the_hidden_world_and_clients_cannot_remove_it(t
     try:
         with salted.client() as client:
             assert lockstep(client, HeuristicAgent, 2, None, "easy", secret_salt=secret) > 3
-            public, salted_here = (play_local(2, "higgs_4l_125"),
-                                   play(**_local_calls(CERNCollisionEnvironment(secret_salt=secret)),
-                                        seed=2, scenario="higgs_4l_125"))
+            public, salted_here = (
+                play_local(2, "higgs_4l_125"),
+                play(**_local_calls(CERNCollisionEnvironment(secret_salt=secret)), seed=2, scenario="higgs_4l_125"),
+            )
             assert play_remote(client, 2, "higgs_4l_125") == salted_here != public  # data drawn with the secret
-            remote_calls = dict(reset=lambda **kw: client.reset(**kw, secret_salt="mine").observation,
-                                step=lambda a: client.step(a).observation, state=client.state)
-            both = play(**_local_calls(CERNCollisionEnvironment(secret_salt=secret), extra="mine"),
-                        seed=2, scenario="higgs_4l_125")
+            remote_calls = dict(
+                reset=lambda **kw: client.reset(**kw, secret_salt="mine").observation,
+                step=lambda a: client.step(a).observation,
+                state=client.state,
+            )
+            both = play(
+                **_local_calls(CERNCollisionEnvironment(secret_salt=secret), extra="mine"),
+                seed=2,
+                scenario="higgs_4l_125",
+            )
             assert play(**remote_calls, seed=2, scenario="higgs_4l_125") == both
             assert both[0] not in (public[0], salted_here[0])
         assert secret not in salted.output()
@@ -314,11 +357,19 @@ def test_a_server_secret_changes_the_hidden_world_and_clients_cannot_remove_it(t
 
 def test_random_and_malformed_actions_are_judged_as_in_process(server):
     """Invalid actions are rule violations in the observation (with their penalty), not protocol errors."""
-    malformed = [{"action_type": "warp_drive"}, {"action_type": "configure_beam", "colour": "red"},
-                 {"action_type": "configure_beam", "parameters": {"beam_energy_tev": "hot"}},
-                 {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 99.0}},
-                 {"parameters": {}}, "configure the beam, please", None, 42, ["configure_beam"],
-                 {RAW_ACTION_KEY: "x", "action_type": "scan_bump"}, {"action_type": "scan_bump", "metadata": 5}]
+    malformed = [
+        {"action_type": "warp_drive"},
+        {"action_type": "configure_beam", "colour": "red"},
+        {"action_type": "configure_beam", "parameters": {"beam_energy_tev": "hot"}},
+        {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 99.0}},
+        {"parameters": {}},
+        "configure the beam, please",
+        None,
+        42,
+        ["configure_beam"],
+        {RAW_ACTION_KEY: "x", "action_type": "scan_bump"},
+        {"action_type": "scan_bump", "metadata": 5},
+    ]
     with server.client() as client:
         for seed in range(3):
             lockstep(client, lambda: RandomAgent(seed=11), seed, "higgs_4l_125")
@@ -342,6 +393,7 @@ def test_each_client_is_its_own_session(server):
 
 
 # No leak of the hidden truth ----------------------------------------------------------
+
 
 def test_the_leak_check_ignores_random_ids_and_still_finds_numbers():
     """A random episode id can hold the digits of the width (CI saw ``...-f120-...``); a number
@@ -381,21 +433,28 @@ def test_static_routes_publish_no_truth_fields(server):
 def pre_analysis_script(task) -> List[Dict[str, Any]]:
     """Take data and prepare a channel, stopping before any spectrum or fit (as in test_environment.py)."""
     channel, lumi = task.available_channels[0], 0.2 * task.luminosity_total_fb
-    return [{"action_type": verb, "parameters": parameters} for verb, parameters in [
-        ("configure_beam", {"beam_energy_tev": max(task.available_beam_energies_tev), "pileup": "nominal"}),
-        ("set_trigger", {"trigger": best_trigger(channel, task.available_triggers)}),
-        ("allocate_luminosity", {"luminosity_fb": lumi}), ("collect_collisions", {"luminosity_fb": lumi}),
-        ("calibrate_detector", {"channel": channel}),
-        ("reconstruct_tracks", {"channel": channel, "quality": "standard"}),
-        ("select_channel", {"channel": channel}), ("calibrate_detector", {"channel": channel})]]
+    return [
+        {"action_type": verb, "parameters": parameters}
+        for verb, parameters in [
+            ("configure_beam", {"beam_energy_tev": max(task.available_beam_energies_tev), "pileup": "nominal"}),
+            ("set_trigger", {"trigger": best_trigger(channel, task.available_triggers)}),
+            ("allocate_luminosity", {"luminosity_fb": lumi}),
+            ("collect_collisions", {"luminosity_fb": lumi}),
+            ("calibrate_detector", {"channel": channel}),
+            ("reconstruct_tracks", {"channel": channel, "quality": "standard"}),
+            ("select_channel", {"channel": channel}),
+            ("calibrate_detector", {"channel": channel}),
+        ]
+    ]
 
 
 def first_seed_with_a_particle(difficulty: str) -> int:
     return next(seed for seed in range(1_000) if procedural_scenario(seed, difficulty).truth is not None)
 
 
-LEAK_CASES = ([(name, None, 0) for name in list_scenarios() if CURATED[name].truth is not None]
-              + [(None, difficulty, first_seed_with_a_particle(difficulty)) for difficulty in DIFFICULTIES])
+LEAK_CASES = [(name, None, 0) for name in list_scenarios() if CURATED[name].truth is not None] + [
+    (None, difficulty, first_seed_with_a_particle(difficulty)) for difficulty in DIFFICULTIES
+]
 
 
 @pytest.mark.parametrize("scenario, difficulty, seed", LEAK_CASES)
@@ -548,10 +607,20 @@ def test_session_limit_refuses_one_more_with_a_clear_error():
 def test_closed_dropped_and_killed_sessions_release_their_environment(server):
     before = server.wait_open_environments(0)
     reset = json.dumps({"type": "reset", "data": {"seed": 0, "scenario": "higgs_4l_125"}})
-    killed = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom websockets.sync.client import connect\n"
-        f"ws = connect({server.ws_url!r}, compression=None)\nws.send(sys.argv[1])\nws.recv(timeout=60)\n"
-        "print('ready', flush=True)\ntime.sleep(60)\n"), reset], stdout=subprocess.PIPE, text=True)
+    killed = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\nfrom websockets.sync.client import connect\n"
+                f"ws = connect({server.ws_url!r}, compression=None)\nws.send(sys.argv[1])\nws.recv(timeout=60)\n"
+                "print('ready', flush=True)\ntime.sleep(60)\n"
+            ),
+            reset,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         with contextlib.ExitStack() as stack:
             sockets = [stack.enter_context(server.ws()) for _ in range(3)]
@@ -602,8 +671,14 @@ def test_a_low_soft_file_limit_is_raised_and_a_low_hard_one_explained():
         assert (soft, hard) == (1024 + 64, 4096) and server.http("GET", "/health")[0] == 200
     finally:
         server.stop()
-    refused = subprocess.run([sys.executable, "-m", "cernenv.server", "--port", str(free_port())], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120, preexec_fn=_open_files_limit(256, 512))
+    refused = subprocess.run(
+        [sys.executable, "-m", "cernenv.server", "--port", str(free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_open_files_limit(256, 512),
+    )
     assert refused.returncode == 2
     assert "--max-connections 1024" in refused.stderr and "512 open files (ulimit -Hn)" in refused.stderr
 
@@ -615,9 +690,12 @@ def test_manifest_is_valid_and_matches_the_code():
     assert (manifest.name, manifest.version) == ("cernenv", __version__)
     terminal = [c.value_range for c in REWARD_COMPONENTS if c.when == "terminal"]
     worst_step = min(VIOLATION_PENALTY, REDUNDANCY_PENALTY)
-    assert manifest.reward.range == pytest.approx((
-        DEFAULT_MAX_STEPS * worst_step + sum(lo for lo, _ in terminal),
-        MILESTONE_REWARD * len(MILESTONES) + sum(hi for _, hi in terminal)))
+    assert manifest.reward.range == pytest.approx(
+        (
+            DEFAULT_MAX_STEPS * worst_step + sum(lo for lo, _ in terminal),
+            MILESTONE_REWARD * len(MILESTONES) + sum(hi for _, hi in terminal),
+        )
+    )
     assert max(s.max_steps for s in CURATED.values()) == DEFAULT_MAX_STEPS
     import yaml
 
@@ -632,8 +710,9 @@ def _requirement_pins(path: Path) -> Dict[str, str]:
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    requirements = [Requirement(line.split("#")[0]) for line in path.read_text().splitlines()
-                    if line.split("#")[0].strip()]
+    requirements = [
+        Requirement(line.split("#")[0]) for line in path.read_text().splitlines() if line.split("#")[0].strip()
+    ]
     return {canonicalize_name(r.name): str(r.specifier) for r in requirements if "==" in str(r.specifier)}
 
 
@@ -678,8 +757,9 @@ def _docker_engine_missing() -> Optional[str]:
     if shutil.which("docker") is None:
         return "no docker command on this machine"
     try:
-        info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
-                              timeout=30)
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"`docker info` failed: {error}"
     if info.returncode != 0 or not info.stdout.strip():
@@ -697,16 +777,41 @@ def test_the_container_image_builds_starts_and_serves_an_episode():
         pytest.skip(reason)
     tag = f"cernenv-test:{os.getpid()}"
     name = f"cernenv-test-{os.getpid()}"
-    build = subprocess.run(["docker", "build", "-t", tag, "-f", str(ROOT / "cernenv" / "Dockerfile"),
-                            str(ROOT / "cernenv")], capture_output=True, text=True, timeout=1800)
+    build = subprocess.run(
+        ["docker", "build", "-t", tag, "-f", str(ROOT / "cernenv" / "Dockerfile"), str(ROOT / "cernenv")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert build.returncode == 0, build.stderr[-4000:]
     try:
-        run = subprocess.run(["docker", "run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp",
-                              "--user", "65532:65532", "-p", "127.0.0.1::8000", tag],
-                             capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [
+                "docker",
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--read-only",
+                "--tmpfs",
+                "/tmp",
+                "--user",
+                "65532:65532",
+                "-p",
+                "127.0.0.1::8000",
+                tag,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr
-        port = subprocess.run(["docker", "port", name, "8000/tcp"], capture_output=True, text=True,
-                              timeout=30).stdout.strip().splitlines()[0].rsplit(":", 1)[1]
+        port = (
+            subprocess.run(["docker", "port", name, "8000/tcp"], capture_output=True, text=True, timeout=30)
+            .stdout.strip()
+            .splitlines()[0]
+            .rsplit(":", 1)[1]
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
@@ -715,8 +820,9 @@ def test_the_container_image_builds_starts_and_serves_an_episode():
                     assert response.status == 200
                     break
             except OSError:
-                assert time.monotonic() < deadline, subprocess.run(["docker", "logs", name], capture_output=True,
-                                                                   text=True).stderr[-4000:]
+                assert time.monotonic() < deadline, subprocess.run(
+                    ["docker", "logs", name], capture_output=True, text=True
+                ).stderr[-4000:]
                 time.sleep(1.0)
         plan = json.loads((ROOT / "cernenv" / "validation" / "runtime.json").read_text())
         with CERNEnvClient(base_url=url).sync() as client:
@@ -743,12 +849,17 @@ def test_trl_wrapper_in_the_docs_plays_against_the_server(server):
     namespace: Dict[str, Any] = {}
     exec(compile(code, "docs/openenv.md", "exec"), namespace)
     campaign_cls, reward_funcs = namespace["CERNCampaign"], namespace["reward_funcs"]
-    tools = [name for name, _ in inspect.getmembers(campaign_cls, predicate=inspect.isfunction)
-             if name not in ("reset", "get_reward") and not name.startswith("_")]
+    tools = [
+        name
+        for name, _ in inspect.getmembers(campaign_cls, predicate=inspect.isfunction)
+        if name not in ("reset", "get_reward") and not name.startswith("_")
+    ]
     assert tools == ["act"]
     campaigns = [namespace["environment_factory"]() for _ in range(2)]
-    prompts = [campaign.reset(prompt=[{"role": "user", "content": "go"}], seed=7, scenario="higgs_4l_125")
-               for campaign in campaigns]
+    prompts = [
+        campaign.reset(prompt=[{"role": "user", "content": "go"}], seed=7, scenario="higgs_4l_125")
+        for campaign in campaigns
+    ]
     assert prompts[0] == prompts[1] and "110" in prompts[0]
     reply = campaigns[0].act(action_type="configure_beam", parameters={"beam_energy_tev": 13.6})
     assert "13.6" in reply
@@ -767,8 +878,9 @@ LOAD_SCENARIOS = ("higgs_4l_125", "z_mumu_91")  # the cheapest curated campaigns
 MEMORY_EPISODES, MEMORY_GROWTH_LIMIT_MB = 1000, 50.0
 
 
-def run_threads(target: Callable[[int], None], n: int, timeout_s: float,
-                meanwhile: Callable[[], Any] = lambda: None) -> Any:
+def run_threads(
+    target: Callable[[int], None], n: int, timeout_s: float, meanwhile: Callable[[], Any] = lambda: None
+) -> Any:
     """Run target(0..n-1) in threads, and `meanwhile()` in this one; its result."""
     threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
     for thread in threads:
@@ -812,9 +924,13 @@ def test_load_32_sessions_equal_their_twins_and_memory_is_stable(server):
     churn = MEMORY_EPISODES - len(load)
     per_thread = -(-churn // LOAD_SESSIONS)
     mismatched = run_threads(
-        lambda i: [session(i, range(20_000 + per_thread * i + k, 20_000 + per_thread * i + k + 1))
-                   for k in range(per_thread)], LOAD_SESSIONS, 600,
-        meanwhile=lambda: [key for key, (digest, _) in load.items() if play_local(*key)[0] != digest])
+        lambda i: [
+            session(i, range(20_000 + per_thread * i + k, 20_000 + per_thread * i + k + 1)) for k in range(per_thread)
+        ],
+        LOAD_SESSIONS,
+        600,
+        meanwhile=lambda: [key for key, (digest, _) in load.items() if play_local(*key)[0] != digest],
+    )
     rss_end = process.memory_info().rss
     total_s = time.perf_counter() - start
 
@@ -824,10 +940,12 @@ def test_load_32_sessions_equal_their_twins_and_memory_is_stable(server):
     assert server.wait_open_environments(0) == 0
     growth_mb = (rss_end - rss_start) / 2**20
     steps = sum(n for _, n in load.values())
-    print(f"\nload: {len(load)} episodes ({steps} steps) in {load_s:.1f} s over {LOAD_SESSIONS} sessions "
-          f"= {len(load) / load_s:.1f} episodes/s, {steps / load_s:.0f} steps/s; 0 errors; "
-          f"server RSS {rss_start / 2**20:.0f} -> {rss_end / 2**20:.0f} MB ({growth_mb:+.1f} MB) over "
-          f"{len(results) - warm_up * LOAD_SESSIONS} episodes after warm-up ({total_s:.0f} s)")
+    print(
+        f"\nload: {len(load)} episodes ({steps} steps) in {load_s:.1f} s over {LOAD_SESSIONS} sessions "
+        f"= {len(load) / load_s:.1f} episodes/s, {steps / load_s:.0f} steps/s; 0 errors; "
+        f"server RSS {rss_start / 2**20:.0f} -> {rss_end / 2**20:.0f} MB ({growth_mb:+.1f} MB) over "
+        f"{len(results) - warm_up * LOAD_SESSIONS} episodes after warm-up ({total_s:.0f} s)"
+    )
     assert growth_mb < MEMORY_GROWTH_LIMIT_MB
 
 
@@ -848,8 +966,9 @@ def test_64_honest_clients_finish_every_episode_beside_8_abusive_ones():
     try:
         warm_up = asyncio.run(run_load(server.url, honest=8, episodes_per_client=1))
         assert not warm_up.errors, warm_up.errors[:3]
-        result = asyncio.run(run_load(server.url, honest=64, episodes_per_client=1, abusers=LOAD_ABUSERS,
-                                      timeout_s=600))
+        result = asyncio.run(
+            run_load(server.url, honest=64, episodes_per_client=1, abusers=LOAD_ABUSERS, timeout_s=600)
+        )
         print(f"\nload with abusers: {result.summary()}")
         assert not result.errors, result.errors[:5]
         assert result.episodes == 64
@@ -881,8 +1000,10 @@ def test_the_listener_refuses_connections_over_a_limit_as_it_accepts_them():
     clients = []
     try:
         assert guard.admit("127.0.0.1") is None  # the one connection this address may hold
-        clients = [socket.create_connection(("127.0.0.1", port), timeout=5)
-                   for _ in range(GuardedListener.REFUSALS_PER_ACCEPT + 6)]
+        clients = [
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+            for _ in range(GuardedListener.REFUSALS_PER_ACCEPT + 6)
+        ]
         with pytest.raises(BlockingIOError):
             listener.accept()  # all refused; the call stops after REFUSALS_PER_ACCEPT
         assert guard.refused["connections refused over a limit"] == GuardedListener.REFUSALS_PER_ACCEPT
@@ -897,8 +1018,6 @@ def test_the_listener_refuses_connections_over_a_limit_as_it_accepts_them():
         for client in clients:
             client.close()
         listener.close()
-
-
 
 
 def test_sessions_are_made_by_the_websocket_alone(server):
@@ -921,8 +1040,10 @@ def test_unreadable_json_gets_invalid_json_and_the_session_goes_on(server):
     limit, ended the session (SESSION_ERROR); a lone surrogate was stored and broke `state`."""
     with server.ws() as ws:
         assert call(ws, {"type": "reset", "data": {"seed": 2, "scenario": "z_mumu_91"}})["type"] == "observation"
-        for text in ("[" * 20_000 + "]" * 20_000,  # within the 64 KiB message limit
-                     '{"type": "reset", "data": {"seed": ' + "9" * 5_000 + "}}"):
+        for text in (
+            "[" * 20_000 + "]" * 20_000,  # within the 64 KiB message limit
+            '{"type": "reset", "data": {"seed": ' + "9" * 5_000 + "}}",
+        ):
             code, message = error_of(call(ws, text))
             assert code == "INVALID_JSON", message
         code, message = error_of(call(ws, '{"type": "reset", "data": {"seed": 1, "episode_id": "\\ud800"}}'))
@@ -932,9 +1053,17 @@ def test_unreadable_json_gets_invalid_json_and_the_session_goes_on(server):
         assert call(ws, step)["type"] == "observation"
 
 
-@pytest.mark.parametrize("body", [b'{"seed": NaN}', b'{"seed": Infinity}', b'{"seed": 1.5}',
-                                  b'{"seed": 1, "scenario": "\\ud800"}', b'{"seed": 1, "episode_id": "\\udfff"}',
-                                  b'{"seed": 1, "\\ud800": 2}'])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"seed": NaN}',
+        b'{"seed": Infinity}',
+        b'{"seed": 1.5}',
+        b'{"seed": 1, "scenario": "\\ud800"}',
+        b'{"seed": 1, "episode_id": "\\udfff"}',
+        b'{"seed": 1, "\\ud800": 2}',
+    ],
+)
 def test_odd_http_input_gets_a_4xx_never_a_500(server, body):
     status, reply = server.http("POST", "/reset", data=body)
     assert 400 <= status < 500, (status, reply)
@@ -965,8 +1094,12 @@ def test_a_token_guards_every_route_but_health(tmp_path):
     server = Server("--token-file", str(token_file))
     try:
         assert server.http("GET", "/health")[0] == 200
-        for method, path, body in (("GET", "/schema", None), ("GET", "/sessions", None),
-                                   ("POST", "/reset", {"seed": 1}), ("GET", "/openapi.json", None)):
+        for method, path, body in (
+            ("GET", "/schema", None),
+            ("GET", "/sessions", None),
+            ("POST", "/reset", {"seed": 1}),
+            ("GET", "/openapi.json", None),
+        ):
             assert server.http(method, path, body)[0] == 401, path
             assert server.http(method, path, body, headers={"Authorization": "Bearer wrong"})[0] == 401, path
         assert server.http("GET", "/schema", headers={"Authorization": "Bearer s3cret-token"})[0] == 200
@@ -1029,8 +1162,7 @@ def test_unfinished_requests_are_timed_out_and_connections_are_limited_per_clien
     """19,993 never-finished HTTP requests once exhausted the file descriptors (/health timed
     out, 235,519 log lines). Now a client gets `--max-connections-per-client`, everyone together
     `--max-connections`, and a request must arrive whole within `--request-read-timeout-s`."""
-    server = Server("--max-connections-per-client", "20", "--max-connections", "45",
-                    "--request-read-timeout-s", "2")
+    server = Server("--max-connections-per-client", "20", "--max-connections", "45", "--request-read-timeout-s", "2")
     unfinished = b"GET /health HTTP/1.1\r\nHost: x\r\n"  # the headers never end
     try:
         process = psutil.Process(server.process.pid)

@@ -68,8 +68,9 @@ def _tasks(seeds: range, difficulty: str) -> Tuple[List[Dict[str, float]], List[
         if truth["exists"]:
             truth["mass_fraction"] = (truth["mass_gev"] - lo) / (hi - lo)
             decays = [channels.index(ch) for ch in truth["channels"]]
-            truth["decay_pattern"] = DECAY_PATTERNS.index("both" if len(decays) == 2 else
-                                                          ("first", "second")[decays[0]])
+            truth["decay_pattern"] = DECAY_PATTERNS.index(
+                "both" if len(decays) == 2 else ("first", "second")[decays[0]]
+            )
         truths.append(truth)
     return features, truths
 
@@ -86,11 +87,13 @@ def observed():
         f, t = _tasks(range(start, start + TEST_TASKS_PER_DIFFICULTY), difficulty)
         test_features += f
         test_truths += t
-    assert max(500_000 + 10_000 * 2 + TEST_TASKS_PER_DIFFICULTY, 20_000 + FIT_TASKS_PER_DIFFICULTY) \
-        < EVALUATION_SEED_START
+    assert (
+        max(500_000 + 10_000 * 2 + TEST_TASKS_PER_DIFFICULTY, 20_000 + FIT_TASKS_PER_DIFFICULTY) < EVALUATION_SEED_START
+    )
     vectorizer = DictVectorizer(sparse=False)
     x_fit = vectorizer.fit_transform(fit_features)
     x_test = vectorizer.transform(test_features)
+
     def difficulty(row) -> int:
         return DIFFICULTIES.index(next(k.split("=")[1] for k in row if k.startswith("obs.task.difficulty=")))
 
@@ -131,8 +134,9 @@ def _target(truths, difficulties, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target, kind", [("exists", "accuracy"), ("decay_pattern", "accuracy"),
-                                          ("mass_fraction", "mse")])
+@pytest.mark.parametrize(
+    "target, kind", [("exists", "accuracy"), ("decay_pattern", "accuracy"), ("mass_fraction", "mse")]
+)
 def test_reset_observation_predicts_the_particle_no_better_than_the_prior(observed, target, kind):
     x_fit, fit_truths, d_fit, x_test, test_truths, d_test = observed
     keep_fit, y_fit, d_fit = _target(fit_truths, d_fit, target)
@@ -142,11 +146,14 @@ def test_reset_observation_predicts_the_particle_no_better_than_the_prior(observ
     if kind == "accuracy":
         y_fit, y_test = y_fit.astype(int), y_test.astype(int)
     mean, low, high = gain_of(x_fit[keep_fit], y_fit, d_fit, x_test[keep_test], y_test, d_test)
-    print(f"\n{target}: gain of the model over the prior {mean:+.4f} [{low:+.4f}, {high:+.4f}] ({kind}, "
-          f"{keep_test.sum()} held-out tasks)")
+    print(
+        f"\n{target}: gain of the model over the prior {mean:+.4f} [{low:+.4f}, {high:+.4f}] ({kind}, "
+        f"{keep_test.sum()} held-out tasks)"
+    )
     assert low <= 0.0 and high < MAX_GAIN[kind], (
         f"{target}: the reset observation predicts it better than the prior: gain {mean:+.4f} "
-        f"[{low:+.4f}, {high:+.4f}] ({kind})")
+        f"[{low:+.4f}, {high:+.4f}] ({kind})"
+    )
 
 
 @pytest.mark.slow

@@ -36,8 +36,10 @@ def episode():
 def test_same_inputs_give_the_same_vocabulary(tokenizer, tmp_path):
     again = build_tokenizer(cache_dir=str(tmp_path), **SMALL)  # trained afresh in another directory
     assert again.get_vocab() == tokenizer.get_vocab()
-    assert json.loads(again.backend_tokenizer.to_str())["model"]["merges"] == \
-        json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    assert (
+        json.loads(again.backend_tokenizer.to_str())["model"]["merges"]
+        == json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    )
     assert len(tokenizer) == SMALL["vocab_size"] and isinstance(tokenizer, PreTrainedTokenizerFast)
 
 
@@ -51,15 +53,16 @@ def test_special_tokens_and_chat_template(tokenizer, episode):
     prompt = make_prompt_fn(tokenizer)(build_chat(obs))
     assert prompt.startswith(f"<|system|>\n{SYSTEM_PROMPT}<|end|>\n<|user|>\n")
     assert prompt.endswith(f"<|end|>\n{ASSISTANT}\n")
-    full = tokenizer.apply_chat_template(build_chat(obs) + [{"role": "assistant", "content": action_to_json(action)}],
-                                         tokenize=False)
+    full = tokenizer.apply_chat_template(
+        build_chat(obs) + [{"role": "assistant", "content": action_to_json(action)}], tokenize=False
+    )
     assert full == prompt + action_to_json(action) + "<|end|>\n"
 
 
 def test_prompts_and_actions_round_trip(tokenizer, episode):
     prompt_fn = make_prompt_fn(tokenizer)
     for obs, action, _ in episode[::4]:
-        for text in (prompt_fn(build_chat(obs)), action_to_json(action), "odd output: ü ∆ {\"x\": 1e-9} \t\n"):
+        for text in (prompt_fn(build_chat(obs)), action_to_json(action), 'odd output: ü ∆ {"x": 1e-9} \t\n'):
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             assert tokenizer.decode(ids) == text
     ids = tokenizer(prompt_fn(build_chat(episode[0][0])), add_special_tokens=False)["input_ids"]
@@ -81,7 +84,6 @@ def test_cached_tokenizer_is_reloaded_not_retrained(tokenizer, cache, monkeypatc
 def test_vocab_size_must_cover_the_bytes(cache):
     with pytest.raises(ValueError, match="256 bytes"):
         build_tokenizer(cache_dir=str(cache), vocab_size=100, n_episodes=1)
-
 
 
 def test_default_caches_are_at_the_repository_root_whatever_the_working_directory(tmp_path, monkeypatch):

@@ -30,18 +30,25 @@ def test_flags_and_a_yaml_file_make_the_config_flags_winning(tmp_path):
     config_file = tmp_path / "run.yaml"
     config_file.write_text("max_steps: 3\nlearning_rate: 1.0e-4\nscenarios: [higgs_4l_125]\nlora_r: 0\n")
     config, _ = parse_train_config(["--config", str(config_file), "--max_steps", "5", "--temperature", "0.9"])
-    assert (config.max_steps, config.learning_rate, config.scenarios, config.lora_r, config.temperature) == \
-        (5, 1e-4, ["higgs_4l_125"], 0, 0.9)
-    assert config == TrainConfig(max_steps=5, learning_rate=1e-4, scenarios=["higgs_4l_125"], lora_r=0,
-                                 temperature=0.9)
+    assert (config.max_steps, config.learning_rate, config.scenarios, config.lora_r, config.temperature) == (
+        5,
+        1e-4,
+        ["higgs_4l_125"],
+        0,
+        0.9,
+    )
+    assert config == TrainConfig(max_steps=5, learning_rate=1e-4, scenarios=["higgs_4l_125"], lora_r=0, temperature=0.9)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--max_steps", "three"], "--max_steps/--max-steps: invalid int value: 'three'"),
-    (["--scenarios", "atlantis"], "unknown scenarios ['atlantis']"),
-    (["--num_generations", "3"], "must be a multiple of num_generations"),
-    (["--no_such_field", "1"], "not used by the HfArgumentParser: ['--no_such_field'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max_steps", "three"], "--max_steps/--max-steps: invalid int value: 'three'"),
+        (["--scenarios", "atlantis"], "unknown scenarios ['atlantis']"),
+        (["--num_generations", "3"], "must be a multiple of num_generations"),
+        (["--no_such_field", "1"], "not used by the HfArgumentParser: ['--no_such_field'"),
+    ],
+)
 def test_bad_flags_exit_with_a_message_that_names_the_field(argv, message, capsys):
     with pytest.raises(SystemExit) as exited:
         parse_train_config(argv)
@@ -49,11 +56,14 @@ def test_bad_flags_exit_with_a_message_that_names_the_field(argv, message, capsy
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text, message", [
-    ("max_steps: three\n", "invalid int value: 'three'"),
-    ("max_stepz: 3\n", "--max_stepz"),
-    ("temperature: [1, 2]\n", "temperature"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("max_steps: three\n", "invalid int value: 'three'"),
+        ("max_stepz: 3\n", "--max_stepz"),
+        ("temperature: [1, 2]\n", "temperature"),
+    ],
+)
 def test_bad_config_files_exit_with_a_message_that_names_the_field(tmp_path, text, message, capsys):
     config_file = tmp_path / "run.yaml"
     config_file.write_text(text)
@@ -62,13 +72,16 @@ def test_bad_config_files_exit_with_a_message_that_names_the_field(tmp_path, tex
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"max_steps": "three"}, "max_steps must be int, got 'three' (str)"),
-    ({"use_vllm": "yes"}, "use_vllm must be bool, got 'yes' (str)"),
-    ({"max_turns": 2.5}, "max_turns must be None or int, got 2.5 (float)"),
-    ({"scenarios": "higgs_4l_125"}, "scenarios must be a list of strings"),
-    ({"lora_r": True}, "lora_r must be int, got True (bool)"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"max_steps": "three"}, "max_steps must be int, got 'three' (str)"),
+        ({"use_vllm": "yes"}, "use_vllm must be bool, got 'yes' (str)"),
+        ({"max_turns": 2.5}, "max_turns must be None or int, got 2.5 (float)"),
+        ({"scenarios": "higgs_4l_125"}, "scenarios must be a list of strings"),
+        ({"lora_r": True}, "lora_r must be int, got True (bool)"),
+    ],
+)
 def test_train_config_names_the_field_of_a_value_of_the_wrong_type(values, message):
     with pytest.raises(ValueError) as error:
         TrainConfig.from_dict(values)
@@ -83,8 +96,14 @@ def test_train_config_accepts_ints_for_floats_and_tuples_for_lists():
 
 
 def test_help_runs_from_the_command_line():
-    result = subprocess.run([sys.executable, "-m", "lib.training", "--help"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, env={"PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-m", "lib.training", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--max_steps MAX_STEPS" in result.stdout and "Optimisation steps" in result.stdout
 
@@ -106,9 +125,16 @@ def test_the_command_line_imports_unsloth_before_transformers():
         "    main(['--help'])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print('SEEN', seen)\n")
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={"PATH": "/usr/bin:/bin"})
+        "print('SEEN', seen)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     seen = result.stdout.strip().splitlines()[-1]
     assert seen == "SEEN [[]]", f"asked for unsloth once, before transformers, trl and peft: {seen}"

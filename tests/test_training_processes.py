@@ -71,7 +71,7 @@ def first_action_model_dir(tmp_path_factory):
         prompt_ids, reply_ids = examples[step % len(examples)]
         input_ids = torch.tensor([prompt_ids + reply_ids])
         labels = input_ids.clone()
-        labels[0, :len(prompt_ids)] = -100
+        labels[0, : len(prompt_ids)] = -100
         model(input_ids=input_ids, labels=labels).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -98,22 +98,89 @@ def test_two_processes_write_what_one_process_writes(tmp_path, first_action_mode
     and once in 2 processes through `accelerate launch` (gloo; 2 episodes each): the sampled
     episodes, every evaluation and the rewards are identical; loss and gradient norm agree to
     float rounding (the 2 processes' gradients are summed by an all-reduce, in another order)."""
-    flags = ["--model_name", first_action_model_dir, "--backend", "trl", "--lora_r", "0", "--max_steps", "2",
-             "--num_generations", "2", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "4",
-             "--max_turns", "2", "--max_new_tokens", "48", "--eval_episodes", "3", "--checkpoint_eval_episodes", "4",
-             "--eval_every_steps", "1", "--save_steps", "1", "--temperature", "1.0", "--learning_rate", "1e-3"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
-           "TRL_EXPERIMENTAL_SILENCE": "1"}
+    flags = [
+        "--model_name",
+        first_action_model_dir,
+        "--backend",
+        "trl",
+        "--lora_r",
+        "0",
+        "--max_steps",
+        "2",
+        "--num_generations",
+        "2",
+        "--per_device_train_batch_size",
+        "1",
+        "--gradient_accumulation_steps",
+        "4",
+        "--max_turns",
+        "2",
+        "--max_new_tokens",
+        "48",
+        "--eval_episodes",
+        "3",
+        "--checkpoint_eval_episodes",
+        "4",
+        "--eval_every_steps",
+        "1",
+        "--save_steps",
+        "1",
+        "--temperature",
+        "1.0",
+        "--learning_rate",
+        "1e-3",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "TRL_EXPERIMENTAL_SILENCE": "1"}
     one, two = tmp_path / "one", tmp_path / "two"
-    single = subprocess.run([sys.executable, "-m", "lib.training", *flags, "--rollout_batch_size", "2",
-                             "--evidence_dir", str(one / "evidence"), "--output_dir", str(one / "out")],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    single = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lib.training",
+            *flags,
+            "--rollout_batch_size",
+            "2",
+            "--evidence_dir",
+            str(one / "evidence"),
+            "--output_dir",
+            str(one / "out"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_cpu_threads_per_process", "1", "--main_process_port", str(_free_port())]
-    launched = subprocess.run([*launcher, "-m", "lib.training", *flags,
-                               "--evidence_dir", str(two / "evidence"), "--output_dir", str(two / "out")],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_cpu_threads_per_process",
+        "1",
+        "--main_process_port",
+        str(_free_port()),
+    ]
+    launched = subprocess.run(
+        [
+            *launcher,
+            "-m",
+            "lib.training",
+            *flags,
+            "--evidence_dir",
+            str(two / "evidence"),
+            "--output_dir",
+            str(two / "out"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert launched.stdout.count('"final_model_dir"') == 1, "one process reports the result"
 

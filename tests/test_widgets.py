@@ -103,19 +103,24 @@ def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(episodes
     views = [prepare_episode("post", episodes["won"]), prepare_episode("pre", episodes["curated"])]
     browser = static_trajectory_browser(views)
     show, selections = browser.children
-    pairs = {(link.source[0].model_id, link.source[1], link.target[0].model_id, link.target[1])
-             for link in _links()}
+    pairs = {(link.source[0].model_id, link.source[1], link.target[0].model_id, link.target[1]) for link in _links()}
     assert (show.model_id, "index", selections.model_id, "selected_index") in pairs
-    assert [name for name, _ in show.options] == ["every episode", "post only", "pre only", "successes only",
-                                                  "failures only"][:len(selections.children)]
+    assert [name for name, _ in show.options] == [
+        "every episode",
+        "post only",
+        "pre only",
+        "successes only",
+        "failures only",
+    ][: len(selections.children)]
     menu, stack = selections.children[0].children  # every episode
     assert [label for label, _ in menu.options] == [v.label for v in views]
     assert len(stack.children) == 2
     assert (menu.model_id, "index", stack.model_id, "selected_index") in pairs
     sliders = [w for w in _walk(stack) if isinstance(w, widgets.IntSlider)]
     # the slider counts steps from 1, as the headings do ("Step 1 of n"): panel k is step k
-    assert [(s.min, s.max, s.value, s.description) for s in sliders] == [(1, len(v.step_html), 1, "step")
-                                                                           for v in views]
+    assert [(s.min, s.max, s.value, s.description) for s in sliders] == [
+        (1, len(v.step_html), 1, "step") for v in views
+    ]
     first_steps = stack.children[0].children[2]
     assert (sliders[0].model_id, "value", first_steps.model_id, "selected_index") in pairs
     assert len(first_steps.children) == len(views[0].step_html) + 1 and first_steps.selected_index == 1
@@ -130,8 +135,11 @@ def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(episodes
 
 def test_static_browser_puts_before_and_after_of_a_task_side_by_side(episodes):
     before = dict(json.loads(json.dumps(episodes["won"])), correct_outcome=False)
-    views = [prepare_episode("post", episodes["won"]), prepare_episode("pre", before),
-             prepare_episode("pre", episodes["curated"])]
+    views = [
+        prepare_episode("post", episodes["won"]),
+        prepare_episode("pre", before),
+        prepare_episode("pre", episodes["curated"]),
+    ]
     show, selections = static_trajectory_browser(views).children
     names = [name for name, _ in show.options]
     assert names[-1] == "pre | post, side by side"
@@ -176,13 +184,16 @@ def _walk_text(widget) -> str:
     return " ".join(w.value for w in _walk(widget) if isinstance(w, widgets.HTML))
 
 
-@pytest.mark.parametrize("completion, shown", [
-    ("\n" * 300, "(nothing but whitespace: 300 characters, 300 line breaks)"),
-    ("  \t ", "(nothing but whitespace: 4 characters, 0 line breaks)"),
-    ('{"action_type": "scan_bump"}' + "\n" * 40, '{"action_type": "scan_bump"}'),
-    ("a\n\nb\n\n\n\n\nc", "a\n\nb\n[4 blank lines]\nc"),
-    (None, "(none recorded"),
-])
+@pytest.mark.parametrize(
+    "completion, shown",
+    [
+        ("\n" * 300, "(nothing but whitespace: 300 characters, 300 line breaks)"),
+        ("  \t ", "(nothing but whitespace: 4 characters, 0 line breaks)"),
+        ('{"action_type": "scan_bump"}' + "\n" * 40, '{"action_type": "scan_bump"}'),
+        ("a\n\nb\n\n\n\n\nc", "a\n\nb\n[4 blank lines]\nc"),
+        (None, "(none recorded"),
+    ],
+)
 def test_a_completion_of_blank_lines_is_named_not_drawn(completion, shown):
     from lib.widgets import _completion_text
 

@@ -273,14 +273,16 @@ def fit_background_on_template(tmpl, counts, starts=None, mask=None):
             # number of events at every shape; only the shape is minimised
             x, fval, converged = _newton(cost, start, [A1, A2], np.full(2, -np.inf), np.full(2, np.inf))
         else:
-            x, fval, converged = _newton(cost, start, [NB, A1, A2], np.array([0.0, -np.inf, -np.inf]),
-                                         np.full(3, np.inf))
+            x, fval, converged = _newton(
+                cost, start, [NB, A1, A2], np.array([0.0, -np.inf, -np.inf]), np.full(3, np.inf)
+            )
         if best is None or fval < best[1]:
             best = (x, fval, converged, cost)
     x, fval, converged, cost = best
     p1, p2 = cost.shape_params(x[A1], x[A2])
-    return BackgroundFit(background_yield=float(x[NB]), p1=float(p1), p2=float(p2), nll=0.5 * fval,
-                         converged=bool(converged))
+    return BackgroundFit(
+        background_yield=float(x[NB]), p1=float(p1), p2=float(p2), nll=0.5 * fval, converged=bool(converged)
+    )
 
 
 def fit_background_only(edges, counts, sqrt_s_tev: float, mask=None) -> BackgroundFit:
@@ -334,16 +336,36 @@ def _minimize(cost, start, fixed, limits, errors, max_step=None):
     free = [i for i, name in enumerate(PARAMETER_NAMES) if name not in fixed]
     lower = np.array([lims[PARAMETER_NAMES[i]][0] for i in free])
     upper = np.array([lims[PARAMETER_NAMES[i]][1] for i in free])
-    start = np.clip(np.array(start, dtype=float), [lims[n][0] for n in PARAMETER_NAMES],
-                    [lims[n][1] for n in PARAMETER_NAMES])
+    start = np.clip(
+        np.array(start, dtype=float), [lims[n][0] for n in PARAMETER_NAMES], [lims[n][1] for n in PARAMETER_NAMES]
+    )
     steps = None if max_step is None else np.array([max_step.get(PARAMETER_NAMES[i], np.inf) for i in free])
     x, fval, converged = _newton(cost, start, free, lower, upper, max_step=steps)
-    return Minimum(values=x, fval=fval, valid=converged, fixed={n: n in fixed for n in PARAMETER_NAMES}, limits=lims,
-                    errors=np.asarray(errors, dtype=float), cost=cost)
+    return Minimum(
+        values=x,
+        fval=fval,
+        valid=converged,
+        fixed={n: n in fixed for n in PARAMETER_NAMES},
+        limits=lims,
+        errors=np.asarray(errors, dtype=float),
+        cost=cost,
+    )
 
 
-def fit_resonance_on_template(tmpl, counts, bkg: BackgroundFit, resolution_gev, mass_start_gev, *, mass_bounds_gev,
-            fix_mass, max_width_gev, spurious_events, fix_signal_zero=False, fit_theta=True):
+def fit_resonance_on_template(
+    tmpl,
+    counts,
+    bkg: BackgroundFit,
+    resolution_gev,
+    mass_start_gev,
+    *,
+    mass_bounds_gev,
+    fix_mass,
+    max_width_gev,
+    spurious_events,
+    fix_signal_zero=False,
+    fit_theta=True,
+):
     """Core s+b fit; returns the minimum (``Minimum``) and the cost."""
     p_ref = (bkg.p1, bkg.p2)
     T = whitening(tmpl, bkg.background_yield, *p_ref)
@@ -360,8 +382,14 @@ def fit_resonance_on_template(tmpl, counts, bkg: BackgroundFit, resolution_gev, 
     b_exp = bkg.background_yield * f_b
     s0, _, _ = tmpl.signal(mass0, width0, resolution_gev)
     # one Newton step from N_s = 0 for the signal-yield start
-    ns0 = 0.0 if fix_signal_zero else float(np.sum(s0 * (counts - b_exp) / np.maximum(b_exp, 1e-9))
-                                             / max(np.sum(s0 * s0 / np.maximum(b_exp, 1e-9)), 1e-12))
+    ns0 = (
+        0.0
+        if fix_signal_zero
+        else float(
+            np.sum(s0 * (counts - b_exp) / np.maximum(b_exp, 1e-9))
+            / max(np.sum(s0 * s0 / np.maximum(b_exp, 1e-9)), 1e-12)
+        )
+    )
     ns_err = float(np.sqrt(1.0 / max(np.sum(s0 * s0 / np.maximum(b_exp, 1e-9)), 1e-12)))
     m_range = (mass0, mass0) if fix_mass else (lo, hi)
     lower = _signal_yield_floor(tmpl, b_exp, resolution_gev, *m_range, width_fixed)
@@ -384,11 +412,11 @@ def fit_resonance_on_template(tmpl, counts, bkg: BackgroundFit, resolution_gev, 
     if not width_fixed:
         limits["width_gev"] = (0.0, float(max_width_gev))
     start = (nb0, 0.0, 0.0, ns0, mass0, width0, 0.0)
-    errors = (max(np.sqrt(nb0), 1.0), 1.0, 1.0, ns_err, 0.5 * resolution_gev,
-              0.5 * resolution_gev, 1.0)
+    errors = (max(np.sqrt(nb0), 1.0), 1.0, 1.0, ns_err, 0.5 * resolution_gev, 0.5 * resolution_gev, 1.0)
     # a fit stays with the peak it starts on: mass and width move at most one resolution a step
-    m = _minimize(cost, start, fixed, limits, errors,
-                  max_step={"mass_gev": resolution_gev, "width_gev": resolution_gev})
+    m = _minimize(
+        cost, start, fixed, limits, errors, max_step={"mass_gev": resolution_gev, "width_gev": resolution_gev}
+    )
     return m, cost
 
 
@@ -439,10 +467,17 @@ def fit_signal_plus_background(
     bkg = background if background is not None else fit_background_on_template(tmpl, counts)
     max_w = _default_max_width(edges) if max_width_gev is None else float(max_width_gev)
     fix_mass = fix_mass_gev is not None
-    m, cost = fit_resonance_on_template(tmpl, counts, bkg, float(resolution_gev),
-                      float(fix_mass_gev) if fix_mass else float(mass_start_gev),
-                      mass_bounds_gev=mass_bounds_gev, fix_mass=fix_mass, max_width_gev=max_w,
-                      spurious_events=float(spurious_signal_events))
+    m, cost = fit_resonance_on_template(
+        tmpl,
+        counts,
+        bkg,
+        float(resolution_gev),
+        float(fix_mass_gev) if fix_mass else float(mass_start_gev),
+        mass_bounds_gev=mass_bounds_gev,
+        fix_mass=fix_mass,
+        max_width_gev=max_w,
+        spurious_events=float(spurious_signal_events),
+    )
     return _resonance_result(m, cost, tmpl.n_bins, _parabolic_errors(m, cost))
 
 
@@ -480,8 +515,11 @@ def _parabolic_errors(m, cost):
         except np.linalg.LinAlgError:
             break
         newton = values[free] - np.linalg.solve(h, grad[free])
-        beyond = [i for i, x in zip(free, newton)
-                  if not m.limits[PARAMETER_NAMES[i]][0] <= x <= m.limits[PARAMETER_NAMES[i]][1]]
+        beyond = [
+            i
+            for i, x in zip(free, newton)
+            if not m.limits[PARAMETER_NAMES[i]][0] <= x <= m.limits[PARAMETER_NAMES[i]][1]
+        ]
         if not beyond:
             cov = 2.0 * np.linalg.inv(h)
             break

@@ -116,8 +116,9 @@ class BinnedTemplate:
         f = b / total
         return f, (b1 - f * b1.sum()) / total, (b2 - f * b2.sum()) / total
 
-    def signal(self, mass_gev: float, width_gev: float, resolution_gev: float, grad: bool = False,
-               width_grad: bool = True):
+    def signal(
+        self, mass_gev: float, width_gev: float, resolution_gev: float, grad: bool = False, width_grad: bool = True
+    ):
         """Voigt bin fractions s_i and (if grad) ds/dmass, ds/dwidth.
 
         Voigt = Re w(z) / (sigma sqrt(2 pi)), z = (m - m0 + i Gamma/2) / (sigma sqrt 2),
@@ -139,8 +140,9 @@ class BinnedTemplate:
             return self.simpson(w.real) * (1.0 / (sigma * _SQRT2PI)), None, None
         wp = -2.0 * z * w + _TWO_I_OVER_SQRTPI
         scale = 1.0 / (sigma * _SQRT2 * sigma * _SQRT2PI)
-        s, ds_dm, ds_dw = self.simpson(np.vstack([w.real * (1.0 / (sigma * _SQRT2PI)), -wp.real * scale,
-                                                  -0.5 * scale * wp.imag]))
+        s, ds_dm, ds_dw = self.simpson(
+            np.vstack([w.real * (1.0 / (sigma * _SQRT2PI)), -wp.real * scale, -0.5 * scale * wp.imag])
+        )
         return s, ds_dm, ds_dw
 
     def background_hessian(self, p1: float, p2: float) -> np.ndarray:
@@ -161,8 +163,9 @@ class BinnedTemplate:
         out[5] -= (2.0 * s2 / total) * f2 + (s22 / total) * f
         return out
 
-    def signal_hessian(self, mass_gev: float, width_gev: float, resolution_gev: float,
-                       width_free: bool = True) -> np.ndarray:
+    def signal_hessian(
+        self, mass_gev: float, width_gev: float, resolution_gev: float, width_free: bool = True
+    ) -> np.ndarray:
         """Rows s_i, ds/dmass, ds/dwidth, d2s/dmass^2, d2s/dmass dwidth, d2s/dwidth^2: (6, n_bins).
 
         With w'' = -2 w - 2 z w' (from w' = -2 z w + 2i/sqrt(pi)) and dz/dmass = -1/(sigma sqrt 2),
@@ -184,8 +187,18 @@ class BinnedTemplate:
         wpp = -2.0 * w - 2.0 * z * wp
         c1 = norm / (sigma * _SQRT2)
         c2 = norm / (sigma * sigma)
-        return self.simpson(np.vstack([w.real * norm, -wp.real * c1, -0.5 * wp.imag * c1,
-                                       0.5 * wpp.real * c2, 0.25 * wpp.imag * c2, -0.125 * wpp.real * c2]))
+        return self.simpson(
+            np.vstack(
+                [
+                    w.real * norm,
+                    -wp.real * c1,
+                    -0.5 * wp.imag * c1,
+                    0.5 * wpp.real * c2,
+                    0.25 * wpp.imag * c2,
+                    -0.125 * wpp.real * c2,
+                ]
+            )
+        )
 
 
 def template(edges: np.ndarray, sqrt_s_tev: float) -> BinnedTemplate:
@@ -238,8 +251,7 @@ class PoissonDeviance:
 
     def shape_params(self, a1, a2):
         t = self.T
-        return (self.p_ref[0] + t[0, 0] * a1 + t[0, 1] * a2,
-                self.p_ref[1] + t[1, 0] * a1 + t[1, 1] * a2)
+        return (self.p_ref[0] + t[0, 0] * a1 + t[0, 1] * a2, self.p_ref[1] + t[1, 0] * a1 + t[1, 1] * a2)
 
     def _components(self, par, grad):
         # cache: Migrad often moves only some parameters, and in the background-only
@@ -291,7 +303,7 @@ class PoissonDeviance:
         their gradients with respect to the parameters ``free``: ((2,), (2, len(free)))."""
         slope = self.t.slope_matrix @ np.array(self.shape_params(par[A1], par[A2]))
         rows = np.zeros((2, 7))
-        rows[:, A1:A2 + 1] = self.wall
+        rows[:, A1 : A2 + 1] = self.wall
         return slope, rows[:, free]
 
     def __call__(self, *par):
@@ -336,33 +348,33 @@ class PoissonDeviance:
         f_a = t.T @ bkg[1:3]  # df/da1, df/da2
         jac = np.zeros((7, f.size))
         jac[NB] = f
-        jac[A1:A2 + 1] = nb * f_a
+        jac[A1 : A2 + 1] = nb * f_a
         if sig is not None:
             jac[NS] = sig[0]
-            jac[M:W + 1] = amp * sig[1:3]
+            jac[M : W + 1] = amp * sig[1:3]
             jac[TH] = self.spur * sig[0]
         mu = np.maximum(mu, 1e-100)  # where mu ~ 0 (no events there) the terms below vanish; no overflow
         n_over_mu = self.n / mu
         r = self.mask_float - n_over_mu
         grad = 2.0 * (jac @ r)
         grad[TH] += 2.0 * th
-        grad[A1:A2 + 1] += 2.0 * SHAPE_PENALTY * (self.wall.T @ negative)
+        grad[A1 : A2 + 1] += 2.0 * SHAPE_PENALTY * (self.wall.T @ negative)
         hess = (jac * (n_over_mu / mu)) @ jac.T
         curv = np.zeros((7, 7))  # sum_i r_i d2mu_i / dpar dpar, upper triangle
         r_b = bkg[1:] @ r  # r.f1, r.f2, r.f11, r.f12, r.f22
-        curv[NB, A1:A2 + 1] = t.T @ r_b[:2]
-        curv[A1:A2 + 1, A1:A2 + 1] = (0.5 * nb) * (t.T @ np.array([[r_b[2], r_b[3]], [r_b[3], r_b[4]]]) @ t)
+        curv[NB, A1 : A2 + 1] = t.T @ r_b[:2]
+        curv[A1 : A2 + 1, A1 : A2 + 1] = (0.5 * nb) * (t.T @ np.array([[r_b[2], r_b[3]], [r_b[3], r_b[4]]]) @ t)
         if sig is not None:
             r_s = sig[1:] @ r  # r.s_m, r.s_w, r.s_mm, r.s_mw, r.s_ww
-            curv[NS, M:W + 1] = r_s[:2]
-            curv[TH, M:W + 1] = self.spur * r_s[:2]
+            curv[NS, M : W + 1] = r_s[:2]
+            curv[TH, M : W + 1] = self.spur * r_s[:2]
             curv[M, M], curv[M, W], curv[W, W] = 0.5 * amp * r_s[2], amp * r_s[3], 0.5 * amp * r_s[4]
         hess += curv + curv.T
         hess *= 2.0
         hess[TH, TH] += 2.0
         if negative.any():
             active = (negative < 0.0).astype(float)
-            hess[A1:A2 + 1, A1:A2 + 1] += 2.0 * SHAPE_PENALTY * (self.wall.T * active) @ self.wall
+            hess[A1 : A2 + 1, A1 : A2 + 1] += 2.0 * SHAPE_PENALTY * (self.wall.T * active) @ self.wall
         return value, grad, hess
 
     def hess(self, *par):
@@ -406,5 +418,3 @@ def as_counts(edges, counts):
     if np.any(counts < 0) or not np.all(np.isfinite(counts)):
         raise ValueError("counts must be finite and non-negative")
     return edges, counts
-
-

@@ -95,8 +95,11 @@ def _wall_steps(info: np.ndarray, score: np.ndarray, normals: np.ndarray, on_wal
     if need.size == 0:
         return free_step, decrement
     k, p = need.size, score.shape[1]
-    hinv_c = (np.linalg.solve(info[need], np.broadcast_to(normals.T, (k, p, 2))) if inverse is None
-              else inverse[need] @ normals.T)  # (k, P, 2)
+    hinv_c = (
+        np.linalg.solve(info[need], np.broadcast_to(normals.T, (k, p, 2)))
+        if inverse is None
+        else inverse[need] @ normals.T
+    )  # (k, P, 2)
     m = np.einsum("jp,kpi->kji", normals, hinv_c)  # C H^-1 C^T, (k, 2, 2)
     walls, c_need, score_need, free_need = on_wall[need], c_step[need], score[need], free_step[need]
     # the multipliers of each subset held (the 2 x 2 systems solved in closed form): one wall, the
@@ -104,13 +107,24 @@ def _wall_steps(info: np.ndarray, score: np.ndarray, normals: np.ndarray, on_wal
     lam_0 = np.stack([c_need[:, 0] / m[:, 0, 0], np.zeros(need.size)], axis=1)
     lam_1 = np.stack([np.zeros(need.size), c_need[:, 1] / m[:, 1, 1]], axis=1)
     det = m[:, 0, 0] * m[:, 1, 1] - m[:, 0, 1] * m[:, 1, 0]
-    lam_both = np.stack([m[:, 1, 1] * c_need[:, 0] - m[:, 0, 1] * c_need[:, 1],
-                         m[:, 0, 0] * c_need[:, 1] - m[:, 1, 0] * c_need[:, 0]], axis=1) / det[:, None]
+    lam_both = (
+        np.stack(
+            [
+                m[:, 1, 1] * c_need[:, 0] - m[:, 0, 1] * c_need[:, 1],
+                m[:, 0, 0] * c_need[:, 1] - m[:, 1, 0] * c_need[:, 0],
+            ],
+            axis=1,
+        )
+        / det[:, None]
+    )
     best_step = np.zeros_like(free_need)  # held on both walls without a better choice: no shape move left
     best_dec = np.full(need.size, -np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):  # a singular subset gives NaN and is not taken
-        for held, lam, possible in ((0, lam_0, walls[:, 0]), (1, lam_1, walls[:, 1]),
-                                    (None, lam_both, walls[:, 0] & walls[:, 1])):
+        for held, lam, possible in (
+            (0, lam_0, walls[:, 0]),
+            (1, lam_1, walls[:, 1]),
+            (None, lam_both, walls[:, 0] & walls[:, 1]),
+        ):
             step = free_need - np.einsum("kpi,ki->kp", hinv_c, lam)
             dec = -np.einsum("kp,kp->k", step, score_need)
             if held is None:  # both held: no other wall to push
@@ -124,8 +138,9 @@ def _wall_steps(info: np.ndarray, score: np.ndarray, normals: np.ndarray, on_wal
     return free_step, decrement
 
 
-def _profile(tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarray | None, n_iter: int,
-             positive: bool = False):
+def _profile(
+    tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarray | None, n_iter: int, positive: bool = False
+):
     """Fisher scoring of (N_b, p1, p2[, N_s]) from ``start`` ((4,), or (K, 4): one start per row)
     for each row of ``s`` (None: background only, one row). Returns theta (K, 4), mu (K, n),
     f, df/dp1, df/dp2 at theta, and whether each row converged (K,). ``positive``: a row is
@@ -197,8 +212,9 @@ def _nll(mu: np.ndarray, n: np.ndarray) -> np.ndarray:
         return np.sum(mu - np.where(n > 0, n * np.log(mu), 0.0), axis=-1)
 
 
-def profile_fixed_mass(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit,
-                       signal_fractions: np.ndarray | None, n_iter: int = 25):
+def profile_fixed_mass(
+    tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signal_fractions: np.ndarray | None, n_iter: int = 25
+):
     """Maximise the Poisson likelihood over (N_b, p1, p2[, N_s]) for K fixed signal shapes.
 
     Fisher scoring (expected information J diag(1/mu) J^T, positive definite),

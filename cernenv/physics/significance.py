@@ -42,7 +42,7 @@ def z_from_log_p(log_p: float) -> float:
     z = np.sqrt(-2.0 * log_p)  # start above the root; the iteration converges monotonically
     for _ in range(50):
         f = log_ndtr(-z) - log_p
-        dz = f / (-np.exp((-z**2 / 2.0 - _LOG_SQRT_2PI) - log_ndtr(-z)))
+        dz = f / (-np.exp((-(z**2) / 2.0 - _LOG_SQRT_2PI) - log_ndtr(-z)))
         z -= dz
         if abs(dz) < 1e-12 * z:
             break
@@ -123,9 +123,18 @@ def profile_likelihood_significance(
         bounds = None
     best = best_cost = None
     for m0 in starts:
-        fit, cost = fit_resonance_on_template(tmpl, counts, bkg, res, m0, mass_bounds_gev=bounds,
-                                              fix_mass=fix_mass, max_width_gev=0.0, spurious_events=spur,
-                                              fit_theta=False)
+        fit, cost = fit_resonance_on_template(
+            tmpl,
+            counts,
+            bkg,
+            res,
+            m0,
+            mass_bounds_gev=bounds,
+            fix_mass=fix_mass,
+            max_width_gev=0.0,
+            spurious_events=spur,
+            fit_theta=False,
+        )
         if best is None or fit.fval < best.fval:
             best, best_cost = fit, cost
     mu_hat = float(best.values[NS])
@@ -133,8 +142,18 @@ def profile_likelihood_significance(
     nll1 = 0.5 * float(best.fval)
     converged = bool(best.valid and bkg.converged)
     if spur > 0.0:
-        h0, _ = fit_resonance_on_template(tmpl, counts, bkg, res, m_hat, mass_bounds_gev=None, fix_mass=True,
-                                          max_width_gev=0.0, spurious_events=spur, fix_signal_zero=True)
+        h0, _ = fit_resonance_on_template(
+            tmpl,
+            counts,
+            bkg,
+            res,
+            m_hat,
+            mass_bounds_gev=None,
+            fix_mass=True,
+            max_width_gev=0.0,
+            spurious_events=spur,
+            fix_signal_zero=True,
+        )
         nll0 = 0.5 * float(h0.fval)
         converged = converged and bool(h0.valid)
     else:
@@ -204,8 +223,9 @@ def upcrossing_density(mass_gev, resolution_gev, bin_width_gev=0.0):
     return 1.0 / (2.0 * np.sqrt(2.0) * np.pi * sigma_eff) + 0.0 * np.asarray(mass_gev, dtype=float)
 
 
-def expected_upcrossings(window_width_gev, resolution_gev, z_ref: float = 1.0, *, bin_width_gev: float = 0.0,
-                         nodes: int = 401) -> float:
+def expected_upcrossings(
+    window_width_gev, resolution_gev, z_ref: float = 1.0, *, bin_width_gev: float = 0.0, nodes: int = 401
+) -> float:
     """Expected number of upcrossings of level z_ref by the local-Z scan, no toys needed.
 
     Rice's formula (Rice 1944) for the Gaussian process of ``upcrossing_density``:

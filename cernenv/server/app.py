@@ -108,12 +108,19 @@ class ServerConfig:
                     raise ValueError(f"{ENV_PREFIX}{f.name.upper()}={text!r} is not a valid {f.name}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)
-        if (config.max_sessions < 1 or config.max_message_bytes < 1024 or not 0 <= config.port < 65536
-                or not config.session_idle_timeout_s > 0 or not config.request_read_timeout_s > 0
-                or not 1 <= config.max_connections_per_client <= config.max_connections):
-            raise ValueError(f"invalid server configuration {config}: max_sessions >= 1, "
-                             "max_message_bytes >= 1024, 0 <= port < 65536, session_idle_timeout_s > 0, "
-                             "request_read_timeout_s > 0 and 1 <= max_connections_per_client <= max_connections")
+        if (
+            config.max_sessions < 1
+            or config.max_message_bytes < 1024
+            or not 0 <= config.port < 65536
+            or not config.session_idle_timeout_s > 0
+            or not config.request_read_timeout_s > 0
+            or not 1 <= config.max_connections_per_client <= config.max_connections
+        ):
+            raise ValueError(
+                f"invalid server configuration {config}: max_sessions >= 1, "
+                "max_message_bytes >= 1024, 0 <= port < 65536, session_idle_timeout_s > 0, "
+                "request_read_timeout_s > 0 and 1 <= max_connections_per_client <= max_connections"
+            )
         return config
 
 
@@ -179,49 +186,78 @@ class ServedEnvironment(CERNCollisionEnvironment):
         self._closed = False
         count.change(+1)
 
-    async def reset_async(self, seed: Optional[int] = None, episode_id: Optional[str] = None,
-                          scenario: Optional[str] = None, difficulty: Optional[str] = None,
-                          secret_salt: Optional[str] = None, **unknown: Any) -> CollisionObservation:
+    async def reset_async(
+        self,
+        seed: Optional[int] = None,
+        episode_id: Optional[str] = None,
+        scenario: Optional[str] = None,
+        difficulty: Optional[str] = None,
+        secret_salt: Optional[str] = None,
+        **unknown: Any,
+    ) -> CollisionObservation:
         """`reset` on the physics thread, in this session's fair turn."""
-        return await self._scheduler.run(self, functools.partial(
-            self.reset, seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty,
-            secret_salt=secret_salt, **unknown))
+        return await self._scheduler.run(
+            self,
+            functools.partial(
+                self.reset,
+                seed=seed,
+                episode_id=episode_id,
+                scenario=scenario,
+                difficulty=difficulty,
+                secret_salt=secret_salt,
+                **unknown,
+            ),
+        )
 
     async def step_async(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
         """`step` on the physics thread, in this session's fair turn."""
         return await self._scheduler.run(self, functools.partial(self.step, action, timeout_s=timeout_s, **kwargs))
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, scenario: Optional[str] = None,
-              difficulty: Optional[str] = None, secret_salt: Optional[str] = None,
-              **unknown: Any) -> CollisionObservation:
+    def reset(
+        self,
+        seed: Optional[int] = None,
+        episode_id: Optional[str] = None,
+        scenario: Optional[str] = None,
+        difficulty: Optional[str] = None,
+        secret_salt: Optional[str] = None,
+        **unknown: Any,
+    ) -> CollisionObservation:
         if unknown:
-            raise RequestError(f"unknown reset parameter(s) {sorted(unknown)}; "
-                               f"accepted: {', '.join(self.RESET_PARAMETERS)}")
+            raise RequestError(
+                f"unknown reset parameter(s) {sorted(unknown)}; accepted: {', '.join(self.RESET_PARAMETERS)}"
+            )
         if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**63):
             raise RequestError(f"seed must be a non-negative integer below 2**63 (or null), got {_printable(seed)}")
-        for name, value in (("episode_id", episode_id), ("scenario", scenario), ("difficulty", difficulty),
-                            ("secret_salt", secret_salt)):
+        for name, value in (
+            ("episode_id", episode_id),
+            ("scenario", scenario),
+            ("difficulty", difficulty),
+            ("secret_salt", secret_salt),
+        ):
             if value is not None and not (isinstance(value, str) and len(value) <= 255 and _encodable(value)):
-                raise RequestError(f"{name} must be a UTF-8 string of at most 255 characters, "
-                                   f"got {_printable(value)}")
+                raise RequestError(f"{name} must be a UTF-8 string of at most 255 characters, got {_printable(value)}")
         try:
-            return super().reset(seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty,
-                                 secret_salt=secret_salt)
+            return super().reset(
+                seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty, secret_salt=secret_salt
+            )
         except ValueError as error:
             raise RequestError(str(error)) from None
 
     def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
         if self._episode is None:
-            raise NoEpisodeError("no episode in this session: send reset (seed, scenario or difficulty) first; "
-                                 "over HTTP each request gets a fresh environment, so play episodes on the "
-                                 "WebSocket /ws (cernenv.client.CERNEnvClient)")
+            raise NoEpisodeError(
+                "no episode in this session: send reset (seed, scenario or difficulty) first; "
+                "over HTTP each request gets a fresh environment, so play episodes on the "
+                "WebSocket /ws (cernenv.client.CERNEnvClient)"
+            )
         if isinstance(action, WireAction):
             action = action.unwrap()
         return super().step(action, timeout_s=timeout_s, **kwargs)
 
     def hidden_truth(self) -> Dict[str, Any]:
-        raise PermissionError("the hidden truth is not served; grade with CernState (correct_outcome, ...) "
-                              "once the episode is done")
+        raise PermissionError(
+            "the hidden truth is not served; grade with CernState (correct_outcome, ...) once the episode is done"
+        )
 
     def close(self) -> None:
         if not self._closed:
@@ -279,8 +315,9 @@ class MessageLimit:
                 try:
                     message = await asyncio.wait_for(receive(), self.idle_timeout_s)
                 except asyncio.TimeoutError:  # an idle client: close, and let the app free the session
-                    await send({"type": "websocket.close", "code": 1001,
-                                "reason": f"idle for {self.idle_timeout_s:g} s"})
+                    await send(
+                        {"type": "websocket.close", "code": 1001, "reason": f"idle for {self.idle_timeout_s:g} s"}
+                    )
                     return {"type": "websocket.disconnect", "code": 1001}
                 if message["type"] != "websocket.receive":
                     return message
@@ -297,19 +334,28 @@ class MessageLimit:
             return {"code": "VALIDATION_ERROR", "message": "send JSON text frames, not binary ones"}
         size = len(text.encode("utf-8"))
         if size > self.max_bytes:
-            return {"code": "MESSAGE_TOO_LARGE",
-                    "message": f"message of {size} bytes is over the server's limit of {self.max_bytes} bytes"}
+            return {
+                "code": "MESSAGE_TOO_LARGE",
+                "message": f"message of {size} bytes is over the server's limit of {self.max_bytes} bytes",
+            }
         try:  # parsed here too: OpenEnv's handler lets RecursionError and huge integers end the session
             value = json.loads(text)
         except (ValueError, RecursionError) as error:
-            return {"code": "INVALID_JSON", "message": f"Invalid JSON ({type(error).__name__}): "
-                                                       f"{_printable(str(error), 200)}"}
+            return {
+                "code": "INVALID_JSON",
+                "message": f"Invalid JSON ({type(error).__name__}): {_printable(str(error), 200)}",
+            }
         if not isinstance(value, dict):
-            return {"code": "VALIDATION_ERROR",
-                    "message": f'a message is a JSON object {{"type": ..., "data": ...}}, got {type(value).__name__}'}
+            return {
+                "code": "VALIDATION_ERROR",
+                "message": f'a message is a JSON object {{"type": ..., "data": ...}}, got {type(value).__name__}',
+            }
         if value.get("type") not in WS_MESSAGE_TYPES:
-            return {"code": "UNKNOWN_TYPE", "message": f"Unknown message type {_printable(value.get('type'))}; "
-                                                       f"send one of {', '.join(WS_MESSAGE_TYPES)}"}
+            return {
+                "code": "UNKNOWN_TYPE",
+                "message": f"Unknown message type {_printable(value.get('type'))}; "
+                f"send one of {', '.join(WS_MESSAGE_TYPES)}",
+            }
         if not _all_encodable(value):
             return {"code": "VALIDATION_ERROR", "message": "strings must be valid UTF-8 (no lone surrogates)"}
         return None
@@ -333,10 +379,16 @@ class MessageLimit:
                 return await self.app(scope, _replay(chunks, receive), send)
 
     async def _too_large(self, send: Any, size: int) -> None:
-        body = json.dumps({"detail": f"request body of {size} bytes is over the server's limit of "
-                                     f"{self.max_bytes} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        body = json.dumps(
+            {"detail": f"request body of {size} bytes is over the server's limit of {self.max_bytes} bytes"}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -389,9 +441,17 @@ class BearerToken:
         if scope["type"] == "websocket":  # refuse the handshake: HTTP 403
             return await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong bearer token"})
         body = json.dumps({"detail": "missing or wrong bearer token: send Authorization: Bearer <token>"}).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -413,11 +473,17 @@ def create_cernenv_app(config: Optional[ServerConfig] = None) -> Any:
     config = config or ServerConfig.from_env()
     count = EnvironmentCount()
     scheduler = FairScheduler()
-    concurrency = ConcurrencyConfig(max_concurrent_envs=config.max_sessions,
-                                    session_timeout=config.session_idle_timeout_s)
-    app: FastAPI = create_app(functools.partial(ServedEnvironment, count, scheduler, config.secret_salt), WireAction,
-                              CollisionObservation, env_name="cernenv", concurrency_config=concurrency,
-                              state_cls=CernState)
+    concurrency = ConcurrencyConfig(
+        max_concurrent_envs=config.max_sessions, session_timeout=config.session_idle_timeout_s
+    )
+    app: FastAPI = create_app(
+        functools.partial(ServedEnvironment, count, scheduler, config.secret_salt),
+        WireAction,
+        CollisionObservation,
+        env_name="cernenv",
+        concurrency_config=concurrency,
+        state_cls=CernState,
+    )
     # Sessions are made by the WebSocket alone: OpenEnv's /mcp routes create sessions over plain
     # HTTP (which filled every slot) and let a client holding a session id close or drive it.
     app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) != "/mcp"]
@@ -427,8 +493,14 @@ def create_cernenv_app(config: Optional[ServerConfig] = None) -> Any:
 
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         """FastAPI's own handler echoes the input, which fails on text JSON cannot encode (500)."""
-        details = [{"loc": [part if isinstance(part, int) else _printable(part) for part in e.get("loc", ())],
-                    "msg": _printable(e.get("msg", ""), 300), "type": e.get("type", "")} for e in error.errors()]
+        details = [
+            {
+                "loc": [part if isinstance(part, int) else _printable(part) for part in e.get("loc", ())],
+                "msg": _printable(e.get("msg", ""), 300),
+                "type": e.get("type", ""),
+            }
+            for e in error.errors()
+        ]
         return JSONResponse({"detail": details}, status_code=422)
 
     app.add_exception_handler(RequestError, request_error)

@@ -101,8 +101,9 @@ class ConnectionGuard:
                 return
             self._last_log, counts = now, dict(self._logged)
             self._logged.clear()
-        logger.warning("connection guard: %s (open now: %d)",
-                       ", ".join(f"{n} {event}" for event, n in counts.items()), self.open)
+        logger.warning(
+            "connection guard: %s (open now: %d)", ", ".join(f"{n} {event}" for event, n in counts.items()), self.open
+        )
 
 
 def _client_host(transport: asyncio.BaseTransport) -> str:
@@ -112,8 +113,10 @@ def _client_host(transport: asyncio.BaseTransport) -> str:
 
 def _response(status: int, reason: str, message: str) -> bytes:
     body = message.encode("ascii", "replace") + b"\n"
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode("ascii")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode("ascii")
     return head + body
 
 
@@ -222,8 +225,12 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         self.guard.note("requests not received whole in time")
-        _refuse(self.transport, 408, "Request Timeout",
-                f"a request must arrive whole within {self.guard.request_read_timeout_s:g} s")
+        _refuse(
+            self.transport,
+            408,
+            "Request Timeout",
+            f"a request must arrive whole within {self.guard.request_read_timeout_s:g} s",
+        )
 
 
 class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):

@@ -89,9 +89,14 @@ class FairScheduler:
     `cpu_clock` measures a job's cost (default: the worker thread's CPU time); `wall_clock`
     decays the charges (default: `time.monotonic`)."""
 
-    def __init__(self, half_life_s: float = 0.1, max_lead_s: float = 0.005,
-                 cpu_clock: Callable[[], float] = time.thread_time,
-                 wall_clock: Callable[[], float] = time.monotonic, name: str = "cernenv-physics") -> None:
+    def __init__(
+        self,
+        half_life_s: float = 0.1,
+        max_lead_s: float = 0.005,
+        cpu_clock: Callable[[], float] = time.thread_time,
+        wall_clock: Callable[[], float] = time.monotonic,
+        name: str = "cernenv-physics",
+    ) -> None:
         self.rule = RecentUsage(half_life_s, max_lead_s)
         self._clock = cpu_clock
         self._wall = wall_clock
@@ -175,5 +180,9 @@ class FairScheduler:
             finally:
                 with self._condition:
                     if self.rule.tracked(session):  # not if it was forgotten meanwhile
-                        self.rule.charge(session, self._clock() - start, self._wall(),
-                                         [s for s, queue in self._pending.items() if queue])
+                        self.rule.charge(
+                            session,
+                            self._clock() - start,
+                            self._wall(),
+                            [s for s, queue in self._pending.items() if queue],
+                        )

@@ -65,15 +65,19 @@ def import_unsloth_first(config: TrainConfig) -> bool:
     if "unsloth" not in sys.modules:
         late = [name for name in LATE_FOR_UNSLOTH if name in sys.modules]
         if late:
-            logger.warning("%s imported before unsloth: Unsloth's patches may not apply to them; restart the "
-                           "process and import lib.training (or unsloth) first", ", ".join(late))
+            logger.warning(
+                "%s imported before unsloth: Unsloth's patches may not apply to them; restart the "
+                "process and import lib.training (or unsloth) first",
+                ", ".join(late),
+            )
     try:
         import unsloth  # noqa: F401  (patches transformers, peft and trl)
     except (ImportError, NotImplementedError) as error:
         if config.backend == "unsloth":
             raise RuntimeError(f"backend='unsloth' but unsloth does not import: {type(error).__name__}: {error}")
-        logger.warning("unsloth does not import (%s: %s); training with transformers + PEFT",
-                       type(error).__name__, error)
+        logger.warning(
+            "unsloth does not import (%s: %s); training with transformers + PEFT", type(error).__name__, error
+        )
         return False
     return True
 
@@ -101,8 +105,10 @@ def resolve_backend(config: TrainConfig) -> str:
         return "trl"
     ok, why = unsloth_available()
     if config.backend == "unsloth" and not ok:
-        raise RuntimeError(f"backend='unsloth' needs a CUDA GPU and the unsloth package: {why}. "
-                           "Use backend='trl' (or 'auto') to train with transformers + PEFT.")
+        raise RuntimeError(
+            f"backend='unsloth' needs a CUDA GPU and the unsloth package: {why}. "
+            "Use backend='trl' (or 'auto') to train with transformers + PEFT."
+        )
     return "unsloth" if ok and import_unsloth_first(config) else "trl"
 
 
@@ -144,8 +150,13 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
         tokenizer.pad_token = tokenizer.eos_token
     peft_config = None
     if config.lora_r > 0:
-        peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
-                                 target_modules=_lora_targets(), task_type="CAUSAL_LM")
+        peft_config = LoraConfig(
+            r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=_lora_targets(),
+            task_type="CAUSAL_LM",
+        )
     return Policy(model, tokenizer, peft_config, "trl", name)
 
 
@@ -153,15 +164,26 @@ def _load_unsloth(config: TrainConfig, name: str) -> Policy:
     from unsloth import FastLanguageModel
 
     if name in (TINY_MODEL, TINY_UNTRAINED_MODEL):
-        raise ValueError(f"the {name} stand-in is a CPU model; on a GPU give a real model_name "
-                         f"(e.g. {GPU_DEFAULT_MODEL})")
+        raise ValueError(
+            f"the {name} stand-in is a CPU model; on a GPU give a real model_name (e.g. {GPU_DEFAULT_MODEL})"
+        )
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=name, max_seq_length=config.max_seq_length, dtype=policy_dtype(), load_in_4bit=False,
-        fast_inference=config.use_vllm, max_lora_rank=max(config.lora_r, 1))
+        model_name=name,
+        max_seq_length=config.max_seq_length,
+        dtype=policy_dtype(),
+        load_in_4bit=False,
+        fast_inference=config.use_vllm,
+        max_lora_rank=max(config.lora_r, 1),
+    )
     if config.lora_r > 0:
         model = FastLanguageModel.get_peft_model(
-            model, r=config.lora_r, lora_alpha=config.lora_alpha, target_modules=_lora_targets(),
-            use_gradient_checkpointing="unsloth", random_state=config.seed)
+            model,
+            r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            target_modules=_lora_targets(),
+            use_gradient_checkpointing="unsloth",
+            random_state=config.seed,
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return Policy(model, tokenizer, None, "unsloth", name)

@@ -30,8 +30,14 @@ from lib.progress import Progress
 
 logger = logging.getLogger(__name__)
 
-_LOG_KEYS = {"loss": "loss", "reward": "reward", "reward_std": "reward_std", "kl": "kl",
-             "grad_norm": "grad_norm", "learning_rate": "learning_rate"}
+_LOG_KEYS = {
+    "loss": "loss",
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "kl": "kl",
+    "grad_norm": "grad_norm",
+    "learning_rate": "learning_rate",
+}
 
 
 class EvidenceCallback(TrainerCallback):
@@ -41,10 +47,17 @@ class EvidenceCallback(TrainerCallback):
     it is called every `eval_every_steps` optimisation steps (0: never).
     """
 
-    def __init__(self, paths: EvidencePaths, *, eval_every_steps: int,
-                 evaluate: Optional[Callable[[Any], Sequence[Dict[str, Any]]]] = None,
-                 max_steps: Optional[int] = None, render: bool = True, final_from_post_eval: bool = False,
-                 write: bool = True) -> None:
+    def __init__(
+        self,
+        paths: EvidencePaths,
+        *,
+        eval_every_steps: int,
+        evaluate: Optional[Callable[[Any], Sequence[Dict[str, Any]]]] = None,
+        max_steps: Optional[int] = None,
+        render: bool = True,
+        final_from_post_eval: bool = False,
+        write: bool = True,
+    ) -> None:
         self.paths = paths
         self.write = write
         """False (every process of a multi-process run but the main one): evaluate, write nothing."""
@@ -66,8 +79,11 @@ class EvidenceCallback(TrainerCallback):
         logs = logs or {}
         if not self.write or not any(key in logs for key in ("loss", "reward")):
             return  # e.g. the final train_runtime summary
-        row = {"step": state.global_step, "epoch": logs.get("epoch", state.epoch),
-               "wall_time_s": round(time.perf_counter() - self.started, 3)}
+        row = {
+            "step": state.global_step,
+            "epoch": logs.get("epoch", state.epoch),
+            "wall_time_s": round(time.perf_counter() - self.started, 3),
+        }
         row.update({column: logs.get(key) for column, key in _LOG_KEYS.items()})
         self.training_log.append(row)
         if self.render:
@@ -81,8 +97,14 @@ class EvidenceCallback(TrainerCallback):
             return  # the run records the last step from its post-training evaluation
         self.record_checkpoint(state.global_step, model, max_steps=state.max_steps)
 
-    def record_checkpoint(self, step: int, model: Any, *, max_steps: Optional[int] = None,
-                          episodes: Optional[Sequence[Dict[str, Any]]] = None) -> Dict[str, Any]:
+    def record_checkpoint(
+        self,
+        step: int,
+        model: Any,
+        *,
+        max_steps: Optional[int] = None,
+        episodes: Optional[Sequence[Dict[str, Any]]] = None,
+    ) -> Dict[str, Any]:
         """Evaluate `model` (or take the given `episodes`) and append a checkpoint row."""
         start = time.perf_counter()
         if episodes is None:
@@ -94,8 +116,12 @@ class EvidenceCallback(TrainerCallback):
         if not self.write:
             return row
         self.checkpoint_log.append(**row)
-        logger.info("checkpoint eval at step %d: mean reward %.3f, success %.3f", step, row["mean_reward"] or 0.0,
-                    row["success_rate"] or 0.0)
+        logger.info(
+            "checkpoint eval at step %d: mean reward %.3f, success %.3f",
+            step,
+            row["mean_reward"] or 0.0,
+            row["success_rate"] or 0.0,
+        )
         if self.render:
             render_checkpoint_progression(self.paths.checkpoint_evals_csv, self.paths.checkpoint_progression_png)
         return row

@@ -36,9 +36,13 @@ def field_docs(cls: type = TrainConfig) -> Dict[str, str]:
     body = tree.body[0].body  # the class statement's body
     docs: Dict[str, str] = {}
     for statement, following in zip(body, body[1:]):
-        if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
-                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)):
+        if (
+            isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
             docs[statement.target.id] = inspect.cleandoc(following.value.value)
     return docs
 
@@ -71,16 +75,18 @@ def import_unsloth_for(argv: Optional[Sequence[str]] = None) -> None:
     import_unsloth_first(TrainConfig(backend=backend if backend in BACKENDS else "auto"))
 
 
-def train_config_parser(prog: str = "python -m lib.training", description: Optional[str] = None,
-                        argv: Optional[Sequence[str]] = None) -> Any:
+def train_config_parser(
+    prog: str = "python -m lib.training", description: Optional[str] = None, argv: Optional[Sequence[str]] = None
+) -> Any:
     """A `TrlParser` over `TrainConfig`, each flag's help its field's docstring (and default).
     Add a script's own flags to it with `add_argument`; `parse_train_config` returns them too.
     Unsloth is imported first when the command line (`argv`, default this process's) may use it."""
     import_unsloth_for(argv)
     from trl import TrlParser  # imports transformers: after unsloth
 
-    parser = TrlParser(TrainConfig, prog=prog, description=description or __doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = TrlParser(
+        TrainConfig, prog=prog, description=description or __doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     docs = field_docs(TrainConfig)
     for action in parser._actions:
         name = action.dest
@@ -91,8 +97,9 @@ def train_config_parser(prog: str = "python -m lib.training", description: Optio
     return parser
 
 
-def parse_train_config(argv: Optional[Sequence[str]] = None, parser: Any = None, **fixed: Any
-                       ) -> Tuple[TrainConfig, argparse.Namespace]:
+def parse_train_config(
+    argv: Optional[Sequence[str]] = None, parser: Any = None, **fixed: Any
+) -> Tuple[TrainConfig, argparse.Namespace]:
     """(TrainConfig, the script's other flags) from a command line; `fixed` fields override both
     the file and the flags. Exits with a message naming the field on a bad name or value."""
     argv = list(sys.argv[1:] if argv is None else argv)

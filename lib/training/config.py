@@ -165,17 +165,28 @@ class TrainConfig:
 
         if self.generation_engine not in GENERATION_ENGINES:
             problems.append(f"generation_engine must be one of {GENERATION_ENGINES}, got {self.generation_engine!r}")
-        for name in ("max_steps", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
-                     "max_new_tokens", "checkpoint_eval_episodes", "eval_batch_size", "logging_steps", "save_steps",
-                     "max_seq_length"):
+        for name in (
+            "max_steps",
+            "num_generations",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "max_new_tokens",
+            "checkpoint_eval_episodes",
+            "eval_batch_size",
+            "logging_steps",
+            "save_steps",
+            "max_seq_length",
+        ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.num_generations < 2:
             problems.append("num_generations must be at least 2: a group of one has no baseline")
         if self.episodes_per_step % self.num_generations:
-            problems.append(f"episodes per step (per_device_train_batch_size × gradient_accumulation_steps = "
-                            f"{self.episodes_per_step}) must be a multiple of num_generations "
-                            f"({self.num_generations}): each step trains on whole groups")
+            problems.append(
+                f"episodes per step (per_device_train_batch_size × gradient_accumulation_steps = "
+                f"{self.episodes_per_step}) must be a multiple of num_generations "
+                f"({self.num_generations}): each step trains on whole groups"
+            )
         if self.warm_start_episodes < 0:
             problems.append(f"warm_start_episodes must be >= 0, got {self.warm_start_episodes}")
         if self.warm_start_epochs <= 0 or self.warm_start_learning_rate <= 0:
@@ -192,8 +203,10 @@ class TrainConfig:
         if set(self.difficulties) - set(DIFFICULTIES):
             problems.append(f"difficulties must be among {DIFFICULTIES}, got {self.difficulties}")
         if (self.curated_fraction > 0 and not self.scenarios) or (self.curated_fraction < 1 and not self.difficulties):
-            problems.append("the task mix is empty: give scenarios for curated_fraction > 0 and difficulties "
-                            "for curated_fraction < 1")
+            problems.append(
+                "the task mix is empty: give scenarios for curated_fraction > 0 and difficulties "
+                "for curated_fraction < 1"
+            )
         if self.scale_rewards not in SCALE_REWARDS:
             problems.append(f"scale_rewards must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}")
         if self.temperature <= 0:

@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- tasks
 
+
 def training_tasks(config: TrainConfig, n_groups: int) -> List[Dict[str, Any]]:
     """`n_groups` training tasks on seeds from `config.train_seed_start` (disjoint from the
     held-out suite): a `curated_fraction` share of curated scenarios in turn, the rest
@@ -51,10 +52,10 @@ def training_tasks(config: TrainConfig, n_groups: int) -> List[Dict[str, Any]]:
     the order is shuffled."""
     n_curated = int(round(n_groups * config.curated_fraction))
     n_procedural = n_groups - n_curated
-    curated = [{"scenario": config.scenarios[i % len(config.scenarios)], "difficulty": None}
-               for i in range(n_curated)]
-    procedural = [{"scenario": None, "difficulty": config.difficulties[i % len(config.difficulties)]}
-                  for i in range(n_procedural)]
+    curated = [{"scenario": config.scenarios[i % len(config.scenarios)], "difficulty": None} for i in range(n_curated)]
+    procedural = [
+        {"scenario": None, "difficulty": config.difficulties[i % len(config.difficulties)]} for i in range(n_procedural)
+    ]
     if config.curriculum:
         procedural.sort(key=lambda task: config.difficulties.index(task["difficulty"]))
         keyed = [((k + 0.5) / n_curated, task) for k, task in enumerate(curated)]
@@ -96,6 +97,7 @@ def evaluation_suite(config: TrainConfig) -> List[EpisodeSpec]:
 
 # ----------------------------------------------------------------------------- rewards
 
+
 def _component_reward(name: str) -> Callable[..., List[float]]:
     def reward(completions: Sequence[Any], reward_components: Sequence[Dict[str, float]], **_: Any) -> List[float]:
         return [float(components.get(name, 0.0)) for components in reward_components]
@@ -111,6 +113,7 @@ REWARD_FUNCS = [_component_reward(name) for name in COMPONENT_NAMES]
 
 # ----------------------------------------------------------------------------- rollouts
 
+
 def rollout_row(step: int, records: Sequence[EpisodeRecord]) -> Dict[str, Any]:
     """A reward_components.csv row (`RewardComponentLogWriter`) for one step's episodes."""
     steps = [s for r in records for s in r.steps]
@@ -123,8 +126,10 @@ def rollout_row(step: int, records: Sequence[EpisodeRecord]) -> Dict[str, Any]:
         return float(np.mean(values)) if values else None
 
     return {
-        "step": step, "n": len(records),
-        "mean_cumulative": float(np.mean(cumulative)), "mean_terminal": float(np.mean(terminal)),
+        "step": step,
+        "n": len(records),
+        "mean_cumulative": float(np.mean(cumulative)),
+        "mean_terminal": float(np.mean(terminal)),
         "mean_step_shaping": float(np.mean(np.subtract(cumulative, terminal))),
         "discovered_rate": rate([r.discovered for r in records]),
         "mass_correct_rate": rate([r.correct_mass for r in exists]),
@@ -143,8 +148,15 @@ class CampaignRollout:
     dict per episode), which TRL forwards to the reward functions.
     """
 
-    def __init__(self, config: TrainConfig, tokenizer: Any, *, evidence_dir: Optional[Path] = None,
-                 generate_fn_factory: Optional[Callable[[Any], GenerateFn]] = None, backend: str = "trl") -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        tokenizer: Any,
+        *,
+        evidence_dir: Optional[Path] = None,
+        generate_fn_factory: Optional[Callable[[Any], GenerateFn]] = None,
+        backend: str = "trl",
+    ) -> None:
         self.config = config
         self.backend = backend
         self.tokenizer = tokenizer
@@ -162,8 +174,7 @@ class CampaignRollout:
         if getattr(trainer, "use_vllm", False):
             return vllm_generate_fn(trainer)
         model = trainer.accelerator.unwrap_model(trainer.model)
-        return hf_generate_fn(model, self.tokenizer, self.config.generation_engine,
-                              unsloth=self.backend == "unsloth")
+        return hf_generate_fn(model, self.tokenizer, self.config.generation_engine, unsloth=self.backend == "unsloth")
 
     def __call__(self, prompts: List[Any], trainer: Any) -> Dict[str, Any]:
         """Play `prompts`, this process's contiguous share of the step's episodes (all of them
@@ -178,15 +189,27 @@ class CampaignRollout:
         # sampling in batches of `rollout_batch_size` = the share does.
         completed_steps = int(getattr(getattr(trainer, "state", None), "global_step", self.calls))
         first = process_index() * len(tasks)
-        episodes = play_episodes(timed, self.tokenizer, tasks, sampling=self.sampling,
-                                 max_turns=self.config.max_turns, max_context_tokens=self.config.max_seq_length,
-                                 batch_size=self.config.rollout_batch_size or len(tasks), agent_name="policy",
-                                 seed=self.config.seed * 1_000_003 + 7919 * completed_steps + first)
+        episodes = play_episodes(
+            timed,
+            self.tokenizer,
+            tasks,
+            sampling=self.sampling,
+            max_turns=self.config.max_turns,
+            max_context_tokens=self.config.max_seq_length,
+            batch_size=self.config.rollout_batch_size or len(tasks),
+            agent_name="policy",
+            seed=self.config.seed * 1_000_003 + 7919 * completed_steps + first,
+        )
         total = time.perf_counter() - start
         self.calls += 1
         self.last_episodes = episodes
-        self.timings.append({"generation_s": timed.seconds, "environment_s": total - timed.seconds,
-                             "generated_tokens": float(timed.tokens)})
+        self.timings.append(
+            {
+                "generation_s": timed.seconds,
+                "environment_s": total - timed.seconds,
+                "generated_tokens": float(timed.tokens),
+            }
+        )
         # the optimisation step these episodes train (training_log.csv counts steps from 1 too)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0)) + 1
         records = gather([episode.record for episode in episodes])  # the whole step's, on every process
@@ -197,8 +220,9 @@ class CampaignRollout:
             "completion_ids": [e.completion_ids for e in episodes],
             "logprobs": [e.logprobs for e in episodes],
             "env_mask": [e.env_mask for e in episodes],
-            "reward_components": [{name: float(e.record.reward_components.get(name, 0.0)) for name in COMPONENT_NAMES}
-                                  for e in episodes],
+            "reward_components": [
+                {name: float(e.record.reward_components.get(name, 0.0)) for name in COMPONENT_NAMES} for e in episodes
+            ],
         }
 
 
@@ -222,8 +246,9 @@ def vllm_generate_fn(trainer: Any) -> GenerateFn:
     max_completion_length, which `train` sets to the per-turn `max_new_tokens`)."""
 
     def generate(contexts: List[List[int]], sampling: Sampling):
-        _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(prompts=contexts, images=None,
-                                                                          num_generations=1)
+        _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
+            prompts=contexts, images=None, num_generations=1
+        )
         eos = trainer.processing_class.eos_token_id if hasattr(trainer.processing_class, "eos_token_id") else None
         out = []
         for ids, lps in zip(completion_ids, logprobs):

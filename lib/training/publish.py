@@ -23,14 +23,16 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def model_kind(model_dir: Path) -> str:
-    """"adapter" (a PEFT LoRA adapter) or "model" (whole weights) for a saved policy folder."""
+    """ "adapter" (a PEFT LoRA adapter) or "model" (whole weights) for a saved policy folder."""
     model_dir = Path(model_dir)
     if (model_dir / "adapter_config.json").is_file():
         return "adapter"
     if (model_dir / "config.json").is_file():
         return "model"
-    raise FileNotFoundError(f"{model_dir} holds no saved policy (no adapter_config.json or config.json): "
-                            "give the final_model_dir a training run reported")
+    raise FileNotFoundError(
+        f"{model_dir} holds no saved policy (no adapter_config.json or config.json): "
+        "give the final_model_dir a training run reported"
+    )
 
 
 def load_trained_policy(model_dir: Path) -> Tuple[Any, Any]:
@@ -63,8 +65,9 @@ def save_merged(model: Any, tokenizer: Any, out_dir: Path) -> Path:
     return out_dir
 
 
-def push_to_hub(model_dir: Path, repo_id: str, *, dry_run: bool = False, private: bool = True,
-                token: Optional[str] = None) -> Dict[str, Any]:
+def push_to_hub(
+    model_dir: Path, repo_id: str, *, dry_run: bool = False, private: bool = True, token: Optional[str] = None
+) -> Dict[str, Any]:
     """Upload a saved policy folder to the Hugging Face Hub as `repo_id` ("user/name"; created
     private if missing). `dry_run`: check the folder and the id and return the plan, sending
     nothing. Returns {"repo_id", "kind", "files": {name: bytes}, "dry_run", "url"}."""
@@ -76,8 +79,10 @@ def push_to_hub(model_dir: Path, repo_id: str, *, dry_run: bool = False, private
     if kind == "adapter":
         base = json.loads((model_dir / "adapter_config.json").read_text()).get("base_model_name_or_path", "")
         if Path(base).is_absolute():  # a local base (the CPU stand-in): nobody else can load the adapter
-            raise ValueError(f"the adapter's base model is the local folder {base}; publish merged weights "
-                             "(save_merged) or train on a model from the Hub")
+            raise ValueError(
+                f"the adapter's base model is the local folder {base}; publish merged weights "
+                "(save_merged) or train on a model from the Hub"
+            )
     plan = {"repo_id": repo_id, "kind": kind, "files": files, "dry_run": dry_run, "url": None}
     if dry_run:
         return plan
@@ -85,7 +90,8 @@ def push_to_hub(model_dir: Path, repo_id: str, *, dry_run: bool = False, private
 
     api = HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True)
-    commit = api.upload_folder(folder_path=str(model_dir), repo_id=repo_id,
-                               commit_message="CERNenv GRPO policy (lib.training)")
+    commit = api.upload_folder(
+        folder_path=str(model_dir), repo_id=repo_id, commit_message="CERNenv GRPO policy (lib.training)"
+    )
     plan["url"] = getattr(commit, "commit_url", None) or f"https://huggingface.co/{repo_id}"
     return plan

@@ -48,10 +48,20 @@ from lib.training.warm_start import sft_warm_start
 
 logger = logging.getLogger(__name__)
 
-RUN_FILES = ("training_log_csv", "reward_components_csv", "checkpoint_evals_csv", "training_curve_png",
-             "reward_components_png", "checkpoint_progression_png", "before_after_summary_png",
-             "reward_distribution_png", "before_after_metrics_json", "sample_trajectories_md", "pre_eval_jsonl",
-             "post_eval_jsonl")
+RUN_FILES = (
+    "training_log_csv",
+    "reward_components_csv",
+    "checkpoint_evals_csv",
+    "training_curve_png",
+    "reward_components_png",
+    "checkpoint_progression_png",
+    "before_after_summary_png",
+    "reward_distribution_png",
+    "before_after_metrics_json",
+    "sample_trajectories_md",
+    "pre_eval_jsonl",
+    "post_eval_jsonl",
+)
 """`EvidencePaths` attributes that belong to one training run."""
 
 
@@ -74,17 +84,31 @@ class TrainResult:
     """What the SFT warm start did (`lib.training.warm_start.sft_warm_start`), if it ran."""
 
 
-def evaluate_policy(model: Any, tokenizer: Any, specs: Sequence[EpisodeSpec], config: TrainConfig, *,
-                    agent_name: str, backend: str = "trl") -> List[Dict[str, Any]]:
+def evaluate_policy(
+    model: Any,
+    tokenizer: Any,
+    specs: Sequence[EpisodeSpec],
+    config: TrainConfig,
+    *,
+    agent_name: str,
+    backend: str = "trl",
+) -> List[Dict[str, Any]]:
     """Greedy episodes of `model` on `specs` (records as dicts, as the evidence files hold them),
     in the order of `specs`. With several processes each plays its shard and every process
     gets all the records."""
     generate = hf_generate_fn(model, tokenizer, config.generation_engine, unsloth=backend == "unsloth")
-    played = play_episodes(generate, tokenizer, shard(specs),
-                           sampling=Sampling(temperature=0.0, max_new_tokens=config.max_new_tokens),
-                           max_turns=config.max_turns, max_context_tokens=config.max_seq_length,
-                           batch_size=config.eval_batch_size, agent_name=agent_name, seed=config.seed,
-                           progress=f"held-out evaluation ({agent_name})" if is_main_process() else None)
+    played = play_episodes(
+        generate,
+        tokenizer,
+        shard(specs),
+        sampling=Sampling(temperature=0.0, max_new_tokens=config.max_new_tokens),
+        max_turns=config.max_turns,
+        max_context_tokens=config.max_seq_length,
+        batch_size=config.eval_batch_size,
+        agent_name=agent_name,
+        seed=config.seed,
+        progress=f"held-out evaluation ({agent_name})" if is_main_process() else None,
+    )
     return gather([episode.record.to_dict() for episode in played])
 
 
@@ -118,7 +142,7 @@ def drop_rows_after(csv_path: Path, step: int) -> None:
         return
     text = csv_path.read_text()
     if text and not text.endswith("\n"):
-        text = text[:text.rfind("\n") + 1]
+        text = text[: text.rfind("\n") + 1]
     rows = list(csv.reader(io.StringIO(text)))
     if not rows:
         return
@@ -137,8 +161,12 @@ def _as_int(value: str) -> Optional[int]:
         return None
 
 
-CHECKPOINT_WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin",
-                      "model.safetensors.index.json")
+CHECKPOINT_WEIGHTS = (
+    "model.safetensors",
+    "adapter_model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+)
 
 
 def checkpoint_is_complete(folder: Path) -> bool:
@@ -170,14 +198,18 @@ def _resolve_resume(config: TrainConfig) -> Optional[str]:
     if config.resume_from_checkpoint == "latest":
         last = latest_complete_checkpoint(Path(config.output_dir)) if Path(config.output_dir).is_dir() else None
         if last is None:
-            raise FileNotFoundError(f"resume_from_checkpoint='latest' but {config.output_dir} holds no complete "
-                                    "checkpoint-* folder; start a fresh run (resume_from_checkpoint=None)")
+            raise FileNotFoundError(
+                f"resume_from_checkpoint='latest' but {config.output_dir} holds no complete "
+                "checkpoint-* folder; start a fresh run (resume_from_checkpoint=None)"
+            )
         return str(last)
     if not Path(config.resume_from_checkpoint).is_dir():
         raise FileNotFoundError(f"checkpoint {config.resume_from_checkpoint} does not exist")
     if not checkpoint_is_complete(Path(config.resume_from_checkpoint)):
-        raise ValueError(f"checkpoint {config.resume_from_checkpoint} is incomplete (no weights, optimizer.pt or "
-                         "readable trainer_state.json): resume from an earlier one, or with 'latest'")
+        raise ValueError(
+            f"checkpoint {config.resume_from_checkpoint} is incomplete (no weights, optimizer.pt or "
+            "readable trainer_state.json): resume from an earlier one, or with 'latest'"
+        )
     return config.resume_from_checkpoint
 
 
@@ -189,25 +221,42 @@ def grpo_args(config: TrainConfig, **overrides: Any):
 
     cuda = torch.cuda.is_available()
     values = dict(
-        output_dir=config.output_dir, max_steps=config.max_steps, num_generations=config.num_generations,
+        output_dir=config.output_dir,
+        max_steps=config.max_steps,
+        num_generations=config.num_generations,
         per_device_train_batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=accumulation_per_process(config, num_processes()),
         learning_rate=config.learning_rate,
-        lr_scheduler_type="constant_with_warmup", warmup_steps=0, beta=config.beta, epsilon=config.epsilon,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=0,
+        beta=config.beta,
+        epsilon=config.epsilon,
         scale_rewards=config.scale_rewards,
         # TRL divides logits by this temperature when it scores completions: it must be the sampling one.
-        temperature=config.temperature, top_p=config.top_p,
+        temperature=config.temperature,
+        top_p=config.top_p,
         max_completion_length=config.max_new_tokens if config.use_vllm else config.max_seq_length,
-        max_grad_norm=config.max_grad_norm, logging_steps=config.logging_steps, save_strategy="steps",
-        save_steps=config.save_steps, seed=config.seed, data_seed=config.seed, shuffle_dataset=False,
-        report_to=list(config.report_to) or "none", use_cpu=not cuda, **precision_flags(),
+        max_grad_norm=config.max_grad_norm,
+        logging_steps=config.logging_steps,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        seed=config.seed,
+        data_seed=config.seed,
+        shuffle_dataset=False,
+        report_to=list(config.report_to) or "none",
+        use_cpu=not cuda,
+        **precision_flags(),
         # TRL turns activation recomputation on by default: it saves GPU memory; on a CPU it only
         # costs a second forward pass per step (the stand-in's activations fit in memory many times over)
-        gradient_checkpointing=cuda, use_vllm=config.use_vllm, disable_tqdm=True,
+        gradient_checkpointing=cuda,
+        use_vllm=config.use_vllm,
+        disable_tqdm=True,
         # several processes (DDP): every trainable weight takes part in each forward pass, so DDP
         # need not search the graph for unused ones (it warned that the search found none)
         ddp_find_unused_parameters=False,
-        dataloader_num_workers=0, remove_unused_columns=False)
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
     if config.use_vllm:
         values.update(vllm_mode="colocate")
     values.update(overrides)
@@ -217,9 +266,11 @@ def grpo_args(config: TrainConfig, **overrides: Any):
 def accumulation_per_process(config: TrainConfig, processes: int) -> int:
     """`config.gradient_accumulation_steps` shared among `processes` (an error if it does not divide)."""
     if config.gradient_accumulation_steps % processes:
-        raise ValueError(f"gradient_accumulation_steps ({config.gradient_accumulation_steps}) must be a multiple of "
-                         f"the number of processes ({processes}): each process plays an equal share of a step's "
-                         f"{config.episodes_per_step} episodes; change one of them")
+        raise ValueError(
+            f"gradient_accumulation_steps ({config.gradient_accumulation_steps}) must be a multiple of "
+            f"the number of processes ({processes}): each process plays an equal share of a step's "
+            f"{config.episodes_per_step} episodes; change one of them"
+        )
     return config.gradient_accumulation_steps // processes
 
 
@@ -232,9 +283,11 @@ def train(config: TrainConfig) -> TrainResult:
 
     accumulation_per_process(config, num_processes())  # fails before anything is loaded or moved
     if config.warm_start_episodes and resolve_model_name(config) in (TINY_MODEL, TINY_UNTRAINED_MODEL):
-        raise ValueError(f"warm_start_episodes is for a Hugging Face model, not the CPU stand-in "
-                         f"{resolve_model_name(config)} ({TINY_MODEL} comes warm-started: lib.policy_model); "
-                         "give model_name, or set warm_start_episodes=0")
+        raise ValueError(
+            f"warm_start_episodes is for a Hugging Face model, not the CPU stand-in "
+            f"{resolve_model_name(config)} ({TINY_MODEL} comes warm-started: lib.policy_model); "
+            "give model_name, or set warm_start_episodes=0"
+        )
     resume = _resolve_resume(config)
     output_dir = Path(config.output_dir)
     paths = EvidencePaths(Path(config.evidence_dir))
@@ -258,8 +311,13 @@ def train(config: TrainConfig) -> TrainResult:
             policy.model.save_pretrained(str(output_dir / "warm_start"))
             tokenizer.save_pretrained(str(output_dir / "warm_start"))
         seconds["warm_start"] = time.perf_counter() - t
-        logger.info("SFT warm start: %d campaigns, %d steps, loss %.3f -> %.3f", warm["episodes"], warm["steps"],
-                    warm["first_loss"] or float("nan"), warm["last_loss"] or float("nan"))
+        logger.info(
+            "SFT warm start: %d campaigns, %d steps, loss %.3f -> %.3f",
+            warm["episodes"],
+            warm["steps"],
+            warm["first_loss"] or float("nan"),
+            warm["last_loss"] or float("nan"),
+        )
     eval_specs, checkpoint_specs = evaluation_suite(config), checkpoint_suite(config)
 
     t = time.perf_counter()
@@ -280,9 +338,14 @@ def train(config: TrainConfig) -> TrainResult:
         keys = [task_key(s.seed, s.scenario, s.difficulty) for s in checkpoint_specs]
         return [by_key[k] for k in keys] if all(k in by_key for k in keys) else None
 
-    callback = EvidenceCallback(paths, eval_every_steps=config.eval_every_steps, evaluate=evaluate_checkpoint,
-                                max_steps=config.max_steps, final_from_post_eval=bool(config.eval_every_steps),
-                                write=main)
+    callback = EvidenceCallback(
+        paths,
+        eval_every_steps=config.eval_every_steps,
+        evaluate=evaluate_checkpoint,
+        max_steps=config.max_steps,
+        final_from_post_eval=bool(config.eval_every_steps),
+        write=main,
+    )
     if resume is None:  # step 0: the initial policy, from the pre-evaluation when it covers the subset
         callback.record_checkpoint(0, policy.model, episodes=checkpoint_subset(pre))
     elif main:
@@ -292,10 +355,16 @@ def train(config: TrainConfig) -> TrainResult:
     wait_for_everyone()  # the logs are cut before any process appends to them
 
     rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root if main else None, backend=backend)
-    trainer = GRPOTrainer(model=policy.model, reward_funcs=REWARD_FUNCS, args=grpo_args(config),
-                          train_dataset=training_dataset(config), processing_class=tokenizer,
-                          peft_config=policy.peft_config, rollout_func=rollout,
-                          callbacks=[callback, *([ProgressLog("GRPO training")] if main else [])])
+    trainer = GRPOTrainer(
+        model=policy.model,
+        reward_funcs=REWARD_FUNCS,
+        args=grpo_args(config),
+        train_dataset=training_dataset(config),
+        processing_class=tokenizer,
+        peft_config=policy.peft_config,
+        rollout_func=rollout,
+        callbacks=[callback, *([ProgressLog("GRPO training")] if main else [])],
+    )
     t = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
     seconds["grpo"] = time.perf_counter() - t
@@ -312,22 +381,32 @@ def train(config: TrainConfig) -> TrainResult:
     seconds["post_eval"] = time.perf_counter() - t
     if callback.final_from_post_eval:  # the last step's checkpoint row, from the post-training evaluation
         t = time.perf_counter()
-        callback.record_checkpoint(trainer.state.global_step, trainer.model, max_steps=config.max_steps,
-                                   episodes=checkpoint_subset(post))
+        callback.record_checkpoint(
+            trainer.state.global_step, trainer.model, max_steps=config.max_steps, episodes=checkpoint_subset(post)
+        )
         seconds["checkpoint_evals"] += time.perf_counter() - t
     merged_dir = published = None
     rendered: Dict[str, Any] = {}
     if main:
         merged_dir = save_merged(trainer.model, tokenizer, output_dir / "merged") if config.save_merged else None
-        published = (push_to_hub(merged_dir or final_dir, config.hub_repo_id, dry_run=config.hub_dry_run)
-                     if config.hub_repo_id else None)
+        published = (
+            push_to_hub(merged_dir or final_dir, config.hub_repo_id, dry_run=config.hub_dry_run)
+            if config.hub_repo_id
+            else None
+        )
         rendered = render_all(paths)
     wait_for_everyone()
     seconds["total"] = time.perf_counter() - start
-    return TrainResult(config=config.to_dict(), backend=backend, model_name=policy.model_name,
-                       final_model_dir=str(final_dir),
-                       evidence={k: (str(v) if v else None) for k, v in rendered.items()},
-                       before_after=before_after_metrics(pre, post), seconds=seconds,
-                       checkpoint_evals=callback.checkpoint_results,
-                       merged_model_dir=str(merged_dir) if merged_dir else None, published=published,
-                       warm_start=warm)
+    return TrainResult(
+        config=config.to_dict(),
+        backend=backend,
+        model_name=policy.model_name,
+        final_model_dir=str(final_dir),
+        evidence={k: (str(v) if v else None) for k, v in rendered.items()},
+        before_after=before_after_metrics(pre, post),
+        seconds=seconds,
+        checkpoint_evals=callback.checkpoint_results,
+        merged_model_dir=str(merged_dir) if merged_dir else None,
+        published=published,
+        warm_start=warm,
+    )

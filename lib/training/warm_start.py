@@ -40,8 +40,9 @@ SIGNIFICANT_DIGITS = 4
 """Numbers in the demonstrated actions are rounded to this many significant digits."""
 
 
-def demonstration_examples(tokenizer: Any, n_episodes: int, *, first_seed: int = SFT_SEED,
-                           significant_digits: int = SIGNIFICANT_DIGITS) -> List[Dict[str, List[int]]]:
+def demonstration_examples(
+    tokenizer: Any, n_episodes: int, *, first_seed: int = SFT_SEED, significant_digits: int = SIGNIFICANT_DIGITS
+) -> List[Dict[str, List[int]]]:
     """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"} (1 on the
     action tokens the policy would write, eos included; 0 on the prompt and the environment's
     text), in `ChatLayout`'s token layout for `tokenizer`."""
@@ -86,22 +87,49 @@ def sft_warm_start(policy: Policy, config: TrainConfig) -> Dict[str, Any]:
     examples = demonstration_examples(policy.tokenizer, config.warm_start_episodes)
     too_long = sum(len(e["input_ids"]) > config.max_seq_length for e in examples)
     if too_long:
-        logger.warning("%d of %d demonstrations are longer than max_seq_length=%d tokens: their ends are cut",
-                       too_long, len(examples), config.max_seq_length)
+        logger.warning(
+            "%d of %d demonstrations are longer than max_seq_length=%d tokens: their ends are cut",
+            too_long,
+            len(examples),
+            config.max_seq_length,
+        )
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory(prefix="warm-start-") as work:
         args = SFTConfig(
-            output_dir=work, num_train_epochs=config.warm_start_epochs, per_device_train_batch_size=1,
-            learning_rate=config.warm_start_learning_rate, lr_scheduler_type="cosine", warmup_steps=0.05,
-            seed=config.seed, logging_steps=1, save_strategy="no", report_to=[], completion_only_loss=True,
-            max_length=config.max_seq_length, use_cpu=not cuda, dataloader_num_workers=0, disable_tqdm=True,
-            gradient_checkpointing=cuda, **precision_flags())
-        trainer = SFTTrainer(model=policy.model, args=args, train_dataset=Dataset.from_list(examples),
-                             processing_class=policy.tokenizer, peft_config=policy.peft_config)
+            output_dir=work,
+            num_train_epochs=config.warm_start_epochs,
+            per_device_train_batch_size=1,
+            learning_rate=config.warm_start_learning_rate,
+            lr_scheduler_type="cosine",
+            warmup_steps=0.05,
+            seed=config.seed,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            completion_only_loss=True,
+            max_length=config.max_seq_length,
+            use_cpu=not cuda,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            gradient_checkpointing=cuda,
+            **precision_flags(),
+        )
+        trainer = SFTTrainer(
+            model=policy.model,
+            args=args,
+            train_dataset=Dataset.from_list(examples),
+            processing_class=policy.tokenizer,
+            peft_config=policy.peft_config,
+        )
         trainer.train()
     policy.model = trainer.model
     policy.peft_config = None
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    return {"episodes": len(examples), "tokens": sum(len(e["input_ids"]) for e in examples),
-            "action_tokens": sum(sum(e["completion_mask"]) for e in examples), "steps": trainer.state.global_step,
-            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
+    return {
+        "episodes": len(examples),
+        "tokens": sum(len(e["input_ids"]) for e in examples),
+        "action_tokens": sum(sum(e["completion_mask"]) for e in examples),
+        "steps": trainer.state.global_step,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+    }
