@@ -19,3 +19,15 @@ def model(tokenizer):
     from lib.policy_model import build_tiny_model
 
     return build_tiny_model(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tokenizer, tmp_path_factory):
+    """The same random model (a fresh copy: no test's changes to `model`) and the tokenizer, saved as
+    any Hugging Face model is and loaded by its folder's name."""
+    from lib.policy_model import build_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny")
+    build_tiny_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -12,43 +12,56 @@ import torch
 
 from cernenv.rewards import COMPONENT_NAMES
 from lib.evaluation import HELDOUT_SEED_START, heldout_suite
-from lib.policy_model import build_tiny_model, sft_examples
+from lib.policy_model import sft_examples
 from lib.records import load_episodes_jsonl
-from lib.tokenizer import build_tokenizer
 from lib.training import TrainConfig
 from lib.training.backends import resolve_backend, unsloth_available
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, training_dataset, training_tasks
 from lib.training.run import drop_rows_after, train
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    """A randomly initialised tiny model saved like any Hugging Face model (no SFT: fast)."""
-    tokenizer = build_tokenizer()
-    path = tmp_path_factory.mktemp("tiny")
-    build_tiny_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def smoke_config(tmp_path, model_dir, **overrides):
-    values = dict(model_name=model_dir, backend="trl", lora_r=0, max_steps=2, num_generations=2,
-                  per_device_train_batch_size=1, gradient_accumulation_steps=2, max_turns=3, max_new_tokens=16,
-                  eval_episodes=3,
-                  checkpoint_eval_episodes=4, eval_every_steps=1, save_steps=1, learning_rate=1e-3,
-                  evidence_dir=str(tmp_path / "evidence"), output_dir=str(tmp_path / "out"))
+    values = dict(
+        model_name=model_dir,
+        backend="trl",
+        lora_r=0,
+        max_steps=2,
+        num_generations=2,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=2,
+        max_turns=3,
+        max_new_tokens=16,
+        eval_episodes=3,
+        checkpoint_eval_episodes=4,
+        eval_every_steps=1,
+        save_steps=1,
+        learning_rate=1e-3,
+        evidence_dir=str(tmp_path / "evidence"),
+        output_dir=str(tmp_path / "out"),
+    )
     values.update(overrides)
     return TrainConfig(**values)
 
 
 def test_config_rejects_bad_values_with_every_reason():
     with pytest.raises(ValueError) as error:
-        TrainConfig(backend="jax", num_generations=4, per_device_train_batch_size=6, gradient_accumulation_steps=1,
-                    temperature=0.0, scale_rewards="std",
-                    scenarios=("atlantis",))
+        TrainConfig(
+            backend="jax",
+            num_generations=4,
+            per_device_train_batch_size=6,
+            gradient_accumulation_steps=1,
+            temperature=0.0,
+            scale_rewards="std",
+            scenarios=("atlantis",),
+        )
     message = str(error.value)
-    for fragment in ("backend must be one of", "multiple of", "temperature must be > 0", "unknown scenarios",
-                     "scale_rewards must be one of"):
+    for fragment in (
+        "backend must be one of",
+        "multiple of",
+        "temperature must be > 0",
+        "unknown scenarios",
+        "scale_rewards must be one of",
+    ):
         assert fragment in message
     with pytest.raises(ValueError, match="a group of one has no baseline"):
         TrainConfig(num_generations=1)
@@ -128,8 +141,9 @@ def test_rollout_func_plays_each_group_on_one_task(tiny_model_dir):
     FakeTrainer.model = model
     config = TrainConfig(max_turns=2, max_new_tokens=8, num_generations=2, per_device_train_batch_size=4)
     rollout = CampaignRollout(config, tokenizer)
-    prompts = [json.dumps({"seed": 7, "scenario": None, "difficulty": "easy"})] * 2 + \
-              [json.dumps({"seed": 8, "scenario": "higgs_4l_125", "difficulty": None})] * 2
+    prompts = [json.dumps({"seed": 7, "scenario": None, "difficulty": "easy"})] * 2 + [
+        json.dumps({"seed": 8, "scenario": "higgs_4l_125", "difficulty": None})
+    ] * 2
     out = rollout(prompts, FakeTrainer())
     assert set(out) == {"prompt_ids", "completion_ids", "logprobs", "env_mask", "reward_components"}
     assert out["prompt_ids"][0] == out["prompt_ids"][1] != out["prompt_ids"][2] == out["prompt_ids"][3]
@@ -161,16 +175,26 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
     events.Reload()
     assert [e.step for e in events.Scalars("train/reward")] == [1, 2], events.Tags()["scalars"]
     evidence = Path(config.evidence_dir)
-    for name in ("training_log.csv", "reward_components.csv", "checkpoint_evals.csv", "pre_eval.jsonl",
-                 "post_eval.jsonl", "before_after_metrics.json", "sample_trajectories.md", "training_curve.png"):
+    for name in (
+        "training_log.csv",
+        "reward_components.csv",
+        "checkpoint_evals.csv",
+        "pre_eval.jsonl",
+        "post_eval.jsonl",
+        "before_after_metrics.json",
+        "sample_trajectories.md",
+        "training_curve.png",
+    ):
         assert (evidence / name).exists(), name
     log = (evidence / "training_log.csv").read_text().splitlines()
     assert log[0].split(",")[:3] == ["step", "epoch", "loss"] and len(log) == 1 + config.max_steps
     checkpoints = (evidence / "checkpoint_evals.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in checkpoints[1:]] == ["0", "1", "2"]
     assert all(row.split(",")[2] == str(config.checkpoint_eval_episodes) for row in checkpoints[1:])
-    pre, post = load_episodes_jsonl(str(evidence / "pre_eval.jsonl")), load_episodes_jsonl(
-        str(evidence / "post_eval.jsonl"))
+    pre, post = (
+        load_episodes_jsonl(str(evidence / "pre_eval.jsonl")),
+        load_episodes_jsonl(str(evidence / "post_eval.jsonl")),
+    )
     assert len(pre) == len(post) == 3 and [e["seed"] for e in pre] == [e["seed"] for e in post]
     first, last = (row.split(",") for row in (checkpoints[1], checkpoints[-1]))
     assert float(first[3]) == pytest.approx(pre[0]["cumulative_reward"]), "step 0 is the policy before training"
@@ -179,8 +203,9 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
     assert (Path(config.output_dir) / "final" / "config.json").exists()
     assert TrainConfig.load(Path(config.output_dir) / "train_config.json") == config
     # resume: one more step from the last checkpoint, logs continue without duplicates
-    resumed = smoke_config(tmp_path, tiny_model_dir, max_steps=3, resume_from_checkpoint="latest",
-                           checkpoint_eval_episodes=1)
+    resumed = smoke_config(
+        tmp_path, tiny_model_dir, max_steps=3, resume_from_checkpoint="latest", checkpoint_eval_episodes=1
+    )
     train(resumed)
     steps = [row.split(",")[0] for row in (evidence / "training_log.csv").read_text().splitlines()[1:]]
     assert steps == ["1", "2", "3"]
@@ -217,8 +242,17 @@ def test_lora_run_saves_the_adapter_merges_it_and_plans_the_hub_push(tmp_path, t
     from lib.multiturn import Sampling, hf_generate_fn, play_episodes
     from lib.training.publish import load_trained_policy, model_kind, push_to_hub
 
-    config = smoke_config(tmp_path, tiny_model_dir, lora_r=4, max_steps=1, eval_every_steps=0, save_merged=True,
-                          hub_repo_id="someone/cernenv-policy", hub_dry_run=True, learning_rate=5e-2)
+    config = smoke_config(
+        tmp_path,
+        tiny_model_dir,
+        lora_r=4,
+        max_steps=1,
+        eval_every_steps=0,
+        save_merged=True,
+        hub_repo_id="someone/cernenv-policy",
+        hub_dry_run=True,
+        learning_rate=5e-2,
+    )
     result = train(config)
     final, merged = Path(result.final_model_dir), Path(result.merged_model_dir)
     assert model_kind(final) == "adapter" and model_kind(merged) == "model"
@@ -234,8 +268,9 @@ def test_lora_run_saves_the_adapter_merges_it_and_plans_the_hub_push(tmp_path, t
     played = {}
     for name, folder in (("adapter", final), ("merged", merged)):
         model, tokenizer = load_trained_policy(folder)
-        played[name] = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, [(3, None, "easy")],
-                                     sampling=greedy, max_turns=2)[0].completion_ids
+        played[name] = play_episodes(
+            hf_generate_fn(model, tokenizer), tokenizer, [(3, None, "easy")], sampling=greedy, max_turns=2
+        )[0].completion_ids
     assert played["adapter"] == played["merged"]
 
 
@@ -274,12 +309,21 @@ def test_a_resumed_run_repeats_the_run_that_was_not_interrupted(tmp_path, tiny_m
     (out / "checkpoint-3" / "optimizer.pt").unlink()
     for name in ("training_log.csv", "reward_components.csv"):
         text = (evidence / name).read_text()
-        (evidence / name).write_text(text[:text.rstrip("\n").rfind("\n") + 1] + "3,0.1")
+        (evidence / name).write_text(text[: text.rstrip("\n").rfind("\n") + 1] + "3,0.1")
     from lib.training.run import latest_complete_checkpoint
 
     assert latest_complete_checkpoint(out) == out / "checkpoint-2"
-    train(smoke_config(tmp_path, tiny_model_dir, max_steps=3, eval_every_steps=0, save_steps=1, temperature=1.0,
-                       resume_from_checkpoint="latest"))
+    train(
+        smoke_config(
+            tmp_path,
+            tiny_model_dir,
+            max_steps=3,
+            eval_every_steps=0,
+            save_steps=1,
+            temperature=1.0,
+            resume_from_checkpoint="latest",
+        )
+    )
     assert len(sampled) == 4 and sampled[-1] == step_3, "the resumed step 3 sampled other episodes"
     assert _rows_by_step(evidence / "training_log.csv") == whole_log
     assert _rows_by_step(evidence / "reward_components.csv") == whole_rollouts

@@ -9,31 +9,21 @@ import torch
 
 from lib.evaluation import heldout_suite
 from lib.multiturn import play_episodes
-from lib.policy_model import SFT_SEED, build_tiny_model
+from lib.policy_model import SFT_SEED
 from lib.prompting import Sampling
-from lib.tokenizer import build_tokenizer, corpus_specs
+from lib.tokenizer import corpus_specs
 from lib.training import TrainConfig
 from lib.training.backends import load_policy
 from lib.training.run import train
 from lib.training.warm_start import demonstration_examples, sft_warm_start
 
 
-@pytest.fixture(scope="module")
-def hf_model_dir(tmp_path_factory):
-    """A randomly initialised tiny model saved as any Hugging Face model is (loaded by name)."""
-    tokenizer = build_tokenizer()
-    path = tmp_path_factory.mktemp("hf-tiny")
-    build_tiny_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-def test_demonstrations_are_laid_out_as_grpo_plays_them(hf_model_dir):
+def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
     """A demonstration replayed through `play_episodes` (a generator that writes the
     demonstrated replies) gives the same tokens, and its action mask is GRPO's env_mask."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(hf_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     (example,) = demonstration_examples(tokenizer, 1)
     ids, mask = example["input_ids"], example["completion_mask"]
     replies, start = [], None  # the runs of action tokens, in order
@@ -63,9 +53,15 @@ def test_demonstrations_never_use_an_evaluation_seed():
 
 
 @pytest.mark.slow  # a training run (trl 1.15, the GPU set, needs triton for it)
-def test_warm_start_trains_the_lora_adapter_on_the_actions(hf_model_dir):
-    config = TrainConfig(model_name=hf_model_dir, backend="trl", lora_r=8, warm_start_episodes=2,
-                         warm_start_epochs=3, warm_start_learning_rate=5e-3)
+def test_warm_start_trains_the_lora_adapter_on_the_actions(tiny_model_dir):
+    config = TrainConfig(
+        model_name=tiny_model_dir,
+        backend="trl",
+        lora_r=8,
+        warm_start_episodes=2,
+        warm_start_epochs=3,
+        warm_start_learning_rate=5e-3,
+    )
     policy = load_policy(config, "trl")
     report = sft_warm_start(policy, config)
     assert policy.peft_config is None, "GRPO must go on training this adapter, not wrap a new one"
@@ -79,20 +75,39 @@ def test_warm_start_trains_the_lora_adapter_on_the_actions(hf_model_dir):
 
 
 def test_the_stand_in_refuses_a_second_warm_start(tmp_path):
-    config = TrainConfig(model_name="cernenv-tiny-untrained", warm_start_episodes=4,
-                         evidence_dir=str(tmp_path / "evidence"), output_dir=str(tmp_path / "out"))
+    config = TrainConfig(
+        model_name="cernenv-tiny-untrained",
+        warm_start_episodes=4,
+        evidence_dir=str(tmp_path / "evidence"),
+        output_dir=str(tmp_path / "out"),
+    )
     with pytest.raises(ValueError, match="warm_start_episodes is for a Hugging Face model"):
         train(config)
     assert not (tmp_path / "out").exists(), "refused before anything was written"
 
 
 @pytest.mark.slow
-def test_a_run_with_a_warm_start_saves_it_and_grpo_trains_the_same_adapter(tmp_path, hf_model_dir):
-    config = TrainConfig(model_name=hf_model_dir, backend="trl", lora_r=8, warm_start_episodes=1, warm_start_epochs=3,
-                         warm_start_learning_rate=5e-3, max_steps=1, num_generations=2,
-                         per_device_train_batch_size=1, gradient_accumulation_steps=2, max_turns=2, max_new_tokens=16,
-                         eval_episodes=2, checkpoint_eval_episodes=2, eval_every_steps=0, save_steps=1,
-                         evidence_dir=str(tmp_path / "evidence"), output_dir=str(tmp_path / "out"))
+def test_a_run_with_a_warm_start_saves_it_and_grpo_trains_the_same_adapter(tmp_path, tiny_model_dir):
+    config = TrainConfig(
+        model_name=tiny_model_dir,
+        backend="trl",
+        lora_r=8,
+        warm_start_episodes=1,
+        warm_start_epochs=3,
+        warm_start_learning_rate=5e-3,
+        max_steps=1,
+        num_generations=2,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=2,
+        max_turns=2,
+        max_new_tokens=16,
+        eval_episodes=2,
+        checkpoint_eval_episodes=2,
+        eval_every_steps=0,
+        save_steps=1,
+        evidence_dir=str(tmp_path / "evidence"),
+        output_dir=str(tmp_path / "out"),
+    )
     result = train(config)
     assert result.warm_start["episodes"] == 1 and result.warm_start["steps"] == 3
     warm = Path(config.output_dir) / "warm_start"
