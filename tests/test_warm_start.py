@@ -15,7 +15,7 @@ from lib.tokenizer import corpus_specs
 from lib.training import TrainConfig
 from lib.training.backends import load_policy
 from lib.training.run import train
-from lib.training.warm_start import demonstration_examples, sft_warm_start
+from lib.training.warm_start import demonstration_examples, loss_mask, sft_trainer, sft_warm_start
 
 
 def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
@@ -52,6 +52,19 @@ def test_demonstrations_never_use_an_evaluation_seed():
     assert not suite & {spec["seed"] for spec in corpus_specs(200, SFT_SEED)}
 
 
+def test_the_trainer_s_loss_covers_the_actions_and_nothing_else(tiny_model_dir, tmp_path):
+    """What TRL makes of `completion_mask` (its collated labels), read back from the trainer,
+    under whichever TRL is installed (1.16 here, 1.15 in the GPU set)."""
+    config = TrainConfig(model_name=tiny_model_dir, backend="trl", lora_r=8, warm_start_episodes=2)
+    policy = load_policy(config, "trl")
+    examples = demonstration_examples(policy.tokenizer, 2)
+    trainer = sft_trainer(policy, config, examples, str(tmp_path))
+    masks = loss_mask(trainer)
+    assert len(masks) == 2
+    for mask, example in zip(masks, examples):
+        assert mask == [bool(bit) for bit in example["completion_mask"]]
+
+
 @pytest.mark.slow  # a training run (trl 1.15, the GPU set, needs triton for it)
 def test_warm_start_trains_the_lora_adapter_on_the_actions(tiny_model_dir):
     config = TrainConfig(
@@ -70,6 +83,7 @@ def test_warm_start_trains_the_lora_adapter_on_the_actions(tiny_model_dir):
     base = [p for name, p in policy.model.named_parameters() if "lora_" not in name]
     assert not any(p.requires_grad for p in base), "only the adapter trains"
     assert report["episodes"] == 2 and report["steps"] == 6
+    assert report["loss_tokens"] == report["action_tokens"]
     assert 0 < report["action_tokens"] < 0.2 * report["tokens"], "the loss covers the actions, not the observations"
     assert report["last_loss"] < report["first_loss"]
 

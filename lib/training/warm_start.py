@@ -75,15 +75,57 @@ def demonstration_examples(
     return examples
 
 
-def sft_warm_start(policy: Policy, config: TrainConfig) -> Dict[str, Any]:
-    """Fine-tune `policy` in place on `config.warm_start_episodes` demonstrations; afterwards
-    `policy.model` is the trained model (a PEFT model when `policy.peft_config` was given, which
-    is then cleared: GRPO goes on training the same adapter). Returns what it did: examples,
-    tokens, losses."""
+def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, List[int]]], output_dir: str):
+    """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
+    `policy.peft_config` is given, loss on the `completion_mask` tokens, the device's precision."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    cuda = torch.cuda.is_available()
+    args = SFTConfig(
+        output_dir=output_dir,
+        num_train_epochs=config.warm_start_epochs,
+        per_device_train_batch_size=1,
+        learning_rate=config.warm_start_learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=0.05,
+        seed=config.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        completion_only_loss=True,
+        max_length=config.max_seq_length,
+        use_cpu=not cuda,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        gradient_checkpointing=cuda,
+        **precision_flags(),
+    )
+    return SFTTrainer(
+        model=policy.model,
+        args=args,
+        train_dataset=Dataset.from_list(examples),
+        processing_class=policy.tokenizer,
+        peft_config=policy.peft_config,
+    )
+
+
+def loss_mask(trainer: Any) -> List[List[bool]]:
+    """Per training example, which tokens the trainer's loss covers (its collated labels != -100):
+    what TRL made of `completion_mask`, read back rather than assumed."""
+    masks = []
+    for example in trainer.train_dataset:
+        labels = trainer.data_collator([example])["labels"][0]
+        masks.append((labels != -100).tolist())
+    return masks
+
+
+def sft_warm_start(policy: Policy, config: TrainConfig) -> Dict[str, Any]:
+    """Fine-tune `policy` in place on `config.warm_start_episodes` demonstrations; afterwards
+    `policy.model` is the trained model (a PEFT model when `policy.peft_config` was given, which
+    is then cleared: GRPO goes on training the same adapter). Returns what it did: examples,
+    tokens, the tokens the loss covered, losses."""
     examples = demonstration_examples(policy.tokenizer, config.warm_start_episodes)
     too_long = sum(len(e["input_ids"]) > config.max_seq_length for e in examples)
     if too_long:
@@ -93,34 +135,9 @@ def sft_warm_start(policy: Policy, config: TrainConfig) -> Dict[str, Any]:
             len(examples),
             config.max_seq_length,
         )
-    cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory(prefix="warm-start-") as work:
-        args = SFTConfig(
-            output_dir=work,
-            num_train_epochs=config.warm_start_epochs,
-            per_device_train_batch_size=1,
-            learning_rate=config.warm_start_learning_rate,
-            lr_scheduler_type="cosine",
-            warmup_steps=0.05,
-            seed=config.seed,
-            logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            completion_only_loss=True,
-            max_length=config.max_seq_length,
-            use_cpu=not cuda,
-            dataloader_num_workers=0,
-            disable_tqdm=True,
-            gradient_checkpointing=cuda,
-            **precision_flags(),
-        )
-        trainer = SFTTrainer(
-            model=policy.model,
-            args=args,
-            train_dataset=Dataset.from_list(examples),
-            processing_class=policy.tokenizer,
-            peft_config=policy.peft_config,
-        )
+        trainer = sft_trainer(policy, config, examples, work)
+        loss_tokens = sum(sum(mask) for mask in loss_mask(trainer))
         trainer.train()
     policy.model = trainer.model
     policy.peft_config = None
@@ -129,6 +146,7 @@ def sft_warm_start(policy: Policy, config: TrainConfig) -> Dict[str, Any]:
         "episodes": len(examples),
         "tokens": sum(len(e["input_ids"]) for e in examples),
         "action_tokens": sum(sum(e["completion_mask"]) for e in examples),
+        "loss_tokens": loss_tokens,
         "steps": trainer.state.global_step,
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
