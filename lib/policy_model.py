@@ -273,3 +273,20 @@ def warm_start(
     # that loads (the model trained in memory had no name: the full run's adapter_config.json said
     # "base_model_name_or_path": null, and loading the trained policy went to the Hugging Face Hub)
     return Qwen2ForCausalLM.from_pretrained(target)
+
+
+def main() -> int:
+    """`python -m lib.policy_model`: build the stand-in's warm start in this one process (or find it
+    cached) and print its folder. A run in several processes needs it built first: a Trainer in the
+    main process alone would wait forever on the others (`lib.training.processes`)."""
+    from lib.tokenizer import build_tokenizer
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    tokenizer = build_tokenizer()
+    warm_start(tokenizer)
+    print(cached_model_dir(tokenizer))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -212,3 +212,19 @@ def test_two_processes_write_what_one_process_writes(tmp_path, first_action_mode
     assert (apart.abs() > 1e-5).float().mean() < 1e-3
     result = json.loads((two / "out" / "train_result.json").read_text())
     assert result["config"]["gradient_accumulation_steps"] == 4, "the config keeps the run's episodes per step"
+
+
+def test_several_processes_refuse_to_build_the_stand_in_s_warm_start(tmp_path, monkeypatch):
+    """Built by the main process alone, its Trainer would wait forever on the others: a run in
+    several processes asks for it to be built first, before it writes anything."""
+    from lib import policy_model
+    from lib.training import run
+
+    monkeypatch.setattr(run, "num_processes", lambda: 2)
+    monkeypatch.setattr(policy_model, "cached_model_dir", lambda tokenizer: tmp_path / "not-built")
+    config = TrainConfig(
+        model_name="cernenv-tiny", evidence_dir=str(tmp_path / "evidence"), output_dir=str(tmp_path / "out")
+    )
+    with pytest.raises(RuntimeError, match="python -m lib.policy_model"):
+        run.train(config)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "evidence").exists()

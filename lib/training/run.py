@@ -282,6 +282,16 @@ def train(config: TrainConfig) -> TrainResult:
     from trl import GRPOTrainer
 
     accumulation_per_process(config, num_processes())  # fails before anything is loaded or moved
+    if num_processes() > 1 and resolve_model_name(config) == TINY_MODEL:
+        from lib.policy_model import cached_model_dir
+        from lib.tokenizer import build_tokenizer
+
+        if not (cached_model_dir(build_tokenizer()) / "config.json").exists():
+            raise RuntimeError(
+                f"the {TINY_MODEL} stand-in's warm start is not built yet, and it must be built in one process "
+                "(its Trainer in the main process alone would wait on the others): run `python -m "
+                "lib.policy_model` once (~66 min on 2 cores; it is cached), then launch again"
+            )
     if config.warm_start_episodes and resolve_model_name(config) in (TINY_MODEL, TINY_UNTRAINED_MODEL):
         raise ValueError(
             f"warm_start_episodes is for a Hugging Face model, not the CPU stand-in "
@@ -299,7 +309,7 @@ def train(config: TrainConfig) -> TrainResult:
         config.save(output_dir / "train_config.json")
     wait_for_everyone()
 
-    with main_process_first():  # a model built on first use (the stand-in's warm start) is built once
+    with main_process_first():  # a model fetched or built on first use (a Hub download) is fetched once
         policy = load_policy(config, backend)
     tokenizer = policy.tokenizer
     seconds["load"] = time.perf_counter() - start
