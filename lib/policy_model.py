@@ -278,7 +278,8 @@ def warm_start(
 def main() -> int:
     """`python -m lib.policy_model`: build the stand-in's warm start in this one process (or find it
     cached) and print its folder. A run in several processes needs it built first: a Trainer in the
-    main process alone would wait forever on the others (`lib.training.processes`)."""
+    main process alone falls out of step with the other processes' collectives (tried: the run
+    crashed, "Connection closed by peer")."""
     from lib.tokenizer import build_tokenizer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

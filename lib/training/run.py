@@ -289,8 +289,8 @@ def train(config: TrainConfig) -> TrainResult:
         if not (cached_model_dir(build_tokenizer()) / "config.json").exists():
             raise RuntimeError(
                 f"the {TINY_MODEL} stand-in's warm start is not built yet, and it must be built in one process "
-                "(its Trainer in the main process alone would wait on the others): run `python -m "
-                "lib.policy_model` once (~66 min on 2 cores; it is cached), then launch again"
+                "(its Trainer in the main process alone falls out of step with the others' collectives): "
+                "run `python -m lib.policy_model` once (~66 min on 2 cores; it is cached), then launch again"
             )
     if config.warm_start_episodes and resolve_model_name(config) in (TINY_MODEL, TINY_UNTRAINED_MODEL):
         raise ValueError(
