@@ -1,18 +1,20 @@
 """The SFT warm start of a Hugging Face policy: heuristic campaigns, in the tokens GRPO plays.
 
 A small instruct model (Qwen2.5-1.5B-Instruct) knows JSON but not this environment's verbs,
-channels and numbers: most of its first GRPO episodes are refused actions, every episode of a
-group earns the same, and the groups carry no signal. `TrainConfig.warm_start_episodes > 0`
-first fine-tunes it (its LoRA adapter, or every weight with `lora_r=0`) on `HeuristicAgent`
-campaigns, so GRPO starts from a policy that plays valid campaigns and improves on them.
+channels and numbers: where its first GRPO episodes are all refused actions, every episode of a
+group earns the same and the groups carry no signal (how often that happens to a given model
+has not been measured here: no weights can be downloaded on the project's machines).
+`TrainConfig.warm_start_episodes > 0` first fine-tunes it (its LoRA adapter, or every weight
+with `lora_r=0`) on `HeuristicAgent` campaigns, so GRPO starts from a policy that plays valid
+campaigns and improves on them.
 
 Each campaign is laid out exactly as `lib.multiturn.play_episodes` lays out the policy's own
 episodes (`ChatLayout`: the first observation as the prompt, then each action and the
 environment's reply, with the model's chat template), and the loss covers the actions only
 (the model's eos included): the environment's text is masked as GRPO masks it. Numbers are
-rounded to 4 significant digits as in the stand-in's warm start (`RoundedDemonstrator`), on
-the same training seeds (`lib.policy_model.SFT_SEED`, apart from every evaluation seed).
-TRL's `SFTTrainer` trains on these pre-tokenized examples (`input_ids` + `completion_mask`).
+rounded as in the stand-in's warm start (`SFTSettings.significant_digits`,
+`RoundedDemonstrator`), on the same training seeds (`lib.policy_model.SFT_SEED`, apart from
+every evaluation seed). TRL's `SFTTrainer` trains on these pre-tokenized examples (`input_ids` + `completion_mask`).
 
 The CPU stand-in `cernenv-tiny` has its own warm start (`lib.policy_model.warm_start`, from
 scratch, loss on the whole conversation); this one is for a model that already speaks.
@@ -27,7 +29,7 @@ from typing import Any, Dict, List
 from cernenv import CERNCollisionEnvironment
 from lib.baselines import HeuristicAgent
 from lib.multiturn import ChatLayout
-from lib.policy_model import SFT_SEED, RoundedDemonstrator
+from lib.policy_model import SFT_SEED, RoundedDemonstrator, SFTSettings
 from lib.prompting import action_to_json
 from lib.rollouts import transitions
 from lib.tokenizer import corpus_specs
@@ -36,12 +38,13 @@ from lib.training.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
-SIGNIFICANT_DIGITS = 4
-"""Numbers in the demonstrated actions are rounded to this many significant digits."""
-
 
 def demonstration_examples(
-    tokenizer: Any, n_episodes: int, *, first_seed: int = SFT_SEED, significant_digits: int = SIGNIFICANT_DIGITS
+    tokenizer: Any,
+    n_episodes: int,
+    *,
+    first_seed: int = SFT_SEED,
+    significant_digits: int = SFTSettings.significant_digits,
 ) -> List[Dict[str, List[int]]]:
     """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"} (1 on the
     action tokens the policy would write, eos included; 0 on the prompt and the environment's
