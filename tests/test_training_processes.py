@@ -132,27 +132,31 @@ def test_two_processes_write_what_one_process_writes(tmp_path, first_action_mode
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "TRL_EXPERIMENTAL_SILENCE": "1"}
     one, two = tmp_path / "one", tmp_path / "two"
-    single = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lib.training",
-            *flags,
-            "--rollout_batch_size",
-            "2",
-            "--evidence_dir",
-            str(one / "evidence"),
-            "--output_dir",
-            str(one / "out"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert single.returncode == 0, single.stderr[-3000:]
-    launcher = [
+
+    def run(launcher, folder, *extra):
+        done = subprocess.run(
+            [
+                *launcher,
+                "-m",
+                "lib.training",
+                *flags,
+                *extra,
+                "--evidence_dir",
+                str(folder / "evidence"),
+                "--output_dir",
+                str(folder / "out"),
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    run([sys.executable], one, "--rollout_batch_size", "2")
+    accelerate = [
         sys.executable,
         "-m",
         "accelerate.commands.launch",
@@ -164,24 +168,7 @@ def test_two_processes_write_what_one_process_writes(tmp_path, first_action_mode
         "--main_process_port",
         str(_free_port()),
     ]
-    launched = subprocess.run(
-        [
-            *launcher,
-            "-m",
-            "lib.training",
-            *flags,
-            "--evidence_dir",
-            str(two / "evidence"),
-            "--output_dir",
-            str(two / "out"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert launched.returncode == 0, launched.stderr[-3000:]
+    launched = run(accelerate, two)
     assert launched.stdout.count('"final_model_dir"') == 1, "one process reports the result"
 
     for name in ("pre_eval.jsonl", "post_eval.jsonl", "reward_components.csv", "checkpoint_evals.csv"):
