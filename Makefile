@@ -67,6 +67,7 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 	$(if $(TORCH_INDEX),$(PIP) install $(PIP_FLAGS) --index-url $(TORCH_INDEX) $$(grep -E '^torch==' requirements.txt | cut -d' ' -f1))
 	$(PIP) install $(PIP_FLAGS) -r requirements.txt
 	$(PIP) install $(PIP_FLAGS) --no-deps -e .
+	$(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()'  # numba compiles the physics kernels once
 	@$(PY) -c 'import torch; cuda = torch.version.cuda; print("torch", torch.__version__, f"(a CUDA {cuda} build);" if cuda else "(a CPU build);", "a GPU is", "present" if torch.cuda.is_available() else "not present")'
 	touch $@
 

@@ -3,13 +3,14 @@
 No approximation beyond the narrow-width hypothesis (width 0, Gaussian resolution):
 one background-only fit, then, for every mass on the grid at once, the full
 profile of (N_b, p1, p2, N_s) by Fisher scoring on the exact Poisson likelihood,
-vectorised over the grid and started at the background-only fit (the s+b optimum at
-fixed mass is a small displacement from it, so 3-5 iterations suffice). Only masses
+for each mass of the grid (compiled loops, ``kernels.profile_rows``), started at the
+background-only fit (the s+b optimum at fixed mass is a small displacement from it, so
+3-5 iterations suffice). Only masses
 with an excess are profiled: where the score in N_s at the background-only optimum
 points down, N_s-hat <= 0 and q0 = 0 without iterating (``local_q0``); on a sparse
 spectrum those deficits, pinned at the bin-positivity boundary, were the slow part.
-The result equals ``profile_likelihood_significance`` at fixed mass to ~1e-4
-in Z (tested); it is just ~60x cheaper than 60 separate fits. Mass is not fitted
+Each point agrees with an independent iminuit fit of the same likelihood
+(tests/test_scan_crosscheck.py); the scan is just far cheaper than one fit per mass. Mass is not fitted
 between grid points: use a grid step <= resolution / 2.
 
 q0 and Z follow Cowan, Cranmer, Gross, Vitells, Eur. Phys. J. C71 (2011) 1554,
@@ -25,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from .fitting import BackgroundFit, fit_background_on_template
+from .kernels import profile_rows
 from .likelihood import BinnedTemplate, as_counts, template
 
 _SQRT2PI = float(np.sqrt(2.0 * np.pi))
@@ -60,84 +62,6 @@ def gaussian_bin_fractions(tmpl: BinnedTemplate, mass_gev: np.ndarray, resolutio
     return tmpl.simpson(dens)
 
 
-def _background_grid(tmpl: BinnedTemplate, p1: np.ndarray, p2: np.ndarray):
-    """Background fractions f and df/dp1, df/dp2 for K shape-parameter pairs: (K, n_bins) each."""
-    phi = p1[:, None] * tmpl.log_1mx[None, :] - p2[:, None] * tmpl.log_x[None, :]
-    e = np.exp(phi - phi.max(axis=1, keepdims=True))
-    b = tmpl.simpson(e[:, None, :] * tmpl._logs[None, :, :])  # (K, 3, n)
-    total = b.sum(axis=2)  # (K, 3)
-    f = b[:, 0] / total[:, :1]
-    df1 = (b[:, 1] - f * total[:, 1:2]) / total[:, :1]
-    df2 = (b[:, 2] - f * total[:, 2:3]) / total[:, :1]
-    return f, df1, df2
-
-
-def _wall_steps(info: np.ndarray, score: np.ndarray, normals: np.ndarray, on_wall: np.ndarray):
-    """Fisher-scoring steps that keep the falling-shape constraints: (step (K, P), Newton decrement (K,)).
-
-    ``normals`` (2, P): gradients of the log-log slopes at the window edges (linear constraints
-    slope >= floor); ``on_wall`` (K, 2): constraints holding with equality at the start of the step.
-    For each subset of the constraints on the wall, the step minimising the quadratic model
-    with those held (slope unchanged: the step is projected onto the constraint's face in the
-    metric of the information, via its Lagrange multiplier) is computed; of those that do not
-    push another constraint on the wall outwards, the one with the largest decrement (the
-    lowest quadratic model, -decrement / 2) is taken: the exact minimiser of the model on the
-    feasible cone. A constraint off the wall is left to the step-length limit."""
-    try:
-        free_step = -np.linalg.solve(info, score[..., None])[..., 0]
-        inverse = None
-    except np.linalg.LinAlgError:
-        inverse = np.linalg.pinv(info)
-        free_step = -np.einsum("kpq,kq->kp", inverse, score)
-    decrement = -np.einsum("kp,kp->k", free_step, score)
-    c_step = free_step @ normals.T  # (K, 2)
-    need = np.flatnonzero(np.any(on_wall & (c_step < 0.0), axis=1))  # the free step leaves the cone
-    if need.size == 0:
-        return free_step, decrement
-    k, p = need.size, score.shape[1]
-    hinv_c = (
-        np.linalg.solve(info[need], np.broadcast_to(normals.T, (k, p, 2)))
-        if inverse is None
-        else inverse[need] @ normals.T
-    )  # (k, P, 2)
-    m = np.einsum("jp,kpi->kji", normals, hinv_c)  # C H^-1 C^T, (k, 2, 2)
-    walls, c_need, score_need, free_need = on_wall[need], c_step[need], score[need], free_step[need]
-    # the multipliers of each subset held (the 2 x 2 systems solved in closed form): one wall, the
-    # other, both; a subset is possible where its walls are all on
-    lam_0 = np.stack([c_need[:, 0] / m[:, 0, 0], np.zeros(need.size)], axis=1)
-    lam_1 = np.stack([np.zeros(need.size), c_need[:, 1] / m[:, 1, 1]], axis=1)
-    det = m[:, 0, 0] * m[:, 1, 1] - m[:, 0, 1] * m[:, 1, 0]
-    lam_both = (
-        np.stack(
-            [
-                m[:, 1, 1] * c_need[:, 0] - m[:, 0, 1] * c_need[:, 1],
-                m[:, 0, 0] * c_need[:, 1] - m[:, 1, 0] * c_need[:, 0],
-            ],
-            axis=1,
-        )
-        / det[:, None]
-    )
-    best_step = np.zeros_like(free_need)  # held on both walls without a better choice: no shape move left
-    best_dec = np.full(need.size, -np.inf)
-    with np.errstate(divide="ignore", invalid="ignore"):  # a singular subset gives NaN and is not taken
-        for held, lam, possible in (
-            (0, lam_0, walls[:, 0]),
-            (1, lam_1, walls[:, 1]),
-            (None, lam_both, walls[:, 0] & walls[:, 1]),
-        ):
-            step = free_need - np.einsum("kpi,ki->kp", hinv_c, lam)
-            dec = -np.einsum("kp,kp->k", step, score_need)
-            if held is None:  # both held: no other wall to push
-                pushes = np.zeros(need.size, dtype=bool)
-            else:  # the step must not push the other wall, where the shape is on it, outwards
-                pushes = walls[:, 1 - held] & (step @ normals[1 - held] < 0.0)
-            better = possible & ~pushes & (dec > best_dec)
-            best_step[better], best_dec[better] = step[better], dec[better]
-    free_step = free_step.copy()
-    free_step[need], decrement[need] = best_step, np.maximum(best_dec, 0.0)
-    return free_step, decrement
-
-
 def _profile(
     tmpl: BinnedTemplate, n: np.ndarray, start: np.ndarray, s: np.ndarray | None, n_iter: int, positive: bool = False
 ):
@@ -146,88 +70,37 @@ def _profile(
     f, df/dp1, df/dp2 at theta, and whether each row converged (K,). ``positive``: a row is
     given up (not converged) once its N_s is <= 0 (a search for a maximum at N_s > 0).
 
-    The background stays falling (``likelihood.SHAPE_PENALTY``): the log-log slopes at the window
-    edges, linear in (p1, p2), stay >= min(their value at the start, 0) - 1e-9. A step is cut
-    where it would cross that floor, and at the floor the constraint is held (``_wall_steps``)."""
+    Each row: the score and expected information J diag(1/mu) J^T of the Poisson likelihood,
+    the step -info^-1 score (``kernels.wall_step``), cut where it would cross the falling-shape
+    floor and halved until every bin expectation is valid; converged once the Newton decrement
+    is below 1e-7 (NLL within ~5e-8 of its maximum: q0 to ~1e-7). The background stays falling
+    (``likelihood.SHAPE_PENALTY``): the log-log slopes at the window edges, linear in (p1, p2),
+    stay >= min(their value at the start, 0) - 1e-9; at that floor a constraint is held (the
+    step projected onto its face in the metric of the information, through its Lagrange
+    multiplier; of the subsets of walls held, the feasible step with the largest decrement:
+    the exact minimiser of the quadratic model on the feasible cone). The loops are compiled
+    (``kernels.profile_rows``)."""
     free_signal = s is not None
-    s = np.zeros((1, n.size)) if not free_signal else s
-    k = s.shape[0]
-    theta = np.array(np.broadcast_to(np.asarray(start, dtype=float), (k, 4)))
-    if not free_signal:
-        theta[:, 3] = 0.0
-    n_par = 4 if free_signal else 3
-    normals = np.zeros((2, n_par))
-    normals[:, 1:3] = tmpl.slope_matrix
-
-    def model(th, rows):
-        f, df1, df2 = _background_grid(tmpl, th[:, 1], th[:, 2])
-        mu = th[:, :1] * f + th[:, 3:4] * s[rows]
-        return mu, f, df1, df2
-
-    def valid(mu):  # positive where there are events, not negative anywhere (0: underflow)
-        return (mu > 0) | ((mu == 0) & (n == 0))
-
-    slope_floor = np.minimum(theta[:, 1:3] @ tmpl.slope_matrix.T, 0.0) - 1e-9
-    mu, f, df1, df2 = model(theta, np.arange(k))
-    active = np.ones(k, dtype=bool)
-    given_up = np.zeros(k, dtype=bool)
-    for _ in range(n_iter):
-        rows = np.flatnonzero(active)  # converged rows are left alone
-        if rows.size == 0:
-            break
-        th, mu_a, f_a, df1_a, df2_a = theta[rows], mu[rows], f[rows], df1[rows], df2[rows]
-        jac = np.stack([f_a, th[:, :1] * df1_a, th[:, :1] * df2_a, s[rows]][:n_par], axis=1)  # (K, P, n)
-        mu_a = np.maximum(mu_a, 1e-300)  # an empty bin's expectation may underflow to 0 (with its jac)
-        score = (jac @ (1.0 - n / mu_a)[:, :, None])[..., 0]
-        info = (jac / mu_a[:, None, :]) @ jac.transpose(0, 2, 1)
-        gap = th[:, 1:3] @ tmpl.slope_matrix.T - slope_floor[rows]  # distance to the floor, (K, 2)
-        on_wall = gap <= 1e-9
-        step, decrement = _wall_steps(info, score, normals, on_wall)  # decrement: Newton decrement^2
-        # the constraints are linear in (p1, p2): the longest step that keeps those off the wall is exact
-        slope_step = step @ normals.T
-        with np.errstate(divide="ignore", invalid="ignore"):
-            limit = np.where((slope_step < 0) & ~on_wall, -gap / slope_step, np.inf)
-        alpha = np.clip(limit.min(axis=1), 0.0, 1.0)
-        trial = th.copy()
-        trial[:, :n_par] += alpha[:, None] * step
-        mu_t, f_t, df1_t, df2_t = model(trial, rows)
-        bad = np.flatnonzero(~np.all(valid(mu_t), axis=1))
-        for _ in range(30):  # halve until all expectations are valid (only the rows that need it)
-            if bad.size == 0:
-                break
-            alpha[bad] *= 0.5
-            trial[bad, :n_par] = th[bad, :n_par] + alpha[bad, None] * step[bad]
-            mu_t[bad], f_t[bad], df1_t[bad], df2_t[bad] = model(trial[bad], rows[bad])
-            bad = bad[~np.all(valid(mu_t[bad]), axis=1)]
-        theta[rows], mu[rows], f[rows], df1[rows], df2[rows] = trial, mu_t, f_t, df1_t, df2_t
-        active[rows] = decrement > 1e-7  # NLL within ~5e-8 of its maximum: q0 to ~1e-7
-        if positive:
-            lost = rows[trial[:, 3] <= 0]
-            active[lost], given_up[lost] = False, True
-    return theta, mu, f, df1, df2, ~active & ~given_up
+    signal = np.zeros((1, n.size)) if not free_signal else np.array(s, dtype=float)
+    starts = np.empty((signal.shape[0], 4))
+    starts[:] = start
+    return profile_rows(
+        tmpl.log_1mx,
+        tmpl.log_x,
+        tmpl.w6,
+        tmpl.slope_matrix,
+        np.array(n, dtype=float),  # writable copies: one compiled specialisation for every call
+        starts,
+        signal,
+        free_signal,
+        int(n_iter),
+        bool(positive),
+    )
 
 
 def _nll(mu: np.ndarray, n: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):  # a failed row gives NaN: no excess
         return np.sum(mu - np.where(n > 0, n * np.log(mu), 0.0), axis=-1)
-
-
-def profile_fixed_mass(
-    tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signal_fractions: np.ndarray | None, n_iter: int = 25
-):
-    """Maximise the Poisson likelihood over (N_b, p1, p2[, N_s]) for K fixed signal shapes.
-
-    Fisher scoring (expected information J diag(1/mu) J^T, positive definite),
-    vectorised over the K rows of ``signal_fractions`` (None: background only, one
-    row), started at the background-only fit, with step halving that keeps every bin
-    expectation positive (N_s may go negative down to that physical boundary).
-    Returns (N_s, NLL) per row, NLL = sum(mu - n ln mu) (same constant for all rows).
-    """
-    n = np.asarray(counts, dtype=float)
-    s = None if signal_fractions is None else np.asarray(signal_fractions, dtype=float)
-    start = np.array([bkg.background_yield, bkg.p1, bkg.p2, 0.0])
-    theta, mu, *_ = _profile(tmpl, n, start, s, n_iter)
-    return theta[:, 3], _nll(mu, n)
 
 
 @lru_cache(maxsize=8)
@@ -385,3 +258,12 @@ def scan_local_significance(
         signal_yield=tuple(float(v) for v in ns),
         background=bkg,
     )
+
+
+def warm_up() -> None:
+    """Compile the scan's kernels (or load them from numba's cache: a few seconds the first time
+    on a machine, then ~0.3 s) on a small spectrum, so that no environment step pays for it."""
+    edges = np.linspace(100.0, 160.0, 31)
+    counts = np.round(400.0 * np.exp(-0.03 * (edges[:-1] - 100.0)))
+    counts[14] += 40.0  # an excess: the signal rows are profiled too
+    scan_local_significance(edges, counts, 13.0, lambda m: 0.01 * m, np.linspace(105.0, 155.0, 26))

@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import uvicorn
 
+from cernenv.physics.scan import warm_up
 from cernenv.server.app import ServerConfig, create_cernenv_app
 from cernenv.server.guard import ConnectionGuard, guarded_protocols, listening_socket
 
@@ -112,6 +113,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{hard_limit} open files (ulimit -Hn) with room for the server's own: lower it or raise "
                 f"the limit"
             )
+    warm_up()  # the physics kernels compiled (or loaded) before /health answers, not at a first step
     guard = ConnectionGuard(config.max_connections, config.max_connections_per_client, config.request_read_timeout_s)
     try:  # a taken port: say which, and how to choose another (uvicorn only logs "[Errno 98]")
         listener = listening_socket(guard, config.host, config.port)

@@ -1,0 +1,285 @@
+"""Compiled inner loops of the bump scan (numba).
+
+The Fisher scoring of ``scan._profile`` touches arrays of a few hundred numbers a few dozen
+times per mass hypothesis; written with numpy, each of those operations costs more in the
+interpreter than in arithmetic. The same algorithm, row by row in plain loops compiled by numba
+(``cache=True``: compiled once per machine, then loaded from ``__pycache__``), is what runs. Rows
+are independent (each mass hypothesis is profiled from its own start), so the loop over rows is
+the outer loop; within a row the steps are those documented in ``scan._profile``.
+
+Compiling all of them takes a few seconds, once per machine and source version (numba's
+cache; ``scan.warm_up`` does it ahead: ``make setup`` and the server at start call it).
+
+Every function here takes plain arrays and numbers (no objects), so a reader can check it
+against its numpy description line by line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+WALL_GAP = 1e-9
+"""A log-log slope this close to its floor is on the wall (``scan._profile``)."""
+CONVERGED_DECREMENT = 1e-7
+"""Newton decrement (twice the predicted NLL decrease) below which a row has converged."""
+HALVINGS = 30
+"""Step halvings tried to keep every bin expectation valid."""
+
+
+@njit(cache=True)
+def background_grid(log_1mx, log_x, w6, p1, p2, f, df1, df2):
+    """Normalised background fractions f and df/dp1, df/dp2 (filled in place) for shape (p1, p2).
+
+    exp(phi), phi = p1 ln(1-x) - p2 ln x at the Simpson nodes (scaled by its maximum), integrated
+    per bin with Simpson's rule, also times ln(1-x) and -ln x (the derivatives)."""
+    n_nodes = log_x.size
+    phi_max = -np.inf
+    for j in range(n_nodes):
+        phi = p1 * log_1mx[j] - p2 * log_x[j]
+        if phi > phi_max:
+            phi_max = phi
+    n_bins = w6.size
+    total0 = total1 = total2 = 0.0
+    e_lo = np.exp(p1 * log_1mx[0] - p2 * log_x[0] - phi_max)
+    for i in range(n_bins):
+        j = 2 * i
+        e_mid = np.exp(p1 * log_1mx[j + 1] - p2 * log_x[j + 1] - phi_max)
+        e_hi = np.exp(p1 * log_1mx[j + 2] - p2 * log_x[j + 2] - phi_max)
+        b0 = w6[i] * (e_lo + 4.0 * e_mid + e_hi)
+        b1 = w6[i] * (e_lo * log_1mx[j] + 4.0 * e_mid * log_1mx[j + 1] + e_hi * log_1mx[j + 2])
+        b2 = w6[i] * (-e_lo * log_x[j] - 4.0 * e_mid * log_x[j + 1] - e_hi * log_x[j + 2])
+        f[i], df1[i], df2[i] = b0, b1, b2
+        total0 += b0
+        total1 += b1
+        total2 += b2
+        e_lo = e_hi
+    for i in range(n_bins):
+        fi = f[i] / total0
+        f[i] = fi
+        df1[i] = (df1[i] - fi * total1) / total0
+        df2[i] = (df2[i] - fi * total2) / total0
+
+
+@njit(cache=True)
+def _solve(a, b):
+    """x with a x = b (small square a) by Gaussian elimination with partial pivoting, as LAPACK's
+    gesv; (x, False) where a pivot is exactly 0 (singular)."""
+    n = b.size
+    m = a.copy()
+    x = b.copy()
+    for col in range(n):
+        pivot = col
+        for row in range(col + 1, n):
+            if abs(m[row, col]) > abs(m[pivot, col]):
+                pivot = row
+        if m[pivot, col] == 0.0:
+            return x, False
+        if pivot != col:
+            for k in range(n):
+                m[col, k], m[pivot, k] = m[pivot, k], m[col, k]
+            x[col], x[pivot] = x[pivot], x[col]
+        for row in range(col + 1, n):
+            factor = m[row, col] / m[col, col]
+            for k in range(col, n):
+                m[row, k] -= factor * m[col, k]
+            x[row] -= factor * x[col]
+    for col in range(n - 1, -1, -1):
+        acc = x[col]
+        for k in range(col + 1, n):
+            acc -= m[col, k] * x[k]
+        x[col] = acc / m[col, col]
+    return x, True
+
+
+@njit(cache=True)
+def _inverse_times(info, vectors):
+    """info^-1 vectors (columns) by ``_solve``. Where info is singular (an exactly zero pivot: in
+    practice a parameter the data say nothing about, such as the shape of a background of no
+    events), the parameters whose diagonal is below 1e-15 of the largest are left out (their
+    rows of the result are 0) and the rest is solved: what the pseudo-inverse gives when those
+    rows and columns are zero; a system still singular gets no step (0)."""
+    p, k = vectors.shape
+    out = np.zeros((p, k))
+    singular = False
+    for c in range(k):
+        x, ok = _solve(info, vectors[:, c].copy())
+        out[:, c] = x
+        singular = singular or not ok
+    if not singular:
+        return out
+    scale = 0.0
+    for q in range(p):
+        scale = max(scale, abs(info[q, q]))
+    keep = np.zeros(p, dtype=np.int64)  # the parameters kept, then their number
+    n_keep = 0
+    for q in range(p):
+        if abs(info[q, q]) > 1e-15 * scale:
+            keep[n_keep] = q
+            n_keep += 1
+    sub = np.empty((n_keep, n_keep))
+    rhs = np.empty(n_keep)
+    out[:, :] = 0.0
+    for a in range(n_keep):
+        for b in range(n_keep):
+            sub[a, b] = info[keep[a], keep[b]]
+    for c in range(k):
+        for a in range(n_keep):
+            rhs[a] = vectors[keep[a], c]
+        x, ok = _solve(sub, rhs)
+        if not ok:
+            out[:, :] = 0.0
+            return out
+        for a in range(n_keep):
+            out[keep[a], c] = x[a]
+    return out
+
+
+@njit(cache=True)
+def wall_step(info, score, normals, on_wall):
+    """One constrained Fisher-scoring step: (step (P,), Newton decrement).
+
+    For one row of ``scan._profile``: the free step -info^-1 score; where it would push a
+    constraint on the wall outwards, the minimiser of the quadratic model with one wall, the
+    other, or both held (their multipliers in closed form), the feasible one with the largest
+    decrement (none: no step)."""
+    p = score.size
+    columns = np.empty((p, 3))
+    columns[:, 0] = score
+    columns[:, 1] = normals[0]
+    columns[:, 2] = normals[1]
+    solved = _inverse_times(info, columns)  # info^-1 [score, c_0, c_1]
+    free_step = -solved[:, 0]
+    decrement = 0.0
+    c0 = c1 = 0.0
+    for q in range(p):
+        decrement -= free_step[q] * score[q]
+        c0 += free_step[q] * normals[0, q]
+        c1 += free_step[q] * normals[1, q]
+    if not ((on_wall[0] and c0 < 0.0) or (on_wall[1] and c1 < 0.0)):
+        return free_step, decrement
+    # m = C info^-1 C^T (2 x 2)
+    m00 = m01 = m10 = m11 = 0.0
+    for q in range(p):
+        m00 += normals[0, q] * solved[q, 1]
+        m01 += normals[0, q] * solved[q, 2]
+        m10 += normals[1, q] * solved[q, 1]
+        m11 += normals[1, q] * solved[q, 2]
+    det = m00 * m11 - m01 * m10
+    best_step = np.zeros(p)
+    best_dec = -np.inf
+    step = np.empty(p)
+    for subset in range(3):  # one wall held, the other, both
+        if subset == 0:
+            possible = on_wall[0]
+            lam0, lam1 = c0 / m00 if m00 != 0.0 else np.nan, 0.0
+        elif subset == 1:
+            possible = on_wall[1]
+            lam0, lam1 = 0.0, c1 / m11 if m11 != 0.0 else np.nan
+        else:
+            possible = on_wall[0] and on_wall[1]
+            lam0 = (m11 * c0 - m01 * c1) / det if det != 0.0 else np.nan
+            lam1 = (m00 * c1 - m10 * c0) / det if det != 0.0 else np.nan
+        if not possible:
+            continue
+        dec = 0.0
+        push = 0.0
+        for q in range(p):
+            step[q] = free_step[q] - (solved[q, 1] * lam0 + solved[q, 2] * lam1)
+            dec -= step[q] * score[q]
+        if subset < 2 and on_wall[1 - subset]:  # must not push the other wall, where on it, outwards
+            for q in range(p):
+                push += step[q] * normals[1 - subset, q]
+            if push < 0.0:
+                continue
+        if dec > best_dec:  # NaN (a singular subset) is never taken
+            best_dec = dec
+            best_step[:] = step
+    return best_step, max(best_dec, 0.0)
+
+
+@njit(cache=True)
+def profile_rows(log_1mx, log_x, w6, slope_matrix, counts, starts, signal, free_signal, n_iter, positive):
+    """Fisher scoring of (N_b, p1, p2[, N_s]) for each row of ``starts`` (K, 4) with the signal
+    fractions ``signal`` (K, n_bins) (ignored unless ``free_signal``); see ``scan._profile``.
+
+    Returns theta (K, 4), mu, f, df/dp1, df/dp2 (K, n_bins) at theta, and converged (K,)."""
+    k_rows, n_bins = starts.shape[0], counts.size
+    n_par = 4 if free_signal else 3
+    theta = starts.copy()
+    mu = np.empty((k_rows, n_bins))
+    f = np.empty((k_rows, n_bins))
+    df1 = np.empty((k_rows, n_bins))
+    df2 = np.empty((k_rows, n_bins))
+    converged = np.zeros(k_rows, dtype=np.bool_)
+    normals = np.zeros((2, n_par))
+    normals[:, 1:3] = slope_matrix
+    jac = np.empty((n_par, n_bins))
+    score = np.empty(n_par)
+    info = np.empty((n_par, n_par))
+    on_wall = np.empty(2, dtype=np.bool_)
+    gap = np.empty(2)
+    floor = np.empty(2)
+    trial = np.empty(4)
+    f_t, df1_t, df2_t, mu_t = np.empty(n_bins), np.empty(n_bins), np.empty(n_bins), np.empty(n_bins)
+    for r in range(k_rows):
+        if not free_signal:
+            theta[r, 3] = 0.0
+        for j in range(2):
+            floor[j] = min(slope_matrix[j, 0] * theta[r, 1] + slope_matrix[j, 1] * theta[r, 2], 0.0) - WALL_GAP
+        background_grid(log_1mx, log_x, w6, theta[r, 1], theta[r, 2], f[r], df1[r], df2[r])
+        for i in range(n_bins):
+            mu[r, i] = theta[r, 0] * f[r, i] + (theta[r, 3] * signal[r, i] if free_signal else 0.0)
+        active, given_up = True, False
+        for _ in range(n_iter):
+            if not active:
+                break
+            nb = theta[r, 0]
+            for i in range(n_bins):
+                jac[0, i] = f[r, i]
+                jac[1, i] = nb * df1[r, i]
+                jac[2, i] = nb * df2[r, i]
+                if free_signal:
+                    jac[3, i] = signal[r, i]
+            score[:] = 0.0
+            info[:, :] = 0.0
+            for i in range(n_bins):
+                mu_i = max(mu[r, i], 1e-300)  # an empty bin's expectation may underflow to 0
+                resid = 1.0 - counts[i] / mu_i
+                for p in range(n_par):
+                    score[p] += jac[p, i] * resid
+                    w = jac[p, i] / mu_i
+                    for q in range(n_par):
+                        info[p, q] += w * jac[q, i]
+            for j in range(2):
+                gap[j] = slope_matrix[j, 0] * theta[r, 1] + slope_matrix[j, 1] * theta[r, 2] - floor[j]
+                on_wall[j] = gap[j] <= WALL_GAP
+            step, decrement = wall_step(info, score, normals, on_wall)
+            alpha = 1.0  # the longest step that keeps the constraints off the wall (they are linear)
+            for j in range(2):
+                slope_step = 0.0
+                for q in range(n_par):
+                    slope_step += step[q] * normals[j, q]
+                if slope_step < 0.0 and not on_wall[j]:
+                    alpha = min(alpha, -gap[j] / slope_step)
+            alpha = max(alpha, 0.0)
+            for halving in range(HALVINGS + 1):  # halve until every expectation is valid
+                trial[:] = theta[r]
+                for q in range(n_par):
+                    trial[q] += alpha * step[q]
+                background_grid(log_1mx, log_x, w6, trial[1], trial[2], f_t, df1_t, df2_t)
+                valid = True
+                for i in range(n_bins):
+                    mu_t[i] = trial[0] * f_t[i] + (trial[3] * signal[r, i] if free_signal else 0.0)
+                    if not (mu_t[i] > 0.0 or (mu_t[i] == 0.0 and counts[i] == 0.0)):
+                        valid = False
+                if valid or halving == HALVINGS:
+                    break
+                alpha *= 0.5
+            theta[r] = trial
+            mu[r], f[r], df1[r], df2[r] = mu_t, f_t, df1_t, df2_t
+            active = decrement > CONVERGED_DECREMENT
+            if positive and trial[3] <= 0.0:
+                active, given_up = False, True
+        converged[r] = not active and not given_up
+    return theta, mu, f, df1, df2, converged

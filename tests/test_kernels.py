@@ -1,0 +1,132 @@
+"""The compiled kernels of the bump scan (cernenv/physics/kernels.py) against independent code:
+the background model of likelihood.py, numpy's LAPACK solve and pseudo-inverse, and scipy's
+constrained minimiser for the steps that hold the falling-shape walls. (Each scan point is
+also checked against an independent iminuit fit in tests/test_scan_crosscheck.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import LinearConstraint, minimize
+
+from cernenv.physics import kernels
+from cernenv.physics.likelihood import template
+
+
+@pytest.mark.parametrize("p1,p2", [(0.0, 0.0), (5.0, 2.0), (-3.0, 4.5), (300.0, -40.0), (12.0, 0.01)])
+def test_background_grid_is_the_template_background_model(p1, p2):
+    tmpl = template(np.linspace(100.0, 400.0, 61), 13.0)
+    f, df1, df2 = (np.empty(tmpl.n_bins) for _ in range(3))
+    kernels.background_grid(tmpl.log_1mx, tmpl.log_x, tmpl.w6, p1, p2, f, df1, df2)
+    ref_f, ref_df1, ref_df2 = tmpl.background(p1, p2, grad=True)
+    np.testing.assert_allclose(f, ref_f, rtol=1e-12, atol=1e-300)
+    scale = np.abs(ref_df1).max() + np.abs(ref_df2).max()
+    np.testing.assert_allclose(df1, ref_df1, rtol=1e-10, atol=1e-13 * scale)
+    np.testing.assert_allclose(df2, ref_df2, rtol=1e-10, atol=1e-13 * scale)
+    assert f.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def _spd(rng, p):
+    a = rng.normal(size=(p, p))
+    return a @ a.T + 0.1 * np.eye(p)
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_solve_matches_lapack_and_reports_an_exactly_singular_system(p):
+    rng = np.random.default_rng(p)
+    for _ in range(50):
+        a, b = rng.normal(size=(p, p)), rng.normal(size=p)
+        x, ok = kernels._solve(a, b)
+        assert ok
+        np.testing.assert_allclose(x, np.linalg.solve(a, b), rtol=1e-9, atol=1e-9)
+    a = _spd(rng, p)
+    a[1, :] = a[:, 1] = 0.0
+    assert not kernels._solve(a, rng.normal(size=p))[1]
+
+
+def test_a_parameter_without_information_gets_the_pseudo_inverse_step():
+    """A background of no events says nothing about its shape: those rows and columns of the
+    information are 0, and the step leaves the shape alone (as the pseudo-inverse does)."""
+    rng = np.random.default_rng(7)
+    info = _spd(rng, 4)
+    info[1:3, :] = 0.0
+    info[:, 1:3] = 0.0
+    vectors = rng.normal(size=(4, 3))
+    np.testing.assert_allclose(kernels._inverse_times(info, vectors), np.linalg.pinv(info) @ vectors, atol=1e-10)
+    assert not np.any(kernels._inverse_times(np.zeros((3, 3)), vectors[:3]))
+
+
+def _constrained_minimum(info, score, normals, on_wall):
+    """min of score.x + x.info.x / 2 subject to normals[j].x >= 0 for the walls on (scipy's
+    trust-region constrained minimiser), and its value."""
+    model = lambda x: score @ x + 0.5 * x @ info @ x  # noqa: E731
+    result = minimize(
+        model,
+        np.zeros(score.size),
+        jac=lambda x: score + info @ x,
+        hess=lambda x: info,
+        constraints=[LinearConstraint(normals[on_wall], 0.0, np.inf)],
+        method="trust-constr",
+        options={"gtol": 1e-12, "xtol": 1e-14, "maxiter": 5000},
+    )
+    assert np.all(normals[on_wall] @ result.x >= -1e-8)
+    return model(result.x)
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_wall_step_is_the_minimum_of_the_quadratic_model_on_the_feasible_cone(p):
+    """For every combination of walls on, the step is feasible (it does not push a wall that is
+    on outwards) and as good as scipy's constrained minimum of the same quadratic model; its
+    decrement is -score.step. Without walls it is the Newton step -info^-1 score."""
+    rng = np.random.default_rng(100 + p)
+    pushed = 0
+    for _ in range(60):
+        info, score = _spd(rng, p), rng.normal(size=p)
+        normals = np.zeros((2, p))
+        normals[:, 1:3] = rng.normal(size=(2, 2))  # the walls constrain the shape parameters only
+        for on_wall in ([False, False], [True, False], [False, True], [True, True]):
+            on_wall = np.array(on_wall)
+            step, decrement = kernels.wall_step(info, score, normals, on_wall)
+            assert decrement == pytest.approx(-score @ step, abs=1e-12)
+            if not on_wall.any():
+                np.testing.assert_allclose(step, -np.linalg.solve(info, score), rtol=1e-10, atol=1e-12)
+                continue
+            assert np.all(normals[on_wall] @ step >= -1e-9)
+            reference = _constrained_minimum(info, score, normals, on_wall)
+            value = score @ step + 0.5 * step @ info @ step
+            assert value <= reference + 1e-7 * (1.0 + abs(reference))
+            pushed += bool(np.any(normals[on_wall] @ -np.linalg.solve(info, score) < 0))
+    assert pushed > 50, "the free step left the cone often enough to test the held walls"
+
+
+def test_profile_rows_ends_at_the_maximum_likelihood():
+    """Converged rows have a zero score in the parameters off the walls, and no direction that
+    keeps the walls raises the likelihood further (a Newton decrement ~0)."""
+    rng = np.random.default_rng(3)
+    tmpl = template(np.linspace(100.0, 200.0, 51), 13.0)
+    truth = np.array([2000.0, 6.0, 3.0])
+    f = np.empty(tmpl.n_bins)
+    kernels.background_grid(tmpl.log_1mx, tmpl.log_x, tmpl.w6, truth[1], truth[2], f, f.copy(), f.copy())
+    counts = rng.poisson(truth[0] * f).astype(float)
+    centres = 0.5 * (tmpl.edges[1:] + tmpl.edges[:-1])
+    signal = np.exp(-0.5 * ((centres[None, :] - np.array([[130.0], [160.0]])) / 2.0) ** 2)
+    signal /= signal.sum(axis=1, keepdims=True)
+    starts = np.tile([counts.sum(), 0.0, 0.0, 0.0], (2, 1))
+    theta, mu, *_, converged = kernels.profile_rows(
+        tmpl.log_1mx, tmpl.log_x, tmpl.w6, tmpl.slope_matrix, counts, starts, signal, True, 50, False
+    )
+    assert converged.all()
+    np.testing.assert_allclose(mu.sum(axis=1), counts.sum(), rtol=1e-6)  # the yield's score: sum(mu) = sum(n)
+
+    def nll(th, s):
+        shape = np.empty(tmpl.n_bins)
+        kernels.background_grid(tmpl.log_1mx, tmpl.log_x, tmpl.w6, th[1], th[2], shape, shape.copy(), shape.copy())
+        expected = th[0] * shape + th[3] * s
+        return np.sum(expected - counts * np.log(expected))
+
+    for row in range(2):
+        best = nll(theta[row], signal[row])
+        for direction in np.eye(4):
+            for h in (1e-3, -1e-3):
+                moved = theta[row] + h * direction * max(1.0, abs(theta[row]) @ direction)
+                assert nll(moved, signal[row]) >= best - 1e-9
