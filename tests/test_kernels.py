@@ -130,3 +130,66 @@ def test_profile_rows_ends_at_the_maximum_likelihood():
             for h in (1e-3, -1e-3):
                 moved = theta[row] + h * direction * max(1.0, abs(theta[row]) @ direction)
                 assert nll(moved, signal[row]) >= best - 1e-9
+
+
+def _cost(signal_free=True, width_free=True, mask=None, spurious=25.0):
+    from cernenv.physics.likelihood import PoissonDeviance, whitening
+
+    rng = np.random.default_rng(11)
+    tmpl = template(np.arange(100.0, 161.0, 1.0), 13.0)
+    f = tmpl.background(8.0, 5.0)[0]
+    counts = rng.poisson(5000.0 * f + 300.0 * tmpl.signal(125.0, 0.0, 1.6)[0]).astype(float)
+    cost = PoissonDeviance(tmpl, counts, 1.6, spurious, (8.0, 5.0), whitening(tmpl, 5000.0, 8.0, 5.0), mask)
+    cost.signal_free, cost.width_free = signal_free, width_free
+    return cost
+
+
+@pytest.mark.parametrize(
+    "case,par",
+    [
+        ("gaussian", [5050.0, 0.3, -0.2, 280.0, 125.2, 0.0, 0.4]),
+        ("voigt", [5050.0, 0.3, -0.2, 280.0, 125.2, 0.6, 0.4]),
+        ("free width at 0", [5050.0, 0.3, -0.2, 280.0, 125.2, 0.0, -0.3]),
+        ("background only", [5300.0, -0.4, 0.5, 0.0, 125.0, 0.0, 0.0]),
+        ("sideband", [5050.0, 0.3, -0.2, 280.0, 125.2, 0.0, 0.0]),
+        ("on the wall", [5050.0, -40.0, 25.0, 280.0, 125.2, 0.0, 0.0]),
+    ],
+)
+def test_the_compiled_cost_has_numpys_value_gradient_and_a_hessian_that_is_its_derivative(case, par):
+    """`PoissonDeviance.value_grad_hess` (the kernel) against the numpy model of likelihood.py:
+    the value against `deviance_terms` plus the wall penalty, the gradient against `grad`, and
+    the Hessian against central differences of `grad`."""
+    from cernenv.physics.likelihood import SHAPE_PENALTY
+
+    mask = None
+    if case == "sideband":
+        mask = np.ones(60, dtype=bool)
+        mask[20:30] = False
+    cost = _cost(
+        signal_free=case != "background only",
+        width_free=case in ("voigt", "free width at 0"),
+        mask=mask,
+    )
+    par = np.array(par)
+    value, grad, hess = cost.value_grad_hess(*par)
+    deviance, constraint = cost.deviance_terms(par)
+    slopes = cost.t.slope_matrix @ np.array(cost.shape_params(par[1], par[2]))
+    assert (slopes.min() < 0) == (case == "on the wall")
+    penalty = SHAPE_PENALTY * float(np.sum(np.minimum(slopes, 0.0) ** 2))
+    assert value == pytest.approx(deviance + constraint + penalty, rel=1e-11)
+    assert cost(*par) == pytest.approx(value, rel=1e-12)
+    free = [i for i in range(7) if cost.signal_free or i in (0, 1, 2)]
+    if not cost.width_free:
+        free = [i for i in free if i != 5]
+    np.testing.assert_allclose(grad[free], cost.grad(*par)[free], rtol=1e-9, atol=1e-7)
+    numeric = np.empty((len(free), len(free)))
+    for a, i in enumerate(free):
+        step = np.zeros(7)
+        step[i] = 1e-6 * max(1.0, abs(par[i]))
+        if i == 5 and par[5] == 0.0:  # the width's derivative at 0, one-sided from inside
+            numeric[a] = (cost.grad(*(par + step)) - cost.grad(*par))[free] / step[i]
+            continue
+        numeric[a] = (cost.grad(*(par + step)) - cost.grad(*(par - step)))[free] / (2 * step[i])
+    scale = np.abs(hess[np.ix_(free, free)]).max()
+    np.testing.assert_allclose(hess[np.ix_(free, free)], numeric, atol=2e-5 * scale)
+    np.testing.assert_allclose(hess, hess.T, atol=1e-9 * scale)

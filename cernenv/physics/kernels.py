@@ -283,3 +283,162 @@ def profile_rows(log_1mx, log_x, w6, slope_matrix, counts, starts, signal, free_
                 active, given_up = False, True
         converged[r] = not active and not given_up
     return theta, mu, f, df1, df2, converged
+
+
+@njit(cache=True)
+def deviance(
+    par,
+    log_1mx,
+    log_x,
+    w6,
+    nodes,
+    counts,
+    mask,
+    transform,
+    p_ref,
+    slope_matrix,
+    spur,
+    sigma,
+    signal_free,
+    signal_rows,
+    gaussian,
+    derivatives,
+    shape_penalty,
+    barrier,
+):
+    """``likelihood.PoissonDeviance``'s cost at ``par`` (its 7 parameters), and with
+    ``derivatives`` its exact gradient and Hessian: (value, gradient (7,), Hessian (7, 7)); the
+    derivatives are NaN where the cost is the barrier, empty without ``derivatives``.
+
+    The background rows (f and its first and second derivatives in p1, p2) are computed here;
+    the signal rows (s and its derivatives in mass and width, ``BinnedTemplate.signal_hessian``'s
+    layout) too for a Gaussian (``gaussian``: width 0), else they are ``signal_rows`` (a Voigt,
+    whose Faddeeva function scipy evaluates). The formulas are ``value_grad_hess``'s."""
+    nb, a1, a2, ns, m, th = par[0], par[1], par[2], par[3], par[4], par[6]
+    t00, t01, t10, t11 = transform[0, 0], transform[0, 1], transform[1, 0], transform[1, 1]
+    p1 = p_ref[0] + t00 * a1 + t01 * a2
+    p2 = p_ref[1] + t10 * a1 + t11 * a2
+    n_bins = w6.size
+    # background: Simpson integrals of exp(phi) times 1, L1, L2, L1^2, L1 L2, L2^2 (L1 = ln(1-x), L2 = -ln x)
+    phi_max = -np.inf
+    for j in range(log_x.size):
+        phi_max = max(phi_max, p1 * log_1mx[j] - p2 * log_x[j])
+    bkg = np.empty((6, n_bins))
+    totals = np.zeros(6)
+    node = np.empty((3, 6))
+    for i in range(n_bins):
+        for k in range(3):
+            j = 2 * i + k
+            e = np.exp(p1 * log_1mx[j] - p2 * log_x[j] - phi_max)
+            l1, l2 = log_1mx[j], -log_x[j]
+            node[k, 0], node[k, 1], node[k, 2] = e, e * l1, e * l2
+            node[k, 3], node[k, 4], node[k, 5] = e * (l1 * l1), e * (l1 * l2), e * (l2 * l2)
+        for c in range(6):
+            value = w6[i] * (node[0, c] + 4.0 * node[1, c] + node[2, c])
+            bkg[c, i] = value
+            totals[c] += value
+    total, s1, s2, s11, s12, s22 = totals[0], totals[1], totals[2], totals[3], totals[4], totals[5]
+    for i in range(n_bins):
+        f = bkg[0, i] / total
+        f1 = bkg[1, i] / total - f * (s1 / total)
+        f2 = bkg[2, i] / total - f * (s2 / total)
+        bkg[3, i] = bkg[3, i] / total - ((2.0 * s1 / total) * f1 + (s11 / total) * f)
+        bkg[4, i] = bkg[4, i] / total - ((s1 / total) * f2 + (s2 / total) * f1 + (s12 / total) * f)
+        bkg[5, i] = bkg[5, i] / total - ((2.0 * s2 / total) * f2 + (s22 / total) * f)
+        bkg[0, i], bkg[1, i], bkg[2, i] = f, f1, f2
+    sig = signal_rows
+    if signal_free and gaussian:  # a Gaussian of width 0: s, ds/dm and d2s/dm2 (width rows 0)
+        sig = np.zeros((6, n_bins))
+        norm = 1.0 / (max(sigma, 1e-6) * np.sqrt(2.0 * np.pi))
+        inv_var = 1.0 / max(sigma, 1e-6) ** 2
+        for i in range(n_bins):
+            for k in range(3):
+                u = nodes[2 * i + k] - m
+                g = np.exp(-0.5 * (u / max(sigma, 1e-6)) ** 2) * norm
+                v = u * inv_var
+                weight = w6[i] * (4.0 if k == 1 else 1.0)
+                sig[0, i] += weight * g
+                sig[1, i] += weight * (g * v)
+                sig[3, i] += weight * (g * v * v - g * inv_var)
+    amp = ns + th * spur
+    mu = np.empty(n_bins)
+    for i in range(n_bins):
+        mu[i] = nb * bkg[0, i] + (amp * sig[0, i] if signal_free else 0.0)
+    neg0 = min(slope_matrix[0, 0] * p1 + slope_matrix[0, 1] * p2, 0.0)
+    neg1 = min(slope_matrix[1, 0] * p1 + slope_matrix[1, 1] * p2, 0.0)
+    # the deviance, bin by bin (Baker-Cousins: terms of order 1, summed without cancellation); a
+    # barrier where an expectation is negative, or 0 in a bin with events
+    deviance_sum = 0.0
+    outside = False
+    violation = 0.0
+    for i in range(n_bins):
+        if mu[i] < 0.0 or (counts[i] > 0.0 and mu[i] <= 0.0):
+            outside = True
+        violation += max(-mu[i], 0.0)
+        term = mu[i] * mask[i] - counts[i]
+        if counts[i] > 0.0 and mu[i] > 0.0:
+            term += counts[i] * np.log(counts[i] / mu[i])
+        deviance_sum += term
+    if outside:
+        value = barrier * (1.0 + violation)
+    else:
+        value = 2.0 * deviance_sum + th * th
+    value += shape_penalty * (neg0 * neg0 + neg1 * neg1)
+    if not derivatives:
+        return value, np.empty(0), np.empty((0, 0))
+    grad = np.full(7, np.nan)
+    hess = np.full((7, 7), np.nan)
+    if value >= barrier:
+        return value, grad, hess
+    jac = np.zeros((7, n_bins))
+    for i in range(n_bins):
+        jac[0, i] = bkg[0, i]
+        jac[1, i] = nb * (t00 * bkg[1, i] + t10 * bkg[2, i])
+        jac[2, i] = nb * (t01 * bkg[1, i] + t11 * bkg[2, i])
+        if signal_free:
+            jac[3, i] = sig[0, i]
+            jac[4, i] = amp * sig[1, i]
+            jac[5, i] = amp * sig[2, i]
+            jac[6, i] = spur * sig[0, i]
+    grad[:] = 0.0
+    hess[:, :] = 0.0
+    r_b = np.zeros(5)
+    r_s = np.zeros(5)
+    for i in range(n_bins):
+        mu_i = max(mu[i], 1e-100)  # where mu ~ 0 (no events there) the terms vanish; no overflow
+        n_over_mu = counts[i] / mu_i
+        r = mask[i] - n_over_mu
+        weight = n_over_mu / mu_i
+        for p in range(7):
+            grad[p] += jac[p, i] * r
+            for q in range(7):
+                hess[p, q] += jac[p, i] * weight * jac[q, i]
+        for k in range(5):
+            r_b[k] += bkg[k + 1, i] * r
+            if signal_free:
+                r_s[k] += sig[k + 1, i] * r
+    grad *= 2.0
+    grad[6] += 2.0 * th
+    wall = slope_matrix @ transform  # d(slopes at the window edges)/d(a1, a2)
+    grad[1] += 2.0 * shape_penalty * (wall[0, 0] * neg0 + wall[1, 0] * neg1)
+    grad[2] += 2.0 * shape_penalty * (wall[0, 1] * neg0 + wall[1, 1] * neg1)
+    # sum_i r_i d2mu_i: N_b x shape, shape x shape (T^T [[f11, f12], [f12, f22]] T), signal terms
+    curv = np.zeros((7, 7))
+    curv[0, 1] = t00 * r_b[0] + t10 * r_b[1]
+    curv[0, 2] = t01 * r_b[0] + t11 * r_b[1]
+    second = np.array([[r_b[2], r_b[3]], [r_b[3], r_b[4]]])
+    block = (0.5 * nb) * (transform.T @ second @ transform)
+    curv[1:3, 1:3] = block
+    if signal_free:
+        curv[3, 4], curv[3, 5] = r_s[0], r_s[1]
+        curv[6, 4], curv[6, 5] = spur * r_s[0], spur * r_s[1]
+        curv[4, 4], curv[4, 5], curv[5, 5] = 0.5 * amp * r_s[2], amp * r_s[3], 0.5 * amp * r_s[4]
+    hess += curv + curv.T
+    hess *= 2.0
+    hess[6, 6] += 2.0
+    for j, negative in ((0, neg0), (1, neg1)):
+        if negative < 0.0:
+            for a in range(2):
+                for b in range(2):
+                    hess[1 + a, 1 + b] += 2.0 * shape_penalty * wall[j, a] * wall[j, b]
+    return value, grad, hess

@@ -47,9 +47,12 @@ import numpy as np
 from iminuit import Minuit
 from scipy.special import wofz
 
+from .kernels import deviance
+
 _SQRT2 = float(np.sqrt(2.0))
 _SQRT2PI = float(np.sqrt(2.0 * np.pi))
 _TWO_I_OVER_SQRTPI = 2j / float(np.sqrt(np.pi))
+_NO_ROWS = np.zeros((6, 0))  # no signal rows passed: the kernel computes a Gaussian's itself
 BARRIER = 1e9  # deviance returned (plus violation) when a bin expectation is <= 0
 # The backgrounds modelled here (Drell-Yan, γγ and ZZ* continua, QCD dijets) fall with
 # mass. Without that constraint a fit to a few events (or to a huge peak) bends the
@@ -307,11 +310,40 @@ class PoissonDeviance:
         return slope, rows[:, free]
 
     def __call__(self, *par):
-        mu, _ = self.expected(par)
-        p1, p2 = self.shape_params(par[A1], par[A2])
-        (c10, c11), (c20, c21) = self._slope_rows
-        wall = min(c10 * p1 + c11 * p2, 0.0) ** 2 + min(c20 * p1 + c21 * p2, 0.0) ** 2
-        return self._deviance(mu, par[TH]) + SHAPE_PENALTY * wall
+        return self._compiled(par, derivatives=False)[0]
+
+    def _compiled(self, par, derivatives):
+        """``kernels.deviance`` at ``par``: the cost (and its gradient and Hessian); a Voigt's
+        signal rows (width > 0, or a free width's derivatives) are computed here by scipy."""
+        width = par[W]
+        gaussian = width <= 0.0 and not (derivatives and self.width_free)
+        signal_rows = _NO_ROWS
+        if self.signal_free and not gaussian:
+            if derivatives:
+                signal_rows = self.t.signal_hessian(par[M], width, self.sigma, self.width_free)
+            else:
+                signal_rows = np.zeros((6, self.n.size))
+                signal_rows[0] = self.t.signal(par[M], width, self.sigma)[0]
+        return deviance(
+            np.asarray(par, dtype=float),
+            self.t.log_1mx,
+            self.t.log_x,
+            self.t.w6,
+            self.t.nodes,
+            self.n,
+            self.mask_float,
+            self.T,
+            self.p_ref,
+            self.t.slope_matrix,
+            self.spur,
+            self.sigma,
+            self.signal_free,
+            signal_rows,
+            gaussian,
+            derivatives,
+            SHAPE_PENALTY,
+            BARRIER,
+        )
 
     def grad(self, *par):
         mu, jac = self.expected(par, grad=True)
@@ -324,58 +356,14 @@ class PoissonDeviance:
 
     def value_grad_hess(self, *par):
         """(cost, gradient, exact Hessian) at ``par``, from one evaluation of the model and its
-        first and second derivatives (for the Newton minimiser, ``fitting._newton``).
+        first and second derivatives (for the Newton minimiser, ``fitting._newton``; compiled:
+        ``kernels.deviance``).
 
         Hessian: 2 [J diag(n/mu^2) J^T + sum_i r_i d2mu_i], r_i = 1 - n_i/mu_i, plus the
         theta constraint and the shape wall; H / 2 is the observed information. The cost and
         gradient are those of ``__call__`` and ``grad``. Outside the model (some mu <= 0)
         the cost is the barrier and the derivatives are NaN."""
-        nb, a1, a2, ns, m, w, th = par
-        t = self.T
-        bkg = self.t.background_hessian(*self.shape_params(a1, a2))
-        f = bkg[0]
-        amp = ns + th * self.spur
-        if self.signal_free:
-            sig = self.t.signal_hessian(m, w, self.sigma, self.width_free)
-            mu = nb * f + amp * sig[0]
-        else:  # background-only: no signal (N_s = theta = 0, fixed)
-            sig = None
-            mu = nb * f
-        negative = self._negative_slope(par)
-        value = self._deviance(mu, th) + SHAPE_PENALTY * float(negative @ negative)
-        if value >= BARRIER:
-            return value, np.full(7, np.nan), np.full((7, 7), np.nan)
-        f_a = t.T @ bkg[1:3]  # df/da1, df/da2
-        jac = np.zeros((7, f.size))
-        jac[NB] = f
-        jac[A1 : A2 + 1] = nb * f_a
-        if sig is not None:
-            jac[NS] = sig[0]
-            jac[M : W + 1] = amp * sig[1:3]
-            jac[TH] = self.spur * sig[0]
-        mu = np.maximum(mu, 1e-100)  # where mu ~ 0 (no events there) the terms below vanish; no overflow
-        n_over_mu = self.n / mu
-        r = self.mask_float - n_over_mu
-        grad = 2.0 * (jac @ r)
-        grad[TH] += 2.0 * th
-        grad[A1 : A2 + 1] += 2.0 * SHAPE_PENALTY * (self.wall.T @ negative)
-        hess = (jac * (n_over_mu / mu)) @ jac.T
-        curv = np.zeros((7, 7))  # sum_i r_i d2mu_i / dpar dpar, upper triangle
-        r_b = bkg[1:] @ r  # r.f1, r.f2, r.f11, r.f12, r.f22
-        curv[NB, A1 : A2 + 1] = t.T @ r_b[:2]
-        curv[A1 : A2 + 1, A1 : A2 + 1] = (0.5 * nb) * (t.T @ np.array([[r_b[2], r_b[3]], [r_b[3], r_b[4]]]) @ t)
-        if sig is not None:
-            r_s = sig[1:] @ r  # r.s_m, r.s_w, r.s_mm, r.s_mw, r.s_ww
-            curv[NS, M : W + 1] = r_s[:2]
-            curv[TH, M : W + 1] = self.spur * r_s[:2]
-            curv[M, M], curv[M, W], curv[W, W] = 0.5 * amp * r_s[2], amp * r_s[3], 0.5 * amp * r_s[4]
-        hess += curv + curv.T
-        hess *= 2.0
-        hess[TH, TH] += 2.0
-        if negative.any():
-            active = (negative < 0.0).astype(float)
-            hess[A1 : A2 + 1, A1 : A2 + 1] += 2.0 * SHAPE_PENALTY * (self.wall.T * active) @ self.wall
-        return value, grad, hess
+        return self._compiled(par, derivatives=True)
 
     def hess(self, *par):
         """Exact Hessian of the cost (deviance units; see ``value_grad_hess``). Not named
