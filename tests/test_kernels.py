@@ -73,11 +73,25 @@ def _constrained_minimum(info, score, normals, on_wall):
     return model(result.x)
 
 
+def _scan_step(info, score, normals, on_wall):
+    """The bump scan's step (Fisher scoring), checked to return its decrement -score.step."""
+    step, decrement = kernels.wall_step(info, score, normals, on_wall)
+    assert decrement == pytest.approx(-score @ step, abs=1e-12)
+    return step
+
+
+def _fit_step(info, score, normals, on_wall):
+    """The fits' Newton step (``fitting._newton``) on the eigen-decomposed Hessian."""
+    eigval, eigvec = np.linalg.eigh(info)
+    return kernels._held_wall_step(eigval, eigvec, score, normals, on_wall)
+
+
+@pytest.mark.parametrize("step_of", [_scan_step, _fit_step])
 @pytest.mark.parametrize("p", [3, 4])
-def test_wall_step_is_the_minimum_of_the_quadratic_model_on_the_feasible_cone(p):
+def test_wall_steps_are_the_minimum_of_the_quadratic_model_on_the_feasible_cone(p, step_of):
     """For every combination of walls on, the step is feasible (it does not push a wall that is
-    on outwards) and as good as scipy's constrained minimum of the same quadratic model; its
-    decrement is -score.step. Without walls it is the Newton step -info^-1 score."""
+    on outwards) and as good as scipy's constrained minimum of the same quadratic model.
+    Without walls it is the Newton step -info^-1 score."""
     rng = np.random.default_rng(100 + p)
     pushed = 0
     for _ in range(60):
@@ -86,8 +100,7 @@ def test_wall_step_is_the_minimum_of_the_quadratic_model_on_the_feasible_cone(p)
         normals[:, 1:3] = rng.normal(size=(2, 2))  # the walls constrain the shape parameters only
         for on_wall in ([False, False], [True, False], [False, True], [True, True]):
             on_wall = np.array(on_wall)
-            step, decrement = kernels.wall_step(info, score, normals, on_wall)
-            assert decrement == pytest.approx(-score @ step, abs=1e-12)
+            step = step_of(info, score, normals, on_wall)
             if not on_wall.any():
                 np.testing.assert_allclose(step, -np.linalg.solve(info, score), rtol=1e-10, atol=1e-12)
                 continue
@@ -193,3 +206,23 @@ def test_the_compiled_cost_has_numpys_value_gradient_and_a_hessian_that_is_its_d
     scale = np.abs(hess[np.ix_(free, free)]).max()
     np.testing.assert_allclose(hess[np.ix_(free, free)], numeric, atol=2e-5 * scale)
     np.testing.assert_allclose(hess, hess.T, atol=1e-9 * scale)
+
+
+def test_newton_direction_holds_a_parameter_at_a_bound_it_would_cross():
+    """A parameter at its lower bound whose Newton step would go below it is held (step 0) and
+    the others take the Newton step of the rest; an indefinite Hessian's eigenvalues are taken
+    in absolute value (a descent direction)."""
+    h = np.array([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 3.0]])
+    g = np.array([0.4, -1.0, 0.3])  # the free step moves parameter 0 down (it is at its bound)
+    no_walls = np.zeros((2, 3)), np.zeros(2, dtype=bool)
+    lo, hi, bounded = np.array([0.0, -np.inf, -np.inf]), np.full(3, np.inf), np.array([True, False, False])
+    free = kernels.newton_direction(g, h, np.array([1.0, 0.0, 0.0]), lo, hi, bounded, *no_walls)
+    np.testing.assert_allclose(free, -np.linalg.solve(h, g), rtol=1e-12)
+    assert free[0] < 0
+    step = kernels.newton_direction(g, h, np.array([0.0, 0.0, 0.0]), lo, hi, bounded, *no_walls)
+    assert step[0] == 0.0
+    np.testing.assert_allclose(step[1:], -np.linalg.solve(h[1:, 1:], g[1:]), rtol=1e-12)
+    indefinite = np.diag([2.0, -1.0, 3.0])
+    step = kernels.newton_direction(g, indefinite, np.ones(3), lo, hi, bounded, *no_walls)
+    np.testing.assert_allclose(step, -g / np.array([2.0, 1.0, 3.0]), rtol=1e-12)
+    assert g @ step < 0

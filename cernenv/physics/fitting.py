@@ -19,6 +19,7 @@ import numpy as np
 from iminuit import Minuit
 from scipy.special import chdtrc
 
+from .kernels import newton_direction
 from .likelihood import (
     A1,
     A2,
@@ -102,46 +103,30 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
     the Hessian's eigenvalues taken in absolute value (and floored) where it is not
     positive definite; a parameter at a bound that the step would cross is held there
     (active set); the falling-shape constraints (``PoissonDeviance.wall_constraint``) are held as
-    well where the shape is on the wall (``_wall_step``), and a step is cut where it would
+    well where the shape is on the wall, and a step is cut where it would
     reach the wall; steps are shortened to ``max_step`` (per free parameter) and then by a
     backtracking (Armijo) line search on the cost itself, so every step decreases it.
     Stops when the Newton decrement g^T H^-1 g (twice the predicted decrease, deviance
     units) is below ``tol``, after that last step: with quadratic convergence the cost is
     then within ~tol^2 of the minimum (Migrad's EDM < 2e-5 was the previous criterion).
+    The step before its cuts is ``kernels.newton_direction`` (compiled).
     Returns (parameters, cost, converged)."""
     x = np.array(start, dtype=float)
     free = np.asarray(free)
     block = np.ix_(free, free)
     lo, hi = [float(v) for v in lower], [float(v) for v in upper]
     caps = None if max_step is None else [float(v) for v in max_step]
-    bounded = [k for k in range(free.size) if lo[k] > -np.inf or hi[k] < np.inf]
+    lower, upper = np.asarray(lo), np.asarray(hi)
+    bounded = np.array([lo[k] > -np.inf or hi[k] < np.inf for k in range(free.size)], dtype=bool)
     fval, g_all, h_all = cost.value_grad_hess(*x)
     for _ in range(max_iter):
         g, h = g_all[free], h_all[block]
         if not (np.isfinite(g).all() and np.isfinite(h).all()):
             return x, fval, False
         xf = x[free].tolist()
-        at_lower = [k for k in bounded if xf[k] <= lo[k]]
-        at_upper = [k for k in bounded if xf[k] >= hi[k]]
-        held = [k for k in at_lower if g[k] > 0] + [k for k in at_upper if g[k] < 0]
         slope, normals = cost.wall_constraint(x, free)
         on_wall = slope <= WALL_TOL
-        for _ in range(2 * free.size + 2):  # Newton step on the parameters not held; hold those it would
-            move = [k for k in range(free.size) if k not in held]  # push out
-            step = np.zeros(free.size)
-            if not move:
-                break
-            sub = h if not held else h[np.ix_(move, move)]
-            eigval, eigvec = np.linalg.eigh(sub)
-            eigval = np.abs(eigval)
-            eigval = np.maximum(eigval, 1e-12 * max(float(eigval.max()), 1e-300))
-            step[move] = _wall_step(eigval, eigvec, g[move], normals[:, move], on_wall)
-            blocked = [k for k in at_lower if step[k] < 0 and k not in held]
-            blocked += [k for k in at_upper if step[k] > 0 and k not in held]
-            if blocked:
-                held += blocked
-                continue
-            break
+        step = newton_direction(g, h, x[free], lower, upper, bounded, normals, on_wall)
         decrement = -float(g @ step)
         slope_step = normals @ step
         t_wall = 1.0  # the longest step that keeps the shapes off the wall inside it
@@ -183,41 +168,6 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
             ftrial, g_trial, h_trial = cost.value_grad_hess(*trial)
         x, fval, g_all, h_all = trial, ftrial, g_trial, h_trial
     return x, fval, False
-
-
-def _wall_step(eigval, eigvec, g, normals, on_wall):
-    """Newton step -H^-1 g (H = eigvec diag(eigval) eigvec^T) that keeps the linear constraints
-    ``normals`` . step >= 0 of those ``on_wall``.
-
-    For each subset of the constraints on the wall, the minimiser of the quadratic model
-    with those held (the step projected onto their face in the metric of H, through their
-    Lagrange multipliers); of those that push no other constraint on the wall outwards,
-    the one with the largest decrement -g . step (the lowest model value, -decrement / 2)
-    is the minimiser of the model on the feasible cone."""
-
-    def hinv(v):
-        return eigvec @ ((eigvec.T @ v) / (eigval if v.ndim == 1 else eigval[:, None]))
-
-    free_step = -hinv(g)
-    walls = np.flatnonzero(on_wall)
-    if walls.size == 0 or np.all(normals[walls] @ free_step >= 0.0):
-        return free_step
-    best, best_dec = None, -np.inf
-    subsets = [[int(j)] for j in walls] + ([walls.tolist()] if walls.size > 1 else [])
-    for subset in subsets:
-        c = normals[subset]
-        if not np.any(c):
-            continue
-        hc = hinv(c.T)
-        lam = np.linalg.lstsq(c @ hc, c @ free_step, rcond=None)[0]
-        step = free_step - hc @ lam
-        others = [j for j in walls if j not in subset]
-        if others and np.any(normals[others] @ step < 0.0):
-            continue
-        dec = -float(g @ step)
-        if dec > best_dec:
-            best, best_dec = step, dec
-    return np.zeros_like(free_step) if best is None else best
 
 
 def _feasible_shape(tmpl, p1, p2):

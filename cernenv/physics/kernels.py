@@ -442,3 +442,125 @@ def deviance(
                 for b in range(2):
                     hess[1 + a, 1 + b] += 2.0 * shape_penalty * wall[j, a] * wall[j, b]
     return value, grad, hess
+
+
+@njit(cache=True)
+def _held_wall_step(eigval, eigvec, g, normals, on_wall):
+    """``fitting._newton``'s step on the moving parameters: -H^-1 g with H = eigvec diag(eigval)
+    eigvec^T, and where that pushes a constraint on the wall (``normals`` . step >= 0) outwards,
+    the step with one wall, the other or both held (their multipliers: least squares of the
+    1 x 1 or 2 x 2 system), the feasible one with the largest decrement -g . step (none: 0)."""
+    p = g.size
+    rhs = np.empty((p, 3))
+    rhs[:, 0] = g
+    rhs[:, 1] = normals[0]
+    rhs[:, 2] = normals[1]
+    solved = np.ascontiguousarray((eigvec @ ((eigvec.T @ rhs) / eigval.reshape(p, 1))).T)  # H^-1 [g, c0, c1]
+    free_step = -solved[0]
+    pushes_out = False
+    for j in range(2):
+        if on_wall[j] and np.dot(normals[j], free_step) < 0.0:
+            pushes_out = True
+    if not pushes_out:
+        return free_step
+    best = np.zeros(p)
+    best_dec = -np.inf
+    found = False
+    for subset in range(3):  # wall 0 held, wall 1 held, both (where both are on)
+        if subset < 2 and not on_wall[subset]:
+            continue
+        if subset == 2 and not (on_wall[0] and on_wall[1]):
+            continue
+        if subset < 2 and not np.any(normals[subset] != 0.0):
+            continue
+        if subset == 2 and not np.any(normals != 0.0):
+            continue
+        lam0 = lam1 = 0.0
+        if subset < 2:
+            a = np.dot(normals[subset], solved[1 + subset])
+            b = np.dot(normals[subset], free_step)
+            lam = b / a if a != 0.0 else 0.0  # least squares of a lam = b (0 for a = 0)
+            if subset == 0:
+                lam0 = lam
+            else:
+                lam1 = lam
+        else:
+            lam0, lam1 = _least_squares_2x2(
+                np.dot(normals[0], solved[1]),
+                np.dot(normals[0], solved[2]),
+                np.dot(normals[1], solved[1]),
+                np.dot(normals[1], solved[2]),
+                np.dot(normals[0], free_step),
+                np.dot(normals[1], free_step),
+            )
+        step = free_step - (solved[1] * lam0 + solved[2] * lam1)
+        other = 1 - subset if subset < 2 else -1
+        if other >= 0 and on_wall[other] and np.dot(normals[other], step) < 0.0:
+            continue
+        dec = -np.dot(g, step)
+        if dec > best_dec:
+            best, best_dec, found = step, dec, True
+    return best if found else np.zeros(p)
+
+
+@njit(cache=True)
+def _least_squares_2x2(m00, m01, m10, m11, b0, b1):
+    """The minimum-norm least-squares solution of [[m00, m01], [m10, m11]] lam = b (LAPACK's
+    gelsd with its default cut: singular values below 2 eps of the largest are 0)."""
+    m = np.array([[m00, m01], [m10, m11]])
+    u, sv, vt = np.linalg.svd(m)
+    cut = 2.0 * np.finfo(np.float64).eps * sv[0]
+    lam = np.zeros(2)
+    for k in range(2):
+        if sv[k] > cut:
+            coef = (u[0, k] * b0 + u[1, k] * b1) / sv[k]
+            lam += coef * vt[k]
+    return lam[0], lam[1]
+
+
+@njit(cache=True)
+def newton_direction(g, h, xf, lo, hi, bounded, normals, on_wall):
+    """The step of one ``fitting._newton`` iteration over the free parameters (gradient ``g``,
+    Hessian ``h``, values ``xf`` within [``lo``, ``hi``]; ``bounded``: a parameter with a finite
+    bound), before its length is cut.
+
+    A parameter at a bound whose gradient points out is held there; the Newton step on the
+    others uses the Hessian's eigenvalues in absolute value, floored at 1e-12 of the largest
+    (``_held_wall_step`` keeps the walls); a parameter at a bound that this step would cross is
+    held too, and the step recomputed (at most 2 n + 2 times)."""
+    p = g.size
+    at_lower = np.zeros(p, dtype=np.bool_)
+    at_upper = np.zeros(p, dtype=np.bool_)
+    held = np.zeros(p, dtype=np.bool_)
+    for k in range(p):
+        if bounded[k]:
+            at_lower[k] = xf[k] <= lo[k]
+            at_upper[k] = xf[k] >= hi[k]
+            held[k] = (at_lower[k] and g[k] > 0.0) or (at_upper[k] and g[k] < 0.0)
+    step = np.zeros(p)
+    for _ in range(2 * p + 2):
+        move = np.flatnonzero(~held)
+        step = np.zeros(p)
+        if move.size == 0:
+            break
+        sub = np.empty((move.size, move.size))
+        for a in range(move.size):
+            for b in range(move.size):
+                sub[a, b] = h[move[a], move[b]]
+        eigval, eigvec = np.linalg.eigh(sub)
+        eigval = np.abs(eigval)
+        eigval = np.maximum(eigval, 1e-12 * max(eigval.max(), 1e-300))
+        sub_normals = np.empty((2, move.size))
+        for a in range(move.size):
+            sub_normals[:, a] = normals[:, move[a]]
+        moved = _held_wall_step(eigval, eigvec, np.ascontiguousarray(g[move]), sub_normals, on_wall)
+        for a in range(move.size):
+            step[move[a]] = moved[a]
+        blocked = False
+        for k in range(p):
+            if not held[k] and ((at_lower[k] and step[k] < 0.0) or (at_upper[k] and step[k] > 0.0)):
+                held[k] = True
+                blocked = True
+        if not blocked:
+            break
+    return step
