@@ -226,3 +226,14 @@ def test_newton_direction_holds_a_parameter_at_a_bound_it_would_cross():
     step = kernels.newton_direction(g, indefinite, np.ones(3), lo, hi, bounded, *no_walls)
     np.testing.assert_allclose(step, -g / np.array([2.0, 1.0, 3.0]), rtol=1e-12)
     assert g @ step < 0
+
+
+def test_gaussian_bin_fractions_are_the_shapes_signal_fractions_of_width_zero():
+    from cernenv.physics import shapes
+    from cernenv.physics.scan import gaussian_bin_fractions
+
+    edges = np.linspace(100.0, 160.0, 61)
+    masses, sigmas = np.array([101.0, 125.3, 159.5]), np.array([0.8, 1.6, 4.0])
+    fractions = gaussian_bin_fractions(template(edges, 13.0), masses, sigmas)
+    for row, mass, sigma in zip(fractions, masses, sigmas):
+        np.testing.assert_allclose(row, shapes.signal_bin_fractions(edges, mass, 0.0, sigma), atol=1e-14)
