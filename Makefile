@@ -49,7 +49,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # cernenv and lib are installed in the venv (editable, `make setup`): any directory can import them.
 RUN_ENV = MPLBACKEND=Agg
 
-.PHONY: help setup lint format test test-gpu-set reproduce report report-assets docs bench bench-server bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
+.PHONY: help setup lint format test test-gpu-set reproduce verify-evidence report report-assets docs bench bench-server bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -105,6 +105,9 @@ test-gpu-set: $(GPU_SET_STAMP) ## the GPU training set's CPU-checkable tests (in
 
 reproduce: setup ## run notebooks 01 → 04 headlessly (papermill) into build/PROFILE/; PROFILE=full|smoke, ONLY=names
 	$(RUN_ENV) $(PY) -m lib.reproduce --profile $(PROFILE) --build-dir $(BUILD)/$(PROFILE_NAME) $(if $(ONLY),--only $(ONLY))
+
+verify-evidence: setup ## replay the committed evidence episodes: every reward and grade must come back (python -m lib.replay)
+	$(RUN_ENV) $(PY) -m lib.replay evidence/pre_eval.jsonl evidence/post_eval.jsonl
 
 report: setup ## export build/PROFILE/*.ipynb to offline HTML: reports/ for full, reports/PROFILE/ for the others
 	$(RUN_ENV) $(PY) -m lib.report $(BUILD)/$(PROFILE_NAME) $(if $(filter full,$(PROFILE_NAME)),$(REPORTS),$(REPORTS)/$(PROFILE_NAME))

@@ -130,15 +130,29 @@ def save_episodes_jsonl(episodes: Sequence[Union[EpisodeRecord, Dict[str, Any]]]
     atomic_write(path, "".join(json.dumps(as_episode_dict(episode)) + "\n" for episode in episodes))
 
 
+RENAMED_SUMMARY_KEYS = {"selected_beam_energy": "selected_beam_energy_tev"}
+"""Step `observation_summary` keys renamed since records were first written: old name → new."""
+
+
+def _upgrade(episode: Dict[str, Any]) -> Dict[str, Any]:
+    """`episode` with the renamed summary keys of an older record under their current names."""
+    for step in episode.get("steps") or []:
+        summary = step.get("observation_summary") if isinstance(step, dict) else None
+        if summary:
+            step["observation_summary"] = {RENAMED_SUMMARY_KEYS.get(k, k): v for k, v in summary.items()}
+    return episode
+
+
 def load_episodes_jsonl(path: str) -> List[Dict[str, Any]]:
     """Read episodes written by `save_episodes_jsonl` (or appended line by line): a truncated
-    last line, from a writer that was interrupted, is skipped with a warning."""
+    last line, from a writer that was interrupted, is skipped with a warning. Summary keys
+    renamed since the file was written are read under their current names."""
     with open(path) as f:
         lines = [line for line in f.read().split("\n") if line.strip()]
     episodes = []
     for number, line in enumerate(lines, start=1):
         try:
-            episodes.append(json.loads(line))
+            episodes.append(_upgrade(json.loads(line)))
         except json.JSONDecodeError as error:
             if number < len(lines):
                 raise ValueError(

@@ -2,20 +2,32 @@
 
 An evidence file (`pre_eval.jsonl`, `post_eval.jsonl`) keeps what the agent saw and sent,
 not the spectra and fits its actions made. The environment is deterministic per seed,
-so sending the recorded actions again rebuilds them exactly; `replay` checks that it
-does, step by step, by comparing the rewards (a changed environment or a record from
-another code version fails loudly instead of showing someone else's physics).
+so sending the recorded actions again rebuilds them; `replay` checks that it does, step by
+step, by comparing the rewards (a changed environment or a record from another code version
+fails loudly instead of showing someone else's physics). `check_replay` compares everything
+a record holds from the environment (`python -m lib.replay FILE...`, `make verify-evidence`).
+
+Deterministic per seed means on one machine: floating-point results differ in their last bits
+between processors (numpy's and BLAS's vector kernels, numba's compiled loops), and a few
+quantities amplify that, such as the error of a fit whose width ends at its limit of 0 on one
+machine and just above it on another. So a record made on another machine can show a handful
+of prompts that differ in such a digit while every reward and grade replays exactly.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from cernenv import CERNCollisionEnvironment
 from cernenv.scenarios import list_scenarios
 from lib.plotting import analysis_snapshot
-from lib.records import as_episode_dict
+from lib.records import as_episode_dict, load_episodes_jsonl
 
 REWARD_TOLERANCE = 1e-6
 """Largest difference between a recorded and a replayed step reward that counts as equal."""
@@ -59,3 +71,91 @@ def replay(episode: Any, *, upto_step: Optional[int] = None) -> List[Dict[str, A
             )
         snapshots.append(analysis_snapshot(env))
     return snapshots
+
+
+@dataclass
+class ReplayCheck:
+    """What a replay of a recorded episode found (`check_replay`): `outcome` lists the steps
+    whose reward, reward breakdown, rule violations, observation summary or end differ, and an
+    episode grade, reward components or resources that differ; `prompts`, the steps whose
+    observation, rendered for the policy, is not the prompt the agent saw."""
+
+    steps: int
+    outcome: List[str] = field(default_factory=list)
+    prompts: List[str] = field(default_factory=list)
+
+
+def check_replay(episode: Any) -> ReplayCheck:
+    """Replay `episode` (its recorded actions from its seed) and compare everything the record
+    holds from the environment with what the environment returns now (`ReplayCheck`). Unlike
+    `replay`, which stops at the first reward that differs, this lists every difference: the
+    check that committed evidence still describes the environment of a checkout
+    (`python -m lib.replay FILE...`, `make verify-evidence`)."""
+    from lib.prompting import render_observation
+    from lib.rollouts import episode_record, step_record
+
+    record = as_episode_dict(episode)
+    env = CERNCollisionEnvironment()
+    obs = reset_for(env, record)
+    where = f"seed {record.get('seed')} ({record.get('scenario')})"
+    check = ReplayCheck(steps=len(record.get("steps") or []))
+    steps = []
+    for index, recorded in enumerate(record.get("steps") or []):
+        if obs.done:
+            check.outcome.append(f"{where}: the replay ended after {index} steps, the record has more")
+            break
+        if recorded.get("prompt") and recorded["prompt"] != render_observation(obs):
+            check.prompts.append(f"{where} step {index}")
+        next_obs = env.step(recorded.get("action"))
+        replayed = step_record(
+            obs,
+            recorded.get("action"),
+            next_obs,
+            prompt=recorded.get("prompt", ""),
+            completion=recorded.get("completion", ""),
+            parsed_ok=recorded.get("parsed_ok", True),
+            parse_error=recorded.get("parse_error"),
+        )
+        steps.append(replayed)
+        fresh = json.loads(json.dumps(as_episode_dict(replayed)))  # as a JSONL line holds it
+        changed = sorted(key for key in fresh if fresh[key] != recorded.get(key))
+        if changed:
+            check.outcome.append(f"{where} step {index}: {', '.join(changed)}")
+        obs = next_obs
+    fresh = as_episode_dict(
+        episode_record(env, seed=int(record["seed"]), steps=steps, last_obs=obs, agent_name=record.get("agent", ""))
+    )
+    fresh = json.loads(json.dumps({k: v for k, v in fresh.items() if k != "steps"}))
+    changed = sorted(key for key in fresh if fresh[key] != record.get(key))
+    if changed:
+        check.outcome.append(f"{where}: {', '.join(changed)}")
+    return check
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """`python -m lib.replay FILE...`: replay every episode of evidence JSONL files and report
+    what differs; exit 1 where an outcome differs (or, with --strict, a prompt)."""
+    parser = argparse.ArgumentParser(prog="python -m lib.replay", description=main.__doc__)
+    parser.add_argument("files", nargs="+", type=Path, help="episode JSONL files (evidence/pre_eval.jsonl, ...)")
+    parser.add_argument("--strict", action="store_true", help="also fail where a prompt differs")
+    args = parser.parse_args(argv)
+    failed = False
+    for path in args.files:
+        if not path.is_file():
+            parser.error(f"{path} is not a file")
+        checks = [check_replay(episode) for episode in load_episodes_jsonl(str(path))]
+        steps = sum(c.steps for c in checks)
+        outcome = [line for c in checks for line in c.outcome]
+        prompts = [line for c in checks for line in c.prompts]
+        print(
+            f"{path}: {len(checks)} episodes, {steps} steps replayed; outcomes differ at {len(outcome)}, "
+            f"prompts at {len(prompts)} ({len(prompts) / max(steps, 1):.1%} of steps)"
+        )
+        for line in outcome[:20] + (prompts[:5] if args.strict else []):
+            print("  " + line)
+        failed |= bool(outcome) or (args.strict and bool(prompts))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
