@@ -564,20 +564,3 @@ def newton_direction(g, h, xf, lo, hi, bounded, normals, on_wall):
         if not blocked:
             break
     return step
-
-
-@njit(cache=True)
-def gaussian_bin_fractions(nodes, w6, masses, sigmas):
-    """(K, n_bins) Simpson bin integrals of K normal densities N(mass_k, sigma_k) (sigma floored
-    at 1e-6) at the nodes of a binning: ``scan.gaussian_bin_fractions``."""
-    n_bins = w6.size
-    out = np.empty((masses.size, n_bins))
-    density = np.empty(nodes.size)
-    for k in range(masses.size):
-        sigma = max(sigmas[k], 1e-6)
-        norm = sigma * np.sqrt(2.0 * np.pi)
-        for j in range(nodes.size):
-            density[j] = np.exp(-0.5 * ((nodes[j] - masses[k]) / sigma) ** 2) / norm
-        for i in range(n_bins):
-            out[k, i] = w6[i] * (density[2 * i] + 4.0 * density[2 * i + 1] + density[2 * i + 2])
-    return out

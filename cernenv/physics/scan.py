@@ -26,9 +26,10 @@ from typing import Callable
 import numpy as np
 
 from .fitting import BackgroundFit, fit_background_on_template
-from .kernels import gaussian_bin_fractions as kernel_gaussian_bin_fractions
 from .kernels import profile_rows
 from .likelihood import BinnedTemplate, as_counts, template
+
+_SQRT2PI = float(np.sqrt(2.0 * np.pi))
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,13 @@ def gaussian_bin_fractions(tmpl: BinnedTemplate, mass_gev: np.ndarray, resolutio
     """(K, n_bins) signal fractions for K narrow-resonance hypotheses.
 
     Same numbers as shapes.signal_bin_fractions(edges, m, 0.0, sigma) (a width-0
-    Voigt is a Gaussian), for the whole grid (compiled: ``kernels.gaussian_bin_fractions``).
+    Voigt is a Gaussian), vectorised over the grid (numpy's vectorised exp: compiled scalar
+    loops were no faster here, the exponentials are the work).
     """
-    masses = np.array(mass_gev, dtype=float).ravel()
-    sigmas = np.array(np.broadcast_to(np.asarray(resolution_gev, dtype=float), masses.shape))
-    return kernel_gaussian_bin_fractions(tmpl.nodes, tmpl.w6, masses, sigmas)
+    m = np.asarray(mass_gev, dtype=float)[:, None]
+    sig = np.maximum(np.asarray(resolution_gev, dtype=float), 1e-6)[:, None]
+    dens = np.exp(-0.5 * ((tmpl.nodes[None, :] - m) / sig) ** 2) / (sig * _SQRT2PI)
+    return tmpl.simpson(dens)
 
 
 def _profile(
