@@ -3,7 +3,9 @@
     make bench            # or: python bench/bench_env.py --random-steps 20000 --heuristic-episodes 300
 
 Prints steps/s for uniformly random actions (RandomAgent, episodes reset as they end)
-and episodes/s for HeuristicAgent over a fixed mix of curated and procedural scenarios.
+and episodes/s for HeuristicAgent over a fixed mix of curated and procedural scenarios: the
+best of three passes, and their median (the machines here are virtual and their speed drifts
+by +-10% within minutes).
 Targets (issue 2): >= 2,000 random steps/s and >= 50 heuristic episodes/s.
 """
 
@@ -93,15 +95,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--random-steps", type=int, default=20000)
     parser.add_argument("--heuristic-episodes", type=int, default=300)
+    parser.add_argument(
+        "--heuristic-passes",
+        type=int,
+        default=3,
+        help="times the heuristic episodes are played: the best and the median pass are printed "
+        "(a shared or virtual machine's other work only slows a pass, timeit's reasoning)",
+    )
     parser.add_argument("--resets", type=int, default=2000, help="procedural resets timed of each kind")
     args = parser.parse_args()
     bench_heuristic(4)  # warm-up: imports, caches
     random_rate = bench_random(args.random_steps)
-    episode_rate, step_rate = bench_heuristic(args.heuristic_episodes)
+    passes = sorted(bench_heuristic(args.heuristic_episodes) for _ in range(max(args.heuristic_passes, 1)))
+    (episode_rate, step_rate), median_rate = passes[-1], passes[len(passes) // 2][0]
     reset_ms = bench_reset_by_truth(args.resets)
     print(f"{'benchmark':<34}{'measured':>12}{'target':>10}")
     print(f"{'random actions [steps/s]':<34}{random_rate:>12.0f}{RANDOM_STEPS_TARGET:>10.0f}")
     print(f"{'HeuristicAgent [episodes/s]':<34}{episode_rate:>12.1f}{HEURISTIC_EPISODES_TARGET:>10.0f}")
+    print(f"{'  median of ' + str(len(passes)) + ' passes':<34}{median_rate:>12.1f}{'':>10}")
     print(f"{'HeuristicAgent [steps/s]':<34}{step_rate:>12.0f}{'':>10}")
     print(f"{'reset, particle [ms, median]':<34}{reset_ms[True]:>12.3f}{'':>10}")
     print(f"{'reset, nothing there [ms, median]':<34}{reset_ms[False]:>12.3f}{'':>10}")
