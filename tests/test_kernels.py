@@ -5,6 +5,9 @@ also checked against an independent iminuit fit in tests/test_scan_crosscheck.py
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy.optimize import LinearConstraint, minimize
@@ -237,3 +240,32 @@ def test_gaussian_bin_fractions_are_the_shapes_signal_fractions_of_width_zero():
     fractions = gaussian_bin_fractions(template(edges, 13.0), masses, sigmas)
     for row, mass, sigma in zip(fractions, masses, sigmas):
         np.testing.assert_allclose(row, shapes.signal_bin_fractions(edges, mass, 0.0, sigma), atol=1e-14)
+
+
+def test_the_kernels_import_and_run_where_no_cache_folder_is_writable(tmp_path):
+    """A read-only install with an unwritable home: numba finds no folder for its cache; the
+    kernels are then compiled in the process instead of failing at import. (Simulated with
+    files where numba would make its folders: root can write into read-only folders.)"""
+    import shutil
+    import subprocess
+    import sys
+
+    package = tmp_path / "site"
+    package.mkdir()
+    shutil.copy(Path(kernels.__file__), package / "kernels.py")
+    (package / "__pycache__").write_text("a file, not a folder")
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env.update(HOME=str(blocked / "home"), XDG_CACHE_HOME=str(blocked / "cache"), PYTHONDONTWRITEBYTECODE="1")
+    code = (
+        "import numpy as np, kernels;"
+        "x, ok = kernels._solve(np.array([[2.0, 1.0], [1.0, 3.0]]), np.array([1.0, 2.0]));"
+        "print(ok, np.round(x, 6).tolist())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=package, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["True", "[0.2,", "0.6]"]
+    assert not list(package.glob("*.nbi"))

@@ -1,23 +1,40 @@
-"""Compiled inner loops of the bump scan (numba).
+"""Compiled inner loops of the physics (numba): the bump scan's Fisher scoring
+(``profile_rows``), the fits' cost with its exact gradient and Hessian (``deviance``) and the
+fits' Newton direction (``newton_direction``).
 
-The Fisher scoring of ``scan._profile`` touches arrays of a few hundred numbers a few dozen
-times per mass hypothesis; written with numpy, each of those operations costs more in the
-interpreter than in arithmetic. The same algorithm, row by row in plain loops compiled by numba
-(``cache=True``: compiled once per machine, then loaded from ``__pycache__``), is what runs. Rows
-are independent (each mass hypothesis is profiled from its own start), so the loop over rows is
-the outer loop; within a row the steps are those documented in ``scan._profile``.
+Written with numpy, these loops touch arrays of a few hundred numbers a few dozen times per
+fit or mass hypothesis, and each operation costs more in the interpreter than in arithmetic.
+The same algorithms in plain loops, compiled by numba, are what runs; their numpy or Python
+descriptions are the docstrings of ``scan._profile``, ``likelihood.PoissonDeviance`` and
+``fitting._newton``, and tests/test_kernels.py holds each kernel to independent code.
 
-Compiling all of them takes a few seconds, once per machine and source version (numba's
-cache; ``scan.warm_up`` does it ahead: ``make setup`` and the server at start call it).
-
-Every function here takes plain arrays and numbers (no objects), so a reader can check it
-against its numpy description line by line.
+Compiling them takes about 20 s on a 2-core machine, once per machine and source version:
+numba caches the result (``__pycache__`` beside this file, else the user's cache folder), and
+``scan.warm_up`` compiles ahead (``make setup`` and the server at start call it). Every
+function takes plain arrays and numbers (no objects).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit as _njit
+
+
+def njit(cache: bool = True):
+    """numba's ``njit``, cached on disk where numba finds a writable cache folder (beside this
+    file, ``NUMBA_CACHE_DIR``, or the user's cache folder); where none is writable (a read-only
+    install and home), compiled in each process instead of failing at import."""
+
+    def compile_(function):
+        try:
+            return _njit(cache=cache)(function)
+        except RuntimeError as error:
+            if "cannot cache" not in str(error):
+                raise
+            return _njit(cache=False)(function)
+
+    return compile_
+
 
 WALL_GAP = 1e-9
 """A log-log slope this close to its floor is on the wall (``scan._profile``)."""
