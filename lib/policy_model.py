@@ -262,7 +262,7 @@ def warm_start(
         report["n_examples"] = len(dataset)
     staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir=target.parent if target.parent.exists() else None))
     model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)  # a self-contained model folder: AutoTokenizer/AutoModel load it
+    tokenizer.save_pretrained(staging)  # a self-contained model folder (its tokenizer: lib.tokenizer.load_tokenizer)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.replace(staging, target)  # atomic: a concurrent build of the same model wins or loses whole

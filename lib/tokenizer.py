@@ -168,6 +168,29 @@ def build_tokenizer(
     return PreTrainedTokenizerFast.from_pretrained(str(target))
 
 
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+"""`tokenizer_config.json` classes that mean "the pipeline in tokenizer.json, as it is" (the
+project tokenizer saves itself so)."""
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer of a saved policy folder (or a Hub model name), as it was saved.
+
+    transformers' `AutoTokenizer` loads a folder whose config.json names a model type (the
+    stand-in is a `qwen2` model) with that type's tokenizer class, which rebuilds the
+    pre-tokenizer its own way: the project tokenizer then splits text differently (a first
+    prompt: 549 tokens instead of the 398 the model was trained on) and the policy reads
+    nonsense. A folder whose tokenizer_config.json names a generic class
+    (`GENERIC_TOKENIZER_CLASSES`) is loaded from its tokenizer.json as is; anything else (a
+    real model's own tokenizer) with `AutoTokenizer`."""
+    config = Path(name_or_path) / "tokenizer_config.json"
+    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
+        return PreTrainedTokenizerFast.from_pretrained(str(name_or_path))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(name_or_path))
+
+
 def make_prompt_fn(tokenizer: PreTrainedTokenizerFast):
     """The `prompt_fn` of `LLMAgent` / `collect_episode` for `tokenizer`: its chat template,
     with the assistant's turn opened."""

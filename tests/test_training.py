@@ -127,9 +127,11 @@ def test_backend_auto_is_trl_without_a_gpu():
 
 
 def test_rollout_func_plays_each_group_on_one_task(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    from lib.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
 
     class FakeTrainer:  # what CampaignRollout reads from GRPOTrainer
@@ -337,3 +339,31 @@ def test_drop_rows_after_cuts_a_torn_last_line(tmp_path):
     with open(path, "a") as f:  # later writers append whole rows after it
         f.write("3,0.2\n")
     assert path.read_text().splitlines() == ["step,loss", "1,0.5", "2,0.4", "3,0.2"]
+
+
+def test_a_saved_policy_folder_gives_back_the_tokenizer_it_was_trained_with(tiny_model_dir, tmp_path):
+    """A stand-in saved as a Hugging Face model (config.json says qwen2) is loaded by
+    `load_tokenizer` (training from a folder, the inference demo) with its own tokenizer.json
+    pipeline: the same tokens for a whole first prompt as the project tokenizer. transformers'
+    AutoTokenizer rebuilds it as a Qwen2 tokenizer that splits the text differently."""
+    import json
+    import shutil
+
+    from cernenv import CERNCollisionEnvironment
+    from lib.multiturn import first_messages
+    from lib.tokenizer import build_tokenizer, load_tokenizer
+    from lib.training.publish import load_trained_policy
+
+    project = build_tokenizer()
+    obs = CERNCollisionEnvironment().reset(seed=901000, scenario="higgs_diphoton_125")
+    prompt = project.apply_chat_template(first_messages(obs), add_generation_prompt=True, tokenize=False)
+    expected = project(prompt, add_special_tokens=False)["input_ids"]
+    for loaded in (load_tokenizer(tiny_model_dir), load_trained_policy(tiny_model_dir)[1]):
+        assert loaded(prompt, add_special_tokens=False)["input_ids"] == expected
+        assert loaded.apply_chat_template(first_messages(obs), add_generation_prompt=True, tokenize=False) == prompt
+    # a real model's own tokenizer class is left to AutoTokenizer
+    real = tmp_path / "real"
+    shutil.copytree(tiny_model_dir, real)
+    config = json.loads((real / "tokenizer_config.json").read_text())
+    (real / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "Qwen2Tokenizer"}))
+    assert type(load_tokenizer(str(real))).__name__ == "Qwen2Tokenizer"

@@ -50,24 +50,26 @@ def test_accumulation_is_shared_among_the_processes_or_refused():
 
 @pytest.fixture(scope="module")
 def first_action_model_dir(tmp_path_factory):
-    """The tiny model taught (for ~10 s) to write the heuristic's first action: sampled at
-    temperature 1 it writes a valid first action in most episodes, not in all, and fails later
-    turns, so returns differ within groups and GRPO steps move the weights."""
+    """The tiny model taught (for ~10 s) two first actions for the same observations: the
+    heuristic's (valid) and a data collection before any beam is configured (refused, a penalty).
+    Sampled at temperature 1 it writes either, so the returns of a group differ and GRPO steps
+    move the weights, whatever the exact tokens of the prompts (a model taught one action
+    writes it every time once it has learnt it, and then no step moves anything)."""
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer)
+    refused = json.dumps({"action_type": "collect_collisions", "parameters": {"luminosity_fb": 1.0}})
     examples = []
     for row in sft_examples(4):
         messages = row["messages"]
         first_reply = next(i for i, message in enumerate(messages) if message["role"] == "assistant")
         prompt = tokenizer.apply_chat_template(messages[:first_reply], add_generation_prompt=True, tokenize=False)
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        reply = messages[first_reply]["content"] + tokenizer.eos_token
-        reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
-        examples.append((prompt_ids, reply_ids))
+        for reply in (messages[first_reply]["content"], refused):
+            examples.append((prompt_ids, tokenizer(reply + tokenizer.eos_token, add_special_tokens=False)["input_ids"]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     torch.manual_seed(0)
-    for step in range(120):
+    for step in range(160):
         prompt_ids, reply_ids = examples[step % len(examples)]
         input_ids = torch.tensor([prompt_ids + reply_ids])
         labels = input_ids.clone()

@@ -21,9 +21,9 @@ from lib.training.warm_start import demonstration_examples, loss_mask, sft_train
 def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
     """A demonstration replayed through `play_episodes` (a generator that writes the
     demonstrated replies) gives the same tokens, and its action mask is GRPO's env_mask."""
-    from transformers import AutoTokenizer
+    from lib.tokenizer import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer = load_tokenizer(tiny_model_dir)
     (example,) = demonstration_examples(tokenizer, 1)
     ids, mask = example["input_ids"], example["completion_mask"]
     replies, start = [], None  # the runs of action tokens, in order

@@ -133,16 +133,17 @@ def _lora_targets() -> list[str]:
 
 def _load_transformers(config: TrainConfig, name: str) -> Policy:
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from lib.tokenizer import build_tokenizer, load_tokenizer
 
     if name in (TINY_MODEL, TINY_UNTRAINED_MODEL):
         from lib.policy_model import untrained_stand_in, warm_start
-        from lib.tokenizer import build_tokenizer
 
         tokenizer = build_tokenizer()
         model = warm_start(tokenizer) if name == TINY_MODEL else untrained_stand_in(tokenizer)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = load_tokenizer(name)  # a saved stand-in's own tokenizer, not AutoTokenizer's rebuild
         model = AutoModelForCausalLM.from_pretrained(name, dtype=policy_dtype())
     if torch.cuda.is_available():
         model = model.to("cuda")  # from_pretrained loads on the CPU

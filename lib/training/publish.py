@@ -38,7 +38,9 @@ def model_kind(model_dir: Path) -> str:
 def load_trained_policy(model_dir: Path) -> Tuple[Any, Any]:
     """(model, tokenizer) of a policy `train` saved, on the GPU when there is one, in eval mode.
     An adapter is loaded on top of the base model its adapter_config.json names."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from lib.tokenizer import load_tokenizer
 
     model_dir = Path(model_dir)
     if model_kind(model_dir) == "adapter":
@@ -49,7 +51,7 @@ def load_trained_policy(model_dir: Path) -> Tuple[Any, Any]:
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=policy_dtype())
     if torch.cuda.is_available():
         model = model.to("cuda")
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = load_tokenizer(str(model_dir))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
