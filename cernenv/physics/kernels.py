@@ -330,7 +330,9 @@ def deviance(
     The background rows (f and its first and second derivatives in p1, p2) are computed here;
     the signal rows (s and its derivatives in mass and width, ``BinnedTemplate.signal_hessian``'s
     layout) too for a Gaussian (``gaussian``: width 0), else they are ``signal_rows`` (a Voigt,
-    whose Faddeeva function scipy evaluates). The formulas are ``value_grad_hess``'s."""
+    whose Faddeeva function scipy evaluates). The Hessian's formula is in
+    ``PoissonDeviance.value_grad_hess``'s docstring; the background rows are f = b / B (b the bins'
+    Simpson integrals of exp(phi), B their sum) and its derivatives in p1, p2."""
     nb, a1, a2, ns, m, th = par[0], par[1], par[2], par[3], par[4], par[6]
     t00, t01, t10, t11 = transform[0, 0], transform[0, 1], transform[1, 0], transform[1, 1]
     p1 = p_ref[0] + t00 * a1 + t01 * a2

@@ -96,9 +96,7 @@ class BinnedTemplate:
         x = np.clip(nodes / (1000.0 * sqrt_s_tev), 1e-9, 1.0 - 1e-9)  # same clip as shapes
         self.log_1mx = np.log1p(-x)
         self.log_x = np.log(x)
-        self._logs = np.vstack([np.ones_like(x), self.log_1mx, -self.log_x])
-        l1, l2 = self.log_1mx, -self.log_x  # exp(phi) times these: d/dp1, d/dp2 and second derivatives
-        self._logs2 = np.vstack([np.ones_like(x), l1, l2, l1 * l1, l1 * l2, l2 * l2])
+        self._logs = np.vstack([np.ones_like(x), self.log_1mx, -self.log_x])  # exp(phi) times these: d/dp1, d/dp2
         edge_x = x[[0, -1]]
         # rows: window edges; columns: d(slope)/d(p1, p2) with slope = p2 + p1·x/(1-x)
         self.slope_matrix = np.stack([edge_x / (1.0 - edge_x), np.ones(2)], axis=1)
@@ -147,24 +145,6 @@ class BinnedTemplate:
             np.vstack([w.real * (1.0 / (sigma * _SQRT2PI)), -wp.real * scale, -0.5 * scale * wp.imag])
         )
         return s, ds_dm, ds_dw
-
-    def background_hessian(self, p1: float, p2: float) -> np.ndarray:
-        """Rows f_i, df/dp1, df/dp2, d2f/dp1^2, d2f/dp1dp2, d2f/dp2^2: a (6, n_bins) array.
-
-        f = b / B with b_i the bin integrals of exp(phi), phi = p1 ln(1-x) - p2 ln x, and
-        B = sum_i b_i; derivatives of exp(phi) bring down L1 = ln(1-x) and L2 = -ln x."""
-        phi = p1 * self.log_1mx - p2 * self.log_x
-        e = np.exp(phi - phi.max())
-        bins = self.simpson(self._logs2 * e)
-        total, s1, s2, s11, s12, s22 = bins.sum(axis=1)
-        out = bins / total
-        f, f1, f2 = out[0], out[1], out[2]
-        f1 -= f * (s1 / total)
-        f2 -= f * (s2 / total)
-        out[3] -= (2.0 * s1 / total) * f1 + (s11 / total) * f
-        out[4] -= (s1 / total) * f2 + (s2 / total) * f1 + (s12 / total) * f
-        out[5] -= (2.0 * s2 / total) * f2 + (s22 / total) * f
-        return out
 
     def signal_hessian(
         self, mass_gev: float, width_gev: float, resolution_gev: float, width_free: bool = True
@@ -248,7 +228,6 @@ class PoissonDeviance:
         self.signal_free = True  # False: background-only fit (hess skips the signal terms)
         self.mask_float = self.mask.astype(float)
         self._all_bins = bool(self.mask.all())
-        self._slope_rows = tuple(tuple(float(c) for c in row) for row in tmpl.slope_matrix)
         self.wall = tmpl.slope_matrix @ self.T  # d(slope at the window edges)/d(a1, a2)
         self._key_b = self._key_s = None
 
