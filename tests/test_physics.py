@@ -526,3 +526,33 @@ def test_the_angular_model_covers_exactly_the_detectors_channels():
     from cernenv.detector import CHANNELS
 
     assert set(ANGULAR_CHANNELS) == set(CHANNELS) and len(ANGULAR_CHANNELS) == len(set(ANGULAR_CHANNELS))
+
+
+def test_errors_of_a_fit_on_the_falling_shape_wall_do_not_depend_on_which_side_the_slope_rounds_to():
+    """A background that rises over the window ends its fit on the falling-shape wall (slope 0 at
+    an edge). There the wall penalty's curvature is present for a slope rounded below 0 and
+    absent above: the errors hold the wall either way (`fitting._parabolic_errors`), so they
+    are the same a hair on each side of it (they differed by 10% on a Z fit before)."""
+    import dataclasses
+
+    edges = np.linspace(60.0, 120.0, 61)
+    centres = 0.5 * (edges[1:] + edges[:-1])
+    expected = 40.0 * (centres / 60.0) ** 1.5 + 400.0 * np.exp(-0.5 * ((centres - 91.2) / 2.0) ** 2)
+    counts = np.random.default_rng(5).poisson(expected).astype(float)
+    tmpl = L.template(edges, 7.0)
+    bkg = F.fit_background_on_template(tmpl, counts)
+    minimum, cost = F.fit_resonance_on_template(
+        tmpl, counts, bkg, 2.0, 91.0, mass_bounds_gev=None, fix_mass=False, max_width_gev=0.0, spurious_events=0.0
+    )
+    slope, normals = cost.wall_constraint(minimum.values, [L.A1, L.A2])
+    wall = int(np.argmin(slope))
+    assert abs(slope[wall]) <= 1e-9, "the fit ends on the wall"
+    direction = np.zeros(7)
+    direction[[L.A1, L.A2]] = normals[wall] / np.dot(normals[wall], normals[wall])
+    errors = []
+    for side in (-1.0, 1.0):  # the slope at that edge moved to -1e-12 and to +1e-12
+        values = minimum.values + (side * 1e-12 - slope[wall]) * direction
+        assert np.sign(cost.wall_constraint(values, [L.A1, L.A2])[0][wall]) == side
+        errors.append(F._parabolic_errors(dataclasses.replace(minimum, values=values), cost))
+    for name in ("signal_yield", "mass_gev", "background_yield"):
+        assert errors[0][name] == pytest.approx(errors[1][name], rel=1e-6), name

@@ -437,6 +437,17 @@ def _at_limit(value, lo, hi, rel=1e-5):
     return min(value - lo, hi - value) <= rel * scale
 
 
+def _held_on_walls(h_inv, cost, values, free):
+    """``h_inv`` (the inverse Hessian over ``free``) with the falling-shape walls the point is on
+    held: H^-1 - H^-1 C^T (C H^-1 C^T)^+ C H^-1 for the rows C of those walls' gradients."""
+    slope, normals = cost.wall_constraint(values, free)
+    rows = normals[(slope <= WALL_TOL) & np.any(normals != 0.0, axis=1)]
+    if rows.size == 0:
+        return h_inv
+    projected = h_inv @ rows.T
+    return h_inv - projected @ np.linalg.pinv(rows @ projected) @ projected.T
+
+
 def _parabolic_errors(m, cost):
     """Parabolic errors at the minimum from the exact Hessian H of the cost
     (``PoissonDeviance.hess``; H / 2 is the observed information, the deviance being twice
@@ -446,9 +457,14 @@ def _parabolic_errors(m, cost):
     A parameter at one of its limits (there, or the minimum of the quadratic model lies
     beyond it) is held there, as Minuit's Hesse effectively does (its internal coordinate
     is flat at a limit): the others get their errors at that value (e.g. a width at 0 does
-    not inflate the signal yield's error); its own error is sqrt(2 / H_jj). Where H is not
-    positive definite on the rest, or the minimisation did not converge, Minuit's
-    numerical Hesse is used instead."""
+    not inflate the signal yield's error); its own error is sqrt(2 / H_jj). A falling-shape
+    wall the minimum is on (``PoissonDeviance.wall_constraint``, within ``WALL_TOL``, as
+    ``_newton`` holds it) is held too: the covariance is that of the quadratic model with the
+    constraint c.x = 0, H^-1 - H^-1 c (c^T H^-1 c)^-1 c^T H^-1, which does not depend on the
+    wall penalty's curvature (a multiple of c c^T, present or not at the wall as the slope
+    rounds to one side of 0: on a Z fit that flipped the signal yield's error between 101 and
+    116 events). Where H is not positive definite on the rest, or the minimisation did not
+    converge, Minuit's numerical Hesse is used instead."""
     errors = dict(zip(PARAMETER_NAMES, (float(e) for e in m.errors)))
     if not m.valid:
         return m.hesse_errors()[0]
@@ -464,14 +480,20 @@ def _parabolic_errors(m, cost):
             np.linalg.cholesky(h)
         except np.linalg.LinAlgError:
             break
-        newton = values[free] - np.linalg.solve(h, grad[free])
+        h_inv = _held_on_walls(np.linalg.inv(h), cost, values, free)
+        newton = values[free] - h_inv @ grad[free]
         beyond = [
             i
             for i, x in zip(free, newton)
             if not m.limits[PARAMETER_NAMES[i]][0] <= x <= m.limits[PARAMETER_NAMES[i]][1]
         ]
         if not beyond:
-            cov = 2.0 * np.linalg.inv(h)
+            cov = 2.0 * h_inv
+            # a shape parameter the walls pin (both edges on the wall: the flat shape) has no
+            # variance left: its own error, as a held parameter's
+            pinned = np.diag(cov) <= 1e-9 * 2.0 * np.abs(np.diag(np.linalg.inv(h)))
+            held += [i for i, pin in zip(free, pinned) if pin]
+            free, cov = [i for i, pin in zip(free, pinned) if not pin], cov[np.ix_(~pinned, ~pinned)]
             break
         held += beyond
         free = [i for i in free if i not in beyond]
