@@ -186,28 +186,9 @@ class ServedEnvironment(CERNCollisionEnvironment):
         self._closed = False
         count.change(+1)
 
-    async def reset_async(
-        self,
-        seed: Optional[int] = None,
-        episode_id: Optional[str] = None,
-        scenario: Optional[str] = None,
-        difficulty: Optional[str] = None,
-        secret_salt: Optional[str] = None,
-        **unknown: Any,
-    ) -> CollisionObservation:
-        """`reset` on the physics thread, in this session's fair turn."""
-        return await self._scheduler.run(
-            self,
-            functools.partial(
-                self.reset,
-                seed=seed,
-                episode_id=episode_id,
-                scenario=scenario,
-                difficulty=difficulty,
-                secret_salt=secret_salt,
-                **unknown,
-            ),
-        )
+    async def reset_async(self, **kwargs: Any) -> CollisionObservation:
+        """`reset` (its parameters, checked there) on the physics thread, in this session's fair turn."""
+        return await self._scheduler.run(self, functools.partial(self.reset, **kwargs))
 
     async def step_async(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
         """`step` on the physics thread, in this session's fair turn."""
