@@ -153,66 +153,71 @@ def _inverse_times(info, vectors):
 
 
 @njit(cache=True)
-def wall_step(info, score, normals, on_wall):
-    """One constrained Fisher-scoring step: (step (P,), Newton decrement).
+def hold_walls(solved, g, normals, on_wall):
+    """The Newton step of a quadratic model that keeps the linear constraints ``normals`` . step
+    >= 0 of those ``on_wall``: (step, decrement -g . step). ``solved`` (3, P) holds H^-1 g,
+    H^-1 c_0, H^-1 c_1 (H the model's Hessian, c_j the rows of ``normals``).
 
-    For one row of ``scan._profile``: the free step -info^-1 score; where it would push a
-    constraint on the wall outwards, the minimiser of the quadratic model with one wall, the
-    other, or both held (their multipliers in closed form), the feasible one with the largest
-    decrement (none: no step)."""
+    The free step -H^-1 g; where it would push a constraint on the wall outwards, for each
+    subset of the walls on (one, the other, both) the step projected onto their face in the
+    metric of H through their Lagrange multipliers (least squares of the 1 x 1 or 2 x 2 system
+    C H^-1 C^T lam = C step); of those that push no other wall on outwards, the one with the
+    largest decrement (the lowest model value): the exact minimiser of the model on the
+    feasible cone. None feasible: no step. Used by the scan (``wall_step``) and the fits
+    (``newton_direction``)."""
+    p = g.size
+    free_step = -solved[0]
+    decrement = -np.dot(g, free_step)
+    pushes_out = False
+    for j in range(2):
+        if on_wall[j] and np.dot(normals[j], free_step) < 0.0:
+            pushes_out = True
+    if not pushes_out:
+        return free_step, decrement
+    best = np.zeros(p)
+    best_dec = -np.inf
+    for subset in range(3):  # wall 0 held, wall 1 held, both (where both are on)
+        if subset < 2 and not (on_wall[subset] and np.any(normals[subset] != 0.0)):
+            continue
+        if subset == 2 and not (on_wall[0] and on_wall[1] and np.any(normals != 0.0)):
+            continue
+        lam0 = lam1 = 0.0
+        if subset < 2:
+            a = np.dot(normals[subset], solved[1 + subset])
+            lam = np.dot(normals[subset], free_step) / a if a != 0.0 else 0.0  # least squares of a lam = b
+            if subset == 0:
+                lam0 = lam
+            else:
+                lam1 = lam
+        else:
+            lam0, lam1 = _least_squares_2x2(
+                np.dot(normals[0], solved[1]),
+                np.dot(normals[0], solved[2]),
+                np.dot(normals[1], solved[1]),
+                np.dot(normals[1], solved[2]),
+                np.dot(normals[0], free_step),
+                np.dot(normals[1], free_step),
+            )
+        step = free_step - (solved[1] * lam0 + solved[2] * lam1)
+        other = 1 - subset if subset < 2 else -1
+        if other >= 0 and on_wall[other] and np.dot(normals[other], step) < 0.0:
+            continue
+        dec = -np.dot(g, step)
+        if dec > best_dec:  # NaN is never taken
+            best, best_dec = step, dec
+    return best, max(best_dec, 0.0)
+
+
+@njit(cache=True)
+def wall_step(info, score, normals, on_wall):
+    """One constrained Fisher-scoring step of ``scan._profile`` (the expected information
+    ``info``, the NLL's gradient ``score``): (step (P,), Newton decrement), ``hold_walls``."""
     p = score.size
     columns = np.empty((p, 3))
     columns[:, 0] = score
     columns[:, 1] = normals[0]
     columns[:, 2] = normals[1]
-    solved = _inverse_times(info, columns)  # info^-1 [score, c_0, c_1]
-    free_step = -solved[:, 0]
-    decrement = 0.0
-    c0 = c1 = 0.0
-    for q in range(p):
-        decrement -= free_step[q] * score[q]
-        c0 += free_step[q] * normals[0, q]
-        c1 += free_step[q] * normals[1, q]
-    if not ((on_wall[0] and c0 < 0.0) or (on_wall[1] and c1 < 0.0)):
-        return free_step, decrement
-    # m = C info^-1 C^T (2 x 2)
-    m00 = m01 = m10 = m11 = 0.0
-    for q in range(p):
-        m00 += normals[0, q] * solved[q, 1]
-        m01 += normals[0, q] * solved[q, 2]
-        m10 += normals[1, q] * solved[q, 1]
-        m11 += normals[1, q] * solved[q, 2]
-    det = m00 * m11 - m01 * m10
-    best_step = np.zeros(p)
-    best_dec = -np.inf
-    step = np.empty(p)
-    for subset in range(3):  # one wall held, the other, both
-        if subset == 0:
-            possible = on_wall[0]
-            lam0, lam1 = c0 / m00 if m00 != 0.0 else np.nan, 0.0
-        elif subset == 1:
-            possible = on_wall[1]
-            lam0, lam1 = 0.0, c1 / m11 if m11 != 0.0 else np.nan
-        else:
-            possible = on_wall[0] and on_wall[1]
-            lam0 = (m11 * c0 - m01 * c1) / det if det != 0.0 else np.nan
-            lam1 = (m00 * c1 - m10 * c0) / det if det != 0.0 else np.nan
-        if not possible:
-            continue
-        dec = 0.0
-        push = 0.0
-        for q in range(p):
-            step[q] = free_step[q] - (solved[q, 1] * lam0 + solved[q, 2] * lam1)
-            dec -= step[q] * score[q]
-        if subset < 2 and on_wall[1 - subset]:  # must not push the other wall, where on it, outwards
-            for q in range(p):
-                push += step[q] * normals[1 - subset, q]
-            if push < 0.0:
-                continue
-        if dec > best_dec:  # NaN (a singular subset) is never taken
-            best_dec = dec
-            best_step[:] = step
-    return best_step, max(best_dec, 0.0)
+    return hold_walls(np.ascontiguousarray(_inverse_times(info, columns).T), score, normals, on_wall)
 
 
 @njit(cache=True)
@@ -465,61 +470,14 @@ def deviance(
 
 @njit(cache=True)
 def _held_wall_step(eigval, eigvec, g, normals, on_wall):
-    """``fitting._newton``'s step on the moving parameters: -H^-1 g with H = eigvec diag(eigval)
-    eigvec^T, and where that pushes a constraint on the wall (``normals`` . step >= 0) outwards,
-    the step with one wall, the other or both held (their multipliers: least squares of the
-    1 x 1 or 2 x 2 system), the feasible one with the largest decrement -g . step (none: 0)."""
+    """``hold_walls``'s step for H = eigvec diag(eigval) eigvec^T (``fitting._newton``)."""
     p = g.size
     rhs = np.empty((p, 3))
     rhs[:, 0] = g
     rhs[:, 1] = normals[0]
     rhs[:, 2] = normals[1]
     solved = np.ascontiguousarray((eigvec @ ((eigvec.T @ rhs) / eigval.reshape(p, 1))).T)  # H^-1 [g, c0, c1]
-    free_step = -solved[0]
-    pushes_out = False
-    for j in range(2):
-        if on_wall[j] and np.dot(normals[j], free_step) < 0.0:
-            pushes_out = True
-    if not pushes_out:
-        return free_step
-    best = np.zeros(p)
-    best_dec = -np.inf
-    found = False
-    for subset in range(3):  # wall 0 held, wall 1 held, both (where both are on)
-        if subset < 2 and not on_wall[subset]:
-            continue
-        if subset == 2 and not (on_wall[0] and on_wall[1]):
-            continue
-        if subset < 2 and not np.any(normals[subset] != 0.0):
-            continue
-        if subset == 2 and not np.any(normals != 0.0):
-            continue
-        lam0 = lam1 = 0.0
-        if subset < 2:
-            a = np.dot(normals[subset], solved[1 + subset])
-            b = np.dot(normals[subset], free_step)
-            lam = b / a if a != 0.0 else 0.0  # least squares of a lam = b (0 for a = 0)
-            if subset == 0:
-                lam0 = lam
-            else:
-                lam1 = lam
-        else:
-            lam0, lam1 = _least_squares_2x2(
-                np.dot(normals[0], solved[1]),
-                np.dot(normals[0], solved[2]),
-                np.dot(normals[1], solved[1]),
-                np.dot(normals[1], solved[2]),
-                np.dot(normals[0], free_step),
-                np.dot(normals[1], free_step),
-            )
-        step = free_step - (solved[1] * lam0 + solved[2] * lam1)
-        other = 1 - subset if subset < 2 else -1
-        if other >= 0 and on_wall[other] and np.dot(normals[other], step) < 0.0:
-            continue
-        dec = -np.dot(g, step)
-        if dec > best_dec:
-            best, best_dec, found = step, dec, True
-    return best if found else np.zeros(p)
+    return hold_walls(solved, g, normals, on_wall)[0]
 
 
 @njit(cache=True)
