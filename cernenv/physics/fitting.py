@@ -480,7 +480,8 @@ def _parabolic_errors(m, cost):
             np.linalg.cholesky(h)
         except np.linalg.LinAlgError:
             break
-        h_inv = _held_on_walls(np.linalg.inv(h), cost, values, free)
+        unconstrained = np.linalg.inv(h)
+        h_inv = _held_on_walls(unconstrained, cost, values, free)
         newton = values[free] - h_inv @ grad[free]
         beyond = [
             i
@@ -491,7 +492,7 @@ def _parabolic_errors(m, cost):
             cov = 2.0 * h_inv
             # a shape parameter the walls pin (both edges on the wall: the flat shape) has no
             # variance left: its own error, as a held parameter's
-            pinned = np.diag(cov) <= 1e-9 * 2.0 * np.abs(np.diag(np.linalg.inv(h)))
+            pinned = np.diag(cov) <= 1e-9 * 2.0 * np.abs(np.diag(unconstrained))
             held += [i for i, pin in zip(free, pinned) if pin]
             free, cov = [i for i, pin in zip(free, pinned) if not pin], cov[np.ix_(~pinned, ~pinned)]
             break
