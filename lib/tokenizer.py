@@ -89,11 +89,20 @@ def corpus(n_episodes: int) -> Iterator[str]:
 
 def _fingerprint(vocab_size: int, n_episodes: int) -> str:
     """A hash of everything the trained tokenizer depends on: its settings, the tokenizers
-    version, and the text of one probe episode (which changes if the prompt does)."""
+    version, and the text of three probe episodes of the corpus, one of each kind it holds
+    (the heuristic on a curated and on a procedural campaign, the random agent), which changes
+    if the prompt, the environment's numbers or either agent's choices do."""
     env = CERNCollisionEnvironment()
+    curated, procedural = corpus_specs(2)
+    probes = (
+        (HeuristicAgent(), curated),
+        (HeuristicAgent(), procedural),
+        (RandomAgent(seed=CORPUS_SEED), corpus_specs(1, CORPUS_SEED + n_episodes)[0]),
+    )
     probe = [
-        render_observation(obs) + action_to_json(action)
-        for obs, action, _ in transitions(env, HeuristicAgent(), **corpus_specs(1)[0])
+        render_observation(obs) + (action_to_json(action) if isinstance(action, ExperimentAction) else "")
+        for agent, spec in probes
+        for obs, action, _ in transitions(env, agent, **spec)
     ]
     payload = json.dumps(
         [

@@ -98,3 +98,27 @@ def test_default_caches_are_at_the_repository_root_whatever_the_working_director
     assert list((root / ".cache" / "tokenizer").glob("bpe-*/tokenizer.json"))
     assert cached_model_dir(tokenizer).parent == root / ".cache" / "policy"
     assert not (tmp_path / ".cache").exists(), "nothing cached under the working directory"
+
+
+def test_fingerprint_sees_every_kind_of_corpus_episode(monkeypatch):
+    """A cached tokenizer is reused only while the corpus it was trained on is unchanged: the
+    fingerprint must move when the procedural campaigns or the random agent's episodes change
+    (the heuristic on a curated campaign was the only probe before)."""
+    settings = (SMALL["vocab_size"], SMALL["n_episodes"])
+    before = tokenizer_module._fingerprint(*settings)
+    assert tokenizer_module._fingerprint(*settings) == before  # deterministic
+
+    with monkeypatch.context() as patch:  # the random agent draws other actions
+        real_random = tokenizer_module.RandomAgent
+        patch.setattr(tokenizer_module, "RandomAgent", lambda seed: real_random(seed=seed + 1))
+        assert tokenizer_module._fingerprint(*settings) != before
+
+    real_specs = tokenizer_module.corpus_specs
+
+    def other_procedural(n_episodes, first_seed=tokenizer_module.CORPUS_SEED):
+        specs = real_specs(n_episodes, first_seed)
+        return [dict(spec, seed=spec["seed"] + 2) if "difficulty" in spec else spec for spec in specs]
+
+    with monkeypatch.context() as patch:  # the procedural campaign is another one
+        patch.setattr(tokenizer_module, "corpus_specs", other_procedural)
+        assert tokenizer_module._fingerprint(*settings) != before
