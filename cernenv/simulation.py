@@ -147,6 +147,9 @@ class CollisionRecorder:
         self.window_gev = window_gev
         self.fine_edges_gev = np.linspace(window_gev[0], window_gev[1], N_FINE_BINS + 1)
         self.truth = truth
+        # what `_record_signal` draws from in a channel without a signal (no particle, or one
+        # that does not decay there): no events (no σ·B), by the same operations as a particle's
+        self._no_signal = ParticleTruth(0.5 * (window_gev[0] + window_gev[1]), 0.0, 0, "gg", {})
         self.rng = rng
         self.records: Dict[str, ChannelRecord] = {}
         for name in channels:
@@ -181,25 +184,28 @@ class CollisionRecorder:
         return recorded
 
     def _record_signal(self, record: ChannelRecord, luminosity_fb: float, sqrt_s_tev: float, efficiency: float) -> int:
-        truth = self.truth
+        """Draw the signal events of `record`'s channel for `luminosity_fb`; returns how many.
+
+        The same operations whether or not the channel holds a signal (no particle, or one that
+        does not decay here: a mean of 0 events, draws of size 0, which take no random numbers),
+        so the time a collection takes tells nothing the data do not (tests/test_task_leak.py
+        counts the Python calls; only numpy's loops over the events grow with their number)."""
         name = record.channel.name
-        if truth is None or truth.sigma_br_fb.get(name, 0.0) <= 0.0:
-            return 0
+        truth = self.truth if self.truth is not None else self._no_signal
+        source = truth if truth.sigma_br_fb.get(name, 0.0) > 0.0 else self._no_signal
         mean = (
-            truth.sigma_br_fb[name]
-            * cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production)
+            source.sigma_br_fb.get(name, 0.0)
+            * cross_section_scale(source.mass_gev, sqrt_s_tev, source.production)
             * luminosity_fb
             * record.channel.signal_efficiency
             * efficiency
         )
         n = int(self.rng.poisson(mean))
-        if n == 0:
-            return 0
-        if truth.width_gev > 0:
-            true_mass = truth.mass_gev + 0.5 * truth.width_gev * self.rng.standard_cauchy(n)
-        else:
-            true_mass = np.full(n, truth.mass_gev)
-        probabilities = angular_bin_probabilities(truth.spin, name, N_COS_BINS)
+        widened = n if source.width_gev > 0 else 0  # a narrow state's events are at its mass: no draws
+        offsets = np.zeros(n)  # Breit-Wigner offsets of the true masses
+        offsets[:widened] = self.rng.standard_cauchy(widened)
+        true_mass = source.mass_gev + 0.5 * source.width_gev * offsets
+        probabilities = angular_bin_probabilities(source.spin, name, N_COS_BINS)
         record.signal_true_mass_gev = np.concatenate([record.signal_true_mass_gev, true_mass])
         record.signal_smear = np.concatenate([record.signal_smear, self.rng.standard_normal(n)])
         record.signal_selection_draw = np.concatenate([record.signal_selection_draw, self.rng.random(n)])
@@ -237,17 +243,15 @@ class CollisionRecorder:
         )
         counts = np.zeros((edges.size + 1, N_COS_BINS), dtype=np.int64)  # with the mass under/overflow
         counts[1:-1] = background
+        # the signal events (none without a particle: the same operations on empty arrays)
         keep = record.signal_selection_draw < reconstruction.signal_efficiency_factor
-        if keep.any():
-            true_mass = record.signal_true_mass_gev[keep]
-            scale = 1.0 + record.energy_scale_bias_frac * CALIBRATION_BIAS_FACTOR[record.calibration_level]
-            sigma = mass_resolution_gev(
-                record.channel, true_mass, record.calibration_level, reconstruction.name, pileup
-            )
-            reco_mass = true_mass * scale + sigma * record.signal_smear[keep]
-            # what histogram.fill does: bin i holds [edge_i, edge_i+1); 0 and the last are the flow bins
-            index = np.searchsorted(edges, reco_mass, side="right") * N_COS_BINS + record.signal_cos_bin[keep]
-            counts += np.bincount(index, minlength=counts.size).reshape(counts.shape)
+        true_mass = record.signal_true_mass_gev[keep]
+        scale = 1.0 + record.energy_scale_bias_frac * CALIBRATION_BIAS_FACTOR[record.calibration_level]
+        sigma = mass_resolution_gev(record.channel, true_mass, record.calibration_level, reconstruction.name, pileup)
+        reco_mass = true_mass * scale + sigma * record.signal_smear[keep]
+        # what histogram.fill does: bin i holds [edge_i, edge_i+1); 0 and the last are the flow bins
+        index = np.searchsorted(edges, reco_mass, side="right") * N_COS_BINS + record.signal_cos_bin[keep]
+        counts += np.bincount(index, minlength=counts.size).reshape(counts.shape)
         histogram.view(flow=True)[...] = counts
         return Spectrum(
             channel, histogram, sqrt_s_tev, record.calibration_level, reconstruction.name, pileup, record.luminosity_fb

@@ -68,7 +68,8 @@ def allowed_spins(channel: str) -> tuple[int, ...]:
 def _bin_probabilities(coeffs, n_bins: int) -> np.ndarray:
     if n_bins < 1:
         raise ValueError("n_bins must be >= 1")
-    return _cached_bin_probabilities(tuple(float(c) for c in coeffs), int(n_bins)).copy()
+    coeffs = tuple(map(float, coeffs))  # no Python call per coefficient: every spin the same work
+    return _cached_bin_probabilities(coeffs, int(n_bins)).copy()
 
 
 @lru_cache(maxsize=256)
