@@ -91,6 +91,28 @@ def bench_reset_by_truth(n_resets: int) -> dict:
     return {exists: 1e3 * sorted(values)[len(values) // 2] for exists, values in times.items()}
 
 
+def bench_first_collection_by_truth(n_tasks: int) -> dict:
+    """Median time [ms] of HeuristicAgent's first `collect_collisions` on procedural tasks with and
+    without a particle, in turn: taking data must not tell whether a particle exists."""
+    from cernenv.scenarios import procedural_scenario
+
+    env, agent = CERNCollisionEnvironment(), HeuristicAgent()
+    times: dict = {True: [], False: []}
+    for seed in range(n_tasks):
+        difficulty = DIFFICULTIES[seed % 3]
+        exists = procedural_scenario(seed, difficulty).truth is not None
+        agent.reset()
+        obs = env.reset(seed=seed, difficulty=difficulty)
+        while not obs.done:
+            action = agent.act(obs)
+            start = time.perf_counter()
+            obs = env.step(action)
+            if action.action_type.value == "collect_collisions":
+                times[exists].append(time.perf_counter() - start)
+                break
+    return {exists: 1e3 * sorted(values)[len(values) // 2] for exists, values in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--random-steps", type=int, default=20000)
@@ -102,13 +124,19 @@ def main() -> int:
         help="times the heuristic episodes are played: the best and the median pass are printed "
         "(a shared or virtual machine's other work only slows a pass, timeit's reasoning)",
     )
-    parser.add_argument("--resets", type=int, default=2000, help="procedural resets timed of each kind")
+    parser.add_argument(
+        "--resets",
+        type=int,
+        default=2000,
+        help="procedural resets timed of each kind (and a quarter as many first collections)",
+    )
     args = parser.parse_args()
     bench_heuristic(4)  # warm-up: imports, caches
     random_rate = bench_random(args.random_steps)
     passes = sorted(bench_heuristic(args.heuristic_episodes) for _ in range(max(args.heuristic_passes, 1)))
     (episode_rate, step_rate), median_rate = passes[-1], passes[len(passes) // 2][0]
     reset_ms = bench_reset_by_truth(args.resets)
+    collect_ms = bench_first_collection_by_truth(args.resets // 4)
     print(f"{'benchmark':<34}{'measured':>12}{'target':>10}")
     print(f"{'random actions [steps/s]':<34}{random_rate:>12.0f}{RANDOM_STEPS_TARGET:>10.0f}")
     print(f"{'HeuristicAgent [episodes/s]':<34}{episode_rate:>12.1f}{HEURISTIC_EPISODES_TARGET:>10.0f}")
@@ -116,6 +144,8 @@ def main() -> int:
     print(f"{'HeuristicAgent [steps/s]':<34}{step_rate:>12.0f}{'':>10}")
     print(f"{'reset, particle [ms, median]':<34}{reset_ms[True]:>12.3f}{'':>10}")
     print(f"{'reset, nothing there [ms, median]':<34}{reset_ms[False]:>12.3f}{'':>10}")
+    print(f"{'1st collection, particle [ms]':<34}{collect_ms[True]:>12.3f}{'':>10}")
+    print(f"{'1st collection, nothing [ms]':<34}{collect_ms[False]:>12.3f}{'':>10}")
     return 0
 
 
