@@ -25,6 +25,16 @@ median latency x1.34-2.02) but lengthens the tail (p99 beside the abusers 1.0-1.
 gave x1.60-2.03 and 0.77-0.92 s. `bench/scheduler_sim.py` simulates the rules on the CPU times
 of real steps. Many clients in the same phase of their episodes (all scanning at once) still
 wait for one another: a round of 64 scans is 0.5 s of CPU whatever the order.
+
+What limits the fairness target (measured 2026-11-25 with every job of the server logged, in
+`make bench-server`'s case of 4 honest clients beside 8 scan spammers): alone, the 4 honest
+clients keep the physics thread 84% busy; beside the spammers they got 31% of it (7.8% per
+session) and the spammers 67% (8.4% each), the equal shares this rule aims at. Clients that
+alone use a fifth of the thread each cannot keep their pace beside 8 more busy sessions: their
+median latency about doubles (x1.48-2.80 over 11 runs, median x1.94). Tried and not kept:
+Python's switch interval at 0.5 ms (no change: the waits are for the thread, not the GIL);
+EEVDF-like virtual deadlines (simulated: strict sharing, x2.8-3.4); ordering by charge plus a
+session's predicted job cost (starves a session whose prediction exceeds the lead cap).
 """
 
 from __future__ import annotations
