@@ -191,8 +191,8 @@ class CollisionRecorder:
         so the time a collection takes tells nothing the data do not (tests/test_task_leak.py
         counts the Python calls; only numpy's loops over the events grow with their number)."""
         name = record.channel.name
-        truth = self.truth if self.truth is not None else self._no_signal
-        source = truth if truth.sigma_br_fb.get(name, 0.0) > 0.0 else self._no_signal
+        particle = self.truth if self.truth is not None else self._no_signal
+        source = particle if particle.sigma_br_fb.get(name, 0.0) > 0.0 else self._no_signal
         mean = (
             source.sigma_br_fb.get(name, 0.0)
             * cross_section_scale(source.mass_gev, sqrt_s_tev, source.production)
