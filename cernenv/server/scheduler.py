@@ -31,7 +31,7 @@ What limits the fairness target (measured 2026-11-25 with every job of the serve
 clients keep the physics thread 84% busy; beside the spammers they got 31% of it (7.8% per
 session) and the spammers 67% (8.4% each), the equal shares this rule aims at. Clients that
 alone use a fifth of the thread each cannot keep their pace beside 8 more busy sessions: their
-median latency about doubles (x1.48-2.80 over 11 runs, median x1.94). Tried and not kept:
+median latency about doubles (x1.48-2.80 over 11 runs, median x1.91). Tried and not kept:
 - Python's switch interval at 0.5 ms: no change (the waits are for the thread, not the GIL);
 - EEVDF-like virtual deadlines, simulated as in bench/scheduler_sim.py: median ratio
   x1.97-3.42 across cost predictors, mean latency x3 (strict sharing); this rule there: x2.22,
