@@ -179,12 +179,13 @@ def test_the_leak_audit_catches_a_feature_that_carries_the_truth(observed):
         assert low > 0.0, f"the audit missed a leak of {target}"
 
 
-def _python_calls(env: CERNCollisionEnvironment, **reset_kwargs) -> int:
+def _python_calls(call, *args, **kwargs) -> Tuple[int, object]:
+    """(the Python calls `call(*args, **kwargs)` makes, its result)."""
     profiler = cProfile.Profile()
     profiler.enable()
-    env.reset(**reset_kwargs)
+    result = call(*args, **kwargs)
     profiler.disable()
-    return sum(row[1] for row in pstats.Stats(profiler).stats.values())  # primitive call counts
+    return sum(row[1] for row in pstats.Stats(profiler).stats.values()), result  # primitive call counts
 
 
 @pytest.mark.parametrize("difficulty", DIFFICULTIES)
@@ -197,18 +198,10 @@ def test_reset_does_the_same_work_with_and_without_a_particle(difficulty):
         scenario = procedural_scenario(seed, difficulty)
         config = json.dumps([scenario.search_window_gev, scenario.beam_energies_tev])
         calls = by_config.setdefault(config, {True: set(), False: set()})
-        calls[scenario.truth is not None].add(_python_calls(env, seed=seed, difficulty=difficulty))
+        calls[scenario.truth is not None].add(_python_calls(env.reset, seed=seed, difficulty=difficulty)[0])
     both = [calls for calls in by_config.values() if calls[True] and calls[False]]
     assert len(both) >= 3
     assert all(len(calls[True] | calls[False]) == 1 for calls in both), both
-
-
-def _step_calls(env: CERNCollisionEnvironment, action) -> Tuple[int, object]:
-    profiler = cProfile.Profile()
-    profiler.enable()
-    obs = env.step(action)
-    profiler.disable()
-    return sum(row[1] for row in pstats.Stats(profiler).stats.values()), obs
 
 
 MEASURED_STEPS = ("collect_collisions", "build_invariant_mass")
@@ -224,7 +217,7 @@ def _data_step_calls(env: CERNCollisionEnvironment, seed: int, difficulty: str) 
     while not obs.done and len(found) < len(MEASURED_STEPS):
         action = agent.act(obs)
         actions.append(action.model_dump_json())
-        calls, obs = _step_calls(env, action)
+        calls, obs = _python_calls(env.step, action)
         kind = action.action_type.value
         if kind in MEASURED_STEPS and kind not in found:
             found[kind] = (json.dumps(actions), calls)
