@@ -7,7 +7,8 @@ host would, and keeps at it until the honest clients are done:
 
 | abuser | what it does |
 |---|---|
-| `scan` | takes data, builds a spectrum, then sends `scan_bump` (~10 ms of CPU) as fast as the server answers |
+| `scan` | takes data, builds a spectrum, then repeats the same `scan_bump` as fast as the server answers |
+| `scan-varied` | the same, with a different `step_gev` each time, so that the environment does not see a repeat |
 | `slow` | sends HTTP requests one byte every 0.5 s (slowloris) |
 | `flood` | opens HTTP connections that never finish their request, as fast as it can |
 | `create` | opens WebSocket sessions, resets and drops them, as fast as it can |
@@ -36,7 +37,10 @@ from cernenv.models import ActionType
 from lib.baselines import HeuristicAgent
 
 HONEST_SCENARIOS = ("z_mumu_91", "higgs_4l_125", None)  # None: a procedural campaign (medium)
-ABUSER_KINDS = ("scan", "slow", "flood", "create")
+ABUSER_KINDS = ("scan", "scan-varied", "slow", "flood", "create")
+# the load test's abusers (tests/test_server.py and `make bench-server`): scan spam of both
+# kinds, slowloris, unfinished-request floods, session churn
+LOAD_ABUSERS = ("scan",) * 2 + ("scan-varied",) + ("slow",) * 2 + ("flood",) * 2 + ("create",)
 
 
 @dataclass
@@ -88,8 +92,9 @@ async def _ws_call(ws: Any, message: Dict[str, Any]) -> Dict[str, Any]:
     return json.loads(await ws.recv())
 
 
-async def _scan_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -> None:
-    """Play the heuristic up to its first scan, then repeat scan_bump until the episode ends; again."""
+async def _scan_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter, varied: bool = False) -> None:
+    """Play the heuristic up to its first scan, then repeat scan_bump until the episode ends; again.
+    `varied`: each scan with another step (0.30, 0.31, ... 0.79 GeV), a new action each time."""
     async with connect(ws_url, local_addr=(source, 0), compression=None, max_size=None) as ws:
         seed = 0
         while not stop.is_set():
@@ -102,6 +107,9 @@ async def _scan_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Count
                     action = agent.act(observation)
                     scanning = action.action_type == ActionType.SCAN_BUMP
                     data = action.model_dump(exclude_none=True)
+                elif varied:
+                    step_gev = 0.3 + 0.01 * (abuse["scans"] % 50)
+                    data = {"action_type": "scan_bump", "parameters": {"step_gev": step_gev}}
                 else:
                     data = {"action_type": "scan_bump", "parameters": {}}
                 reply = await _ws_call(ws, {"type": "step", "data": data})
@@ -110,6 +118,8 @@ async def _scan_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Count
                     break
                 abuse["scans" if scanning else "scan setup steps"] += 1
                 observation = parse_observation(reply["data"])
+                if scanning and observation.rule_violations:
+                    abuse["scans refused or repeats"] += 1
 
 
 async def _slowloris(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter) -> None:
@@ -178,8 +188,8 @@ async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio
     tasks = []
     for index, kind in enumerate(abusers):
         source = f"127.0.0.{2 + index}"
-        if kind == "scan":
-            coroutine = _scan_spam(ws_url, source, stop, abuse)
+        if kind in ("scan", "scan-varied"):
+            coroutine = _scan_spam(ws_url, source, stop, abuse, varied=kind == "scan-varied")
         elif kind == "slow":
             coroutine = _slowloris(host, int(port), source, stop, abuse)
         elif kind == "flood":
@@ -210,7 +220,13 @@ async def run_load(
     if abusers:
         handle, counts_path = tempfile.mkstemp(prefix="cernenv-abuse-", suffix=".json")
         os.close(handle)  # the abusers' process writes its counts here when it stops
-        process = subprocess.Popen([sys.executable, os.path.abspath(__file__), url, ",".join(abusers), counts_path])
+        process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), url, ",".join(abusers), counts_path], stdout=subprocess.PIPE
+        )
+        # it says "ready" once it handles SIGTERM (before, a SIGTERM would lose its counts)
+        ready = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 120)
+        if ready.strip() != b"ready":
+            raise RuntimeError(f"the abusers' process did not start (exit code {process.wait()})")
         await asyncio.sleep(3.0)  # the abuse is under way before the honest clients start
     start = time.perf_counter()
     try:
@@ -222,6 +238,7 @@ async def run_load(
         if process is not None:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=60)
+            process.stdout.close()
             with open(counts_path) as handle:
                 result.abuse.update(json.load(handle))
             os.unlink(counts_path)
@@ -234,6 +251,7 @@ def _abuse_until_terminated(url: str, abusers: Sequence[str], counts_path: str) 
     async def main() -> Counter:
         abuse, stop = Counter(), asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        print("ready", flush=True)
         await _abuse(url, abusers, abuse, stop)
         return abuse
 

@@ -165,3 +165,43 @@ def test_one_expensive_job_puts_its_session_at_most_max_lead_behind_the_others()
         assert log == ["big scan", "step0", "step1", "step2", "next", "step3"]
     finally:
         scheduler.shutdown()
+
+
+def test_a_surcharged_job_charges_its_session_that_many_times_its_cpu_time(setup):
+    """A job that did no new work (the server: a step that broke a rule, such as a repeated
+    scan) is charged `surcharge(result)` times its CPU time: its session gets that many times
+    fewer turns than one whose jobs are charged plainly."""
+    scheduler, clock = setup
+    log: list = []
+    release = hold_worker(scheduler)
+    futures = [
+        scheduler.submit("spammer", job(clock, log, f"repeat{i}", 0.125), surcharge=lambda result: 4.0)
+        for i in range(2)
+    ]
+    futures += [scheduler.submit("honest", job(clock, log, f"step{i}", 0.125)) for i in range(5)]
+    release.set()
+    for future in futures:
+        future.result(30)
+    assert scheduler.charge_s("spammer") == pytest.approx(2 * 4 * 0.125)
+    assert scheduler.charge_s("honest") == pytest.approx(5 * 0.125)
+    # "spammer" arrived first; after its first job (0.5 charged) "honest" runs four times
+    assert log == ["repeat0", "step0", "step1", "step2", "step3", "repeat1", "step4"]
+
+
+def test_the_surcharge_sees_the_result_and_a_faulty_rule_charges_plainly(setup):
+    scheduler, clock = setup
+    log: list = []
+    seen: list = []
+
+    def by_result(result: str) -> float:
+        seen.append(result)
+        return 3.0 if result == "repeat" else 1.0
+
+    scheduler.submit("a", job(clock, log, "repeat", 0.25), surcharge=by_result).result(30)
+    scheduler.submit("a", job(clock, log, "new", 0.25), surcharge=by_result).result(30)
+    assert seen == ["repeat", "new"]
+    assert scheduler.charge_s("a") == pytest.approx(3 * 0.25 + 0.25)
+    for faulty in (lambda result: 1 / 0, lambda result: 0.5, lambda result: float("nan"), lambda result: "x"):
+        before = scheduler.charge_s("b")
+        assert scheduler.submit("b", job(clock, log, "b", 0.25), surcharge=faulty).result(30) == "b"
+        assert scheduler.charge_s("b") == pytest.approx(before + 0.25)

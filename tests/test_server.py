@@ -43,7 +43,7 @@ from cernenv.rules import MAX_CONSECUTIVE_REFUSALS
 from cernenv.scenarios import CURATED, DEFAULT_MAX_STEPS, DIFFICULTIES, list_scenarios, procedural_scenario
 from cernenv.server import ServedEnvironment, ServerConfig, create_cernenv_app
 from cernenv.server.__main__ import main as server_main
-from cernenv.server.app import EnvironmentCount
+from cernenv.server.app import FREE_STEPS_ON_UNCHANGED_DATA, NO_NEW_WORK_SURCHARGE, EnvironmentCount
 from cernenv.server.guard import ConnectionGuard, GuardedListener, listening_socket
 from cernenv.server.scheduler import FairScheduler
 from lib.baselines import HeuristicAgent, RandomAgent, best_trigger
@@ -514,6 +514,66 @@ def test_hidden_truth_cannot_be_called_remotely(server):
 # Bad input ----------------------------------------------------------------------------
 
 
+def test_steps_that_do_no_new_work_are_charged_eight_times_their_cpu_time():
+    """The scheduler's surcharge on the server's steps (issue 15's scan spam, and its sibling
+    with another `step_gev` each time): a repeated scan, a refused action, and any step beyond
+    `FREE_STEPS_ON_UNCHANGED_DATA` in a row on unchanged data cost their session
+    `NO_NEW_WORK_SURCHARGE` times their CPU time; HeuristicAgent's steps cost it once. Every job
+    here costs 1 s of a fake CPU clock and charges never decay, so the charges count the jobs."""
+
+    class OneSecondPerJob:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __call__(self) -> float:  # read once at the start and once at the end of each job
+            self.calls += 1
+            return float(self.calls // 2)
+
+    scheduler = FairScheduler(half_life_s=1e9, max_lead_s=1e9, cpu_clock=OneSecondPerJob(), wall_clock=lambda: 0.0)
+    env = ServedEnvironment(EnvironmentCount(), scheduler)
+    agent = HeuristicAgent()
+
+    async def play() -> Tuple[list, int]:
+        charges = []  # (what, increment of the charge)
+
+        async def send(what: str, action: ExperimentAction) -> CollisionObservation:
+            before = scheduler.charge_s(env)
+            observation = await env.step_async(action)
+            charges.append((what, scheduler.charge_s(env) - before))
+            return observation
+
+        observation = await env.reset_async(seed=3, scenario="z_mumu_91")
+        assert scheduler.charge_s(env) == 1.0
+        since_new_data = 0
+        while True:
+            action, data_version = agent.act(observation), env._episode.data_version
+            observation = await send("heuristic", action)
+            since_new_data = 0 if env._episode.data_version != data_version else since_new_data + 1
+            if action.action_type.value == "scan_bump":
+                break
+        for k in range(FREE_STEPS_ON_UNCHANGED_DATA + 2):  # a new step each time: a new result
+            scan = ExperimentAction(action_type="scan_bump", parameters={"step_gev": 0.3 + 0.07 * k})
+            observation = await send("new scan", scan)
+            assert not observation.rule_violations
+        observation = await send("repeated scan", scan)
+        assert "REDUNDANT" in observation.rule_violations[0]
+        observation = await send("refused", ExperimentAction(action_type="set_trigger", parameters={"trigger": "x"}))
+        assert observation.rule_violations
+        return charges, since_new_data
+
+    try:
+        charges, since_new_data = asyncio.run(play())
+    finally:
+        env.close()
+        scheduler.shutdown()
+    assert NO_NEW_WORK_SURCHARGE == 8.0 and since_new_data <= FREE_STEPS_ON_UNCHANGED_DATA
+    assert {increment for what, increment in charges if what == "heuristic"} == {1.0}
+    new_scans = [increment for what, increment in charges if what == "new scan"]
+    free = FREE_STEPS_ON_UNCHANGED_DATA - since_new_data  # new scans before the surcharge
+    assert free < len(new_scans) and new_scans == [1.0] * free + [8.0] * (len(new_scans) - free)
+    assert [increment for what, increment in charges[-2:]] == [8.0, 8.0]
+
+
 def test_bad_websocket_input_gets_clear_errors_and_spares_other_sessions(server):
     """A healthy session plays in lockstep with its in-process twin between every bad message."""
     env, agent_local, agent_remote = CERNCollisionEnvironment(), HeuristicAgent(), HeuristicAgent()
@@ -949,18 +1009,15 @@ def test_load_32_sessions_equal_their_twins_and_memory_is_stable(server):
     assert growth_mb < MEMORY_GROWTH_LIMIT_MB
 
 
-LOAD_ABUSERS = ("scan",) * 3 + ("slow",) * 2 + ("flood",) * 2 + ("create",)
-
-
 @pytest.mark.slow
 def test_64_honest_clients_finish_every_episode_beside_8_abusive_ones():
     """64 WebSocket clients play HeuristicAgent episodes while 8 others, each from its own
-    address, repeat scans, send requests a byte at a time, flood the server with unfinished
+    address, repeat scans (or vary them), send requests a byte at a time, flood the server with unfinished
     requests and churn sessions (bench/server_load.py). Every honest episode completes with no
     error, the abusers were served or refused as they should be, and the server is whole after.
     The latencies are printed here; `make bench-server` measures them against their target."""
     sys.path.insert(0, str(ROOT / "bench"))
-    from server_load import run_load
+    from server_load import LOAD_ABUSERS, run_load
 
     server = Server("--max-sessions", "80", "--request-read-timeout-s", "2")  # slow requests get their 408 soon
     try:

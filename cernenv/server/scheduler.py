@@ -31,13 +31,29 @@ What limits the fairness target (measured 2026-11-25 with every job of the serve
 clients keep the physics thread 84% busy; beside the spammers they got 31% of it (7.8% per
 session) and the spammers 67% (8.4% each), the equal shares this rule aims at. Clients that
 alone use a fifth of the thread each cannot keep their pace beside 8 more busy sessions: their
-median latency about doubles (x1.48-2.80 over 11 runs, median x1.91). Tried and not kept:
+median latency about doubled (x1.48-2.80 over 11 runs, median x1.91). No rule that shares CPU
+time equally between busy sessions does better: a spammer is a busy session like any other.
+Tried and not kept:
 - Python's switch interval at 0.5 ms: no change (the waits are for the thread, not the GIL);
 - EEVDF-like virtual deadlines, simulated as in bench/scheduler_sim.py: median ratio
   x1.97-3.42 across cost predictors, mean latency x3 (strict sharing); this rule there: x2.22,
   mean x2.9;
 - ordering by charge plus a session's predicted job cost: it starves a session whose
   prediction exceeds the lead cap.
+
+What tells a spammer apart is what its steps do, so the shares are unequal on purpose: a job
+can carry a `surcharge`, a factor on its charge computed from its result. The server
+(`ServedEnvironment.step_surcharge`) charges 8 times its CPU time a step that did no new work
+for its agent: a refused action, a repeat of an action on unchanged data, any step beyond the
+6th in a row without new data (HeuristicAgent takes at most 5). Its lead cap grows by the same
+factor. Simulated (8 spammers always surcharged): x1.17 at 8, x1.30 at 4. Measured on the
+server, honest median latency beside 8 sessions repeating `scan_bump` / scanning one spectrum
+with another step each time (`make bench-server` and repeats, 2026-11-25): surcharging repeats
+only (at 4), x1.04-1.56 over 6 runs / x1.81-2.61 over 4 runs; with the rule above at 4,
+x1.41-1.68 over 5 runs / x1.32-2.40 over 5 runs; at 8 (kept), x1.21-1.66 over 6 runs /
+x1.40-2.27 over 11 runs (median x1.64, one above 2). The varied spam still gets full price for
+its resets, data taking and first scans of each spectrum. The surcharge only orders the turns:
+no step is refused or slowed while the thread is free.
 """
 
 from __future__ import annotations
@@ -83,13 +99,23 @@ class RecentUsage:
         """Of the (session, arrival order of its next job) pairs, the session to run next."""
         return min(waiting, key=lambda pair: (self.charge_at(pair[0], now), pair[1]))[0]
 
-    def charge(self, session: Hashable, cost_s: float, now: float, others_waiting: Iterable[Hashable]) -> None:
-        """Add a finished job's CPU time to its session's decayed charge, at most `max_lead_s`
-        above the least charge among the other sessions waiting."""
-        charge = self.charge_at(session, now) + cost_s
+    def charge(
+        self,
+        session: Hashable,
+        cost_s: float,
+        now: float,
+        others_waiting: Iterable[Hashable],
+        surcharge: float = 1.0,
+    ) -> None:
+        """Add a finished job's CPU time, times `surcharge` (>= 1: a job that did no new work),
+        to its session's decayed charge, at most `surcharge * max_lead_s` above the least charge
+        among the other sessions waiting."""
+        if not surcharge >= 1.0:
+            raise ValueError(f"surcharge must be >= 1, got {surcharge}")
+        charge = self.charge_at(session, now) + surcharge * cost_s
         waiting = [self.charge_at(s, now) for s in others_waiting if s != session]
         if waiting:
-            charge = min(charge, min(waiting) + self.max_lead_s)
+            charge = min(charge, min(waiting) + surcharge * self.max_lead_s)
         self._charge[session] = (charge, now)
 
 
@@ -115,23 +141,28 @@ class FairScheduler:
         self._wall = wall_clock
         self._name = name
         self._condition = threading.Condition()
-        self._pending: Dict[Hashable, List[Tuple[int, concurrent.futures.Future, Callable, tuple]]] = {}
+        self._pending: Dict[Hashable, List[Tuple[int, concurrent.futures.Future, Callable, tuple, Any]]] = {}
         self._order = itertools.count()
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
 
     # what sessions call ----------------------------------------------------------------
 
-    async def run(self, session: Hashable, fn: Callable, *args: Any) -> Any:
-        """`fn(*args)` run on the worker in `session`'s turn; its result (or its exception)."""
-        return await asyncio.wrap_future(self.submit(session, fn, *args))
+    async def run(
+        self, session: Hashable, fn: Callable, *args: Any, surcharge: Optional[Callable[[Any], float]] = None
+    ) -> Any:
+        """`fn(*args)` run on the worker in `session`'s turn; its result (or its exception).
+        `surcharge(result)`, if given, is the factor (>= 1) on the job's charge to its session."""
+        return await asyncio.wrap_future(self.submit(session, fn, *args, surcharge=surcharge))
 
-    def submit(self, session: Hashable, fn: Callable, *args: Any) -> concurrent.futures.Future:
+    def submit(
+        self, session: Hashable, fn: Callable, *args: Any, surcharge: Optional[Callable[[Any], float]] = None
+    ) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._condition:
             if self._stopped:
                 raise RuntimeError("the scheduler is shut down")
-            self._pending.setdefault(session, []).append((next(self._order), future, fn, args))
+            self._pending.setdefault(session, []).append((next(self._order), future, fn, args, surcharge))
             self.rule.track(session, self._wall())  # kept until `forget`
             self._ensure_worker()
             self._condition.notify()
@@ -163,39 +194,58 @@ class FairScheduler:
             self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
             self._thread.start()
 
-    def _next_job(self) -> Optional[Tuple[Hashable, concurrent.futures.Future, Callable, tuple]]:
+    def _next_job(self) -> Optional[Tuple[Hashable, concurrent.futures.Future, Callable, tuple, Any]]:
         with self._condition:
             while not any(self._pending.values()):
                 if self._stopped:
                     return None
                 self._condition.wait()
             session = self.rule.pick(((s, queue[0][0]) for s, queue in self._pending.items() if queue), self._wall())
-            _, future, fn, args = self._pending[session].pop(0)
+            _, future, fn, args, surcharge = self._pending[session].pop(0)
             if not self._pending[session]:
                 del self._pending[session]
-            return session, future, fn, args
+            return session, future, fn, args, surcharge
 
     def _work(self) -> None:
         while True:
             job = self._next_job()
             if job is None:
                 return
-            session, future, fn, args = job
+            session, future, fn, args, surcharge = job
             if not future.set_running_or_notify_cancel():  # its client stopped waiting
                 continue
-            start = self._clock()
+            start, factor, result, error = self._clock(), 1.0, None, None
             try:
                 result = fn(*args)
-            except BaseException as error:  # handed to the session that asked, never lost
+                factor = _surcharge_of(surcharge, result)
+            except BaseException as raised:  # handed to the session that asked, never lost
+                error = raised
+            with self._condition:  # charged before the caller hears back: it sees its new charge
+                if self.rule.tracked(session):  # not if it was forgotten meanwhile
+                    self.rule.charge(
+                        session,
+                        self._clock() - start,
+                        self._wall(),
+                        [s for s, queue in self._pending.items() if queue],
+                        surcharge=factor,
+                    )
+            if error is not None:
                 future.set_exception(error)
             else:
                 future.set_result(result)
-            finally:
-                with self._condition:
-                    if self.rule.tracked(session):  # not if it was forgotten meanwhile
-                        self.rule.charge(
-                            session,
-                            self._clock() - start,
-                            self._wall(),
-                            [s for s, queue in self._pending.items() if queue],
-                        )
+
+
+def _surcharge_of(surcharge: Optional[Callable[[Any], float]], result: Any) -> float:
+    """The factor `surcharge(result)` gives a job's charge: 1 without one, and 1 (logged) where it
+    fails or is not a number >= 1, so that a faulty rule never stops the worker."""
+    if surcharge is None:
+        return 1.0
+    try:
+        factor = float(surcharge(result))
+    except Exception:
+        logger.exception("surcharge rule failed; charging the job its CPU time")
+        return 1.0
+    if not 1.0 <= factor < float("inf"):
+        logger.error("surcharge %r is not a finite number >= 1; charging the job its CPU time", factor)
+        return 1.0
+    return factor
