@@ -17,7 +17,9 @@ clients alone and beside 3 spammers (target < 1 s with the load test's abusers).
 - arrival order;
 - least total CPU (the server's rule before: a session waking is charged at least the least
   waiting charge less 50 ms; lead capped at 10 ms);
-- recent usage (`cernenv.server.scheduler.RecentUsage`, what the server runs).
+- recent usage (`cernenv.server.scheduler.RecentUsage`);
+- recent usage with the spammers' jobs surcharged (what the server runs: a repeated scan does no
+  new work, and `cernenv.server.app.NO_NEW_WORK_SURCHARGE` multiplies its charge).
 
 `make bench-server` measures the real server.
 """
@@ -37,6 +39,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from cernenv import CERNCollisionEnvironment, ExperimentAction  # noqa: E402
+from cernenv.server.app import NO_NEW_WORK_SURCHARGE  # noqa: E402
 from cernenv.server.scheduler import RecentUsage  # noqa: E402
 from lib.baselines import HeuristicAgent  # noqa: E402
 
@@ -104,6 +107,14 @@ class LeastTotalCpu:
         charge = self.total[session] + cost_s
         waiting = [self.total[s] for s in others_waiting if s != session]
         self.total[session] = min(charge, min(waiting) + self.max_lead_s) if waiting else charge
+
+
+class SurchargedSpam(RecentUsage):
+    """Recent usage, every spammer job charged `NO_NEW_WORK_SURCHARGE` times its CPU time."""
+
+    def charge(self, session, cost_s, now, others_waiting, surcharge=1.0):
+        factor = NO_NEW_WORK_SURCHARGE if not isinstance(session, int) else surcharge
+        super().charge(session, cost_s, now, others_waiting, surcharge=factor)
 
 
 def simulate(rule, costs, scan_s, honest, spammers, episodes, seed, overhead_s, client_s) -> Tuple[float, float]:
@@ -197,7 +208,8 @@ def main() -> int:
         rules = {
             "arrival order": ArrivalOrder,
             "least total CPU (before)": LeastTotalCpu,
-            "recent usage (the server's default)": RecentUsage,
+            "recent usage": RecentUsage,
+            f"recent usage, spam surcharged x{NO_NEW_WORK_SURCHARGE:g} (server)": SurchargedSpam,
         }
     print(f"{'rule':<48}{'fairness ratio (<= 2)':>26}{'p99 64 alone [s]':>20}{'p99 64 + 3 scans [s]':>24}")
     for name, make_rule in rules.items():

@@ -46,7 +46,8 @@ can carry a `surcharge`, a factor on its charge computed from its result. The se
 (`ServedEnvironment.step_surcharge`) charges 8 times its CPU time a step that did no new work
 for its agent: a refused action, a repeat of an action on unchanged data, any step beyond the
 6th in a row without new data (HeuristicAgent takes at most 5). Its lead cap grows by the same
-factor. Simulated (8 spammers always surcharged): x1.17 at 8, x1.30 at 4. Measured on the
+factor. Simulated (`python bench/scheduler_sim.py --seeds 6`, every spammer job surcharged):
+median ratio x1.21 (x1.19-1.28) at 8, against x2.27 (x1.96-2.47) without. Measured on the
 server, honest median latency beside 8 sessions repeating `scan_bump` / scanning one spectrum
 with another step each time (`make bench-server` and repeats, 2026-11-25): surcharging repeats
 only (at 4), x1.04-1.56 over 6 runs / x1.81-2.61 over 4 runs; with the rule above at 4,
