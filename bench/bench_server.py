@@ -11,8 +11,9 @@ Target (issue 7): remote throughput at 32 sessions >= 30% of in-process.
 Then the server under attack (bench/server_load.py; `--no-abuse` skips it), each case with and
 without abusers on the same server:
 - fairness: 4 honest clients beside 8 sessions repeating `scan_bump`, then beside 8 scanning
-  one spectrum with another step each time; target (issue 15): the honest median latency at
-  most 2x what it is without them;
+  one spectrum with another step each time, 8 resetting again and again, 8 resetting and
+  claiming at once; target (issue 15): the honest median latency at most 2x what it is
+  without them;
 - load: 64 honest clients beside 8 abusers (2 scan, 1 scan-varied, 2 slow, 2 flood, 1 session
   churn); target (issue 15): every honest episode completes with 0 errors, honest p99 latency
   < 1 s.
@@ -45,6 +46,8 @@ FAIRNESS_TARGET_RATIO = 2.0  # honest median latency with 8 scan spammers / with
 FAIRNESS_CASES = {  # abuser kind (bench/server_load.py): what its 8 sessions do
     "scan": "repeating scan_bump",
     "scan-varied": "scanning one spectrum again and again with another step_gev each time",
+    "reset": "resetting again and again, never stepping",
+    "reset-claim": "resetting and claiming 'nothing there' at once, again and again",
 }
 LOAD_TARGET_P99_S = 1.0
 Spec = Tuple[int, Optional[str], Optional[str]]

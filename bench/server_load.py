@@ -9,6 +9,8 @@ host would, and keeps at it until the honest clients are done:
 |---|---|
 | `scan` | takes data, builds a spectrum, then repeats the same `scan_bump` as fast as the server answers |
 | `scan-varied` | the same, with a different `step_gev` each time, so that the environment does not see a repeat |
+| `reset` | resets its session again and again, a new campaign each time, never stepping |
+| `reset-claim` | the same, each episode ended at once by a claim that nothing is there |
 | `slow` | sends HTTP requests one byte every 0.5 s (slowloris) |
 | `flood` | opens HTTP connections that never finish their request, as fast as it can |
 | `create` | opens WebSocket sessions, resets and drops them, as fast as it can |
@@ -37,7 +39,7 @@ from cernenv.models import ActionType
 from lib.baselines import HeuristicAgent
 
 HONEST_SCENARIOS = ("z_mumu_91", "higgs_4l_125", None)  # None: a procedural campaign (medium)
-ABUSER_KINDS = ("scan", "scan-varied", "slow", "flood", "create")
+ABUSER_KINDS = ("scan", "scan-varied", "reset", "reset-claim", "slow", "flood", "create")
 # the load test's abusers (tests/test_server.py and `make bench-server`): scan spam of both
 # kinds, slowloris, unfinished-request floods, session churn
 LOAD_ABUSERS = ("scan",) * 2 + ("scan-varied",) + ("slow",) * 2 + ("flood",) * 2 + ("create",)
@@ -170,6 +172,21 @@ async def _flood(host: str, port: int, source: str, stop: asyncio.Event, abuse: 
         writer.close()
 
 
+async def _reset_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter, claim: bool = False) -> None:
+    """Reset one session again and again, a new procedural campaign each time; `claim`: each
+    episode ended at once by a claim of nothing there, else abandoned unfinished."""
+    async with connect(ws_url, local_addr=(source, 0), compression=None, max_size=None) as ws:
+        while not stop.is_set():
+            data = {"seed": abuse["resets"], "difficulty": "hard"}
+            reply = await _ws_call(ws, {"type": "reset", "data": data})
+            abuse["resets" if reply.get("type") == "observation" else "reset errors"] += 1
+            if claim:
+                parameters = {"discovered": False, "confidence": 0.5}
+                action = {"action_type": "submit_discovery_claim", "parameters": parameters}
+                reply = await _ws_call(ws, {"type": "step", "data": action})
+                abuse["claims" if reply.get("type") == "observation" else "claim errors"] += 1
+
+
 async def _session_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -> None:
     while not stop.is_set():
         try:
@@ -190,6 +207,8 @@ async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio
         source = f"127.0.0.{2 + index}"
         if kind in ("scan", "scan-varied"):
             coroutine = _scan_spam(ws_url, source, stop, abuse, varied=kind == "scan-varied")
+        elif kind in ("reset", "reset-claim"):
+            coroutine = _reset_spam(ws_url, source, stop, abuse, claim=kind == "reset-claim")
         elif kind == "slow":
             coroutine = _slowloris(host, int(port), source, stop, abuse)
         elif kind == "flood":

@@ -43,7 +43,12 @@ from cernenv.rules import MAX_CONSECUTIVE_REFUSALS
 from cernenv.scenarios import CURATED, DEFAULT_MAX_STEPS, DIFFICULTIES, list_scenarios, procedural_scenario
 from cernenv.server import ServedEnvironment, ServerConfig, create_cernenv_app
 from cernenv.server.__main__ import main as server_main
-from cernenv.server.app import FREE_STEPS_ON_UNCHANGED_DATA, NO_NEW_WORK_SURCHARGE, EnvironmentCount
+from cernenv.server.app import (
+    FREE_STEPS_ON_UNCHANGED_DATA,
+    NO_NEW_WORK_SURCHARGE,
+    WASTED_WORK_PAUSE_S,
+    EnvironmentCount,
+)
 from cernenv.server.guard import ConnectionGuard, GuardedListener, listening_socket
 from cernenv.server.scheduler import FairScheduler
 from lib.baselines import HeuristicAgent, RandomAgent, best_trigger
@@ -514,6 +519,23 @@ def test_hidden_truth_cannot_be_called_remotely(server):
 # Bad input ----------------------------------------------------------------------------
 
 
+class OneSecondPerJob:
+    """A scheduler's CPU clock by which every job costs 1 s: it is read once at the start and once
+    at the end of each job."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return float(self.calls // 2)
+
+
+def one_second_per_job() -> FairScheduler:
+    """A scheduler whose jobs cost 1 s each and whose charges never decay: charges count jobs."""
+    return FairScheduler(half_life_s=1e9, max_lead_s=1e9, cpu_clock=OneSecondPerJob(), wall_clock=lambda: 0.0)
+
+
 def test_steps_that_do_no_new_work_are_charged_eight_times_their_cpu_time():
     """The scheduler's surcharge on the server's steps (issue 15's scan spam, and its sibling
     with another `step_gev` each time): a repeated scan, a refused action, and any step beyond
@@ -521,15 +543,7 @@ def test_steps_that_do_no_new_work_are_charged_eight_times_their_cpu_time():
     `NO_NEW_WORK_SURCHARGE` times their CPU time; HeuristicAgent's steps cost it once. Every job
     here costs 1 s of a fake CPU clock and charges never decay, so the charges count the jobs."""
 
-    class OneSecondPerJob:
-        def __init__(self) -> None:
-            self.calls = 0
-
-        def __call__(self) -> float:  # read once at the start and once at the end of each job
-            self.calls += 1
-            return float(self.calls // 2)
-
-    scheduler = FairScheduler(half_life_s=1e9, max_lead_s=1e9, cpu_clock=OneSecondPerJob(), wall_clock=lambda: 0.0)
+    scheduler = one_second_per_job()
     env = ServedEnvironment(EnvironmentCount(), scheduler)
     agent = HeuristicAgent()
 
@@ -572,6 +586,103 @@ def test_steps_that_do_no_new_work_are_charged_eight_times_their_cpu_time():
     free = FREE_STEPS_ON_UNCHANGED_DATA - since_new_data  # new scans before the surcharge
     assert free < len(new_scans) and new_scans == [1.0] * free + [8.0] * (len(new_scans) - free)
     assert [increment for what, increment in charges[-2:]] == [8.0, 8.0]
+
+
+def test_resets_that_waste_an_episode_and_blind_claims_are_surcharged():
+    """Reset spam, and reset-and-claim spam (bench/server_load.py `reset`, `reset-claim`): a
+    reset that abandons an unfinished episode or follows one that took no data, and a claim
+    that ends an episode without data, cost `NO_NEW_WORK_SURCHARGE` times their CPU time; the
+    first reset, a whole HeuristicAgent episode and the reset after it cost once per job."""
+    scheduler = one_second_per_job()
+    env = ServedEnvironment(EnvironmentCount(), scheduler)
+    blind_claim = ExperimentAction(
+        action_type="submit_discovery_claim", parameters={"discovered": False, "confidence": 0.5}
+    )
+
+    async def play() -> list:
+        charges = []
+
+        async def charged(what: str, job) -> CollisionObservation:
+            before = scheduler.charge_s(env)
+            observation = await job
+            charges.append((what, scheduler.charge_s(env) - before))
+            return observation
+
+        await charged("first reset", env.reset_async(seed=1, difficulty="hard"))
+        await charged("reset abandoning", env.reset_async(seed=2, difficulty="hard"))
+        observation = await charged("blind claim", env.step_async(blind_claim))
+        assert observation.done and not observation.rule_violations
+        observation = await charged("reset after no data", env.reset_async(seed=4, scenario="z_mumu_91"))
+        agent = HeuristicAgent()
+        while not observation.done:
+            observation = await charged("heuristic", env.step_async(agent.act(observation)))
+        await charged("reset after an episode", env.reset_async(seed=5, difficulty="easy"))
+        return charges
+
+    try:
+        charges = asyncio.run(play())
+    finally:
+        env.close()
+        scheduler.shutdown()
+    surcharged = {what for what, increment in charges if increment == NO_NEW_WORK_SURCHARGE}
+    plain = {what for what, increment in charges if increment == 1.0}
+    assert surcharged == {"reset abandoning", "blind claim", "reset after no data"}
+    assert plain == {"first reset", "heuristic", "reset after an episode"}
+    assert len(charges) > 10
+
+
+def test_answers_to_wasted_work_wait_while_another_session_is_open():
+    """The tarpit: while another session is open, the answer to a surcharged reset or step waits
+    `WASTED_WORK_PAUSE_S` (recorded here, not timed); a session alone is never paced, and
+    plain steps never are."""
+    scheduler, count = one_second_per_job(), EnvironmentCount()
+    env = ServedEnvironment(count, scheduler)
+    pauses: list = []
+
+    async def record(seconds: float) -> None:
+        pauses.append(seconds)
+
+    env._pause = record
+    blind_claim = ExperimentAction(
+        action_type="submit_discovery_claim", parameters={"discovered": False, "confidence": 0.5}
+    )
+    refused = ExperimentAction(action_type="set_trigger", parameters={"trigger": "x"})
+
+    async def play() -> list:
+        log = []
+
+        async def paced(what: str, job) -> CollisionObservation:
+            before = len(pauses)
+            observation = await job
+            log.append((what, len(pauses) - before))
+            return observation
+
+        await paced("first reset, alone", env.reset_async(seed=1, difficulty="hard"))
+        await paced("blind claim, alone", env.step_async(blind_claim))
+        other = ServedEnvironment(count, scheduler)
+        try:
+            observation = await paced("reset after no data", env.reset_async(seed=2, difficulty="hard"))
+            await paced("refused", env.step_async(refused))
+            await paced("heuristic step", env.step_async(HeuristicAgent().act(observation)))
+        finally:
+            other.close()
+        await paced("reset abandoning, alone", env.reset_async(seed=3, difficulty="hard"))
+        return log
+
+    try:
+        log = asyncio.run(play())
+    finally:
+        env.close()
+        scheduler.shutdown()
+    assert dict(log) == {
+        "first reset, alone": 0,
+        "blind claim, alone": 0,
+        "reset after no data": 1,
+        "refused": 1,
+        "heuristic step": 0,
+        "reset abandoning, alone": 0,
+    }
+    assert pauses == [WASTED_WORK_PAUSE_S] * 2 and WASTED_WORK_PAUSE_S == 0.05
 
 
 def test_bad_websocket_input_gets_clear_errors_and_spares_other_sessions(server):

@@ -35,7 +35,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -57,12 +57,19 @@ ENV_PREFIX = "CERNENV_"
 # one that broke a rule of the environment (refused, after the episode's end, or repeating an
 # action on unchanged data: its `rule_violations` are not empty), and one more than
 # `FREE_STEPS_ON_UNCHANGED_DATA` in a row without new data (HeuristicAgent takes at most 5 in
-# a row in 120 curated and procedural episodes). Sessions that spam `scan_bump` on one
-# spectrum, repeated or each time with another step, then get far fewer turns than an honest
-# session instead of as many (the fairness cases of `make bench-server`; figures in
-# cernenv/server/scheduler.py). The surcharge orders the turns, nothing else: no step is refused.
+# a row in 120 curated and procedural episodes); the step that ends an episode that took no
+# data (a claim made blind); a reset that abandons an unfinished episode or follows one
+# without data. Sessions that spam `scan_bump` on one spectrum (repeated, or each time with
+# another step), `reset`, or reset-and-claim then get far fewer turns than an honest session
+# instead of as many (the fairness cases of `make bench-server`; figures in
+# cernenv/server/scheduler.py). No step is refused.
 NO_NEW_WORK_SURCHARGE = 8.0
 FREE_STEPS_ON_UNCHANGED_DATA = 6
+# ... and while another session is open, the answer to such a step waits this long (a tarpit):
+# a session that only wastes work sends at most 20 requests a second, and the server's event
+# loop, which the scheduler does not order, is spared their traffic. An agent's occasional
+# refused action costs it 50 ms, little beside the time a language model takes to answer.
+WASTED_WORK_PAUSE_S = 0.05
 
 logger = logging.getLogger("cernenv.server")
 
@@ -197,23 +204,48 @@ class ServedEnvironment(CERNCollisionEnvironment):
         self._scheduler = scheduler
         self._closed = False
         self._steps_on_unchanged_data = 0  # steps in a row since the episode's data last changed
+        self._reset_wasted_episode = False  # the last reset cut short an episode, or one without data
         count.change(+1)
 
     async def reset_async(self, **kwargs: Any) -> CollisionObservation:
-        """`reset` (its parameters, checked there) on the physics thread, in this session's fair turn."""
-        return await self._scheduler.run(self, functools.partial(self.reset, **kwargs))
+        """`reset` (its parameters, checked there) on the physics thread, in this session's fair
+        turn; one that abandons an unfinished episode, or follows one that took no data, is charged
+        `NO_NEW_WORK_SURCHARGE` times its CPU time and paced (`_run`)."""
+        return await self._run(functools.partial(self.reset, **kwargs), self.reset_surcharge)
+
+    def reset_surcharge(self, observation: CollisionObservation) -> float:
+        """The scheduler's charge factor for the reset that returned `observation`."""
+        return NO_NEW_WORK_SURCHARGE if self._reset_wasted_episode else 1.0
 
     async def step_async(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
         """`step` on the physics thread, in this session's fair turn; a step that did no new work
-        is charged `NO_NEW_WORK_SURCHARGE` times its CPU time."""
-        return await self._scheduler.run(
-            self, functools.partial(self.step, action, timeout_s=timeout_s, **kwargs), surcharge=self.step_surcharge
-        )
+        is charged `NO_NEW_WORK_SURCHARGE` times its CPU time and paced (`_run`)."""
+        return await self._run(functools.partial(self.step, action, timeout_s=timeout_s, **kwargs), self.step_surcharge)
+
+    async def _run(
+        self, job: Callable[[], CollisionObservation], surcharge: Callable[[CollisionObservation], float]
+    ) -> CollisionObservation:
+        """`job` on the physics thread in this session's turn, charged by `surcharge`; while
+        another session is open, the answer to a surcharged job waits `WASTED_WORK_PAUSE_S`."""
+        factors: List[float] = []
+
+        def charge_factor(observation: CollisionObservation) -> float:
+            factors.append(surcharge(observation))  # on the physics thread, before `run` returns
+            return factors[-1]
+
+        observation = await self._scheduler.run(self, job, surcharge=charge_factor)
+        if factors and factors[0] > 1.0 and self._count.open > 1:
+            await self._pause(WASTED_WORK_PAUSE_S)
+        return observation
+
+    _pause = staticmethod(asyncio.sleep)  # how the answer to wasted work waits (tests record it)
 
     def step_surcharge(self, observation: CollisionObservation) -> float:
         """The scheduler's charge factor for the step that returned `observation` (see
         `NO_NEW_WORK_SURCHARGE`); read on the physics thread right after that step."""
         if observation.rule_violations or self._steps_on_unchanged_data > FREE_STEPS_ON_UNCHANGED_DATA:
+            return NO_NEW_WORK_SURCHARGE
+        if observation.done and self._episode.data_version == 0:  # a claim (or an end) without data
             return NO_NEW_WORK_SURCHARGE
         return 1.0
 
@@ -240,13 +272,15 @@ class ServedEnvironment(CERNCollisionEnvironment):
         ):
             if value is not None and not (isinstance(value, str) and len(value) <= 255 and _encodable(value)):
                 raise RequestError(f"{name} must be a UTF-8 string of at most 255 characters, got {_printable(value)}")
+        previous = self._episode
+        wasted = previous is not None and (not previous.done or previous.data_version == 0)
         try:
             observation = super().reset(
                 seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty, secret_salt=secret_salt
             )
         except ValueError as error:
             raise RequestError(str(error)) from None
-        self._steps_on_unchanged_data = 0
+        self._steps_on_unchanged_data, self._reset_wasted_episode = 0, wasted
         return observation
 
     def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:

@@ -42,19 +42,30 @@ Tried and not kept:
   prediction exceeds the lead cap.
 
 What tells a spammer apart is what its steps do, so the shares are unequal on purpose: a job
-can carry a `surcharge`, a factor on its charge computed from its result. The server
-(`ServedEnvironment.step_surcharge`) charges 8 times its CPU time a step that did no new work
-for its agent: a refused action, a repeat of an action on unchanged data, any step beyond the
-6th in a row without new data (HeuristicAgent takes at most 5). Its lead cap grows by the same
-factor. Simulated (`python bench/scheduler_sim.py --seeds 6`, every spammer job surcharged):
-median ratio x1.21 (x1.19-1.28) at 8, against x2.27 (x1.96-2.47) without. Measured on the
-server, honest median latency beside 8 sessions repeating `scan_bump` / scanning one spectrum
-with another step each time (`make bench-server` and repeats, 2026-11-25): surcharging repeats
-only (at 4), x1.04-1.56 over 6 runs / x1.81-2.61 over 4 runs; with the rule above at 4,
-x1.41-1.68 over 5 runs / x1.32-2.40 over 5 runs; at 8 (kept), x1.21-1.66 over 6 runs /
-x1.40-2.27 over 11 runs (median x1.64, one above 2). The varied spam still gets full price for
-its resets, data taking and first scans of each spectrum. The surcharge only orders the turns:
-no step is refused or slowed while the thread is free.
+can carry a `surcharge`, a factor on its charge computed from its result, and its lead cap
+grows by the same factor. The server (`ServedEnvironment`, cernenv/server/app.py) charges 8
+times its CPU time the work that gives its agent nothing new: a refused action, a repeat of an
+action on unchanged data, any step beyond the 6th in a row without new data (HeuristicAgent
+takes at most 5), a claim made before any data, a reset that abandons an unfinished episode or
+follows one without data. Simulated (`python bench/scheduler_sim.py --seeds 6`, every spammer
+job surcharged): median ratio x1.21 (x1.19-1.28) at 8, against x2.27 (x1.96-2.47) without.
+
+On the server the order of the turns was not enough: beside 8 sessions that reset and claim at
+once, the ratio was x1.36-2.27 at a surcharge of 8 and x1.32-1.83 at 64, the spammers' answers
+as many either way. They cost the event loop (JSON, WebSocket frames), which this scheduler
+does not order, and every job they slip in while the honest clients think is one an honest
+step may find running. So, while another session is open, the answer to a surcharged job also
+waits 50 ms (`WASTED_WORK_PAUSE_S`): a session that only wastes work sends at most 20 requests
+a second. Measured (honest median latency with / without 8 spammers, 4 runs each and
+`make bench-server`, 2026-11-25), before any surcharge -> surcharge alone -> with the pause:
+- repeating `scan_bump`: x1.48-2.80 (11 runs) -> x1.21-1.66 (6) -> x0.97-1.34 (5);
+- scanning one spectrum with another step each time: x1.81-2.61 (4, repeats surcharged) ->
+  x1.40-2.27 (11) -> x1.34-1.72 (5);
+- resetting, never stepping: x2.46-3.51 (4) -> x1.24-1.88 (4) -> x1.12-1.47 (5);
+- resetting and claiming at once: x2.51-3.04 (4) -> x1.36-2.27 (5) -> x0.90-1.29 (5).
+A session that does new work as fast as it can (takes data, scans it, claims, again) is not
+told apart from an honest one: it gets an equal share, as every session did before the
+surcharge (the first figures of each line; not measured for such a client).
 """
 
 from __future__ import annotations
