@@ -536,6 +536,29 @@ def one_second_per_job() -> FairScheduler:
     return FairScheduler(half_life_s=1e9, max_lead_s=1e9, cpu_clock=OneSecondPerJob(), wall_clock=lambda: 0.0)
 
 
+def run_then_close(env: ServedEnvironment, scheduler: FairScheduler, coroutine: Any) -> Any:
+    """`asyncio.run(coroutine)`, then `env` closed and `scheduler` shut down, whatever happened."""
+    try:
+        return asyncio.run(coroutine)
+    finally:
+        env.close()
+        scheduler.shutdown()
+
+
+async def logged(log: list, what: str, job: Any, reading: Callable[[], float]) -> CollisionObservation:
+    """Await `job` (a reset or step); log (`what`, how much `reading()` grew meanwhile)."""
+    before = reading()
+    observation = await job
+    log.append((what, reading() - before))
+    return observation
+
+
+BLIND_CLAIM = ExperimentAction(
+    action_type="submit_discovery_claim", parameters={"discovered": False, "confidence": 0.5}
+)
+REFUSED = ExperimentAction(action_type="set_trigger", parameters={"trigger": "x"})  # no such trigger
+
+
 def test_steps_that_do_no_new_work_are_charged_eight_times_their_cpu_time():
     """The scheduler's surcharge on the server's steps (issue 15's scan spam, and its sibling
     with another `step_gev` each time): a repeated scan, a refused action, and any step beyond
@@ -548,13 +571,10 @@ def test_steps_that_do_no_new_work_are_charged_eight_times_their_cpu_time():
     agent = HeuristicAgent()
 
     async def play() -> Tuple[list, int]:
-        charges = []  # (what, increment of the charge)
+        charges: list = []  # (what, increment of the charge)
 
         async def send(what: str, action: ExperimentAction) -> CollisionObservation:
-            before = scheduler.charge_s(env)
-            observation = await env.step_async(action)
-            charges.append((what, scheduler.charge_s(env) - before))
-            return observation
+            return await logged(charges, what, env.step_async(action), lambda: scheduler.charge_s(env))
 
         observation = await env.reset_async(seed=3, scenario="z_mumu_91")
         assert scheduler.charge_s(env) == 1.0
@@ -571,15 +591,11 @@ def test_steps_that_do_no_new_work_are_charged_eight_times_their_cpu_time():
             assert not observation.rule_violations
         observation = await send("repeated scan", scan)
         assert "REDUNDANT" in observation.rule_violations[0]
-        observation = await send("refused", ExperimentAction(action_type="set_trigger", parameters={"trigger": "x"}))
+        observation = await send("refused", REFUSED)
         assert observation.rule_violations
         return charges, since_new_data
 
-    try:
-        charges, since_new_data = asyncio.run(play())
-    finally:
-        env.close()
-        scheduler.shutdown()
+    charges, since_new_data = run_then_close(env, scheduler, play())
     assert NO_NEW_WORK_SURCHARGE == 8.0 and since_new_data <= FREE_STEPS_ON_UNCHANGED_DATA
     assert {increment for what, increment in charges if what == "heuristic"} == {1.0}
     new_scans = [increment for what, increment in charges if what == "new scan"]
@@ -595,22 +611,16 @@ def test_resets_that_waste_an_episode_and_blind_claims_are_surcharged():
     first reset, a whole HeuristicAgent episode and the reset after it cost once per job."""
     scheduler = one_second_per_job()
     env = ServedEnvironment(EnvironmentCount(), scheduler)
-    blind_claim = ExperimentAction(
-        action_type="submit_discovery_claim", parameters={"discovered": False, "confidence": 0.5}
-    )
 
     async def play() -> list:
-        charges = []
+        charges: list = []
 
-        async def charged(what: str, job) -> CollisionObservation:
-            before = scheduler.charge_s(env)
-            observation = await job
-            charges.append((what, scheduler.charge_s(env) - before))
-            return observation
+        async def charged(what: str, job: Any) -> CollisionObservation:
+            return await logged(charges, what, job, lambda: scheduler.charge_s(env))
 
         await charged("first reset", env.reset_async(seed=1, difficulty="hard"))
         await charged("reset abandoning", env.reset_async(seed=2, difficulty="hard"))
-        observation = await charged("blind claim", env.step_async(blind_claim))
+        observation = await charged("blind claim", env.step_async(BLIND_CLAIM))
         assert observation.done and not observation.rule_violations
         observation = await charged("reset after no data", env.reset_async(seed=4, scenario="z_mumu_91"))
         agent = HeuristicAgent()
@@ -619,11 +629,7 @@ def test_resets_that_waste_an_episode_and_blind_claims_are_surcharged():
         await charged("reset after an episode", env.reset_async(seed=5, difficulty="easy"))
         return charges
 
-    try:
-        charges = asyncio.run(play())
-    finally:
-        env.close()
-        scheduler.shutdown()
+    charges = run_then_close(env, scheduler, play())
     surcharged = {what for what, increment in charges if increment == NO_NEW_WORK_SURCHARGE}
     plain = {what for what, increment in charges if increment == 1.0}
     assert surcharged == {"reset abandoning", "blind claim", "reset after no data"}
@@ -643,37 +649,26 @@ def test_answers_to_wasted_work_wait_while_another_session_is_open():
         pauses.append(seconds)
 
     env._pause = record
-    blind_claim = ExperimentAction(
-        action_type="submit_discovery_claim", parameters={"discovered": False, "confidence": 0.5}
-    )
-    refused = ExperimentAction(action_type="set_trigger", parameters={"trigger": "x"})
 
     async def play() -> list:
-        log = []
+        log: list = []
 
-        async def paced(what: str, job) -> CollisionObservation:
-            before = len(pauses)
-            observation = await job
-            log.append((what, len(pauses) - before))
-            return observation
+        async def paced(what: str, job: Any) -> CollisionObservation:
+            return await logged(log, what, job, lambda: len(pauses))
 
         await paced("first reset, alone", env.reset_async(seed=1, difficulty="hard"))
-        await paced("blind claim, alone", env.step_async(blind_claim))
+        await paced("blind claim, alone", env.step_async(BLIND_CLAIM))
         other = ServedEnvironment(count, scheduler)
         try:
             observation = await paced("reset after no data", env.reset_async(seed=2, difficulty="hard"))
-            await paced("refused", env.step_async(refused))
+            await paced("refused", env.step_async(REFUSED))
             await paced("heuristic step", env.step_async(HeuristicAgent().act(observation)))
         finally:
             other.close()
         await paced("reset abandoning, alone", env.reset_async(seed=3, difficulty="hard"))
         return log
 
-    try:
-        log = asyncio.run(play())
-    finally:
-        env.close()
-        scheduler.shutdown()
+    log = run_then_close(env, scheduler, play())
     assert dict(log) == {
         "first reset, alone": 0,
         "blind claim, alone": 0,
