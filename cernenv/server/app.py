@@ -17,7 +17,9 @@ What the server adds to the environment (`ServedEnvironment`): a step before any
 an error rather than an implicit seed-0 episode; unknown or ill-typed reset parameters are
 errors; `hidden_truth()` is refused; any JSON value sent as an action is judged by the
 environment's rules, so malformed actions cost the same penalty as in process; all
-sessions' resets and steps run on one thread. The `MessageLimit` middleware refuses
+sessions' resets and steps run on one thread, in fair turns in which work that gives an
+agent nothing new counts 8 times and, while another session is open, is answered 50 ms
+later (`NO_NEW_WORK_SURCHARGE`, `WASTED_WORK_PAUSE_S`). The `MessageLimit` middleware refuses
 messages over `ServerConfig.max_message_bytes` and unreadable ones with an error (the
 WebSocket session goes on), frames over `ws_frame_limit_bytes` by closing the connection
 (code 1009), and closes sessions idle for `session_idle_timeout_s`. Sessions are created by

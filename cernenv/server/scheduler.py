@@ -135,7 +135,8 @@ class FairScheduler:
     """One worker thread that runs submitted callables, in `RecentUsage`'s order (see the module
     docstring for `half_life_s` and `max_lead_s`).
 
-    `run(session, fn, *args)` awaits `fn(*args)` on the worker; `submit` is the same for
+    `run(session, fn, *args, surcharge=None)` awaits `fn(*args)` on the worker (`surcharge`,
+    a function of the result: the factor on the job's charge); `submit` is the same for
     threads (a `concurrent.futures.Future`). `forget(session)` drops a closed session's charge.
     `cpu_clock` measures a job's cost (default: the worker thread's CPU time); `wall_clock`
     decays the charges (default: `time.monotonic`)."""
