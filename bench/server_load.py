@@ -11,6 +11,8 @@ host would, and keeps at it until the honest clients are done:
 | `scan-varied` | the same, with a different `step_gev` each time, so that the environment does not see a repeat |
 | `reset` | resets its session again and again, a new campaign each time, never stepping |
 | `reset-claim` | the same, each episode ended at once by a claim that nothing is there |
+| `garbage` | sends frames that are not JSON, as fast as the server answers them |
+| `state` | sends `state` requests, as fast as the server answers them |
 | `slow` | sends HTTP requests one byte every 0.5 s (slowloris) |
 | `flood` | opens HTTP connections that never finish their request, as fast as it can |
 | `create` | opens WebSocket sessions, resets and drops them, as fast as it can |
@@ -39,7 +41,7 @@ from cernenv.models import ActionType
 from lib.baselines import HeuristicAgent
 
 HONEST_SCENARIOS = ("z_mumu_91", "higgs_4l_125", None)  # None: a procedural campaign (medium)
-ABUSER_KINDS = ("scan", "scan-varied", "reset", "reset-claim", "slow", "flood", "create")
+ABUSER_KINDS = ("scan", "scan-varied", "reset", "reset-claim", "garbage", "state", "slow", "flood", "create")
 # the load test's abusers (tests/test_server.py and `make bench-server`): scan spam of both
 # kinds, slowloris, unfinished-request floods, session churn
 LOAD_ABUSERS = ("scan",) * 2 + ("scan-varied",) + ("slow",) * 2 + ("flood",) * 2 + ("create",)
@@ -187,6 +189,20 @@ async def _reset_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Coun
                 abuse["claims" if reply.get("type") == "observation" else "claim errors"] += 1
 
 
+async def _garbage_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter, state: bool = False) -> None:
+    """Send frames that are not JSON (or, with `state`, `state` requests) as fast as the server
+    answers them."""
+    async with connect(ws_url, local_addr=(source, 0), compression=None, max_size=None) as ws:
+        await _ws_call(ws, {"type": "reset", "data": {"seed": 1, "difficulty": "hard"}})
+        while not stop.is_set():
+            if state:
+                reply = await _ws_call(ws, {"type": "state"})
+            else:
+                await ws.send("{not json")
+                reply = json.loads(await ws.recv())
+            abuse["state requests" if state else "garbage frames"] += reply.get("type") in ("state", "error")
+
+
 async def _session_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -> None:
     while not stop.is_set():
         try:
@@ -209,6 +225,8 @@ async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio
             coroutine = _scan_spam(ws_url, source, stop, abuse, varied=kind == "scan-varied")
         elif kind in ("reset", "reset-claim"):
             coroutine = _reset_spam(ws_url, source, stop, abuse, claim=kind == "reset-claim")
+        elif kind in ("garbage", "state"):
+            coroutine = _garbage_spam(ws_url, source, stop, abuse, state=kind == "state")
         elif kind == "slow":
             coroutine = _slowloris(host, int(port), source, stop, abuse)
         elif kind == "flood":

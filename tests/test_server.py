@@ -44,10 +44,12 @@ from cernenv.scenarios import CURATED, DEFAULT_MAX_STEPS, DIFFICULTIES, list_sce
 from cernenv.server import ServedEnvironment, ServerConfig, create_cernenv_app
 from cernenv.server.__main__ import main as server_main
 from cernenv.server.app import (
+    FREE_MESSAGES_WITHOUT_WORK,
     FREE_STEPS_ON_UNCHANGED_DATA,
     NO_NEW_WORK_SURCHARGE,
     WASTED_WORK_PAUSE_S,
     EnvironmentCount,
+    MessageLimit,
 )
 from cernenv.server.guard import ConnectionGuard, GuardedListener, listening_socket
 from cernenv.server.scheduler import FairScheduler
@@ -678,6 +680,40 @@ def test_answers_to_wasted_work_wait_while_another_session_is_open():
         "reset abandoning, alone": 0,
     }
     assert pauses == [WASTED_WORK_PAUSE_S] * 2 and WASTED_WORK_PAUSE_S == 0.05
+
+
+def test_messages_that_run_no_physics_are_paced_beyond_ten_in_a_row():
+    """Garbage and `state` spam (bench/server_load.py `garbage`, `state`) cost only the event
+    loop, which the scheduler does not order: past `FREE_MESSAGES_WITHOUT_WORK` refused frames
+    or `state` requests in a row, each waits `WASTED_WORK_PAUSE_S` (recorded, not timed); a
+    reset or a step starts the count again."""
+    frames = ["{not json"] * 12 + ['{"type": "step", "data": {}}'] + ['{"type": "state"}'] * 11 + ['{"type": "reset"}']
+    incoming = [{"type": "websocket.receive", "text": frame} for frame in frames]
+    errors, delivered, paced = [], [], []  # paced: the number (from 1) of each frame that waited
+
+    async def record(seconds: float) -> None:
+        assert seconds == WASTED_WORK_PAUSE_S
+        paced.append(len(frames) - len(incoming))
+
+    async def receive() -> Dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: Dict[str, Any]) -> None:
+        errors.append(json.loads(message["text"])["data"]["code"])
+
+    limit = MessageLimit(app=None, max_bytes=65536)
+    limit._pause = record
+    guarded = limit._guarded_receive(receive, send)
+
+    async def main() -> None:
+        while incoming:
+            delivered.append(json.loads((await guarded())["text"])["type"])
+
+    asyncio.run(main())
+    assert errors == ["INVALID_JSON"] * 12
+    assert delivered == ["step"] + ["state"] * 11 + ["reset"]
+    assert FREE_MESSAGES_WITHOUT_WORK == 10
+    assert paced == [11, 12, 13 + 11]  # the 11th and 12th bad frames; the 11th state after the step
 
 
 def test_bad_websocket_input_gets_clear_errors_and_spares_other_sessions(server):

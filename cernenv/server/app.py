@@ -37,7 +37,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -72,6 +72,11 @@ FREE_STEPS_ON_UNCHANGED_DATA = 6
 # loop, which the scheduler does not order, is spared their traffic. An agent's occasional
 # refused action costs it 50 ms, little beside the time a language model takes to answer.
 WASTED_WORK_PAUSE_S = 0.05
+# The same pause for a WebSocket's messages that run no physics (refused frames, `state`
+# requests) beyond this many in a row without a reset or step (`MessageLimit`): 8 clients
+# sending them as fast as they were answered raised 4 honest clients' median latency x1.6-2.1
+# (bench/server_load.py `garbage`, `state`), as they cost the event loop every session shares.
+FREE_MESSAGES_WITHOUT_WORK = 10
 
 logger = logging.getLogger("cernenv.server")
 
@@ -334,12 +339,16 @@ class MessageLimit:
     nested or an integer over Python's 4,300 digits included), JSON that is not an object, an
     unknown message type or a string that is not UTF-8 gets an OpenEnv-style error frame
     `{"type": "error", "data": {"message", "code"}}` and is dropped; the session goes on. A
-    client silent for `idle_timeout_s` is disconnected. HTTP: a body over `max_bytes` gets 413."""
+    client silent for `idle_timeout_s` is disconnected. Beyond `FREE_MESSAGES_WITHOUT_WORK`
+    refused frames or `state` requests in a row (no reset or step between), each waits
+    `WASTED_WORK_PAUSE_S`. HTTP: a body over `max_bytes` gets 413."""
 
     def __init__(self, app: Any, max_bytes: int, idle_timeout_s: Optional[float] = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.idle_timeout_s = idle_timeout_s
+
+    _pause = staticmethod(asyncio.sleep)  # how a paced message waits (tests record it)
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "websocket":
@@ -356,7 +365,10 @@ class MessageLimit:
         return await self.app(scope, receive, send)
 
     def _guarded_receive(self, receive: Any, send: Any) -> Any:
+        idle_in_a_row = 0  # refused frames and `state` requests since the last reset or step
+
         async def guarded() -> Dict[str, Any]:
+            nonlocal idle_in_a_row
             while True:  # one client message per turn: the client, not the server, drives this loop
                 try:
                     message = await asyncio.wait_for(receive(), self.idle_timeout_s)
@@ -367,44 +379,49 @@ class MessageLimit:
                     return {"type": "websocket.disconnect", "code": 1001}
                 if message["type"] != "websocket.receive":
                     return message
-                problem = self._problem(message)
+                problem, message_type = self._problem(message)
+                idle_in_a_row = 0 if message_type in ("reset", "step") else idle_in_a_row + 1
+                if idle_in_a_row > FREE_MESSAGES_WITHOUT_WORK:  # a tarpit, as for wasted physics work
+                    await self._pause(WASTED_WORK_PAUSE_S)
                 if problem is None:
                     return message
                 await send({"type": "websocket.send", "text": json.dumps({"type": "error", "data": problem})})
 
         return guarded
 
-    def _problem(self, message: Dict[str, Any]) -> Optional[Dict[str, str]]:
+    def _problem(self, message: Dict[str, Any]) -> Tuple[Optional[Dict[str, str]], Optional[str]]:
+        """(the error frame's data, or None for a message the app may have; the message's type,
+        or None where it has none)."""
         text = message.get("text")
         if text is None:
-            return {"code": "VALIDATION_ERROR", "message": "send JSON text frames, not binary ones"}
+            return {"code": "VALIDATION_ERROR", "message": "send JSON text frames, not binary ones"}, None
         size = len(text.encode("utf-8"))
         if size > self.max_bytes:
             return {
                 "code": "MESSAGE_TOO_LARGE",
                 "message": f"message of {size} bytes is over the server's limit of {self.max_bytes} bytes",
-            }
+            }, None
         try:  # parsed here too: OpenEnv's handler lets RecursionError and huge integers end the session
             value = json.loads(text)
         except (ValueError, RecursionError) as error:
             return {
                 "code": "INVALID_JSON",
                 "message": f"Invalid JSON ({type(error).__name__}): {_printable(str(error), 200)}",
-            }
+            }, None
         if not isinstance(value, dict):
             return {
                 "code": "VALIDATION_ERROR",
                 "message": f'a message is a JSON object {{"type": ..., "data": ...}}, got {type(value).__name__}',
-            }
+            }, None
         if value.get("type") not in WS_MESSAGE_TYPES:
             return {
                 "code": "UNKNOWN_TYPE",
                 "message": f"Unknown message type {_printable(value.get('type'))}; "
                 f"send one of {', '.join(WS_MESSAGE_TYPES)}",
-            }
+            }, None
         if not _all_encodable(value):
-            return {"code": "VALIDATION_ERROR", "message": "strings must be valid UTF-8 (no lone surrogates)"}
-        return None
+            return {"code": "VALIDATION_ERROR", "message": "strings must be valid UTF-8 (no lone surrogates)"}, None
+        return None, value["type"]
 
     async def _http(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         length = dict(scope.get("headers", [])).get(b"content-length")
