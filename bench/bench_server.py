@@ -12,8 +12,8 @@ Then the server under attack (bench/server_load.py; `--no-abuse` skips it), each
 without abusers on the same server:
 - fairness: 4 honest clients beside 8 sessions repeating `scan_bump`, then beside 8 scanning
   one spectrum with another step each time, 8 resetting again and again, 8 resetting and
-  claiming at once, 8 sending garbage frames, 8 sending `state` requests; target (issue 15):
-  the honest median latency at most 2x what it is without them;
+  claiming at once, 8 sending garbage frames, 8 sending `state` requests, 8 churning
+  sessions; target (issue 15): the honest median latency at most 2x what it is without them;
 - load: 64 honest clients beside 8 abusers (2 scan, 1 scan-varied, 2 slow, 2 flood, 1 session
   churn); target (issue 15): every honest episode completes with 0 errors, honest p99 latency
   < 1 s.
@@ -50,6 +50,7 @@ FAIRNESS_CASES = {  # abuser kind (bench/server_load.py): what its 8 sessions do
     "reset-claim": "resetting and claiming 'nothing there' at once, again and again",
     "garbage": "sending frames that are not JSON, as fast as they are answered",
     "state": "sending state requests, as fast as they are answered",
+    "create": "opening a session, resetting and dropping it, again and again",
 }
 LOAD_TARGET_P99_S = 1.0
 Spec = Tuple[int, Optional[str], Optional[str]]

@@ -47,9 +47,12 @@ from cernenv.server.app import (
     FREE_MESSAGES_WITHOUT_WORK,
     FREE_STEPS_ON_UNCHANGED_DATA,
     NO_NEW_WORK_SURCHARGE,
+    STEPLESS_SESSION_BURST,
+    STEPLESS_SESSIONS_PER_S,
     WASTED_WORK_PAUSE_S,
     EnvironmentCount,
     MessageLimit,
+    SessionPacer,
 )
 from cernenv.server.guard import ConnectionGuard, GuardedListener, listening_socket
 from cernenv.server.scheduler import FairScheduler
@@ -714,6 +717,62 @@ def test_messages_that_run_no_physics_are_paced_beyond_ten_in_a_row():
     assert delivered == ["step"] + ["state"] * 11 + ["reset"]
     assert FREE_MESSAGES_WITHOUT_WORK == 10
     assert paced == [11, 12, 13 + 11]  # the 11th and 12th bad frames; the 11th state after the step
+
+
+def test_sessions_dropped_without_a_step_are_paced_per_address():
+    """Session churn (bench/server_load.py `create`): an address whose sessions end without a
+    single step gets `STEPLESS_SESSION_BURST` of them free, then one per 1/`STEPLESS_SESSIONS_PER_S`
+    seconds: a new session's handshake waits until its bucket is out of debt (recorded, not
+    timed). Sessions that step never count, and other addresses are not touched."""
+    clock = [0.0]
+    limit = MessageLimit(app=None, max_bytes=65536)
+    limit.sessions = SessionPacer(STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S, clock=lambda: clock[0])
+    waits: list = []
+
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:  # reads to the end
+        while (await receive())["type"] == "websocket.receive":
+            pass
+
+    async def session(address: str, *types: str) -> int:
+        """One session from `address` sending messages of `types`; how many waits it met."""
+        frames = [{"type": "websocket.receive", "text": json.dumps({"type": t, "data": {}})} for t in types]
+        frames.append({"type": "websocket.disconnect", "code": 1000})
+
+        async def receive() -> Dict[str, Any]:
+            return frames.pop(0)
+
+        async def send(message: Dict[str, Any]) -> None:
+            pass
+
+        before = len(waits)
+        await limit(_websocket_scope(address), receive, send)
+        return len(waits) - before
+
+    limit.app, limit._pause = app, record
+
+    async def main() -> list:
+        met = [await session("10.0.0.1", "reset", "step", "step") for _ in range(50)]  # playing
+        met += [await session("10.0.0.2", "reset") for _ in range(STEPLESS_SESSION_BURST + 1)]
+        met.append(await session("10.0.0.2", "reset"))  # in debt by one session
+        met.append(await session("10.0.0.3", "reset"))  # another address
+        clock[0] += 2.0 / STEPLESS_SESSIONS_PER_S  # two tokens later: out of debt
+        met.append(await session("10.0.0.2", "reset", "step"))
+        met.append(await session("10.0.0.2", "reset"))
+        return met
+
+    met = asyncio.run(main())
+    assert met[:50] == [0] * 50  # any number of sessions that step: never paced
+    assert met[50:-4] == [0] * (STEPLESS_SESSION_BURST + 1)  # the burst, then one into debt
+    assert met[-4:] == [1, 0, 0, 0]
+    assert waits == [pytest.approx(1.0 / STEPLESS_SESSIONS_PER_S)]
+    assert (STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S) == (16, 5.0)
+
+
+def _websocket_scope(address: str) -> Dict[str, Any]:
+    return {"type": "websocket", "client": (address, 40000), "path": "/ws", "headers": []}
 
 
 def test_bad_websocket_input_gets_clear_errors_and_spares_other_sessions(server):

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -77,6 +78,12 @@ WASTED_WORK_PAUSE_S = 0.05
 # sending them as fast as they were answered raised 4 honest clients' median latency x1.6-2.1
 # (bench/server_load.py `garbage`, `state`), as they cost the event loop every session shares.
 FREE_MESSAGES_WITHOUT_WORK = 10
+# Sessions that end without a single step, from one client address: this many free, then this
+# many a second; beyond, a new session's handshake waits (`SessionPacer`). 8 addresses opening a
+# session, resetting and dropping it as fast as they could raised 4 honest clients' median
+# latency x2.8-4.0. Sessions that step are never counted, however many a client opens.
+STEPLESS_SESSION_BURST = 16
+STEPLESS_SESSIONS_PER_S = 5.0
 
 logger = logging.getLogger("cernenv.server")
 
@@ -332,6 +339,32 @@ def _printable(value: Any, limit: int = 60) -> str:
     return ascii(value)[:limit]
 
 
+class SessionPacer:
+    """A token bucket per client address, paid by sessions that end without a single step (a
+    session opened, perhaps reset, and dropped): `burst` of them free, then `rate_per_s`. A new
+    session from an address in debt waits `wait_s(address)` before its handshake."""
+
+    def __init__(self, burst: int, rate_per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.rate_per_s, self._clock = float(burst), float(rate_per_s), clock
+        self._buckets: Dict[str, Tuple[float, float]] = {}  # address -> (tokens, when)
+
+    def _tokens(self, address: str, now: float) -> float:
+        tokens, when = self._buckets.get(address, (self.burst, now))
+        return min(self.burst, tokens + (now - when) * self.rate_per_s)
+
+    def charge(self, address: str) -> None:
+        """One session from `address` ended without a step."""
+        now = self._clock()
+        self._buckets[address] = (self._tokens(address, now) - 1.0, now)
+        if len(self._buckets) > 10_000:  # forget the addresses whose buckets are full again
+            for stale in [a for a in self._buckets if self._tokens(a, now) >= self.burst]:
+                del self._buckets[stale]
+
+    def wait_s(self, address: str) -> float:
+        """How long a new session from `address` waits: until its bucket is out of debt."""
+        return max(0.0, -self._tokens(address, self._clock()) / self.rate_per_s)
+
+
 class MessageLimit:
     """ASGI middleware: bounds what a client may send, and answers what OpenEnv would not.
 
@@ -339,33 +372,45 @@ class MessageLimit:
     nested or an integer over Python's 4,300 digits included), JSON that is not an object, an
     unknown message type or a string that is not UTF-8 gets an OpenEnv-style error frame
     `{"type": "error", "data": {"message", "code"}}` and is dropped; the session goes on. A
-    client silent for `idle_timeout_s` is disconnected. Beyond `FREE_MESSAGES_WITHOUT_WORK`
-    refused frames or `state` requests in a row (no reset or step between), each waits
-    `WASTED_WORK_PAUSE_S`. HTTP: a body over `max_bytes` gets 413."""
+    client silent for `idle_timeout_s` is disconnected. A client address that drops sessions
+    without a step faster than `SessionPacer` allows waits for its next handshake. Beyond
+    `FREE_MESSAGES_WITHOUT_WORK` refused frames or `state` requests in a row (no reset or step
+    between), each waits `WASTED_WORK_PAUSE_S`. HTTP: a body over `max_bytes` gets 413."""
 
     def __init__(self, app: Any, max_bytes: int, idle_timeout_s: Optional[float] = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.idle_timeout_s = idle_timeout_s
+        self.sessions = SessionPacer(STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S)
 
     _pause = staticmethod(asyncio.sleep)  # how a paced message waits (tests record it)
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "websocket":
+            client = scope.get("client") or ("?", 0)
+            wait_s = self.sessions.wait_s(client[0])
+            if wait_s > 0.0:  # its address dropped too many sessions without a step: a tarpit
+                await self._pause(wait_s)
+            steps = [0]
             try:
-                return await self.app(scope, self._guarded_receive(receive, send), send)
+                return await self.app(scope, self._guarded_receive(receive, send, steps), send)
             except Exception as error:
                 if not _is_disconnect(error):
                     raise
-                client = scope.get("client") or ("?", 0)  # the client went away: one line, not a traceback
+                # the client went away: one line, not a traceback
                 logger.warning("WebSocket client %s:%s went away: %s", client[0], client[1], type(error).__name__)
+            finally:
+                if not steps[0]:
+                    self.sessions.charge(client[0])
             return None
         if scope["type"] == "http":
             return await self._http(scope, receive, send)
         return await self.app(scope, receive, send)
 
-    def _guarded_receive(self, receive: Any, send: Any) -> Any:
+    def _guarded_receive(self, receive: Any, send: Any, steps: Optional[List[int]] = None) -> Any:
+        """`receive` for the app, with the checks above; `steps[0]` counts the step messages."""
         idle_in_a_row = 0  # refused frames and `state` requests since the last reset or step
+        steps = [0] if steps is None else steps
 
         async def guarded() -> Dict[str, Any]:
             nonlocal idle_in_a_row
@@ -381,6 +426,7 @@ class MessageLimit:
                     return message
                 problem, message_type = self._problem(message)
                 idle_in_a_row = 0 if message_type in ("reset", "step") else idle_in_a_row + 1
+                steps[0] += message_type == "step"
                 if idle_in_a_row > FREE_MESSAGES_WITHOUT_WORK:  # a tarpit, as for wasted physics work
                     await self._pause(WASTED_WORK_PAUSE_S)
                 if problem is None:

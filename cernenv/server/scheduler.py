@@ -58,13 +58,14 @@ step may find running. So, while another session is open, the answer to a surcha
 waits 50 ms (`WASTED_WORK_PAUSE_S`): a session that only wastes work sends at most 20 requests
 a second. Measured (honest median latency with / without 8 spammers, 4 runs each and
 `make bench-server`, 2026-11-25), before any surcharge -> surcharge alone -> with the pause:
-- repeating `scan_bump`: x1.48-2.80 (11 runs) -> x1.21-1.66 (6) -> x0.97-1.34 (6);
+- repeating `scan_bump`: x1.48-2.80 (11 runs) -> x1.21-1.66 (6) -> x0.97-1.39 (7);
 - scanning one spectrum with another step each time: x1.81-2.61 (4, repeats surcharged) ->
-  x1.40-2.27 (11) -> x1.34-1.72 (6);
-- resetting, never stepping: x2.46-3.51 (4) -> x1.24-1.88 (4) -> x1.12-1.47 (6);
-- resetting and claiming at once: x2.51-3.04 (4) -> x1.36-2.27 (5) -> x0.90-1.52 (6).
+  x1.40-2.27 (11) -> x1.34-1.72 (7);
+- resetting, never stepping: x2.46-3.51 (4) -> x1.24-1.88 (4) -> x1.12-1.47 (7);
+- resetting and claiming at once: x2.51-3.04 (4) -> x1.36-2.27 (5) -> x0.90-1.52 (7).
 Messages that run no physics (refused frames, `state` requests) are paced the same way past
-10 in a row (`MessageLimit` in app.py): x1.64-2.06 -> x0.84-1.22 (docs/openenv.md).
+10 in a row, and sessions dropped without a step past 16 per address (`MessageLimit` in
+app.py): x1.64-2.06 -> x0.84-1.22, and x2.82-3.98 -> x0.66-1.40 (docs/openenv.md).
 A session that does new work as fast as it can (takes data, scans it, claims, again) is not
 told apart from an honest one: it gets an equal share, as every session did before the
 surcharge (the first figures of each line; not measured for such a client).
