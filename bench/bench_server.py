@@ -13,7 +13,11 @@ without abusers on the same server:
 - fairness: 4 honest clients beside 8 sessions repeating `scan_bump`, then beside 8 scanning
   one spectrum with another step each time, 8 resetting again and again, 8 resetting and
   claiming at once, 8 sending garbage frames, 8 sending `state` requests, 8 churning
-  sessions; target (issue 15): the honest median latency at most 2x what it is without them;
+  sessions, 8 HTTP connections spamming `POST /reset`, 8 spamming the other HTTP routes;
+  target (issue 15): the honest median latency at most 2x what it is without them;
+- capacity (no target): 4 honest clients beside 8 sessions that play whole episodes back to
+  back. They do new work, as honest clients do, and get equal shares: the server is simply
+  past its capacity (12 busy sessions), and no scheduler can tell them from honest ones;
 - load: 64 honest clients beside 8 abusers (2 scan, 1 scan-varied, 2 slow, 2 flood, 1 session
   churn); target (issue 15): every honest episode completes with 0 errors, honest p99 latency
   < 1 s.
@@ -51,7 +55,10 @@ FAIRNESS_CASES = {  # abuser kind (bench/server_load.py): what its 8 sessions do
     "garbage": "sending frames that are not JSON, as fast as they are answered",
     "state": "sending state requests, as fast as they are answered",
     "create": "opening a session, resetting and dropping it, again and again",
+    "http-reset": "(HTTP connections) sending POST /reset, as fast as it is answered",
+    "http-misc": "(HTTP connections) sending GET /schema, /metadata, /state, /sessions, POST /step",
 }
+CAPACITY_CASE = ("busy", "playing whole episodes back to back (new work: equal shares, no target)")
 LOAD_TARGET_P99_S = 1.0
 Spec = Tuple[int, Optional[str], Optional[str]]
 
@@ -139,6 +146,9 @@ def main() -> int:
                     f"target: median ratio <= {FAIRNESS_TARGET_RATIO:g}: "
                     f"{'met' if ratio <= FAIRNESS_TARGET_RATIO else 'NOT met'}"
                 )
+            kind, busy = CAPACITY_CASE
+            lines, _, _, _ = under_attack(url, 4, 6, (kind,) * 8)
+            attack_lines += [f"capacity: 4 honest clients x 6 episodes, 8 sessions {busy}"] + lines
             lines, _, attacked, _ = under_attack(url, 64, 2, LOAD_ABUSERS)
             attack_lines += [f"load: 64 honest clients x 2 episodes, abusers {','.join(LOAD_ABUSERS)}"] + lines
             met = not attacked.errors and attacked.percentile_s(99) < LOAD_TARGET_P99_S

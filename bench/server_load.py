@@ -16,6 +16,9 @@ host would, and keeps at it until the honest clients are done:
 | `slow` | sends HTTP requests one byte every 0.5 s (slowloris) |
 | `flood` | opens HTTP connections that never finish their request, as fast as it can |
 | `create` | opens WebSocket sessions, resets and drops them, as fast as it can |
+| `http-reset` | `POST /reset` on a kept-alive HTTP connection, as fast as answered (a new environment each) |
+| `http-misc` | `GET /schema`, `/metadata`, `/state`, `/sessions`, `POST /step` in turn, as fast as answered |
+| `busy` | plays whole HeuristicAgent episodes back to back: new work, as an honest client that never pauses |
 
     result = asyncio.run(run_load(url, honest=64, episodes_per_client=2, abusers=("scan",) * 8))
 """
@@ -41,7 +44,20 @@ from cernenv.models import ActionType
 from lib.baselines import HeuristicAgent
 
 HONEST_SCENARIOS = ("z_mumu_91", "higgs_4l_125", None)  # None: a procedural campaign (medium)
-ABUSER_KINDS = ("scan", "scan-varied", "reset", "reset-claim", "garbage", "state", "slow", "flood", "create")
+ABUSER_KINDS = (
+    "scan",
+    "scan-varied",
+    "reset",
+    "reset-claim",
+    "garbage",
+    "state",
+    "slow",
+    "flood",
+    "create",
+    "http-reset",
+    "http-misc",
+    "busy",
+)
 # the load test's abusers (tests/test_server.py and `make bench-server`): scan spam of both
 # kinds, slowloris, unfinished-request floods, session churn
 LOAD_ABUSERS = ("scan",) * 2 + ("scan-varied",) + ("slow",) * 2 + ("flood",) * 2 + ("create",)
@@ -214,6 +230,76 @@ async def _session_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Co
             await asyncio.sleep(0.01)
 
 
+async def _http_request(reader: Any, writer: Any, method: str, path: str, body: bytes = b"") -> int:
+    """One HTTP/1.1 request on a kept-alive connection; its status (the body is read and dropped)."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    await writer.drain()
+    status_line = await reader.readline()
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return int(status_line.split(b" ")[1]) if status_line.count(b" ") else 0
+
+
+HTTP_MISC_REQUESTS = (
+    ("GET", "/schema", b""),
+    ("GET", "/metadata", b""),
+    ("GET", "/state", b""),
+    ("GET", "/sessions", b""),
+    ("POST", "/step", b'{"action": {"action_type": "scan_bump", "parameters": {}}}'),
+)
+
+
+async def _http_spam(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter, misc: bool) -> None:
+    """`POST /reset` (or, with `misc`, the `HTTP_MISC_REQUESTS` in turn) on one kept-alive
+    connection, as fast as the server answers; a new connection when the server closes one."""
+    sent = 0
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+        except OSError:
+            abuse["http connections failed"] += 1
+            await asyncio.sleep(0.01)
+            continue
+        try:
+            while not stop.is_set():
+                if misc:
+                    method, path, body = HTTP_MISC_REQUESTS[sent % len(HTTP_MISC_REQUESTS)]
+                else:
+                    method, path, body = "POST", "/reset", json.dumps({"seed": sent, "difficulty": "hard"}).encode()
+                status = await _http_request(reader, writer, method, path, body)
+                sent += 1
+                abuse[f"http {path} answered {status}"] += 1
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            abuse["http connections closed by the server"] += 1
+        finally:
+            writer.close()
+
+
+async def _busy(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """Play whole HeuristicAgent episodes back to back, as fast as the server answers."""
+    async with connect(ws_url, local_addr=(source, 0), compression=None, max_size=None) as ws:
+        seed = 0
+        while not stop.is_set():
+            agent, seed = HeuristicAgent(), seed + 1
+            scenario = HONEST_SCENARIOS[seed % len(HONEST_SCENARIOS)]
+            data = {"seed": 10**6 + seed, "scenario": scenario, "difficulty": None if scenario else "medium"}
+            observation = parse_observation((await _ws_call(ws, {"type": "reset", "data": data}))["data"])
+            while not observation.done and not stop.is_set():
+                action = agent.act(observation).model_dump(exclude_none=True)
+                reply = await _ws_call(ws, {"type": "step", "data": action})
+                if reply.get("type") != "observation":
+                    abuse["busy errors"] += 1
+                    break
+                observation = parse_observation(reply["data"])
+                abuse["busy steps"] += 1
+            abuse["busy episodes"] += observation.done
+
+
 async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio.Event) -> None:
     """Run `abusers` (one loopback address each) until `stop` is set."""
     host, port = url.split("//")[1].split(":")
@@ -231,6 +317,10 @@ async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio
             coroutine = _slowloris(host, int(port), source, stop, abuse)
         elif kind == "flood":
             coroutine = _flood(host, int(port), source, stop, abuse)
+        elif kind in ("http-reset", "http-misc"):
+            coroutine = _http_spam(host, int(port), source, stop, abuse, misc=kind == "http-misc")
+        elif kind == "busy":
+            coroutine = _busy(ws_url, source, stop, abuse)
         else:
             coroutine = _session_spam(ws_url, source, stop, abuse)
         tasks.append(asyncio.ensure_future(coroutine))

@@ -1243,6 +1243,41 @@ def test_64_honest_clients_finish_every_episode_beside_8_abusive_ones():
         server.stop()
 
 
+@pytest.mark.slow
+def test_every_abuser_of_the_bench_does_what_it_says():
+    """bench/server_load.py's abusers, all at once beside two honest clients: each gets the
+    answers its attack is made of (a scan spammer's scans, the HTTP spammers' 200s and the 409 of
+    `POST /step`, the busy client's whole episodes, ...), none stops on an error of its own, and
+    the honest episodes complete. The fairness figures they are for come from `make bench-server`."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from server_load import ABUSER_KINDS, run_load
+
+    server = Server("--max-sessions", "32", "--request-read-timeout-s", "2")
+    try:
+        result = asyncio.run(run_load(server.url, honest=2, episodes_per_client=1, abusers=ABUSER_KINDS))
+        abuse = result.abuse
+        assert not result.errors and result.episodes == 2, result.errors[:3]
+        assert not [key for key in abuse if "abuser stopped" in key], abuse
+        for key in (
+            "scans",
+            "resets",
+            "claims",
+            "garbage frames",
+            "state requests",
+            "unfinished requests opened",
+            "sessions created",
+            "http /reset answered 200",
+            "http /schema answered 200",
+            "http /metadata answered 200",
+            "http /step answered 409",
+            "busy steps",
+        ):
+            assert abuse[key] > 0, (key, abuse)
+        assert server.http("GET", "/health")[0] == 200
+    finally:
+        server.stop()
+
+
 # Hostile clients (issue 15) ------------------------------------------------------------
 def test_the_listener_refuses_connections_over_a_limit_as_it_accepts_them():
     """A flood of connections from one address once cost the server 170 µs of CPU each, refused
