@@ -19,13 +19,15 @@ import numpy as np
 from iminuit import Minuit
 from scipy.special import chdtrc
 
-from .kernels import newton_direction
+from .kernels import newton_direction, newton_minimise
 from .likelihood import (
     A1,
     A2,
+    BARRIER,
     NB,
     NS,
     PARAMETER_NAMES,
+    SHAPE_PENALTY,
     WALL_TOL,
     M,
     PoissonDeviance,
@@ -109,10 +111,39 @@ def _newton(cost, start, free, lower, upper, max_iter=100, tol=1e-6, max_step=No
     Stops when the Newton decrement g^T H^-1 g (twice the predicted decrease, deviance
     units) is below ``tol``, after that last step: with quadratic convergence the cost is
     then within ~tol^2 of the minimum (Migrad's EDM < 2e-5 was the previous criterion).
-    The step before its cuts is ``kernels.newton_direction`` (compiled).
+    The step before its cuts is ``kernels.newton_direction`` (compiled). Where the signal is
+    a Gaussian of width 0 (or absent), as in the background-only fits and the significance's,
+    these iterations run compiled whole (``kernels.newton_minimise``; tests/test_kernels.py
+    holds it to this loop); a Voigt's rows come from scipy, and its fits run this loop.
     Returns (parameters, cost, converged)."""
     x = np.array(start, dtype=float)
     free = np.asarray(free)
+    if _gaussian_throughout(cost, x, free):
+        return _newton_compiled(cost, x, free, lower, upper, max_iter, tol, max_step)
+    return _newton_loop(cost, x, free, lower, upper, max_iter, tol, max_step)
+
+
+def _gaussian_throughout(cost, x, free) -> bool:
+    """Whether every cost this fit evaluates has a Gaussian signal of width 0 (or none): the
+    width is fixed at 0 and not free (``PoissonDeviance._compiled`` then passes no scipy rows)."""
+    return not cost.width_free and x[W] <= 0.0 and W not in free.tolist()
+
+
+def _newton_compiled(cost, x, free, lower, upper, max_iter, tol, max_step):
+    """``_newton`` run by ``kernels.newton_minimise``."""
+    t = cost.t
+    caps = np.full(free.size, np.inf) if max_step is None else np.array(max_step, dtype=float)
+    x, fval, converged = newton_minimise(
+        x, free.astype(np.int64), np.array(lower, dtype=float), np.array(upper, dtype=float), caps,
+        int(max_iter), float(tol), WALL_TOL, np.ascontiguousarray(cost.wall), t.log_1mx, t.log_x, t.w6, t.nodes,
+        cost.n, cost.mask_float, cost.T, cost.p_ref, t.slope_matrix, cost.spur, cost.sigma,
+        bool(cost.signal_free), SHAPE_PENALTY, BARRIER,
+    )  # fmt: skip
+    return x, float(fval), bool(converged)
+
+
+def _newton_loop(cost, x, free, lower, upper, max_iter=100, tol=1e-6, max_step=None):
+    """``_newton``'s iterations in Python, for any cost (the reference of ``kernels.newton_minimise``)."""
     block = np.ix_(free, free)
     lo, hi = [float(v) for v in lower], [float(v) for v in upper]
     caps = None if max_step is None else [float(v) for v in max_step]

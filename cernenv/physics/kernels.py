@@ -541,3 +541,129 @@ def newton_direction(g, h, xf, lo, hi, bounded, normals, on_wall):
         if not blocked:
             break
     return step
+
+
+@njit(cache=True)
+def newton_minimise(
+    start,
+    free,
+    lo,
+    hi,
+    caps,
+    max_iter,
+    tol,
+    wall_tol,
+    wall,
+    log_1mx,
+    log_x,
+    w6,
+    nodes,
+    counts,
+    mask,
+    transform,
+    p_ref,
+    slope_matrix,
+    spur,
+    sigma,
+    signal_free,
+    shape_penalty,
+    barrier,
+):
+    """``fitting._newton`` for a cost whose signal is a Gaussian of width 0 (or absent): the same
+    iterations, on ``deviance`` (its arguments after ``wall``, ``wall`` = slope_matrix @ transform,
+    ``likelihood.PoissonDeviance.wall``), compiled whole. ``free``: the indices of the free
+    parameters, within [``lo``, ``hi``], each step at most ``caps`` (inf: no cap). Returns
+    (parameters (7,), cost, converged)."""
+    no_rows = np.zeros((6, 0))
+    p = free.size
+    x = start.copy()
+    bounded = np.empty(p, dtype=np.bool_)
+    for k in range(p):
+        bounded[k] = lo[k] > -np.inf or hi[k] < np.inf
+    fval, g_all, h_all = deviance(
+        x, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
+        signal_free, no_rows, True, True, shape_penalty, barrier,
+    )  # fmt: skip
+    t00, t01, t10, t11 = transform[0, 0], transform[0, 1], transform[1, 0], transform[1, 1]
+    g = np.empty(p)
+    h = np.empty((p, p))
+    xf = np.empty(p)
+    normals = np.zeros((2, p))
+    for k in range(p):
+        if free[k] == 1 or free[k] == 2:
+            normals[0, k] = wall[0, free[k] - 1]
+            normals[1, k] = wall[1, free[k] - 1]
+    on_wall = np.empty(2, dtype=np.bool_)
+    for _ in range(max_iter):
+        finite = True
+        for a in range(p):
+            g[a] = g_all[free[a]]
+            xf[a] = x[free[a]]
+            finite = finite and np.isfinite(g[a])
+            for b in range(p):
+                h[a, b] = h_all[free[a], free[b]]
+                finite = finite and np.isfinite(h[a, b])
+        if not finite:
+            return x, fval, False
+        p1 = p_ref[0] + t00 * x[1] + t01 * x[2]
+        p2 = p_ref[1] + t10 * x[1] + t11 * x[2]
+        slope = np.dot(slope_matrix, np.array([p1, p2]))
+        for j in range(2):
+            on_wall[j] = slope[j] <= wall_tol
+        step = newton_direction(g, h, xf, lo, hi, bounded, normals, on_wall)
+        decrement = -np.dot(g, step)
+        slope_step = np.dot(normals, step)
+        t_wall = 1.0  # the longest step that keeps the shapes off the wall inside it
+        for j in range(2):
+            if not on_wall[j] and slope_step[j] < 0.0:
+                t_wall = min(t_wall, -slope[j] / slope_step[j])
+        if t_wall < 1.0:
+            step = t_wall * step
+        descent = t_wall * decrement
+        trial = x.copy()
+        if decrement < tol:  # within ~decrement/2 of the minimum: take the last step if it helps
+            for a in range(p):
+                trial[free[a]] = min(max(xf[a] + step[a], lo[a]), hi[a])
+            ftrial = deviance(
+                trial, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
+                signal_free, no_rows, True, False, shape_penalty, barrier,
+            )[0]  # fmt: skip
+            if ftrial <= fval:
+                return trial, ftrial, True
+            return x, fval, True
+        t = 1.0  # longest step inside the bounds and the trust region
+        for a in range(p):
+            d = step[a]
+            if d < 0.0:
+                t = min(t, (lo[a] - xf[a]) / d)
+            elif d > 0.0:
+                t = min(t, (hi[a] - xf[a]) / d)
+            if d != 0.0:
+                t = min(t, caps[a] / abs(d))
+        for a in range(p):
+            trial[free[a]] = min(max(xf[a] + t * step[a], lo[a]), hi[a])
+        ftrial, g_trial, h_trial = deviance(
+            trial, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
+            signal_free, no_rows, True, True, shape_penalty, barrier,
+        )  # fmt: skip
+        if not ftrial <= fval - 1e-4 * t * descent:
+            found = False
+            for _halving in range(60):
+                t *= 0.5
+                for a in range(p):
+                    trial[free[a]] = min(max(xf[a] + t * step[a], lo[a]), hi[a])
+                ftrial = deviance(
+                    trial, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
+                    signal_free, no_rows, True, False, shape_penalty, barrier,
+                )[0]  # fmt: skip
+                if ftrial <= fval - 1e-4 * t * descent:
+                    found = True
+                    break
+            if not found:
+                return x, fval, decrement < 1e-4  # no descent left: converged to rounding
+            ftrial, g_trial, h_trial = deviance(
+                trial, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
+                signal_free, no_rows, True, True, shape_penalty, barrier,
+            )  # fmt: skip
+        x, fval, g_all, h_all = trial, ftrial, g_trial, h_trial
+    return x, fval, False
