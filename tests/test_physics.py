@@ -339,6 +339,23 @@ def test_count_upcrossings():
     assert count_upcrossings([], 1.0) == 0
 
 
+def test_count_thresholds_are_the_smallest_counts_within_the_level():
+    """`significance.count_thresholds` (a guess checked by one evaluation, bisection where it
+    misses) against a plain scan of the counts 0, 1, 2, ... of the same Poisson tail, for
+    background means from 1e-4 to 1e3 events and levels from p = 0.6 to 1e-170: mostly guesses
+    that hold, and enough that miss (very skewed tails) to check the bisection."""
+    from cernenv.physics.significance import count_thresholds, log_poisson_tail
+
+    rng = np.random.default_rng(3)
+    counts = np.arange(0.0, 3000.0)[:, None]
+    for _ in range(60):
+        means = 10.0 ** rng.uniform(-4.0, 3.0, size=40)
+        level = -(10.0 ** rng.uniform(-0.3, 2.6))
+        tails = log_poisson_tail(counts, means[None, :])
+        assert np.all(tails[-1] <= level)  # the scan reaches every threshold
+        np.testing.assert_array_equal(count_thresholds(means, level), np.argmax(tails <= level, axis=0))
+
+
 def test_expected_upcrossings_matches_toys():
     """Rice-formula estimate vs upcrossings of Z = 1 counted in background-only scans."""
     rng = np.random.default_rng(12)
