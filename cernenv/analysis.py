@@ -29,6 +29,8 @@ upcrossings are counted exactly (`counting_scan_upcrossings`, with the backgroun
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
@@ -209,6 +211,65 @@ class GlobalSignificance:
     upcrossings_source: str  # "scan" or "analytic"
 
 
+@dataclass(frozen=True)
+class _SpectrumRegions:
+    """What `global_significance` needs of a spectrum and its background-only fit at any mass
+    (read-only arrays): the expected background per bin and its cumulative sum, the counting
+    windows and which are sparse, the fine mass grid and which of its masses are in the
+    asymptotic region, and there Rice's expected upcrossings of Z_REF."""
+
+    expected: np.ndarray
+    cumulative: np.ndarray
+    windows: Any  # CountingWindows
+    sparse: np.ndarray
+    masses_gev: np.ndarray
+    dense: np.ndarray
+    rice_upcrossings: float
+
+
+_REGIONS: "OrderedDict[tuple, _SpectrumRegions]" = OrderedDict()
+_REGIONS_KEPT = 8
+_REGIONS_LOCK = threading.Lock()  # environments may run in threads
+
+
+def _spectrum_regions(spectrum, background: BackgroundFit) -> _SpectrumRegions:
+    """`_SpectrumRegions` of `spectrum` and `background`, computed once for the last few
+    (spectrum, fit) pairs: an episode asks for the significance of one spectrum at several
+    masses, and the grader again."""
+    key = (spectrum.fit_key, background)
+    with _REGIONS_LOCK:
+        if key in _REGIONS:
+            _REGIONS.move_to_end(key)
+            return _REGIONS[key]
+    edges = spectrum.edges_gev
+    expected = background_expectation(background, edges, spectrum.sqrt_s_tev)
+    cum = np.concatenate([[0.0], np.cumsum(expected)])
+    windows = counting_windows(edges, spectrum.resolution_gev, PEAK_HALF_WIDTH_SIGMA)
+    window_b = cum[windows.stop] - cum[windows.first]
+    # asymptotic region: masses whose ±2σ_m window holds >= LOW_COUNT_BACKGROUND events
+    step = 0.25 * float(np.min(np.diff(edges)))
+    masses = np.linspace(edges[0], edges[-1], int(np.ceil((edges[-1] - edges[0]) / step)) + 1)
+    res = resolutions_on_grid(spectrum.resolution_gev, masses)
+    centres = 0.5 * (edges[1:] + edges[:-1])
+    b_at = (
+        cum[np.searchsorted(centres, masses + PEAK_HALF_WIDTH_SIGMA * res, side="right")]
+        - cum[np.searchsorted(centres, masses - PEAK_HALF_WIDTH_SIGMA * res, side="left")]
+    )
+    dense = b_at >= LOW_COUNT_BACKGROUND
+    nodes = np.linspace(edges[0], edges[-1], RICE_NODES)
+    node_dense = np.interp(nodes, masses, dense.astype(float)) > 0.5
+    density = np.where(node_dense, rice_density(spectrum, background, nodes), 0.0) if node_dense.any() else 0.0 * nodes
+    n_ref = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(nodes))) * float(np.exp(-0.5 * Z_REF**2))
+    regions = _SpectrumRegions(expected, cum, windows, window_b < LOW_COUNT_BACKGROUND, masses, dense, n_ref)
+    for array in (expected, cum, regions.sparse, masses, dense):
+        array.setflags(write=False)
+    with _REGIONS_LOCK:
+        _REGIONS[key] = regions
+        while len(_REGIONS) > _REGIONS_KEPT:
+            _REGIONS.popitem(last=False)
+    return regions
+
+
 def global_significance(
     spectrum,
     mass_gev: float,
@@ -221,14 +282,13 @@ def global_significance(
     `local` significance; `scan_z` (with its `scan_grid_gev`) from a bump scan of the same
     spectrum, else the analytic upcrossing count."""
     edges, counts = spectrum.edges_gev, np.asarray(spectrum.counts, dtype=float)
-    expected = background_expectation(background, edges, spectrum.sqrt_s_tev)
-    cum = np.concatenate([[0.0], np.cumsum(expected)])
-    windows = counting_windows(edges, spectrum.resolution_gev, PEAK_HALF_WIDTH_SIGMA)
-    window_b = cum[windows.stop] - cum[windows.first]
-    sparse = window_b < LOW_COUNT_BACKGROUND
+    regions = _spectrum_regions(spectrum, background)
+    expected, cum, windows, sparse = regions.expected, regions.cumulative, regions.windows, regions.sparse
 
     sigma = float(spectrum.resolution_gev(mass_gev))
-    if background_under_peak(spectrum, mass_gev, sigma, background) < LOW_COUNT_BACKGROUND:
+    centres = 0.5 * (edges[:-1] + edges[1:])
+    under_peak = float(expected[np.abs(centres - mass_gev) <= PEAK_HALF_WIDTH_SIGMA * sigma].sum())
+    if under_peak < LOW_COUNT_BACKGROUND:  # background_under_peak, from the expectation at hand
         count_cum = np.concatenate([[0.0], np.cumsum(counts)])
         half = PEAK_HALF_WIDTH_SIGMA * sigma
         near = np.abs(windows.centre_gev - mass_gev) <= half
@@ -244,20 +304,7 @@ def global_significance(
         method = "asymptotic"
     z_local = max(z_from_log_p(log_p_local), 0.0) if log_p_local < 0 else 0.0
 
-    # asymptotic region: masses whose ±2σ_m window holds >= LOW_COUNT_BACKGROUND events
-    step = 0.25 * float(np.min(np.diff(edges)))
-    masses = np.linspace(edges[0], edges[-1], int(np.ceil((edges[-1] - edges[0]) / step)) + 1)
-    res = resolutions_on_grid(spectrum.resolution_gev, masses)
-    centres = 0.5 * (edges[1:] + edges[:-1])
-    b_at = (
-        cum[np.searchsorted(centres, masses + PEAK_HALF_WIDTH_SIGMA * res, side="right")]
-        - cum[np.searchsorted(centres, masses - PEAK_HALF_WIDTH_SIGMA * res, side="left")]
-    )
-    dense = b_at >= LOW_COUNT_BACKGROUND
-    nodes = np.linspace(edges[0], edges[-1], RICE_NODES)
-    node_dense = np.interp(nodes, masses, dense.astype(float)) > 0.5
-    density = np.where(node_dense, rice_density(spectrum, background, nodes), 0.0) if node_dense.any() else 0.0 * nodes
-    n_ref = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(nodes))) * float(np.exp(-0.5 * Z_REF**2))
+    masses, dense, n_ref = regions.masses_gev, regions.dense, regions.rice_upcrossings
     source = "analytic"
     if scan_z is not None and scan_grid_gev is not None and n_ref > 0:
         z = np.asarray(scan_z, dtype=float)

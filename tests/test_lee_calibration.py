@@ -98,6 +98,35 @@ def analyse(spectrum):
     return agent["z_global"], reference["z_global"], float(agent["local_p_method"] == "poisson_count")
 
 
+def test_the_significance_of_a_spectrum_is_the_same_with_its_regions_cached(monkeypatch):
+    """`analysis.global_significance` keeps the mass-independent part of the last few spectra
+    and fits (`_spectrum_regions`): whatever was computed before, every significance equals the
+    one computed from nothing, and another fit of the same spectrum is not served another's."""
+    spectra = [toy_spectrum((105.0, 160.0), "diphoton", 13.0, 40.0, seed) for seed in (1, 2)]
+    spectra.append(toy_spectrum((300.0, 900.0), "dielectron", 13.0, 20.0, 3))
+    work = [(spectrum, mass) for spectrum in spectra for mass in np.linspace(*spectrum.edges_gev[[5, -5]], 3)]
+    fits = {id(spectrum): analysis.background_fit(spectrum) for spectrum in spectra}
+
+    def one(spectrum, mass, background):
+        return analysis.significance(spectrum, mass, True, None, background)
+
+    monkeypatch.setattr(analysis, "_REGIONS_KEPT", 2)  # the first spectrum's regions are dropped and made again
+    warm = [one(spectrum, mass, fits[id(spectrum)]) for spectrum, mass in work + work[::-1]]
+    cold = []
+    for spectrum, mass in work + work[::-1]:
+        analysis._REGIONS.clear()
+        cold.append(one(spectrum, mass, fits[id(spectrum)]))
+    assert warm == cold
+    assert len(analysis._REGIONS) <= 2
+    spectrum, mass = work[0]
+    other_fit = dataclasses.replace(fits[id(spectrum)], p1=fits[id(spectrum)].p1 + 0.5)
+    analysis._REGIONS.clear()
+    alone = analysis._spectrum_regions(spectrum, other_fit).rice_upcrossings
+    one(spectrum, mass, fits[id(spectrum)])
+    assert analysis._spectrum_regions(spectrum, other_fit).rice_upcrossings == alone
+    assert alone != analysis._spectrum_regions(spectrum, fits[id(spectrum)]).rice_upcrossings
+
+
 def _check(label, k, n, z, two_sided=True, confidence=0.95):
     nominal = float(norm.sf(z))
     interval = binomtest(int(k), int(n)).proportion_ci(confidence)
