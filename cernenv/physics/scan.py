@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from .fitting import BackgroundFit, fit_background_on_template
+from .fitting import BackgroundFit, fit_background_on_template, fit_signal_plus_background
 from .kernels import profile_rows
 from .likelihood import BinnedTemplate, as_counts, template
 
@@ -262,9 +262,11 @@ def scan_local_significance(
 
 
 def warm_up() -> None:
-    """Compile the scan's kernels (or load them from numba's cache: a few seconds the first time
-    on a machine, then ~0.3 s) on a small spectrum, so that no environment step pays for it."""
+    """Compile the physics kernels (or load them from numba's cache: a few seconds the first time
+    on a machine, then ~0.3 s) on a small spectrum, so that no environment step pays for it: the
+    scan's, the compiled fits' (background only) and the cost a Voigt fit calls from Python."""
     edges = np.linspace(100.0, 160.0, 31)
     counts = np.round(400.0 * np.exp(-0.03 * (edges[:-1] - 100.0)))
     counts[14] += 40.0  # an excess: the signal rows are profiled too
     scan_local_significance(edges, counts, 13.0, lambda m: 0.01 * m, np.linspace(105.0, 155.0, 26))
+    fit_signal_plus_background(edges, counts, 13.0, 1.3, 129.0)
