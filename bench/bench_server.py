@@ -13,7 +13,8 @@ without abusers on the same server:
 - fairness: 4 honest clients beside 8 sessions repeating `scan_bump`, then beside 8 scanning
   one spectrum with another step each time, 8 resetting again and again, 8 resetting and
   claiming at once, 8 sending garbage frames, 8 sending `state` requests, 8 churning
-  sessions, 8 HTTP connections spamming `POST /reset`, 8 spamming the other HTTP routes;
+  sessions, 8 HTTP connections spamming `POST /reset`, 8 spamming the other HTTP routes, 8
+  spamming `GET /schema`;
   target (issue 15): the honest median latency at most 2x what it is without them;
 - capacity (no target): 4 honest clients beside 8 sessions that play whole episodes back to
   back. They do new work, as honest clients do, and get equal shares: the server is simply
@@ -57,6 +58,7 @@ FAIRNESS_CASES = {  # abuser kind (bench/server_load.py): what its 8 sessions do
     "create": "opening a session, resetting and dropping it, again and again",
     "http-reset": "(HTTP connections) sending POST /reset, as fast as it is answered",
     "http-misc": "(HTTP connections) sending GET /schema, /metadata, /state, /sessions, POST /step",
+    "http-schema": "(HTTP connections) sending GET /schema, as fast as it is answered",
 }
 CAPACITY_CASE = ("busy", "playing whole episodes back to back (new work: equal shares, no target)")
 LOAD_TARGET_P99_S = 1.0

@@ -18,6 +18,7 @@ host would, and keeps at it until the honest clients are done:
 | `create` | opens WebSocket sessions, resets and drops them, as fast as it can |
 | `http-reset` | `POST /reset` on a kept-alive HTTP connection, as fast as answered (a new environment each) |
 | `http-misc` | `GET /schema`, `/metadata`, `/state`, `/sessions`, `POST /step` in turn, as fast as answered |
+| `http-schema` | `GET /schema` on a kept-alive HTTP connection, as fast as answered |
 | `busy` | plays whole HeuristicAgent episodes back to back: new work, as an honest client that never pauses |
 
     result = asyncio.run(run_load(url, honest=64, episodes_per_client=2, abusers=("scan",) * 8))
@@ -56,6 +57,7 @@ ABUSER_KINDS = (
     "create",
     "http-reset",
     "http-misc",
+    "http-schema",
     "busy",
 )
 # the load test's abusers (tests/test_server.py and `make bench-server`): scan spam of both
@@ -254,9 +256,10 @@ HTTP_MISC_REQUESTS = (
 )
 
 
-async def _http_spam(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter, misc: bool) -> None:
-    """`POST /reset` (or, with `misc`, the `HTTP_MISC_REQUESTS` in turn) on one kept-alive
-    connection, as fast as the server answers; a new connection when the server closes one."""
+async def _http_spam(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter, kind: str) -> None:
+    """`POST /reset` (`http-reset`), the `HTTP_MISC_REQUESTS` in turn (`http-misc`) or `GET
+    /schema` (`http-schema`) on one kept-alive connection, as fast as the server answers; a new
+    connection when the server closes one."""
     sent = 0
     while not stop.is_set():
         try:
@@ -267,8 +270,10 @@ async def _http_spam(host: str, port: int, source: str, stop: asyncio.Event, abu
             continue
         try:
             while not stop.is_set():
-                if misc:
+                if kind == "http-misc":
                     method, path, body = HTTP_MISC_REQUESTS[sent % len(HTTP_MISC_REQUESTS)]
+                elif kind == "http-schema":
+                    method, path, body = "GET", "/schema", b""
                 else:
                     method, path, body = "POST", "/reset", json.dumps({"seed": sent, "difficulty": "hard"}).encode()
                 status = await _http_request(reader, writer, method, path, body)
@@ -317,8 +322,8 @@ async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio
             coroutine = _slowloris(host, int(port), source, stop, abuse)
         elif kind == "flood":
             coroutine = _flood(host, int(port), source, stop, abuse)
-        elif kind in ("http-reset", "http-misc"):
-            coroutine = _http_spam(host, int(port), source, stop, abuse, misc=kind == "http-misc")
+        elif kind in ("http-reset", "http-misc", "http-schema"):
+            coroutine = _http_spam(host, int(port), source, stop, abuse, kind)
         elif kind == "busy":
             coroutine = _busy(ws_url, source, stop, abuse)
         else:

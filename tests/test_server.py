@@ -848,6 +848,33 @@ def test_bad_http_input_gets_clear_errors(server):
     assert server.http("GET", "/health")[0] == 200
 
 
+def test_the_schema_route_builds_its_schemas_once(monkeypatch):
+    """`GET /schema` once built four JSON schemas per request (7 ms on the event loop: spammed by
+    8 connections, honest steps got 12-23 times slower). Its answer is now made once, the same
+    bytes every time, and OpenAPI documents the route as OpenEnv does."""
+    from starlette.testclient import TestClient
+
+    built = []
+    original = CollisionObservation.model_json_schema.__func__
+
+    def counting(cls, *args, **kwargs):
+        built.append(cls.__name__)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(CollisionObservation, "model_json_schema", classmethod(counting))
+    with TestClient(create_cernenv_app(ServerConfig())) as http:
+        answers = [http.get("/schema") for _ in range(5)]
+        assert [a.status_code for a in answers] == [200] * 5
+        assert len({a.content for a in answers}) == 1
+        assert answers[0].headers["content-type"] == "application/json"
+        assert answers[0].json()["observation"] == original(CollisionObservation)
+        assert len(built) == 2  # observation and reset_observation, for the first request only
+        documented = http.get("/openapi.json").json()["paths"]["/schema"]["get"]
+        assert documented["operationId"] == "get_schemas_schema_get"
+        schema_ref = documented["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+        assert schema_ref.endswith("SchemaResponse")
+
+
 def test_session_limit_refuses_one_more_with_a_clear_error():
     from starlette.testclient import TestClient
 
@@ -1269,6 +1296,7 @@ def test_every_abuser_of_the_bench_does_what_it_says():
             "http /reset answered 200",
             "http /schema answered 200",
             "http /metadata answered 200",
+            "http /sessions answered 200",
             "http /step answered 409",
             "busy steps",
         ):

@@ -1,6 +1,7 @@
 """Compiled inner loops of the physics (numba): the bump scan's Fisher scoring
-(``profile_rows``), the fits' cost with its exact gradient and Hessian (``deviance``) and the
-fits' Newton direction (``newton_direction``).
+(``profile_rows``), the fits' cost with its exact gradient and Hessian (``deviance``), the
+fits' Newton direction (``newton_direction``) and, for fits whose signal is a Gaussian of
+width 0 or absent, their whole Newton minimisation (``newton_minimise``).
 
 Written with numpy, these loops touch arrays of a few hundred numbers a few dozen times per
 fit or mass hypothesis, and each operation costs more in the interpreter than in arithmetic.
