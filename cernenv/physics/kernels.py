@@ -576,15 +576,19 @@ def newton_minimise(
     parameters, within [``lo``, ``hi``], each step at most ``caps`` (inf: no cap). Returns
     (parameters (7,), cost, converged)."""
     no_rows = np.zeros((6, 0))
+
+    def cost(par, derivatives):  # the fit's cost (with its gradient and Hessian)
+        return deviance(
+            par, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
+            signal_free, no_rows, True, derivatives, shape_penalty, barrier,
+        )  # fmt: skip
+
     p = free.size
     x = start.copy()
     bounded = np.empty(p, dtype=np.bool_)
     for k in range(p):
         bounded[k] = lo[k] > -np.inf or hi[k] < np.inf
-    fval, g_all, h_all = deviance(
-        x, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
-        signal_free, no_rows, True, True, shape_penalty, barrier,
-    )  # fmt: skip
+    fval, g_all, h_all = cost(x, True)
     t00, t01, t10, t11 = transform[0, 0], transform[0, 1], transform[1, 0], transform[1, 1]
     g = np.empty(p)
     h = np.empty((p, p))
@@ -625,10 +629,7 @@ def newton_minimise(
         if decrement < tol:  # within ~decrement/2 of the minimum: take the last step if it helps
             for a in range(p):
                 trial[free[a]] = min(max(xf[a] + step[a], lo[a]), hi[a])
-            ftrial = deviance(
-                trial, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
-                signal_free, no_rows, True, False, shape_penalty, barrier,
-            )[0]  # fmt: skip
+            ftrial = cost(trial, False)[0]
             if ftrial <= fval:
                 return trial, ftrial, True
             return x, fval, True
@@ -643,28 +644,19 @@ def newton_minimise(
                 t = min(t, caps[a] / abs(d))
         for a in range(p):
             trial[free[a]] = min(max(xf[a] + t * step[a], lo[a]), hi[a])
-        ftrial, g_trial, h_trial = deviance(
-            trial, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
-            signal_free, no_rows, True, True, shape_penalty, barrier,
-        )  # fmt: skip
+        ftrial, g_trial, h_trial = cost(trial, True)
         if not ftrial <= fval - 1e-4 * t * descent:
             found = False
             for _halving in range(60):
                 t *= 0.5
                 for a in range(p):
                     trial[free[a]] = min(max(xf[a] + t * step[a], lo[a]), hi[a])
-                ftrial = deviance(
-                    trial, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
-                    signal_free, no_rows, True, False, shape_penalty, barrier,
-                )[0]  # fmt: skip
+                ftrial = cost(trial, False)[0]
                 if ftrial <= fval - 1e-4 * t * descent:
                     found = True
                     break
             if not found:
                 return x, fval, decrement < 1e-4  # no descent left: converged to rounding
-            ftrial, g_trial, h_trial = deviance(
-                trial, log_1mx, log_x, w6, nodes, counts, mask, transform, p_ref, slope_matrix, spur, sigma,
-                signal_free, no_rows, True, True, shape_penalty, barrier,
-            )  # fmt: skip
+            ftrial, g_trial, h_trial = cost(trial, True)
         x, fval, g_all, h_all = trial, ftrial, g_trial, h_trial
     return x, fval, False
