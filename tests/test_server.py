@@ -46,13 +46,15 @@ from cernenv.server.__main__ import main as server_main
 from cernenv.server.app import (
     FREE_MESSAGES_WITHOUT_WORK,
     FREE_STEPS_ON_UNCHANGED_DATA,
+    HTTP_REQUEST_BURST,
+    HTTP_REQUESTS_PER_S,
     NO_NEW_WORK_SURCHARGE,
     STEPLESS_SESSION_BURST,
     STEPLESS_SESSIONS_PER_S,
     WASTED_WORK_PAUSE_S,
+    AddressPacer,
     EnvironmentCount,
     MessageLimit,
-    SessionPacer,
 )
 from cernenv.server.guard import ConnectionGuard, GuardedListener, listening_socket
 from cernenv.server.scheduler import FairScheduler
@@ -726,7 +728,7 @@ def test_sessions_dropped_without_a_step_are_paced_per_address():
     timed). Sessions that step never count, and other addresses are not touched."""
     clock = [0.0]
     limit = MessageLimit(app=None, max_bytes=65536)
-    limit.sessions = SessionPacer(STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S, clock=lambda: clock[0])
+    limit.sessions = AddressPacer(STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S, clock=lambda: clock[0])
     waits: list = []
 
     async def record(seconds: float) -> None:
@@ -769,6 +771,47 @@ def test_sessions_dropped_without_a_step_are_paced_per_address():
     assert met[-4:] == [1, 0, 0, 0]
     assert waits == [pytest.approx(1.0 / STEPLESS_SESSIONS_PER_S)]
     assert (STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S) == (16, 5.0)
+
+
+def test_http_requests_are_paced_per_address():
+    """HTTP spam (bench/server_load.py `http-reset`, `http-misc`, `http-schema`): once a response
+    was no longer held ~40 ms by Nagle's algorithm (see `GuardedListener.accept`), 8 addresses
+    sending `POST /reset` as fast as answered raised honest WebSocket latency x5.8-6.1. An
+    address's HTTP requests beyond `HTTP_REQUEST_BURST` wait their turn, one per
+    1/`HTTP_REQUESTS_PER_S` s, queued in order when they come together (recorded, not timed);
+    other addresses and WebSocket sessions are not touched, and every request is served."""
+    clock = [0.0]
+    limit = MessageLimit(app=None, max_bytes=65536)
+    limit.http_requests = AddressPacer(HTTP_REQUEST_BURST, HTTP_REQUESTS_PER_S, clock=lambda: clock[0])
+    waits: list = []
+    served: list = []
+
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        served.append(scope["client"][0])
+
+    async def request(address: str) -> None:
+        scope = {"type": "http", "client": (address, 40000), "path": "/reset", "headers": [(b"content-length", b"2")]}
+        await limit(scope, None, None)
+
+    limit.app, limit._pause = app, record
+
+    async def main() -> None:
+        for _ in range(HTTP_REQUEST_BURST):
+            await request("10.0.0.2")
+        assert waits == []
+        await asyncio.gather(*(request("10.0.0.2") for _ in range(3)))  # three at once: in a queue
+        await request("10.0.0.3")  # another address: free
+        clock[0] += 3.0 / HTTP_REQUESTS_PER_S  # the debt paid back
+        await request("10.0.0.2")
+
+    asyncio.run(main())
+    step = 1.0 / HTTP_REQUESTS_PER_S
+    assert waits == [pytest.approx(step), pytest.approx(2 * step), pytest.approx(3 * step), pytest.approx(step)]
+    assert served.count("10.0.0.2") == HTTP_REQUEST_BURST + 4 and served.count("10.0.0.3") == 1
+    assert (HTTP_REQUEST_BURST, HTTP_REQUESTS_PER_S) == (32, 20.0)
 
 
 def _websocket_scope(address: str) -> Dict[str, Any]:
@@ -1307,6 +1350,23 @@ def test_every_abuser_of_the_bench_does_what_it_says():
 
 
 # Hostile clients (issue 15) ------------------------------------------------------------
+def test_the_listener_hands_over_connections_without_nagles_delay():
+    """asyncio turns Nagle's algorithm off only on sockets made with proto IPPROTO_TCP; the
+    listener's accepted sockets had proto 0, so a response written in two parts (uvicorn's
+    headers, then its body) waited for the client's delayed ACK: 23 requests a second on a
+    kept-alive connection instead of thousands. The listener now sets TCP_NODELAY itself."""
+    guard = ConnectionGuard(max_connections=10, max_connections_per_client=5, request_read_timeout_s=5.0)
+    listener = listening_socket(guard, "127.0.0.1", 0)
+    listener.listen(8)
+    try:
+        with socket.create_connection(listener.getsockname()):
+            conn, _ = listener.accept()
+            with conn:
+                assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        listener.close()
+
+
 def test_the_listener_refuses_connections_over_a_limit_as_it_accepts_them():
     """A flood of connections from one address once cost the server 170 µs of CPU each, refused
     only after asyncio had built a transport, a task and a protocol for it. The listening socket

@@ -80,11 +80,18 @@ WASTED_WORK_PAUSE_S = 0.05
 # (bench/server_load.py `garbage`, `state`), as they cost the event loop every session shares.
 FREE_MESSAGES_WITHOUT_WORK = 10
 # Sessions that end without a single step, from one client address: this many free, then this
-# many a second; beyond, a new session's handshake waits (`SessionPacer`). 8 addresses opening a
+# many a second; beyond, a new session's handshake waits (`AddressPacer`). 8 addresses opening a
 # session, resetting and dropping it as fast as they could raised 4 honest clients' median
 # latency x2.8-4.0. Sessions that step are never counted, however many a client opens.
 STEPLESS_SESSION_BURST = 16
 STEPLESS_SESSIONS_PER_S = 5.0
+# HTTP requests from one client address: this many free, then this many a second; beyond, a
+# request waits its turn before it is read (`AddressPacer`). Every route costs the event loop
+# (parsing, a fresh environment, JSON): 8 addresses sending `POST /reset` as fast as they were
+# answered raised 4 honest WebSocket clients' median latency x5.8-6.1, the other routes x2.8-4.0.
+# The WebSocket carries the work; HTTP is for health checks, schemas and one-off resets.
+HTTP_REQUEST_BURST = 32
+HTTP_REQUESTS_PER_S = 20.0
 
 logger = logging.getLogger("cernenv.server")
 
@@ -340,10 +347,10 @@ def _printable(value: Any, limit: int = 60) -> str:
     return ascii(value)[:limit]
 
 
-class SessionPacer:
-    """A token bucket per client address, paid by sessions that end without a single step (a
-    session opened, perhaps reset, and dropped): `burst` of them free, then `rate_per_s`. A new
-    session from an address in debt waits `wait_s(address)` before its handshake."""
+class AddressPacer:
+    """A token bucket per client address: `burst` charges free, then `rate_per_s`; what is charged
+    is the caller's (`MessageLimit`: a WebSocket session that ended without a single step, or an
+    HTTP request). An address in debt waits `wait_s(address)`."""
 
     def __init__(self, burst: int, rate_per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.burst, self.rate_per_s, self._clock = float(burst), float(rate_per_s), clock
@@ -354,7 +361,7 @@ class SessionPacer:
         return min(self.burst, tokens + (now - when) * self.rate_per_s)
 
     def charge(self, address: str) -> None:
-        """One session from `address` ended without a step."""
+        """One more charge from `address`."""
         now = self._clock()
         self._buckets[address] = (self._tokens(address, now) - 1.0, now)
         if len(self._buckets) > 10_000:  # forget the addresses whose buckets are full again
@@ -362,7 +369,7 @@ class SessionPacer:
                 del self._buckets[stale]
 
     def wait_s(self, address: str) -> float:
-        """How long a new session from `address` waits: until its bucket is out of debt."""
+        """How long `address` waits now: until its bucket is out of debt."""
         return max(0.0, -self._tokens(address, self._clock()) / self.rate_per_s)
 
 
@@ -374,15 +381,17 @@ class MessageLimit:
     unknown message type or a string that is not UTF-8 gets an OpenEnv-style error frame
     `{"type": "error", "data": {"message", "code"}}` and is dropped; the session goes on. A
     client silent for `idle_timeout_s` is disconnected. A client address that drops sessions
-    without a step faster than `SessionPacer` allows waits for its next handshake. Beyond
+    without a step faster than its `AddressPacer` allows waits for its next handshake. Beyond
     `FREE_MESSAGES_WITHOUT_WORK` refused frames or `state` requests in a row (no reset or step
-    between), each waits `WASTED_WORK_PAUSE_S`. HTTP: a body over `max_bytes` gets 413."""
+    between), each waits `WASTED_WORK_PAUSE_S`. HTTP: an address's requests beyond
+    `HTTP_REQUEST_BURST` wait their turn at `HTTP_REQUESTS_PER_S`; a body over `max_bytes` gets 413."""
 
     def __init__(self, app: Any, max_bytes: int, idle_timeout_s: Optional[float] = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.idle_timeout_s = idle_timeout_s
-        self.sessions = SessionPacer(STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S)
+        self.sessions = AddressPacer(STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S)
+        self.http_requests = AddressPacer(HTTP_REQUEST_BURST, HTTP_REQUESTS_PER_S)
 
     _pause = staticmethod(asyncio.sleep)  # how a paced message waits (tests record it)
 
@@ -471,6 +480,11 @@ class MessageLimit:
         return None, value["type"]
 
     async def _http(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        address = (scope.get("client") or ("?", 0))[0]
+        self.http_requests.charge(address)  # first: concurrent requests of an address queue up
+        wait_s = self.http_requests.wait_s(address)
+        if wait_s > 0.0:
+            await self._pause(wait_s)
         length = dict(scope.get("headers", [])).get(b"content-length")
         if length is not None:
             if length.isdigit() and int(length) > self.max_bytes:

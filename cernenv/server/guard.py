@@ -143,6 +143,10 @@ class GuardedListener(socket.socket):
             host = address[0] if isinstance(address, tuple) and address else "?"
             reason = self.guard.refusal(host)
             if reason is None:
+                # asyncio sets TCP_NODELAY only on sockets made with proto IPPROTO_TCP, and this
+                # one inherits the listener's 0: without it, a response written in two parts
+                # (uvicorn's headers, then body) waited ~40 ms for the client's delayed ACK
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return conn, address
             self.guard.note("connections refused over a limit")
             try:
