@@ -46,6 +46,7 @@ from cernenv.server.__main__ import main as server_main
 from cernenv.server.app import (
     FREE_MESSAGES_WITHOUT_WORK,
     FREE_STEPS_ON_UNCHANGED_DATA,
+    HTTP_MAX_WAIT_S,
     HTTP_REQUEST_BURST,
     HTTP_REQUESTS_PER_S,
     NO_NEW_WORK_SURCHARGE,
@@ -684,7 +685,7 @@ def test_answers_to_wasted_work_wait_while_another_session_is_open():
         "heuristic step": 0,
         "reset abandoning, alone": 0,
     }
-    assert pauses == [WASTED_WORK_PAUSE_S] * 2 and WASTED_WORK_PAUSE_S == 0.05
+    assert pauses == [WASTED_WORK_PAUSE_S] * 2 and WASTED_WORK_PAUSE_S == 0.1
 
 
 def test_messages_that_run_no_physics_are_paced_beyond_ten_in_a_row():
@@ -779,7 +780,9 @@ def test_http_requests_are_paced_per_address():
     sending `POST /reset` as fast as answered raised honest WebSocket latency x5.8-6.1. An
     address's HTTP requests beyond `HTTP_REQUEST_BURST` wait their turn, one per
     1/`HTTP_REQUESTS_PER_S` s, queued in order when they come together (recorded, not timed);
-    other addresses and WebSocket sessions are not touched, and every request is served."""
+    other addresses and WebSocket sessions are not touched. A request whose turn is more than
+    `HTTP_MAX_WAIT_S` away gets 429 after that long, and gives its turn back: the queue (and a
+    shutdown) never waits longer, however many connections an address holds."""
     clock = [0.0]
     limit = MessageLimit(app=None, max_bytes=65536)
     limit.http_requests = AddressPacer(HTTP_REQUEST_BURST, HTTP_REQUESTS_PER_S, clock=lambda: clock[0])
@@ -789,12 +792,20 @@ def test_http_requests_are_paced_per_address():
     async def record(seconds: float) -> None:
         waits.append(seconds)
 
+    statuses: list = []
+
     async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:
         served.append(scope["client"][0])
 
     async def request(address: str) -> None:
         scope = {"type": "http", "client": (address, 40000), "path": "/reset", "headers": [(b"content-length", b"2")]}
-        await limit(scope, None, None)
+
+        async def send(message: Dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+                assert (b"retry-after", b"1") in message["headers"]
+
+        await limit(scope, None, send)
 
     limit.app, limit._pause = app, record
 
@@ -806,12 +817,19 @@ def test_http_requests_are_paced_per_address():
         await request("10.0.0.3")  # another address: free
         clock[0] += 3.0 / HTTP_REQUESTS_PER_S  # the debt paid back
         await request("10.0.0.2")
+        clock[0] += 1.0 / HTTP_REQUESTS_PER_S
+        queue = int(HTTP_MAX_WAIT_S * HTTP_REQUESTS_PER_S)
+        await asyncio.gather(*(request("10.0.0.2") for _ in range(queue + 5)))  # 5 more than a full queue
 
     asyncio.run(main())
     step = 1.0 / HTTP_REQUESTS_PER_S
-    assert waits == [pytest.approx(step), pytest.approx(2 * step), pytest.approx(3 * step), pytest.approx(step)]
-    assert served.count("10.0.0.2") == HTTP_REQUEST_BURST + 4 and served.count("10.0.0.3") == 1
-    assert (HTTP_REQUEST_BURST, HTTP_REQUESTS_PER_S) == (32, 20.0)
+    assert waits[:4] == [pytest.approx(step), pytest.approx(2 * step), pytest.approx(3 * step), pytest.approx(step)]
+    queue = int(HTTP_MAX_WAIT_S * HTTP_REQUESTS_PER_S)
+    assert waits[4:] == [pytest.approx(k * step) for k in range(1, queue + 1)] + [HTTP_MAX_WAIT_S] * 5
+    assert served.count("10.0.0.2") == HTTP_REQUEST_BURST + 4 + queue and served.count("10.0.0.3") == 1
+    assert statuses == [429] * 5  # the app answered the others (this one sends nothing)
+    assert limit.http_requests.wait_s("10.0.0.2") == pytest.approx(queue * step)  # no deeper than the queue
+    assert (HTTP_REQUEST_BURST, HTTP_REQUESTS_PER_S, HTTP_MAX_WAIT_S) == (32, 20.0, 1.0)
 
 
 def _websocket_scope(address: str) -> Dict[str, Any]:

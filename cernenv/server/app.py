@@ -18,7 +18,7 @@ an error rather than an implicit seed-0 episode; unknown or ill-typed reset para
 errors; `hidden_truth()` is refused; any JSON value sent as an action is judged by the
 environment's rules, so malformed actions cost the same penalty as in process; all
 sessions' resets and steps run on one thread, in fair turns in which work that gives an
-agent nothing new counts 8 times and, while another session is open, is answered 50 ms
+agent nothing new counts 8 times and, while another session is open, is answered 0.1 s
 later (`NO_NEW_WORK_SURCHARGE`, `WASTED_WORK_PAUSE_S`). The `MessageLimit` middleware refuses
 messages over `ServerConfig.max_message_bytes` and unreadable ones with an error (the
 WebSocket session goes on), frames over `ws_frame_limit_bytes` by closing the connection
@@ -70,10 +70,13 @@ ENV_PREFIX = "CERNENV_"
 NO_NEW_WORK_SURCHARGE = 8.0
 FREE_STEPS_ON_UNCHANGED_DATA = 6
 # ... and while another session is open, the answer to such a step waits this long (a tarpit):
-# a session that only wastes work sends at most 20 requests a second, and the server's event
+# a session that only wastes work sends at most 10 requests a second, and the server's event
 # loop, which the scheduler does not order, is spared their traffic. An agent's occasional
-# refused action costs it 50 ms, little beside the time a language model takes to answer.
-WASTED_WORK_PAUSE_S = 0.05
+# refused action costs it 0.1 s, little beside the time a language model takes to answer.
+# (50 ms held 8 scan spammers to x0.97-1.44 while the server's sockets kept Nagle's algorithm,
+# which also slowed their answers; with TCP_NODELAY, as plain uvicorn has it: x1.29-2.08 over
+# 5 runs, and with 0.1 s x1.07-1.61.)
+WASTED_WORK_PAUSE_S = 0.1
 # The same pause for a WebSocket's messages that run no physics (refused frames, `state`
 # requests) beyond this many in a row without a reset or step (`MessageLimit`): 8 clients
 # sending them as fast as they were answered raised 4 honest clients' median latency x1.6-2.1
@@ -92,6 +95,9 @@ STEPLESS_SESSIONS_PER_S = 5.0
 # The WebSocket carries the work; HTTP is for health checks, schemas and one-off resets.
 HTTP_REQUEST_BURST = 32
 HTTP_REQUESTS_PER_S = 20.0
+# A request whose turn is further away than this gets 429 (Retry-After) after waiting this long,
+# and its turn is given back: an address's queue, and a server's shutdown, wait at most this.
+HTTP_MAX_WAIT_S = 1.0
 
 logger = logging.getLogger("cernenv.server")
 
@@ -360,10 +366,10 @@ class AddressPacer:
         tokens, when = self._buckets.get(address, (self.burst, now))
         return min(self.burst, tokens + (now - when) * self.rate_per_s)
 
-    def charge(self, address: str) -> None:
-        """One more charge from `address`."""
+    def charge(self, address: str, tokens: float = 1.0) -> None:
+        """`tokens` more charges from `address` (negative: given back)."""
         now = self._clock()
-        self._buckets[address] = (self._tokens(address, now) - 1.0, now)
+        self._buckets[address] = (self._tokens(address, now) - tokens, now)
         if len(self._buckets) > 10_000:  # forget the addresses whose buckets are full again
             for stale in [a for a in self._buckets if self._tokens(a, now) >= self.burst]:
                 del self._buckets[stale]
@@ -384,7 +390,8 @@ class MessageLimit:
     without a step faster than its `AddressPacer` allows waits for its next handshake. Beyond
     `FREE_MESSAGES_WITHOUT_WORK` refused frames or `state` requests in a row (no reset or step
     between), each waits `WASTED_WORK_PAUSE_S`. HTTP: an address's requests beyond
-    `HTTP_REQUEST_BURST` wait their turn at `HTTP_REQUESTS_PER_S`; a body over `max_bytes` gets 413."""
+    `HTTP_REQUEST_BURST` wait their turn at `HTTP_REQUESTS_PER_S`, or, if it is more than
+    `HTTP_MAX_WAIT_S` away, get 429 after that long; a body over `max_bytes` gets 413."""
 
     def __init__(self, app: Any, max_bytes: int, idle_timeout_s: Optional[float] = None) -> None:
         self.app = app
@@ -483,6 +490,10 @@ class MessageLimit:
         address = (scope.get("client") or ("?", 0))[0]
         self.http_requests.charge(address)  # first: concurrent requests of an address queue up
         wait_s = self.http_requests.wait_s(address)
+        if wait_s > HTTP_MAX_WAIT_S:
+            self.http_requests.charge(address, -1.0)
+            await self._pause(HTTP_MAX_WAIT_S)
+            return await self._too_many(send, address)
         if wait_s > 0.0:
             await self._pause(wait_s)
         length = dict(scope.get("headers", [])).get(b"content-length")
@@ -501,6 +512,17 @@ class MessageLimit:
                 return await self._too_large(send, size)
             if not message.get("more_body", False):
                 return await self.app(scope, _replay(chunks, receive), send)
+
+    async def _too_many(self, send: Any, address: str) -> None:
+        body = json.dumps(
+            {
+                "detail": f"too many HTTP requests from {address}: {HTTP_REQUEST_BURST} at once, then "
+                f"{HTTP_REQUESTS_PER_S:g} a second; try again in a second, or play over the WebSocket (/ws)"
+            }
+        ).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 429, "headers": headers + [(b"retry-after", b"1")]})
+        await send({"type": "http.response.body", "body": body})
 
     async def _too_large(self, send: Any, size: int) -> None:
         body = json.dumps(

@@ -55,9 +55,10 @@ once, the ratio was x1.36-2.27 at a surcharge of 8 and x1.32-1.83 at 64, the spa
 as many either way. They cost the event loop (JSON, WebSocket frames), which this scheduler
 does not order, and every job they slip in while the honest clients think is one an honest
 step may find running. So, while another session is open, the answer to a surcharged job also
-waits 50 ms (`WASTED_WORK_PAUSE_S`): a session that only wastes work sends at most 20 requests
-a second. Measured (honest median latency with / without 8 spammers, 4 runs each and
-`make bench-server`, 2026-11-25), before any surcharge -> surcharge alone -> with the pause:
+waits (`WASTED_WORK_PAUSE_S`: 50 ms, since raised to 0.1 s, see app.py): a session that only
+wastes work sends at most 20 (now 10) requests a second. Measured (honest median latency with /
+without 8 spammers, 4 runs each and `make bench-server`, 2026-11-25), before any surcharge ->
+surcharge alone -> with the pause:
 - repeating `scan_bump`: x1.48-2.80 (11 runs) -> x1.21-1.66 (6) -> x0.97-1.39 (7);
 - scanning one spectrum with another step each time: x1.81-2.61 (4, repeats surcharged) ->
   x1.40-2.27 (11) -> x1.34-1.72 (7);
