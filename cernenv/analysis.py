@@ -139,8 +139,13 @@ def log_p_on_off(n_on, n_off, tau):
 def background_under_peak(spectrum, mass_gev: float, sigma_gev: float, background: BackgroundFit) -> float:
     """Expected background in the bins whose centres lie within ±2σ_m of `mass_gev`."""
     expected = background_expectation(background, spectrum.edges_gev, spectrum.sqrt_s_tev)
-    centres = 0.5 * (spectrum.edges_gev[:-1] + spectrum.edges_gev[1:])
-    return float(expected[np.abs(centres - mass_gev) <= PEAK_HALF_WIDTH_SIGMA * sigma_gev].sum())
+    return _sum_under_peak(expected, spectrum.edges_gev, mass_gev, sigma_gev)
+
+
+def _sum_under_peak(per_bin: np.ndarray, edges_gev: np.ndarray, mass_gev: float, sigma_gev: float) -> float:
+    """The sum of `per_bin` over the bins whose centres lie within ±2σ_m of `mass_gev`."""
+    centres = 0.5 * (edges_gev[:-1] + edges_gev[1:])
+    return float(per_bin[np.abs(centres - mass_gev) <= PEAK_HALF_WIDTH_SIGMA * sigma_gev].sum())
 
 
 def scan_grid(edges_gev: np.ndarray, step_gev: float) -> np.ndarray:
@@ -286,9 +291,7 @@ def global_significance(
     expected, cum, windows, sparse = regions.expected, regions.cumulative, regions.windows, regions.sparse
 
     sigma = float(spectrum.resolution_gev(mass_gev))
-    centres = 0.5 * (edges[:-1] + edges[1:])
-    under_peak = float(expected[np.abs(centres - mass_gev) <= PEAK_HALF_WIDTH_SIGMA * sigma].sum())
-    if under_peak < LOW_COUNT_BACKGROUND:  # background_under_peak, from the expectation at hand
+    if _sum_under_peak(expected, edges, mass_gev, sigma) < LOW_COUNT_BACKGROUND:  # background under the peak
         count_cum = np.concatenate([[0.0], np.cumsum(counts)])
         half = PEAK_HALF_WIDTH_SIGMA * sigma
         near = np.abs(windows.centre_gev - mass_gev) <= half
