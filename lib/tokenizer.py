@@ -192,12 +192,18 @@ def load_tokenizer(name_or_path: str) -> Any:
     nonsense. A folder whose tokenizer_config.json names a generic class
     (`GENERIC_TOKENIZER_CLASSES`) is loaded from its tokenizer.json as is; anything else (a
     real model's own tokenizer) with `AutoTokenizer`."""
-    config = Path(name_or_path) / "tokenizer_config.json"
-    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
+    if saves_its_own_pipeline(name_or_path):
         return PreTrainedTokenizerFast.from_pretrained(str(name_or_path))
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(name_or_path))
+
+
+def saves_its_own_pipeline(name_or_path: str) -> bool:
+    """True for a folder whose tokenizer must be read from its tokenizer.json as is (its
+    tokenizer_config.json names a class of `GENERIC_TOKENIZER_CLASSES`: the project tokenizer)."""
+    config = Path(name_or_path) / "tokenizer_config.json"
+    return config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES
 
 
 def make_prompt_fn(tokenizer: PreTrainedTokenizerFast):

@@ -18,6 +18,7 @@ import importlib.util
 import logging
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
@@ -97,6 +98,13 @@ def precision_flags(dtype: Optional[torch.dtype] = None) -> Dict[str, bool]:
     return {"bf16": dtype == torch.bfloat16, "fp16": dtype == torch.float16}
 
 
+OPTIMISER_ARGS = {"optim": "adamw_torch_fused", "weight_decay": 0.0}
+"""The optimiser of every trainer built here (GRPO, the SFT warm start), named rather than left
+to the config classes' defaults: transformers' own default is this one (torch >= 2.8), but the
+configs Unsloth patches default to 8-bit AdamW with weight decay 0.001 (unsloth/models/rl.py),
+which would make `backend="unsloth"` and `backend="trl"` train differently."""
+
+
 def resolve_backend(config: TrainConfig) -> str:
     """The backend `config` asks for, checked: `auto` becomes `unsloth` or `trl`."""
     if config.use_vllm and not torch.cuda.is_available():
@@ -164,6 +172,8 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
 def _load_unsloth(config: TrainConfig, name: str) -> Policy:
     from unsloth import FastLanguageModel
 
+    from lib.tokenizer import load_tokenizer, saves_its_own_pipeline
+
     if name in (TINY_MODEL, TINY_UNTRAINED_MODEL):
         raise ValueError(
             f"the {name} stand-in is a CPU model; on a GPU give a real model_name (e.g. {GPU_DEFAULT_MODEL})"
@@ -173,9 +183,15 @@ def _load_unsloth(config: TrainConfig, name: str) -> Policy:
         max_seq_length=config.max_seq_length,
         dtype=policy_dtype(),
         load_in_4bit=False,
+        full_finetuning=config.lora_r == 0,  # lora_r=0 trains every weight, as on the trl backend
+        local_files_only=Path(name).is_dir(),  # a saved folder loads without asking the Hub
         fast_inference=config.use_vllm,
         max_lora_rank=max(config.lora_r, 1),
     )
+    if saves_its_own_pipeline(name):
+        # Unsloth loads the tokenizer with AutoTokenizer, which rebuilds a saved project
+        # tokenizer's pre-tokenizer as Qwen2's: the policy would read text split otherwise
+        tokenizer = load_tokenizer(name)
     if config.lora_r > 0:
         model = FastLanguageModel.get_peft_model(
             model,

@@ -38,7 +38,7 @@ from lib.files import atomic_write
 from lib.multiturn import hf_generate_fn, play_episodes
 from lib.prompting import Sampling
 from lib.records import EpisodeSpec, load_episodes_jsonl, save_episodes_jsonl
-from lib.training.backends import load_policy, precision_flags, resolve_backend, resolve_model_name
+from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend, resolve_model_name
 from lib.training.callbacks import EvidenceCallback, ProgressLog
 from lib.training.config import TINY_MODEL, TINY_UNTRAINED_MODEL, TrainConfig
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
@@ -246,6 +246,7 @@ def grpo_args(config: TrainConfig, **overrides: Any):
         report_to=list(config.report_to) or "none",
         use_cpu=not cuda,
         **precision_flags(),
+        **OPTIMISER_ARGS,
         # TRL turns activation recomputation on by default: it saves GPU memory; on a CPU it only
         # costs a second forward pass per step (the stand-in's activations fit in memory many times over)
         gradient_checkpointing=cuda,

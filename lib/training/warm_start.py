@@ -33,7 +33,7 @@ from lib.policy_model import SFT_SEED, RoundedDemonstrator, SFTSettings
 from lib.prompting import action_to_json
 from lib.rollouts import transitions
 from lib.tokenizer import corpus_specs
-from lib.training.backends import Policy, precision_flags
+from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, Li
         disable_tqdm=True,
         gradient_checkpointing=cuda,
         **precision_flags(),
+        **OPTIMISER_ARGS,
     )
     return SFTTrainer(
         model=policy.model,
