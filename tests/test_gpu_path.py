@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,74 @@ def test_backend_trl_never_imports_unsloth(tmp_path):
     result = _run_with_fake_cuda(tmp_path, code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+def _fake_unsloth(calls: list):
+    """A stand-in for unsloth's FastLanguageModel that loads as Unsloth does where it matters here:
+    the tokenizer with AutoTokenizer (unsloth/tokenizer_utils.py), and records its arguments."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    class FastLanguageModel:
+        @staticmethod
+        def from_pretrained(**kwargs):
+            calls.append(("from_pretrained", kwargs))
+            name = kwargs["model_name"]
+            return AutoModelForCausalLM.from_pretrained(name), AutoTokenizer.from_pretrained(name)
+
+        @staticmethod
+        def get_peft_model(model, **kwargs):
+            calls.append(("get_peft_model", kwargs))
+            return model
+
+    return types.SimpleNamespace(FastLanguageModel=FastLanguageModel)
+
+
+@pytest.mark.parametrize("lora_r", [16, 0])
+def test_unsloth_loads_a_saved_policy_offline_with_the_tokenizer_it_was_trained_with(
+    monkeypatch, tiny_model_dir, lora_r
+):
+    """A saved policy folder with the project tokenizer (the stand-in; the GPU benchmark's
+    Qwen-shaped model): Unsloth's AutoTokenizer splits its text otherwise, so the backend reads
+    the folder's own; the folder loads without asking the Hub; lora_r=0 is full fine-tuning."""
+    from lib.tokenizer import load_tokenizer
+
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "unsloth", _fake_unsloth(calls))
+    policy = backends._load_unsloth(TrainConfig(lora_r=lora_r), tiny_model_dir)
+    text = "estimate_significance at mass_gev 125.3 with 139.0 fb^-1"
+    trained_with = load_tokenizer(tiny_model_dir)(text)["input_ids"]
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tiny_model_dir)(text)["input_ids"] != trained_with  # the hazard is real
+    assert policy.tokenizer(text)["input_ids"] == trained_with
+    (_, loaded), *peft = calls
+    assert loaded["local_files_only"] is True and loaded["full_finetuning"] is (lora_r == 0)
+    assert [call[1]["r"] for call in peft] == ([lora_r] if lora_r else [])
+
+
+def test_both_backends_train_with_the_same_optimiser(monkeypatch, tmp_path, tiny_model_dir):
+    """Unsloth's patched TRL configs default to 8-bit AdamW with weight decay 0.001
+    (unsloth/models/rl.py): the GRPO and warm-start trainers name their optimiser, so a
+    config class with those defaults changes nothing."""
+    import dataclasses
+
+    import trl
+
+    from lib.training.run import grpo_args
+    from lib.training.warm_start import sft_trainer
+
+    for name in ("GRPOConfig", "SFTConfig"):
+        base = getattr(trl, name)
+        fields = [("optim", str, dataclasses.field(default="adamw_8bit")), ("weight_decay", float, 0.001)]
+        monkeypatch.setattr(trl, name, dataclasses.make_dataclass(f"Unsloth{name}", fields, bases=(base,)))
+    assert trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).optim == "adamw_8bit"  # its default
+    args = grpo_args(TrainConfig(output_dir=str(tmp_path)))
+    assert (args.optim, args.weight_decay) == ("adamw_torch_fused", 0.0)
+    built = []
+    monkeypatch.setattr(trl, "SFTTrainer", lambda **kwargs: built.append(kwargs["args"]))
+    policy = backends.load_policy(TrainConfig(model_name=tiny_model_dir, backend="trl"))
+    sft_trainer(policy, TrainConfig(), [{"input_ids": [1, 2], "completion_mask": [0, 1]}], str(tmp_path / "sft"))
+    assert (built[0].optim, built[0].weight_decay) == ("adamw_torch_fused", 0.0)
 
 
 def test_records_and_specs_name_the_same_task():
