@@ -238,6 +238,32 @@ def test_both_backends_train_with_the_same_optimiser(monkeypatch, tmp_path, tiny
     assert (built[0].optim, built[0].weight_decay) == ("adamw_torch_fused", 0.0)
 
 
+def test_the_vllm_engine_is_called_as_trl_s_vllm_generation_is_defined(tokenizer):
+    """`use_vllm=True` (unmeasured: vLLM cannot reach the GPU machine): the rollout calls TRL's
+    `VLLMGeneration.generate` with arguments its signature takes, one completion per context,
+    and keeps each reply up to its eos with the sampled token's log-probability."""
+    import inspect
+
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from lib.training.grpo import vllm_generate_fn
+
+    signature, eos = inspect.signature(VLLMGeneration.generate), tokenizer.eos_token_id
+
+    class Engine:
+        def generate(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs).arguments
+            assert bound["num_generations"] == 1 and bound["images"] is None
+            prompts = bound["prompts"]
+            completions = [[7, 8, eos, 9], [5, 6]]  # vLLM may run past an eos in its token list; or not reach one
+            logprobs = [[[-0.5], [-0.25], [-0.125], [-2.0]], [[-1.0], [None]]]
+            return prompts, completions[: len(prompts)], logprobs[: len(prompts)], None
+
+    trainer = types.SimpleNamespace(vllm_generation=Engine(), processing_class=tokenizer)
+    replies = vllm_generate_fn(trainer)([[1, 2, 3], [4]], Sampling())
+    assert replies == [([7, 8, eos], [-0.5, -0.25, -0.125]), ([5, 6], [-1.0, 0.0])]
+
+
 def test_records_and_specs_name_the_same_task():
     """The step-0 checkpoint row reuses the pre-training evaluation only if its records are
     recognised as the checkpoint specs (a record says "procedural_hard" where a spec says None)."""
