@@ -65,6 +65,10 @@ def test_config_rejects_bad_values_with_every_reason():
         assert fragment in message
     with pytest.raises(ValueError, match="a group of one has no baseline"):
         TrainConfig(num_generations=1)
+    with pytest.raises(ValueError, match="KL reference would be the model before its warm start"):
+        TrainConfig(warm_start_episodes=200, beta=0.04)
+    TrainConfig(warm_start_episodes=200)  # without a KL penalty, and a KL penalty without a warm start
+    TrainConfig(beta=0.04)
     with pytest.raises(ValueError, match="unknown TrainConfig fields"):
         TrainConfig.from_dict({"max_step": 3})
 

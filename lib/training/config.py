@@ -77,7 +77,8 @@ class TrainConfig:
     learning_rate: float = 3e-4
     """AdamW learning rate (constant after TRL's default warm-up of 0 steps)."""
     beta: float = 0.0
-    """KL penalty towards the initial policy (TRL's default is 0: no reference model)."""
+    """KL penalty towards the initial policy (TRL's default is 0: no reference model). TRL's
+    reference is the loaded model without the LoRA adapter, hence refused with a warm start."""
     epsilon: float = 0.2
     """PPO-style clipping of the probability ratio."""
     scale_rewards: str = "batch"
@@ -191,6 +192,13 @@ class TrainConfig:
             problems.append(f"warm_start_episodes must be >= 0, got {self.warm_start_episodes}")
         if self.warm_start_epochs <= 0 or self.warm_start_learning_rate <= 0:
             problems.append("warm_start_epochs and warm_start_learning_rate must be > 0")
+        if self.warm_start_episodes and self.beta:
+            problems.append(
+                f"beta={self.beta} with warm_start_episodes={self.warm_start_episodes}: TRL's KL reference "
+                "would be the model before its warm start (the base weights without the adapter, or, with "
+                "lora_r=0, the checkpoint reloaded by name), which pulls the policy back from what the warm "
+                "start taught it; use beta=0 (the default) with a warm start"
+            )
         if self.rollout_batch_size is not None and self.rollout_batch_size < 1:
             problems.append(f"rollout_batch_size must be at least 1 or None, got {self.rollout_batch_size}")
         if self.max_turns is not None and self.max_turns < 1:
