@@ -26,6 +26,15 @@ def _pins(path: Path) -> dict:
     return pins
 
 
+def _installed(name: str):
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 @pytest.mark.slow
 def test_the_gpu_set_resolves_beside_the_installed_torch_without_replacing_it(tmp_path):
     """pip's own resolver, asked by the package registry (a dry run, nothing installed): with the
@@ -48,15 +57,6 @@ def test_the_gpu_set_resolves_beside_the_installed_torch_without_replacing_it(tm
             assert needs and all(kept["torch"].split("+")[0] in r for r in needs), (item["metadata"]["name"], needs)
     for name, version in _pins(ROOT / "requirements-gpu.txt").items():
         assert planned.get(name, _installed(name)) == version, name
-
-
-def _installed(name: str):
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def test_constraints_hold_each_package_at_its_installed_build():
