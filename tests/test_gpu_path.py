@@ -197,6 +197,8 @@ def test_unsloth_loads_a_saved_policy_offline_with_the_tokenizer_it_was_trained_
     """A saved policy folder with the project tokenizer (the stand-in; the GPU benchmark's
     Qwen-shaped model): Unsloth's AutoTokenizer splits its text otherwise, so the backend reads
     the folder's own; the folder loads without asking the Hub; lora_r=0 is full fine-tuning."""
+    from transformers import AutoTokenizer
+
     from lib.tokenizer import load_tokenizer
 
     calls: list = []
@@ -204,8 +206,6 @@ def test_unsloth_loads_a_saved_policy_offline_with_the_tokenizer_it_was_trained_
     policy = backends._load_unsloth(TrainConfig(lora_r=lora_r), tiny_model_dir)
     text = "estimate_significance at mass_gev 125.3 with 139.0 fb^-1"
     trained_with = load_tokenizer(tiny_model_dir)(text)["input_ids"]
-    from transformers import AutoTokenizer
-
     assert AutoTokenizer.from_pretrained(tiny_model_dir)(text)["input_ids"] != trained_with  # the hazard is real
     assert policy.tokenizer(text)["input_ids"] == trained_with
     (_, loaded), *peft = calls
