@@ -6,6 +6,7 @@ all read `ACTION_TABLE`; nothing else lists actions.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -17,6 +18,11 @@ from cernenv.detector import RECONSTRUCTIONS
 from cernenv.models import ActionType, DiscoveryClaim
 
 _FINITE = {"allow_inf_nan": False}
+# The smallest quantities an action accepts: far below any physical use, far above the
+# subnormal floats whose ratios overflow (a scan step of 1e-320 GeV would be 10^323 points).
+MIN_MASS_GEV = 1e-3
+MIN_LUMINOSITY_FB = 1e-6
+MAX_MASS_GEV = 1.0e5
 
 
 class _Params(BaseModel):
@@ -24,14 +30,16 @@ class _Params(BaseModel):
 
 
 class ConfigureBeamParams(_Params):
-    beam_energy_tev: float = Field(gt=0, le=100, description="√s [TeV]; one of the task's beam energies.", **_FINITE)
+    beam_energy_tev: float = Field(ge=0.1, le=100, description="√s [TeV]; one of the task's beam energies.", **_FINITE)
     pileup: Literal["low", "nominal", "high"] = Field(
         default="nominal", description="Collisions per crossing: more data per day, worse resolution and trigger."
     )
 
 
 class LuminosityParams(_Params):
-    luminosity_fb: float = Field(gt=0, le=1.0e4, description="Integrated luminosity [fb^-1].", **_FINITE)
+    luminosity_fb: float = Field(
+        ge=MIN_LUMINOSITY_FB, le=1.0e4, description="Integrated luminosity [fb^-1].", **_FINITE
+    )
 
 
 class TriggerParams(_Params):
@@ -50,13 +58,17 @@ class ReconstructParams(ChannelParams):
 
 class SpectrumParams(_Params):
     mass_min_gev: Optional[float] = Field(
-        default=None, gt=0, description="Lower edge [GeV]; default: window.", **_FINITE
+        default=None, ge=MIN_MASS_GEV, lt=MAX_MASS_GEV, description="Lower edge [GeV]; default: window.", **_FINITE
     )
     mass_max_gev: Optional[float] = Field(
-        default=None, gt=0, description="Upper edge [GeV]; default: window.", **_FINITE
+        default=None, ge=MIN_MASS_GEV, lt=MAX_MASS_GEV, description="Upper edge [GeV]; default: window.", **_FINITE
     )
     bin_width_gev: Optional[float] = Field(
-        default=None, gt=0, description="Bin width [GeV]; default: ~resolution/2.", **_FINITE
+        default=None,
+        ge=MIN_MASS_GEV,
+        lt=MAX_MASS_GEV,
+        description="Bin width [GeV]; default: ~resolution/2.",
+        **_FINITE,
     )
 
     @model_validator(mode="after")
@@ -77,26 +89,32 @@ class BackgroundParams(_Params):
     @model_validator(mode="after")
     def _region(self) -> "BackgroundParams":
         region = self.signal_region_gev
-        if region is not None and not (0 < region[0] < region[1] < 1.0e5):
-            raise ValueError("signal_region_gev must be [lo, hi] with 0 < lo < hi")
+        if region is not None and not (
+            all(math.isfinite(edge) for edge in region) and MIN_MASS_GEV <= region[0] < region[1] < MAX_MASS_GEV
+        ):
+            raise ValueError(
+                f"signal_region_gev must be [lo, hi] [GeV] with {MIN_MASS_GEV:g} <= lo < hi < {MAX_MASS_GEV:g}"
+            )
         if self.method == "sideband" and region is None:
             raise ValueError("method 'sideband' needs signal_region_gev")
         return self
 
 
 class FitParams(_Params):
-    mass_hint_gev: Optional[float] = Field(default=None, gt=0, lt=1.0e5, description="Starting mass [GeV].", **_FINITE)
+    mass_hint_gev: Optional[float] = Field(
+        default=None, ge=MIN_MASS_GEV, lt=MAX_MASS_GEV, description="Starting mass [GeV].", **_FINITE
+    )
     float_width: bool = Field(default=True, description="Fit the natural width Γ (else Γ = 0).")
 
 
 class ScanParams(_Params):
     step_gev: Optional[float] = Field(
-        default=None, gt=0, lt=1.0e4, description="Scan step [GeV]; default: half the resolution.", **_FINITE
+        default=None, ge=MIN_MASS_GEV, le=1.0e4, description="Scan step [GeV]; default: half the resolution.", **_FINITE
     )
 
 
 class MassParams(_Params):
-    mass_gev: float = Field(gt=0, lt=1.0e5, description="Mass hypothesis [GeV].", **_FINITE)
+    mass_gev: float = Field(ge=MIN_MASS_GEV, lt=MAX_MASS_GEV, description="Mass hypothesis [GeV].", **_FINITE)
 
 
 class AngularParams(MassParams):

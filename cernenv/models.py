@@ -52,11 +52,15 @@ class DiscoveryClaim(BaseModel):
 
     discovered: bool = Field(description="True: a new resonance exists in the search window; False: nothing there.")
     mass_gev: Optional[float] = Field(
-        default=None, gt=0, lt=1.0e5, allow_inf_nan=False, description="Claimed mass [GeV]; required when discovered."
+        default=None,
+        ge=1e-3,
+        lt=1.0e5,
+        allow_inf_nan=False,
+        description="Claimed mass [GeV]; required when discovered.",
     )
     mass_uncertainty_gev: Optional[float] = Field(
         default=None,
-        gt=0,
+        ge=1e-6,
         lt=1.0e5,
         allow_inf_nan=False,
         description="One-sigma uncertainty on the mass [GeV]; required when discovered.",

@@ -143,6 +143,9 @@ def check_observation(obs: Any, task_totals: Dict[str, float]) -> None:
     assert again == obs
     assert obs.reward is not None and math.isfinite(obs.reward)
     assert len(obs.rule_violations) <= 1
+    # every bad input is refused by validation with a code that says what to do, never by a
+    # failure inside an action ("INVALID_PARAMETERS: could not run ...: OverflowError")
+    assert not any("could not run" in violation for violation in obs.rule_violations), obs.rule_violations
     usage = obs.resource_usage
     for used, left, total in [
         (usage.budget_used_musd, usage.budget_remaining_musd, task_totals["budget"]),
@@ -227,3 +230,44 @@ def test_step_survives_random_actions():
     run()
     assert sent[0] >= MIN_ACTIONS, sent[0]
     assert episodes_ended[0] >= 20, "the fuzz should also exercise the ended-episode path"
+
+
+EXTREME_FLOATS = [5e-324, 1e-320, 2.2250738585072014e-308, 1e-12, 1.7976931348623157e308, 1e300, 2**63, 10**400]
+
+
+def test_every_numeric_parameter_refuses_extreme_values_cleanly():
+    """Subnormal, tiny, huge and beyond-float numbers in every numeric parameter of every verb, at
+    the analysis stage where each verb runs: a clean INVALID_PARAMETERS (or a rule's own code),
+    never an exception inside the action."""
+    env = CERNCollisionEnvironment()
+    for verb, spec in ACTION_TABLE.items():
+        for name, field in spec.params.model_fields.items():
+            if "float" not in str(field.annotation) and "Tuple" not in str(field.annotation):
+                continue
+            for value in EXTREME_FLOATS:
+                env.reset(seed=1, scenario="higgs_4l_125")
+                for action in PREFIX:
+                    env.step(action)
+                env.step({"action_type": "fit_resonance", "parameters": {"mass_hint_gev": 125.0}})
+                params = dict(SENSIBLE_DEFAULTS.get(verb.value, {}))
+                params[name] = [value, value * 2] if "Tuple" in str(field.annotation) else value
+                obs = env.step({"action_type": verb.value, "parameters": params})
+                assert not any("could not run" in v for v in obs.rule_violations), (verb, name, value, obs.rule_violations)
+
+
+SENSIBLE_DEFAULTS = {
+    "submit_discovery_claim": {
+        "discovered": True,
+        "mass_gev": 125.0,
+        "mass_uncertainty_gev": 0.5,
+        "channel": "four_lepton",
+        "confidence": 0.5,
+    },
+    "subtract_background": {"method": "sideband", "signal_region_gev": [120.0, 130.0]},
+    "measure_angular": {"mass_gev": 125.0},
+    "estimate_significance": {"mass_gev": 125.0},
+    "request_theory_review": {"mass_gev": 125.0},
+    "allocate_luminosity": {"luminosity_fb": 1.0},
+    "collect_collisions": {"luminosity_fb": 1.0},
+    "configure_beam": {"beam_energy_tev": 13.6},
+}
