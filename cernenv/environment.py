@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -98,6 +99,8 @@ class _Episode:
     analysed_luminosity_fb: float = 0.0
     candidates_gev: List[float] = field(default_factory=list)
     best_significance: float = 0.0
+    world_nonce: str = ""  # mixed into the hidden streams by `fresh_worlds` (empty: the seed's world)
+    grade: Optional[Dict[str, Any]] = None  # `episode_grade()`, once graded
     milestones: Set[str] = field(default_factory=set)
     paid_milestones: Set[str] = field(default_factory=set)
     terminal_components: Dict[str, float] = field(default_factory=dict)
@@ -113,10 +116,24 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, default_max_steps: Optional[int] = None, secret_salt: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        default_max_steps: Optional[int] = None,
+        secret_salt: Optional[str] = None,
+        *,
+        fresh_worlds: bool = False,
+        withhold_grades: bool = False,
+    ) -> None:
+        """`secret_salt`: an evaluation secret mixed into every episode's hidden streams.
+        `fresh_worlds`: every reset also mixes in a fresh random nonce, so no seed can be played
+        twice in the same hidden world (an evaluation task is single-use). `withhold_grades`:
+        the terminal grade is kept out of observations and state (`episode_grade()` reads it),
+        so an agent never sees how a claim was graded."""
         super().__init__()
         self._default_max_steps = default_max_steps
         self._secret_salt = _check_salt(secret_salt)
+        self._fresh_worlds = bool(fresh_worlds)
+        self._withhold_grades = bool(withhold_grades)
         self._episode: Optional[_Episode] = None
         self._state = CernState()
 
@@ -141,7 +158,8 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         secret_salt: Optional[str] = None,
         **kwargs: Any,
     ) -> CollisionObservation:
-        """Start a campaign. Same `seed` (and scenario/difficulty, and secret) → same hidden world.
+        """Start a campaign. Same `seed` (and scenario/difficulty, and secret) → same hidden world,
+        unless the environment makes `fresh_worlds`.
 
         `secret_salt` is an evaluation secret mixed, with the environment's own (the
         constructor's), into the hidden streams: the procedural particle and the recorded
@@ -152,12 +170,17 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             seed = int(np.random.SeedSequence().entropy % (2**31))
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        salt = "\x00".join(s for s in (self._secret_salt, _check_salt(secret_salt)) if s) or None
+        nonce = secrets.token_hex(16) if self._fresh_worlds else ""
+        salt = "\x00".join(s for s in (self._secret_salt, _check_salt(secret_salt), nonce) if s) or None
         chosen = make_scenario(int(seed), scenario=scenario, difficulty=difficulty, secret_salt=salt)
         rng = np.random.default_rng(particle_stream_seed(int(seed), 31337, salt))
-        recorder = CollisionRecorder(chosen.search_window_gev, chosen.channels, chosen.truth, rng)
+        recorder = CollisionRecorder(
+            chosen.search_window_gev, chosen.channels, chosen.truth, rng, chosen.signal_capacity_per_fb
+        )
         episode_id = episode_id or str(uuid.uuid4())
-        self._episode = _Episode(scenario=chosen, seed=int(seed), recorder=recorder, episode_id=episode_id)
+        self._episode = _Episode(
+            scenario=chosen, seed=int(seed), recorder=recorder, episode_id=episode_id, world_nonce=nonce
+        )
         self._state = CernState(
             episode_id=episode_id,
             step_count=0,
@@ -222,10 +245,27 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             ended = self._end_reason()
             if ended:
                 episode.latest_result["episode_end"] = ended
-                self._grade(None)
-        if episode.done:
+                episode.latest_result.update(self._grade(None))
+        if episode.done and not self._withhold_grades:
             breakdown.update(episode.terminal_components)
         return self._observation(reward=float(sum(breakdown.values())), breakdown=breakdown, violations=violations)
+
+    def episode_grade(self) -> Optional[Dict[str, Any]]:
+        """How the ended episode was graded: the terminal reward components, their sum, and
+        whether the outcome, mass, channel and spin were right (None: not graded), with the
+        reference analysis's global Z at the claim; None while the episode runs. For graders and
+        evaluation code only (never for the agent; with `withhold_grades` the only place the
+        grade can be read)."""
+        if self._episode is None or self._episode.grade is None:
+            return None
+        return dict(self._episode.grade)
+
+    def world_nonce(self) -> str:
+        """The random nonce `fresh_worlds` mixed into this episode's hidden streams ("" without
+        it): with the secret, what an auditor needs to replay the episode. Never for the agent."""
+        if self._episode is None:
+            raise RuntimeError("call reset() before world_nonce()")
+        return self._episode.world_nonce
 
     def hidden_truth(self) -> Dict[str, Any]:
         """The hidden particle, for graders and evaluation code only (never for the agent)."""
@@ -677,8 +717,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         }
 
     def _do_submit_discovery_claim(self, claim: DiscoveryClaim) -> Dict[str, Any]:
-        components = self._grade(claim)
-        return {"graded": True, **{k: _r(v, 3) for k, v in components.items()}}
+        return self._grade(claim)
 
     # Physics helpers -------------------------------------------------------------------
 
@@ -768,10 +807,12 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             "systematics_included": bool(with_systematics),
         }
 
-    def _grade(self, claim: Optional[DiscoveryClaim]) -> Dict[str, float]:
-        """Terminal components; ends the episode and fills the grading fields of the state."""
+    def _grade(self, claim: Optional[DiscoveryClaim]) -> Dict[str, Any]:
+        """Grade the claim (None: the episode ended without one) and end the episode. Returns
+        what the claim's step reports: the components, or only that the claim was recorded
+        when grades are withheld."""
         episode = self._episode
-        z_local = z_global = 0.0
+        z_global = 0.0
         if claim is not None and claim.discovered and claim.channel in episode.recorder.records:
             record = episode.recorder.records[claim.channel]
             lo, hi = episode.scenario.search_window_gev
@@ -783,20 +824,30 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
                     episode.beam_energy_tev,
                     episode.pileup,
                 )
-                result = self._significance(reference, claim.mass_gev, True, None)
-                z_local, z_global = result["z_local"] or 0.0, result["z_global"] or 0.0
+                z_global = self._significance(reference, claim.mass_gev, False, None)["z_global"] or 0.0
         grade = grade_claim(
             claim,
             episode.scenario.hidden_truth(),
-            reference_z_local=z_local,
             reference_z_global=z_global,
             luminosity_analysed_fraction=episode.analysed_luminosity_fb / episode.scenario.luminosity_fb,
             budget_left_fraction=1.0 - episode.budget_used_musd / episode.scenario.budget_musd,
         )
         episode.done = True
         episode.terminal_components = dict(grade.components)
+        episode.grade = {
+            "terminal_reward": float(sum(grade.components.values())),
+            "components": dict(grade.components),
+            "discovered": grade.discovered,
+            "correct_outcome": grade.correct_outcome,
+            "correct_mass": grade.correct_mass,
+            "correct_channel": grade.correct_channel,
+            "correct_spin": grade.correct_spin,
+            "reference_z_global": _r(z_global, 3),
+        }
+        if self._withhold_grades:
+            return {"claim_recorded": claim is not None, "grade": "withheld until the evaluation ends"}
         state = self._state
-        state.terminal_reward = float(sum(grade.components.values()))
+        state.terminal_reward = episode.grade["terminal_reward"]
         state.discovered = grade.discovered
         state.correct_outcome = grade.correct_outcome
         state.correct_mass, state.correct_channel, state.correct_spin = (
@@ -804,9 +855,11 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             grade.correct_channel,
             grade.correct_spin,
         )
-        episode.latest_result["reference_z_local"] = _r(z_local, 3)
-        episode.latest_result["reference_z_global"] = _r(z_global, 3)
-        return grade.components
+        return {
+            "graded": True,
+            "reference_z_global": episode.grade["reference_z_global"],
+            **{k: _r(v, 3) for k, v in grade.components.items()},
+        }
 
     # Observation -----------------------------------------------------------------------
 

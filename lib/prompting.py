@@ -15,7 +15,7 @@ import numpy as np
 
 from cernenv.actions import ACTION_TABLE, Prerequisite
 from cernenv.models import CollisionObservation, ExperimentAction
-from cernenv.rewards import EVIDENCE_Z_LOCAL, REDUNDANCY_PENALTY, VIOLATION_PENALTY
+from cernenv.rewards import EVIDENCE_Z_GLOBAL, NULL_EVIDENCE_LUMINOSITY_FRACTION, REDUNDANCY_PENALTY, VIOLATION_PENALTY
 from cernenv.rules import RuleViolation
 from cernenv.rules import parse_action as validate_action
 
@@ -98,8 +98,9 @@ def render_system_prompt() -> str:
         f"{_action_reference()}\n"
         f"A refused action costs {-VIOLATION_PENALTY:g}, a repeat on unchanged data {-REDUNDANCY_PENALTY:g}. "
         "The claim ends the campaign and is graded: a discovery needs the right mass and "
-        f"≥{EVIDENCE_Z_LOCAL:g}σ local in your data, a null claim (nothing there) data analysed; "
-        "overclaiming significance or confidence costs."
+        f"≥{EVIDENCE_Z_GLOBAL:g}σ global in your data, a null claim (nothing there) "
+        f"≥{NULL_EVIDENCE_LUMINOSITY_FRACTION:.0%} of the luminosity cap analysed; "
+        "misstating significance or confidence costs."
     )
 
 

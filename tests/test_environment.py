@@ -16,12 +16,12 @@ from cernenv.environment import CERNCollisionEnvironment
 from cernenv.models import ActionType, CollisionObservation
 from cernenv.rewards import (
     COMPONENT_NAMES,
-    CORRECT_DISCOVERY,
+    CORRECT_OBSERVATION,
     MILESTONE_REWARD,
     MILESTONES,
-    MISSED_DISCOVERY,
     NO_CLAIM,
     REDUNDANCY_PENALTY,
+    UNSUPPORTED_NULL,
     VIOLATION_PENALTY,
 )
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS, Violation
@@ -704,9 +704,9 @@ def test_claim_ends_and_grades_the_episode():
     assert obs.done and obs.latest_result["graded"] is True
     state = env.state
     assert state.terminal_reward is not None and state.discovered is False
-    assert state.correct_mass is False  # a particle was there and was missed
-    assert state.reward_components["outcome"] == MISSED_DISCOVERY
-    assert obs.reward_breakdown["outcome"] == MISSED_DISCOVERY
+    assert state.correct_mass is None  # nothing analysed: an unsupported claim, graded without the truth
+    assert state.reward_components["outcome"] == UNSUPPORTED_NULL
+    assert obs.reward_breakdown["outcome"] == UNSUPPORTED_NULL
     assert state.terminal_reward == pytest.approx(
         sum(v for k, v in state.reward_components.items() if k not in ("milestones", "violations", "redundancy"))
     )
@@ -1006,7 +1006,7 @@ def test_heuristic_discovers_the_higgs_in_four_leptons():
     run_heuristic(env, obs)
     state = env.state
     assert state.discovered is True and state.correct_mass is True and state.correct_channel is True
-    assert state.reward_components["outcome"] == CORRECT_DISCOVERY
+    assert state.reward_components["outcome"] == CORRECT_OBSERVATION
 
 
 def test_z_discovery_with_systematics_is_significant_and_graded_correct():
@@ -1035,7 +1035,7 @@ def test_z_discovery_with_systematics_is_significant_and_graded_correct():
             confidence=0.95,
         ),
     )
-    assert env.state.reward_components["outcome"] == CORRECT_DISCOVERY
+    assert env.state.reward_components["outcome"] == CORRECT_OBSERVATION
 
 
 Z_FULL_DATA = [
@@ -1068,7 +1068,7 @@ def test_claiming_the_reported_significance_is_accepted():
         )
     )
     assert not obs.rule_violations, obs.rule_violations
-    assert obs.done and env.state.reward_components["outcome"] == CORRECT_DISCOVERY
+    assert obs.done and env.state.reward_components["outcome"] == CORRECT_OBSERVATION
 
 
 def test_heuristic_agent_gets_its_z_claim_graded():
@@ -1076,7 +1076,7 @@ def test_heuristic_agent_gets_its_z_claim_graded():
     env, obs = fresh("z_mumu_91", seed=0)
     trajectory = run_heuristic(env, obs)
     assert trajectory[-1].latest_result.get("graded") is True, trajectory[-1].latest_result
-    assert env.state.reward_components["outcome"] == CORRECT_DISCOVERY
+    assert env.state.reward_components["outcome"] == CORRECT_OBSERVATION
 
 
 # Reward bookkeeping ------------------------------------------------------------------------
