@@ -6,6 +6,7 @@ separately, the hidden `ParticleTruth` (None for a null scenario: nothing there)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
@@ -61,6 +62,18 @@ class Scenario:
     curated: bool = True
     reference: str = ""
     """Where the numbers come from: for people and graders, never shown to the agent."""
+    configuration: Optional["TaskConfiguration"] = None
+    """The procedural configuration the task was drawn from (None for a curated campaign)."""
+
+    def signal_capacity_per_fb(self, channel: str, sqrt_s_tev: float) -> float:
+        """The most signal events per fb^-1 (before trigger efficiency) that any hidden world of
+        this visible task can record in `channel` at `sqrt_s_tev`: the simulation draws this
+        many signal candidates whatever the truth (`cernenv.simulation`), so how long taking
+        data takes does not depend on the hidden signal. A curated campaign's particle is its own
+        bound; a procedural task's, the strongest its difficulty and configuration can draw."""
+        if self.configuration is None:
+            return 0.0 if self.truth is None else _signal_events_per_fb(self.truth, channel, sqrt_s_tev)
+        return _procedural_capacity_per_fb(self.configuration, self.difficulty, channel, float(sqrt_s_tev))
 
     def hidden_truth(self) -> Dict[str, object]:
         if self.truth is None:
@@ -219,15 +232,31 @@ def list_scenarios() -> List[str]:
 # share each configuration, so the visible numbers cannot identify a seed either.
 
 EVALUATION_SEED_START = 900_000
-"""Seeds from here on are evaluation seeds: their procedural particles are drawn from the
-mass bands that training seeds never produce (`MASS_BANDS`), so an evaluation particle is
-unseen in training, not only its seed."""
+"""Seeds from here on are evaluation seeds: their procedural particles lie in the evaluation
+mass bands (`mass_bands`), which no training seed's particle comes near."""
 
-MASS_BANDS = 8
-"""The particle's mass, as a fraction of the search window, lies in [0.1, 0.9], cut into
-`MASS_BANDS` equal bands: training seeds use the even-numbered bands (0.1-0.2, 0.3-0.4, ...),
-evaluation seeds the odd-numbered ones (0.2-0.3, 0.4-0.5, ...)."""
+SPLITS = ("training", "evaluation")
+"""Which particles a seed may hold: training seeds (below `EVALUATION_SEED_START`) draw their
+procedural masses from the training bands, evaluation seeds from the evaluation bands."""
+
 MASS_FRACTION_RANGE = (0.1, 0.9)
+"""A procedural particle's mass lies in this part of its search window (as fractions of it)."""
+
+SPLIT_GAP_SIGMA = 2.2
+"""Training and evaluation masses of one family are more than this many mass resolutions
+apart (2σ_m and a 10% margin): the resolution is the standard analysis's (calibrated once,
+standard reconstruction, nominal pileup) of the family's coarser channel at the higher mass."""
+
+MIN_BAND_WIDTH_LOG = 0.06
+"""Each mass band spans at least this much in ln(mass) (6%), and at least 0.7 of the gap that
+follows it, so every search window holds masses of both splits."""
+
+_BAND_RANGE_GEV = (50.0, 10_000.0)
+
+
+def seed_split(seed: int) -> str:
+    """ "evaluation" for an evaluation seed (≥ `EVALUATION_SEED_START`), else "training"."""
+    return SPLITS[int(seed >= EVALUATION_SEED_START)]
 
 
 @dataclass(frozen=True)
@@ -336,6 +365,80 @@ PROCEDURAL_PRIOR = {
 the same for every configuration (tested: a classifier on the reset observation does no better)."""
 
 
+def _family_resolution_frac(family: str, mass_gev: float) -> float:
+    """σ_m/m of the standard analysis (calibrated once, standard reconstruction, nominal pileup)
+    in the coarser of the family's two channels at `mass_gev`."""
+    return max(
+        float(mass_resolution_gev(CHANNELS[channel], mass_gev, 1, "standard", "nominal")) / mass_gev
+        for channel in _FAMILIES[family].channels
+    )
+
+
+def _gap_above(family: str, mass_gev: float) -> float:
+    """The lightest mass [GeV] more than `SPLIT_GAP_SIGMA` of its own resolutions above `mass_gev`
+    (the resolution grows with the mass, so that is more than as many of `mass_gev`'s too)."""
+    upper = mass_gev
+    for _ in range(30):  # a fixed point: the resolution grows slowly with the mass
+        upper = mass_gev / (1.0 - SPLIT_GAP_SIGMA * _family_resolution_frac(family, upper))
+    return upper
+
+
+def _subtract(intervals: List[Tuple[float, float]], cut: Tuple[float, float]) -> List[Tuple[float, float]]:
+    out = []
+    for lo, hi in intervals:
+        if hi <= cut[0] or lo >= cut[1]:
+            out.append((lo, hi))
+            continue
+        if lo < cut[0]:
+            out.append((lo, cut[0]))
+        if hi > cut[1]:
+            out.append((cut[1], hi))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def mass_bands(family: str) -> Dict[str, Tuple[Tuple[float, float], ...]]:
+    """The mass intervals [GeV] each split's particles of `family` come from: alternating
+    training and evaluation bands in ln(mass), each followed by a gap of more than
+    `SPLIT_GAP_SIGMA` resolutions; the evaluation bands also keep that distance from every
+    curated particle decaying to the family's channels (curated campaigns are played in
+    training). So no evaluation particle lies within 2σ_m of any particle training can produce."""
+    bands: Dict[str, List[Tuple[float, float]]] = {split: [] for split in SPLITS}
+    lo, index = _BAND_RANGE_GEV[0], 0
+    while lo < _BAND_RANGE_GEV[1]:
+        gap_log = float(np.log(_gap_above(family, lo) / lo))
+        hi = lo * float(np.exp(max(MIN_BAND_WIDTH_LOG, 0.7 * gap_log)))
+        bands[SPLITS[index % 2]].append((lo, hi))
+        lo, index = _gap_above(family, hi), index + 1
+    channels = set(_FAMILIES[family].channels)
+    for scenario in CURATED.values():
+        truth = scenario.truth
+        if truth is None or not channels & {ch for ch, xs in truth.sigma_br_fb.items() if xs > 0}:
+            continue
+        below = truth.mass_gev * (1.0 - SPLIT_GAP_SIGMA * _family_resolution_frac(family, truth.mass_gev))
+        bands["evaluation"] = _subtract(bands["evaluation"], (below, _gap_above(family, truth.mass_gev)))
+    return {split: tuple(intervals) for split, intervals in bands.items()}
+
+
+def split_mass_intervals(config: "TaskConfiguration", split: str) -> Tuple[Tuple[float, float], ...]:
+    """The masses [GeV] a particle of `split` may have in `config`: its window's
+    `MASS_FRACTION_RANGE` within the split's bands (`mass_bands`)."""
+    lo, hi = config.search_window_gev
+    a, b = lo + MASS_FRACTION_RANGE[0] * (hi - lo), lo + MASS_FRACTION_RANGE[1] * (hi - lo)
+    return tuple((max(a, x), min(b, y)) for x, y in mass_bands(config.family)[split] if min(b, y) > max(a, x))
+
+
+def _draw_mass(intervals: Tuple[Tuple[float, float], ...], u: float) -> float:
+    """The mass at quantile `u` of the uniform distribution over `intervals`."""
+    lengths = np.array([y - x for x, y in intervals])
+    position = u * float(lengths.sum())
+    for (x, y), length in zip(intervals, lengths):
+        if position <= length:
+            return x + position
+        position -= length
+    return intervals[-1][1]
+
+
 def _allowed_spins(decays_to: Tuple[str, ...]) -> Tuple[int, ...]:
     """Spins a resonance decaying to `decays_to` may have: Landau-Yang forbids spin 1 → γγ;
     the Higgs-like ZZ* → 4ℓ search is for spin 0 or 2."""
@@ -362,6 +465,17 @@ def particle_stream_seed(seed: int, stream: int, secret_salt: Optional[str] = No
     return [int(seed), int(stream), *_salt_words(secret_salt)]
 
 
+SPLIT_CONFIGURATIONS: Dict[str, Dict[str, Tuple[TaskConfiguration, ...]]] = {
+    split: {
+        difficulty: tuple(config for config in configurations if split_mass_intervals(config, split))
+        for difficulty, configurations in PROCEDURAL_CONFIGURATIONS.items()
+    }
+    for split in SPLITS
+}
+"""The configurations whose window holds masses of each split (`split_mass_intervals`): the
+task stream of a training or evaluation seed picks among these."""
+
+
 def procedural_scenario(seed: int, difficulty: str, secret_salt: Optional[str] = None) -> Scenario:
     """A random campaign of the given difficulty, reproducible from `seed` (and the secret).
 
@@ -371,17 +485,15 @@ def procedural_scenario(seed: int, difficulty: str, secret_salt: Optional[str] =
     if difficulty not in _DIFFICULTY:
         raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
     level = DIFFICULTIES.index(difficulty)
-    configurations = PROCEDURAL_CONFIGURATIONS[difficulty]
+    split = seed_split(seed)
+    configurations = SPLIT_CONFIGURATIONS[split][difficulty]
     config = configurations[int(np.random.default_rng([seed, level, 104729]).integers(len(configurations)))]
     settings = _DIFFICULTY[difficulty]
     rng = np.random.default_rng(particle_stream_seed(seed, 7919 + level, secret_salt))
 
     exists = bool(rng.random() >= settings.null_probability)
-    band = 2 * int(rng.integers(MASS_BANDS // 2)) + (1 if seed >= EVALUATION_SEED_START else 0)
-    low, high = MASS_FRACTION_RANGE
-    fraction = low + (high - low) * (band + float(rng.random())) / MASS_BANDS
+    mass = round(_draw_mass(split_mass_intervals(config, split), float(rng.random())), 1)
     lo, hi = config.search_window_gev
-    mass = round(lo + fraction * (hi - lo), 1)
     relative_width = float(rng.choice(settings.relative_widths))
     pattern = DECAY_PATTERNS[int(rng.integers(len(DECAY_PATTERNS)))]
     decays_to = {"first": config.channels[:1], "second": config.channels[1:], "both": config.channels}[pattern]
@@ -419,6 +531,7 @@ def procedural_scenario(seed: int, difficulty: str, secret_salt: Optional[str] =
         time_days=config.time_days,
         truth=truth,
         curated=False,
+        configuration=config,
     )
 
 
@@ -483,6 +596,38 @@ def _sigma_br_for_target(
         else:
             hi = mid
     return 10.0**hi
+
+
+def _signal_events_per_fb(truth: ParticleTruth, channel: str, sqrt_s_tev: float) -> float:
+    """Expected signal events per fb^-1 of `truth` in `channel` at `sqrt_s_tev`, before trigger
+    efficiency (what `CollisionRecorder` multiplies by the luminosity and the trigger)."""
+    return (
+        truth.sigma_br_fb.get(channel, 0.0)
+        * cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production)
+        * CHANNELS[channel].signal_efficiency
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _procedural_capacity_per_fb(config: TaskConfiguration, difficulty: str, channel: str, sqrt_s_tev: float) -> float:
+    """`Scenario.signal_capacity_per_fb` of a procedural task: the largest expected signal per
+    fb^-1 over a grid of masses of the window's `MASS_FRACTION_RANGE`, every width and production
+    mode the difficulty draws, at its strongest target significance (10% above, for the grid)."""
+    settings = _DIFFICULTY[difficulty]
+    lo, hi = config.search_window_gev
+    masses = lo + (hi - lo) * np.linspace(*MASS_FRACTION_RANGE, 41)
+    best = 0.0
+    for mass in masses:
+        for relative_width in settings.relative_widths:
+            for spin in (0, 1):
+                unit = ParticleTruth(float(mass), float(mass) * relative_width, spin, _production(spin), {})
+                needed = _sigma_br_for_target(
+                    unit, channel, 13.0, 0.7 * config.luminosity_fb, config.search_window_gev, settings.target_z[1]
+                )
+                best = max(
+                    best, _signal_events_per_fb(replace(unit, sigma_br_fb={channel: needed}), channel, sqrt_s_tev)
+                )
+    return 1.1 * best
 
 
 def make_scenario(

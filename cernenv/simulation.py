@@ -7,6 +7,12 @@ recorded event by event (true mass, a standard-normal smearing draw, a selection
 draw and a decay-angle bin), so a later calibration or reconstruction re-processes
 *the same events*, as re-reconstruction does in a real experiment.
 
+The signal's events are drawn as a block of candidates whose size depends only on what the
+agent can see (the task's `signal_capacity_per_fb`, the luminosity and the trigger), the first
+n of them real, n ~ Poisson(expected signal): every array the simulation draws, stores and
+histograms has the same size in every hidden world of a visible task, so the time taking data
+and building spectra takes does not tell how many signal events there are.
+
 Every random draw comes from the episode's generator, so an episode is reproducible
 from its seed and its actions.
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import hist
 import numpy as np
@@ -54,6 +60,9 @@ class ChannelRecord:
     signal_smear: np.ndarray = field(default_factory=lambda: np.zeros(0))
     signal_selection_draw: np.ndarray = field(default_factory=lambda: np.zeros(0))
     signal_cos_bin: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    signal_real: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """Which signal candidates are events (the rest pad each block to its visible size)."""
+    signal_events: int = 0
     calibration_level: int = 0
     reconstruction: Optional[str] = None
     selection_seed: int = 0
@@ -66,7 +75,7 @@ class ChannelRecord:
         if self._recorded is None or self._recorded[0] != self.luminosity_fb:  # the data change with it
             self._recorded = (
                 self.luminosity_fb,
-                int(self.background_counts.sum() / _LOOSEST_BACKGROUND) + int(self.signal_true_mass_gev.size),
+                int(self.background_counts.sum() / _LOOSEST_BACKGROUND) + self.signal_events,
             )
         return self._recorded[1]
 
@@ -143,7 +152,11 @@ class CollisionRecorder:
         channels: Tuple[str, ...],
         truth: Optional[ParticleTruth],
         rng: np.random.Generator,
+        signal_capacity_per_fb: Optional[Callable[[str, float], float]] = None,
     ) -> None:
+        """`signal_capacity_per_fb(channel, sqrt_s_tev)`: the most signal events per fb^-1, before
+        the trigger, any hidden world of the task can record (`Scenario.signal_capacity_per_fb`);
+        None: the truth's own rate (a recorder made for a known world, as the tests make)."""
         self.window_gev = window_gev
         self.fine_edges_gev = np.linspace(window_gev[0], window_gev[1], N_FINE_BINS + 1)
         self.truth = truth
@@ -151,6 +164,7 @@ class CollisionRecorder:
         # that does not decay there): no events (no σ·B), by the same operations as a particle's
         self._no_signal = ParticleTruth(0.5 * (window_gev[0] + window_gev[1]), 0.0, 0, "gg", {})
         self.rng = rng
+        self.signal_capacity_per_fb = signal_capacity_per_fb or self._own_rate_per_fb
         self.records: Dict[str, ChannelRecord] = {}
         for name in channels:
             spec = CHANNELS[name]
@@ -183,13 +197,20 @@ class CollisionRecorder:
             recorded[name] = record.recorded_events - before  # so the collections add up to the total
         return recorded
 
+    def _own_rate_per_fb(self, channel: str, sqrt_s_tev: float) -> float:
+        truth = self.truth
+        if truth is None:
+            return 0.0
+        scale = cross_section_scale(truth.mass_gev, sqrt_s_tev, truth.production)
+        return truth.sigma_br_fb.get(channel, 0.0) * scale * CHANNELS[channel].signal_efficiency
+
     def _record_signal(self, record: ChannelRecord, luminosity_fb: float, sqrt_s_tev: float, efficiency: float) -> int:
         """Draw the signal events of `record`'s channel for `luminosity_fb`; returns how many.
 
-        The same operations whether or not the channel holds a signal (no particle, or one that
-        does not decay here: a mean of 0 events, draws of size 0, which take no random numbers),
-        so the time a collection takes tells nothing the data do not (tests/test_task_leak.py
-        counts the Python calls; only numpy's loops over the events grow with their number)."""
+        A block of candidates is drawn whose size depends on the visible task alone (its capacity
+        with a 6σ Poisson margin; a count beyond it, below 1e-9 of blocks, enlarges the block),
+        with the same operations whether or not the channel holds a signal (no particle, or one
+        that does not decay here: a mean of 0 events); its first n are the events."""
         name = record.channel.name
         particle = self.truth if self.truth is not None else self._no_signal
         source = particle if particle.sigma_br_fb.get(name, 0.0) > 0.0 else self._no_signal
@@ -201,17 +222,19 @@ class CollisionRecorder:
             * efficiency
         )
         n = int(self.rng.poisson(mean))
-        widened = n if source.width_gev > 0 else 0  # a narrow state's events are at its mass: no draws
-        offsets = np.zeros(n)  # Breit-Wigner offsets of the true masses
-        offsets[:widened] = self.rng.standard_cauchy(widened)
+        capacity = self.signal_capacity_per_fb(name, sqrt_s_tev) * luminosity_fb * efficiency
+        size = max(n, int(np.ceil(capacity + 6.0 * np.sqrt(capacity))) + 16)
+        offsets = self.rng.standard_cauchy(size)  # Breit-Wigner offsets of the true masses
         true_mass = source.mass_gev + 0.5 * source.width_gev * offsets
         probabilities = angular_bin_probabilities(source.spin, name, N_COS_BINS)
         record.signal_true_mass_gev = np.concatenate([record.signal_true_mass_gev, true_mass])
-        record.signal_smear = np.concatenate([record.signal_smear, self.rng.standard_normal(n)])
-        record.signal_selection_draw = np.concatenate([record.signal_selection_draw, self.rng.random(n)])
+        record.signal_smear = np.concatenate([record.signal_smear, self.rng.standard_normal(size)])
+        record.signal_selection_draw = np.concatenate([record.signal_selection_draw, self.rng.random(size)])
         record.signal_cos_bin = np.concatenate(
-            [record.signal_cos_bin, self.rng.choice(N_COS_BINS, size=n, p=probabilities)]
+            [record.signal_cos_bin, self.rng.choice(N_COS_BINS, size=size, p=probabilities)]
         )
+        record.signal_real = np.concatenate([record.signal_real, np.arange(size) < n])
+        record.signal_events += n
         return n
 
     def build_spectrum(
@@ -243,15 +266,16 @@ class CollisionRecorder:
         )
         counts = np.zeros((edges.size + 1, N_COS_BINS), dtype=np.int64)  # with the mass under/overflow
         counts[1:-1] = background
-        # the signal events (none without a particle: the same operations on empty arrays)
-        keep = record.signal_selection_draw < reconstruction.signal_efficiency_factor
-        true_mass = record.signal_true_mass_gev[keep]
+        # the signal events: every candidate is processed, the events are counted (the same
+        # operations on arrays of the same size in every hidden world of the task)
+        keep = record.signal_real & (record.signal_selection_draw < reconstruction.signal_efficiency_factor)
+        true_mass = record.signal_true_mass_gev
         scale = 1.0 + record.energy_scale_bias_frac * CALIBRATION_BIAS_FACTOR[record.calibration_level]
         sigma = mass_resolution_gev(record.channel, true_mass, record.calibration_level, reconstruction.name, pileup)
-        reco_mass = true_mass * scale + sigma * record.signal_smear[keep]
+        reco_mass = true_mass * scale + sigma * record.signal_smear
         # what histogram.fill does: bin i holds [edge_i, edge_i+1); 0 and the last are the flow bins
-        index = np.searchsorted(edges, reco_mass, side="right") * N_COS_BINS + record.signal_cos_bin[keep]
-        counts += np.bincount(index, minlength=counts.size).reshape(counts.shape)
+        index = np.searchsorted(edges, reco_mass, side="right") * N_COS_BINS + record.signal_cos_bin
+        counts += np.bincount(index, weights=keep, minlength=counts.size).astype(np.int64).reshape(counts.shape)
         histogram.view(flow=True)[...] = counts
         return Spectrum(
             channel, histogram, sqrt_s_tev, record.calibration_level, reconstruction.name, pileup, record.luminosity_fb
