@@ -283,23 +283,63 @@ class HeuristicAgent:
         )
 
 
+class AlwaysNullAgent:
+    """The trivial policy a reward must not favour: take just enough data for a null claim to be
+    graded (`luminosity_fraction` of the cap, in the first offered channel), scan it once, and
+    claim that nothing is there with the confidence the prior gives a null."""
+
+    def __init__(self, luminosity_fraction: float = 0.26, confidence: float = 0.3) -> None:
+        self.luminosity_fraction = luminosity_fraction
+        self.confidence = confidence
+        self.reset()
+
+    def reset(self) -> None:
+        self.queue: List[ExperimentAction] = []
+
+    def act(self, obs: CollisionObservation) -> ExperimentAction:
+        if obs.step_index == 0:
+            task = obs.task
+            channel = task.available_channels[0]
+            luminosity = self.luminosity_fraction * task.luminosity_total_fb
+            self.queue = [
+                _action(ActionType.SET_TRIGGER, trigger=best_trigger(channel, task.available_triggers)),
+                _action(ActionType.ALLOCATE_LUMINOSITY, luminosity_fb=luminosity),
+                _action(ActionType.COLLECT_COLLISIONS, luminosity_fb=luminosity),
+                _action(ActionType.RECONSTRUCT_TRACKS, channel=channel, quality="standard"),
+                _action(ActionType.SELECT_CHANNEL, channel=channel),
+                _action(ActionType.BUILD_INVARIANT_MASS),
+                _action(ActionType.SCAN_BUMP),
+            ]
+            return _action(ActionType.CONFIGURE_BEAM, beam_energy_tev=max(task.available_beam_energies_tev))
+        if self.queue:
+            return self.queue.pop(0)
+        return _action(ActionType.SUBMIT_DISCOVERY_CLAIM, "nothing there", discovered=False, confidence=self.confidence)
+
+
 class OracleAgent:
-    """An upper bound: reads the hidden truth (given to its constructor or `reset`) and runs
-    the ideal analysis of the true channel, claiming the true mass and spin."""
+    """An upper bound: reads the hidden truth and runs the ideal analysis of the true channel,
+    claiming the true mass and spin. It gets the truth only by the evaluator's explicit word:
+    `observe_truth`, which the harness calls where the evaluator passes `reveal_truth`
+    (`lib.rollouts.transitions`, `lib.evaluation.evaluate_agents(..., reveal_truth_to=...)`),
+    or `OracleAgent(truth)` for a single episode."""
 
     def __init__(self, truth: Optional[Dict[str, Any]] = None) -> None:
         self.truth = truth
         self._heuristic = HeuristicAgent(discovery_z_global=-1.0)
 
-    def reset(self, truth: Optional[Dict[str, Any]] = None) -> None:
-        if truth is not None:
-            self.truth = truth
+    def observe_truth(self, truth: Dict[str, Any]) -> None:
+        """The hidden truth of the episode that has just been reset."""
+        self.truth = truth
+
+    def reset(self) -> None:
         self._heuristic.reset()
-        self._claimed = False
 
     def act(self, obs: CollisionObservation) -> ExperimentAction:
         if self.truth is None:
-            raise ValueError("OracleAgent needs the hidden truth: OracleAgent(env.hidden_truth()) or reset(truth=...)")
+            raise ValueError(
+                "OracleAgent needs the hidden truth: OracleAgent(env.hidden_truth()), or play it with "
+                "reveal_truth=True (lib.rollouts) / reveal_truth_to=('oracle',) (lib.evaluation.evaluate_agents)"
+            )
         heuristic = self._heuristic
         if heuristic.phase == "start" and self.truth["exists"]:
             # Analyse only a channel the particle decays to: no survey needed.

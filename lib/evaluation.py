@@ -1,16 +1,31 @@
-"""The held-out evaluation suite and agent metrics with 95% bootstrap confidence intervals.
+"""The held-out evaluation suite, the keys that hide its worlds, and agent metrics with 95%
+bootstrap confidence intervals.
 
 Every agent — baselines, the policy before training and after — is measured on the same
 fixed, versioned suite, so "before" and "after" are comparable. Seeds of the suite live
-in their own range, disjoint from any training seed (`TRAINING_SEEDS`), and from v2 on the
-suite holds out particles, not only seeds: it has two parts (`PARTS`), reported apart.
+in their own range, disjoint from any training seed (`TRAINING_SEEDS`), and the suite holds
+out particles, not only seeds: its procedural particles lie in mass bands no training seed's
+particle comes within 2σ_m of (`cernenv.scenarios.mass_bands`). Its parts (`PARTS`) are
+reported apart: only the unseen part measures generalisation.
+
+An `EvaluationKey` is mixed into every held-out episode's hidden streams: with a private key
+(`private_key`, made on first use and kept out of git) the public code and the seeds no longer
+say what the worlds hold, and each evaluation run adds a fresh nonce, so no run's worlds can be
+learnt from another's. The project's own committed evidence is made with `PUBLISHED_KEY`, so a
+fresh clone replays it (`make verify-evidence`); the project's training cannot see those episodes
+for another reason: its seeds and its particles are disjoint from the suite's (tested).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import secrets
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from cernenv import CERNCollisionEnvironment
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
 from lib.metrics import (
     CONFIDENCE,
@@ -28,18 +43,17 @@ from lib.metrics import (
 from lib.records import EpisodeSpec, as_episode_dict, part_of
 from lib.rollouts import collect_episodes
 
-SUITE_VERSION = "v2"
+SUITE_VERSION = "v3"
 HELDOUT_SEED_START = EVALUATION_SEED_START
 TRAINING_SEEDS = range(0, HELDOUT_SEED_START)
 """Seeds training may use; the held-out suite never does. Procedural particles of the seeds
-above are drawn from mass bands training never produces (`cernenv.scenarios.MASS_BANDS`)."""
+above lie in the evaluation mass bands (`cernenv.scenarios.mass_bands`)."""
 PARTS = {
-    "unseen": "procedural campaigns whose particle training never produces (evaluation mass bands)",
-    "rediscovery": "curated campaigns of known physics (the same particles training plays)",
+    "unseen": "procedural campaigns whose particle no training task can produce within 2σ_m "
+    "(evaluation mass bands), and procedural null campaigns: the generalisation measure",
+    "known_physics": "the curated campaigns of known physics, which training plays too: recall, not generalisation",
 }
-"""The parts of the held-out suite, reported on their own. Episodes of suite v1 evidence
-written before evaluation seeds had their own mass bands count as "unseen" by this rule too,
-though their particles came from the training bands."""
+"""The parts of the held-out suite, reported on their own."""
 PARTICLE_SPLITS = {"with_particle": True, "null": False}
 """Tasks with a particle and null tasks (no particle: the right answer is no discovery)."""
 
@@ -57,9 +71,85 @@ class SuiteLayout:
 SUITES = {
     "v1": SuiteLayout(first_seed=900_000, curated_seeds_per_scenario=6, procedural_seeds_per_difficulty=26),
     "v2": SuiteLayout(first_seed=901_000, curated_seeds_per_scenario=4, procedural_seeds_per_difficulty=31),
+    "v3": SuiteLayout(first_seed=902_000, curated_seeds_per_scenario=4, procedural_seeds_per_difficulty=95),
 }
-"""v1: 7×6 + 3×26 = 120 episodes on seeds 900000-900119 (kept so old evidence stays readable).
-v2: 7×4 = 28 rediscovery + 3×31 = 93 unseen = 121 episodes on seeds 901000-901120, none of v1's."""
+"""v1: 7×6 + 3×26 = 120 episodes on seeds 900000-900119; v2: 7×4 + 3×31 = 121 on seeds
+901000-901120 (both kept so old evidence stays readable; their "unseen" particles lay within
+reach of training's). v3: 7×4 = 28 known-physics + 3×95 = 285 unseen = 313 episodes on seeds
+902000-902312, none of v1's or v2's: over 192 unseen particles, so that a 0.10 difference in
+success there is measured to within ±0.10 (95%) even between independent samples."""
+
+
+@dataclass(frozen=True)
+class EvaluationKey:
+    """A secret mixed into the hidden streams of held-out episodes (`CERNCollisionEnvironment`'s
+    `secret_salt`), with the nonce of one evaluation run: `name` says which key it is
+    ("published" or "private"), `fingerprint` identifies it in records without revealing it."""
+
+    name: str
+    secret: str
+    run_nonce: str = ""
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.secret.encode("utf-8")).hexdigest()[:16]
+
+    @property
+    def salt(self) -> str:
+        """What the environment mixes in: the secret, and the run's nonce when there is one."""
+        return "\x00".join(part for part in (self.secret, self.run_nonce) if part)
+
+    def make_env(self) -> CERNCollisionEnvironment:
+        """An environment whose episodes are drawn with this key."""
+        return CERNCollisionEnvironment(secret_salt=self.salt)
+
+    def record_fields(self) -> Dict[str, str]:
+        """What an episode record keeps of the key (`EpisodeRecord.evaluation_key`): no secret."""
+        return {"name": self.name, "fingerprint": self.fingerprint, "run_nonce": self.run_nonce}
+
+
+PUBLISHED_KEY = EvaluationKey("published", "cernenv held-out suite: the published evaluation key")
+"""The key of the project's own committed evidence (baselines, before/after training): public, so a
+fresh clone replays that evidence. Never the key to score an agent the project did not train with."""
+
+KEY_FILE_VARIABLE = "CERNENV_EVALUATION_KEY_FILE"
+DEFAULT_KEY_FILE = Path(__file__).resolve().parents[1] / ".cache" / "evaluation.key"
+
+
+def private_key(path: Optional[os.PathLike] = None, *, new_run: bool = True) -> EvaluationKey:
+    """The evaluator's own key, read from `path` (default: $CERNENV_EVALUATION_KEY_FILE, else
+    .cache/evaluation.key, git-ignored) and made there on first use (32 random bytes, readable by
+    its owner only); `new_run`: with a fresh run nonce, so this run's worlds are new too."""
+    path = Path(path or os.environ.get(KEY_FILE_VARIABLE) or DEFAULT_KEY_FILE)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    secret = path.read_text().strip()
+    if len(secret) < 32:
+        raise ValueError(f"{path} holds no evaluation key (32 hex digits or more); delete it to make a new one")
+    return EvaluationKey("private", secret, secrets.token_hex(8) if new_run else "")
+
+
+def key_of_record(episode: Mapping[str, Any], path: Optional[os.PathLike] = None) -> Optional[EvaluationKey]:
+    """The key an episode record was played with (None: the seed's public world): the published
+    key, or the private key of `path` (as `private_key` finds it) when its fingerprint matches."""
+    fields = episode.get("evaluation_key")
+    if not fields:
+        return None
+    if fields.get("fingerprint") == PUBLISHED_KEY.fingerprint:
+        return EvaluationKey(PUBLISHED_KEY.name, PUBLISHED_KEY.secret, fields.get("run_nonce", ""))
+    key_path = Path(path or os.environ.get(KEY_FILE_VARIABLE) or DEFAULT_KEY_FILE)
+    if key_path.exists():
+        secret = key_path.read_text().strip()
+        if hashlib.sha256(secret.encode("utf-8")).hexdigest()[:16] == fields.get("fingerprint"):
+            return EvaluationKey("private", secret, fields.get("run_nonce", ""))
+    raise LookupError(
+        f"episode seed {episode.get('seed')} was played with a private evaluation key (fingerprint "
+        f"{fields.get('fingerprint')}) that {key_path} does not hold: replay it where that key is, "
+        f"with ${KEY_FILE_VARIABLE} naming its file"
+    )
 
 
 def heldout_suite(version: str = SUITE_VERSION) -> Tuple[EpisodeSpec, ...]:
@@ -102,7 +192,7 @@ GROUPS: Dict[str, Tuple[Optional[str], Optional[str]]] = {
 (part of `PARTS`, None for the whole suite; split of `PARTICLE_SPLITS`, None for both)."""
 GROUP_WORDS = {
     "unseen": "unseen particles",
-    "rediscovery": "rediscovery of known physics",
+    "known_physics": "known physics (recall)",
     "with_particle": "with a particle",
     "null": "null tasks",
 }
@@ -153,10 +243,36 @@ def split_comparison_table(
 
 
 def evaluate_agents(
-    agents: Mapping[str, Any], suite: Sequence[EpisodeSpec], *, progress: bool = True
+    agents: Mapping[str, Any],
+    suite: Sequence[EpisodeSpec],
+    *,
+    key: Optional[EvaluationKey] = None,
+    reveal_truth_to: Iterable[str] = (),
+    progress: bool = True,
 ) -> Dict[str, List[Any]]:
-    """Play every agent on every episode of `suite`: {agent name: [EpisodeRecord, ...]}."""
-    return {name: collect_episodes(suite, agent=agent, progress=progress, desc=name) for name, agent in agents.items()}
+    """Play every agent on every episode of `suite`: {agent name: [EpisodeRecord, ...]}.
+
+    `key`: the evaluation key the worlds are drawn with; by default the evaluator's private key
+    with a fresh run nonce (`private_key`), as scoring an agent the project did not train needs.
+    `reveal_truth_to`: the names of the agents (oracles) the evaluator hands the hidden truth;
+    no other agent gets it, whatever its methods are called."""
+    key = key or private_key()
+    oracles = set(reveal_truth_to)
+    unknown = oracles - set(agents)
+    if unknown:
+        raise ValueError(f"reveal_truth_to names agents that are not evaluated: {sorted(unknown)}")
+    return {
+        name: collect_episodes(
+            suite,
+            make_env=key.make_env,
+            agent=agent,
+            progress=progress,
+            desc=name,
+            reveal_truth=name in oracles,
+            evaluation_key=key.record_fields(),
+        )
+        for name, agent in agents.items()
+    }
 
 
 def write_baseline_evidence(

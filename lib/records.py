@@ -27,9 +27,9 @@ def pair_key(episode: Mapping[str, Any]) -> Tuple:
 
 
 def part_of(scenario: Optional[str]) -> str:
-    """The suite part of an episode (spec or record) from its scenario: "rediscovery" for a
+    """The suite part of an episode (spec or record) from its scenario: "known_physics" for a
     curated scenario, "unseen" for a procedural one (None in a spec, "procedural_*" in a record)."""
-    return "rediscovery" if scenario in list_scenarios() else "unseen"
+    return "known_physics" if scenario in list_scenarios() else "unseen"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class EpisodeSpec:
 
     @property
     def part(self) -> str:
-        """ "rediscovery" (a curated scenario) or "unseen" (procedural): see `lib.evaluation.PARTS`."""
+        """ "known_physics" (a curated scenario) or "unseen" (procedural): see `lib.evaluation.PARTS`."""
         return part_of(self.scenario)
 
 
@@ -102,6 +102,9 @@ class EpisodeRecord:
     resources: Dict[str, float] = field(default_factory=dict)
     """Final `resource_usage`: budget [M$], luminosity [fb^-1], time [days], used and left."""
     n_steps: int = 0
+    evaluation_key: Optional[Dict[str, str]] = None
+    """The `lib.evaluation.EvaluationKey` the episode's world was drawn with (its name,
+    fingerprint and run nonce, never the secret); None: the seed's public world."""
 
     def to_dict(self) -> Dict[str, Any]:
         """The record as plain data, as a JSONL line holds it."""

@@ -37,6 +37,15 @@ class ReplayMismatch(RuntimeError):
     """The replayed episode earned other rewards than the recorded one."""
 
 
+def environment_for(episode: Mapping[str, Any]) -> CERNCollisionEnvironment:
+    """An environment that draws `episode`'s world: with the evaluation key it was played with
+    (`lib.evaluation.key_of_record`), if any."""
+    from lib.evaluation import key_of_record
+
+    key = key_of_record(episode)
+    return key.make_env() if key is not None else CERNCollisionEnvironment()
+
+
 def reset_for(env: CERNCollisionEnvironment, episode: Mapping[str, Any]) -> Any:
     """Reset `env` to the world `episode` was played in (its seed and scenario or difficulty)."""
     seed, scenario = episode.get("seed"), episode.get("scenario")
@@ -57,7 +66,7 @@ def replay(episode: Any, *, upto_step: Optional[int] = None) -> List[Dict[str, A
     """
     record = as_episode_dict(episode)
     steps = list(record.get("steps") or [])[:upto_step]
-    env = CERNCollisionEnvironment()
+    env = environment_for(record)
     reset_for(env, record)
     snapshots = []
     for index, step in enumerate(steps):
@@ -95,7 +104,7 @@ def check_replay(episode: Any) -> ReplayCheck:
     from lib.rollouts import episode_record, step_record
 
     record = as_episode_dict(episode)
-    env = CERNCollisionEnvironment()
+    env = environment_for(record)
     obs = reset_for(env, record)
     where = f"seed {record.get('seed')} ({record.get('scenario')})"
     check = ReplayCheck(steps=len(record.get("steps") or []))
@@ -123,7 +132,14 @@ def check_replay(episode: Any) -> ReplayCheck:
             check.outcome.append(f"{where} step {index}: {', '.join(changed)}")
         obs = next_obs
     fresh = as_episode_dict(
-        episode_record(env, seed=int(record["seed"]), steps=steps, last_obs=obs, agent_name=record.get("agent", ""))
+        episode_record(
+            env,
+            seed=int(record["seed"]),
+            steps=steps,
+            last_obs=obs,
+            agent_name=record.get("agent", ""),
+            evaluation_key=record.get("evaluation_key"),
+        )
     )
     fresh = json.loads(json.dumps({k: v for k, v in fresh.items() if k != "steps"}))
     changed = sorted(key for key in fresh if fresh[key] != record.get(key))

@@ -12,7 +12,6 @@ violation penalty. Nothing substitutes a good move for it.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from tqdm.auto import tqdm
@@ -58,12 +57,15 @@ def _parse_status(agent: Any, payload: Any) -> Tuple[bool, Optional[str]]:
     return True, None
 
 
-def _reset_agent(agent: Any, env: CERNCollisionEnvironment) -> None:
-    """`reset()`; an agent whose `reset` takes `truth` (the oracle) is handed the hidden truth."""
-    if "truth" in inspect.signature(agent.reset).parameters:
-        agent.reset(truth=env.hidden_truth())
-    else:
-        agent.reset()
+def _reset_agent(agent: Any, env: CERNCollisionEnvironment, reveal_truth: bool) -> None:
+    """`reset()`; then, only where the caller says `reveal_truth` (the evaluator, never the
+    agent), `observe_truth(hidden truth)`: how the oracle baseline reads the answer."""
+    agent.reset()
+    if reveal_truth:
+        observe = getattr(agent, "observe_truth", None)
+        if observe is None:
+            raise TypeError(f"reveal_truth is for agents with observe_truth(truth), such as OracleAgent: {agent!r}")
+        observe(env.hidden_truth())
 
 
 def transitions(
@@ -74,12 +76,14 @@ def transitions(
     scenario: Optional[str] = None,
     difficulty: Optional[str] = None,
     max_steps: Optional[int] = None,
+    reveal_truth: bool = False,
 ) -> Iterator[Tuple[CollisionObservation, Any, CollisionObservation]]:
-    """Play one episode, yielding (observation, what the agent sent, next observation)."""
+    """Play one episode, yielding (observation, what the agent sent, next observation).
+    `reveal_truth`: hand the agent the hidden truth (`observe_truth`), for the oracle alone."""
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be at least 1 (or None for the environment's), got {max_steps}")
     obs = env.reset(seed=seed, scenario=scenario, difficulty=difficulty)
-    _reset_agent(agent, env)
+    _reset_agent(agent, env, reveal_truth)
     for _ in range(max_steps or env.max_steps):
         if obs.done:
             return
@@ -122,9 +126,12 @@ def episode_record(
     steps: List[StepRecord],
     last_obs: CollisionObservation,
     agent_name: str,
+    evaluation_key: Optional[Dict[str, str]] = None,
 ) -> EpisodeRecord:
-    """The record of the episode `env` has just played (its state and hidden truth, read now)."""
+    """The record of the episode `env` has just played (its state, grade and hidden truth, read
+    now); `evaluation_key`: what `EvaluationKey.record_fields` says of the key its world used."""
     state = env.state
+    grade = env.episode_grade() or {}
     return EpisodeRecord(
         seed=seed,
         scenario=state.scenario_name,
@@ -132,17 +139,18 @@ def episode_record(
         truth=env.hidden_truth(),
         total_reward=sum(step.reward for step in steps),
         cumulative_reward=float(state.cumulative_reward),
-        terminal_reward=state.terminal_reward,
-        discovered=state.discovered,
-        correct_mass=state.correct_mass,
-        correct_channel=state.correct_channel,
-        correct_spin=state.correct_spin,
+        terminal_reward=grade.get("terminal_reward"),
+        discovered=grade.get("discovered"),
+        correct_mass=grade.get("correct_mass"),
+        correct_channel=grade.get("correct_channel"),
+        correct_spin=grade.get("correct_spin"),
         steps=steps,
         agent=agent_name,
-        correct_outcome=state.correct_outcome,
+        correct_outcome=grade.get("correct_outcome"),
         reward_components=dict(state.reward_components),
         resources=last_obs.resource_usage.model_dump(),
         n_steps=len(steps),
+        evaluation_key=evaluation_key,
     )
 
 
@@ -155,12 +163,15 @@ def collect_agent_episode(
     difficulty: Optional[str] = None,
     max_steps: Optional[int] = None,
     agent_name: Optional[str] = None,
+    reveal_truth: bool = False,
+    evaluation_key: Optional[Dict[str, str]] = None,
 ) -> EpisodeRecord:
-    """Play and record one episode of `agent` (prompt and completion are the LLM agent's, else "")."""
+    """Play and record one episode of `agent` (prompt and completion are the LLM agent's, else "").
+    `reveal_truth` hands it the hidden truth (the oracle's mechanism, `transitions`)."""
     steps: List[StepRecord] = []
     last_obs = None
     for obs, payload, next_obs in transitions(
-        env, agent, seed=seed, scenario=scenario, difficulty=difficulty, max_steps=max_steps
+        env, agent, seed=seed, scenario=scenario, difficulty=difficulty, max_steps=max_steps, reveal_truth=reveal_truth
     ):
         parsed_ok, parse_error = _parse_status(agent, payload)
         steps.append(
@@ -175,7 +186,14 @@ def collect_agent_episode(
             )
         )
         last_obs = next_obs
-    return episode_record(env, seed=seed, steps=steps, last_obs=last_obs, agent_name=agent_name or type(agent).__name__)
+    return episode_record(
+        env,
+        seed=seed,
+        steps=steps,
+        last_obs=last_obs,
+        agent_name=agent_name or type(agent).__name__,
+        evaluation_key=evaluation_key,
+    )
 
 
 def collect_episode(
@@ -208,10 +226,13 @@ def collect_episodes(
     max_steps: Optional[int] = None,
     progress: bool = True,
     desc: str = "episodes",
+    reveal_truth: bool = False,
+    evaluation_key: Optional[Dict[str, str]] = None,
 ) -> List[EpisodeRecord]:
     """Record one episode per spec (`lib.records.EpisodeSpec`, a mapping or a tuple), with
     either `agent` or an LLM (`prompt_fn` and `generate_fn`), in one environment (`env`, or
-    one made by `make_env`, else a new `CERNCollisionEnvironment`)."""
+    one made by `make_env`, else a new `CERNCollisionEnvironment`). `reveal_truth` and
+    `evaluation_key`: as `collect_agent_episode` takes them."""
     if (agent is None) == (generate_fn is None):
         raise ValueError("collect_episodes needs either agent=... or prompt_fn=... and generate_fn=..., not both")
     if generate_fn is not None:
@@ -221,6 +242,13 @@ def collect_episodes(
     env = env or (make_env() if make_env is not None else CERNCollisionEnvironment())
     specs = [spec_fields(item) for item in specs]
     return [
-        collect_agent_episode(env=env, agent=agent, max_steps=max_steps, **spec)
+        collect_agent_episode(
+            env=env,
+            agent=agent,
+            max_steps=max_steps,
+            reveal_truth=reveal_truth,
+            evaluation_key=evaluation_key,
+            **spec,
+        )
         for spec in tqdm(specs, desc=desc, disable=not progress)
     ]

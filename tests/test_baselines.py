@@ -1,4 +1,4 @@
-"""The baseline agents meet the bars set for them (issue 2, §7)."""
+"""The baseline agents meet the bars set for them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ from lib.rollouts import collect_agent_episode
 def _play(agent, specs):
     env = CERNCollisionEnvironment()
     return [
-        collect_agent_episode(env=env, agent=agent, seed=seed, scenario=scenario, difficulty=difficulty)
+        collect_agent_episode(
+            env=env,
+            agent=agent,
+            seed=seed,
+            scenario=scenario,
+            difficulty=difficulty,
+            reveal_truth=isinstance(agent, OracleAgent),
+        )
         for seed, scenario, difficulty in specs
     ]
 

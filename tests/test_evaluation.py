@@ -13,6 +13,8 @@ from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenario
 from lib.evaluation import (
     GROUPS,
     HELDOUT_SEED_START,
+    PARTS,
+    PUBLISHED_KEY,
     SUITE_VERSION,
     assert_disjoint_from_suite,
     baseline_groups_from_json,
@@ -28,44 +30,50 @@ from lib.metrics import agent_metrics, bootstrap_mean, comparison_table, paired_
 
 def test_suite_is_fixed_large_and_spans_everything():
     suite = heldout_suite()
-    assert suite == heldout_suite("v2") and SUITE_VERSION == "v2"
-    assert len(suite) >= 100
+    assert suite == heldout_suite("v3") and SUITE_VERSION == "v3"
     assert len({s.seed for s in suite}) == len(suite)
     assert {s.scenario for s in suite if s.scenario} == set(list_scenarios())
     assert {s.difficulty for s in suite if s.difficulty} == set(DIFFICULTIES)
     assert min(s.seed for s in suite) >= HELDOUT_SEED_START
-    env = CERNCollisionEnvironment()
-    nulls = 0
+    env = PUBLISHED_KEY.make_env()
+    unseen = Counter()
     for spec in suite:
         env.reset(seed=spec.seed, scenario=spec.scenario, difficulty=spec.difficulty)
-        nulls += not env.hidden_truth()["exists"]
-    assert nulls >= 15
+        if spec.part == "unseen":
+            unseen[env.hidden_truth()["exists"]] += 1
+    # a 0.10 success difference on the unseen particles has a 95% interval of about ±0.10 or less:
+    # the worst case of two independent success rates of 0.5 needs 1.96·√(0.5/n) <= 0.10, n >= 192
+    assert unseen[True] >= 192
+    assert unseen[False] >= 40, "a null part"
 
 
-def test_suite_v1_is_unchanged_so_old_evidence_stays_readable():
+def test_suites_v1_and_v2_are_unchanged_so_old_evidence_stays_readable():
     v1 = heldout_suite("v1")
     assert len(v1) == 120 and [s.seed for s in v1] == list(range(900_000, 900_120))
     assert v1[0].scenario == list_scenarios()[0] and v1[41].scenario == list_scenarios()[-1]
     assert v1[42].difficulty == "easy" and v1[-1].difficulty == "hard"
     assert Counter(s.scenario for s in v1 if s.scenario) == {name: 6 for name in list_scenarios()}
     assert Counter(s.difficulty for s in v1 if s.difficulty) == {d: 26 for d in DIFFICULTIES}
-
-
-def test_suite_v2_holds_out_particles_in_its_unseen_part_and_reports_rediscovery_apart():
     v2 = heldout_suite("v2")
+    assert [s.seed for s in v2] == list(range(901_000, 901_121))
+
+
+def test_suite_v3_has_its_own_seeds_and_reports_known_physics_apart():
+    v3 = heldout_suite("v3")
     assert HELDOUT_SEED_START == EVALUATION_SEED_START
-    assert [s.seed for s in v2] == list(range(901_000, 901_121)), "contiguous evaluation seeds"
-    assert not {s.seed for s in v2} & {s.seed for s in heldout_suite("v1")}
-    rediscovery = [s for s in v2 if s.part == "rediscovery"]
-    unseen = [s for s in v2 if s.part == "unseen"]
-    assert Counter(s.scenario for s in rediscovery) == {name: 4 for name in list_scenarios()}
-    assert Counter(s.difficulty for s in unseen) == {d: 31 for d in DIFFICULTIES} and len(unseen) == 93
-    assert all(s.scenario is None for s in unseen) and all(s.difficulty is None for s in rediscovery)
-    assert part_of("procedural_easy") == "unseen" and part_of("z_mumu_91") == "rediscovery"
+    assert [s.seed for s in v3] == list(range(902_000, 902_313)), "contiguous evaluation seeds"
+    assert not {s.seed for s in v3} & {s.seed for version in ("v1", "v2") for s in heldout_suite(version)}
+    known = [s for s in v3 if s.part == "known_physics"]
+    unseen = [s for s in v3 if s.part == "unseen"]
+    assert Counter(s.scenario for s in known) == {name: 4 for name in list_scenarios()}
+    assert Counter(s.difficulty for s in unseen) == {d: 95 for d in DIFFICULTIES}
+    assert all(s.scenario is None for s in unseen) and all(s.difficulty is None for s in known)
+    assert part_of("procedural_easy") == "unseen" and part_of("z_mumu_91") == "known_physics"
+    assert "not generalisation" in PARTS["known_physics"]
 
 
 def test_unknown_version_and_overlapping_training_seeds_are_refused():
-    with pytest.raises(ValueError, match="'v1', 'v2'"):
+    with pytest.raises(ValueError, match="'v1', 'v2', 'v3'"):
         heldout_suite("v0")
     assert_disjoint_from_suite(range(1000))
     assert_disjoint_from_suite(range(HELDOUT_SEED_START - 10, HELDOUT_SEED_START))
@@ -179,21 +187,21 @@ def test_groups_split_the_suite_by_part_and_by_particle():
     assert list(groups) == list(GROUPS)
     seeds = {name: [e["seed"] for e in group] for name, group in groups.items()}
     assert seeds["all"] == list(range(10))
-    assert seeds["unseen"] == [0, 1, 2, 3, 4, 5, 9] and seeds["rediscovery"] == [6, 7, 8]
+    assert seeds["unseen"] == [0, 1, 2, 3, 4, 5, 9] and seeds["known_physics"] == [6, 7, 8]
     assert seeds["unseen_with_particle"] == [0, 1, 2, 3] and seeds["unseen_null"] == [4, 5]
-    assert seeds["rediscovery_with_particle"] == [6, 7] and seeds["rediscovery_null"] == [8]
+    assert seeds["known_physics_with_particle"] == [6, 7] and seeds["known_physics_null"] == [8]
     assert seeds["with_particle"] == [0, 1, 2, 3, 6, 7] and seeds["null"] == [4, 5, 8], "no truth: neither"
     metrics = group_metrics(_split_sample())
     assert metrics["unseen_with_particle"]["success_rate"].mean == pytest.approx(0.25)
     assert metrics["unseen_with_particle"]["mean_reward"].mean == pytest.approx(-0.25)
     assert metrics["unseen_null"]["success_rate"].mean == pytest.approx(0.5)
     assert metrics["unseen_null"]["false_discovery_rate"].mean == pytest.approx(0.5)
-    assert metrics["rediscovery"]["success_rate"].mean == pytest.approx(2 / 3)
-    assert metrics["rediscovery_null"]["mass_accuracy"].n == 0
+    assert metrics["known_physics"]["success_rate"].mean == pytest.approx(2 / 3)
+    assert metrics["known_physics_null"]["mass_accuracy"].n == 0
     assert metrics["unseen"]["success_rate"].n == 7 and metrics["unseen"]["success_rate"].mean == pytest.approx(3 / 7)
     table = split_comparison_table({g: {"a": m} for g, m in metrics.items() if g != "all"})
     assert "| unseen particles, with a particle | a | 1 of 4 | -0.25 [" in table
-    assert "| rediscovery of known physics, null tasks | a | 0 of 1 | -1 [-1, -1] | 0 [0, 0] | — |" in table
+    assert "| known physics (recall), null tasks | a | 0 of 1 | -1 [-1, -1] | 0 [0, 0] | — |" in table
 
 
 def test_baseline_evidence_reports_every_group_and_old_files_still_load(tmp_path):
@@ -204,7 +212,7 @@ def test_baseline_evidence_reports_every_group_and_old_files_still_load(tmp_path
     assert payload["groups"]["unseen_null"]["n_episodes"] == {"a": 2, "b": 0}
     assert payload["groups"]["unseen_null"]["metrics"]["a"]["success_rate"]["mean"] == 0.5
     groups = baseline_groups_from_json(payload)
-    assert groups["rediscovery"]["a"]["mean_reward"].mean == pytest.approx(3.0)
+    assert groups["known_physics"]["a"]["mean_reward"].mean == pytest.approx(3.0)
     markdown = (tmp_path / "baselines.md").read_text()
     assert "| unseen particles, null tasks | a | 1 of 2 |" in markdown
     assert "| unseen particles, null tasks | b | — |" in markdown

@@ -124,11 +124,43 @@ def test_parse_failures_are_recorded_and_sent_as_they_are():
     assert record.terminal_reward is None and record.resources["budget_used_musd"] == 0.0
 
 
-def test_oracle_is_handed_the_truth():
-    record = collect_agent_episode(env=CERNCollisionEnvironment(), agent=OracleAgent(), seed=4, scenario="higgs_4l_125")
+def test_the_oracle_is_handed_the_truth_only_where_the_evaluator_says_so():
+    record = collect_agent_episode(
+        env=CERNCollisionEnvironment(), agent=OracleAgent(), seed=4, scenario="higgs_4l_125", reveal_truth=True
+    )
     claim = record.steps[-1].action
     assert claim["action_type"] == "submit_discovery_claim"
     assert claim["parameters"]["mass_gev"] == record.truth["mass_gev"]
+    with pytest.raises(ValueError, match="needs the hidden truth"):
+        collect_agent_episode(env=CERNCollisionEnvironment(), agent=OracleAgent(), seed=4, scenario="higgs_4l_125")
+
+
+class TruthSeeker(HeuristicAgent):
+    """An ordinary-looking agent that asks for the truth by every name it can think of."""
+
+    def __init__(self):
+        super().__init__()
+        self.given = []
+
+    def reset(self, truth=None, hidden_truth=None, **kwargs):
+        super().reset()
+        self.given += [value for value in (truth, hidden_truth, *kwargs.values()) if value is not None]
+
+    def observe_truth(self, truth):
+        self.given.append(truth)
+
+
+def test_an_agent_that_asks_for_the_truth_gets_nothing():
+    """Only the evaluator hands the truth (`reveal_truth`, `reveal_truth_to`): an agent whose
+    `reset` takes `truth`, or that has the oracle's `observe_truth`, is given nothing."""
+    from lib.evaluation import PUBLISHED_KEY, evaluate_agents, heldout_suite
+
+    seeker = TruthSeeker()
+    collect_agent_episode(env=CERNCollisionEnvironment(), agent=seeker, seed=4, scenario="higgs_4l_125")
+    evaluate_agents({"seeker": seeker}, heldout_suite()[:3], key=PUBLISHED_KEY, progress=False)
+    assert seeker.given == []
+    with pytest.raises(ValueError, match="not evaluated"):
+        evaluate_agents({"seeker": seeker}, heldout_suite()[:1], key=PUBLISHED_KEY, reveal_truth_to=["oracle"])
 
 
 def test_max_steps_caps_an_episode():

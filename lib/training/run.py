@@ -33,6 +33,7 @@ import torch
 
 from cernenv.scenarios import list_scenarios
 from lib.comparison import before_after_metrics
+from lib.evaluation import PUBLISHED_KEY
 from lib.evidence import EvidencePaths, render_all
 from lib.files import atomic_write
 from lib.multiturn import hf_generate_fn, play_episodes
@@ -94,9 +95,11 @@ def evaluate_policy(
     backend: str = "trl",
 ) -> List[Dict[str, Any]]:
     """Greedy episodes of `model` on `specs` (records as dicts, as the evidence files hold them),
-    in the order of `specs`. With several processes each plays its shard and every process
-    gets all the records."""
+    in the order of `specs`, drawn with the published evaluation key (`lib.evaluation.PUBLISHED_KEY`:
+    the project's own evidence, which a fresh clone replays). With several processes each plays
+    its shard and every process gets all the records."""
     generate = hf_generate_fn(model, tokenizer, config.generation_engine, unsloth=backend == "unsloth")
+    key = PUBLISHED_KEY
     played = play_episodes(
         generate,
         tokenizer,
@@ -107,9 +110,10 @@ def evaluate_policy(
         batch_size=config.eval_batch_size,
         agent_name=agent_name,
         seed=config.seed,
+        make_env=key.make_env,
         progress=f"held-out evaluation ({agent_name})" if is_main_process() else None,
     )
-    return gather([episode.record.to_dict() for episode in played])
+    return gather([{**episode.record.to_dict(), "evaluation_key": key.record_fields()} for episode in played])
 
 
 def task_key(seed: int, scenario: Optional[str], difficulty: Optional[str]) -> tuple:
