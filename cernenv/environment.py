@@ -43,6 +43,7 @@ from cernenv.rewards import (
     COMPONENT_NAMES,
     MILESTONE_REWARD,
     REDUNDANCY_PENALTY,
+    STEP_COMPONENT_NAMES,
     VIOLATION_PENALTY,
     grade_claim,
     render_reward_table_markdown,
@@ -186,7 +187,9 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             step_count=0,
             scenario_name=chosen.name,
             difficulty=chosen.difficulty,
-            reward_components={name: 0.0 for name in COMPONENT_NAMES},
+            reward_components={
+                name: 0.0 for name in (STEP_COMPONENT_NAMES if self._withhold_grades else COMPONENT_NAMES)
+            },
         )
         self._episode.latest_result = {"message": "campaign started: configure the beam"}
         return self._observation(reward=0.0, breakdown={}, violations=[])
@@ -204,7 +207,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             return self._observation(reward=0.0, breakdown={}, violations=[message])
 
         self._state.step_count += 1
-        breakdown = {name: 0.0 for name in ("milestones", "violations", "redundancy")}
+        breakdown = {name: 0.0 for name in STEP_COMPONENT_NAMES}
         violations: List[str] = []
         label = "invalid"
         try:

@@ -117,6 +117,8 @@ REWARD_COMPONENTS: Tuple[RewardComponent, ...] = (
     RewardComponent("efficiency", "terminal", (0.0, 0.5), "+0.5 × fraction of the budget left, for a correct outcome."),
 )
 COMPONENT_NAMES = tuple(c.name for c in REWARD_COMPONENTS)
+STEP_COMPONENT_NAMES = tuple(c.name for c in REWARD_COMPONENTS if c.when == "step")
+TERMINAL_COMPONENT_NAMES = tuple(c.name for c in REWARD_COMPONENTS if c.when == "terminal")
 
 
 def render_reward_table_markdown() -> str:
@@ -156,17 +158,16 @@ def grade_claim(
 ) -> Grade:
     """Terminal reward components for `claim` (None: the episode ended without one).
 
-    `truth` is `Scenario.hidden_truth()`; `reference_z_global` is the environment's reference
+    `truth` is `Scenario.hidden_truth()` (the null scenario's has `exists` False); `reference_z_global` is the environment's reference
     analysis of the agent's data at the claimed mass and channel. The truth is read only for a
     supported claim (`EVIDENCE_Z_GLOBAL`, `NULL_EVIDENCE_LUMINOSITY_FRACTION`): the grade of a
     claim without evidence, or of no claim, is the same in every hidden world.
     """
-    components = {name: 0.0 for name in COMPONENT_NAMES if name not in ("milestones", "violations", "redundancy")}
+    components = {name: 0.0 for name in TERMINAL_COMPONENT_NAMES}
     if claim is None:
         components["outcome"] = NO_CLAIM
         return Grade(components, False, False, None, None, None)
 
-    exists = bool(truth and truth["exists"])
     correct = False
     correct_mass = correct_channel = correct_spin = None
     if claim.discovered:
@@ -174,7 +175,7 @@ def grade_claim(
         components["significance_calibration"] = -min(2.0, 0.5 * max(0.0, overclaim))
         if reference_z_global < EVIDENCE_Z_GLOBAL:
             components["outcome"] = UNSUPPORTED_DISCOVERY
-        elif not exists:
+        elif not truth["exists"]:
             components["outcome"] = FALSE_DISCOVERY
         else:
             correct_mass = mass_is_correct(claim.mass_gev, claim.mass_uncertainty_gev, truth["mass_gev"])
@@ -191,7 +192,7 @@ def grade_claim(
             components["spin"] = 0.0 if claim.spin is None else (0.5 if correct_spin else -0.25)
     elif luminosity_analysed_fraction < NULL_EVIDENCE_LUMINOSITY_FRACTION:
         components["outcome"] = UNSUPPORTED_NULL
-    elif exists:
+    elif truth["exists"]:
         components["outcome"] = MISSED_DISCOVERY
         correct_mass = correct_channel = correct_spin = False
     else:

@@ -1,7 +1,10 @@
-"""Degenerate policies must score below the heuristic physicist (issue 2, §6).
+"""Degenerate policies must score below the heuristic physicist.
 
 Over 210 episodes spanning every curated scenario (both null ones included) and
-procedural scenarios of every difficulty (which include null cases).
+procedural scenarios of every difficulty (which include null cases). Policies that are
+plainly degenerate must lose by half a point of reward or more; the heuristic physicist with
+one honest habit dropped (claiming on weaker evidence, or under-stating its significance) must
+lose too, by a paired 95% interval that excludes zero.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import pytest
 
 from cernenv import ActionType, CERNCollisionEnvironment, ExperimentAction
 from cernenv.scenarios import DIFFICULTIES, list_scenarios
-from lib.baselines import HeuristicAgent, RandomAgent
+from lib.baselines import AlwaysNullAgent, HeuristicAgent, RandomAgent
+from lib.metrics import bootstrap_mean
 from lib.rollouts import collect_agent_episode
 
 N_EPISODES = 210
@@ -72,6 +76,16 @@ class _MaxConfidence(HeuristicAgent):
         )
 
 
+class _Understated(HeuristicAgent):
+    """The heuristic physicist, but every discovery claims no significance at all."""
+
+    def _claim(self, obs):
+        action = super()._claim(obs)
+        if action.parameters.get("discovered"):
+            action.parameters["significance_sigma"] = 0.0
+        return action
+
+
 DEGENERATE = {
     "claim_at_once": lambda: _Scripted(_claim_window_centre),
     "always_125_gev": lambda: _Scripted(
@@ -93,21 +107,37 @@ DEGENERATE = {
     ),
     "maximum_confidence": lambda: _MaxConfidence(),
     "random": lambda: RandomAgent(seed=11),
+    "minimal_data_then_nothing_there": lambda: AlwaysNullAgent(),
+}
+WEAKER_HABITS = {
+    "claims_at_global_1_sigma": lambda: HeuristicAgent(discovery_z_global=1.0),
+    "claims_at_global_2_sigma": lambda: HeuristicAgent(discovery_z_global=2.0),
+    "understates_its_significance": lambda: _Understated(),
 }
 
 
-def mean_reward(make_agent) -> float:
+def rewards_of(make_agent) -> np.ndarray:
     env, agent = CERNCollisionEnvironment(), make_agent()
-    rewards = [
-        collect_agent_episode(env=env, agent=agent, seed=s, scenario=sc, difficulty=d).total_reward
-        for s, sc, d in suite()
-    ]
-    return float(np.mean(rewards))
+    return np.array(
+        [
+            collect_agent_episode(env=env, agent=agent, seed=s, scenario=sc, difficulty=d).total_reward
+            for s, sc, d in suite()
+        ]
+    )
+
+
+def mean_reward(make_agent) -> float:
+    return float(np.mean(rewards_of(make_agent)))
 
 
 @pytest.fixture(scope="module")
-def heuristic_mean():
-    return mean_reward(HeuristicAgent)
+def heuristic_rewards():
+    return rewards_of(HeuristicAgent)
+
+
+@pytest.fixture(scope="module")
+def heuristic_mean(heuristic_rewards):
+    return float(np.mean(heuristic_rewards))
 
 
 def test_suite_spans_difficulties_and_nulls():
@@ -126,3 +156,10 @@ def test_suite_spans_difficulties_and_nulls():
 def test_degenerate_policy_scores_below_heuristic(name, heuristic_mean):
     degenerate = mean_reward(DEGENERATE[name])
     assert degenerate < heuristic_mean - 0.5, f"{name}: {degenerate:.2f} vs heuristic {heuristic_mean:.2f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WEAKER_HABITS))
+def test_dropping_an_honest_habit_costs(name, heuristic_rewards):
+    difference = bootstrap_mean(rewards_of(WEAKER_HABITS[name]) - heuristic_rewards)
+    assert difference.high < 0.0, f"{name}: {difference} against the heuristic"

@@ -1,0 +1,250 @@
+"""The grade of a discovery claim: it asks for global evidence, reads the truth only for a
+supported claim, and can be withheld; an evaluation world cannot be replayed or bisected."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterator, List
+
+import numpy as np
+import pytest
+
+from cernenv.environment import CERNCollisionEnvironment
+from cernenv.models import DiscoveryClaim
+from cernenv.rewards import (
+    CORRECT_DISCOVERY,
+    CORRECT_NULL,
+    CORRECT_OBSERVATION,
+    EVIDENCE_Z_GLOBAL,
+    FALSE_DISCOVERY,
+    MAX_CLAIM_UNCERTAINTY_FRAC,
+    MISSED_DISCOVERY,
+    NO_CLAIM,
+    UNSUPPORTED_DISCOVERY,
+    UNSUPPORTED_NULL,
+    WRONG_MASS_DISCOVERY,
+    grade_claim,
+    mass_is_correct,
+)
+from cernenv.scenarios import procedural_scenario
+
+PARTICLE = {"exists": True, "mass_gev": 1000.0, "width_gev": 1.0, "spin": 1, "channels": ["dimuon"]}
+NOTHING = {"exists": False, "mass_gev": None, "width_gev": None, "spin": None, "channels": []}
+
+
+def claim(discovered=True, mass=1000.0, uncertainty=10.0, significance=4.0, confidence=0.8, **extra):
+    if not discovered:
+        return DiscoveryClaim(discovered=False, significance_sigma=significance, confidence=confidence)
+    return DiscoveryClaim(
+        discovered=True,
+        mass_gev=mass,
+        mass_uncertainty_gev=uncertainty,
+        channel=extra.get("channel", "dimuon"),
+        spin=extra.get("spin", 1),
+        significance_sigma=significance,
+        confidence=confidence,
+    )
+
+
+def grade(c, truth, z=4.0, analysed=1.0, budget_left=0.5):
+    return grade_claim(
+        c, truth, reference_z_global=z, luminosity_analysed_fraction=analysed, budget_left_fraction=budget_left
+    )
+
+
+class Untouchable(dict):
+    """A truth that fails the test if the grader reads any of it."""
+
+    def __getitem__(self, key):
+        raise AssertionError(f"the grader read the truth ({key!r}) for an unsupported claim")
+
+    get = __getitem__
+
+    def __bool__(self):
+        raise AssertionError("the grader looked at the truth for an unsupported claim")
+
+
+# The grading rule -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "c, z, analysed, outcome",
+    [
+        (claim(), EVIDENCE_Z_GLOBAL - 0.01, 1.0, UNSUPPORTED_DISCOVERY),
+        (claim(), 0.0, 0.0, UNSUPPORTED_DISCOVERY),
+        (claim(discovered=False), 0.0, 0.2499, UNSUPPORTED_NULL),
+        (None, 0.0, 1.0, NO_CLAIM),
+    ],
+)
+def test_an_unsupported_claim_is_graded_without_reading_the_truth(c, z, analysed, outcome):
+    """Below the evidence bars the grade is the same in every hidden world: the grader never
+    even reads the truth (a truth that raises when touched goes unnoticed)."""
+    graded = grade(c, Untouchable(), z=z, analysed=analysed)
+    assert graded.components["outcome"] == outcome
+    assert graded.correct_outcome is False
+    assert graded.correct_mass is graded.correct_channel is graded.correct_spin is None
+    for truth in (PARTICLE, NOTHING):
+        assert grade(c, truth, z=z, analysed=analysed) == graded
+
+
+@pytest.mark.parametrize(
+    "c, truth, z, outcome, correct",
+    [
+        (claim(), PARTICLE, 3.0, CORRECT_DISCOVERY, True),
+        (claim(), PARTICLE, 5.0, CORRECT_OBSERVATION, True),
+        (claim(mass=1200.0), PARTICLE, 6.0, WRONG_MASS_DISCOVERY, False),
+        (claim(), NOTHING, 3.5, FALSE_DISCOVERY, False),
+        (claim(discovered=False), NOTHING, 0.0, CORRECT_NULL, True),
+        (claim(discovered=False), PARTICLE, 0.0, MISSED_DISCOVERY, False),
+    ],
+)
+def test_a_supported_claim_is_graded_against_the_truth(c, truth, z, outcome, correct):
+    graded = grade(c, truth, z=z, analysed=0.25)
+    assert graded.components["outcome"] == outcome and graded.correct_outcome is correct
+    assert (graded.components["efficiency"] > 0) is correct
+
+
+def test_misstating_the_significance_costs_both_ways():
+    """Beyond 1σ of the reference global Z, each σ costs 0.5 (at most 2), over or under."""
+    cost = {
+        claimed: grade(claim(significance=claimed), PARTICLE, z=5.0).components["significance_calibration"]
+        for claimed in (0.0, 3.0, 4.0, 5.0, 6.0, 7.0, 12.0)
+    }
+    assert cost == {0.0: -2.0, 3.0: -0.5, 4.0: 0.0, 5.0: 0.0, 6.0: 0.0, 7.0: -0.5, 12.0: -2.0}
+
+
+def test_the_mass_window_is_symmetric_about_the_true_mass():
+    """The same claimed uncertainty is right at the same distance above and below, and a vaguer
+    claim than 5% of the mass is graded as 5%: no cliff between 997 ± 49.75 and 1003 ± 50.05."""
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        true = float(rng.uniform(50, 5000))
+        sigma = float(true * rng.uniform(0.0, 0.1))
+        offset = float(true * rng.uniform(0.0, 0.25))
+        assert mass_is_correct(true + offset, sigma, true) == mass_is_correct(true - offset, sigma, true)
+    assert mass_is_correct(997.0, 49.75, 1000.0) and mass_is_correct(1003.0, 50.05, 1000.0)
+    cap = MAX_CLAIM_UNCERTAINTY_FRAC * 1000.0
+    window = 2.0 * np.hypot(cap, 1.0)
+    assert mass_is_correct(1000.0 + 0.999 * window, 500.0, 1000.0)
+    assert not mass_is_correct(1000.0 + 1.001 * window, 500.0, 1000.0)
+
+
+# The environment's grade, withheld grades and fresh worlds --------------------------------
+
+BLIND = {
+    "action_type": "submit_discovery_claim",
+    "parameters": {
+        "discovered": True,
+        "mass_gev": 300.0,
+        "mass_uncertainty_gev": 3.0,
+        "channel": "diphoton",
+        "spin": 0,
+        "significance_sigma": 5.0,
+        "confidence": 0.9,
+    },
+}
+
+
+def answers(env: CERNCollisionEnvironment, actions: List[Dict[str, Any]], **reset: Any) -> Iterator[str]:
+    """Everything the environment tells an agent, as JSON: the reset view, each observation and
+    the state after each step."""
+    yield env.reset(**reset).model_dump_json()
+    for action in actions:
+        observation = env.step(action)
+        state = env.state.model_dump()
+        state.pop("episode_id")
+        yield observation.model_dump_json() + json.dumps(state, sort_keys=True)
+
+
+def _same_config_seeds(difficulty: str, count: int = 200):
+    """Procedural seeds grouped by visible configuration, with and without a particle."""
+    groups: Dict[tuple, Dict[bool, List[int]]] = {}
+    for seed in range(count):
+        scenario = procedural_scenario(seed, difficulty)
+        key = (scenario.search_window_gev, scenario.channels)
+        groups.setdefault(key, {True: [], False: []})[scenario.truth is not None].append(seed)
+    return {key: seeds for key, seeds in groups.items() if seeds[True] and seeds[False]}
+
+
+def test_a_blind_claim_gets_the_same_answer_in_every_hidden_world():
+    """A claim made without data, in tasks with and without a particle of one visible configuration:
+    the grade and everything else the environment says are the same, up to the episode id."""
+    env = CERNCollisionEnvironment()
+    compared = 0
+    for seeds in list(_same_config_seeds("medium").values())[:4]:
+        window = procedural_scenario(seeds[True][0], "medium").search_window_gev
+        action = json.loads(json.dumps(BLIND))
+        channel = procedural_scenario(seeds[True][0], "medium").channels[0]
+        action["parameters"].update(mass_gev=float(np.mean(window)), channel=channel)
+        said = {
+            exists: {json.dumps(list(answers(env, [action], seed=seed, difficulty="medium"))[1:]) for seed in group[:3]}
+            for exists, group in seeds.items()
+        }
+        assert len(said[True] | said[False]) == 1
+        compared += 1
+    assert compared >= 3
+
+
+def test_withheld_grades_are_kept_for_the_evaluator_alone():
+    env = CERNCollisionEnvironment(withhold_grades=True)
+    seen = list(answers(env, [BLIND], seed=3, scenario="higgs_diphoton_125"))
+    observation = env.step({"action_type": "select_channel", "parameters": {"channel": "diphoton"}})
+    assert observation.done and observation.rule_violations[0].startswith("EPISODE_DONE")
+    text = "".join(seen)
+    for hidden in ('"outcome"', "confidence_calibration", "significance_calibration", "efficiency", "graded"):
+        assert hidden not in text, hidden
+    state = env.state
+    assert state.terminal_reward is None and state.correct_outcome is None and "outcome" not in state.reward_components
+    grade = env.episode_grade()
+    assert grade["components"]["outcome"] == UNSUPPORTED_DISCOVERY and grade["correct_outcome"] is False
+
+
+def test_fresh_worlds_make_every_reset_of_a_seed_a_new_world():
+    fresh = CERNCollisionEnvironment(secret_salt="an evaluation secret", fresh_worlds=True)
+    truths, nonces = set(), set()
+    for _ in range(12):
+        fresh.reset(seed=902_100, difficulty="easy")
+        truths.add(json.dumps(fresh.hidden_truth(), sort_keys=True))
+        nonces.add(fresh.world_nonce())
+    assert len(nonces) == 12 and len(truths) >= 6
+    same = CERNCollisionEnvironment(secret_salt="an evaluation secret")
+    for _ in range(3):
+        same.reset(seed=902_100, difficulty="easy")
+        truths.add(json.dumps(same.hidden_truth(), sort_keys=True))
+    assert same.world_nonce() == ""
+
+
+def _bisect_mass(env: CERNCollisionEnvironment, seed: int, lo: float, hi: float, queries: int) -> List[str]:
+    """The attack an outside evaluator ran: reset the seed, claim blind at the middle of the
+    interval with an uncertainty covering half of it, read every answer, keep the half the
+    answer points to. Returns every answer it read."""
+    read = []
+    for _ in range(queries):
+        middle = 0.5 * (lo + hi)
+        action = json.loads(json.dumps(BLIND))
+        action["parameters"].update(
+            mass_gev=middle,
+            mass_uncertainty_gev=max(0.25 * (hi - lo), 1e-3),
+            channel=procedural_scenario(seed, "easy").channels[0],
+        )
+        said = list(answers(env, [action], seed=seed, difficulty="easy"))
+        read.append(json.dumps(said[1:]))
+        if "-2" in said[-1] or "unsupported" in said[-1]:
+            lo = middle
+        else:
+            hi = middle
+    return read
+
+
+@pytest.mark.parametrize("withhold_grades", [True, False])
+def test_bisecting_blind_claims_recovers_nothing(withhold_grades):
+    """With the secret, fresh worlds and (or without) withheld grades, 29 blind claims per seed
+    bisecting the window all get the same answer: there is nothing to bisect on."""
+    env = CERNCollisionEnvironment(
+        secret_salt="an evaluation secret", fresh_worlds=True, withhold_grades=withhold_grades
+    )
+    for seed in range(902_000, 902_005):
+        window = procedural_scenario(seed, "easy").search_window_gev
+        read = _bisect_mass(env, seed, *window, queries=29)
+        # the claimed mass is echoed nowhere but in what the agent sent: the answers are identical
+        assert len(set(read)) == 1, f"seed {seed}: {len(set(read))} different answers"
