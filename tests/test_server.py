@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import psutil
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from cernenv import CERNCollisionEnvironment, __version__
@@ -59,9 +60,10 @@ from cernenv.server.app import (
 )
 from cernenv.server.guard import ConnectionGuard, GuardedListener, listening_socket
 from cernenv.server.scheduler import FairScheduler
+from cernenv.server.sessions import RequestContext
 from lib.baselines import HeuristicAgent, RandomAgent, best_trigger
 
-from truth_leaks import leaked_truth
+from truth_leaks import blank_random_ids, leaked_truth
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_SESSIONS = 48
@@ -86,17 +88,33 @@ def _open_files_limit(soft: int, hard: int) -> Callable[[], None]:
 
 
 class Server:
-    """`python -m cernenv.server` in a subprocess, with helpers to talk to it."""
+    """`python -m cernenv.server` in a subprocess, with helpers to talk to it. `mode`: the
+    server's --mode ("training" unless said: the tests compare its episodes with in-process ones;
+    None for the default, evaluation); its state directory (secret, ledger) is a fresh temporary one."""
 
-    def __init__(self, *args: str, open_files: Optional[Tuple[int, int]] = None) -> None:
-        """`open_files`: the (soft, hard) RLIMIT_NOFILE the server starts with."""
+    def __init__(
+        self,
+        *args: str,
+        open_files: Optional[Tuple[int, int]] = None,
+        mode: Optional[str] = "training",
+        command: Optional[List[str]] = None,
+    ) -> None:
+        """`open_files`: the (soft, hard) RLIMIT_NOFILE the server starts with; `command`: how to
+        start it (default `python -m cernenv.server`), to which --port and `args` are added."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
         self.log = tempfile.TemporaryFile()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        self.state_dir = tempfile.TemporaryDirectory(prefix="cernenv-state-")
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "CERNENV_STATE_DIR": self.state_dir.name,
+        }
+        mode_args = [] if mode is None else ["--mode", mode]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "cernenv.server", "--port", str(self.port), *args],
+            [*(command or [sys.executable, "-m", "cernenv.server"]), "--port", str(self.port), *mode_args, *args],
             cwd=ROOT,
             env=env,
             stdout=self.log,
@@ -115,6 +133,10 @@ class Server:
         self.stop()
         raise RuntimeError(f"the server did not answer /health within {WAIT_S:g} s: {self.output()}")
 
+    @property
+    def ledger(self) -> Path:
+        return Path(self.state_dir.name) / "results.jsonl"
+
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")[-3000:]
@@ -127,6 +149,7 @@ class Server:
             self.process.kill()
             self.process.wait(timeout=10)
         self.log.close()
+        self.state_dir.cleanup()
 
     def http(
         self,
@@ -135,25 +158,35 @@ class Server:
         body: Any = None,
         data: Optional[bytes] = None,
         headers: Optional[Dict[str, str]] = None,
+        source: str = "127.0.0.1",
     ) -> Tuple[int, Any]:
-        """(status, parsed JSON or text) of one request."""
+        """(status, parsed JSON or text) of one request, from the loopback address `source`."""
         if body is not None:
             data = json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
-        )
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30, source_address=(source, 0))
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                status, text = response.status, response.read().decode()
-        except urllib.error.HTTPError as error:
-            status, text = error.code, error.read().decode()
+            connection.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+            response = connection.getresponse()
+            status, text = response.status, response.read().decode(errors="replace")
+        finally:
+            connection.close()
         try:
             return status, json.loads(text)
         except ValueError:
             return status, text
 
-    def ws(self) -> ClientConnection:
-        return connect(self.ws_url, compression=None, open_timeout=10, close_timeout=5, max_size=None)
+    def ws(self, source: str = "127.0.0.1", **options: Any) -> ClientConnection:
+        """A WebSocket from the loopback address `source` (`options`: more for `connect`)."""
+        options = {"compression": None, "open_timeout": 10, "close_timeout": 5, "max_size": None, **options}
+        return connect(self.ws_url, source_address=(source, 0), **options)
+
+    def mcp(self, method: str, params: Optional[Dict[str, Any]] = None, source: str = "127.0.0.1") -> Dict[str, Any]:
+        """The JSON-RPC answer to one MCP call on `POST /mcp`."""
+        status, reply = self.http(
+            "POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}}, source=source
+        )
+        assert status == 200, (status, reply)
+        return reply
 
     def client(self) -> Any:
         return CERNEnvClient(base_url=self.url).sync()
@@ -368,6 +401,24 @@ def test_a_server_secret_changes_the_hidden_world_and_clients_cannot_remove_it(t
         server_main(["--secret-salt-file", str(tmp_path / "missing")])
 
 
+def test_training_mode_serves_rewards_and_replays_a_seed(server):
+    """`--mode training` (the `server` fixture): the same seed is the same world
+    and the grade comes back, as TRL's `environment_factory` needs; /evaluation says so."""
+    status, described = server.http("GET", "/evaluation")
+    assert status == 200 and described["mode"] == "training" and described["fresh_worlds"] is False
+    assert "not for scoring" in described["grades"]
+    blind = {"action_type": "submit_discovery_claim", "parameters": {"discovered": False, "confidence": 0.6}}
+    answers = []
+    with server.ws() as ws:
+        for _ in range(2):
+            call(ws, {"type": "reset", "data": {"seed": 902_030, "difficulty": "easy"}})
+            answer = call(ws, {"type": "step", "data": blind})["data"]
+            state = call(ws, {"type": "state"})["data"]
+            assert state["terminal_reward"] is not None and "outcome" in answer["observation"]["reward_breakdown"]
+            answers.append(blank_random_ids(json.dumps([answer, state])))
+    assert answers[0] == answers[1]
+
+
 def test_random_and_malformed_actions_are_judged_as_in_process(server):
     """Invalid actions are rule violations in the observation (with their penalty), not protocol errors."""
     malformed = [
@@ -517,9 +568,12 @@ def test_hidden_truth_cannot_be_called_remotely(server):
     with server.ws() as ws:
         call(ws, {"type": "reset", "data": {"seed": 0, "scenario": "higgs_4l_125"}})
         assert error_of(call(ws, {"type": "hidden_truth"}))[0] == "UNKNOWN_TYPE"
-        for method in ("tools/call", "tools/list"):  # no MCP on this server (see test_sessions_are_made_...)
+        for method in ("tools/call", "tools/list"):  # MCP has sessions of its own, on POST /mcp
             assert error_of(call(ws, {"type": "mcp", "data": {**rpc, "method": method}}))[0] == "UNKNOWN_TYPE"
-    assert server.http("POST", "/mcp", rpc)[0] in (404, 405)
+    status, reply = server.http("POST", "/mcp", rpc)
+    assert status == 200 and "error" in reply and "result" not in reply
+    status, tools = server.http("POST", "/mcp", {**rpc, "method": "tools/list"})
+    assert status == 200 and {t["name"] for t in tools["result"]["tools"]} == {"new_campaign", "act", "campaign_state"}
     for path in ("/cernenv/splits", "/hidden_truth", "/truth"):
         assert server.http("GET", path)[0] >= 400
 
@@ -688,11 +742,13 @@ def test_answers_to_wasted_work_wait_while_another_session_is_open():
     assert pauses == [WASTED_WORK_PAUSE_S] * 2 and WASTED_WORK_PAUSE_S == 0.1
 
 
-def test_messages_that_run_no_physics_are_paced_beyond_ten_in_a_row():
+def test_messages_that_do_no_work_are_paced_beyond_ten_in_a_row():
     """Garbage and `state` spam (bench/server_load.py `garbage`, `state`) cost only the event
-    loop, which the scheduler does not order: past `FREE_MESSAGES_WITHOUT_WORK` refused frames
-    or `state` requests in a row, each waits `WASTED_WORK_PAUSE_S` (recorded, not timed); a
-    reset or a step starts the count again."""
+    loop, which the scheduler does not order: past `FREE_MESSAGES_WITHOUT_WORK` refused frames,
+    `state` requests or error frames the app answers (a step before any reset) in a row, each
+    waits `WASTED_WORK_PAUSE_S` (recorded, not timed). Only a reset or step the environment ran
+    starts the count again (`ServedEnvironment._run` calls the budget's `work`), not a message
+    that merely says "step"."""
     frames = ["{not json"] * 12 + ['{"type": "step", "data": {}}'] + ['{"type": "state"}'] * 11 + ['{"type": "reset"}']
     incoming = [{"type": "websocket.receive", "text": frame} for frame in frames]
     errors, delivered, paced = [], [], []  # paced: the number (from 1) of each frame that waited
@@ -709,11 +765,14 @@ def test_messages_that_run_no_physics_are_paced_beyond_ten_in_a_row():
 
     limit = MessageLimit(app=None, max_bytes=65536)
     limit._pause = record
-    guarded = limit._guarded_receive(receive, send)
+    context = RequestContext("10.0.0.1", "websocket")
+    guarded = limit._guarded_receive(receive, send, context)
 
     async def main() -> None:
         while incoming:
             delivered.append(json.loads((await guarded())["text"])["type"])
+            if delivered[-1] == "step":
+                context.budget.work()  # the environment ran the step
 
     asyncio.run(main())
     assert errors == ["INVALID_JSON"] * 12
@@ -721,54 +780,70 @@ def test_messages_that_run_no_physics_are_paced_beyond_ten_in_a_row():
     assert FREE_MESSAGES_WITHOUT_WORK == 10
     assert paced == [11, 12, 13 + 11]  # the 11th and 12th bad frames; the 11th state after the step
 
+    # The app's own error frames (a step before any reset, a bad reset) count the same way.
+    paced.clear()
+    context = RequestContext("10.0.0.1", "websocket")
+    sent: list = []
+
+    async def send_raw(message: Dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def record_sent(seconds: float) -> None:
+        paced.append(len(sent) + 1)
+
+    limit._pause = record_sent
+    guarded_send = limit._guarded_send(send_raw, context)
+
+    async def errors_from_the_app() -> None:
+        for _ in range(12):
+            await guarded_send({"type": "websocket.send", "text": '{"type":"error","data":{"code":"EXECUTION_ERROR"}}'})
+        await guarded_send({"type": "websocket.send", "text": '{"type":"observation","data":{}}'})
+
+    asyncio.run(errors_from_the_app())
+    assert paced == [11, 12] and len(sent) == 13
+
 
 def test_sessions_dropped_without_a_step_are_paced_per_address():
-    """Session churn (bench/server_load.py `create`): an address whose sessions end without a
-    single step gets `STEPLESS_SESSION_BURST` of them free, then one per 1/`STEPLESS_SESSIONS_PER_S`
-    seconds: a new session's handshake waits until its bucket is out of debt (recorded, not
-    timed). Sessions that step never count, and other addresses are not touched."""
+    """Session churn (bench/server_load.py `create`), over the WebSocket or MCP alike: an address
+    whose sessions end without a single step gets `STEPLESS_SESSION_BURST` of them free, then one
+    per 1/`STEPLESS_SESSIONS_PER_S` seconds: a new session waits until its bucket is out of debt
+    (recorded, not timed). Sessions that step never count, and other addresses are not touched."""
+    from starlette.testclient import TestClient
+
     clock = [0.0]
-    limit = MessageLimit(app=None, max_bytes=65536)
-    limit.sessions = AddressPacer(STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S, clock=lambda: clock[0])
     waits: list = []
+    app = create_cernenv_app(ServerConfig(mode="training"), require_guard=False)
+    sessions = app.state.cernenv_sessions
+    sessions.stepless = AddressPacer(STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S, clock=lambda: clock[0])
 
     async def record(seconds: float) -> None:
         waits.append(seconds)
 
-    async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:  # reads to the end
-        while (await receive())["type"] == "websocket.receive":
-            pass
+    sessions._pause = record
+    step = {"type": "step", "data": {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}}
 
-    async def session(address: str, *types: str) -> int:
-        """One session from `address` sending messages of `types`; how many waits it met."""
-        frames = [{"type": "websocket.receive", "text": json.dumps({"type": t, "data": {}})} for t in types]
-        frames.append({"type": "websocket.disconnect", "code": 1000})
-
-        async def receive() -> Dict[str, Any]:
-            return frames.pop(0)
-
-        async def send(message: Dict[str, Any]) -> None:
-            pass
-
+    def session(address: str, steps: int) -> int:
+        """One WebSocket session from `address` that resets and takes `steps` steps; the waits it met."""
         before = len(waits)
-        await limit(_websocket_scope(address), receive, send)
+        with clients[address].websocket_connect("/ws") as ws:
+            ws.send_json({"type": "reset", "data": {"seed": 1, "scenario": "z_mumu_91"}})
+            assert ws.receive_json()["type"] == "observation"
+            for _ in range(steps):
+                ws.send_json(step)
+                assert ws.receive_json()["type"] == "observation"
         return len(waits) - before
 
-    limit.app, limit._pause = app, record
-
-    async def main() -> list:
-        met = [await session("10.0.0.1", "reset", "step", "step") for _ in range(50)]  # playing
-        met += [await session("10.0.0.2", "reset") for _ in range(STEPLESS_SESSION_BURST + 1)]
-        met.append(await session("10.0.0.2", "reset"))  # in debt by one session
-        met.append(await session("10.0.0.3", "reset"))  # another address
+    clients = {address: TestClient(app, client=(address, 40000)) for address in ("10.0.0.1", "10.0.0.2", "10.0.0.3")}
+    with TestClient(app):  # the app's start-up and shut-down
+        met = [session("10.0.0.1", 1) for _ in range(STEPLESS_SESSION_BURST + 4)]  # playing
+        met += [session("10.0.0.2", 0) for _ in range(STEPLESS_SESSION_BURST + 1)]
+        met.append(session("10.0.0.2", 0))  # in debt by one session
+        met.append(session("10.0.0.3", 0))  # another address
         clock[0] += 2.0 / STEPLESS_SESSIONS_PER_S  # two tokens later: out of debt
-        met.append(await session("10.0.0.2", "reset", "step"))
-        met.append(await session("10.0.0.2", "reset"))
-        return met
-
-    met = asyncio.run(main())
-    assert met[:50] == [0] * 50  # any number of sessions that step: never paced
-    assert met[50:-4] == [0] * (STEPLESS_SESSION_BURST + 1)  # the burst, then one into debt
+        met.append(session("10.0.0.2", 1))
+        met.append(session("10.0.0.2", 0))
+    assert met[: STEPLESS_SESSION_BURST + 4] == [0] * (STEPLESS_SESSION_BURST + 4)  # sessions that step: never
+    assert met[STEPLESS_SESSION_BURST + 4 : -4] == [0] * (STEPLESS_SESSION_BURST + 1)  # the burst, then into debt
     assert met[-4:] == [1, 0, 0, 0]
     assert waits == [pytest.approx(1.0 / STEPLESS_SESSIONS_PER_S)]
     assert (STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S) == (16, 5.0)
@@ -798,14 +873,17 @@ def test_http_requests_are_paced_per_address():
         served.append(scope["client"][0])
 
     async def request(address: str) -> None:
-        scope = {"type": "http", "client": (address, 40000), "path": "/reset", "headers": [(b"content-length", b"2")]}
+        scope = {"type": "http", "client": (address, 40000), "path": "/reset", "method": "POST", "headers": []}
+
+        async def receive() -> Dict[str, Any]:
+            return {"type": "http.request", "body": b"{}"}
 
         async def send(message: Dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 statuses.append(message["status"])
                 assert (b"retry-after", b"1") in message["headers"]
 
-        await limit(scope, None, send)
+        await limit(scope, receive, send)
 
     limit.app, limit._pause = app, record
 
@@ -830,10 +908,6 @@ def test_http_requests_are_paced_per_address():
     assert statuses == [429] * 5  # the app answered the others (this one sends nothing)
     assert limit.http_requests.wait_s("10.0.0.2") == pytest.approx(queue * step)  # no deeper than the queue
     assert (HTTP_REQUEST_BURST, HTTP_REQUESTS_PER_S, HTTP_MAX_WAIT_S) == (32, 20.0, 1.0)
-
-
-def _websocket_scope(address: str) -> Dict[str, Any]:
-    return {"type": "websocket", "client": (address, 40000), "path": "/ws", "headers": []}
 
 
 def test_bad_websocket_input_gets_clear_errors_and_spares_other_sessions(server):
@@ -897,7 +971,9 @@ def test_bad_websocket_input_gets_clear_errors_and_spares_other_sessions(server)
 
 def test_bad_http_input_gets_clear_errors(server):
     assert server.http("POST", "/reset", data=b"{not json")[0] == 422
-    assert server.http("POST", "/reset", {"seed": -1})[0] == 422
+    assert server.http("POST", "/reset", data=b"[1]")[0] == 422
+    status, reply = server.http("POST", "/reset", {"seed": -1})
+    assert status == 400 and "non-negative" in reply["detail"]
     status, reply = server.http("POST", "/reset", {"seed": 1, "scenario": "atlantis"})
     assert status == 400 and "unknown scenario" in reply["detail"]
     status, reply = server.http("POST", "/reset", {"seed": 1, "scenaro": "higgs_4l_125"})
@@ -923,7 +999,7 @@ def test_the_schema_route_builds_its_schemas_once(monkeypatch):
         return original(cls, *args, **kwargs)
 
     monkeypatch.setattr(CollisionObservation, "model_json_schema", classmethod(counting))
-    with TestClient(create_cernenv_app(ServerConfig())) as http:
+    with TestClient(create_cernenv_app(ServerConfig(), require_guard=False)) as http:
         answers = [http.get("/schema") for _ in range(5)]
         assert [a.status_code for a in answers] == [200] * 5
         assert len({a.content for a in answers}) == 1
@@ -939,7 +1015,7 @@ def test_the_schema_route_builds_its_schemas_once(monkeypatch):
 def test_session_limit_refuses_one_more_with_a_clear_error():
     from starlette.testclient import TestClient
 
-    with TestClient(create_cernenv_app(ServerConfig(max_sessions=2))) as http:
+    with TestClient(create_cernenv_app(ServerConfig(mode="training", max_sessions=2), require_guard=False)) as http:
         with http.websocket_connect("/ws") as first, http.websocket_connect("/ws"):
             with http.websocket_connect("/ws") as third:
                 code, message = error_of(third.receive_json())
@@ -992,7 +1068,8 @@ def test_closed_dropped_and_killed_sessions_release_their_environment(server):
 # Configuration, manifest, docs --------------------------------------------------------
 
 
-def test_server_config_from_variables_and_flags(capsys):
+def test_server_config_from_variables_and_flags(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("CERNENV_STATE_DIR", str(tmp_path))  # where evaluation mode makes its secret
     config = ServerConfig.from_env({"CERNENV_PORT": "9001", "CERNENV_MAX_SESSIONS": "8"}, max_sessions=16, host=None)
     assert (config.host, config.port, config.max_sessions, config.max_message_bytes) == ("127.0.0.1", 9001, 16, 65536)
     with pytest.raises(ValueError, match="CERNENV_PORT"):
@@ -1021,7 +1098,7 @@ def test_a_low_soft_file_limit_is_raised_and_a_low_hard_one_explained():
     finally:
         server.stop()
     refused = subprocess.run(
-        [sys.executable, "-m", "cernenv.server", "--port", str(free_port())],
+        [sys.executable, "-m", "cernenv.server", "--port", str(free_port()), "--mode", "training"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -1049,8 +1126,9 @@ def test_manifest_is_valid_and_matches_the_code():
     import yaml
 
     raw = yaml.safe_load((ROOT / "cernenv" / "openenv.yaml").read_text())
-    module, name = raw["app"].split(":")
-    assert module == "cernenv.server.app" and name == "app"
+    # no `app:` entry: OpenEnv's providers would run it with plain uvicorn, without the guard;
+    # without one they run the container's command (see test_server_launch.py)
+    assert "app" not in raw
     assert (raw["action"], raw["observation"]) == (ExperimentAction.__name__, CollisionObservation.__name__)
 
 
@@ -1419,15 +1497,25 @@ def test_the_listener_refuses_connections_over_a_limit_as_it_accepts_them():
         listener.close()
 
 
-def test_sessions_are_made_by_the_websocket_alone(server):
-    """OpenEnv's /mcp routes created sessions over plain HTTP (61 requests filled every slot) and
-    let a client that learnt a session id close or drive it: they are gone, and so is the "mcp"
-    message that revealed the id."""
-    before = server.open_environments()
-    create = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}
-    for _ in range(5):
-        assert server.http("POST", "/mcp", create)[0] in (404, 405)
-    assert server.open_environments() == before
+def test_no_client_can_attach_to_call_or_close_another_clients_session(server):
+    """OpenEnv lets whoever knows a session id drive it (`/ws?session_id=<id>`: a second socket
+    played another client's episode) or close it (`openenv/session/close`). A WebSocket that names
+    a session is refused at its handshake; an MCP call naming a session made from another address
+    is answered as for an unknown one; the "mcp" WebSocket message, which revealed a WebSocket
+    session's id, is refused."""
+    session_id = server.mcp("openenv/session/create", source="127.0.0.2")["result"]["session_id"]
+    for query in (f"?session_id={session_id}", f"?x=1&session%5Fid={session_id}"):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(server.ws_url + query, source_address=("127.0.0.2", 0), open_timeout=10).close()
+        assert refused.value.response.status_code == 403
+    campaign = {"session_id": session_id, "name": "new_campaign", "arguments": {"seed": 1, "scenario": "z_mumu_91"}}
+    for method, params in (("tools/call", campaign), ("tools/list", {"session_id": session_id})):
+        reply = server.mcp(method, params, source="127.0.0.3")
+        assert reply["error"]["message"] == f"Unknown session_id: {session_id!r}" and "result" not in reply
+    closing = server.mcp("openenv/session/close", {"session_id": session_id}, source="127.0.0.3")
+    assert closing["error"]["message"].startswith("Unknown session_id")
+    assert "task" in server.mcp("tools/call", campaign, source="127.0.0.2")["result"]["observation"]  # the owner's
+    assert server.mcp("openenv/session/close", {"session_id": session_id}, source="127.0.0.2")["result"]["closed"]
     with server.ws() as ws:
         code, message = error_of(call(ws, {"type": "mcp", "data": {"method": "tools/list"}}))
         assert code == "UNKNOWN_TYPE" and "reset, step, state, close" in message
@@ -1470,19 +1558,44 @@ def test_odd_http_input_gets_a_4xx_never_a_500(server, body):
 
 
 def test_idle_sessions_are_closed_and_free_their_slot():
+    """A session whose environment has not reset or stepped for --session-idle-timeout-s is
+    closed (1001) and its slot freed, whatever else it sends: sessions that sent only `state`
+    once outlived OpenEnv's idle reaper, which freed their slots while their sockets went on
+    playing (4 sessions stepping with `--max-sessions 2` while /sessions said 0). The server and
+    OpenEnv now go by one clock; a session that keeps stepping is never idle."""
     server = Server("--max-sessions", "2", "--session-idle-timeout-s", "2")
     try:
-        with server.ws() as idle:
-            assert call(idle, {"type": "reset", "data": {"seed": 0, "scenario": "z_mumu_91"}})["type"] == "observation"
-            assert server.open_environments() == 1
+        with server.ws() as idle, server.ws() as chatty:
+            for ws in (idle, chatty):
+                assert call(ws, {"type": "reset", "data": {"seed": 0}})["type"] == "observation"
+            assert server.open_environments() == 2
+            deadline = time.monotonic() + WAIT_S
+            with pytest.raises(ConnectionClosed) as closed:
+                while time.monotonic() < deadline:  # `state` and pings: no work
+                    call(chatty, {"type": "state"})
+                    chatty.ping()
+                    time.sleep(0.2)
+            assert closed.value.rcvd.code == 1001 and "idle" in closed.value.rcvd.reason
             with pytest.raises(ConnectionClosed) as closed:
                 idle.recv(timeout=WAIT_S)
-            assert closed.value.rcvd.code == 1001 and "idle" in closed.value.rcvd.reason
+            assert closed.value.rcvd.code == 1001
         assert server.wait_open_environments(0) == 0
-        with server.ws() as busy:  # a client that keeps talking is not idle (a wide margin for a loaded machine)
-            for _ in range(10):
-                assert call(busy, {"type": "state"})["type"] == "state"
+        with server.ws() as busy, server.ws() as other:  # both slots free again; a stepping client stays
+            for ws in (busy, other):
+                assert call(ws, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
+            agent, observation = HeuristicAgent(), None
+            reply = call(busy, {"type": "reset", "data": {"seed": 2, "scenario": "z_mumu_91"}})
+            observation = parse_observation(reply["data"])
+            for _ in range(12):
+                if observation.done:
+                    observation = parse_observation(call(busy, {"type": "reset", "data": {"seed": 3}})["data"])
+                action = agent.act(observation).model_dump(mode="json")
+                observation = parse_observation(call(busy, {"type": "step", "data": action})["data"])
                 time.sleep(0.3)
+            with pytest.raises(ConnectionClosed):
+                other.recv(timeout=WAIT_S)  # the other one went idle meanwhile
+            assert call(busy, {"type": "state"})["type"] == "state"
+            assert server.open_environments() == 1
     finally:
         server.stop()
 
@@ -1560,7 +1673,10 @@ def read_until_closed(sock: socket.socket) -> bytes:
 def test_unfinished_requests_are_timed_out_and_connections_are_limited_per_client_and_in_all():
     """19,993 never-finished HTTP requests once exhausted the file descriptors (/health timed
     out, 235,519 log lines). Now a client gets `--max-connections-per-client`, everyone together
-    `--max-connections`, and a request must arrive whole within `--request-read-timeout-s`."""
+    `--max-connections`, and a request must arrive whole within `--request-read-timeout-s`; when
+    the server is full, a newcomer takes the place of an unfinished request of the address that
+    holds the most (half-open requests from 8 addresses once filled the server and turned away
+    every honest client)."""
     server = Server("--max-connections-per-client", "20", "--max-connections", "45", "--request-read-timeout-s", "2")
     unfinished = b"GET /health HTTP/1.1\r\nHost: x\r\n"  # the headers never end
     try:
@@ -1575,14 +1691,18 @@ def test_unfinished_requests_are_timed_out_and_connections_are_limited_per_clien
         assert server.http("GET", "/health")[0] == 200
         with server.client() as client:
             assert lockstep(client, HeuristicAgent, seed=3, scenario="z_mumu_91") > 0
-        # everyone together: 20 + 20 + 5 connections fill the server; the next one is refused
+        # everyone together: 20 + 20 + 5 connections fill the server; a newcomer is served in the
+        # place of an unfinished request of one of the two addresses holding 20
         held += [raw_connection(server, "127.0.0.3", unfinished) for _ in range(20)]
         held += [raw_connection(server, f"127.0.0.{4 + i}", unfinished) for i in range(5)]
         time.sleep(0.2)  # let the server see them all
-        assert b" 503 " in read_until_closed(raw_connection(server, "127.0.0.9", unfinished))
+        newcomer = raw_connection(server, "127.0.0.9", b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert b" 200 " in read_until_closed(newcomer)
         # the unfinished requests are answered 408 and closed once their time is up, freeing the slots
-        for sock in held:
-            assert b" 408 " in read_until_closed(sock)
+        answers = [read_until_closed(sock).split(b"\r\n")[0] for sock in held]
+        assert sorted(answers).count(b"HTTP/1.1 503 Service Unavailable") == 1, answers
+        assert answers.count(b"HTTP/1.1 408 Request Timeout") == len(held) - 1
+        assert answers[40:].count(b"HTTP/1.1 408 Request Timeout") == 5  # the addresses holding one kept it
         assert server.http("GET", "/health")[0] == 200
         # a request sent slowly but whole in time is served
         slow = raw_connection(server, "127.0.0.2")

@@ -1,22 +1,28 @@
-"""`python -m cernenv.server [--host H] [--port P] [--max-sessions N] [--max-message-bytes B] ...`.
+"""`python -m cernenv.server [--mode evaluation|training] [--host H] [--port P] ...`: the one way to
+serve CERNenv (`make serve` and the container run it too).
 
-Each flag overrides its CERNENV_* variable (CERNENV_HOST, CERNENV_PORT, ...), which
-overrides the default in `ServerConfig` (127.0.0.1:8000, 64 sessions, 64 KiB messages).
+Each flag overrides its CERNENV_* variable (CERNENV_HOST, CERNENV_PORT, CERNENV_MODE, ...), which
+overrides the default in `ServerConfig` (127.0.0.1:8000, evaluation mode, 64 sessions, 64 KiB
+messages). In evaluation mode the server holds an evaluation secret (--secret-salt-file, or
+CERNENV_SECRET_SALT, or one generated on first use in the state directory) and writes each
+ended episode's grade to the results ledger; `--mode training` serves rewards and replayable
+worlds instead, for training only.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-import uvicorn
-
 from cernenv.physics.scan import warm_up
 from cernenv.server.app import ServerConfig, create_cernenv_app
-from cernenv.server.guard import ConnectionGuard, guarded_protocols, listening_socket
+from cernenv.server.evaluation import MODES, generated_secret, ledger_path, secret_path, state_dir
+from cernenv.server.guard import ConnectionGuard, guarded_server, listening_socket
+from cernenv.server.pacing import events
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -34,20 +40,45 @@ def _read_secret(parser: argparse.ArgumentParser, path: Optional[Path], flag: st
     return secret
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m cernenv.server", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        help="evaluation (default): fresh hidden worlds, grades withheld and written to the results ledger; "
+        "training: rewards served and worlds replayable by seed (never for scoring outsiders)",
+    )
     parser.add_argument("--host", help="interface to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, help="TCP port (default 8000)")
-    parser.add_argument("--max-sessions", type=int, help="concurrent WebSocket sessions (default 64)")
-    parser.add_argument("--max-message-bytes", type=int, help="largest accepted message (default 65536)")
+    parser.add_argument("--max-sessions", type=int, help="concurrent sessions, WebSocket and MCP (default 64)")
     parser.add_argument(
+        "--max-sessions-per-client",
+        type=int,
+        help="concurrent sessions from one address (default: a quarter of --max-sessions in evaluation mode, "
+        "all of them in training mode)",
+    )
+    parser.add_argument("--max-message-bytes", type=int, help="largest accepted message (default 65536)")
+    secret = parser.add_mutually_exclusive_group()
+    secret.add_argument(
         "--secret-salt-file",
         type=Path,
         metavar="PATH",
-        help="file holding the evaluation secret (or set CERNENV_SECRET_SALT): mixed into the "
-        "hidden particles and data, so the public code cannot look answers up by seed",
+        help="file holding the evaluation secret (or set CERNENV_SECRET_SALT); in evaluation mode without "
+        "one, a secret is generated on first use in the state directory",
+    )
+    secret.add_argument(
+        "--no-secret",
+        action="store_true",
+        help="no evaluation secret: the hidden worlds are the public code's (replayable by seed in training mode)",
+    )
+    parser.add_argument(
+        "--results-ledger",
+        type=Path,
+        metavar="PATH",
+        help="where ended episodes' grades are appended, one JSON line each (or set CERNENV_RESULTS_LEDGER; "
+        "default in evaluation mode: results.jsonl in the state directory)",
     )
     parser.add_argument(
         "--token-file",
@@ -57,7 +88,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         "needs 'Authorization: Bearer <token>'; required to bind beyond 127.0.0.1 safely",
     )
     parser.add_argument(
-        "--session-idle-timeout-s", type=float, help="close a WebSocket session idle this long (default 300)"
+        "--session-idle-timeout-s",
+        type=float,
+        help="close a session that has not reset or stepped for this long (default 300)",
     )
     parser.add_argument(
         "--max-connections", type=int, help="open connections in all (default 1024; keep it under `ulimit -n`)"
@@ -68,25 +101,64 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--request-read-timeout-s", type=float, help="time a connection has to send a whole HTTP request (default 10)"
     )
+    parser.add_argument(
+        "--trusted-proxy",
+        action="append",
+        metavar="ADDRESS",
+        help="a reverse proxy whose X-Forwarded-For names the client (repeatable; or CERNENV_TRUSTED_PROXIES, "
+        "comma-separated); without it the header is ignored and every limit keys on the peer address",
+    )
+    parser.add_argument(
+        "--allowed-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="an origin (https://host[:port]) whose browser pages may use the server (repeatable; or "
+        "CERNENV_ALLOWED_ORIGINS); requests from pages of any other origin are refused",
+    )
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
-    args = parser.parse_args(argv)
-    secret = _read_secret(parser, args.secret_salt_file, "--secret-salt-file")
-    token = _read_secret(parser, args.token_file, "--token-file")
+    return parser
+
+
+def configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ServerConfig:
+    """The server's configuration from the flags, the variables and the defaults, its secret and
+    ledger resolved (a secret generated in the state directory if evaluation mode has none)."""
     try:
         config = ServerConfig.from_env(
             host=args.host,
             port=args.port,
+            mode=args.mode,
             max_sessions=args.max_sessions,
+            max_sessions_per_client=args.max_sessions_per_client,
             max_message_bytes=args.max_message_bytes,
-            secret_salt=secret,
-            token=token,
+            secret_salt=_read_secret(parser, args.secret_salt_file, "--secret-salt-file"),
+            results_ledger=None if args.results_ledger is None else str(args.results_ledger),
+            token=_read_secret(parser, args.token_file, "--token-file"),
             session_idle_timeout_s=args.session_idle_timeout_s,
             max_connections=args.max_connections,
             max_connections_per_client=args.max_connections_per_client,
             request_read_timeout_s=args.request_read_timeout_s,
+            trusted_proxies=None if args.trusted_proxy is None else ",".join(args.trusted_proxy),
+            allowed_origins=None if args.allowed_origin is None else ",".join(args.allowed_origin),
         )
     except ValueError as error:
         parser.error(str(error))
+    if args.no_secret:
+        config = dataclasses.replace(config, secret_salt="")
+    elif not config.secret_salt and config.evaluation:
+        path = secret_path(state_dir())
+        try:
+            config = dataclasses.replace(config, secret_salt=generated_secret(path))
+        except (OSError, ValueError) as error:
+            parser.error(f"cannot use or make the evaluation secret {path}: {error}; give one with --secret-salt-file")
+    if not config.results_ledger and config.evaluation:
+        config = dataclasses.replace(config, results_ledger=str(ledger_path(state_dir())))
+    return config
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    config = configure(parser, args)
     if not config.token and config.host not in LOOPBACK_HOSTS:
         print(
             f"WARNING: serving {config.host} without a token: anyone who can reach this port can open sessions "
@@ -94,11 +166,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+    if config.evaluation:
+        grading = f"evaluation mode: fresh hidden worlds, grades withheld and recorded in {config.results_ledger}; " + (
+            f"evaluation secret {config.secret_fingerprint}" if config.secret_salt else "no evaluation secret"
+        )
+    else:
+        grading = "training mode: rewards served, worlds replayable by seed (not for scoring outsiders)" + (
+            f"; evaluation secret {config.secret_fingerprint}" if config.secret_salt else ""
+        )
     print(
-        f"CERNenv server on http://{config.host}:{config.port} (WebSocket /ws, at most {config.max_sessions} "
-        f"sessions, messages up to {config.max_message_bytes} bytes"
-        f"{', with an evaluation secret' if config.secret_salt else ''}"
-        f"{', bearer token required' if config.token else ''})",
+        f"CERNenv server on http://{config.host}:{config.port} (WebSocket /ws, MCP POST /mcp; at most "
+        f"{config.max_sessions} sessions, {config.sessions_per_client} per address; messages up to "
+        f"{config.max_message_bytes} bytes{'; bearer token required' if config.token else ''}); {grading}",
         file=sys.stderr,
         flush=True,
     )
@@ -114,7 +193,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"the limit"
             )
     warm_up()  # the physics kernels compiled (or loaded) before /health answers, not at a first step
-    guard = ConnectionGuard(config.max_connections, config.max_connections_per_client, config.request_read_timeout_s)
+    guard = ConnectionGuard(
+        config.max_connections,
+        config.max_connections_per_client,
+        config.request_read_timeout_s,
+        trusted_proxies=config.proxies,
+    )
+    events.status = lambda: f"connections open: {guard.open}"
     try:  # a taken port: say which, and how to choose another (uvicorn only logs "[Errno 98]")
         listener = listening_socket(guard, config.host, config.port)
     except OSError as error:
@@ -122,18 +207,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"cannot listen on {config.host}:{config.port} ({error.strerror}): another server may hold "
             f'that port; pick another with --port N (or CERNENV_PORT; `make serve SERVE_ARGS="--port N"`)'
         )
-    http, ws = guarded_protocols(guard)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_cernenv_app(config),
-            host=config.host,
-            port=config.port,
-            log_level=args.log_level,
-            http=http,
-            ws=ws,
-            ws_max_size=config.ws_frame_limit_bytes,
-            ws_per_message_deflate=False,
-        )
+    server = guarded_server(
+        create_cernenv_app(config), guard, config.host, config.port, config.ws_frame_limit_bytes, args.log_level
     )
     server.run(sockets=[listener])
     return 0

@@ -1,30 +1,42 @@
 """The CERNenv server: OpenEnv's `create_app` around `CERNCollisionEnvironment`.
 
-    python -m cernenv.server                  # 127.0.0.1:8000; --help for the options
-    uvicorn cernenv.server.app:app            # configured by the CERNENV_* variables (and uvicorn's flags)
+    python -m cernenv.server                  # 127.0.0.1:8000, evaluation mode; --help for the options
+    python -m cernenv.server --mode training  # rewards served, worlds replayable: for training only
 
-Routes (from `openenv.core.env_server.create_app`, less its `/mcp` routes, plus `/sessions`):
+The app is served by `python -m cernenv.server` alone (`cernenv.server.guard.guarded_server`:
+its listener, connection limits and protocol settings); under anything else (`uvicorn
+cernenv.server.app:app`, `--factory`, another ASGI server) it refuses every request and its
+start-up fails, rather than run without them.
+
+Routes (from `openenv.core.env_server.create_app`, less its WebSocket `/mcp`, plus `/sessions`
+and `/evaluation`):
 
 | route | what it does |
 |---|---|
 | `WS /ws` | one session = one environment: messages `reset`, `step`, `state`, `close` |
+| `POST /mcp` | MCP JSON-RPC: sessions (`openenv/session/create`, `.../close`), `tools/list`, `tools/call` |
 | `GET /health`, `/metadata`, `/schema` | liveness; name and version; JSON schemas of action, observation, state |
 | `POST /reset` | the first observation of a fresh environment (seed, scenario, difficulty), then forgotten |
 | `POST /step`, `GET /state` | a fresh environment per request (OpenEnv 0.10): 409; the empty state |
-| `GET /sessions` | environments open now (one per WebSocket session) and the session limit |
+| `GET /sessions` | environments open now and the session limits |
+| `GET /evaluation` | the mode, the fingerprint of the evaluation secret, whether worlds are fresh and grades withheld |
 
-What the server adds to the environment (`ServedEnvironment`): a step before any reset is
-an error rather than an implicit seed-0 episode; unknown or ill-typed reset parameters are
-errors; `hidden_truth()` is refused; any JSON value sent as an action is judged by the
-environment's rules, so malformed actions cost the same penalty as in process; all
-sessions' resets and steps run on one thread, in fair turns in which work that gives an
-agent nothing new counts 8 times and, while another session is open, is answered 0.1 s
-later (`NO_NEW_WORK_SURCHARGE`, `WASTED_WORK_PAUSE_S`). The `MessageLimit` middleware refuses
-messages over `ServerConfig.max_message_bytes` and unreadable ones with an error (the
-WebSocket session goes on), frames over `ws_frame_limit_bytes` by closing the connection
-(code 1009), and closes sessions idle for `session_idle_timeout_s`. Sessions are created by
-the WebSocket alone (OpenEnv's `/mcp` routes are removed). With `ServerConfig.token`,
-`BearerToken` refuses every route but `/health` without `Authorization: Bearer <token>`.
+What the server adds to the environment (`ServedEnvironment`): in evaluation mode (the
+default) a fresh hidden world at every reset and no grade on the wire, each ended episode's
+grade and truth written to the results ledger (`cernenv.server.evaluation`); a step before any
+reset is an error rather than an implicit seed-0 episode; unknown or ill-typed reset
+parameters are errors, with one rule for every transport (`cernenv.server.wire.reset_problem`);
+`hidden_truth()` is refused; any JSON value sent as an action is judged by the environment's
+rules, so malformed actions cost the same penalty as in process; all sessions' resets and steps
+run on one thread, in fair turns in which work that gives an agent nothing new counts 8 times
+and, while another session is open, is answered 0.1 s later (`NO_NEW_WORK_SURCHARGE`,
+`WASTED_WORK_PAUSE_S`). Sessions follow the rules of `cernenv.server.sessions` (a share per
+address, one idle clock, stepless sessions paced). `MessageLimit` bounds and checks what
+clients send (`cernenv.server.wire`: size, nesting before parsing, encoding, reset types),
+refuses WebSocket handshakes that would attach to an existing session or come from a foreign
+`Origin`, paces messages that do no work, closes sessions idle for `session_idle_timeout_s`,
+and paces HTTP requests per address. With `ServerConfig.token`, `BearerToken` refuses every
+route but `/health` without `Authorization: Bearer <token>`.
 """
 
 from __future__ import annotations
@@ -38,13 +50,16 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
+from urllib.parse import parse_qsl, urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcResponse
 from openenv.core.env_server.types import Action, ConcurrencyConfig
 from pydantic import ConfigDict
 from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
@@ -53,51 +68,56 @@ from uvicorn.protocols.utils import ClientDisconnected
 from cernenv.client import RAW_ACTION_KEY
 from cernenv.environment import CERNCollisionEnvironment
 from cernenv.models import CernState, CollisionObservation, ExperimentAction
+from cernenv.server.evaluation import MODES, ResultsLedger, fingerprint
+from cernenv.server.guard import BUDGET_EXTENSION, serving_guard
+from cernenv.server.pacing import (
+    FREE_MESSAGES_WITHOUT_WORK,
+    FREE_STEPS_ON_UNCHANGED_DATA,
+    HTTP_MAX_WAIT_S,
+    HTTP_REQUEST_BURST,
+    HTTP_REQUESTS_PER_S,
+    NO_NEW_WORK_SURCHARGE,
+    STEPLESS_SESSION_BURST,
+    STEPLESS_SESSIONS_PER_S,
+    WASTED_WORK_PAUSE_S,
+    AddressPacer,
+    MessageBudget,
+    events,
+)
 from cernenv.server.scheduler import FairScheduler
+from cernenv.server.sessions import REQUEST, CampaignTools, GuardedEnvServer, RequestContext, adopt_env_server
+from cernenv.server.wire import (
+    RESET_PARAMETERS,
+    NoEpisodeError,
+    RequestError,
+    all_encodable,
+    error_frame,
+    printable,
+    reset_problem,
+    too_deep,
+)
+
+__all__ = [
+    "FREE_MESSAGES_WITHOUT_WORK",
+    "FREE_STEPS_ON_UNCHANGED_DATA",
+    "HTTP_MAX_WAIT_S",
+    "HTTP_REQUEST_BURST",
+    "HTTP_REQUESTS_PER_S",
+    "NO_NEW_WORK_SURCHARGE",
+    "STEPLESS_SESSION_BURST",
+    "STEPLESS_SESSIONS_PER_S",
+    "WASTED_WORK_PAUSE_S",
+    "AddressPacer",
+    "EnvironmentCount",
+    "MessageLimit",
+    "NoEpisodeError",
+    "RequestError",
+    "ServedEnvironment",
+    "ServerConfig",
+    "create_cernenv_app",
+]
 
 ENV_PREFIX = "CERNENV_"
-
-# The scheduler's charge for a step that does no new work for its agent, in times its CPU time:
-# one that broke a rule of the environment (refused, after the episode's end, or repeating an
-# action on unchanged data: its `rule_violations` are not empty), and one more than
-# `FREE_STEPS_ON_UNCHANGED_DATA` in a row without new data (HeuristicAgent takes at most 5 in
-# a row in 120 curated and procedural episodes); the step that ends an episode that took no
-# data (a claim made blind); a reset that abandons an unfinished episode or follows one
-# without data. Sessions that spam `scan_bump` on one spectrum (repeated, or each time with
-# another step), `reset`, or reset-and-claim then get far fewer turns than an honest session
-# instead of as many (the fairness cases of `make bench-server`; figures in
-# cernenv/server/scheduler.py). No step is refused.
-NO_NEW_WORK_SURCHARGE = 8.0
-FREE_STEPS_ON_UNCHANGED_DATA = 6
-# ... and while another session is open, the answer to such a step waits this long (a tarpit):
-# a session that only wastes work sends at most 10 requests a second, and the server's event
-# loop, which the scheduler does not order, is spared their traffic. An agent's occasional
-# refused action costs it 0.1 s, little beside the time a language model takes to answer.
-# (50 ms held 8 scan spammers to x0.97-1.44 while the server's sockets kept Nagle's algorithm,
-# which also slowed their answers; with TCP_NODELAY, as plain uvicorn has it: x1.29-2.08 over
-# 5 runs, and with 0.1 s x1.07-1.61.)
-WASTED_WORK_PAUSE_S = 0.1
-# The same pause for a WebSocket's messages that run no physics (refused frames, `state`
-# requests) beyond this many in a row without a reset or step (`MessageLimit`): 8 clients
-# sending them as fast as they were answered raised 4 honest clients' median latency x1.6-2.1
-# (bench/server_load.py `garbage`, `state`), as they cost the event loop every session shares.
-FREE_MESSAGES_WITHOUT_WORK = 10
-# Sessions that end without a single step, from one client address: this many free, then this
-# many a second; beyond, a new session's handshake waits (`AddressPacer`). 8 addresses opening a
-# session, resetting and dropping it as fast as they could raised 4 honest clients' median
-# latency x2.8-4.0. Sessions that step are never counted, however many a client opens.
-STEPLESS_SESSION_BURST = 16
-STEPLESS_SESSIONS_PER_S = 5.0
-# HTTP requests from one client address: this many free, then this many a second; beyond, a
-# request waits its turn before it is read (`AddressPacer`). Every route costs the event loop
-# (parsing, a fresh environment, JSON): 8 addresses sending `POST /reset` as fast as they were
-# answered raised 4 honest WebSocket clients' median latency x5.8-6.1, the other routes x2.8-4.0.
-# The WebSocket carries the work; HTTP is for health checks, schemas and one-off resets.
-HTTP_REQUEST_BURST = 32
-HTTP_REQUESTS_PER_S = 20.0
-# A request whose turn is further away than this gets 429 (Retry-After) after waiting this long,
-# and its turn is given back: an address's queue, and a server's shutdown, wait at most this.
-HTTP_MAX_WAIT_S = 1.0
 
 logger = logging.getLogger("cernenv.server")
 
@@ -110,23 +130,41 @@ class ServerConfig:
     """Interface to bind; the default serves this machine only."""
     port: int = 8000
     """TCP port."""
+    mode: str = "evaluation"
+    """"evaluation": fresh hidden worlds, grades withheld from the wire and written to the results
+    ledger; "training": replayable worlds and rewards served, for training (never for scoring
+    outsiders). See `cernenv.server.evaluation`."""
     max_sessions: int = 64
-    """Concurrent WebSocket sessions (one environment each); one more is refused with CAPACITY_REACHED."""
+    """Concurrent sessions (WebSocket and MCP, one environment each); one more is refused with CAPACITY_REACHED."""
+    max_sessions_per_client: int = 0
+    """Concurrent sessions from one client address; 0: a quarter of `max_sessions` in evaluation
+    mode (16 of 64), all of them in training mode (one trainer holds every session)."""
     max_message_bytes: int = 64 * 1024
     """Largest request accepted [bytes]: a larger WebSocket message gets an error frame, a larger HTTP body 413.
     An action with the longest justification (2,000 characters) takes under 3 KiB."""
     session_idle_timeout_s: float = 300.0
-    """A WebSocket session with no message for this long [s] is closed (code 1001) and its slot
-    freed, so clients that vanish (or hoard slots) cannot keep the server at capacity."""
+    """A session whose environment has not reset or stepped for this long [s] is closed (its
+    WebSocket with code 1001) and its slot freed: whatever else it sends (`state`, pings) keeps
+    no slot."""
     max_connections: int = 1024
-    """Open connections, HTTP and WebSocket together; one more gets a 503 and is closed. Keep it
-    well under the process's file-descriptor limit (`ulimit -n`)."""
+    """Open connections, HTTP and WebSocket together. When they are all open, a new one takes the
+    place of a waiting connection of the address that holds the most; otherwise it gets a 503.
+    Keep it well under the process's file-descriptor limit (`ulimit -n`)."""
     max_connections_per_client: int = 128
     """Open connections from one client address (above `max_sessions`, so one host can fill the
     sessions); one more gets a 503 and is closed."""
     request_read_timeout_s: float = 10.0
     """Time [s] a connection has to deliver a whole HTTP request (headers and body); later, a 408
     and the connection is closed, so unfinished requests cannot hold connections."""
+    trusted_proxies: str = ""
+    """Comma-separated addresses of reverse proxies whose X-Forwarded-For names the client; from
+    anyone else the header is ignored, and every limit is keyed on the connection's peer address."""
+    allowed_origins: str = ""
+    """Comma-separated origins (e.g. https://lab.example.org) whose browser pages may use the
+    server; a request with another `Origin` header than these and the server's own is refused."""
+    results_ledger: str = ""
+    """Where each ended episode's grade and truth are appended (JSON lines); "" for nowhere.
+    `python -m cernenv.server` sets it in evaluation mode (see `cernenv.server.evaluation`)."""
     token: str = field(default="", repr=False)
     """Bearer token: when set, every route but /health needs `Authorization: Bearer <token>`
     (the WebSocket too, in its opening handshake). "" serves anyone who can connect: keep the
@@ -134,7 +172,30 @@ class ServerConfig:
     secret_salt: str = field(default="", repr=False)
     """Evaluation secret mixed into every session's hidden streams (procedural particles and data),
     so the public code cannot look up an episode's answer from its seed; "" for none. Never
-    printed; a client's own `secret_salt` at reset is mixed in on top and cannot remove it."""
+    printed (`secret_fingerprint` names it); a client's own `secret_salt` at reset is mixed in on
+    top and cannot remove it."""
+
+    @property
+    def evaluation(self) -> bool:
+        return self.mode == "evaluation"
+
+    @property
+    def sessions_per_client(self) -> int:
+        if self.max_sessions_per_client:
+            return self.max_sessions_per_client
+        return max(1, self.max_sessions // 4) if self.evaluation else self.max_sessions
+
+    @property
+    def secret_fingerprint(self) -> Optional[str]:
+        return fingerprint(self.secret_salt) if self.secret_salt else None
+
+    @property
+    def proxies(self) -> Tuple[str, ...]:
+        return tuple(p.strip() for p in self.trusted_proxies.split(",") if p.strip())
+
+    @property
+    def origins(self) -> Tuple[str, ...]:
+        return tuple(o.strip().rstrip("/") for o in self.allowed_origins.split(",") if o.strip())
 
     @property
     def ws_frame_limit_bytes(self) -> int:
@@ -156,7 +217,9 @@ class ServerConfig:
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)
         if (
-            config.max_sessions < 1
+            config.mode not in MODES
+            or config.max_sessions < 1
+            or not 0 <= config.max_sessions_per_client <= config.max_sessions
             or config.max_message_bytes < 1024
             or not 0 <= config.port < 65536
             or not config.session_idle_timeout_s > 0
@@ -164,21 +227,12 @@ class ServerConfig:
             or not 1 <= config.max_connections_per_client <= config.max_connections
         ):
             raise ValueError(
-                f"invalid server configuration {config}: max_sessions >= 1, "
-                "max_message_bytes >= 1024, 0 <= port < 65536, session_idle_timeout_s > 0, "
-                "request_read_timeout_s > 0 and 1 <= max_connections_per_client <= max_connections"
+                f"invalid server configuration {config}: mode one of {', '.join(MODES)}, max_sessions >= 1, "
+                "0 <= max_sessions_per_client <= max_sessions, max_message_bytes >= 1024, 0 <= port < 65536, "
+                "session_idle_timeout_s > 0, request_read_timeout_s > 0 and "
+                "1 <= max_connections_per_client <= max_connections"
             )
         return config
-
-
-class RequestError(ValueError):
-    """A request the environment cannot serve as asked; the message says what to send instead."""
-
-    status_code = 400
-
-
-class NoEpisodeError(RequestError):
-    status_code = 409
 
 
 class WireAction(Action):
@@ -216,9 +270,15 @@ class EnvironmentCount:
 
 
 class ServedEnvironment(CERNCollisionEnvironment):
-    """`CERNCollisionEnvironment` as one server session runs it (see the module docstring)."""
+    """`CERNCollisionEnvironment` as one server session runs it (see the module docstring).
 
-    RESET_PARAMETERS = ("seed", "episode_id", "scenario", "difficulty", "secret_salt")
+    `evaluation`: fresh hidden worlds and grades withheld (the environment's `fresh_worlds` and
+    `withhold_grades`), each ended episode recorded in `ledger`. `session_id` and `client` are
+    set when the environment becomes a session's (`adopt_session`); `steps` counts the steps it
+    ran and `last_work` (monotonic) / `last_work_wall` (epoch) the time of its last reset or step:
+    the session's activity."""
+
+    RESET_PARAMETERS = RESET_PARAMETERS
     # Every session's reset and step run on one shared thread (`FairScheduler`: least recent CPU time
     # used first). The physics holds the GIL, so a thread per session only adds contention: at 32
     # sessions it doubled the server's CPU time per episode (170 vs 87 ms) and cut throughput by a
@@ -226,14 +286,39 @@ class ServedEnvironment(CERNCollisionEnvironment):
     # and creates and closes environments on its own single thread.
     REQUIRES_SINGLE_THREAD_EXECUTOR = True
 
-    def __init__(self, count: EnvironmentCount, scheduler: FairScheduler, secret_salt: str = "") -> None:
-        super().__init__(secret_salt=secret_salt or None)
+    def __init__(
+        self,
+        count: EnvironmentCount,
+        scheduler: FairScheduler,
+        secret_salt: str = "",
+        *,
+        evaluation: bool = False,
+        ledger: Optional[ResultsLedger] = None,
+    ) -> None:
+        super().__init__(secret_salt=secret_salt or None, fresh_worlds=evaluation, withhold_grades=evaluation)
         self._count = count
         self._scheduler = scheduler
         self._closed = False
+        self._evaluation = evaluation
+        self._ledger = ledger
+        self._secret_fingerprint = fingerprint(secret_salt) if secret_salt else None
         self._steps_on_unchanged_data = 0  # steps in a row since the episode's data last changed
         self._reset_wasted_episode = False  # the last reset cut short an episode, or one without data
+        self.session_id: Optional[str] = None
+        self.client: Optional[str] = None
+        self.steps = 0
+        self.last_work, self.last_work_wall = time.monotonic(), time.time()
+        self.mcp_budget = MessageBudget()
         count.change(+1)
+
+    def adopt_session(self, session_id: str, client: str) -> None:
+        """This environment is session `session_id`'s, made from address `client`."""
+        self.session_id, self.client = session_id, client
+
+    @property
+    def mcp_client(self) -> CampaignTools:
+        """The session's MCP tools, as OpenEnv's `/mcp` handler calls them."""
+        return CampaignTools(self)
 
     async def reset_async(self, **kwargs: Any) -> CollisionObservation:
         """`reset` (its parameters, checked there) on the physics thread, in this session's fair
@@ -248,13 +333,19 @@ class ServedEnvironment(CERNCollisionEnvironment):
     async def step_async(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
         """`step` on the physics thread, in this session's fair turn; a step that did no new work
         is charged `NO_NEW_WORK_SURCHARGE` times its CPU time and paced (`_run`)."""
-        return await self._run(functools.partial(self.step, action, timeout_s=timeout_s, **kwargs), self.step_surcharge)
+        observation = await self._run(
+            functools.partial(self.step, action, timeout_s=timeout_s, **kwargs), self.step_surcharge
+        )
+        self.steps += 1
+        return observation
 
     async def _run(
         self, job: Callable[[], CollisionObservation], surcharge: Callable[[CollisionObservation], float]
     ) -> CollisionObservation:
         """`job` on the physics thread in this session's turn, charged by `surcharge`; while
-        another session is open, the answer to a surcharged job waits `WASTED_WORK_PAUSE_S`."""
+        another session is open, the answer to a surcharged job waits `WASTED_WORK_PAUSE_S`. A job
+        that ran is the session's activity (and starts its connection's count of messages without
+        work again)."""
         factors: List[float] = []
 
         def charge_factor(observation: CollisionObservation) -> float:
@@ -262,6 +353,11 @@ class ServedEnvironment(CERNCollisionEnvironment):
             return factors[-1]
 
         observation = await self._scheduler.run(self, job, surcharge=charge_factor)
+        self.last_work, self.last_work_wall = time.monotonic(), time.time()
+        self.mcp_budget.work()
+        request = REQUEST.get()
+        if request is not None:
+            request.budget.work()
         if factors and factors[0] > 1.0 and self._count.open > 1:
             await self._pause(WASTED_WORK_PAUSE_S)
         return observation
@@ -286,22 +382,15 @@ class ServedEnvironment(CERNCollisionEnvironment):
         secret_salt: Optional[str] = None,
         **unknown: Any,
     ) -> CollisionObservation:
-        if unknown:
-            raise RequestError(
-                f"unknown reset parameter(s) {sorted(unknown)}; accepted: {', '.join(self.RESET_PARAMETERS)}"
-            )
-        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**63):
-            raise RequestError(f"seed must be a non-negative integer below 2**63 (or null), got {_printable(seed)}")
-        for name, value in (
-            ("episode_id", episode_id),
-            ("scenario", scenario),
-            ("difficulty", difficulty),
-            ("secret_salt", secret_salt),
-        ):
-            if value is not None and not (isinstance(value, str) and len(value) <= 255 and _encodable(value)):
-                raise RequestError(f"{name} must be a UTF-8 string of at most 255 characters, got {_printable(value)}")
+        arguments = dict(seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty)
+        arguments.update(secret_salt=secret_salt, **unknown)
+        problem = reset_problem(arguments)
+        if problem is not None:
+            raise RequestError(problem)
         previous = self._episode
         wasted = previous is not None and (not previous.done or previous.data_version == 0)
+        if previous is not None and not previous.done:
+            self._record("abandoned: reset")
         try:
             observation = super().reset(
                 seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty, secret_salt=secret_salt
@@ -316,160 +405,218 @@ class ServedEnvironment(CERNCollisionEnvironment):
             raise NoEpisodeError(
                 "no episode in this session: send reset (seed, scenario or difficulty) first; "
                 "over HTTP each request gets a fresh environment, so play episodes on the "
-                "WebSocket /ws (cernenv.client.CERNEnvClient)"
+                "WebSocket /ws (cernenv.client.CERNEnvClient) or in an MCP session"
             )
         if isinstance(action, WireAction):
             action = action.unwrap()
-        data_before = self._episode.data_version
+        data_before, was_done = self._episode.data_version, self._episode.done
         observation = super().step(action, timeout_s=timeout_s, **kwargs)
         changed = self._episode is None or self._episode.data_version != data_before
         self._steps_on_unchanged_data = 0 if changed else self._steps_on_unchanged_data + 1
+        if self._episode.done and not was_done:
+            self._record(observation.latest_result.get("episode_end") or "claim")
         return observation
 
     def hidden_truth(self) -> Dict[str, Any]:
         raise PermissionError(
-            "the hidden truth is not served; grade with CernState (correct_outcome, ...) once the episode is done"
+            "the hidden truth is not served; the operator's results ledger holds it once the episode has ended"
         )
+
+    def _record(self, ended: str) -> None:
+        """One line in the results ledger for the episode that just ended (`ended`: the claim,
+        the reason the campaign stopped, or how it was abandoned): where it was played (`session_id`,
+        `client`), what it was (`episode_id`, `seed`, `scenario`, `difficulty`, `world_nonce`, the
+        `secret_fingerprint`), `steps`, the `grade` (`episode_grade()`: None if abandoned) and the
+        `truth`. Only a session's episodes are recorded (not HTTP's one-off resets)."""
+        if self._ledger is None or self.session_id is None or self._episode is None:
+            return
+        episode, state = self._episode, self.state
+        record = {
+            "mode": "evaluation" if self._evaluation else "training",
+            "secret_fingerprint": self._secret_fingerprint,
+            "session_id": self.session_id,
+            "client": self.client,
+            "episode_id": state.episode_id,
+            "seed": episode.seed,
+            "scenario": state.scenario_name,
+            "difficulty": state.difficulty,
+            "world_nonce": self.world_nonce(),
+            "steps": state.step_count,
+            "ended": ended,
+            "grade": self.episode_grade(),
+            "truth": CERNCollisionEnvironment.hidden_truth(self),
+        }
+        try:
+            self._ledger.append(record)
+        except OSError as error:  # the operator must hear of it; the agent's session goes on
+            logger.error("could not record an ended episode in the results ledger: %s", error)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._episode is not None and not self._episode.done:
+                self._record("abandoned: session ended")
             self._count.change(-1)
             self._scheduler.forget(self)
         super().close()
 
 
-def _encodable(text: str) -> bool:
-    """False for a str that cannot be sent back as JSON text (a lone surrogate from "\\ud800")."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _printable(value: Any, limit: int = 60) -> str:
-    """A short, always-encodable rendering of client input for an error message."""
-    return ascii(value)[:limit]
-
-
-class AddressPacer:
-    """A token bucket per client address: `burst` charges free, then `rate_per_s`; what is charged
-    is the caller's (`MessageLimit`: a WebSocket session that ended without a single step, or an
-    HTTP request). An address in debt waits `wait_s(address)`."""
-
-    def __init__(self, burst: int, rate_per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.burst, self.rate_per_s, self._clock = float(burst), float(rate_per_s), clock
-        self._buckets: Dict[str, Tuple[float, float]] = {}  # address -> (tokens, when)
-
-    def _tokens(self, address: str, now: float) -> float:
-        tokens, when = self._buckets.get(address, (self.burst, now))
-        return min(self.burst, tokens + (now - when) * self.rate_per_s)
-
-    def charge(self, address: str, tokens: float = 1.0) -> None:
-        """`tokens` more charges from `address` (negative: given back)."""
-        now = self._clock()
-        self._buckets[address] = (self._tokens(address, now) - tokens, now)
-        if len(self._buckets) > 10_000:  # forget the addresses whose buckets are full again
-            for stale in [a for a in self._buckets if self._tokens(a, now) >= self.burst]:
-                del self._buckets[stale]
-
-    def wait_s(self, address: str) -> float:
-        """How long `address` waits now: until its bucket is out of debt."""
-        return max(0.0, -self._tokens(address, self._clock()) / self.rate_per_s)
-
-
 class MessageLimit:
-    """ASGI middleware: bounds what a client may send, and answers what OpenEnv would not.
+    """ASGI middleware: bounds and checks what a client may send, and answers what OpenEnv would not.
 
-    WebSocket: a message over `max_bytes`, a binary frame, text that is not JSON (too deeply
-    nested or an integer over Python's 4,300 digits included), JSON that is not an object, an
-    unknown message type or a string that is not UTF-8 gets an OpenEnv-style error frame
-    `{"type": "error", "data": {"message", "code"}}` and is dropped; the session goes on. A
-    client silent for `idle_timeout_s` is disconnected. A client address that drops sessions
-    without a step faster than its `AddressPacer` allows waits for its next handshake. Beyond
-    `FREE_MESSAGES_WITHOUT_WORK` refused frames or `state` requests in a row (no reset or step
-    between), each waits `WASTED_WORK_PAUSE_S`. HTTP: an address's requests beyond
-    `HTTP_REQUEST_BURST` wait their turn at `HTTP_REQUESTS_PER_S`, or, if it is more than
-    `HTTP_MAX_WAIT_S` away, get 429 after that long; a body over `max_bytes` gets 413."""
+    Every request runs with a `RequestContext` (`REQUEST`) that names its client address, the
+    transport's peer (or, behind a trusted proxy, the client it names).
 
-    def __init__(self, app: Any, max_bytes: int, idle_timeout_s: Optional[float] = None) -> None:
+    WebSocket: a handshake that names a `session_id` (attaching to another connection's session)
+    or comes from a foreign `Origin` is refused (HTTP 403); a message over `max_bytes`, a binary
+    frame, text that is not JSON (nested deeper than `MAX_JSON_DEPTH`, an integer over Python's
+    4,300 digits), JSON that is not an object, an unknown message type or a string that is not
+    UTF-8 gets an OpenEnv-style error frame and is dropped; the session goes on. Messages that do
+    no work (refused frames, errors the app answers, `state` requests, and the pings and pongs the
+    protocol counts in the same `MessageBudget`) beyond `FREE_MESSAGES_WITHOUT_WORK` in a row
+    each wait `WASTED_WORK_PAUSE_S`. A session whose environment has not reset or stepped for
+    `idle_timeout_s` is closed (1001).
+
+    HTTP: an address's requests beyond `HTTP_REQUEST_BURST` wait their turn at
+    `HTTP_REQUESTS_PER_S`, or, if it is more than `HTTP_MAX_WAIT_S` away, get 429 after that long;
+    a body over `max_bytes` gets 413; a body that is not UTF-8 or nests too deep 400; `POST
+    /reset` arguments follow `reset_problem` (400) and must be a JSON object (422); an MCP call
+    naming a session made from another address is answered as for an unknown session."""
+
+    def __init__(
+        self,
+        app: Any,
+        max_bytes: int,
+        idle_timeout_s: Optional[float] = None,
+        allowed_origins: Tuple[str, ...] = (),
+        sessions: Optional[GuardedEnvServer] = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.idle_timeout_s = idle_timeout_s
-        self.sessions = AddressPacer(STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S)
+        self.allowed_origins = frozenset(allowed_origins)
+        self.sessions = sessions
         self.http_requests = AddressPacer(HTTP_REQUEST_BURST, HTTP_REQUESTS_PER_S)
 
     _pause = staticmethod(asyncio.sleep)  # how a paced message waits (tests record it)
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "websocket":
-            client = scope.get("client") or ("?", 0)
-            wait_s = self.sessions.wait_s(client[0])
-            if wait_s > 0.0:  # its address dropped too many sessions without a step: a tarpit
-                await self._pause(wait_s)
-            steps = [0]
-            try:
-                return await self.app(scope, self._guarded_receive(receive, send, steps), send)
-            except Exception as error:
-                if not _is_disconnect(error):
-                    raise
-                # the client went away: one line, not a traceback
-                logger.warning("WebSocket client %s:%s went away: %s", client[0], client[1], type(error).__name__)
-            finally:
-                if not steps[0]:
-                    self.sessions.charge(client[0])
-            return None
+            return await self._websocket(scope, receive, send)
         if scope["type"] == "http":
             return await self._http(scope, receive, send)
         return await self.app(scope, receive, send)
 
-    def _guarded_receive(self, receive: Any, send: Any, steps: Optional[List[int]] = None) -> Any:
-        """`receive` for the app, with the checks above; `steps[0]` counts the step messages."""
-        idle_in_a_row = 0  # refused frames and `state` requests since the last reset or step
-        steps = [0] if steps is None else steps
+    # WebSocket -----------------------------------------------------------------------------
+
+    async def _websocket(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        client = scope.get("client") or ("?", 0)
+        refusal = self._handshake_refusal(scope)
+        if refusal is not None:
+            event, reason = refusal
+            events.note(event)
+            return await send({"type": "websocket.close", "code": 1008, "reason": reason})
+        budget = (scope.get("extensions") or {}).get(BUDGET_EXTENSION) or MessageBudget()
+        context = RequestContext(client[0], "websocket", budget)
+        token = REQUEST.set(context)
+        try:
+            receive, send = self._guarded_receive(receive, send, context), self._guarded_send(send, context)
+            return await self.app(scope, receive, send)
+        except Exception as error:
+            if not _is_disconnect(error):
+                raise
+            events.note("WebSocket connections dropped mid-exchange")  # counted, not a traceback
+        finally:
+            REQUEST.reset(token)
+        return None
+
+    def _handshake_refusal(self, scope: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+        """(event, reason) for a WebSocket handshake that is refused, or None."""
+        if any(name == "session_id" for name, _ in parse_qsl(scope.get("query_string", b"").decode("latin-1"))):
+            return (
+                "WebSocket handshakes refused: attaching to a session by id",
+                "a session belongs to the connection that made it: open a WebSocket without session_id",
+            )
+        if not self._origin_allowed(scope):
+            return "WebSocket handshakes refused: foreign Origin", "this Origin may not use the server"
+        return None
+
+    def _origin_allowed(self, scope: Dict[str, Any]) -> bool:
+        """No `Origin` (a program, not a browser page), the server's own, or one of `allowed_origins`."""
+        headers = dict(scope.get("headers") or [])
+        origin = headers.get(b"origin")
+        if origin is None:
+            return True
+        text = origin.decode("latin-1").rstrip("/")
+        if text in self.allowed_origins:
+            return True
+        host = headers.get(b"host")
+        return host is not None and urlsplit(text).netloc.lower() == host.decode("latin-1").lower()
+
+    def _guarded_receive(self, receive: Any, send: Any, context: RequestContext) -> Any:
+        """`receive` for the app, with the checks above."""
+        connected = time.monotonic()
 
         async def guarded() -> Dict[str, Any]:
-            nonlocal idle_in_a_row
             while True:  # one client message per turn: the client, not the server, drives this loop
+                timeout_s = None
+                if self.idle_timeout_s is not None:  # idle: no reset or step for idle_timeout_s
+                    last_work = context.env.last_work if context.env is not None else connected
+                    timeout_s = max(0.0, last_work + self.idle_timeout_s - time.monotonic())
                 try:
-                    message = await asyncio.wait_for(receive(), self.idle_timeout_s)
-                except asyncio.TimeoutError:  # an idle client: close, and let the app free the session
+                    message = await asyncio.wait_for(receive(), timeout_s)
+                except asyncio.TimeoutError:  # close, and let the app free the session
                     await send(
-                        {"type": "websocket.close", "code": 1001, "reason": f"idle for {self.idle_timeout_s:g} s"}
+                        {
+                            "type": "websocket.close",
+                            "code": 1001,
+                            "reason": f"idle: no reset or step for {self.idle_timeout_s:g} s",
+                        }
                     )
                     return {"type": "websocket.disconnect", "code": 1001}
                 if message["type"] != "websocket.receive":
                     return message
                 problem, message_type = self._problem(message)
-                idle_in_a_row = 0 if message_type in ("reset", "step") else idle_in_a_row + 1
-                steps[0] += message_type == "step"
-                if idle_in_a_row > FREE_MESSAGES_WITHOUT_WORK:  # a tarpit, as for wasted physics work
-                    await self._pause(WASTED_WORK_PAUSE_S)
+                if (problem is not None or message_type == "state") and context.budget.idle():
+                    await self._pause(WASTED_WORK_PAUSE_S)  # a tarpit, as for wasted physics work
                 if problem is None:
                     return message
-                await send({"type": "websocket.send", "text": json.dumps({"type": "error", "data": problem})})
+                await send({"type": "websocket.send", "text": json.dumps(error_frame(**problem))})
+
+        return guarded
+
+    def _guarded_send(self, send: Any, context: RequestContext) -> Any:
+        """`send` for the app: its error frames count as messages without work, and are paced."""
+
+        async def guarded(message: Dict[str, Any]) -> None:
+            if message.get("type") == "websocket.send" and (message.get("text") or "").startswith('{"type":"error"'):
+                if context.budget.idle():
+                    await self._pause(WASTED_WORK_PAUSE_S)
+            await send(message)
 
         return guarded
 
     def _problem(self, message: Dict[str, Any]) -> Tuple[Optional[Dict[str, str]], Optional[str]]:
-        """(the error frame's data, or None for a message the app may have; the message's type,
-        or None where it has none)."""
+        """(the error frame's code and message, or None for a message the app may have; the
+        message's type, or None where it has none)."""
         text = message.get("text")
         if text is None:
             return {"code": "VALIDATION_ERROR", "message": "send JSON text frames, not binary ones"}, None
-        size = len(text.encode("utf-8"))
+        size = len(text.encode("utf-8", "surrogatepass"))
         if size > self.max_bytes:
             return {
                 "code": "MESSAGE_TOO_LARGE",
                 "message": f"message of {size} bytes is over the server's limit of {self.max_bytes} bytes",
             }, None
-        try:  # parsed here too: OpenEnv's handler lets RecursionError and huge integers end the session
+        deep = too_deep(text)
+        if deep is not None:
+            return {"code": "INVALID_JSON", "message": f"Invalid JSON: {deep}"}, None
+        try:  # parsed here too: OpenEnv's handler lets huge integers end the session
             value = json.loads(text)
         except (ValueError, RecursionError) as error:
             return {
                 "code": "INVALID_JSON",
-                "message": f"Invalid JSON ({type(error).__name__}): {_printable(str(error), 200)}",
+                "message": f"Invalid JSON ({type(error).__name__}): {printable(str(error), 200)}",
             }, None
         if not isinstance(value, dict):
             return {
@@ -479,15 +626,20 @@ class MessageLimit:
         if value.get("type") not in WS_MESSAGE_TYPES:
             return {
                 "code": "UNKNOWN_TYPE",
-                "message": f"Unknown message type {_printable(value.get('type'))}; "
+                "message": f"Unknown message type {printable(value.get('type'))}; "
                 f"send one of {', '.join(WS_MESSAGE_TYPES)}",
             }, None
-        if not _all_encodable(value):
+        if not all_encodable(value):
             return {"code": "VALIDATION_ERROR", "message": "strings must be valid UTF-8 (no lone surrogates)"}, None
         return None, value["type"]
 
+    # HTTP ------------------------------------------------------------------------------------
+
     async def _http(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         address = (scope.get("client") or ("?", 0))[0]
+        if not self._origin_allowed(scope):
+            events.note("HTTP requests refused: foreign Origin (403)")
+            return await _answer(send, 403, {"detail": "this Origin may not use the server"})
         self.http_requests.charge(address)  # first: concurrent requests of an address queue up
         wait_s = self.http_requests.wait_s(address)
         if wait_s > HTTP_MAX_WAIT_S:
@@ -497,45 +649,84 @@ class MessageLimit:
         if wait_s > 0.0:
             await self._pause(wait_s)
         length = dict(scope.get("headers", [])).get(b"content-length")
-        if length is not None:
-            if length.isdigit() and int(length) > self.max_bytes:
-                return await self._too_large(send, int(length))
-            return await self.app(scope, receive, send)
-        chunks, size = [], 0  # no Content-Length (chunked): read at most max_bytes, then replay
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await self._too_large(send, int(length))
+        chunks, size = [], 0  # the whole body (at most max_bytes), checked, then replayed to the app
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                return await self.app(scope, _replay([message]), send)
-            chunks.append(message)
-            size += len(message.get("body", b""))
+                return None  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
             if size > self.max_bytes:
                 return await self._too_large(send, size)
             if not message.get("more_body", False):
-                return await self.app(scope, _replay(chunks, receive), send)
+                break
+        body = b"".join(chunks)
+        answer = self._body_problem(scope, body, address)
+        if answer is not None:
+            return await _answer(send, *answer)
+        token = REQUEST.set(RequestContext(address, "http"))
+        try:
+            return await self.app(scope, _replay([{"type": "http.request", "body": body}], receive), send)
+        finally:
+            REQUEST.reset(token)
+
+    def _body_problem(self, scope: Dict[str, Any], body: bytes, address: str) -> Optional[Tuple[int, Any]]:
+        """(status, JSON answer) for a request body refused here, or None."""
+        if not body:
+            return None
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return 400, {"detail": "a request body is UTF-8 JSON"}
+        deep = too_deep(text)
+        if deep is not None:
+            return 400, {"detail": deep}
+        path, method = scope.get("path"), scope.get("method")
+        if method != "POST" or path not in ("/reset", "/step", "/mcp"):
+            return None
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            if path == "/mcp":
+                return None  # OpenEnv answers with a JSON-RPC parse error
+            return 422, {"detail": "the request body is not JSON"}
+        if not all_encodable(value):
+            return 400, {"detail": "strings must be valid UTF-8 (no lone surrogates)"}
+        if path == "/reset":
+            if not isinstance(value, dict):
+                return 422, {"detail": "reset arguments are a JSON object"}
+            problem = reset_problem(value)
+            return None if problem is None else (400, {"detail": problem})
+        if path == "/mcp" and isinstance(value, dict) and isinstance(value.get("params"), dict):
+            session_id = value["params"].get("session_id")
+            if session_id is not None and (self.sessions is None or self.sessions.owner_of(session_id) != address):
+                events.note("MCP calls refused: a session made from another address")
+                request_id = value.get("id") if isinstance(value.get("id"), (str, int)) else None
+                message = f"Unknown session_id: {printable(session_id)}"
+                error = JsonRpcResponse.error_response(JsonRpcErrorCode.INVALID_PARAMS, message, request_id=request_id)
+                return 200, error.model_dump()
+        return None
 
     async def _too_many(self, send: Any, address: str) -> None:
-        body = json.dumps(
-            {
-                "detail": f"too many HTTP requests from {address}: {HTTP_REQUEST_BURST} at once, then "
-                f"{HTTP_REQUESTS_PER_S:g} a second; try again in a second, or play over the WebSocket (/ws)"
-            }
-        ).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 429, "headers": headers + [(b"retry-after", b"1")]})
-        await send({"type": "http.response.body", "body": body})
+        detail = (
+            f"too many HTTP requests from {address}: {HTTP_REQUEST_BURST} at once, then "
+            f"{HTTP_REQUESTS_PER_S:g} a second; try again in a second, or play over the WebSocket (/ws)"
+        )
+        await _answer(send, 429, {"detail": detail}, [(b"retry-after", b"1")])
 
     async def _too_large(self, send: Any, size: int) -> None:
-        body = json.dumps(
-            {"detail": f"request body of {size} bytes is over the server's limit of {self.max_bytes} bytes"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        detail = f"request body of {size} bytes is over the server's limit of {self.max_bytes} bytes"
+        await _answer(send, 413, {"detail": detail})
+
+
+async def _answer(send: Any, status: int, content: Any, headers: Optional[List[Tuple[bytes, bytes]]] = None) -> None:
+    """A whole JSON response."""
+    body = json.dumps(content).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": head + list(headers or [])})
+    await send({"type": "http.response.body", "body": body})
 
 
 DISCONNECTS = (WebSocketDisconnect, WebSocketDisconnected, ClientDisconnected, ConnectionError)
@@ -554,18 +745,42 @@ def _is_disconnect(error: BaseException) -> bool:
 
 
 WS_MESSAGE_TYPES = ("reset", "step", "state", "close")
-"""What a client may send on /ws. OpenEnv's "mcp" messages are refused: they expose the session
-id, which its HTTP routes would let another client use."""
+"""What a client may send on /ws. OpenEnv's "mcp" messages are refused: they reveal the session
+id; MCP is served on `POST /mcp`, in sessions of its own."""
 
 
-def _all_encodable(value: Any) -> bool:
-    if isinstance(value, str):
-        return _encodable(value)
-    if isinstance(value, dict):
-        return all(_encodable(k) and _all_encodable(v) for k, v in value.items())
-    if isinstance(value, list):
-        return all(_all_encodable(v) for v in value)
-    return True
+class RequireGuard:
+    """ASGI middleware, outermost: the app serves only in a process running `guarded_server`
+    (`python -m cernenv.server`). Under plain uvicorn (or any other server) its start-up fails
+    with a message that says how to start it, and every request is refused (HTTP 503, WebSocket
+    handshake 403), so that it never runs without its listener, limits and protocol settings."""
+
+    MESSAGE = (
+        "the CERNenv server runs under its guard only: start it with `python -m cernenv.server` "
+        "(or `make serve`, or the container), not with plain uvicorn or another ASGI server"
+    )
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if serving_guard() is not None:
+            return await self.app(scope, receive, send)
+        return await self.refuse(scope, receive, send)
+
+    @classmethod
+    async def refuse(cls, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                logger.error("%s", cls.MESSAGE)
+                await send({"type": "lifespan.startup.failed", "message": cls.MESSAGE})
+            return None
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1011, "reason": "not served under its guard"})
+        if scope["type"] == "http":
+            return await _answer(send, 503, {"detail": cls.MESSAGE})
+        return None
 
 
 class BearerToken:
@@ -641,25 +856,37 @@ def _serve_schema_once(app: FastAPI) -> None:
     )
 
 
-def create_cernenv_app(config: Optional[ServerConfig] = None) -> Any:
-    """The ASGI app: OpenEnv's routes for `ServedEnvironment`, `/sessions`, and `MessageLimit` in front."""
+def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: bool = True) -> Any:
+    """The ASGI app: OpenEnv's routes for `ServedEnvironment` under `GuardedEnvServer`'s session
+    rules, `POST /mcp`, `/sessions`, `/evaluation`, and `MessageLimit` (and `BearerToken`) in front.
+    `require_guard=False` serves it without `guarded_server`: for in-process tests only."""
     config = config or ServerConfig.from_env()
     count = EnvironmentCount()
     scheduler = FairScheduler()
+    ledger = ResultsLedger(Path(config.results_ledger)) if config.results_ledger else None
     concurrency = ConcurrencyConfig(
         max_concurrent_envs=config.max_sessions, session_timeout=config.session_idle_timeout_s
     )
     app: FastAPI = create_app(
-        functools.partial(ServedEnvironment, count, scheduler, config.secret_salt),
+        functools.partial(
+            ServedEnvironment, count, scheduler, config.secret_salt, evaluation=config.evaluation, ledger=ledger
+        ),
         WireAction,
         CollisionObservation,
         env_name="cernenv",
         concurrency_config=concurrency,
         state_cls=CernState,
     )
-    # Sessions are made by the WebSocket alone: OpenEnv's /mcp routes create sessions over plain
-    # HTTP (which filled every slot) and let a client holding a session id close or drive it.
-    app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) != "/mcp"]
+    sessions = adopt_env_server(
+        app, config.sessions_per_client, AddressPacer(STEPLESS_SESSION_BURST, STEPLESS_SESSIONS_PER_S)
+    )
+    # MCP is served over HTTP (`POST /mcp`), in sessions `GuardedEnvServer` counts; OpenEnv's
+    # WebSocket /mcp would be a second kind of socket session for no client that needs it.
+    app.router.routes[:] = [
+        route
+        for route in app.router.routes
+        if not (getattr(route, "path", None) == "/mcp" and not getattr(route, "methods", None))
+    ]
     _serve_schema_once(app)
 
     async def request_error(request: Request, error: RequestError) -> JSONResponse:
@@ -669,8 +896,8 @@ def create_cernenv_app(config: Optional[ServerConfig] = None) -> Any:
         """FastAPI's own handler echoes the input, which fails on text JSON cannot encode (500)."""
         details = [
             {
-                "loc": [part if isinstance(part, int) else _printable(part) for part in e.get("loc", ())],
-                "msg": _printable(e.get("msg", ""), 300),
+                "loc": [part if isinstance(part, int) else printable(part) for part in e.get("loc", ())],
+                "msg": printable(e.get("msg", ""), 300),
                 "type": e.get("type", ""),
             }
             for e in error.errors()
@@ -680,15 +907,45 @@ def create_cernenv_app(config: Optional[ServerConfig] = None) -> Any:
     app.add_exception_handler(RequestError, request_error)
     app.add_exception_handler(RequestValidationError, validation_error)
 
-    @app.get("/sessions", tags=["Health"], summary="Open environments and the session limit")
-    async def sessions() -> Dict[str, int]:
-        return {"open_environments": count.open, "max_sessions": config.max_sessions}
+    @app.get("/sessions", tags=["Health"], summary="Open environments and the session limits")
+    async def open_sessions() -> Dict[str, int]:
+        return {
+            "open_environments": count.open,
+            "max_sessions": config.max_sessions,
+            "max_sessions_per_client": config.sessions_per_client,
+        }
 
-    app.add_middleware(MessageLimit, max_bytes=config.max_message_bytes, idle_timeout_s=config.session_idle_timeout_s)
+    @app.get("/evaluation", tags=["Environment Info"], summary="How this server grades")
+    async def evaluation() -> Dict[str, Any]:
+        """The mode, the fingerprint of the evaluation secret (never the secret), and what the
+        mode does to worlds and grades."""
+        return {
+            "mode": config.mode,
+            "secret_fingerprint": config.secret_fingerprint,
+            "fresh_worlds": config.evaluation,
+            "grades": "withheld: recorded for the operator when each episode ends"
+            if config.evaluation
+            else "served in observations and state (training mode: not for scoring)",
+        }
+
+    app.add_middleware(
+        MessageLimit,
+        max_bytes=config.max_message_bytes,
+        idle_timeout_s=config.session_idle_timeout_s,
+        allowed_origins=config.origins,
+        sessions=sessions,
+    )
     if config.token:
-        app.add_middleware(BearerToken, token=config.token)  # outermost: nothing runs for a stranger
+        app.add_middleware(BearerToken, token=config.token)  # nothing runs for a stranger
+    if require_guard:
+        app.add_middleware(RequireGuard)  # outermost
     app.state.cernenv_config = config
+    app.state.cernenv_sessions = sessions
     return app
 
 
-app = create_cernenv_app()
+async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:
+    """What `uvicorn cernenv.server.app:app` (or the manifest of an older release) finds: a
+    refusal (`RequireGuard.refuse`: start-up fails, every request is refused). `python -m
+    cernenv.server` builds and serves the real app under its guard."""
+    await RequireGuard.refuse(scope, receive, send)

@@ -1,24 +1,33 @@
-"""Connection limits and request timeouts in front of the app, at uvicorn's protocol level.
+"""The listener, connection limits and protocol settings every launch of the server runs under.
 
-What the ASGI app cannot see: connections that never finish a request. One client opened
-19,993 HTTP requests that never finished, until the server reached its file-descriptor limit,
-`/health` timed out and the log grew by 235,519 "Too many open files" lines (issue 15).
+What the ASGI app cannot see: connections that never finish a request, WebSocket control
+frames, the peer a connection really comes from. One client opened 19,993 HTTP requests that
+never finished, until the server reached its file-descriptor limit; another sent WebSocket
+pings without reading the pongs (the server buffered half a gigabyte of them).
+
 `ConnectionGuard` bounds the open connections, in all and per client address, and gives each
 request `request_read_timeout_s` to arrive whole (headers and body), from the connection's
-opening or from the end of the previous response. A connection over a limit gets a 503 and is
-closed before anything is read; a late request gets a 408 and is closed. Refusals are counted
-and logged at most once per `LOG_EVERY_S`, never once each.
+opening or from the end of the previous response. When the server holds its limit, a new
+connection from an address that holds fewer than another takes the place of one of that
+other's connections that is not being served (waiting for a request, or half sent): the
+address that holds the most connections loses one, so no group of addresses can lock the
+others out by filling the server with unfinished requests. Otherwise a connection over a limit
+gets a 503 and is closed before anything is read; a late request gets a 408 and is closed.
 
-`guarded_protocols(guard)` returns the HTTP (h11) and WebSocket protocol classes uvicorn takes
-as `http=` and `ws=`; `python -m cernenv.server` uses them. An upgraded WebSocket keeps its
-connection's place in the count until it closes.
+`GuardedWebSocketProtocol` counts its connection while it is open, counts each ping and pong
+its client sends as a message that does no work (paced with the others by `MessageBudget`,
+the connection closed past `MAX_CONTROL_FRAME_DEBT_S` of pauses in one read), and stops
+reading while its client does not read what the server writes (the unread pongs and answers
+stay in the client's kernel buffers, not in the server).
 
-`listening_socket(guard, host, port)` is the server's listening socket, which refuses a
-connection over a limit as it accepts it, before asyncio builds a transport, a task and a
-protocol for it: a flood of connections from one address (two processes opening 3,800 a
-second) cost the server 170 µs of CPU each when refused in the protocol, 60% of a core taken
-from the physics thread (bench/server_load.py). The protocol keeps its own check, which is the
-one that counts.
+`GuardedListener` refuses a connection over a limit as it accepts it, before asyncio builds a
+transport, a task and a protocol for it (a flood from one address cost 170 µs of CPU each when
+refused in the protocol), and sets TCP_NODELAY on those it hands over.
+
+`guarded_server(app, config, guard)` is the one `uvicorn.Server` that serves the app, with
+these protocols, this listener, the frame limit, no per-message compression, and proxy
+headers trusted only from the configured proxies; `python -m cernenv.server` (the module,
+`make serve`, the container) runs it, and the app refuses to serve under anything else.
 """
 
 from __future__ import annotations
@@ -27,56 +36,109 @@ import asyncio
 import logging
 import socket
 import threading
-import time
 from collections import Counter
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.utils import get_remote_addr
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from cernenv.server.pacing import (
+    MAX_CONTROL_FRAME_DEBT_S,
+    WASTED_WORK_PAUSE_S,
+    EventLog,
+    HostileEventFilter,
+    MessageBudget,
+    events,
+)
+
 logger = logging.getLogger("cernenv.server")
 
-LOG_EVERY_S = 10.0
+BUDGET_EXTENSION = "cernenv.message_budget"
+"""The key, in a WebSocket scope's `extensions`, of its connection's `MessageBudget`."""
+
+_serving: Dict[str, Any] = {}
+
+
+def serving_guard() -> Optional["ConnectionGuard"]:
+    """The guard of the `guarded_server` this process runs (None: none, e.g. plain uvicorn)."""
+    return _serving.get("guard")
 
 
 class ConnectionGuard:
-    """Counts of open connections (all, per client address) against their limits, and the
-    refusals made (`refused`, by reason)."""
+    """Counts of open connections (all, per client address) against their limits; the
+    connections that may give their place to a newcomer; refusals, counted in `events`.
+    Addresses in `trusted_proxies` carry many clients' connections: only the overall limit
+    applies to them."""
 
-    def __init__(self, max_connections: int, max_connections_per_client: int, request_read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        max_connections_per_client: int,
+        request_read_timeout_s: float,
+        trusted_proxies: Iterable[str] = (),
+        log: Optional[EventLog] = None,
+    ) -> None:
         self.max_connections = max_connections
         self.max_connections_per_client = max_connections_per_client
         self.request_read_timeout_s = request_read_timeout_s
+        self.trusted_proxies = frozenset(trusted_proxies)
+        self.events = log if log is not None else events
         self.open = 0
         self.per_client: Counter = Counter()
-        self.refused: Counter = Counter()
+        self._waiting: Dict[str, Dict[Any, None]] = {}  # client -> its connections not being served, oldest first
         self._lock = threading.Lock()
-        self._last_log = 0.0
-        self._logged: Counter = Counter()
+
+    @property
+    def refused(self) -> Counter:
+        return self.events.counts
 
     def admit(self, client: str) -> Optional[str]:
-        """Count a new connection from `client`; or, over a limit, the reason it is refused."""
+        """Count a new connection from `client` (making room if the server is full and another
+        address holds more); or, over a limit, the reason it is refused."""
         with self._lock:
-            reason = self._over_limit(client)
+            reason, victim = self._check(client)
             if reason is None:
                 self.open += 1
                 self.per_client[client] += 1
-                return None
-        self.note("connections refused over a limit")
+        if victim is not None:
+            self.events.note("connections closed to make room for another address's")
+            victim.evict()
+        if reason is not None:
+            self.events.note("connections refused over a limit")
         return reason
 
     def refusal(self, client: str) -> Optional[str]:
         """Why a new connection from `client` would be refused now (None: it would be admitted)."""
         with self._lock:
-            return self._over_limit(client)
+            return self._check(client, look_only=True)[0]
 
-    def _over_limit(self, client: str) -> Optional[str]:
-        if self.open >= self.max_connections:
-            return f"the server holds its limit of {self.max_connections} connections"
-        if self.per_client[client] >= self.max_connections_per_client:
-            return f"{client} holds its limit of {self.max_connections_per_client} connections"
-        return None
+    def _check(self, client: str, look_only: bool = False) -> Tuple[Optional[str], Any]:
+        if client not in self.trusted_proxies and self.per_client[client] >= self.max_connections_per_client:
+            return f"{client} holds its limit of {self.max_connections_per_client} connections", None
+        if self.open < self.max_connections:
+            return None, None
+        victim = self._victim_for(client)
+        if victim is None:
+            return f"the server holds its limit of {self.max_connections} connections", None
+        if not look_only:  # its place is taken now; `evict` closes it
+            self._forget_waiting(victim.guard_client, victim)
+            self.open -= 1
+            self.per_client[victim.guard_client] -= 1
+            victim.guard_counted = False
+        return None, victim
+
+    def _victim_for(self, client: str) -> Any:
+        """The oldest connection not being served of the address that holds the most connections,
+        if that address holds at least two more than `client`."""
+        candidates = [(self.per_client[c], c) for c, waiting in self._waiting.items() if waiting and c != client]
+        if not candidates:
+            return None
+        held, heaviest = max(candidates)
+        if held < self.per_client[client] + 2:
+            return None
+        return next(iter(self._waiting[heaviest]))
 
     def count(self, client: str) -> None:
         """Count a connection from `client` whatever the limits (an upgrade of one already admitted)."""
@@ -91,19 +153,23 @@ class ConnectionGuard:
             if self.per_client[client] <= 0:
                 del self.per_client[client]
 
-    def note(self, event: str) -> None:
-        """Count `event`; log the counts since the last line, at most once per LOG_EVERY_S."""
+    def waiting(self, client: str, connection: Any, is_waiting: bool) -> None:
+        """Mark `connection` as one that may give its place (it is not being served) or not."""
         with self._lock:
-            self.refused[event] += 1
-            self._logged[event] += 1
-            now = time.monotonic()
-            if now - self._last_log < LOG_EVERY_S:
-                return
-            self._last_log, counts = now, dict(self._logged)
-            self._logged.clear()
-        logger.warning(
-            "connection guard: %s (open now: %d)", ", ".join(f"{n} {event}" for event, n in counts.items()), self.open
-        )
+            if is_waiting:
+                self._waiting.setdefault(client, {})[connection] = None
+            else:
+                self._forget_waiting(client, connection)
+
+    def _forget_waiting(self, client: str, connection: Any) -> None:
+        waiting = self._waiting.get(client)
+        if waiting is not None:
+            waiting.pop(connection, None)
+            if not waiting:
+                del self._waiting[client]
+
+    def note(self, event: str) -> None:
+        self.events.note(event)
 
 
 def _client_host(transport: asyncio.BaseTransport) -> str:
@@ -179,19 +245,20 @@ class GuardedH11Protocol(H11Protocol):
     guard: ConnectionGuard
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self._host = _client_host(transport)
+        self.guard_client = _client_host(transport)
         self._read_timer: Optional[asyncio.TimerHandle] = None
         self._request_cycle: Any = None
-        reason = self.guard.admit(self._host)
-        self._counted = reason is None
+        self.guard_counted = False
+        reason = self.guard.admit(self.guard_client)
         if reason is not None:  # refused before uvicorn sets anything up: a flood costs little
             _refuse(transport, 503, "Service Unavailable", f"{reason}; try again later")
             return
+        self.guard_counted = True
         super().connection_made(transport)
         self._start_read_timer()
 
     def data_received(self, data: bytes) -> None:
-        if not self._counted:  # refused (data already on its way)
+        if not self.guard_counted:  # refused or evicted (data already on its way)
             return
         if self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
             self._start_read_timer()  # the next request on a kept-alive connection begins
@@ -199,36 +266,50 @@ class GuardedH11Protocol(H11Protocol):
         if self._read_timer is not None and self.cycle is not self._request_cycle and not self.cycle.more_body:
             self._stop_read_timer()  # the request arrived whole: the app has it
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.guard_counted and not self.transport.is_closing():
+            self.guard.waiting(self.guard_client, self, True)  # idle between requests
+
     def handle_websocket_upgrade(self, event: Any) -> None:
         self._stop_read_timer()
-        if self._counted:  # the WebSocket protocol counts this connection from now on
-            self._counted = False
-            self.guard.release(self._host)
+        if self.guard_counted:  # the WebSocket protocol counts this connection from now on
+            self.guard_counted = False
+            self.guard.release(self.guard_client)
         super().handle_websocket_upgrade(event)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         if self.transport is None:  # refused in connection_made: nothing was set up
             return
         self._stop_read_timer()
-        if self._counted:
-            self._counted = False
-            self.guard.release(self._host)
+        self.guard.waiting(self.guard_client, self, False)
+        if self.guard_counted:
+            self.guard_counted = False
+            self.guard.release(self.guard_client)
         super().connection_lost(exc)
+
+    def evict(self) -> None:
+        """Give this connection's place to another address's (the guard has uncounted it)."""
+        self._stop_read_timer()
+        if self.transport is not None and not self.transport.is_closing():
+            _refuse(self.transport, 503, "Service Unavailable", "the server is full; this connection made room")
 
     def _start_read_timer(self) -> None:
         self._request_cycle = self.cycle
         self._read_timer = self.loop.call_later(self.guard.request_read_timeout_s, self._read_timed_out)
+        self.guard.waiting(self.guard_client, self, True)  # a request not yet whole
 
     def _stop_read_timer(self) -> None:
         if self._read_timer is not None:
             self._read_timer.cancel()
             self._read_timer = None
+            self.guard.waiting(self.guard_client, self, False)  # being served
 
     def _read_timed_out(self) -> None:
         self._read_timer = None
         if self.transport.is_closing():
             return
-        self.guard.note("requests not received whole in time")
+        self.guard.note("requests not received whole in time (408)")
         _refuse(
             self.transport,
             408,
@@ -237,27 +318,149 @@ class GuardedH11Protocol(H11Protocol):
         )
 
 
+class _ReadGate:
+    """A WebSocket connection's transport, reading while none of the reasons to pause holds:
+    uvicorn's own ("app": a message waits for the app), the client not reading what the server
+    writes ("write"), a pause its control frames earned ("pace"). Everything else is the
+    transport's."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._paused: set = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def pause_reading(self, reason: str = "app") -> None:
+        if not self._paused and not self._transport.is_closing():
+            self._transport.pause_reading()
+        self._paused.add(reason)
+
+    def resume_reading(self, reason: str = "app") -> None:
+        self._paused.discard(reason)
+        if not self._paused and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+
 class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol, counted by a `ConnectionGuard` (the class attribute `guard`)
-    while it is open. The limits were checked when its connection opened as HTTP."""
+    while it is open, its pings and pongs counted and paced as messages without work, and its
+    reading paused while the client does not read. The limits were checked when its connection
+    opened as HTTP."""
 
     guard: ConnectionGuard
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        self._host = _client_host(transport)
-        self.guard.count(self._host)
-        self._counted = True
+        self.transport = _ReadGate(transport)  # type: ignore[assignment]
+        self.guard_client = _client_host(transport)
+        self.guard.count(self.guard_client)
+        self.guard_counted = True
+        self.budget = MessageBudget()
+        self._debt_s = 0.0
+        self._pacing: Optional[asyncio.TimerHandle] = None
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        if getattr(self, "scope", None) is not None:  # the app's pacing shares this connection's count
+            self.scope["extensions"][BUDGET_EXTENSION] = self.budget
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._debt_s > MAX_CONTROL_FRAME_DEBT_S and not self.close_sent:
+            self.guard.note("WebSocket connections closed for a flood of pings or pongs (1008)")
+            self._debt_s = 0.0
+            self._close(1008, "too many pings or pongs without a reset or step")
+        elif self._debt_s > 0.0 and self._pacing is None and not self.transport.is_closing():
+            self.transport.pause_reading("pace")
+            self._pacing = self.loop.call_later(self._debt_s, self._end_pace)
+
+    def _end_pace(self) -> None:
+        self._pacing, self._debt_s = None, 0.0
+        self.transport.resume_reading("pace")
+
+    def _control_frame(self) -> None:
+        if self.budget.idle():
+            self._debt_s += WASTED_WORK_PAUSE_S
+
+    def handle_ping(self) -> None:
+        super().handle_ping()
+        self._control_frame()
+
+    def handle_pong(self, event: Any) -> None:
+        super().handle_pong(event)
+        self._control_frame()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.transport.pause_reading("write")  # read no more until the client reads
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.transport.resume_reading("write")
+
+    def _close(self, code: int, reason: str) -> None:
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        self.conn.send_close(code, reason)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.transport.close()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
-        if getattr(self, "_counted", False):
-            self._counted = False
-            self.guard.release(self._host)
+        if self._pacing is not None:
+            self._pacing.cancel()
+            self._pacing = None
+        if getattr(self, "guard_counted", False):
+            self.guard_counted = False
+            self.guard.release(self.guard_client)
         super().connection_lost(exc)
 
 
 def guarded_protocols(guard: ConnectionGuard) -> Tuple[type, type]:
-    """(http, ws) protocol classes for `uvicorn.run(http=..., ws=...)`, both under `guard`."""
+    """(http, ws) protocol classes for uvicorn's `http=` and `ws=`, both under `guard`."""
     http = type("GuardedH11", (GuardedH11Protocol,), {"guard": guard})
     ws = type("GuardedWebSocket", (GuardedWebSocketProtocol,), {"guard": guard})
     return http, ws
+
+
+def guarded_server(
+    app: Any,
+    guard: ConnectionGuard,
+    host: str,
+    port: int,
+    ws_frame_limit_bytes: int,
+    log_level: str = "warning",
+) -> uvicorn.Server:
+    """The uvicorn server for `app` under `guard`: its protocols, the frame limit (larger frames
+    close the connection, 1009), no per-message compression (a 4 KB frame could inflate to
+    4 MiB), keep-alive pings every 20 s, proxy headers (X-Forwarded-For) trusted from
+    `guard.trusted_proxies` only, uvicorn's per-request warnings counted in `events`. Marks this
+    process as serving under `guard` (see `serving_guard`)."""
+    http, ws = guarded_protocols(guard)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http=http,
+        ws=ws,
+        ws_max_size=ws_frame_limit_bytes,
+        ws_per_message_deflate=False,
+        ws_ping_interval=20.0,
+        ws_ping_timeout=20.0,
+        proxy_headers=bool(guard.trusted_proxies),
+        forwarded_allow_ips=sorted(guard.trusted_proxies) or None,
+        server_header=False,
+    )
+    server = uvicorn.Server(config)
+    install_log_filter()  # after uvicorn configured its loggers
+    _serving["guard"] = guard
+    return server
+
+
+def install_log_filter() -> None:
+    """Count uvicorn's per-request warnings in `events` instead of writing them (see
+    `HostileEventFilter`); idempotent."""
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, HostileEventFilter) for f in uvicorn_errors.filters):
+        uvicorn_errors.addFilter(HostileEventFilter())
