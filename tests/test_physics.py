@@ -313,6 +313,23 @@ def test_floating_mass_significance():
     assert floated.z_local >= fixed.z_local - 1e-6  # maximised over mass
 
 
+@pytest.mark.parametrize("peak, deficit, peak_at, deficit_at", [(250, 600, 1.0, -1.5), (300, 1000, 0.5, -1.8)])
+def test_floating_mass_significance_finds_the_excess_beside_a_deeper_deficit(peak, deficit, peak_at, deficit_at):
+    """A strong deficit and a strong peak within ±2σ_m of the requested mass: the deficit's
+    minimum (N_s < 0) has the lower NLL, but q0 is one-sided, so the floated fit must report
+    the peak's (the most significant mass of a scan of the same bounds), not q0 = 0."""
+    mass = 130.0
+    counts = np.round(BKG + signal(peak, mass + peak_at * RES) - signal(deficit, mass + deficit_at * RES))
+    bounds = (mass - 2 * RES, mass + 2 * RES)
+    floated = profile_likelihood_significance(EDGES, counts, SQRT_S, RES, mass, mass_bounds_gev=bounds)
+    grid = np.linspace(*bounds, 81)
+    scan = scan_local_significance(EDGES, counts, SQRT_S, lambda m: np.full(np.shape(m), RES), grid)
+    assert scan.best_z_local > 4.5
+    assert floated.signal_yield > 0
+    assert floated.z_local == pytest.approx(scan.best_z_local, abs=0.02)
+    assert abs(floated.mass_gev - scan.best_mass_gev) < 0.1 * RES
+
+
 def test_global_significance():
     z_loc = 4.0
     prev = z_loc

@@ -346,8 +346,10 @@ def fit_resonance_on_template(
     spurious_events,
     fix_signal_zero=False,
     fit_theta=True,
+    signal_yield_min=None,
 ):
-    """Core s+b fit; returns the minimum (``Minimum``) and the cost."""
+    """Core s+b fit; returns the minimum (``Minimum``) and the cost. ``signal_yield_min``: a
+    lower limit on N_s above the positivity floor (0 for a fit that seeks an excess only)."""
     p_ref = (bkg.p1, bkg.p2)
     T = whitening(tmpl, bkg.background_yield, *p_ref)
     cost = PoissonDeviance(tmpl, counts, resolution_gev, spurious_events, p_ref, T)
@@ -374,7 +376,9 @@ def fit_resonance_on_template(
     ns_err = float(np.sqrt(1.0 / max(np.sum(s0 * s0 / np.maximum(b_exp, 1e-9)), 1e-12)))
     m_range = (mass0, mass0) if fix_mass else (lo, hi)
     lower = _signal_yield_floor(tmpl, b_exp, resolution_gev, *m_range, width_fixed)
-    ns0 = max(ns0, 0.5 * lower)
+    if signal_yield_min is not None:
+        lower = max(lower, float(signal_yield_min))
+    ns0 = max(ns0, 0.5 * lower if lower < 0.0 else lower)
     nb0 = max(bkg.background_yield - ns0 * float(s0.sum()), 1.0)
     fixed = set()
     if fix_signal_zero:

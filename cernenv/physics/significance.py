@@ -96,7 +96,11 @@ def profile_likelihood_significance(
     Mass: fixed at ``mass_gev`` unless ``mass_bounds_gev`` is given, then floated in
     it (starting from the best of ``mass_gev`` and a fast scan of the bounds); q0 is
     then the local significance at the best mass -- correct for the look-elsewhere
-    effect with ``global_significance``. ``background``: a background-only fit of the
+    effect with ``global_significance``. With the mass floated, N_s is held >= 0: q0 is
+    one-sided (0 wherever N_s-hat <= 0, CCGV eq. 12), so its maximum over the masses is the
+    best minimum with N_s > 0, and a deeper deficit within the bounds (a lower NLL at
+    N_s < 0) must not hide it; a fit that ends at N_s = 0 while the scan of the bounds shows
+    an excess is restarted from the scan's best mass. ``background``: a background-only fit of the
     same histogram to start from (it is refitted if the s+b fit finds a better H0
     minimum). The width is fixed to 0: with a floating
     width (undefined under H0) q0 would not follow the half-chi2 law.
@@ -110,20 +114,22 @@ def profile_likelihood_significance(
     bkg = background if background is not None else fit_background_on_template(tmpl, counts)
     fix_mass = mass_bounds_gev is None
     starts = [float(mass_gev)]
+    m_scan = None
     if not fix_mass:
         lo, hi = sorted(map(float, mass_bounds_gev))
         starts = [float(np.clip(mass_gev, lo, hi))]
         grid = np.linspace(lo, hi, max(int(np.ceil((hi - lo) / (0.25 * res))) + 1, 2))
         _, q0_scan = local_q0(tmpl, counts, bkg, gaussian_bin_fractions(tmpl, grid, np.full(grid.size, res)))
-        m_scan = float(grid[int(np.argmax(q0_scan))])
-        if abs(m_scan - starts[0]) > 0.5 * res:
-            starts.append(m_scan)
+        if np.nanmax(q0_scan) > 0.0:
+            m_scan = float(grid[int(np.nanargmax(q0_scan))])
+            if abs(m_scan - starts[0]) > 0.5 * res:
+                starts.append(m_scan)
         bounds = (lo, hi)
     else:
         bounds = None
-    best = best_cost = None
-    for m0 in starts:
-        fit, cost = fit_resonance_on_template(
+
+    def fit_from(m0):
+        return fit_resonance_on_template(
             tmpl,
             counts,
             bkg,
@@ -134,8 +140,17 @@ def profile_likelihood_significance(
             max_width_gev=0.0,
             spurious_events=spur,
             fit_theta=False,
+            signal_yield_min=None if fix_mass else 0.0,
         )
+
+    best = best_cost = None
+    for m0 in starts:
+        fit, cost = fit_from(m0)
         if best is None or fit.fval < best.fval:
+            best, best_cost = fit, cost
+    if m_scan is not None and not float(best.values[NS]) > 0.0 and m_scan not in starts:
+        fit, cost = fit_from(m_scan)  # the start's fit stopped at N_s = 0, next to an excess
+        if fit.fval < best.fval:
             best, best_cost = fit, cost
     mu_hat = float(best.values[NS])
     m_hat = float(best.values[M])
