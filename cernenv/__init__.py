@@ -3,9 +3,9 @@
 Installs and imports without any machine-learning library.
 """
 
-from cernenv._deferred_imports import defer_openenv_web_interface
+from cernenv._deferred_imports import defer_openenv_package_inits
 
-defer_openenv_web_interface()  # before anything imports openenv (see the module)
+defer_openenv_package_inits()  # before anything imports openenv (see the module)
 
 from cernenv._version import __version__  # noqa: E402
 from cernenv.actions import ACTION_TABLE  # noqa: E402

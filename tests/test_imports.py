@@ -1,5 +1,6 @@
-"""What `import cernenv` pulls in: no machine-learning library, and OpenEnv's Gradio web UI only
-when it is asked for (cernenv/_deferred_imports.py)."""
+"""What `import cernenv` pulls in: no machine-learning library, not OpenEnv's server stack
+(FastAPI, the MCP server) until a server or client is made, and OpenEnv's Gradio web UI only when
+it is asked for (cernenv/_deferred_imports.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,20 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, os, sys
 import cernenv
-loaded = {name: name in sys.modules for name in ("gradio", "torch", "transformers", "lib")}
+heavy = ("gradio", "torch", "transformers", "lib", "fastapi", "mcp", "fastmcp")
+loaded = {name: name in sys.modules for name in heavy}
+env = cernenv.CERNCollisionEnvironment()
+env.reset(seed=1)
+loaded_after_a_reset = {name: name in sys.modules for name in heavy}
 from cernenv.server import ServerConfig, create_cernenv_app
 os.environ["ENABLE_WEB_INTERFACE"] = "true"  # asked for after start-up: the UI still comes
 routes = {getattr(route, "path", "") for route in create_cernenv_app(ServerConfig()).router.routes}
-print(json.dumps({"loaded": loaded, "web_routes": sorted(r for r in routes if r.startswith("/web"))}))
+print(json.dumps({
+    "loaded": loaded,
+    "loaded_after_a_reset": loaded_after_a_reset,
+    "gradio_with_the_app": "gradio" in sys.modules,
+    "web_routes": sorted(r for r in routes if r.startswith("/web")),
+}))
 """
 
 
@@ -32,15 +42,16 @@ def _probe(**env: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_import_cernenv_loads_no_ml_library_and_no_web_ui_until_asked():
+def test_import_cernenv_loads_no_ml_library_no_server_stack_and_no_web_ui_until_asked():
     probe = _probe()
-    assert probe["loaded"] == {"gradio": False, "torch": False, "transformers": False, "lib": False}
+    assert not any(probe["loaded"].values()), probe["loaded"]
+    assert not any(probe["loaded_after_a_reset"].values()), probe["loaded_after_a_reset"]
     assert "/web" in probe["web_routes"] and "/web/step" in probe["web_routes"]
 
 
-def test_the_web_ui_asked_for_at_start_up_loads_as_openenv_does():
+def test_the_web_ui_asked_for_at_start_up_comes_with_the_app():
     probe = _probe(ENABLE_WEB_INTERFACE="true")
-    assert probe["loaded"]["gradio"] is True and "/web" in probe["web_routes"]
+    assert probe["gradio_with_the_app"] is True and "/web" in probe["web_routes"]
 
 
 def test_lib_is_reached_through_the_install_alone(tmp_path):
