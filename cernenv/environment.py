@@ -61,6 +61,18 @@ from cernenv.simulation import MAX_SPECTRUM_BINS, MIN_SPECTRUM_BINS, CollisionRe
 
 LUMINOSITY_UNCERTAINTY_FRAC = 0.017  # ATLAS Run-2 luminosity, EPJC 83 (2023) 982
 HISTORY_LENGTH = 12
+LOGBOOK_VERBS = (
+    ActionType.SCAN_BUMP,
+    ActionType.SUBTRACT_BACKGROUND,
+    ActionType.FIT_RESONANCE,
+    ActionType.MEASURE_ANGULAR,
+    ActionType.ESTIMATE_SIGNIFICANCE,
+    ActionType.REQUEST_SYSTEMATICS,
+    ActionType.REQUEST_THEORY_REVIEW,
+)
+"""The analysis verbs whose latest result the observation's `logbook` keeps."""
+PER_CHANNEL_LOGBOOK_VERBS = (ActionType.SCAN_BUMP,)
+"""Logbook verbs kept per channel ("scan_bump/diphoton"): a survey scans every channel."""
 
 
 _SIGNIFICANT_FIGURES = {digits: f".{digits}g" for digits in range(1, 18)}  # format specs, made once
@@ -109,6 +121,7 @@ class _Episode:
     data_version: int = 0
     history: List[str] = field(default_factory=list)
     latest_result: Dict[str, Any] = field(default_factory=dict)
+    logbook: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     done: bool = False
 
 
@@ -227,6 +240,10 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             episode.seen_actions.add(redundancy_key)
             episode.latest_result = {"action": label, **result}
             episode.history.append(f"{label}: ok")
+            if parsed.action_type in LOGBOOK_VERBS:
+                channel = result.get("channel")
+                key = f"{label}/{channel}" if parsed.action_type in PER_CHANNEL_LOGBOOK_VERBS else label
+                episode.logbook[key] = dict(result)
         except RuleViolation as violation:
             violations.append(str(violation))
             breakdown["violations"] = VIOLATION_PENALTY
@@ -599,6 +616,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
         episode.milestones.add("resonance_fitted")
         return {
+            "channel": spectrum.channel,
             "mass_gev": _r(fit.mass_gev, 6),
             "mass_err_gev": _r(fit.mass_err_gev, 3),
             "width_gev": _r(fit.width_gev, 3),
@@ -631,6 +649,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
         episode.candidates_gev = [_r(m, 5) for m in scan.candidates_gev]
         return {
+            "channel": spectrum.channel,
             "best_mass_gev": _r(scan.best_mass_gev, 5),
             "best_z_local": _r(scan.best_z_local, 3),
             "candidates_gev": episode.candidates_gev,
@@ -916,6 +935,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
             data_collected=data,
             latest_result=dict(episode.latest_result),
             candidate_masses_gev=list(episode.candidates_gev),
+            logbook={key: dict(entry) for key, entry in episode.logbook.items()},
             cumulative_significance=_r(episode.best_significance, 3) or 0.0,
             pipeline_history=episode.history[-HISTORY_LENGTH:],
             rule_violations=violations,

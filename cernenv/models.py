@@ -159,6 +159,11 @@ class CollisionObservation(Observation):
         default_factory=list, description="Local excesses from the last bump scan [GeV]."
     )
     cumulative_significance: float = Field(default=0.0, description="Best global significance measured so far [sigma].")
+    logbook: Dict[str, Dict[str, Any]] = Field(
+        default_factory=dict,
+        description="The latest result of each analysis verb this episode (`scan_bump/<channel>` per channel): "
+        "the numbers a physicist writes down, so a claim can quote them.",
+    )
     pipeline_history: List[str] = Field(
         default_factory=list, description="The last actions and their status (ok or a violation code)."
     )

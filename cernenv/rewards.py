@@ -158,7 +158,7 @@ def grade_claim(
 ) -> Grade:
     """Terminal reward components for `claim` (None: the episode ended without one).
 
-    `truth` is `Scenario.hidden_truth()` (the null scenario's has `exists` False); `reference_z_global` is the environment's reference
+    `truth` is `Scenario.hidden_truth()`; `reference_z_global` is the environment's reference
     analysis of the agent's data at the claimed mass and channel. The truth is read only for a
     supported claim (`EVIDENCE_Z_GLOBAL`, `NULL_EVIDENCE_LUMINOSITY_FRACTION`): the grade of a
     claim without evidence, or of no claim, is the same in every hidden world.

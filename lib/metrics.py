@@ -11,6 +11,7 @@ files keep the column names of the original evidence logger for some of them (`m
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -109,6 +110,35 @@ def _parse_rate(episode: Mapping[str, Any]) -> Optional[float]:
     return float(np.mean([bool(step.get("parsed_ok", True)) for step in steps]))
 
 
+_FITTED_MASS = re.compile(r"Last \(fit_resonance\):[^\n]*? mass_gev=([-+0-9.eE]+)|fit \S+ ([-+0-9.eE]+)±")
+
+
+def _claim(episode: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    """The parameters of the episode's discovery claim, if it ended with one."""
+    steps = episode.get("steps") or []
+    action = steps[-1].get("action") if steps else None
+    if isinstance(action, Mapping) and action.get("action_type") == "submit_discovery_claim":
+        parameters = action.get("parameters") or {}
+        return parameters if parameters.get("discovered") is True else None
+    return None
+
+
+def _quotes_own_fit(episode: Mapping[str, Any]) -> Optional[float]:
+    """1 when the claimed mass is, to the 4 significant figures prompts show, a mass the episode's
+    own fit returned (read from the prompts it saw); 0 otherwise; None without a discovery claim
+    or without prompts (a scripted agent's record)."""
+    claim = _claim(episode)
+    steps = episode.get("steps") or []
+    if claim is None or not isinstance(claim.get("mass_gev"), (int, float)) or not any(s.get("prompt") for s in steps):
+        return None
+    fitted = {
+        float(format(float(a or b), ".4g"))
+        for step in episode.get("steps") or []
+        for a, b in _FITTED_MASS.findall(step.get("prompt") or "")
+    }
+    return float(float(format(float(claim["mass_gev"]), ".4g")) in fitted)
+
+
 # Metric name → (what it means, which episodes it averages over, value per episode).
 METRICS: Dict[str, Tuple[str, Callable[[Mapping[str, Any]], bool], Callable[[Mapping[str, Any]], Any]]] = {
     "mean_reward": ("episode reward", lambda e: True, lambda e: e.get("cumulative_reward")),
@@ -126,6 +156,11 @@ METRICS: Dict[str, Tuple[str, Callable[[Mapping[str, Any]], bool], Callable[[Map
         lambda e: float(bool(e.get("discovered"))),
     ),
     "parse_rate": ("actions that parsed", lambda e: True, _parse_rate),
+    "claims_quote_own_fit": (
+        "discovery claims at a mass the episode's own fit returned",
+        lambda e: _claim(e) is not None,
+        _quotes_own_fit,
+    ),
     "mean_steps": ("steps per episode", lambda e: True, lambda e: e.get("n_steps", len(e.get("steps") or []))),
     "budget_used_fraction": (
         "budget spent",

@@ -61,9 +61,10 @@ def first_messages(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentC
 
 
 def followup_message(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> Dict[str, str]:
-    """A later observation, rendered whole like the first: each turn's message restates the
-    window, the channels and the recent history, so a small model need not look far back."""
-    return {"role": "user", "content": render_observation(obs, config)}
+    """A later observation: what changed (resources, data, the last result) and the logbook's key
+    numbers, without the task the first message stated, so a conversation grows by ~100 tokens a
+    turn and the numbers a claim quotes are always in its last message."""
+    return {"role": "user", "content": render_observation(obs, config, include_task=False)}
 
 
 _PROBE = "\u2063probe-reply\u2063"

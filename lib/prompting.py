@@ -98,9 +98,9 @@ def render_system_prompt() -> str:
         f"{_action_reference()}\n"
         f"A refused action costs {-VIOLATION_PENALTY:g}, a repeat on unchanged data {-REDUNDANCY_PENALTY:g}. "
         "The claim ends the campaign and is graded: a discovery needs the right mass and "
-        f"≥{EVIDENCE_Z_GLOBAL:g}σ global in your data, a null claim (nothing there) "
+        f"≥{EVIDENCE_Z_GLOBAL:g}σ global in your data, a null claim "
         f"≥{NULL_EVIDENCE_LUMINOSITY_FRACTION:.0%} of the luminosity cap analysed; "
-        "misstating significance or confidence costs."
+        "misstated significance or confidence costs."
     )
 
 
@@ -120,23 +120,68 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def render_observation(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> str:
+UNSHOWN_RESULT_KEYS = ("q0", "p_local", "p_global", "local_p_method", "upcrossings_source", "upcrossings_z1")
+"""Result fields the prompt leaves out: q0 and the p-values say what the Z values say, and the
+methods behind them are for people (the observation has them all)."""
+
+
+def _logbook_line(logbook: Dict[str, Dict[str, Any]]) -> str:
+    """The numbers a claim quotes, once a fit exists: the last fit, significance and spin."""
+    fit = logbook.get("fit_resonance")
+    if not fit:
+        return ""
+    notes = [f"fit {fit.get('channel')} {_short(fit.get('mass_gev'))}±{_short(fit.get('mass_err_gev'))} GeV"]
+    significance = logbook.get("estimate_significance")
+    if significance:
+        notes.append(
+            f"Z({_short(significance.get('mass_gev'))}) local {_short(significance.get('z_local'))} "
+            f"global {_short(significance.get('z_global'))}"
+        )
+    angular = logbook.get("measure_angular")
+    if angular:
+        notes.append(f"spin {angular.get('best_spin')}")
+    return "Logbook: " + "; ".join(notes)
+
+
+def render_observation(
+    obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig(), *, include_task: bool = True
+) -> str:
     """The user message: a compact text rendering of what the observation shows.
 
-    The task's problem statement is left out: it restates the window and channels (shown
-    here), and the system prompt says the window may hold nothing.
+    `include_task` (a single decision, or the first message of a conversation): the task
+    (window, channels, triggers, beams, totals), the state (beam, trigger, channel, data) and
+    the recent history. Without it (a later message of a conversation, which holds all that
+    already): the step and the resources left, the last action's result, any violation, and,
+    once a fit exists, the logbook's numbers a claim quotes (`_logbook_line`), so a conversation
+    grows by a few dozen tokens a turn. The task's problem statement is left out: it restates
+    the window and channels, and the system prompt says the window may hold nothing.
     """
     task, usage = obs.task, obs.resource_usage
+    totals = (
+        (f"/{task.budget_total_musd:g}", f"/{task.time_total_days:g}", f"/{task.luminosity_total_fb:g}")
+        if include_task
+        else ("", "", "")
+    )
+    left = (
+        f"{usage.budget_remaining_musd:.4g}{totals[0]} M$, {usage.time_remaining_days:.4g}{totals[1]} d, "
+        f"{usage.luminosity_remaining_fb:.4g}{totals[2]} fb^-1"
+        + (f" ({usage.luminosity_allocated_fb:.4g} booked)" if usage.luminosity_allocated_fb else "")
+    )
+    result = {k: v for k, v in obs.latest_result.items() if k not in UNSHOWN_RESULT_KEYS}
+    action = result.pop("action", None)
+    if result.get("error") in obs.rule_violations:
+        del result["error"]  # shown once, under Violations
+    last = f"Last ({action or 'none'}): " + " ".join(f"{k}={_short(v)}" for k, v in result.items())
+    violations = ["Violations: " + " | ".join(obs.rule_violations)] if obs.rule_violations else []
+    logbook = [line] if (line := _logbook_line(obs.logbook)) else []
+    if not include_task:
+        return "\n".join([f"Step {obs.step_index}/{task.max_steps}; left {left}", last, *violations, *logbook])
     lo, hi = task.search_window_gev
     beams = ",".join(format(e, "g") for e in task.available_beam_energies_tev)
     lines = [
         f"Window {lo:g}-{hi:g} GeV ({task.difficulty}); channels {','.join(task.available_channels)}; "
         f"triggers {','.join(task.available_triggers)}; beams {beams} TeV",
-        f"Step {obs.step_index}/{task.max_steps}; "
-        f"left {usage.budget_remaining_musd:.4g}/{task.budget_total_musd:g} M$, "
-        f"{usage.time_remaining_days:.4g}/{task.time_total_days:g} d, "
-        f"{usage.luminosity_remaining_fb:.4g}/{task.luminosity_total_fb:g} fb^-1"
-        + (f" ({usage.luminosity_allocated_fb:.4g} booked)" if usage.luminosity_allocated_fb else ""),
+        f"Step {obs.step_index}/{task.max_steps}; left {left}",
     ]
     if obs.selected_beam_energy_tev is not None:
         lines.append(
@@ -151,16 +196,10 @@ def render_observation(obs: CollisionObservation, config: LLMAgentConfig = LLMAg
     history = obs.pipeline_history[-config.max_history_steps :] if config.max_history_steps > 0 else []
     if history:
         lines.append("History: " + ",".join(entry.removesuffix(": ok") for entry in history))
-    result = dict(obs.latest_result)
-    action = result.pop("action", None)
-    if result.get("error") in obs.rule_violations:
-        del result["error"]  # shown once, under Violations
-    lines.append(f"Last ({action or 'none'}): " + " ".join(f"{k}={_short(v)}" for k, v in result.items()))
+    lines.append(last)
     candidates = f"candidates {_short(obs.candidate_masses_gev)} GeV; " if obs.candidate_masses_gev else ""
     lines.append(f"{candidates}best global Z {obs.cumulative_significance:.3g}")
-    if obs.rule_violations:
-        lines.append("Violations: " + " | ".join(obs.rule_violations))
-    return "\n".join(lines)
+    return "\n".join([*lines, *violations, *logbook])
 
 
 def build_chat(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> List[Dict[str, str]]:

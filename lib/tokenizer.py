@@ -82,7 +82,7 @@ def corpus(n_episodes: int) -> Iterator[str]:
         for spec in corpus_specs(n_episodes, first_seed):
             yield SYSTEM_PROMPT
             for obs, action, _ in transitions(env, agent, **spec):
-                yield render_observation(obs)
+                yield render_observation(obs, include_task=obs.step_index == 0)
                 if isinstance(action, ExperimentAction):
                     yield action_to_json(action)
 
@@ -100,7 +100,8 @@ def _fingerprint(vocab_size: int, n_episodes: int) -> str:
         (RandomAgent(seed=CORPUS_SEED), corpus_specs(1, CORPUS_SEED + n_episodes)[0]),
     )
     probe = [
-        render_observation(obs) + (action_to_json(action) if isinstance(action, ExperimentAction) else "")
+        render_observation(obs, include_task=obs.step_index == 0)
+        + (action_to_json(action) if isinstance(action, ExperimentAction) else "")
         for agent, spec in probes
         for obs, action, _ in transitions(env, agent, **spec)
     ]

@@ -1002,11 +1002,16 @@ def test_heuristic_fit_mass_within_one_percent(scenario, seed):
 
 
 def test_heuristic_discovers_the_higgs_in_four_leptons():
-    env, obs = fresh("higgs_4l_125", seed=0)
-    run_heuristic(env, obs)
-    state = env.state
-    assert state.discovered is True and state.correct_mass is True and state.correct_channel is True
-    assert state.reward_components["outcome"] == CORRECT_OBSERVATION
+    """In 20 campaigns: always a discovery in the right channel, at the right mass in all but the
+    few whose fitted mass fluctuates beyond the 2σ window (5% expected)."""
+    outcomes = []
+    for seed in range(20):
+        env, obs = fresh("higgs_4l_125", seed=seed)
+        run_heuristic(env, obs)
+        state = env.state
+        assert state.discovered is True and state.correct_channel is True
+        outcomes.append(state.reward_components["outcome"])
+    assert outcomes.count(CORRECT_OBSERVATION) >= 17, outcomes
 
 
 def test_z_discovery_with_systematics_is_significant_and_graded_correct():
