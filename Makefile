@@ -49,7 +49,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # cernenv and lib are installed in the venv (editable, `make setup`): any directory can import them.
 RUN_ENV = MPLBACKEND=Agg
 
-.PHONY: help setup lint format test test-gpu-set reproduce verify-evidence report report-assets docs bench bench-server bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
+.PHONY: help setup lint format test test-gpu-set reproduce verify-evidence report report-assets docs bench bench-lee bench-server bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -127,6 +127,12 @@ docs: $(STAMP) ## regenerate docs/environment.md from the code (cernenv.docs)
 bench: setup ## run the environment and physics-kernel benchmarks (bench/bench_env.py, bench/bench_physics.py)
 	$(RUN_ENV) $(PY) bench/bench_env.py
 	$(RUN_ENV) $(PY) bench/bench_physics.py
+
+# `make bench-lee LEE_ARGS="--toys 500"`: another number of toys per family (bench/bench_lee.py --help).
+LEE_ARGS ?=
+
+bench-lee: setup ## global significance on background-only toys, 2,000 per family: exits 1 if a calibration check fails (bench/bench_lee.py)
+	$(RUN_ENV) $(PY) bench/bench_lee.py $(LEE_ARGS)
 
 # `make train TRAIN_ARGS="--max_steps 10"`: any TrainConfig field as a typed flag (python -m lib.training --help).
 # NPROC=2 runs the same GRPO in 2 processes through `accelerate launch --multi_gpu` (its torchrun

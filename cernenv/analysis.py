@@ -4,27 +4,36 @@ The environment's actions (`scan_bump`, `estimate_significance`) and its grader 
 these, and so do the calibration tests: one code path. No random numbers: every result
 is a function of the spectrum.
 
-Local significance. Asymptotic regime: the profile-likelihood q0 of a narrow resonance,
-mass floated within ±2σ_m of the requested mass, Z = √q0 (Cowan, Cranmer, Gross, Vitells,
-EPJC 71 (2011) 1554). With few events under the peak that law fails (√q0 overstates
-small-count excesses), so where the background-only fit expects fewer than
-`LOW_COUNT_BACKGROUND` events within ±2σ_m of the mass the local p-value is exact for
-counts instead: the on/off problem, with the n_on events counted within ±2σ_m, the n_off
-events of the sidebands (the bins farther than 4σ_m) as the background's measurement, and
-tau, the sideband-to-window ratio of the fitted background shape, through the Z_Bi
-binomial test of Cousins, Linnemann, Tucker, NIM A 595 (2008) 480 (exact given
-n_on + n_off; no asymptotics, and it stays right when the sidebands are empty); the
-smallest p of the counting windows centred within ±2σ_m of the mass (the mass freedom of the fit).
+Test statistic: the profile-likelihood q0 of a narrow resonance (width 0, Gaussian
+resolution σ_m, the background's normalisation and shape profiled), with the mass floated
+within ±2σ_m of the requested mass (Cowan, Cranmer, Gross, Vitells, EPJC 71 (2011) 1554);
+the bump scan shows √q0 along the window and its best mass.
 
-Global significance (look-elsewhere effect; Gross & Vitells, EPJC 70 (2010) 525):
-p_global = p_local + the expected number of upcrossings of the observed local
-significance elsewhere in the spectrum. Asymptotic region (masses whose ±2σ_m window
-expects >= `LOW_COUNT_BACKGROUND` events): N(u0) e^{-(u-u0)/2} with u = Z_local², u0 = 1,
-and N(u0) from Rice's formula for this spectrum's local-Z process (`rice_density`:
-binned templates of σ(m), background profiled), or, after a bump scan, the upcrossings
-the scan shows there but never fewer than that expectation (a scan is a finite grid and
-its fits can fail). Low-count region: the windows' counts are Poisson and their expected
-upcrossings are counted exactly (`counting_scan_upcrossings`, with the background-only fit).
+Local p-value. Where the background-only fit expects >= `LOW_COUNT_BACKGROUND` events
+within ±2σ_m of the mass, the asymptotic 1 - Φ(√q0). With fewer, √q0 overstates small-count
+excesses, and the local p-value is exact for counts instead: that of the counting
+experiment with the same likelihood ratio, P(N >= n) for N ~ Poisson(b), b the background-
+only expectation within ±2σ_m and n solving 2 (n ln(n/b) - n + b) = q0
+(`log_p_counting_equivalent`; for an observed count over a known background, its exact
+Poisson p-value).
+
+Global significance (look-elsewhere effect; Gross & Vitells, EPJC 70 (2010) 525): the
+probability that the scan's maximum of q0 over the window reaches the observed u = q0,
+p_global = p_local + N(u0) e^{-(u - u0)/2}, with N(u0) the expected number of upcrossings of
+the level u0 = Z_REF² = 1 by √q0 along the window under the background-only fit, computed
+once per spectrum and fit. Where the window around a mass expects >= `LOW_COUNT_BACKGROUND`
+events the process is Gaussian and N(u0) is Rice's formula (`rice_density`: binned
+templates of σ(m), background profiled). Where it expects fewer, the process is a few
+Poisson counts, flat at 0 between isolated events, with fewer upcrossings than a Gaussian
+process of the same correlation; there N(u0) is the exact expectation of the upcrossings of
+u0 by the counting windows (`counting_scan_upcrossings`, at the counts whose likelihood
+ratio over the fitted background reaches u0). The counts are taken at the level u0, where
+the fit barely follows them, and GV's χ² law carries them to u: at the observed level the
+background fit (three parameters, few events) follows an excess in a sparse tail as the
+profiling in q0 does, and a count over the fitted background taken as known does not, so
+it would overstate p_global. After a bump scan, the upcrossings the scan shows (GV's
+data-driven N(u0)) replace the expectation where they exceed it by more than two Poisson
+standard deviations: the background model then misses structure that the scan sees.
 """
 
 from __future__ import annotations
@@ -35,15 +44,18 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 import numpy as np
-from scipy.special import betainc, log_ndtr
+from scipy.special import log_ndtr
 
 from cernenv.physics.fitting import BackgroundFit, fit_background_only
 from cernenv.physics.scan import BumpScan, resolutions_on_grid, scan_local_significance
 from cernenv.physics.shapes import background_bin_fractions
 from cernenv.physics.significance import (
     LocalSignificance,
+    count_upcrossings,
     counting_scan_upcrossings,
     counting_windows,
+    likelihood_ratio_thresholds,
+    log_p_counting_equivalent,
     profile_likelihood_significance,
     z_from_log_p,
 )
@@ -56,11 +68,11 @@ that largest allowed value, 0.2·√B with B the background within ±2σ_m."""
 
 LOW_COUNT_BACKGROUND = 25.0
 """Expected background events within ±2σ_m below which the local p-value is exact for counts
-instead of asymptotic (see the module docstring). From 25 events on, √q0 of a counting
-experiment is within 0.05 of its exact Z at Z = 3-4, the background fit's statistical
-uncertainty under the peak is below 20%, and a bump-scan toy ensemble follows the
-asymptotic look-elsewhere correction (tests/test_lee_calibration.py); below, single
-events in a falling tail make both the fit and √q0 unreliable."""
+instead of asymptotic, and the expected upcrossings are counted instead of taken from Rice's
+formula (see the module docstring). From 25 events on, √q0 of a counting experiment is
+within 0.05 of its exact Z at Z = 3-4 and the local-Z process of the scan is close to
+Gaussian (its upcrossings follow Rice's formula); below, single events in a falling tail
+make both √q0 and Rice's count overstate."""
 
 PEAK_HALF_WIDTH_SIGMA = 2.0
 RICE_NODES = 201  # masses on which the upcrossing density is integrated (trapezoid rule)
@@ -122,18 +134,6 @@ def rice_density(spectrum, fit: BackgroundFit, masses_gev: np.ndarray) -> np.nda
     with np.errstate(divide="ignore", invalid="ignore"):
         lam2 = np.where(ss > 0, (dd * ss - sd**2) / ss**2, 0.0)
     return np.sqrt(np.maximum(lam2, 0.0)) / (2.0 * np.pi)
-
-
-def log_p_on_off(n_on, n_off, tau):
-    """log p of n_on counts in a window whose background is measured by n_off counts in
-    sidebands that expect tau times as much: the Z_Bi test (Cousins, Linnemann, Tucker,
-    NIM A 595 (2008) 480), the binomial tail P(k >= n_on | k ~ Bin(n_on + n_off, 1/(1+tau))),
-    which is exact for Poisson counts given their sum: p = I_{1/(1+tau)}(n_on, n_off + 1)."""
-    n_on, n_off, tau = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (n_on, n_off, tau)))
-    with np.errstate(divide="ignore"):
-        p = betainc(np.maximum(n_on, 1.0), n_off + 1.0, 1.0 / (1.0 + np.maximum(tau, 1e-300)))
-        out = np.log(np.maximum(p, 1e-300))
-    return np.where(n_on <= 0, 0.0, out)
 
 
 def background_under_peak(spectrum, mass_gev: float, sigma_gev: float, background: BackgroundFit) -> float:
@@ -212,24 +212,24 @@ class GlobalSignificance:
     z_global: float
     p_global: float
     trials_factor: float
-    upcrossings_z1: float  # N(u0) used in the asymptotic region (0 when it is empty)
-    upcrossings_source: str  # "scan" or "analytic"
+    upcrossings_z1: float  # N(u0), the upcrossings of Z_REF the global p-value used
+    upcrossings_source: str  # "scan" (the scan's own count) or "analytic" (the expectation)
 
 
 @dataclass(frozen=True)
 class _SpectrumRegions:
-    """What `global_significance` needs of a spectrum and its background-only fit at any mass
-    (read-only arrays): the expected background per bin and its cumulative sum, the counting
-    windows and which are sparse, the fine mass grid and which of its masses are in the
-    asymptotic region, and there Rice's expected upcrossings of Z_REF."""
+    """What `global_significance` needs of a spectrum and its background-only fit at any mass:
+    the expected background per bin (read-only), and the expected upcrossings of Z_REF along
+    the window, by Rice's formula where it expects >= LOW_COUNT_BACKGROUND events within
+    ±2σ_m and counted exactly over the counting windows where it expects fewer."""
 
     expected: np.ndarray
-    cumulative: np.ndarray
-    windows: Any  # CountingWindows
-    sparse: np.ndarray
-    masses_gev: np.ndarray
-    dense: np.ndarray
     rice_upcrossings: float
+    counting_upcrossings: float
+
+    @property
+    def expected_upcrossings(self) -> float:
+        return self.rice_upcrossings + self.counting_upcrossings
 
 
 _REGIONS: "OrderedDict[tuple, _SpectrumRegions]" = OrderedDict()
@@ -249,9 +249,7 @@ def _spectrum_regions(spectrum, background: BackgroundFit) -> _SpectrumRegions:
     edges = spectrum.edges_gev
     expected = background_expectation(background, edges, spectrum.sqrt_s_tev)
     cum = np.concatenate([[0.0], np.cumsum(expected)])
-    windows = counting_windows(edges, spectrum.resolution_gev, PEAK_HALF_WIDTH_SIGMA)
-    window_b = cum[windows.stop] - cum[windows.first]
-    # asymptotic region: masses whose ±2σ_m window holds >= LOW_COUNT_BACKGROUND events
+    # Rice's region: masses whose ±2σ_m window holds >= LOW_COUNT_BACKGROUND events
     step = 0.25 * float(np.min(np.diff(edges)))
     masses = np.linspace(edges[0], edges[-1], int(np.ceil((edges[-1] - edges[0]) / step)) + 1)
     res = resolutions_on_grid(spectrum.resolution_gev, masses)
@@ -260,14 +258,20 @@ def _spectrum_regions(spectrum, background: BackgroundFit) -> _SpectrumRegions:
         cum[np.searchsorted(centres, masses + PEAK_HALF_WIDTH_SIGMA * res, side="right")]
         - cum[np.searchsorted(centres, masses - PEAK_HALF_WIDTH_SIGMA * res, side="left")]
     )
-    dense = b_at >= LOW_COUNT_BACKGROUND
     nodes = np.linspace(edges[0], edges[-1], RICE_NODES)
-    node_dense = np.interp(nodes, masses, dense.astype(float)) > 0.5
+    node_dense = np.interp(nodes, masses, (b_at >= LOW_COUNT_BACKGROUND).astype(float)) > 0.5
     density = np.where(node_dense, rice_density(spectrum, background, nodes), 0.0) if node_dense.any() else 0.0 * nodes
-    n_ref = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(nodes))) * float(np.exp(-0.5 * Z_REF**2))
-    regions = _SpectrumRegions(expected, cum, windows, window_b < LOW_COUNT_BACKGROUND, masses, dense, n_ref)
-    for array in (expected, cum, regions.sparse, masses, dense):
-        array.setflags(write=False)
+    rice = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(nodes))) * float(np.exp(-0.5 * Z_REF**2))
+    # the counting region: windows (one per bin) that expect fewer events
+    windows = counting_windows(edges, spectrum.resolution_gev, PEAK_HALF_WIDTH_SIGMA)
+    window_b = cum[windows.stop] - cum[windows.first]
+    sparse = window_b < LOW_COUNT_BACKGROUND
+    counted = 0.0
+    if sparse.any():
+        thresholds = likelihood_ratio_thresholds(window_b, Z_REF**2)
+        counted = counting_scan_upcrossings(expected, windows, None, use=sparse, thresholds=thresholds)
+    expected.setflags(write=False)
+    regions = _SpectrumRegions(expected, rice, float(counted))
     with _REGIONS_LOCK:
         _REGIONS[key] = regions
         while len(_REGIONS) > _REGIONS_KEPT:
@@ -284,48 +288,31 @@ def global_significance(
     scan_grid_gev: Optional[np.ndarray] = None,
 ) -> GlobalSignificance:
     """Local and look-elsewhere-corrected significance at `mass_gev` given its profile-likelihood
-    `local` significance; `scan_z` (with its `scan_grid_gev`) from a bump scan of the same
-    spectrum, else the analytic upcrossing count."""
-    edges, counts = spectrum.edges_gev, np.asarray(spectrum.counts, dtype=float)
+    `local` significance (see the module docstring); `scan_z` from a bump scan of the same
+    spectrum (its count of upcrossings replaces the expected one where it exceeds it by more
+    than two Poisson standard deviations). `scan_grid_gev` is accepted for the callers that
+    pass it; the count needs only the scan's values, in order."""
     regions = _spectrum_regions(spectrum, background)
-    expected, cum, windows, sparse = regions.expected, regions.cumulative, regions.windows, regions.sparse
-
     sigma = float(spectrum.resolution_gev(mass_gev))
-    if _sum_under_peak(expected, edges, mass_gev, sigma) < LOW_COUNT_BACKGROUND:  # background under the peak
-        count_cum = np.concatenate([[0.0], np.cumsum(counts)])
-        half = PEAK_HALF_WIDTH_SIGMA * sigma
-        near = np.abs(windows.centre_gev - mass_gev) <= half
-        n_on = count_cum[windows.stop[near]] - count_cum[windows.first[near]]
-        sidebands = np.abs(0.5 * (edges[1:] + edges[:-1]) - mass_gev) > 2.0 * half
-        n_off = float(counts[sidebands].sum())
-        b_on = np.maximum(cum[windows.stop[near]] - cum[windows.first[near]], 1e-300)
-        tau = float(expected[sidebands].sum()) / b_on  # sideband-to-window ratio of the background shape
-        log_p_local = float(np.min(log_p_on_off(n_on, n_off, tau))) if near.any() else 0.0
+    u = max(float(local.q0), 0.0)
+    b_peak = _sum_under_peak(regions.expected, spectrum.edges_gev, mass_gev, sigma)
+    if b_peak < LOW_COUNT_BACKGROUND:
+        log_p_local = min(log_p_counting_equivalent(u, b_peak), 0.0)
         method = "poisson_count"
     else:
-        log_p_local = float(log_ndtr(-max(local.z_local, 0.0)))
+        log_p_local = float(log_ndtr(-np.sqrt(u)))
         method = "asymptotic"
     z_local = max(z_from_log_p(log_p_local), 0.0) if log_p_local < 0 else 0.0
 
-    masses, dense, n_ref = regions.masses_gev, regions.dense, regions.rice_upcrossings
+    n_ref = regions.expected_upcrossings
     source = "analytic"
-    if scan_z is not None and scan_grid_gev is not None and n_ref > 0:
-        z = np.asarray(scan_z, dtype=float)
-        grid = np.asarray(scan_grid_gev, dtype=float)
-        grid_dense = np.interp(grid, masses, dense.astype(float)) > 0.5
-        ups = (z[:-1] < Z_REF) & (z[1:] >= Z_REF) & grid_dense[:-1] & grid_dense[1:]
-        n_ref = max(float(np.count_nonzero(ups)), n_ref)
-        source = "scan"
+    if scan_z is not None:
+        n_scan = float(count_upcrossings(scan_z, Z_REF))
+        if n_scan > n_ref + 2.0 * np.sqrt(n_ref):
+            n_ref, source = n_scan, "scan"
     log_terms = [log_p_local]
     if n_ref > 0:
-        log_terms.append(float(np.log(n_ref)) - 0.5 * (z_local**2 - Z_REF**2))
-    if sparse.any():
-        if log_p_local > -600.0:
-            ups_sparse = counting_scan_upcrossings(expected, windows, log_p_local, use=sparse)
-            if ups_sparse > 0:
-                log_terms.append(float(np.log(ups_sparse)))
-        else:  # beyond double precision: Bonferroni over the windows
-            log_terms.append(log_p_local + float(np.log(np.count_nonzero(sparse))))
+        log_terms.append(float(np.log(n_ref)) - 0.5 * (u - Z_REF**2))
     log_p_global = min(float(np.logaddexp.reduce(log_terms)), 0.0)
     z_global = min(max(z_from_log_p(log_p_global), 0.0), z_local) if log_p_global < 0 else 0.0
     return GlobalSignificance(

@@ -458,6 +458,59 @@ def test_counting_scan_upcrossings_bounds_toys():
     )  # beyond double precision
 
 
+def test_counting_scan_upcrossings_of_likelihood_ratio_thresholds_are_the_expected_count():
+    """With the thresholds of a level u0 of the counting likelihood ratio (the smallest count
+    above b whose 2 (n ln(n/b) - n + b) reaches u0), the counting scan's sum is the expected
+    number of runs of windows at or above their thresholds (an expectation, exact), as toys
+    count them."""
+    from cernenv.physics.significance import counting_scan_upcrossings, counting_windows, likelihood_ratio_thresholds
+
+    edges = np.linspace(1000.0, 2000.0, 101)
+    b = 3.0 * np.exp(-(edges[:-1] - 1000.0) / 250.0)  # from ~25 events per window to ~0.2
+    windows = counting_windows(edges, lambda m: 0.02 * np.asarray(m))
+    cum = np.concatenate([[0.0], np.cumsum(b)])
+    window_b = cum[windows.stop] - cum[windows.first]
+    for level in (1.0, 4.0):
+        k = likelihood_ratio_thresholds(window_b, level)
+        q = 2.0 * (k * np.log(k / window_b) - k + window_b)
+        below = np.maximum(k - 1.0, 1e-9)
+        assert np.all(q >= level) and np.all(k > window_b)
+        assert np.all((k - 1.0 <= window_b) | (2.0 * (below * np.log(below / window_b) - below + window_b) < level))
+        counts = np.random.default_rng(19).poisson(b, size=(20000, b.size))
+        count_cum = np.concatenate([np.zeros((counts.shape[0], 1)), np.cumsum(counts, axis=1)], axis=1)
+        above = (count_cum[:, windows.stop] - count_cum[:, windows.first]) >= k[None, :]
+        runs = above[:, 0].astype(float) + np.sum(above[:, 1:] & ~above[:, :-1], axis=1)
+        expected = counting_scan_upcrossings(b, windows, None, thresholds=k)
+        assert expected == pytest.approx(runs.mean(), abs=4 * runs.std() / np.sqrt(runs.size))
+
+
+@pytest.mark.parametrize("n, b", [(1, 0.001), (3, 0.1), (10, 2.0), (24, 0.05), (40, 25.0), (500, 400.0), (2, 1.99)])
+def test_counting_equivalent_p_value_is_the_poisson_tail_of_a_count(n, b):
+    """For q0 of a count n over a known background b, the counting-equivalent p-value is the
+    exact Poisson tail P(N >= n); it lies above the asymptotic 1 - Phi(sqrt(q0)), and tends to
+    it as b grows."""
+    from scipy.stats import poisson
+
+    from cernenv.physics.significance import log_p_counting_equivalent
+
+    q0 = 2.0 * (n * np.log(n / b) - n + b)
+    assert np.exp(log_p_counting_equivalent(q0, b)) == pytest.approx(poisson.sf(n - 1, b), rel=1e-9)
+    assert log_p_counting_equivalent(q0, b) >= norm.logsf(np.sqrt(q0))
+    assert log_p_counting_equivalent(0.0, b) == 0.0
+    assert np.exp(log_p_counting_equivalent(q0 * 1.01, b)) < poisson.sf(n - 1, b)  # decreasing in q0
+
+
+def test_counting_equivalent_p_value_beyond_double_precision_and_for_a_large_background():
+    from cernenv.physics.significance import log_p_counting_equivalent
+
+    n, b = 300.0, 0.01
+    q0 = 2.0 * (n * np.log(n / b) - n + b)
+    exact = n * np.log(b) - b - np.sum(np.log(np.arange(1.0, n + 1.0)))  # log of the leading term
+    assert log_p_counting_equivalent(q0, b) == pytest.approx(exact, abs=1e-3)
+    for z in (1.0, 3.0, 5.0):
+        assert log_p_counting_equivalent(z * z, 1e6) == pytest.approx(norm.logsf(z), abs=0.02 * abs(norm.logsf(z)))
+
+
 # ----------------------------------------------------------------------------- scan
 
 
