@@ -346,8 +346,8 @@ class _DifficultySettings:
 
 _DIFFICULTY: Dict[str, _DifficultySettings] = {
     "easy": _DifficultySettings(0.15, (7.0, 12.0), (0.002,)),
-    "medium": _DifficultySettings(0.25, (4.5, 7.5), (0.0005, 0.005, 0.02, 0.05)),
-    "hard": _DifficultySettings(0.35, (2.5, 5.0), (0.0005, 0.005, 0.02, 0.05)),
+    "medium": _DifficultySettings(0.25, (5.0, 8.0), (0.0005, 0.005, 0.02, 0.05)),
+    "hard": _DifficultySettings(0.35, (4.0, 6.5), (0.0005, 0.005, 0.02, 0.05)),
 }
 
 DECAY_PATTERNS = ("first", "second", "both")
