@@ -294,7 +294,7 @@ def global_significance(
     pass it; the count needs only the scan's values, in order."""
     regions = _spectrum_regions(spectrum, background)
     sigma = float(spectrum.resolution_gev(mass_gev))
-    u = max(float(local.q0), 0.0)
+    u = float(local.q0) if np.isfinite(local.q0) and local.q0 > 0.0 else 0.0  # a failed fit shows no excess
     b_peak = _sum_under_peak(regions.expected, spectrum.edges_gev, mass_gev, sigma)
     if b_peak < LOW_COUNT_BACKGROUND:
         log_p_local = min(log_p_counting_equivalent(u, b_peak), 0.0)
