@@ -225,6 +225,37 @@ def test_pings_and_pongs_count_as_messages_without_work_and_are_paced():
     assert guard.refused["WebSocket connections closed for a flood of pings or pongs (1008)"] >= 1
 
 
+def test_the_closing_handshake_completes_under_the_guard():
+    """The guard parses what a WebSocket reads a slice at a time: the client's answer to the
+    server's close frame must still be read, or the connection waits out uvicorn's 10 s close
+    timeout (as every honest client's did, once)."""
+    guard = ConnectionGuard(10, 10, 5.0)
+    _, protocol_class = guarded_protocols(guard)
+
+    async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1000})
+
+    async def main() -> FakeTransport:
+        config = uvicorn.Config(app, ws_ping_interval=None)
+        config.load()
+        protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+        transport = FakeTransport()
+        protocol.connection_made(transport)
+        key = base64.b64encode(b"0123456789abcdef").decode()
+        protocol.data_received(
+            f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        await asyncio.sleep(0.01)  # the app accepts and closes
+        assert protocol.close_sent and not transport.closing
+        protocol.data_received(client_frame(0x8, struct.pack("!H", 1000)))  # the client's answer
+        return transport
+
+    assert asyncio.run(main()).closing
+
+
 def test_a_ping_flood_costs_the_server_no_memory_and_honest_clients_play_on(hostile):
     """4 connections sending pings as fast as they can, never reading: each is closed (1008) or
     held by TCP's flow control once the server stops reading it; the server's memory stays put;

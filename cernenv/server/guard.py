@@ -46,7 +46,10 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 
 from cernenv.server.pacing import (
     MAX_CONTROL_FRAME_DEBT_S,
+    OFFENCE_BURST,
+    OFFENCES_PER_S,
     WASTED_WORK_PAUSE_S,
+    AddressPacer,
     EventLog,
     HostileEventFilter,
     MessageBudget,
@@ -68,9 +71,10 @@ def serving_guard() -> Optional["ConnectionGuard"]:
 
 class ConnectionGuard:
     """Counts of open connections (all, per client address) against their limits; the
-    connections that may give their place to a newcomer; refusals, counted in `events`.
-    Addresses in `trusted_proxies` carry many clients' connections: only the overall limit
-    applies to them."""
+    connections that may give their place to a newcomer; the addresses whose connections broke
+    the protocol (`offence`), refused new connections while in debt (`OFFENCE_BURST`,
+    `OFFENCES_PER_S`); refusals, counted in `events`. Addresses in `trusted_proxies` carry many
+    clients' connections: only the overall limit applies to them."""
 
     def __init__(
         self,
@@ -87,6 +91,7 @@ class ConnectionGuard:
         self.events = log if log is not None else events
         self.open = 0
         self.per_client: Counter = Counter()
+        self.offences = AddressPacer(OFFENCE_BURST, OFFENCES_PER_S)
         self._waiting: Dict[str, Dict[Any, None]] = {}  # client -> its connections not being served, oldest first
         self._lock = threading.Lock()
 
@@ -114,7 +119,17 @@ class ConnectionGuard:
         with self._lock:
             return self._check(client, look_only=True)[0]
 
+    def offence(self, client: str) -> None:
+        """A connection from `client` broke the protocol (and is closed)."""
+        if client not in self.trusted_proxies:
+            with self._lock:
+                self.offences.charge(client)
+
     def _check(self, client: str, look_only: bool = False) -> Tuple[Optional[str], Any]:
+        if client not in self.trusted_proxies:
+            wait_s = self.offences.wait_s(client)
+            if wait_s > 0.0:
+                return f"{client} broke the protocol too often; try again in {wait_s:.0f} s", None
         if client not in self.trusted_proxies and self.per_client[client] >= self.max_connections_per_client:
             return f"{client} holds its limit of {self.max_connections_per_client} connections", None
         if self.open < self.max_connections:
@@ -288,6 +303,10 @@ class GuardedH11Protocol(H11Protocol):
             self.guard.release(self.guard_client)
         super().connection_lost(exc)
 
+    def send_400_response(self, msg: str) -> None:
+        self.guard.offence(self.guard_client)  # not HTTP: uvicorn answers 400 and closes
+        super().send_400_response(msg)
+
     def evict(self) -> None:
         """Give this connection's place to another address's (the guard has uncounted it)."""
         self._stop_read_timer()
@@ -324,12 +343,17 @@ class _ReadGate:
     writes ("write"), a pause its control frames earned ("pace"). Everything else is the
     transport's."""
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, on_resume: Any) -> None:
         self._transport = transport
         self._paused: set = set()
+        self._on_resume = on_resume
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+    @property
+    def paused(self) -> bool:
+        return bool(self._paused)
 
     def pause_reading(self, reason: str = "app") -> None:
         if not self._paused and not self._transport.is_closing():
@@ -337,28 +361,35 @@ class _ReadGate:
         self._paused.add(reason)
 
     def resume_reading(self, reason: str = "app") -> None:
+        was_paused = bool(self._paused)
         self._paused.discard(reason)
-        if not self._paused and not self._transport.is_closing():
+        if was_paused and not self._paused and not self._transport.is_closing():
             self._transport.resume_reading()
+            self._on_resume()  # what was read before the pause
 
 
 class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol, counted by a `ConnectionGuard` (the class attribute `guard`)
     while it is open, its pings and pongs counted and paced as messages without work, and its
-    reading paused while the client does not read. The limits were checked when its connection
-    opened as HTTP."""
+    reading paused while the client does not read. What it reads is parsed `FEED_BYTES` at a
+    time, and no further while reading is paused: a flood of pings in one read is cut off after
+    the few that earn its close, not parsed whole. A connection that breaks the protocol is an
+    offence of its address (`ConnectionGuard.offence`). The limits were checked when its
+    connection opened as HTTP."""
 
+    FEED_BYTES = 4096
     guard: ConnectionGuard
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
-        self.transport = _ReadGate(transport)  # type: ignore[assignment]
+        self.transport = _ReadGate(transport, self._feed)  # type: ignore[assignment]
         self.guard_client = _client_host(transport)
         self.guard.count(self.guard_client)
         self.guard_counted = True
         self.budget = MessageBudget()
         self._debt_s = 0.0
         self._pacing: Optional[asyncio.TimerHandle] = None
+        self._input = bytearray()
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -366,14 +397,29 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
             self.scope["extensions"][BUDGET_EXTENSION] = self.budget
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self._debt_s > MAX_CONTROL_FRAME_DEBT_S and not self.close_sent:
-            self.guard.note("WebSocket connections closed for a flood of pings or pongs (1008)")
-            self._debt_s = 0.0
-            self._close(1008, "too many pings or pongs without a reset or step")
-        elif self._debt_s > 0.0 and self._pacing is None and not self.transport.is_closing():
-            self.transport.pause_reading("pace")
-            self._pacing = self.loop.call_later(self._debt_s, self._end_pace)
+        self._input += data
+        self._feed()
+
+    def _feed(self) -> None:
+        """Parse what was read, `FEED_BYTES` at a time, while reading is not paused."""
+        while self._input and not self.transport.paused and not self.transport.is_closing():
+            chunk = bytes(self._input[: self.FEED_BYTES])
+            del self._input[: self.FEED_BYTES]
+            super().data_received(chunk)
+            if self._debt_s > MAX_CONTROL_FRAME_DEBT_S and not self.close_sent:
+                self.guard.note("WebSocket connections closed for a flood of pings or pongs (1008)")
+                self.guard.offence(self.guard_client)
+                self._debt_s = 0.0
+                self._input.clear()
+                self._close(1008, "too many pings or pongs without a reset or step")
+            elif self._debt_s > 0.0 and self._pacing is None and not self.transport.is_closing():
+                self.transport.pause_reading("pace")
+                self._pacing = self.loop.call_later(self._debt_s, self._end_pace)
+
+    def handle_parser_exception(self) -> None:
+        self.guard.offence(self.guard_client)  # an invalid frame, text not UTF-8, a frame over the limit
+        self._input.clear()
+        super().handle_parser_exception()
 
     def _end_pace(self) -> None:
         self._pacing, self._debt_s = None, 0.0
@@ -407,6 +453,7 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         self.transport.close()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._input.clear()
         if self._pacing is not None:
             self._pacing.cancel()
             self._pacing = None

@@ -45,6 +45,14 @@ FREE_MESSAGES_WITHOUT_WORK = 10
 # A connection that sends more control frames in one read than this many seconds of pauses
 # would cover (50 past the free ones) is closed (1008): no client needs that many pings.
 MAX_CONTROL_FRAME_DEBT_S = 5.0
+# Connections closed for breaking the protocol (a request that is not HTTP, a WebSocket frame
+# that is not valid or not UTF-8, a flood of pings), per address: this many free, then this many
+# a second; beyond, the address's new connections are refused as they are accepted (503). A
+# connection that broke the protocol costs the server its handshake and a read before it is
+# closed: 8 addresses sending requests that were not HTTP as fast as they were answered
+# (~2,000 a second) made honest clients x1.9 slower, 4 reconnecting ping floods x110.
+OFFENCE_BURST = 8
+OFFENCES_PER_S = 1.0
 # Sessions that end without a single step, from one client address: this many free, then this
 # many a second; beyond, a new session waits (`AddressPacer`). 8 addresses opening a session,
 # resetting and dropping it as fast as they could raised 4 honest clients' median latency
