@@ -49,7 +49,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # cernenv and lib are installed in the venv (editable, `make setup`): any directory can import them.
 RUN_ENV = MPLBACKEND=Agg
 
-.PHONY: help setup lint format test test-gpu-set reproduce verify-evidence report report-assets docs bench bench-lee bench-server bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
+.PHONY: help setup lint format test test-gpu-set reproduce verify-evidence report report-assets docs bench bench-lee bench-server bench-server-attacks bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -175,8 +175,11 @@ lab: setup ## open notebooks/ in JupyterLab (kernel "Python (cernenv)", widgets 
 serve: setup ## serve CERNenv over OpenEnv's HTTP/WebSocket API on 127.0.0.1:8000 (SERVE_ARGS="--port 8001 ...")
 	$(RUN_ENV) $(SERVE_ENV) $(PY) -m cernenv.server $(SERVE_ARGS)
 
-bench-server: setup ## in-process vs WebSocket throughput at 1, 8, 32 sessions (bench/bench_server.py)
+bench-server: setup ## in-process vs WebSocket throughput at 1, 8, 32 sessions, fairness under spam (bench/bench_server.py)
 	$(RUN_ENV) $(SERVE_ENV) $(PY) bench/bench_server.py
+
+bench-server-attacks: setup ## the outside attacker's attacks as a gate: fails if one regresses (bench/bench_server.py --attacks)
+	$(RUN_ENV) $(SERVE_ENV) $(PY) bench/bench_server.py --attacks
 
 clean: ## remove build/ and caches (keeps the venv)
 	rm -rf $(BUILD) dist .pytest_cache .hypothesis .ipynb_checkpoints *.egg-info

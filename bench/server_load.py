@@ -3,7 +3,8 @@
 Used by `tests/test_server.py` (the load test) and `bench/bench_server.py --abuse` (the same
 figures, larger). Honest clients play HeuristicAgent episodes from 127.0.0.1 and time every
 reset and step; each abuser comes from its own loopback address (127.0.0.2, ...), as another
-host would, and keeps at it until the honest clients are done:
+host would (the `xff-` ones from 127.0.0.1, the address uvicorn trusts X-Forwarded-For from by
+default), and keeps at it until the honest clients are done:
 
 | abuser | what it does |
 |---|---|
@@ -20,6 +21,14 @@ host would, and keeps at it until the honest clients are done:
 | `http-misc` | `GET /schema`, `/metadata`, `/state`, `/sessions`, `POST /step` in turn, as fast as answered |
 | `http-schema` | `GET /schema` on a kept-alive HTTP connection, as fast as answered |
 | `busy` | plays whole HeuristicAgent episodes back to back: new work, as an honest client that never pauses |
+| `ping` | opens a WebSocket and sends pings as fast as it can, never reading the pongs (reconnects when closed) |
+| `xff-reset` | `http-reset` with another `X-Forwarded-For` on every request, to escape the per-address pacing |
+| `xff-metadata` | `GET /metadata` as fast as answered, with another `X-Forwarded-For` on every request |
+| `xff-create` | `create` with another `X-Forwarded-For` on every handshake |
+| `bad-utf8` | WebSocket text frames that are not UTF-8, a new connection for each (the server closes it) |
+| `bad-http` | requests that are not HTTP, a new connection for each, as fast as answered |
+| `deep` | step messages whose parameters nest 900 deep, as fast as answered |
+| `state-only` | a session that resets once and then sends only `state` (a slot held without work) |
 
     result = asyncio.run(run_load(url, honest=64, episodes_per_client=2, abusers=("scan",) * 8))
 """
@@ -27,6 +36,7 @@ host would, and keeps at it until the honest clients are done:
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -36,7 +46,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from websockets.asyncio.client import connect
 
@@ -59,7 +69,16 @@ ABUSER_KINDS = (
     "http-misc",
     "http-schema",
     "busy",
+    "ping",
+    "xff-reset",
+    "xff-metadata",
+    "xff-create",
+    "bad-utf8",
+    "bad-http",
+    "deep",
+    "state-only",
 )
+ABUSE_MS = "abusers ran [ms]"
 # the load test's abusers (tests/test_server.py and `make bench-server`): scan spam of both
 # kinds, slowloris, unfinished-request floods, session churn
 LOAD_ABUSERS = ("scan",) * 2 + ("scan-varied",) + ("slow",) * 2 + ("flood",) * 2 + ("create",)
@@ -232,9 +251,12 @@ async def _session_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Co
             await asyncio.sleep(0.01)
 
 
-async def _http_request(reader: Any, writer: Any, method: str, path: str, body: bytes = b"") -> int:
+async def _http_request(
+    reader: Any, writer: Any, method: str, path: str, body: bytes = b"", headers: Optional[Dict[str, str]] = None
+) -> int:
     """One HTTP/1.1 request on a kept-alive connection; its status (the body is read and dropped)."""
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
     writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
     await writer.drain()
     status_line = await reader.readline()
@@ -305,13 +327,166 @@ async def _busy(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -
             abuse["busy episodes"] += observation.done
 
 
+def _client_frame(opcode: int, payload: bytes = b"") -> bytes:
+    """One masked client WebSocket frame (payload under 126 bytes)."""
+    mask = os.urandom(4)
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+async def _raw_websocket(host: str, port: int, source: str) -> Any:
+    """(reader, writer) of a WebSocket on /ws whose handshake is made by hand, past the 101."""
+    reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        f"GET /ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    head = await reader.readuntil(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 101 "):
+        writer.close()
+        raise ConnectionError(head.split(b"\r\n")[0].decode(errors="replace"))
+    return reader, writer
+
+
+async def _ping_flood(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """Pings as fast as the socket takes them, never reading; a new connection when one closes."""
+    burst = _client_frame(0x9) * 4096
+    while not stop.is_set():
+        try:
+            _, writer = await _raw_websocket(host, port, source)
+        except (OSError, ConnectionError, asyncio.IncompleteReadError):
+            abuse["ping connections refused"] += 1
+            await asyncio.sleep(0.1)
+            continue
+        abuse["ping connections opened"] += 1
+        try:
+            while not stop.is_set():
+                writer.write(burst)
+                await asyncio.wait_for(writer.drain(), 5.0)  # blocks while the server does not read
+                abuse["pings sent"] += 4096
+        except (OSError, asyncio.TimeoutError):
+            abuse["ping connections closed or held"] += 1
+        writer.close()
+
+
+async def _xff_http_spam(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter, kind: str) -> None:
+    """`POST /reset` (`xff-reset`) or `GET /metadata` (`xff-metadata`) on a kept-alive connection, as
+    fast as answered, with another X-Forwarded-For on every request."""
+    sent = 0
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+        except OSError:
+            abuse["http connections failed"] += 1
+            await asyncio.sleep(0.01)
+            continue
+        try:
+            while not stop.is_set():
+                sent += 1
+                forwarded = f"10.{sent >> 16 & 255}.{sent >> 8 & 255}.{sent & 255}"
+                if kind == "xff-metadata":
+                    method, path, body = "GET", "/metadata", b""
+                else:
+                    method, path, body = "POST", "/reset", json.dumps({"seed": sent, "difficulty": "hard"}).encode()
+                status = await _http_request(reader, writer, method, path, body, {"X-Forwarded-For": forwarded})
+                abuse[f"xff {path} answered {status}"] += 1
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            abuse["http connections closed by the server"] += 1
+        finally:
+            writer.close()
+
+
+async def _xff_session_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """Session churn (`create`) with another X-Forwarded-For on every handshake."""
+    while not stop.is_set():
+        forwarded = f"10.{abuse['xff sessions tried'] >> 8 & 255}.{abuse['xff sessions tried'] & 255}.7"
+        abuse["xff sessions tried"] += 1
+        try:
+            async with connect(
+                ws_url,
+                local_addr=(source, 0),
+                compression=None,
+                open_timeout=30,
+                additional_headers={"X-Forwarded-For": forwarded},
+            ) as ws:
+                reply = await _ws_call(ws, {"type": "reset", "data": {"seed": abuse["xff sessions created"]}})
+                abuse["xff sessions created" if reply.get("type") == "observation" else "xff sessions refused"] += 1
+        except Exception:
+            abuse["xff session attempts failed"] += 1
+            await asyncio.sleep(0.01)
+
+
+async def _bad_utf8(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """A text frame that is not UTF-8 on a fresh WebSocket, again and again."""
+    frame = _client_frame(0x1, b"\xff\xfe not UTF-8")
+    while not stop.is_set():
+        try:
+            reader, writer = await _raw_websocket(host, port, source)
+            writer.write(frame)
+            await writer.drain()
+            await asyncio.wait_for(reader.read(), 10.0)  # until the server closes
+            abuse["bad UTF-8 frames sent"] += 1
+            writer.close()
+        except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            abuse["bad UTF-8 connections failed"] += 1
+            await asyncio.sleep(0.01)
+
+
+async def _bad_http(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """A request that is not HTTP on a fresh connection, again and again."""
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+            writer.write(b"GARBAGE \x00\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(), 10.0)
+            abuse[f"bad requests answered {answer.split(b' ')[1].decode() if answer.count(b' ') else 'none'}"] += 1
+            writer.close()
+        except (OSError, asyncio.TimeoutError):
+            abuse["bad request connections failed"] += 1
+            await asyncio.sleep(0.01)
+
+
+async def _deep_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """Step messages whose parameters nest 900 deep, as fast as answered; a new session if one ends."""
+    deep = '{"type": "step", "data": {"action_type": "scan_bump", "parameters": {"x": %s}}}' % ("[" * 900 + "]" * 900)
+    while not stop.is_set():
+        try:
+            async with connect(ws_url, local_addr=(source, 0), compression=None, max_size=None) as ws:
+                await _ws_call(ws, {"type": "reset", "data": {"seed": 1, "difficulty": "hard"}})
+                while not stop.is_set():
+                    await ws.send(deep)
+                    reply = json.loads(await ws.recv())
+                    abuse[f"deep messages answered {reply.get('data', {}).get('code', reply.get('type'))}"] += 1
+        except Exception as error:  # a session that ended: what this attack once caused
+            abuse[f"deep sessions ended: {type(error).__name__}"] += 1
+            await asyncio.sleep(0.01)
+
+
+async def _state_only(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """Reset once, then only `state`, one a second: a slot held without work; again when closed."""
+    while not stop.is_set():
+        try:
+            async with connect(ws_url, local_addr=(source, 0), compression=None, max_size=None) as ws:
+                reply = await _ws_call(ws, {"type": "reset", "data": {"seed": 2, "difficulty": "hard"}})
+                abuse["state-only sessions" if reply.get("type") == "observation" else "state-only refused"] += 1
+                while not stop.is_set():
+                    await _ws_call(ws, {"type": "state"})
+                    abuse["state-only requests"] += 1
+                    await asyncio.sleep(1.0)
+        except Exception:
+            abuse["state-only sessions closed by the server"] += 1
+            await asyncio.sleep(0.1)
+
+
 async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio.Event) -> None:
     """Run `abusers` (one loopback address each) until `stop` is set."""
     host, port = url.split("//")[1].split(":")
     ws_url = url.replace("http://", "ws://") + "/ws"
     tasks = []
     for index, kind in enumerate(abusers):
-        source = f"127.0.0.{2 + index}"
+        # each from its own address; the X-Forwarded-For abusers from 127.0.0.1, which uvicorn
+        # trusts to name the client by default (they share it with the honest clients)
+        source = "127.0.0.1" if kind.startswith("xff-") else f"127.0.0.{2 + index}"
         if kind in ("scan", "scan-varied"):
             coroutine = _scan_spam(ws_url, source, stop, abuse, varied=kind == "scan-varied")
         elif kind in ("reset", "reset-claim"):
@@ -326,6 +501,20 @@ async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio
             coroutine = _http_spam(host, int(port), source, stop, abuse, kind)
         elif kind == "busy":
             coroutine = _busy(ws_url, source, stop, abuse)
+        elif kind == "ping":
+            coroutine = _ping_flood(host, int(port), source, stop, abuse)
+        elif kind in ("xff-reset", "xff-metadata"):
+            coroutine = _xff_http_spam(host, int(port), source, stop, abuse, kind)
+        elif kind == "xff-create":
+            coroutine = _xff_session_spam(ws_url, source, stop, abuse)
+        elif kind == "bad-utf8":
+            coroutine = _bad_utf8(host, int(port), source, stop, abuse)
+        elif kind == "bad-http":
+            coroutine = _bad_http(host, int(port), source, stop, abuse)
+        elif kind == "deep":
+            coroutine = _deep_spam(ws_url, source, stop, abuse)
+        elif kind == "state-only":
+            coroutine = _state_only(ws_url, source, stop, abuse)
         else:
             coroutine = _session_spam(ws_url, source, stop, abuse)
         tasks.append(asyncio.ensure_future(coroutine))
@@ -384,7 +573,9 @@ def _abuse_until_terminated(url: str, abusers: Sequence[str], counts_path: str) 
         abuse, stop = Counter(), asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         print("ready", flush=True)
+        start = time.monotonic()
         await _abuse(url, abusers, abuse, stop)
+        abuse[ABUSE_MS] = int(1000 * (time.monotonic() - start))
         return abuse
 
     counts = asyncio.run(main())
