@@ -207,9 +207,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"cannot listen on {config.host}:{config.port} ({error.strerror}): another server may hold "
             f'that port; pick another with --port N (or CERNENV_PORT; `make serve SERVE_ARGS="--port N"`)'
         )
-    server = guarded_server(
-        create_cernenv_app(config), guard, config.host, config.port, config.ws_frame_limit_bytes, args.log_level
-    )
+    try:
+        app = create_cernenv_app(config)
+    except OSError as error:  # the ledger's directory cannot be made or written
+        parser.error(f"cannot open the results ledger {config.results_ledger}: {error}; give another: --results-ledger")
+    server = guarded_server(app, guard, config.host, config.port, config.ws_frame_limit_bytes, args.log_level)
     server.run(sockets=[listener])
     return 0
 

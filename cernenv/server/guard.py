@@ -1,9 +1,8 @@
 """The listener, connection limits and protocol settings every launch of the server runs under.
 
 What the ASGI app cannot see: connections that never finish a request, WebSocket control
-frames, the peer a connection really comes from. One client opened 19,993 HTTP requests that
-never finished, until the server reached its file-descriptor limit; another sent WebSocket
-pings without reading the pongs (the server buffered half a gigabyte of them).
+frames, what a connection sends that is not HTTP or WebSocket, the peer a connection really
+comes from. (The attacks each rule answers, with their figures: docs/openenv.md.)
 
 `ConnectionGuard` bounds the open connections, in all and per client address, and gives each
 request `request_read_timeout_s` to arrive whole (headers and body), from the connection's
@@ -21,8 +20,7 @@ reading while its client does not read what the server writes (the unread pongs 
 stay in the client's kernel buffers, not in the server).
 
 `GuardedListener` refuses a connection over a limit as it accepts it, before asyncio builds a
-transport, a task and a protocol for it (a flood from one address cost 170 µs of CPU each when
-refused in the protocol), and sets TCP_NODELAY on those it hands over.
+transport, a task and a protocol for it, and sets TCP_NODELAY on those it hands over.
 
 `guarded_server(app, config, guard)` is the one `uvicorn.Server` that serves the app, with
 these protocols, this listener, the frame limit, no per-message compression, and proxy

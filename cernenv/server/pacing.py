@@ -40,17 +40,16 @@ WASTED_WORK_PAUSE_S = 0.1
 # requests, WebSocket pings and pongs, MCP calls that neither reset nor step) beyond this many
 # in a row without a reset or step (`MessageBudget`): 8 clients sending them as fast as they
 # were answered raised 4 honest clients' median latency x1.6-2.1 (bench/server_load.py
-# `garbage`, `state`), 4 sending pings and never reading x65 (and +519 MB of unsent pongs).
+# `garbage`, `state`; pings: `ping`, docs/openenv.md).
 FREE_MESSAGES_WITHOUT_WORK = 10
 # A connection that sends more control frames in one read than this many seconds of pauses
 # would cover (50 past the free ones) is closed (1008): no client needs that many pings.
 MAX_CONTROL_FRAME_DEBT_S = 5.0
 # Connections closed for breaking the protocol (a request that is not HTTP, a WebSocket frame
 # that is not valid or not UTF-8, a flood of pings), per address: this many free, then this many
-# a second; beyond, the address's new connections are refused as they are accepted (503). A
-# connection that broke the protocol costs the server its handshake and a read before it is
-# closed: 8 addresses sending requests that were not HTTP as fast as they were answered
-# (~2,000 a second) made honest clients x1.9 slower, 4 reconnecting ping floods x110.
+# a second; beyond, the address's new connections are refused as they are accepted (503). Each
+# such connection costs the server its handshake and a read before it is closed, and reconnecting
+# is free for the client (bench/server_load.py `bad-http`, `bad-utf8`, `ping`; docs/openenv.md).
 OFFENCE_BURST = 8
 OFFENCES_PER_S = 1.0
 # Sessions that end without a single step, from one client address: this many free, then this

@@ -3,7 +3,7 @@
 Every session's environment runs on one thread: the physics holds the GIL, so a thread per
 session only adds contention (`ServedEnvironment`). In arrival order, that thread let one
 client starve the others: 8 sessions repeating `scan_bump` (~10 ms each) raised honest
-clients' median step latency from 7.5 ms to 170 ms (issue 15).
+clients' median step latency from 7.5 ms to 170 ms.
 
 `FairScheduler` runs the jobs in the order `RecentUsage` gives, as the decay-usage schedulers
 of Unix do: each session's charge is the thread CPU time of its jobs, halved every
@@ -20,11 +20,12 @@ Why decay: with a charge that only grows (the previous rule: least total CPU fir
 credit on waking, a 10 ms lead cap), sessions whose episodes had the expensive steps (large
 spectra) fell behind for good: honest p99 0.72-0.92 s at 64 clients without any abuser, and
 1.49-1.65 s beside the load test's abusers (bench/bench_server.py). The half-life trades the
-two targets of issue 15: longer protects honest clients from scan spammers better (0.5 s: their
-median latency x1.34-2.02) but lengthens the tail (p99 beside the abusers 1.0-1.5 s); 0.1 s
-gave x1.60-2.03 and 0.77-0.92 s. `bench/scheduler_sim.py` simulates the rules on the CPU times
-of real steps. Many clients in the same phase of their episodes (all scanning at once) still
-wait for one another: a round of 64 scans is 0.5 s of CPU whatever the order.
+two targets (honest latency beside spammers, the honest tail): longer protects honest clients
+from scan spammers better (0.5 s: their median latency x1.34-2.02) but lengthens the tail (p99
+beside the abusers 1.0-1.5 s); 0.1 s gave x1.60-2.03 and 0.77-0.92 s. `bench/scheduler_sim.py`
+simulates the rules on the CPU times of real steps. Many clients in the same phase of their
+episodes (all scanning at once) still wait for one another: a round of 64 scans is 0.5 s of CPU
+whatever the order.
 
 What limits the fairness target (measured 2026-11-25 with every job of the server logged, in
 `make bench-server`'s case of 4 honest clients beside 8 scan spammers): alone, the 4 honest

@@ -5,16 +5,14 @@ OpenEnv's `HTTPEnvServer` makes a session for each WebSocket on `/ws` and for ea
 `openenv/session/create` call on `POST /mcp`, and keeps them in one table against
 `max_sessions`. `GuardedEnvServer` is that server with the rules the CERNenv server adds:
 
-- an address holds at most `max_per_address` sessions, WebSocket and MCP together (one
-  address could hold all 64 and turn away 26 of 44 honest clients);
+- an address holds at most `max_per_address` sessions, WebSocket and MCP together;
 - each session remembers its address, and an MCP call naming a session made from another
   address is answered as if the session did not exist (`owner_of`, used by `MessageLimit`);
 - a session's activity is its environment's last reset or step (`ServedEnvironment.last_work`),
   the one clock by which it is idle. A WebSocket session's lifetime is its socket's, which
-  `MessageLimit` closes after `session_idle_timeout_s` without work; OpenEnv's reaper, which
-  by its own clock freed the slots of sessions that only asked for `state` while their sockets
-  went on playing, no longer touches them. MCP sessions, which have no socket, are reaped by
-  OpenEnv's reaper on the same clock;
+  `MessageLimit` closes after `session_idle_timeout_s` without work, and OpenEnv's reaper
+  leaves it alone (by its own clock it would free the slot while the socket went on playing).
+  MCP sessions, which have no socket, are reaped by OpenEnv's reaper on the same clock;
 - sessions that end without a single step are paced per address (`AddressPacer`): past the
   free ones, a new session waits.
 
@@ -80,8 +78,11 @@ class GuardedEnvServer(HTTPEnvServer):
     _pause = staticmethod(asyncio.sleep)  # how a paced session waits (tests record it)
 
     def owner_of(self, session_id: Any) -> Optional[str]:
-        """The address that made session `session_id` (None: no such session)."""
-        return self._owners.get(session_id) if isinstance(session_id, str) else None
+        """The address that made MCP session `session_id` (None: no such session, or a WebSocket's,
+        which belongs to its socket alone)."""
+        if not isinstance(session_id, str) or session_id in self._session_websocket_attachments:
+            return None
+        return self._owners.get(session_id)
 
     def held_by(self, address: str) -> int:
         return self._held[address]

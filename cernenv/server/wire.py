@@ -3,9 +3,8 @@
 Everything a client sends is JSON text (a WebSocket message, an HTTP body). Its nesting is
 measured on the text itself, before it is parsed (`nesting_depth`), and refused beyond
 `MAX_JSON_DEPTH`: so no parser, validator, encoder or error message further on ever meets a
-structure deep enough to exhaust Python's recursion limit (JSON nested 400-900 deep once ended
-sessions with "maximum recursion depth exceeded" in a recursive check). The checks here walk
-parsed values with an explicit stack.
+structure deep enough to exhaust Python's recursion limit. The checks here walk parsed values
+with an explicit stack.
 """
 
 from __future__ import annotations
