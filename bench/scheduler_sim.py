@@ -11,7 +11,7 @@ of the load test's scenarios) plus `--overhead-ms` of server work; a client wait
 `--client-ms` between an answer and its next request. Honest clients play their episodes;
 scan spammers repeat a `scan_bump` of the Z spectrum (its cost measured too) until the honest
 clients are done. Printed per rule, median and range over the seeds: the fairness ratio (honest median latency with
-8 spammers over without, 4 honest clients; target <= 2, issue 15) and the honest p99 at 64
+8 spammers over without, 4 honest clients; target <= 2) and the honest p99 at 64
 clients alone and beside 3 spammers (target < 1 s with the load test's abusers). Rules:
 
 - arrival order;

@@ -622,7 +622,7 @@ REFUSED = ExperimentAction(action_type="set_trigger", parameters={"trigger": "x"
 
 
 def test_steps_that_do_no_new_work_are_charged_eight_times_their_cpu_time():
-    """The scheduler's surcharge on the server's steps (issue 15's scan spam, and its sibling
+    """The scheduler's surcharge on the server's steps (scan spam, and its sibling
     with another `step_gev` each time): a repeated scan, a refused action, and any step beyond
     `FREE_STEPS_ON_UNCHANGED_DATA` in a row on unchanged data cost their session
     `NO_NEW_WORK_SURCHARGE` times their CPU time; HeuristicAgent's steps cost it once. Every job
@@ -1445,7 +1445,7 @@ def test_every_abuser_of_the_bench_does_what_it_says():
         server.stop()
 
 
-# Hostile clients (issue 15) ------------------------------------------------------------
+# Hostile clients -------------------------------------------------------------------------
 def test_the_listener_hands_over_connections_without_nagles_delay():
     """asyncio turns Nagle's algorithm off only on sockets made with proto IPPROTO_TCP; the
     listener's accepted sockets had proto 0, so a response written in two parts (uvicorn's
@@ -1498,11 +1498,10 @@ def test_the_listener_refuses_connections_over_a_limit_as_it_accepts_them():
 
 
 def test_no_client_can_attach_to_call_or_close_another_clients_session(server):
-    """OpenEnv lets whoever knows a session id drive it (`/ws?session_id=<id>`: a second socket
-    played another client's episode) or close it (`openenv/session/close`). A WebSocket that names
-    a session is refused at its handshake; an MCP call naming a session made from another address
-    is answered as for an unknown one; the "mcp" WebSocket message, which revealed a WebSocket
-    session's id, is refused."""
+    """A session belongs to the connection (WebSocket) or address (MCP) that made it: a WebSocket
+    that names a session (`/ws?session_id=<id>`, OpenEnv's attach) is refused at its handshake;
+    an MCP call naming a session made from another address is answered as for an unknown one;
+    the "mcp" WebSocket message, which would reveal a WebSocket session's id, is refused."""
     session_id = server.mcp("openenv/session/create", source="127.0.0.2")["result"]["session_id"]
     for query in (f"?session_id={session_id}", f"?x=1&session%5Fid={session_id}"):
         with pytest.raises(InvalidStatus) as refused:
@@ -1559,10 +1558,9 @@ def test_odd_http_input_gets_a_4xx_never_a_500(server, body):
 
 def test_idle_sessions_are_closed_and_free_their_slot():
     """A session whose environment has not reset or stepped for --session-idle-timeout-s is
-    closed (1001) and its slot freed, whatever else it sends: sessions that sent only `state`
-    once outlived OpenEnv's idle reaper, which freed their slots while their sockets went on
-    playing (4 sessions stepping with `--max-sessions 2` while /sessions said 0). The server and
-    OpenEnv now go by one clock; a session that keeps stepping is never idle."""
+    closed (1001) and its slot freed, whatever else it sends (`state`, pings): the server and
+    OpenEnv's reaper go by one clock, so no socket plays on in a slot the server counts as free.
+    A session that keeps stepping is never idle."""
     server = Server("--max-sessions", "2", "--session-idle-timeout-s", "2")
     try:
         with server.ws() as idle, server.ws() as chatty:
@@ -1675,8 +1673,7 @@ def test_unfinished_requests_are_timed_out_and_connections_are_limited_per_clien
     out, 235,519 log lines). Now a client gets `--max-connections-per-client`, everyone together
     `--max-connections`, and a request must arrive whole within `--request-read-timeout-s`; when
     the server is full, a newcomer takes the place of an unfinished request of the address that
-    holds the most (half-open requests from 8 addresses once filled the server and turned away
-    every honest client)."""
+    holds the most."""
     server = Server("--max-connections-per-client", "20", "--max-connections", "45", "--request-read-timeout-s", "2")
     unfinished = b"GET /health HTTP/1.1\r\nHost: x\r\n"  # the headers never end
     try:

@@ -1,13 +1,11 @@
 """The server's evaluation mode (its default) against an outside evaluator who wants the answers.
 
-An evaluator found that a server started with `--secret-salt-file` still gave the same world
-for the same seed, graded a claim made with no data, and served the grade in `state`: resetting,
-claiming blind and reading the outcome, then bisecting, recovered existence and mass to 0.04-0.14%
-for 5 of 5 seeds in 29 queries. In evaluation mode every reset draws a fresh world with a secret
-the server holds, and nothing on the wire carries a grade: the grades go to the operator's results
-ledger. Here the same attack runs against a live server, with and without data, and every answer
-it reads is the same whatever the world and whatever the claim. Also: the secret the server makes
-and names by fingerprint, the ledger's lines, training mode, MCP under the same rules, and
+In evaluation mode every reset draws a fresh world with a secret the server holds, and nothing
+on the wire carries a grade: the grades go to the operator's results ledger. Here the bisection
+attack (reset a seed, claim blind, read every answer, halve the interval by what was read) runs
+against a live server, with and without data, and every answer it reads is the same whatever the
+world and whatever the claim (what it recovered before: docs/openenv.md). Also: the secret the
+server makes and names by fingerprint, the ledger's lines, MCP under the same rules, and
 `openenv validate --url`.
 """
 

@@ -1,7 +1,8 @@
 """Attacks on the server, as an outside attacker ran them against a local server, kept as tests.
 
 Each test is one class of attack, run against a live server with small limits (bounded in size
-and time; no assertion on wall-clock time), with what the attack got before in its docstring:
+and time; no assertion on wall-clock time; what each got before the rule that stops it, in
+docs/openenv.md's attack table):
 a WebSocket ping flood, X-Forwarded-For rotated to escape the per-address limits, JSON nested
 hundreds deep, half-open requests from many addresses filling the connection cap, one address
 holding every session, floods of invalid requests and frames in the log, foreign Origins,
@@ -174,9 +175,7 @@ class FakeTransport:
 
 
 def test_pings_and_pongs_count_as_messages_without_work_and_are_paced():
-    """4 processes sending pings and never reading once grew the server by 519 MB and made honest
-    clients 65 times slower: pings were answered at once, unpaced and unbounded. Now each ping or
-    pong counts in the connection's `MessageBudget` like a `state` request: past
+    """Each ping or pong counts in the connection's `MessageBudget` like a `state` request: past
     `FREE_MESSAGES_WITHOUT_WORK` in a row, each earns `WASTED_WORK_PAUSE_S` without reading, more
     than `MAX_CONTROL_FRAME_DEBT_S` of it in one read closes the connection (1008), and while the
     client does not read what the server writes, the server reads nothing from it."""
@@ -227,8 +226,7 @@ def test_pings_and_pongs_count_as_messages_without_work_and_are_paced():
 
 def test_the_closing_handshake_completes_under_the_guard():
     """The guard parses what a WebSocket reads a slice at a time: the client's answer to the
-    server's close frame must still be read, or the connection waits out uvicorn's 10 s close
-    timeout (as every honest client's did, once)."""
+    server's close frame is still read (else the connection waits out uvicorn's close timeout)."""
     guard = ConnectionGuard(10, 10, 5.0)
     _, protocol_class = guarded_protocols(guard)
 
@@ -315,11 +313,9 @@ def test_a_ping_flood_costs_the_server_no_memory_and_honest_clients_play_on(host
 
 
 def test_x_forwarded_for_names_the_client_only_behind_a_trusted_proxy(hostile):
-    """uvicorn trusts X-Forwarded-For from 127.0.0.1 by default, and the per-address limits keyed
-    on the address it rewrote: with a rotated header, 100 `GET /metadata` took 0.07 s instead of
-    3.45 s, `POST /reset` spam ran 11,923 requests instead of 440, 3,318 step-less sessions
-    instead of 57. Now the header counts only from `--trusted-proxy` addresses: from anyone else
-    every limit (here the per-address session cap) keys on the connection's peer."""
+    """X-Forwarded-For names the client only when it comes from a `--trusted-proxy` address: from
+    anyone else (uvicorn would trust 127.0.0.1 by default) every limit, here the per-address
+    session cap, keys on the connection's peer, whatever the header says."""
     server = hostile
 
     def refusal(source: str, forwarded: str) -> Tuple[str, str]:
@@ -356,9 +352,9 @@ def test_the_launcher_trusts_proxy_headers_from_the_named_proxies_only(monkeypat
 
 
 def test_half_open_requests_from_many_addresses_cannot_lock_honest_clients_out(hostile):
-    """Half-open requests from 8 loopback addresses, each holding its share, once filled the
-    1,024-connection cap: new honest clients got 0 of 34. When the server is full, a newcomer now
-    takes the place of a waiting connection of the address that holds the most: 34 of 34 served."""
+    """Half-open requests from 8 addresses, each holding its share, fill the connection cap; a
+    newcomer then takes the place of a waiting connection of the address that holds the most:
+    34 honest clients of 34 are served."""
     server = hostile
     unfinished = b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"
     held = [
@@ -378,9 +374,8 @@ def test_half_open_requests_from_many_addresses_cannot_lock_honest_clients_out(h
 
 
 def test_one_address_cannot_hold_every_session(hostile):
-    """One address once held all 64 sessions (honest clients got 18 of 44). An address now holds
-    at most its share (`--max-sessions-per-client`), WebSocket and MCP together; the rest serve
-    others."""
+    """An address holds at most its share of the sessions (`--max-sessions-per-client`), WebSocket
+    and MCP together; the other slots serve other addresses."""
     server = hostile
     with contextlib.ExitStack() as stack:
         for _ in range(SESSIONS_PER_CLIENT):
@@ -421,11 +416,10 @@ def nested(depth: int, inner: Any = 1) -> str:
 
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH - 4, 400, 900, 20_000])
 def test_json_nested_deep_anywhere_gets_an_error_and_the_session_goes_on(hostile, depth):
-    """JSON 400-900 deep in an action's parameters or justification, or in reset data, once ended
-    the session ("SESSION_ERROR: maximum recursion depth exceeded", from a recursive check made
-    for lone surrogates). Nesting is now measured on the text, before anything parses it: past
-    MAX_JSON_DEPTH the message gets INVALID_JSON (HTTP 400), and no check recurses; within it the
-    value is judged as any other (a rule violation, a refused reset argument)."""
+    """JSON nested deep in an action's parameters or justification, or in reset data: nesting is
+    measured on the text, before anything parses it; past MAX_JSON_DEPTH the message gets
+    INVALID_JSON (HTTP 400) and the session goes on; within it the value is judged as any other
+    (a rule violation, a refused reset argument)."""
     server = hostile
     deep, too_deep = nested(depth), depth > MAX_JSON_DEPTH - 4
     with server.ws(source="127.0.7.1") as ws:
@@ -455,9 +449,9 @@ def test_json_nested_deep_anywhere_gets_an_error_and_the_session_goes_on(hostile
 
 @pytest.mark.parametrize("seed", ["7", True, -0.0, 7.0, 1e3, [7], {"a": 1}, 2**63, -1])
 def test_http_reset_takes_only_what_the_websocket_takes(hostile, seed):
-    """`POST /reset` coerced "7", true and -0.0 to seeds (pydantic's lax mode) where the WebSocket
-    refused them. One rule (`cernenv.server.wire.reset_problem`) now judges the JSON as sent, on
-    every transport: the same refusal over HTTP (400), the WebSocket and MCP."""
+    """One rule (`cernenv.server.wire.reset_problem`) judges reset arguments as the JSON sent, on
+    every transport: pydantic's lax coercion ("7", true, -0.0 to seeds) never sees them; the same
+    refusal over HTTP (400), the WebSocket and MCP."""
     server = hostile
     status, reply = server.http("POST", "/reset", {"seed": seed, "difficulty": "easy"}, source="127.0.8.1")
     assert status == 400 and "seed must be a non-negative integer" in reply["detail"]
@@ -473,8 +467,8 @@ def test_http_reset_takes_only_what_the_websocket_takes(hostile, seed):
 
 
 def test_browser_pages_of_other_origins_are_refused(hostile):
-    """A WebSocket from any `Origin` played. Now a request that carries an `Origin` (a browser
-    page's) is served only from the server's own origin and the `--allowed-origin` ones."""
+    """A request that carries an `Origin` (a browser page's) is served only from the server's own
+    origin and the `--allowed-origin` ones; programs send none."""
     server = hostile
     with pytest.raises(InvalidStatus) as refused:
         server.ws(source="127.0.9.1", origin="https://evil.example").close()
@@ -489,9 +483,8 @@ def test_browser_pages_of_other_origins_are_refused(hostile):
 
 
 def test_hostile_requests_and_frames_cost_a_line_of_counts_not_a_line_each(hostile):
-    """`Invalid HTTP request received.` was logged for every bad request (~146 MB/h from one
-    client) and every text frame that is not UTF-8 logged a 494-byte traceback (~864 MB/h). They
-    are counted now, and the counts logged at most once every 10 s, with the refusals'."""
+    """Requests that are not HTTP and text frames that are not UTF-8 are counted, and the counts
+    logged at most once every 10 s with the refusals': no line (or traceback) per event."""
     server = hostile
     offset = log_size(server)
     for index in range(200):
@@ -571,10 +564,9 @@ def test_the_container_command_runs_under_the_guard():
     ids=["app", "factory"],
 )
 def test_plain_uvicorn_refuses_to_serve_the_app(launch, tmp_path):
-    """`uvicorn cernenv.server.app:app` (once documented, and the manifest's `app:`) served the app
-    without any of the guard: 200 of 200 half-open requests held, permessage-deflate negotiated
-    (a 4 KB frame inflated to 4 MiB), 4 MiB frames read. The app now refuses to start anywhere
-    but under `python -m cernenv.server` (`RequireGuard`), and says how to start it."""
+    """`uvicorn cernenv.server.app:app` (and `--factory create_cernenv_app`) would serve the app
+    without the guard: the app refuses to start anywhere but under `python -m cernenv.server`
+    (`RequireGuard`), and says how to start it."""
     command = [sys.executable, *launch, "--port", str(free_port())]
     environment = {**os.environ, "CERNENV_STATE_DIR": str(tmp_path)}
     started = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
