@@ -1,7 +1,7 @@
 """Generated tokens per second of each generation engine, on the same episodes.
 
     make bench-generate                    # the default model of this machine, 16 episodes
-    python bench/bench_generate.py --episodes 32 --model_name cernenv-tiny-untrained
+    python bench/bench_generate.py --episodes 32 --warm_start_episodes 0   # the untrained stand-in
 
 The episodes are one GRPO step's worth (groups of `num_generations` on training tasks),
 sampled at the training temperature with the same seed for every engine, played to the
@@ -37,9 +37,12 @@ def main(argv=None) -> int:
 
     from lib.multiturn import Sampling, hf_generate_fn, play_episodes
     from lib.training.backends import load_policy, resolve_backend
+    from lib.training.warm_start import sft_warm_start
 
     backend = resolve_backend(config)
     policy = load_policy(config, backend)
+    if config.warm_start_episodes:  # the run's policy: warm-started (cached after its first build)
+        sft_warm_start(policy, config)
     sampling = Sampling(temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens)
     specs = [(config.train_seed_start + i // config.num_generations, None, "easy") for i in range(args.episodes)]
     engines = [e for e in ENGINES if not (backend == "unsloth" and e == "cached")]

@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     from lib.training.backends import load_policy, resolve_backend
     from lib.training.grpo import REWARD_FUNCS, CampaignRollout, training_dataset
     from lib.training.run import grpo_args
+    from lib.training.warm_start import sft_warm_start
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -53,6 +54,8 @@ def main(argv=None) -> int:
         from trl import GRPOTrainer
 
         policy = load_policy(config, backend)
+        if config.warm_start_episodes:  # the run's policy: warm-started (cached after its first build)
+            sft_warm_start(policy, config)
         rollout = CampaignRollout(config, policy.tokenizer, backend=backend)
         timer = StepTimer()
         trainer = GRPOTrainer(

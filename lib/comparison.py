@@ -157,6 +157,31 @@ def before_after_metrics(pre: Sequence[Mapping[str, Any]], post: Sequence[Mappin
     return payload
 
 
+def training_reward_trend(rows: Sequence[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Whether the training reward rose: the mean batch reward (training_log.csv's `reward`) of the
+    last quarter of the steps against the first quarter's, with the 95% bootstrap interval of
+    the difference (the steps resampled on each side); None with fewer than 8 logged steps."""
+    pairs = sorted(
+        (int(as_number(row.get("step"))), as_number(row.get("reward")))
+        for row in rows
+        if not math.isnan(as_number(row.get("step"))) and not math.isnan(as_number(row.get("reward")))
+    )
+    if len(pairs) < 8:
+        return None
+    rewards = [reward for _, reward in pairs]
+    quarter = len(rewards) // 4
+    first, last = rewards[:quarter], rewards[-quarter:]
+    difference = bootstrap_difference(first, last, seed=BOOTSTRAP_SEED)
+    return {
+        "steps": len(rewards),
+        "steps_per_quarter": quarter,
+        "first_quarter_mean": float(np.mean(first)),
+        "last_quarter_mean": float(np.mean(last)),
+        "difference": difference.mean,
+        "difference_ci95": [difference.low, difference.high],
+    }
+
+
 def before_after_markdown(payload: Mapping[str, Any], keys: Sequence[str] = DIFFERENCE_METRICS) -> str:
     """`before_after_metrics` as Markdown: the pair count, then before, after and the difference
     with its 95% interval for each of `keys`; then, when the payload has `groups` (files written

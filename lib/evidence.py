@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.comparison import SUMMARY_METRICS, before_after_metrics, episode_values, same_tasks
+from lib.comparison import SUMMARY_METRICS, before_after_metrics, episode_values, same_tasks, training_reward_trend
 from lib.episode_markdown import correct_by_part, episode_markdown_lines, sample_pairs, spread_by_reward
 from lib.evaluation import PARTS, group_label
 from lib.files import atomic_write
@@ -697,13 +697,20 @@ def _render_distribution(
 
 
 def _render_before_after(
-    pre_jsonl: Path, post_jsonl: Path, summary_png: Path, distribution_png: Path, metrics_json: Path
+    pre_jsonl: Path,
+    post_jsonl: Path,
+    summary_png: Path,
+    distribution_png: Path,
+    metrics_json: Path,
+    training_log_csv: Optional[Path] = None,
 ) -> Tuple[Optional[Dict[str, Any]], Dict[str, Optional[Path]]]:
     pre, post = read_records(pre_jsonl).rows, read_records(post_jsonl).rows
     written: Dict[str, Optional[Path]] = {"metrics_json": None, "summary_png": None, "distribution_png": None}
     if not pre and not post:
         return None, written
     payload = before_after_metrics(pre, post)
+    if training_log_csv is not None:
+        payload["training_reward_trend"] = training_reward_trend(read_records(training_log_csv).rows)
     payload["sources"] = {"pre": str(pre_jsonl), "post": str(post_jsonl)}
     text = json.dumps(payload, indent=2, allow_nan=False)
     written["metrics_json"] = atomic_write(metrics_json, lambda tmp: Path(tmp).write_text(text + "\n"))
@@ -723,7 +730,8 @@ def render_before_after(
     rate, mass_acc/channel_acc/spin_acc over episodes whose particle exists, None counted wrong),
     `delta` (post − pre), `pre_ci95`/`post_ci95` (bootstrap interval of each mean),
     `delta_ci95` (interval of post − pre for mean_reward and success_rate), `n`,
-    `bootstrap` (pairing "paired" or "unpaired", resamples, numpy seed), and `groups`: the
+    `bootstrap` (pairing "paired" or "unpaired", resamples, numpy seed), `training_reward_trend`
+    (`lib.comparison.training_reward_trend` of training_log.csv, in `render_all`), and `groups`: the
     same keys (with `pairing` in place of `bootstrap`) for each group of
     `lib.evaluation.GROUPS` but "all" (the unseen-particle and rediscovery parts, tasks with
     a particle and null tasks). Files written before `groups` and `n_correct` existed still
@@ -838,6 +846,7 @@ def render_all(paths: EvidencePaths) -> Dict[str, Optional[Path]]:
             paths.before_after_summary_png,
             paths.reward_distribution_png,
             paths.before_after_metrics_json,
+            paths.training_log_csv,
         )[1]
     except Exception:
         logger.exception("rendering the before/after metrics failed; the other evidence is still rendered")

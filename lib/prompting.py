@@ -125,17 +125,36 @@ UNSHOWN_RESULT_KEYS = ("q0", "p_local", "p_global", "local_p_method", "upcrossin
 methods behind them are for people (the observation has them all)."""
 
 
+EVIDENCE_WORDS = ((5.0, "observation"), (EVIDENCE_Z_GLOBAL, "evidence"), (float("-inf"), "no evidence"))
+"""What a global significance is called (a physicist's words for 5σ and 3σ), as the logbook says it."""
+
+
+def _evidence_word(z_global: Any) -> str:
+    z = float(z_global) if isinstance(z_global, (int, float)) else 0.0
+    return next(word for level, word in EVIDENCE_WORDS if z >= level)
+
+
 def _logbook_line(logbook: Dict[str, Dict[str, Any]]) -> str:
-    """The numbers a claim quotes, once a fit exists: the last fit, significance and spin."""
+    """The logbook's numbers for the next decision: before a fit, each channel's scan (the largest
+    excess first); once a fit exists, the fit, the significance (with what it is called: evidence
+    at 3σ, observation at 5σ) and the spin, which a claim quotes."""
     fit = logbook.get("fit_resonance")
     if not fit:
-        return ""
+        scans = sorted(
+            ((key.split("/", 1)[1], entry) for key, entry in logbook.items() if key.startswith("scan_bump/")),
+            key=lambda item: -float(item[1].get("best_z_local") or 0.0),
+        )
+        notes = [
+            f"scan {channel} {_short(entry.get('best_mass_gev'))} GeV z {_short(entry.get('best_z_local'))}"
+            for channel, entry in scans
+        ]
+        return "Logbook: " + "; ".join(notes) if notes else ""
     notes = [f"fit {fit.get('channel')} {_short(fit.get('mass_gev'))}±{_short(fit.get('mass_err_gev'))} GeV"]
     significance = logbook.get("estimate_significance")
     if significance:
         notes.append(
             f"Z({_short(significance.get('mass_gev'))}) local {_short(significance.get('z_local'))} "
-            f"global {_short(significance.get('z_global'))}"
+            f"global {_short(significance.get('z_global'))} {_evidence_word(significance.get('z_global'))}"
         )
     angular = logbook.get("measure_angular")
     if angular:
@@ -152,8 +171,8 @@ def render_observation(
     (window, channels, triggers, beams, totals), the state (beam, trigger, channel, data) and
     the recent history. Without it (a later message of a conversation, which holds all that
     already): the step and the resources left, the last action's result, any violation, and,
-    once a fit exists, the logbook's numbers a claim quotes (`_logbook_line`), so a conversation
-    grows by a few dozen tokens a turn. The task's problem statement is left out: it restates
+    the logbook's numbers for the next decision (`_logbook_line`), so a conversation grows by a
+    few dozen tokens a turn. The task's problem statement is left out: it restates
     the window and channels, and the system prompt says the window may hold nothing.
     """
     task, usage = obs.task, obs.resource_usage

@@ -8,7 +8,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from cernenv import CERNCollisionEnvironment
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
 from lib.evaluation import (
     GROUPS,

@@ -29,7 +29,7 @@ def test_full_profile_writes_the_committed_evidence_and_smoke_stays_out_of_it():
         for key in directories
         if key in p
     )
-    assert smoke["03_train_grpo"]["model_name"] == "cernenv-tiny-untrained"
+    assert smoke["03_train_grpo"]["model_name"] == "cernenv-tiny" and smoke["03_train_grpo"]["warm_start_episodes"] == 0
 
 
 def _write_profile(tmp_path, text):

@@ -252,7 +252,12 @@ def test_every_numeric_parameter_refuses_extreme_values_cleanly():
                 params = dict(SENSIBLE_DEFAULTS.get(verb.value, {}))
                 params[name] = [value, value * 2] if "Tuple" in str(field.annotation) else value
                 obs = env.step({"action_type": verb.value, "parameters": params})
-                assert not any("could not run" in v for v in obs.rule_violations), (verb, name, value, obs.rule_violations)
+                assert not any("could not run" in v for v in obs.rule_violations), (
+                    verb,
+                    name,
+                    value,
+                    obs.rule_violations,
+                )
 
 
 SENSIBLE_DEFAULTS = {

@@ -90,13 +90,13 @@ def test_default_caches_are_at_the_repository_root_whatever_the_working_director
     """Notebooks run in notebooks/: a cwd-relative cache made them rebuild the 30-minute warm start."""
     from pathlib import Path
 
-    from lib.policy_model import cached_model_dir
+    from lib.policy_model import untrained_stand_in
 
     root = Path(tokenizer_module.__file__).resolve().parents[1]
     monkeypatch.chdir(tmp_path)
     tokenizer = build_tokenizer()
     assert list((root / ".cache" / "tokenizer").glob("bpe-*/tokenizer.json"))
-    assert cached_model_dir(tokenizer).parent == root / ".cache" / "policy"
+    assert Path(untrained_stand_in(tokenizer).name_or_path).parent == root / ".cache" / "policy"
     assert not (tmp_path / ".cache").exists(), "nothing cached under the working directory"
 
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from cernenv.rewards import COMPONENT_NAMES
+from cernenv.scenarios import list_scenarios
 from lib.evaluation import HELDOUT_SEED_START, heldout_suite
-from lib.policy_model import sft_examples
 from lib.records import load_episodes_jsonl
+from lib.tokenizer import corpus_specs
 from lib.training import TrainConfig
 from lib.training.backends import resolve_backend, unsloth_available
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, training_dataset, training_tasks
@@ -68,7 +69,7 @@ def test_config_rejects_bad_values_with_every_reason():
     with pytest.raises(ValueError, match="KL reference would be the model before its warm start"):
         TrainConfig(warm_start_episodes=200, beta=0.04)
     TrainConfig(warm_start_episodes=200)  # without a KL penalty, and a KL penalty without a warm start
-    TrainConfig(beta=0.04)
+    TrainConfig(beta=0.04, warm_start_episodes=0)
     with pytest.raises(ValueError, match="unknown TrainConfig fields"):
         TrainConfig.from_dict({"max_step": 3})
 
@@ -102,7 +103,7 @@ def test_training_and_warm_start_never_use_an_evaluation_seed():
     with pytest.raises(ValueError, match=f"below {HELDOUT_SEED_START}"):
         training_tasks(TrainConfig(train_seed_start=HELDOUT_SEED_START + 10_000), 1)  # in no suite
     with pytest.raises(ValueError, match=f"below {HELDOUT_SEED_START}"):
-        sft_examples(1, first_seed=HELDOUT_SEED_START)  # refused before any episode is played
+        corpus_specs(1, first_seed=HELDOUT_SEED_START)  # the warm start's campaigns: refused before any is played
 
 
 def test_dataset_has_one_row_per_group_and_checkpoint_subset_is_spread():
@@ -111,7 +112,9 @@ def test_dataset_has_one_row_per_group_and_checkpoint_subset_is_spread():
     assert len(dataset) == 10 and json.loads(dataset[0]["prompt"])["seed"] == config.train_seed_start
     subset = checkpoint_suite(TrainConfig(checkpoint_eval_episodes=21))
     assert len(subset) == 21 and {s.difficulty for s in subset if s.difficulty} == {"easy", "medium", "hard"}
-    assert len({s.scenario for s in subset if s.scenario}) >= 5
+    assert {s.scenario for s in subset if s.scenario} == set(list_scenarios()), "every curated scenario once"
+    assert subset == checkpoint_suite(TrainConfig(checkpoint_eval_episodes=21)), "fixed"
+    assert len(checkpoint_suite(TrainConfig(checkpoint_eval_episodes=4))) == 4
 
 
 def test_one_reward_function_per_component_named_after_it():

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.policy_model import build_tiny_model, sft_examples
+from lib.policy_model import build_tiny_model
 from lib.tokenizer import build_tokenizer
 from lib.training import TrainConfig
 from lib.training.processes import gather, shard, shard_bounds
 from lib.training.run import accumulation_per_process
+from lib.training.warm_start import demonstration_examples
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,13 +60,12 @@ def first_action_model_dir(tmp_path_factory):
     model = build_tiny_model(tokenizer)
     refused = json.dumps({"action_type": "collect_collisions", "parameters": {"luminosity_fb": 1.0}})
     examples = []
-    for row in sft_examples(4):
-        messages = row["messages"]
-        first_reply = next(i for i, message in enumerate(messages) if message["role"] == "assistant")
-        prompt = tokenizer.apply_chat_template(messages[:first_reply], add_generation_prompt=True, tokenize=False)
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        for reply in (messages[first_reply]["content"], refused):
-            examples.append((prompt_ids, tokenizer(reply + tokenizer.eos_token, add_special_tokens=False)["input_ids"]))
+    for example in demonstration_examples(tokenizer, 4):
+        ids, mask = example["input_ids"], example["completion_mask"]
+        first_reply = mask.index(1)
+        prompt_ids, reply_ids = ids[:first_reply], ids[first_reply : first_reply + mask[first_reply:].index(0)]
+        for reply in (reply_ids, tokenizer(refused + tokenizer.eos_token, add_special_tokens=False)["input_ids"]):
+            examples.append((prompt_ids, reply))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     torch.manual_seed(0)
@@ -203,17 +203,16 @@ def test_two_processes_write_what_one_process_writes(tmp_path, first_action_mode
     assert result["config"]["gradient_accumulation_steps"] == 4, "the config keeps the run's episodes per step"
 
 
-def test_several_processes_refuse_to_build_the_stand_in_s_warm_start(tmp_path, monkeypatch):
+def test_several_processes_refuse_to_build_a_warm_start_of_every_weight(tmp_path, monkeypatch):
     """Built by the main process alone, its Trainer would wait forever on the others: a run in
     several processes asks for it to be built first, before it writes anything."""
-    from lib import policy_model
     from lib.training import run
 
     monkeypatch.setattr(run, "num_processes", lambda: 2)
-    monkeypatch.setattr(policy_model, "cached_model_dir", lambda tokenizer: tmp_path / "not-built")
+    monkeypatch.setattr(run, "cached_warm_start_dir", lambda policy, config: tmp_path / "not-built")
     config = TrainConfig(
         model_name="cernenv-tiny", evidence_dir=str(tmp_path / "evidence"), output_dir=str(tmp_path / "out")
     )
-    with pytest.raises(RuntimeError, match="python -m lib.policy_model"):
+    with pytest.raises(RuntimeError, match="python -m lib.training.warm_start"):
         run.train(config)
     assert not (tmp_path / "out").exists() and not (tmp_path / "evidence").exists()

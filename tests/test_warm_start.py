@@ -1,7 +1,10 @@
-"""The SFT warm start of a Hugging Face policy (`lib.training.warm_start`, `TrainConfig.warm_start_episodes`)."""
+"""The SFT warm start of a policy (`lib.training.warm_start`, `TrainConfig.warm_start_*`): one
+implementation for the CPU stand-in (every weight, loss on the conversation, cached) and a real
+model (its LoRA adapter, loss on the actions)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,13 +12,20 @@ import torch
 
 from lib.evaluation import heldout_suite
 from lib.multiturn import play_episodes
-from lib.policy_model import SFT_SEED
-from lib.prompting import Sampling
+from lib.prompting import Sampling, parse_reply
 from lib.tokenizer import corpus_specs
 from lib.training import TrainConfig
 from lib.training.backends import load_policy
 from lib.training.run import train
-from lib.training.warm_start import demonstration_examples, loss_mask, sft_trainer, sft_warm_start
+from lib.training.warm_start import (
+    DEMONSTRATION_SEED,
+    cached_warm_start_dir,
+    demonstration_examples,
+    loss_mask,
+    round_significant,
+    sft_trainer,
+    sft_warm_start,
+)
 
 
 def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
@@ -38,7 +48,7 @@ def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
     def scripted(contexts, sampling):  # a GenerateFn that writes the demonstrated replies
         return [(reply, [0.0] * len(reply)) for reply in (replies.pop(0) for _ in contexts)]
 
-    (spec,) = corpus_specs(1, SFT_SEED)
+    (spec,) = corpus_specs(1, DEMONSTRATION_SEED)
     (played,) = play_episodes(scripted, tokenizer, [spec], sampling=Sampling(max_new_tokens=512))
     assert played.prompt_ids + played.completion_ids == ids
     assert [0] * len(played.prompt_ids) + played.env_mask == mask
@@ -49,7 +59,7 @@ def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
 
 def test_demonstrations_never_use_an_evaluation_seed():
     suite = {spec.seed for spec in heldout_suite()}
-    assert not suite & {spec["seed"] for spec in corpus_specs(200, SFT_SEED)}
+    assert not suite & {spec["seed"] for spec in corpus_specs(200, DEMONSTRATION_SEED)}
 
 
 def test_the_trainer_s_loss_covers_the_actions_and_nothing_else(tiny_model_dir, tmp_path):
@@ -63,6 +73,42 @@ def test_the_trainer_s_loss_covers_the_actions_and_nothing_else(tiny_model_dir, 
     assert len(masks) == 2
     for mask, example in zip(masks, examples):
         assert mask == [bool(bit) for bit in example["completion_mask"]]
+    whole = demonstration_examples(policy.tokenizer, 2, loss="conversation")
+    assert [e["input_ids"] for e in whole] == [e["input_ids"] for e in examples]
+    assert all(all(e["completion_mask"]) for e in whole), "the conversation loss covers every token"
+    with pytest.raises(ValueError, match="loss must be one of"):
+        demonstration_examples(policy.tokenizer, 1, loss="everything")
+
+
+def test_demonstrations_write_numbers_as_prompts_show_them(tiny_model_dir):
+    """Four significant digits, and a claim quotes the fit's mass error as the logbook shows it."""
+    from lib.tokenizer import load_tokenizer
+
+    assert round_significant(0.21110827456039238, 4) == 0.2111
+    assert round_significant({"m": [125.019, 3], "z": -0.0012345, "ok": True, "c": "x"}, 4) == {
+        "m": [125.0, 3],
+        "z": -0.001234,
+        "ok": True,
+        "c": "x",
+    }
+    assert round_significant(0.0, 4) == 0.0 and round_significant(12345.6, 4) == 12350.0
+    tokenizer = load_tokenizer(tiny_model_dir)
+    replies, claims = [], []
+    for example in demonstration_examples(tokenizer, 6):
+        text = tokenizer.decode(example["input_ids"])
+        for chunk in text.split("<|assistant|>\n")[1:]:
+            reply = json.loads(chunk.split("<|end|>")[0])
+            replies.append(reply)
+            if reply["parameters"].get("discovered"):
+                claims.append((reply, text))
+    numbers = [v for reply in replies for v in reply["parameters"].values() if isinstance(v, float)]
+    assert numbers and all(v == float(f"{v:.4g}") for v in numbers), numbers
+    assert any(v != round(v) for v in numbers), "rounded to significant digits, not to integers"
+    assert claims, "some demonstrations claim a discovery"
+    for reply, text in claims:
+        error = reply["parameters"]["mass_uncertainty_gev"]
+        assert f"±{error:.4g} GeV" in text, "the claimed error is the fit's, as the logbook shows it"
+    assert all(parse_reply(json.dumps(reply)).ok for reply in replies)
 
 
 @pytest.mark.slow  # a training run (trl 1.15, the GPU set, needs triton for it)
@@ -88,16 +134,28 @@ def test_warm_start_trains_the_lora_adapter_on_the_actions(tiny_model_dir):
     assert report["last_loss"] < report["first_loss"]
 
 
-def test_the_stand_in_refuses_a_second_warm_start(tmp_path):
+def test_a_warm_start_of_every_weight_learns_and_is_cached(tiny_model_dir, tmp_path):
+    """The stand-in's way (every weight, loss on the conversation): it learns, is saved under a
+    name that changes with its settings, and the next run loads it instead of training again."""
     config = TrainConfig(
-        model_name="cernenv-tiny-untrained",
-        warm_start_episodes=4,
-        evidence_dir=str(tmp_path / "evidence"),
-        output_dir=str(tmp_path / "out"),
+        model_name=tiny_model_dir,
+        backend="trl",
+        lora_r=0,
+        warm_start_episodes=1,
+        warm_start_epochs=12.0,
+        warm_start_learning_rate=5e-3,
     )
-    with pytest.raises(ValueError, match="warm_start_episodes is for a Hugging Face model"):
-        train(config)
-    assert not (tmp_path / "out").exists(), "refused before anything was written"
+    policy = load_policy(config, "trl")
+    report = sft_warm_start(policy, config, cache_dir=tmp_path)
+    assert report["steps"] == 12 and report["loss_tokens"] == report["tokens"]
+    assert report["last_loss"] < 0.7 * report["first_loss"], report["losses"]
+    assert Path(policy.model.name_or_path) == Path(report["cached"]), "loaded back from its folder: it has a name"
+    again = load_policy(config, "trl")
+    reloaded = sft_warm_start(again, config, cache_dir=tmp_path)
+    assert reloaded["loaded"] and reloaded["cached"] == report["cached"], "a cached warm start is loaded"
+    assert all(torch.equal(x, y) for x, y in zip(policy.model.state_dict().values(), again.model.state_dict().values()))
+    other = TrainConfig(**{**config.to_dict(), "warm_start_learning_rate": 4e-3})
+    assert cached_warm_start_dir(load_policy(other, "trl"), other, tmp_path) != Path(report["cached"])
 
 
 @pytest.mark.slow

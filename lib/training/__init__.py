@@ -6,9 +6,9 @@
 `python -m lib.training` runs the same from the command line (`make train`).
 """
 
-from lib.training.config import BACKENDS, GPU_DEFAULT_MODEL, TINY_MODEL, TINY_UNTRAINED_MODEL, TrainConfig
+from lib.training.config import BACKENDS, GPU_DEFAULT_MODEL, TINY_MODEL, TrainConfig
 
-__all__ = ["BACKENDS", "GPU_DEFAULT_MODEL", "TINY_MODEL", "TINY_UNTRAINED_MODEL", "TrainConfig", "train"]
+__all__ = ["BACKENDS", "GPU_DEFAULT_MODEL", "TINY_MODEL", "TrainConfig", "train"]
 
 
 def train(config: TrainConfig):

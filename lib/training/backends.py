@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from lib.training.config import GPU_DEFAULT_MODEL, TINY_MODEL, TINY_UNTRAINED_MODEL, TrainConfig
+from lib.training.config import GPU_DEFAULT_MODEL, TINY_MODEL, TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -145,11 +145,11 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
 
     from lib.tokenizer import build_tokenizer, load_tokenizer
 
-    if name in (TINY_MODEL, TINY_UNTRAINED_MODEL):
-        from lib.policy_model import untrained_stand_in, warm_start
+    if name == TINY_MODEL:
+        from lib.policy_model import untrained_stand_in
 
         tokenizer = build_tokenizer()
-        model = warm_start(tokenizer) if name == TINY_MODEL else untrained_stand_in(tokenizer)
+        model = untrained_stand_in(tokenizer)
     else:
         tokenizer = load_tokenizer(name)  # a saved stand-in's own tokenizer, not AutoTokenizer's rebuild
         model = AutoModelForCausalLM.from_pretrained(name, dtype=policy_dtype())
@@ -174,7 +174,7 @@ def _load_unsloth(config: TrainConfig, name: str) -> Policy:
 
     from lib.tokenizer import load_tokenizer, saves_its_own_pipeline
 
-    if name in (TINY_MODEL, TINY_UNTRAINED_MODEL):
+    if name == TINY_MODEL:
         raise ValueError(
             f"the {name} stand-in is a CPU model; on a GPU give a real model_name (e.g. {GPU_DEFAULT_MODEL})"
         )

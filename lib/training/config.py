@@ -15,15 +15,14 @@ from cernenv.scenarios import DIFFICULTIES, list_scenarios
 from lib.prompting import Sampling
 
 TINY_MODEL = "cernenv-tiny"
-"""`model_name` of the CPU stand-in: the project's own tokenizer and tiny Qwen2 model,
-SFT-warm-started on heuristic episodes (`lib.policy_model`). Not a real LLM."""
-TINY_UNTRAINED_MODEL = "cernenv-tiny-untrained"
-"""`model_name` of the stand-in's architecture with random weights and no warm start: for
-smoke runs that exercise the plumbing in seconds (`make reproduce PROFILE=smoke`, tests).
-It cannot play; its evidence shows nothing about learning."""
+"""`model_name` of the CPU stand-in: the project's own tokenizer and a tiny Qwen2 network with
+random weights (`lib.policy_model`), which the run's warm start teaches the environment from
+scratch (the defaults below). Not a real LLM. With `warm_start_episodes=0` it cannot play:
+smoke runs that exercise the plumbing."""
 GPU_DEFAULT_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
 """`model_name` used on a CUDA machine (Colab) when none is given."""
 BACKENDS = ("auto", "unsloth", "trl")
+WARM_START_LOSSES = ("actions", "conversation")
 SCALE_REWARDS = ("group", "batch", "none")
 
 
@@ -33,8 +32,7 @@ class TrainConfig:
 
     # -- model and backend
     model_name: Optional[str] = None
-    """Hugging Face model id or local path; `cernenv-tiny` is the CPU stand-in (`cernenv-tiny-untrained`:
-    the same without its warm start, for smoke runs). None picks
+    """Hugging Face model id or local path; `cernenv-tiny` is the CPU stand-in. None picks
     `GPU_DEFAULT_MODEL` when CUDA is available, else `cernenv-tiny`."""
     backend: str = "auto"
     """`unsloth` (FastLanguageModel + LoRA; needs a CUDA GPU), `trl` (transformers + PEFT, any
@@ -46,20 +44,26 @@ class TrainConfig:
     `generate`, batched over live episodes; Unsloth's inference path on that backend), `cached`
     (the project's KV-cached decoder), or `auto`: generate on a GPU, cached on a CPU
     (`make bench-generate` compares them). Ignored with `use_vllm`."""
-    lora_r: int = 16
-    """LoRA rank (PEFT on the TRL backend, Unsloth's on GPU); 0 trains every weight instead."""
+    lora_r: int = 0
+    """LoRA rank (PEFT on the TRL backend, Unsloth's on GPU); 0 trains every weight (the stand-in's
+    ~1M; a real model's run sets 16: configs/train/colab.yaml)."""
     lora_alpha: int = 32
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
     max_seq_length: int = 8192
     """Longest prompt + episode [tokens] the model is loaded for (Unsloth) and a rollout may reach."""
-    warm_start_episodes: int = 0
-    """Before GRPO, fine-tune a Hugging Face model (its LoRA adapter) on this many HeuristicAgent
-    campaigns laid out as GRPO plays them, loss on the actions (`lib.training.warm_start`); 0: none.
-    The stand-in `cernenv-tiny` comes warm-started (`lib.policy_model`)."""
-    warm_start_epochs: float = 1.0
+    warm_start_episodes: int = 800
+    """Before GRPO, fine-tune the model (every weight, or its LoRA adapter) on this many
+    HeuristicAgent campaigns laid out as GRPO plays them (`lib.training.warm_start`); 0: none.
+    The stand-in learns the environment from scratch here; a real model needs a few hundred."""
+    warm_start_epochs: float = 3.0
     """Passes over the warm start's campaigns."""
-    warm_start_learning_rate: float = 2e-4
-    """AdamW learning rate of the warm start (cosine decay)."""
+    warm_start_learning_rate: float = 2e-3
+    """AdamW learning rate of the warm start (cosine decay): the stand-in from scratch tolerates a
+    large one; a pretrained model's LoRA adapter wants ~2e-4."""
+    warm_start_loss: str = "conversation"
+    """Which tokens the warm start's loss covers: "conversation" (every one: the stand-in learns to
+    copy channels and numbers by predicting the environment's messages too) or "actions" (the
+    model's replies only, as GRPO's loss: a model that already reads)."""
 
     # -- GRPO
     max_steps: int = 14
@@ -192,6 +196,8 @@ class TrainConfig:
             problems.append(f"warm_start_episodes must be >= 0, got {self.warm_start_episodes}")
         if self.warm_start_epochs <= 0 or self.warm_start_learning_rate <= 0:
             problems.append("warm_start_epochs and warm_start_learning_rate must be > 0")
+        if self.warm_start_loss not in WARM_START_LOSSES:
+            problems.append(f"warm_start_loss must be one of {WARM_START_LOSSES}, got {self.warm_start_loss!r}")
         if self.warm_start_episodes and self.beta:
             problems.append(
                 f"beta={self.beta} with warm_start_episodes={self.warm_start_episodes}: TRL's KL reference "

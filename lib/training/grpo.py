@@ -79,11 +79,18 @@ def training_dataset(config: TrainConfig):
 
 
 def checkpoint_suite(config: TrainConfig) -> List[EpisodeSpec]:
-    """The fixed subset of the held-out suite evaluated at checkpoints: evenly spaced, so it
-    covers every curated scenario and difficulty."""
+    """The fixed subset of the held-out suite evaluated at checkpoints: one episode of each curated
+    scenario, the rest spread evenly over the unseen part (every difficulty), so it covers both
+    parts; a subset smaller than the curated scenarios is spread over the whole suite."""
     suite = heldout_suite()
-    index = np.linspace(0, len(suite) - 1, min(config.checkpoint_eval_episodes, len(suite))).round().astype(int)
-    return [suite[i] for i in sorted(set(index.tolist()))]
+    n = min(config.checkpoint_eval_episodes, len(suite))
+    known = list({spec.scenario: spec for spec in reversed(suite) if spec.part == "known_physics"}.values())[::-1]
+    if n < len(known):
+        index = np.linspace(0, len(suite) - 1, n).round().astype(int)
+        return [suite[i] for i in sorted(set(index.tolist()))]
+    unseen = [spec for spec in suite if spec.part == "unseen"]
+    index = np.linspace(0, len(unseen) - 1, n - len(known)).round().astype(int)
+    return known + [unseen[i] for i in sorted(set(index.tolist()))]
 
 
 def evaluation_suite(config: TrainConfig) -> List[EpisodeSpec]:

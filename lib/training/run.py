@@ -39,13 +39,13 @@ from lib.files import atomic_write
 from lib.multiturn import hf_generate_fn, play_episodes
 from lib.prompting import Sampling
 from lib.records import EpisodeSpec, load_episodes_jsonl, save_episodes_jsonl
-from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend, resolve_model_name
+from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import EvidenceCallback, ProgressLog
-from lib.training.config import TINY_MODEL, TINY_UNTRAINED_MODEL, TrainConfig
+from lib.training.config import TrainConfig
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
 from lib.training.processes import gather, is_main_process, main_process_first, num_processes, shard, wait_for_everyone
 from lib.training.publish import push_to_hub, save_merged
-from lib.training.warm_start import sft_warm_start
+from lib.training.warm_start import cached_warm_start_dir, sft_warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -287,26 +287,23 @@ def train(config: TrainConfig) -> TrainResult:
     from trl import GRPOTrainer
 
     accumulation_per_process(config, num_processes())  # fails before anything is loaded or moved
-    if num_processes() > 1 and resolve_model_name(config) == TINY_MODEL:
-        from lib.policy_model import cached_model_dir
-        from lib.tokenizer import build_tokenizer
-
-        if not (cached_model_dir(build_tokenizer()) / "config.json").exists():
-            raise RuntimeError(
-                f"the {TINY_MODEL} stand-in's warm start is not built yet, and it must be built in one process "
-                "(its Trainer in the main process alone falls out of step with the others' collectives): "
-                "run `python -m lib.policy_model` once (~66 min on 2 cores; it is cached), then launch again"
-            )
-    if config.warm_start_episodes and resolve_model_name(config) in (TINY_MODEL, TINY_UNTRAINED_MODEL):
-        raise ValueError(
-            f"warm_start_episodes is for a Hugging Face model, not the CPU stand-in "
-            f"{resolve_model_name(config)} ({TINY_MODEL} comes warm-started: lib.policy_model); "
-            "give model_name, or set warm_start_episodes=0"
-        )
     resume = _resolve_resume(config)
     output_dir = Path(config.output_dir)
     paths = EvidencePaths(Path(config.evidence_dir))
     main = is_main_process()
+    with main_process_first():  # a model fetched or built on first use (a Hub download) is fetched once
+        policy = load_policy(config, backend)
+    seconds["load"] = time.perf_counter() - start
+    warm_start = bool(config.warm_start_episodes) and resume is None  # a resumed run's checkpoint holds it
+    if warm_start and num_processes() > 1 and policy.peft_config is None:
+        cached = cached_warm_start_dir(policy, config)
+        if not (cached / "warm_start.json").is_file():
+            raise RuntimeError(
+                f"the warm start of every weight is not built yet ({cached}), and it must be built in one "
+                "process (its Trainer in the main process alone falls out of step with the others' "
+                "collectives): run `python -m lib.training.warm_start` with this run's flags once (it is "
+                "cached), then launch again"
+            )
     if main:
         if resume is None:
             archive_previous_evidence(paths, output_dir)
@@ -314,25 +311,23 @@ def train(config: TrainConfig) -> TrainResult:
         config.save(output_dir / "train_config.json")
     wait_for_everyone()
 
-    with main_process_first():  # a model fetched or built on first use (a Hub download) is fetched once
-        policy = load_policy(config, backend)
-    tokenizer = policy.tokenizer
-    seconds["load"] = time.perf_counter() - start
     warm = None
-    if config.warm_start_episodes and resume is None:  # a resumed run's checkpoint holds the warm-started weights
+    if warm_start:
         t = time.perf_counter()
         warm = sft_warm_start(policy, config)
         if main:
             policy.model.save_pretrained(str(output_dir / "warm_start"))
-            tokenizer.save_pretrained(str(output_dir / "warm_start"))
+            policy.tokenizer.save_pretrained(str(output_dir / "warm_start"))
         seconds["warm_start"] = time.perf_counter() - t
         logger.info(
-            "SFT warm start: %d campaigns, %d steps, loss %.3f -> %.3f",
+            "SFT warm start: %d campaigns, %d steps, loss %.3f -> %.3f%s",
             warm["episodes"],
             warm["steps"],
             warm["first_loss"] or float("nan"),
             warm["last_loss"] or float("nan"),
+            " (loaded from its cache)" if warm.get("loaded") else "",
         )
+    tokenizer = policy.tokenizer
     eval_specs, checkpoint_specs = evaluation_suite(config), checkpoint_suite(config)
 
     t = time.perf_counter()

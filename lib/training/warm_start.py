@@ -1,57 +1,107 @@
-"""The SFT warm start of a Hugging Face policy: heuristic campaigns, in the tokens GRPO plays.
+"""The SFT warm start of a policy: heuristic campaigns, in the tokens GRPO plays.
 
-A small instruct model (Qwen2.5-1.5B-Instruct) knows JSON but not this environment's verbs,
-channels and numbers: where its first GRPO episodes are all refused actions, every episode of a
-group earns the same and the groups carry no signal (how often that happens to a given model
-has not been measured here: no weights can be downloaded on the project's machines).
-`TrainConfig.warm_start_episodes > 0` first fine-tunes it (its LoRA adapter, or every weight
-with `lora_r=0`) on `HeuristicAgent` campaigns, so GRPO starts from a policy that plays valid
-campaigns and improves on them.
+One warm start for every model; what differs is configuration (`TrainConfig.warm_start_*`):
+
+* the CPU stand-in (`cernenv-tiny`, a randomly initialised ~1M-parameter Qwen2 network) learns
+  the environment from scratch: 800 campaigns, three epochs, every weight, a large learning
+  rate, and the loss on the whole conversation (`warm_start_loss="conversation"`: predicting
+  the environment's messages, which repeat channel names and numbers turn after turn, teaches
+  it to copy from its context, which its actions need);
+* a real instruct model (Qwen2.5-1.5B-Instruct) knows JSON but not this environment's verbs,
+  channels and numbers: a few hundred campaigns on its LoRA adapter, the loss on its actions
+  only (`warm_start_loss="actions"`), so that GRPO starts from a policy that plays valid
+  campaigns instead of groups of refused episodes that carry no signal.
 
 Each campaign is laid out exactly as `lib.multiturn.play_episodes` lays out the policy's own
 episodes (`ChatLayout`: the first observation as the prompt, then each action and the
-environment's reply, with the model's chat template), and the loss covers the actions only
-(the model's eos included): the environment's text is masked as GRPO masks it. Numbers are
-rounded as in the stand-in's warm start (`SFTSettings.significant_digits`,
-`RoundedDemonstrator`), on the same training seeds (`lib.policy_model.SFT_SEED`, apart from
-every evaluation seed). TRL's `SFTTrainer` trains on these pre-tokenized examples (`input_ids` + `completion_mask`).
+environment's reply, with the model's chat template); the demonstrator is `HeuristicAgent`
+with its numbers written as the policy can copy them (`RoundedDemonstrator`), on training seeds
+apart from every evaluation seed (`DEMONSTRATION_SEED`). TRL's `SFTTrainer` trains on these
+pre-tokenized examples (`input_ids` + `completion_mask`).
 
-The CPU stand-in `cernenv-tiny` has its own warm start (`lib.policy_model.warm_start`, from
-scratch, loss on the whole conversation); this one is for a model that already speaks.
+A warm start that trains every weight (`lora_r=0`) is cached under `.cache/warm_start/`, named
+by a fingerprint of everything it depends on (the base model, the tokenizer, the settings, a
+probe demonstration), and loaded from there by the next run; `python -m lib.training.warm_start`
+builds the default one in one process (what a run in several processes needs first).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import math
+import os
+import shutil
 import tempfile
-from typing import Any, Dict, List
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
-from cernenv import CERNCollisionEnvironment
+from cernenv import CERNCollisionEnvironment, ExperimentAction
 from lib.baselines import HeuristicAgent
 from lib.multiturn import ChatLayout
-from lib.policy_model import SFT_SEED, RoundedDemonstrator, SFTSettings
 from lib.prompting import action_to_json
 from lib.rollouts import transitions
-from lib.tokenizer import corpus_specs
+from lib.tokenizer import PROJECT_CACHE, corpus_specs
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
-from lib.training.config import TrainConfig
+from lib.training.config import WARM_START_LOSSES, TrainConfig
 
 logger = logging.getLogger(__name__)
 
+DEMONSTRATION_SEED = 40_000
+"""First seed of the demonstration campaigns: training seeds, apart from the tokenizer's and the evaluation's."""
+SIGNIFICANT_DIGITS = 4
+"""Numbers in the demonstrated actions are rounded to this many significant digits, as prompts show them."""
+CACHE_DIR = PROJECT_CACHE / "warm_start"
+
+
+def round_significant(value: Any, digits: int) -> Any:
+    """`value` with every float in it (also inside lists and dicts) rounded to `digits` significant digits."""
+    if isinstance(value, float) and math.isfinite(value) and value != 0.0:
+        return round(value, digits - 1 - math.floor(math.log10(abs(value))))
+    if isinstance(value, dict):
+        return {key: round_significant(item, digits) for key, item in value.items()}
+    if isinstance(value, list):
+        return [round_significant(item, digits) for item in value]
+    return value
+
+
+class RoundedDemonstrator:
+    """An agent whose actions are another agent's with their numbers written as a policy can copy
+    them: rounded to `digits` significant digits, as the prompts show numbers (`0.2111` where the
+    heuristic computed 0.21110827456039238: the digits past the fourth carry no information a
+    model could learn), and a discovery claim quoting the fit's mass error as the observation
+    shows it (the heuristic adds the energy-scale error in quadrature: after two calibrations
+    ~0.03% of the mass, a change in the third digit at most, which a small model could only
+    guess). The environment plays the action as written, so each demonstration is consistent."""
+
+    def __init__(self, agent: Any, digits: int = SIGNIFICANT_DIGITS) -> None:
+        self.agent, self.digits = agent, digits
+
+    def reset(self) -> None:
+        self.agent.reset()
+
+    def act(self, obs: Any) -> ExperimentAction:
+        action = self.agent.act(obs)
+        parameters = round_significant(action.parameters, self.digits)
+        fit = obs.logbook.get("fit_resonance") or {}
+        if parameters.get("discovered") and fit.get("mass_err_gev"):
+            parameters["mass_uncertainty_gev"] = fit["mass_err_gev"]
+        return action.model_copy(update={"parameters": parameters})
+
 
 def demonstration_examples(
-    tokenizer: Any,
-    n_episodes: int,
-    *,
-    first_seed: int = SFT_SEED,
-    significant_digits: int = SFTSettings.significant_digits,
+    tokenizer: Any, n_episodes: int, *, loss: str = "actions", first_seed: int = DEMONSTRATION_SEED
 ) -> List[Dict[str, List[int]]]:
-    """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"} (1 on the
-    action tokens the policy would write, eos included; 0 on the prompt and the environment's
-    text), in `ChatLayout`'s token layout for `tokenizer`."""
+    """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"}, in `ChatLayout`'s
+    token layout for `tokenizer`. `loss="actions"`: the mask is 1 on the tokens the policy would
+    write (its replies and their eos) and 0 on the prompt and the environment's text, as GRPO's
+    env_mask; `loss="conversation"`: 1 on every token."""
+    if loss not in WARM_START_LOSSES:
+        raise ValueError(f"loss must be one of {WARM_START_LOSSES}, got {loss!r}")
     layout = ChatLayout(tokenizer)
     env = CERNCollisionEnvironment()
-    agent = RoundedDemonstrator(HeuristicAgent(), significant_digits)
+    agent = RoundedDemonstrator(HeuristicAgent())
     eos = tokenizer.eos_token_id
     examples = []
     for spec in corpus_specs(n_episodes, first_seed):
@@ -74,18 +124,23 @@ def demonstration_examples(
             messages.append(layout.followup_message(next_obs))
             input_ids += env_ids
             mask += [0] * len(env_ids)
+        if loss == "conversation":
+            mask = [1] * len(input_ids)
         examples.append({"input_ids": input_ids, "completion_mask": mask})
     return examples
 
 
 def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, List[int]]], output_dir: str):
     """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
-    `policy.peft_config` is given, loss on the `completion_mask` tokens, the device's precision."""
+    `policy.peft_config` is given, loss on the `completion_mask` tokens, one conversation per
+    step (no padding: attention keeps PyTorch's fast causal path on a CPU), cosine decay, the
+    device's precision (float32 without autocast on a CPU)."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     cuda = torch.cuda.is_available()
+    steps = math.ceil(len(examples) * config.warm_start_epochs)
     args = SFTConfig(
         output_dir=output_dir,
         num_train_epochs=config.warm_start_epochs,
@@ -94,7 +149,7 @@ def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, Li
         lr_scheduler_type="cosine",
         warmup_steps=0.05,
         seed=config.seed,
-        logging_steps=1,
+        logging_steps=max(1, steps // 100),
         save_strategy="no",
         report_to=[],
         completion_only_loss=True,
@@ -125,12 +180,47 @@ def loss_mask(trainer: Any) -> List[List[bool]]:
     return masks
 
 
-def sft_warm_start(policy: Policy, config: TrainConfig) -> Dict[str, Any]:
+SETTINGS = ("warm_start_episodes", "warm_start_epochs", "warm_start_learning_rate", "warm_start_loss", "seed")
+"""The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
+
+
+def fingerprint(policy: Policy, config: TrainConfig) -> str:
+    """A hash of everything a full warm start of `policy` under `config` depends on: the base
+    model's name and weights, the tokenizer, the settings, and one probe demonstration (which
+    changes when the environment, the prompt or the demonstrator does)."""
+    import torch
+
+    digest = hashlib.sha256()
+    digest.update(policy.model_name.encode())
+    for name, tensor in sorted(policy.model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).numpy().tobytes())
+    digest.update(json.dumps(policy.tokenizer.get_vocab(), sort_keys=True).encode())
+    digest.update(json.dumps({name: getattr(config, name) for name in SETTINGS}, sort_keys=True).encode())
+    probe = demonstration_examples(policy.tokenizer, 1, loss=config.warm_start_loss)
+    digest.update(json.dumps(probe).encode())
+    return digest.hexdigest()[:16]
+
+
+def cached_warm_start_dir(policy: Policy, config: TrainConfig, cache_dir: Optional[os.PathLike] = None) -> Path:
+    """Where the full warm start of `policy` under `config` is kept (`CACHE_DIR` unless `cache_dir`)."""
+    return Path(cache_dir or CACHE_DIR) / f"{Path(policy.model_name).name}-{fingerprint(policy, config)}"
+
+
+def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[os.PathLike] = None) -> Dict[str, Any]:
     """Fine-tune `policy` in place on `config.warm_start_episodes` demonstrations; afterwards
     `policy.model` is the trained model (a PEFT model when `policy.peft_config` was given, which
-    is then cleared: GRPO goes on training the same adapter). Returns what it did: examples,
-    tokens, the tokens the loss covered, losses."""
-    examples = demonstration_examples(policy.tokenizer, config.warm_start_episodes)
+    is then cleared: GRPO goes on training the same adapter). A warm start of every weight is
+    cached (`cached_warm_start_dir`) and loaded from there when it was built before. Returns
+    what it did: examples, tokens, the tokens the loss covered, steps, losses, where it is cached."""
+    from transformers import AutoModelForCausalLM
+
+    target = cached_warm_start_dir(policy, config, cache_dir) if policy.peft_config is None else None
+    if target is not None and (target / "warm_start.json").is_file():
+        logger.info("the warm start is cached in %s: loading it", target)
+        policy.model = AutoModelForCausalLM.from_pretrained(target).to(policy.model.device)
+        return {**json.loads((target / "warm_start.json").read_text()), "cached": str(target), "loaded": True}
+    examples = demonstration_examples(policy.tokenizer, config.warm_start_episodes, loss=config.warm_start_loss)
     too_long = sum(len(e["input_ids"]) > config.max_seq_length for e in examples)
     if too_long:
         logger.warning(
@@ -146,12 +236,57 @@ def sft_warm_start(policy: Policy, config: TrainConfig) -> Dict[str, Any]:
     policy.model = trainer.model
     policy.peft_config = None
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    return {
+    report = {
         "episodes": len(examples),
         "tokens": sum(len(e["input_ids"]) for e in examples),
-        "action_tokens": sum(sum(e["completion_mask"]) for e in examples),
+        "action_tokens": sum(sum(e["completion_mask"]) for e in examples)
+        if config.warm_start_loss == "actions"
+        else None,
         "loss_tokens": loss_tokens,
         "steps": trainer.state.global_step,
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
+        "losses": losses,
     }
+    if target is not None:
+        _save_atomically(policy, report, target)
+        # loaded back from its folder, as a cache hit is: a model trained in memory has no name,
+        # and an adapter trained on it later must name a base that loads
+        policy.model = AutoModelForCausalLM.from_pretrained(target).to(policy.model.device)
+        report["cached"] = str(target)
+    return report
+
+
+def _save_atomically(policy: Policy, report: Dict[str, Any], target: Path) -> None:
+    """The model, its tokenizer and the report in `target`, whole or not at all (a concurrent
+    build of the same warm start wins or loses whole)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir=target.parent))
+    policy.model.save_pretrained(staging)
+    policy.tokenizer.save_pretrained(staging)
+    (staging / "warm_start.json").write_text(json.dumps(report, indent=1) + "\n")
+    try:
+        os.replace(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """`python -m lib.training.warm_start [--field value ...]`: build the warm start of a config
+    (the default: the CPU stand-in's) in this one process, or find it cached, and print its
+    folder. A run in several processes needs it built first: a Trainer in the main process alone
+    falls out of step with the other processes' collectives."""
+    from lib.training.backends import load_policy
+    from lib.training.cli import parse_train_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    config, _ = parse_train_config(argv)
+    if not config.warm_start_episodes:
+        raise SystemExit("warm_start_episodes is 0: there is no warm start to build")
+    report = sft_warm_start(load_policy(config, "trl"), config)
+    print(report.get("cached") or "built (not cached: a LoRA warm start is trained with its run)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
