@@ -279,16 +279,20 @@ def write_baseline_evidence(
     episodes_by_agent: Mapping[str, Sequence[Any]], evidence_dir: Any, *, suite_version: str = SUITE_VERSION
 ) -> Dict[str, Any]:
     """evidence/baselines.json (every metric with its interval, for the whole suite under
-    `metrics` and per group of `GROUPS` under `groups.<group>.metrics`) and
-    evidence/baselines.md (the tables)."""
-    import json
+    `metrics` and per group of `GROUPS` under `groups.<group>.metrics`; strict JSON, an
+    undefined statistic written null) and evidence/baselines.md (the tables), each written
+    atomically (`lib.files`). Refused (`lib.files.EmptyResultError`, nothing written) when no
+    agent or an agent with no episode is given: existing baselines are never replaced by n=0."""
     from pathlib import Path
 
+    from lib.files import atomic_write, check_writable_dir, refuse_empty, write_json
+
+    directory = Path(evidence_dir)
+    n_episodes = {name: len(episodes) for name, episodes in episodes_by_agent.items()}
+    refuse_empty(directory / "baselines.json", min(n_episodes.values(), default=0), "baselines")
+    check_writable_dir(directory, "evidence folder")
     by_group = baseline_groups(episodes_by_agent)
     results = by_group["all"]
-    n_episodes = {name: len(episodes) for name, episodes in episodes_by_agent.items()}
-    directory = Path(evidence_dir)
-    directory.mkdir(parents=True, exist_ok=True)
     payload = {
         "suite_version": suite_version,
         "n_episodes": n_episodes,
@@ -304,7 +308,7 @@ def write_baseline_evidence(
             if group != "all"
         },
     }
-    (directory / "baselines.json").write_text(json.dumps(payload, indent=2, allow_nan=True) + "\n")
+    write_json(directory / "baselines.json", payload)
     lines = [
         f"# Baselines on the held-out suite {suite_version}",
         "",
@@ -321,7 +325,7 @@ def write_baseline_evidence(
         "",
         split_comparison_table({g: a for g, a in by_group.items() if g != "all"}),
     ]
-    (directory / "baselines.md").write_text("\n".join(lines) + "\n")
+    atomic_write(directory / "baselines.md", "\n".join(lines) + "\n")
     return results
 
 

@@ -45,7 +45,7 @@ import numpy as np
 from lib.comparison import SUMMARY_METRICS, before_after_metrics, episode_values, same_tasks, training_reward_trend
 from lib.episode_markdown import correct_by_part, episode_markdown_lines, sample_pairs, spread_by_reward
 from lib.evaluation import PARTS, group_label
-from lib.files import atomic_write
+from lib.files import atomic_write, write_json
 from lib.metrics import as_number
 from lib.records import part_of
 
@@ -712,8 +712,7 @@ def _render_before_after(
     if training_log_csv is not None:
         payload["training_reward_trend"] = training_reward_trend(read_records(training_log_csv).rows)
     payload["sources"] = {"pre": str(pre_jsonl), "post": str(post_jsonl)}
-    text = json.dumps(payload, indent=2, allow_nan=False)
-    written["metrics_json"] = atomic_write(metrics_json, lambda tmp: Path(tmp).write_text(text + "\n"))
+    written["metrics_json"] = write_json(metrics_json, payload)
     written["summary_png"] = _render_summary(payload, summary_png)
     written["distribution_png"] = _render_distribution(pre, post, distribution_png)
     return payload, written

@@ -1,20 +1,90 @@
-"""Writing files so that a kill at any moment loses nothing and leaves nothing behind.
+"""Writing files so that a kill, a full disk or a second run at any moment loses nothing.
 
-`atomic_write` writes through a temporary file in the target's folder and renames it over
-the target: a reader sees the old file or the new one, never half of one. A writer killed
-mid-write (SIGKILL: no cleanup runs) leaves its temporary file; the next write to the same
-target sweeps the ones whose writer is no longer alive (the writer's pid is in the name, so
-a live concurrent writer's file is left alone). The result gets the mode the umask gives a
-new file (mkstemp alone would leave it 0600).
+Every file under an evidence folder is written here:
+
+- `atomic_write` writes through a temporary file in the target's folder and renames it over
+  the target: a reader sees the old file or the new one, never half of one. A writer killed
+  mid-write (SIGKILL: no cleanup runs) leaves its temporary file; the next write to the same
+  target sweeps the ones whose writer is no longer alive (the writer's pid is in the name, so
+  a live concurrent writer's file is left alone). The result gets the mode the umask gives a
+  new file (mkstemp alone would leave it 0600). A full disk leaves the old file as it was and
+  raises `DiskFullError`, which says so.
+- `write_json` writes strict JSON (RFC 8259): a NaN or an infinity is written `null`, never
+  the `NaN` token Python's json writes by default and other readers refuse. Readers here
+  (`json.loads`) accept both.
+- `refuse_empty` stops a result without data (an evaluation of 0 episodes) from replacing
+  one that has it.
+- `FolderLock` gives one live run a folder: a second run is refused with the owner's pid,
+  host and start time; the lock of a process that died is taken over.
+- `check_writable_dir` checks an output folder (not a file, writable) before the work that
+  would fill it.
+
+`lib.evidence`'s CSV logs are the one exception to the rename: they are appended to, one
+complete line per `write` under `fcntl.flock` (see that module).
 """
 
 from __future__ import annotations
 
+import datetime
+import errno
+import fcntl
+import json
+import math
 import os
 import re
+import socket
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Union
+from typing import Any, Callable, Optional, Union
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(OSError):
+    """A write failed because the disk (or the user's quota) is full; the message names the folder."""
+
+
+def disk_full_error(path: Union[str, Path], cause: Optional[BaseException] = None) -> DiskFullError:
+    """The `DiskFullError` for a failed write to `path`, saying how much space is left there."""
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    try:
+        import shutil
+
+        free = f"{shutil.disk_usage(folder).free / 1e6:.1f} MB free"
+    except OSError:
+        free = "free space unknown"
+    detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+    return DiskFullError(
+        errno.ENOSPC,
+        f"the disk is full: writing {path} failed ({free} in {folder}); free some space "
+        f"(or point the run at another disk) and run again{detail}",
+    )
+
+
+def is_disk_full(error: BaseException, folder: Union[str, Path, None] = None, min_free_bytes: int = 1 << 20) -> bool:
+    """Whether `error` (or an error it was raised from) is a full disk: ENOSPC/EDQUOT anywhere in
+    its chain, or, with `folder`, an error of any kind while `folder`'s disk has less than
+    `min_free_bytes` left (torch's checkpoint writer reports a full disk as "enforce fail ...
+    unexpected pos")."""
+    seen = set()
+    current: Optional[BaseException] = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
+            return True
+        current = current.__cause__ or current.__context__
+    if folder is not None:
+        import shutil
+
+        try:
+            probe = Path(folder)
+            while not probe.exists() and probe != probe.parent:
+                probe = probe.parent
+            return shutil.disk_usage(probe).free < min_free_bytes
+        except OSError:
+            return False
+    return False
 
 
 def _umask() -> int:
@@ -70,7 +140,205 @@ def atomic_write(path: Union[str, Path], write: Union[str, bytes, Callable[[str]
             os.fsync(handle.fileno())
         os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and not isinstance(error, DiskFullError) and is_disk_full(error):
+            raise disk_full_error(path, error) from error
         raise
     return path
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with every float that is not finite (NaN, ±inf) replaced by None, in dicts,
+    lists and tuples at any depth; numpy scalars become Python numbers."""
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        value = value.item()  # numpy scalar or 0-d array
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
+def json_text(payload: Any, *, indent: Optional[int] = 2, **dumps: Any) -> str:
+    """`payload` as strict JSON text (`strict_json`: no NaN or Infinity tokens)."""
+    return json.dumps(strict_json(payload), indent=indent, allow_nan=False, **dumps)
+
+
+def write_json(path: Union[str, Path], payload: Any, *, indent: Optional[int] = 2, **dumps: Any) -> Path:
+    """`payload` as strict JSON (`json_text`), written atomically (`atomic_write`), ending in a newline."""
+    return atomic_write(path, json_text(payload, indent=indent, **dumps) + "\n")
+
+
+class EmptyResultError(ValueError):
+    """A result without data that would have replaced an evidence file."""
+
+
+def refuse_empty(path: Union[str, Path], count: int, what: str) -> None:
+    """Raise `EmptyResultError` when `count` is 0: a result of no `what` is never written, so a
+    run that played nothing (MAX_EPISODES 0, a crash before the first episode) cannot replace
+    evidence that holds some. The message says whether `path` exists and is left alone."""
+    if count > 0:
+        return
+    path = Path(path)
+    kept = f"{path} is left as it was" if path.exists() else f"nothing was written to {path}"
+    raise EmptyResultError(f"refusing to write {what} of 0 episodes: {kept}; run with at least one episode")
+
+
+def check_writable_dir(path: Union[str, Path], what: str = "output folder") -> Path:
+    """Make `path` (and its parents) if missing and check that a file can be created in it;
+    returns it. Raises `NotADirectoryError` or `PermissionError` with a message that says what
+    to do, before any work that would fill the folder."""
+    path = Path(path)
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise NotADirectoryError(
+            f"the {what} {path} cannot be made: {blocking} is a file, not a folder; "
+            "choose another path or move that file away"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        if is_disk_full(error):
+            raise disk_full_error(path, error) from error
+        raise PermissionError(
+            errno.EACCES,
+            f"the {what} {path} is not writable ({error.strerror or error}); "
+            "choose a folder you can write to, or fix its permissions",
+        ) from error
+    return path
+
+
+LOCK_NAME = ".run.lock"
+"""The lock file a run keeps in each folder it writes (`FolderLock`)."""
+
+
+class FolderLockedError(RuntimeError):
+    """Another live run holds the folder; the message names it (pid, host, start time)."""
+
+
+@dataclass(frozen=True)
+class LockOwner:
+    """Who holds a `FolderLock`: what the lock file says."""
+
+    pid: int
+    host: str
+    started: str
+    command: str = ""
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}, started {self.started}" + (f" ({self.command})" if self.command else "")
+
+
+def _read_owner(fd: int) -> Optional[LockOwner]:
+    try:
+        size = os.fstat(fd).st_size
+        data = json.loads(os.pread(fd, max(size, 1), 0).decode("utf-8") or "null")
+        return LockOwner(int(data["pid"]), str(data["host"]), str(data["started"]), str(data.get("command", "")))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _command_line() -> str:
+    try:
+        return Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+class FolderLock:
+    """One live run's claim on a folder, as a context manager: `<folder>/.run.lock` holds the
+    owner (pid, host, start time, command line) under an exclusive `fcntl.flock`, which the
+    kernel releases when the process ends however it ends. A second run is refused with
+    `FolderLockedError` naming the owner; a lock file whose process died (its flock is gone)
+    is taken over, with a log line naming the dead owner. On a file system without flock, the
+    owner's pid decides: alive on this host (or on another host: it cannot be checked) refuses."""
+
+    def __init__(self, folder: Union[str, Path], what: str = "folder") -> None:
+        self.folder, self.what = Path(folder), what
+        self.path = self.folder / LOCK_NAME
+        self._fd: Optional[int] = None
+        self.taken_over: Optional[LockOwner] = None
+        """The owner of a stale lock this one replaced (a process that died), if any."""
+
+    def _refuse(self, owner: Optional[LockOwner]) -> FolderLockedError:
+        holder = owner.describe() if owner else "another process (its lock file is unreadable)"
+        return FolderLockedError(
+            f"the {self.what} {self.folder} is in use by a live run: {holder}. Wait for it to end, "
+            f"or give this run another folder; if that run is over, delete {self.path}"
+        )
+
+    def acquire(self) -> "FolderLock":
+        import logging
+
+        check_writable_dir(self.folder, self.what)
+        for _ in range(20):  # the file can be replaced between open and flock: retry then
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _read_owner(fd)
+                os.close(fd)
+                raise self._refuse(owner) from None
+            except OSError:  # no flock here (some network file systems): the recorded pid decides
+                owner = _read_owner(fd)
+                if owner and (owner.host != socket.gethostname() or _alive(owner.pid)) and owner.pid != os.getpid():
+                    os.close(fd)
+                    raise self._refuse(owner) from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # its holder removed it as we opened it: open the new one
+                os.close(fd)
+                continue
+            previous = _read_owner(fd)
+            if previous is not None:
+                self.taken_over = previous
+                logging.getLogger(__name__).warning(
+                    "taking over the lock of %s: %s is no longer running", self.folder, previous.describe()
+                )
+            owner = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "command": _command_line(),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(owner) + "\n").encode("utf-8"), 0)
+            self._fd = fd
+            return self
+        raise self._refuse(None)
+
+    def owner(self) -> Optional[LockOwner]:
+        """What the lock file says now (None without one)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return _read_owner(fd)
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
+                os.unlink(self.path)  # before the flock goes: a waiting opener then sees a new inode
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> "FolderLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()

@@ -248,10 +248,11 @@ def estimates_to_json(results: Mapping[str, Mapping[str, Estimate]]) -> Dict[str
 
 
 def estimates_from_json(payload: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Dict[str, Dict[str, Estimate]]:
-    """The inverse of `estimates_to_json` (e.g. the `metrics` of evidence/baselines.json)."""
+    """The inverse of `estimates_to_json` (e.g. the `metrics` of evidence/baselines.json); an
+    undefined statistic may be `null` (strict JSON) or `NaN` (files written before): NaN here."""
     return {
         agent: {
-            name: Estimate(float(est["mean"]), float(est["low"]), float(est["high"]), int(est["n"]))
+            name: Estimate(as_number(est["mean"]), as_number(est["low"]), as_number(est["high"]), int(est["n"]))
             for name, est in metrics.items()
         }
         for agent, metrics in payload.items()

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from cernenv.scenarios import list_scenarios
-from lib.files import atomic_write
+from lib.files import atomic_write, json_text, refuse_empty
 
 PAIR_KEY = ("seed", "scenario", "difficulty")
 """The fields that identify a task: two records with the same values played the same world."""
@@ -129,8 +129,10 @@ def as_episode_dict(episode: Any) -> Dict[str, Any]:
 
 def save_episodes_jsonl(episodes: Sequence[Union[EpisodeRecord, Dict[str, Any]]], path: str) -> None:
     """Write one episode per line, atomically: a reader never sees a half-written file
-    (`lib.files.atomic_write`)."""
-    atomic_write(path, "".join(json.dumps(as_episode_dict(episode)) + "\n" for episode in episodes))
+    (`lib.files.atomic_write`); strict JSON (a NaN or an infinity is written null). Refuses an
+    empty list (`lib.files.EmptyResultError`): a file of episodes is never replaced by none."""
+    refuse_empty(path, len(episodes), "an episode file")
+    atomic_write(path, "".join(json_text(as_episode_dict(episode), indent=None) + "\n" for episode in episodes))
 
 
 RENAMED_SUMMARY_KEYS = {"selected_beam_energy": "selected_beam_energy_tev"}

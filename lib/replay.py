@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from cernenv import CERNCollisionEnvironment
 from cernenv.scenarios import list_scenarios
+from lib.files import json_text
 from lib.plotting import analysis_snapshot
 from lib.records import as_episode_dict, load_episodes_jsonl
 
@@ -129,7 +130,7 @@ def check_replay(episode: Any) -> ReplayCheck:
             parse_error=recorded.get("parse_error"),
         )
         steps.append(replayed)
-        fresh = json.loads(json.dumps(as_episode_dict(replayed)))  # as a JSONL line holds it
+        fresh = json.loads(json_text(as_episode_dict(replayed)))  # as a JSONL line holds it
         changed = sorted(key for key in fresh if fresh[key] != recorded.get(key))
         if changed:
             check.outcome.append(f"{where} step {index}: {', '.join(changed)}")
@@ -144,7 +145,7 @@ def check_replay(episode: Any) -> ReplayCheck:
             evaluation_key=record.get("evaluation_key"),
         )
     )
-    fresh = json.loads(json.dumps({k: v for k, v in fresh.items() if k != "steps"}))
+    fresh = json.loads(json_text({k: v for k, v in fresh.items() if k != "steps"}))
     changed = sorted(key for key in fresh if fresh[key] != record.get(key))
     if changed:
         check.outcome.append(f"{where}: {', '.join(changed)}")

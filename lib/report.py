@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
+from lib.files import atomic_write
 from lib.reproduce import RUN_RECORD
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +127,7 @@ def export_html(
             cell.source = COLAB_BADGE.sub(r"[Open in Colab](\1)", cell.source)
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(provenance(notebook_path)))
     body, _resources = exporter.from_notebook_node(notebook, resources={"metadata": {"name": notebook_path.stem}})
-    html_path.write_text(body, encoding="utf-8")
+    atomic_write(html_path, body)
     return html_path
 
 

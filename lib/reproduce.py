@@ -34,6 +34,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
+from lib.files import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 CONFIGS_DIR = ROOT / "configs"
@@ -128,7 +130,7 @@ def record_run(build_dir: Path, profile: str, notebook: str, seconds: float) -> 
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 1),
     }
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    write_json(path, record, indent=1)
 
 
 def default_kernel_name() -> str:

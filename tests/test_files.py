@@ -1,15 +1,41 @@
-"""lib.files.atomic_write: a killed writer loses nothing and, once swept, leaves nothing."""
+"""lib.files: a killed writer loses nothing and, once swept, leaves nothing; a full disk keeps the
+old file and says so; JSON is strict; an empty result never replaces evidence; a folder is
+checked before the work that fills it."""
 
 from __future__ import annotations
 
+import errno
+import json
+import math
 import os
+import re
+import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from lib.files import FILE_MODE, atomic_write, sweep_stale_temporaries
+import numpy as np
+import pytest
+
+from lib.evaluation import write_baseline_evidence
+from lib.files import (
+    FILE_MODE,
+    LOCK_NAME,
+    DiskFullError,
+    EmptyResultError,
+    FolderLock,
+    FolderLockedError,
+    atomic_write,
+    check_writable_dir,
+    is_disk_full,
+    sweep_stale_temporaries,
+    write_json,
+)
+from lib.metrics import estimates_from_json
 from lib.records import load_episodes_jsonl, save_episodes_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,3 +92,126 @@ def _current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _no_nan_tokens(text: str):
+    """json.loads that refuses NaN / Infinity, as strict JSON readers (JavaScript, jq) do."""
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_write_json_is_strict_json_and_readers_take_null_and_nan(tmp_path):
+    payload = {"a": math.nan, "b": [1.5, math.inf, -math.inf], "c": {"d": np.float64("nan"), "e": np.int64(3)}}
+    path = write_json(tmp_path / "x.json", payload)
+    assert _no_nan_tokens(path.read_text()) == {"a": None, "b": [1.5, None, None], "c": {"d": None, "e": 3}}
+    estimate = {"mean": None, "low": None, "high": None, "n": 0}
+    old_style = {"mean": math.nan, "low": math.nan, "high": math.nan, "n": 0}
+    for entry in (estimate, old_style):
+        (parsed,) = estimates_from_json({"agent": {"mean_reward": entry}}).values()
+        assert math.isnan(parsed["mean_reward"].mean) and parsed["mean_reward"].n == 0
+
+
+def test_the_committed_baselines_are_strict_json():
+    payload = _no_nan_tokens((ROOT / "evidence" / "baselines.json").read_text())
+    assert payload["metrics"], "baselines.json holds metrics"
+
+
+def test_a_full_disk_keeps_the_old_file_whole_and_says_the_disk_is_full(tmp_path, monkeypatch):
+    target = tmp_path / "baselines.json"
+    old = json.dumps({"old": list(range(5000))})
+    target.write_text(old)
+
+    def full_disk(tmp):  # 8,000 bytes out, then the disk is full
+        with open(tmp, "w") as handle:
+            handle.write("x" * 8000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskFullError, match=r"the disk is full: writing .*baselines.json failed .* MB free"):
+        atomic_write(target, full_disk)
+    assert target.read_text() == old and [p.name for p in tmp_path.iterdir()] == [target.name]
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left")))
+    with pytest.raises(DiskFullError):
+        write_json(target, {"new": 1})
+    assert target.read_text() == old
+
+
+def test_disk_full_is_recognised_in_an_error_chain_and_by_the_space_left(tmp_path, monkeypatch):
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("enforce fail at inline_container.cc:672] . unexpected pos 64") from inner
+    except RuntimeError as error:
+        assert is_disk_full(error)
+    torch_style = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3200 vs 3096")
+    assert not is_disk_full(torch_style, tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 4096))
+    assert is_disk_full(torch_style, tmp_path / "not" / "made" / "yet")
+
+
+@pytest.mark.parametrize("episodes", [{}, {"random": [], "heuristic": []}])
+def test_baselines_of_no_episodes_never_replace_the_existing_ones(tmp_path, episodes):
+    for name in ("baselines.json", "baselines.md"):
+        (tmp_path / name).write_text(f"the committed {name}\n")
+    with pytest.raises(EmptyResultError, match=r"refusing to write baselines of 0 episodes: .* left as it was"):
+        write_baseline_evidence(episodes, tmp_path)
+    assert [(tmp_path / n).read_text() for n in ("baselines.json", "baselines.md")] == [
+        "the committed baselines.json\n",
+        "the committed baselines.md\n",
+    ]
+    with pytest.raises(EmptyResultError):
+        save_episodes_jsonl([], str(tmp_path / "baselines.json"))
+
+
+def test_an_output_folder_that_is_a_file_or_not_writable_is_named_before_any_work(tmp_path, monkeypatch):
+    (tmp_path / "evidence").write_text("a file")
+    with pytest.raises(NotADirectoryError, match=r"evidence is a file, not a folder"):
+        check_writable_dir(tmp_path / "evidence" / "run", "evidence folder")
+    assert check_writable_dir(tmp_path / "new" / "folder") == tmp_path / "new" / "folder"
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    with pytest.raises(PermissionError, match=r"the output folder .* is not writable \(Permission denied\)"):
+        check_writable_dir(tmp_path / "new")
+
+
+def _holder(folder: Path) -> subprocess.Popen:
+    """Another process that takes the lock of `folder` and keeps it."""
+    code = (
+        "import sys, time; from lib.files import FolderLock\n"
+        f"FolderLock({str(folder)!r}, 'evidence folder').acquire(); print('held', flush=True); time.sleep(120)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_a_folder_a_live_run_holds_is_refused_naming_it_and_a_dead_runs_lock_is_taken_over(tmp_path):
+    folder = tmp_path / "evidence"
+    child = _holder(folder)
+    try:
+        with pytest.raises(FolderLockedError) as refused:
+            FolderLock(folder, "evidence folder").acquire()
+        message = str(refused.value)
+        assert (
+            f"the evidence folder {folder} is in use by a live run: pid {child.pid} on {socket.gethostname()}"
+            in message
+        )
+        assert re.search(r"started \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", message) and "delete" in message
+    finally:
+        child.send_signal(signal.SIGKILL)  # dies holding it: no cleanup runs
+        child.wait(timeout=30)
+    assert (folder / LOCK_NAME).exists(), "a killed run leaves its lock file"
+    with FolderLock(folder) as lock:
+        assert lock.taken_over is not None and lock.taken_over.pid == child.pid
+        assert lock.owner().pid == os.getpid()
+        with pytest.raises(FolderLockedError, match=f"pid {os.getpid()}"):
+            FolderLock(folder).acquire()  # a second run in the same process too
+    assert not (folder / LOCK_NAME).exists(), "released: the lock file is gone"
+    with FolderLock(folder) as lock:
+        assert lock.taken_over is None

@@ -9,12 +9,12 @@ result (timings, before/after metrics) is printed as JSON and written to
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from lib.files import atomic_write, json_text
 from lib.training.cli import parse_train_config, train_config_parser
 
 
@@ -27,9 +27,8 @@ def main(argv=None) -> int:
     from lib.training.processes import is_main_process
 
     if is_main_process():  # under `accelerate launch`, one process reports
-        payload = json.dumps(asdict(result), indent=2, default=str)
-        out = Path(config.output_dir) / "train_result.json"
-        out.write_text(payload + "\n")
+        payload = json_text(asdict(result), default=str)
+        atomic_write(Path(config.output_dir) / "train_result.json", payload + "\n")
         print(payload)
     return 0
 
