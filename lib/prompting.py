@@ -6,6 +6,7 @@ parser of its replies (`parse_reply`), and `LLMAgent`, which plays with a `gener
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from types import UnionType
@@ -107,23 +108,31 @@ def render_system_prompt() -> str:
 SYSTEM_PROMPT = render_system_prompt()
 
 
+def round_significant(value: Any, digits: int = 4) -> Any:
+    """`value` with every float in it (also inside lists and dicts) rounded to `digits` significant digits."""
+    if isinstance(value, float) and math.isfinite(value) and value != 0.0:
+        return round(value, digits - 1 - math.floor(math.log10(abs(value))))
+    if isinstance(value, dict):
+        return {key: round_significant(item, digits) for key, item in value.items()}
+    if isinstance(value, list):
+        return [round_significant(item, digits) for item in value]
+    return value
+
+
 def _short(value: Any) -> str:
-    """A value as the prompt shows it: floats to 4 significant figures, containers compact."""
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, float):
-        return format(value, ".4g")
+    """A value as the prompt shows it: exactly as an action's JSON writes it (numbers to 4
+    significant digits, `2090.0`, `0.2111`; names unquoted), so that the tokens a reply copies
+    are the tokens the prompt holds. Containers compact, their strings quoted as in JSON."""
+    if isinstance(value, str):
+        return value
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{_short(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_short(v) for v in value) + "]"
-    return str(value)
+    return json.dumps(round_significant(value), separators=(",", ":"))
 
 
 UNSHOWN_RESULT_KEYS = ("q0", "p_local", "p_global", "local_p_method", "upcrossings_source", "upcrossings_z1")
 """Result fields the prompt leaves out: q0 and the p-values say what the Z values say, and the
 methods behind them are for people (the observation has them all)."""
-
 
 EVIDENCE_WORDS = ((5.0, "observation"), (EVIDENCE_Z_GLOBAL, "evidence"), (float("-inf"), "no evidence"))
 """What a global significance is called (a physicist's words for 5σ and 3σ), as the logbook says it."""
@@ -145,46 +154,44 @@ def _logbook_line(logbook: Dict[str, Dict[str, Any]]) -> str:
             key=lambda item: -float(item[1].get("best_z_local") or 0.0),
         )
         notes = [
-            f"scan {channel} {_short(entry.get('best_mass_gev'))} GeV z {_short(entry.get('best_z_local'))}"
+            f"scan[{channel}] mass={_short(entry.get('best_mass_gev'))} z={_short(entry.get('best_z_local'))}"
             for channel, entry in scans
         ]
         return "Logbook: " + "; ".join(notes) if notes else ""
-    notes = [f"fit {fit.get('channel')} {_short(fit.get('mass_gev'))}±{_short(fit.get('mass_err_gev'))} GeV"]
+    notes = [f"fit[{fit.get('channel')}] mass={_short(fit.get('mass_gev'))} error={_short(fit.get('mass_err_gev'))}"]
     significance = logbook.get("estimate_significance")
     if significance:
         notes.append(
-            f"Z({_short(significance.get('mass_gev'))}) local {_short(significance.get('z_local'))} "
-            f"global {_short(significance.get('z_global'))} {_evidence_word(significance.get('z_global'))}"
+            f"Z[{_short(significance.get('mass_gev'))}] local={_short(significance.get('z_local'))} "
+            f"global={_short(significance.get('z_global'))} {_evidence_word(significance.get('z_global'))}"
         )
     angular = logbook.get("measure_angular")
     if angular:
-        notes.append(f"spin {angular.get('best_spin')}")
+        notes.append(f"spin={angular.get('best_spin')}")
     return "Logbook: " + "; ".join(notes)
 
 
 def render_observation(
     obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig(), *, include_task: bool = True
 ) -> str:
-    """The user message: a compact text rendering of what the observation shows.
+    """The user message: a compact text rendering of what the observation shows, every value
+    written as an action's JSON writes it, after `=` or a bracket (`mass=2090.0`,
+    `channels=["dielectron","dimuon"]`): a reply that quotes a number or a name copies the
+    prompt's tokens as they are.
 
     `include_task` (a single decision, or the first message of a conversation): the task
     (window, channels, triggers, beams, totals), the state (beam, trigger, channel, data) and
     the recent history. Without it (a later message of a conversation, which holds all that
-    already): the step and the resources left, the last action's result, any violation, and,
+    already): the step and the resources left, the last action's result, any violation, and
     the logbook's numbers for the next decision (`_logbook_line`), so a conversation grows by a
-    few dozen tokens a turn. The task's problem statement is left out: it restates
-    the window and channels, and the system prompt says the window may hold nothing.
+    few dozen tokens a turn. The task's problem statement is left out: it restates the window
+    and channels, and the system prompt says the window may hold nothing.
     """
     task, usage = obs.task, obs.resource_usage
-    totals = (
-        (f"/{task.budget_total_musd:g}", f"/{task.time_total_days:g}", f"/{task.luminosity_total_fb:g}")
-        if include_task
-        else ("", "", "")
-    )
     left = (
-        f"{usage.budget_remaining_musd:.4g}{totals[0]} M$, {usage.time_remaining_days:.4g}{totals[1]} d, "
-        f"{usage.luminosity_remaining_fb:.4g}{totals[2]} fb^-1"
-        + (f" ({usage.luminosity_allocated_fb:.4g} booked)" if usage.luminosity_allocated_fb else "")
+        f"budget={_short(usage.budget_remaining_musd)} time={_short(usage.time_remaining_days)} "
+        f"luminosity={_short(usage.luminosity_remaining_fb)}"
+        + (f" booked={_short(usage.luminosity_allocated_fb)}" if usage.luminosity_allocated_fb else "")
     )
     result = {k: v for k, v in obs.latest_result.items() if k not in UNSHOWN_RESULT_KEYS}
     action = result.pop("action", None)
@@ -194,30 +201,30 @@ def render_observation(
     violations = ["Violations: " + " | ".join(obs.rule_violations)] if obs.rule_violations else []
     logbook = [line] if (line := _logbook_line(obs.logbook)) else []
     if not include_task:
-        return "\n".join([f"Step {obs.step_index}/{task.max_steps}; left {left}", last, *violations, *logbook])
-    lo, hi = task.search_window_gev
-    beams = ",".join(format(e, "g") for e in task.available_beam_energies_tev)
+        return "\n".join([f"Step {obs.step_index}/{task.max_steps} left: {left}", last, *violations, *logbook])
     lines = [
-        f"Window {lo:g}-{hi:g} GeV ({task.difficulty}); channels {','.join(task.available_channels)}; "
-        f"triggers {','.join(task.available_triggers)}; beams {beams} TeV",
-        f"Step {obs.step_index}/{task.max_steps}; left {left}",
+        f"Window={_short(list(task.search_window_gev))} GeV difficulty={task.difficulty} "
+        f"channels={_short(task.available_channels)} triggers={_short(task.available_triggers)} "
+        f"beams={_short(task.available_beam_energies_tev)} TeV",
+        f"Step {obs.step_index}/{task.max_steps} left: {left} of budget={_short(task.budget_total_musd)} M$ "
+        f"time={_short(task.time_total_days)} d luminosity={_short(task.luminosity_total_fb)} fb^-1",
     ]
     if obs.selected_beam_energy_tev is not None:
         lines.append(
-            f"Beam {obs.selected_beam_energy_tev:g} TeV {obs.selected_pileup}; trigger {obs.selected_trigger}; "
-            f"channel {obs.selected_channel}"
+            f"Beam={_short(obs.selected_beam_energy_tev)} pileup={obs.selected_pileup} "
+            f"trigger={obs.selected_trigger} channel={obs.selected_channel}"
         )
     for name, data in obs.data_collected.items():
         lines.append(
-            f"Data {name}: {data.luminosity_fb:.4g} fb^-1 {data.recorded_events} events "
-            f"calibration {data.calibration_level} reco {data.reconstruction}"
+            f"Data[{name}] luminosity={_short(data.luminosity_fb)} events={data.recorded_events} "
+            f"calibration={data.calibration_level} reco={data.reconstruction}"
         )
     history = obs.pipeline_history[-config.max_history_steps :] if config.max_history_steps > 0 else []
     if history:
         lines.append("History: " + ",".join(entry.removesuffix(": ok") for entry in history))
     lines.append(last)
-    candidates = f"candidates {_short(obs.candidate_masses_gev)} GeV; " if obs.candidate_masses_gev else ""
-    lines.append(f"{candidates}best global Z {obs.cumulative_significance:.3g}")
+    candidates = f"candidates={_short(obs.candidate_masses_gev)} " if obs.candidate_masses_gev else ""
+    lines.append(f"{candidates}best_global_z={_short(obs.cumulative_significance)}")
     return "\n".join([*lines, *violations, *logbook])
 
 
@@ -256,12 +263,13 @@ def action_json_schema() -> Dict[str, Any]:
 
 
 def action_to_json(action: ExperimentAction, *, justification: bool = True) -> str:
-    """An action as the reply the system prompt asks for (the target text of a completion);
-    without its justification (optional in the schema) when `justification` is False."""
+    """An action as the reply the system prompt asks for (the target text of a completion), in
+    compact JSON (no space after `:` or `,`, as the prompt writes values); without its
+    justification (optional in the schema) when `justification` is False."""
     reply = {"action_type": action.action_type.value, "parameters": action.parameters}
     if justification:
         reply["justification"] = action.justification
-    return json.dumps(reply)
+    return json.dumps(reply, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -139,8 +139,8 @@ class TruthSeeker(HeuristicAgent):
     """An ordinary-looking agent that asks for the truth by every name it can think of."""
 
     def __init__(self):
-        super().__init__()
         self.given = []
+        super().__init__()
 
     def reset(self, truth=None, hidden_truth=None, **kwargs):
         super().reset()

@@ -12,7 +12,7 @@ import torch
 
 from lib.evaluation import heldout_suite
 from lib.multiturn import play_episodes
-from lib.prompting import Sampling, parse_reply
+from lib.prompting import Sampling, parse_reply, round_significant
 from lib.tokenizer import corpus_specs
 from lib.training import TrainConfig
 from lib.training.backends import load_policy
@@ -22,7 +22,6 @@ from lib.training.warm_start import (
     cached_warm_start_dir,
     demonstration_examples,
     loss_mask,
-    round_significant,
     sft_trainer,
     sft_warm_start,
 )
@@ -107,7 +106,7 @@ def test_demonstrations_write_numbers_as_prompts_show_them(tiny_model_dir):
     assert claims, "some demonstrations claim a discovery"
     for reply, text in claims:
         error = reply["parameters"]["mass_uncertainty_gev"]
-        assert f"±{error:.4g} GeV" in text, "the claimed error is the fit's, as the logbook shows it"
+        assert f"error={json.dumps(error)}" in text, "the claimed error is the fit's, as the logbook shows it"
     assert all(parse_reply(json.dumps(reply)).ok for reply in replies)
 
 

@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional
 from cernenv import CERNCollisionEnvironment, ExperimentAction
 from lib.baselines import HeuristicAgent
 from lib.multiturn import ChatLayout
-from lib.prompting import action_to_json
+from lib.prompting import action_to_json, round_significant
 from lib.rollouts import transitions
 from lib.tokenizer import PROJECT_CACHE, corpus_specs
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
@@ -53,17 +53,6 @@ DEMONSTRATION_SEED = 40_000
 SIGNIFICANT_DIGITS = 4
 """Numbers in the demonstrated actions are rounded to this many significant digits, as prompts show them."""
 CACHE_DIR = PROJECT_CACHE / "warm_start"
-
-
-def round_significant(value: Any, digits: int) -> Any:
-    """`value` with every float in it (also inside lists and dicts) rounded to `digits` significant digits."""
-    if isinstance(value, float) and math.isfinite(value) and value != 0.0:
-        return round(value, digits - 1 - math.floor(math.log10(abs(value))))
-    if isinstance(value, dict):
-        return {key: round_significant(item, digits) for key, item in value.items()}
-    if isinstance(value, list):
-        return [round_significant(item, digits) for item in value]
-    return value
 
 
 class RoundedDemonstrator:
