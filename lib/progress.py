@@ -1,13 +1,19 @@
-"""Progress of long work as log lines: how far, how fast, how long is left.
+"""Progress of long work (the warm start, the evaluations, the GRPO steps, the baselines): how far,
+how fast, how long is left. One mechanism for the whole project, tqdm's:
 
-Log lines rather than progress bars: they read the same in a terminal, in a notebook, in
-`make reproduce`'s output (which echoes what the notebooks print) and in CI logs, where a
-bar redrawn ten times a second becomes thousands of lines.
+- watched (a terminal, or a notebook a person has open: Jupyter, Colab): a tqdm bar redrawn in
+  place (`tqdm.auto`: a widget in a notebook), with the rate and the time left;
+- headless (the notebooks run by `make reproduce`, which sets `CERNENV_HEADLESS=1` for their
+  kernels; output to a file or a CI log): the same meter, formatted by tqdm, written as a log
+  line at most every `every_s` seconds and at the end: a bar redrawn ten times a second would
+  be thousands of lines there, and a widget nobody sees would be saved into the notebook.
 
     progress = Progress("SFT warm start", total=2400, unit="step")
-    progress.update(done)            # logs at most once per `every_s`, and at the end
+    progress.update(done)            # the position, not an increment
+    progress.write("step 10: loss 1.23")   # a line above the bar (a log line when headless)
+    progress.close()
 
-`lib.training.callbacks.ProgressLog` does the same for a transformers `Trainer` (SFT, GRPO).
+`lib.training.callbacks.TrainingProgress` drives one for a transformers `Trainer` (SFT, GRPO).
 This module imports no transformers (`lib.multiturn` uses it, and Unsloth must be imported
 before transformers).
 """
@@ -15,49 +21,120 @@ before transformers).
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
-from typing import Optional
+from typing import Any, Optional
+
+from tqdm import tqdm as text_tqdm
 
 logger = logging.getLogger("lib.progress")
 
+HEADLESS_VARIABLE = "CERNENV_HEADLESS"
+"""Set (to anything but "" or "0") where nobody watches the output: progress is logged, not drawn."""
+METER = "{desc}: {n_fmt}/{total_fmt} {unit}s ({percentage:.0f}%) [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+"""The meter of a headless progress line (tqdm's `bar_format` fields)."""
 
-def _duration(seconds: float) -> str:
-    seconds = max(seconds, 0.0)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+
+def headless() -> bool:
+    """True where nobody watches the output as it is drawn: `CERNENV_HEADLESS` set, or neither a
+    notebook kernel nor a terminal on stderr."""
+    flag = os.environ.get(HEADLESS_VARIABLE, "")
+    if flag not in ("", "0"):
+        return True
+    if in_notebook():
+        return False
+    return not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (JupyterLab, Notebook, Colab, VS Code)."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
 class Progress:
-    """Counts `done` of `total` units of work and logs at most every `every_s` seconds (and when
-    the work is done): the fraction done, seconds per unit, elapsed and estimated time left."""
+    """`done` of `total` units of work, shown as a tqdm bar when watched and logged as tqdm's meter
+    at most every `every_s` seconds (and at the end) when headless (see the module docstring)."""
 
     def __init__(
-        self, label: str, total: int, *, unit: str = "item", every_s: float = 30.0, log: Optional[logging.Logger] = None
+        self,
+        label: str,
+        total: int,
+        *,
+        unit: str = "item",
+        every_s: float = 30.0,
+        initial: int = 0,
+        log: Optional[logging.Logger] = None,
+        draw: Optional[bool] = None,
     ) -> None:
         self.label, self.total, self.unit, self.every_s = label, max(int(total), 0), unit, every_s
         self.log = log or logger
+        self.done = int(initial)
         self.started = time.perf_counter()
         self._last_logged = self.started
-        self.done = 0
+        self._initial = int(initial)
+        self.postfix = ""
+        self.bar: Any = None
+        if draw if draw is not None else not headless():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, initial=self.done, desc=label, unit=unit, dynamic_ncols=True, leave=True)
+
+    def meter(self) -> str:
+        """The headless line: tqdm's meter of the work so far (rate over the units done here)."""
+        elapsed = time.perf_counter() - self.started
+        done_here = self.done - self._initial
+        return text_tqdm.format_meter(
+            self.done,
+            self.total or None,
+            elapsed,
+            prefix=self.label,
+            unit=self.unit,
+            rate=done_here / elapsed if done_here and elapsed > 0 else None,
+            initial=self._initial,
+            bar_format=METER,
+            postfix=self.postfix or None,
+        )
 
     def update(self, done: int) -> Optional[str]:
-        """Record that `done` units are finished; the line logged now, if one was."""
+        """Record that `done` units are finished (a position); returns the line logged now, if one was."""
+        done = int(done)
+        if self.bar is not None:
+            self.bar.update(done - self.done)
+            self.done = done
+            if self.total and done >= self.total:
+                self.close()  # finished: the bar stays as it ended
+            return None
         self.done = done
         now = time.perf_counter()
         if done < self.total and now - self._last_logged < self.every_s:
             return None
         self._last_logged = now
-        elapsed = now - self.started
-        per_unit = elapsed / done if done else float("nan")
-        line = f"{self.label}: {done}/{self.total} {self.unit}s"
-        if self.total:
-            line += f" ({done / self.total:.0%})"
-        if done:
-            line += f", {per_unit:.2f} s/{self.unit}, {_duration(elapsed)} elapsed"
-            if done < self.total:
-                line += f", ~{_duration(per_unit * (self.total - done))} left"
+        line = self.meter()
         self.log.info(line)
         return line
+
+    def set_postfix(self, text: str) -> None:
+        """A short status shown after the meter (the latest metrics, say)."""
+        self.postfix = text
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=True)
+
+    def write(self, line: str) -> None:
+        """A line of its own: above the bar when drawn, else a log line."""
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            self.log.info(line)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

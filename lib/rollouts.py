@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from tqdm.auto import tqdm
-
 from cernenv import CERNCollisionEnvironment, CollisionObservation, ExperimentAction
 from cernenv.rules import RuleViolation
 from cernenv.rules import parse_action as validate_action
+from lib.progress import Progress
 from lib.prompting import LLMAgent, LLMAgentConfig
 from lib.records import EpisodeRecord, StepRecord, spec_fields
 
@@ -241,14 +240,19 @@ def collect_episodes(
         agent = LLMAgent(lambda prompt: generate_fn(prompt, config), prompt_fn, config)
     env = env or (make_env() if make_env is not None else CERNCollisionEnvironment())
     specs = [spec_fields(item) for item in specs]
-    return [
-        collect_agent_episode(
-            env=env,
-            agent=agent,
-            max_steps=max_steps,
-            reveal_truth=reveal_truth,
-            evaluation_key=evaluation_key,
-            **spec,
+    counter = Progress(desc or "episodes", len(specs), unit="episode") if progress else None
+    episodes = []
+    for spec in specs:
+        episodes.append(
+            collect_agent_episode(
+                env=env,
+                agent=agent,
+                max_steps=max_steps,
+                reveal_truth=reveal_truth,
+                evaluation_key=evaluation_key,
+                **spec,
+            )
         )
-        for spec in tqdm(specs, desc=desc, disable=not progress)
-    ]
+        if counter is not None:
+            counter.update(len(episodes))
+    return episodes

@@ -1,19 +1,72 @@
-"""Progress lines (lib/progress.py): how far, how fast, how long is left; at most one per interval."""
+"""Progress (lib/progress.py): one mechanism, tqdm's: a bar when watched, tqdm's meter as a log line
+at most once per interval when headless; and the Trainer callback's compact line of metrics."""
 
 from __future__ import annotations
 
 import logging
 
-from lib.progress import Progress
+import pytest
+
+from lib import progress as progress_module
+from lib.progress import Progress, headless
 
 
-def test_progress_logs_rate_and_time_left_and_always_the_end(caplog):
+def test_headless_progress_logs_tqdms_meter_at_most_once_per_interval_and_always_the_end(caplog, monkeypatch):
+    monkeypatch.setenv("CERNENV_HEADLESS", "1")
     with caplog.at_level(logging.INFO, logger="lib.progress"):
         quiet = Progress("SFT", total=100, unit="step", every_s=3600.0)
+        assert quiet.bar is None, "headless: no bar is drawn"
         assert [quiet.update(done) for done in range(1, 100)] == [None] * 99  # within the interval: nothing
         final = quiet.update(100)
-        assert final.startswith("SFT: 100/100 steps (100%), ") and "s/step" in final and "left" not in final
-        chatty = Progress("evaluation", total=4, unit="episode", every_s=0.0)
-        line = chatty.update(1)
-        assert line.startswith("evaluation: 1/4 episodes (25%), ") and line.endswith(" left")
+        assert final.startswith("SFT: 100/100 steps (100%) [00:00<00:00, ") and "step" in final.split("[")[1]
+        chatty = Progress("evaluation", total=4, unit="episode", every_s=0.0, initial=1)
+        line = chatty.update(2)
+        assert line.startswith("evaluation: 2/4 episodes (50%) [00:00<"), line
     assert [r.getMessage() for r in caplog.records] == [final, line]
+
+
+def test_a_watched_run_gets_a_tqdm_bar_with_the_time_left(monkeypatch, capsys):
+    monkeypatch.delenv("CERNENV_HEADLESS", raising=False)
+    progress = Progress("GRPO", total=4, unit="step", draw=True, initial=1)
+    progress.update(3)
+    progress.set_postfix("reward +0.5")
+    drawn = capsys.readouterr().err  # tqdm draws on stderr
+    assert "GRPO:" in drawn and "3/4" in drawn and "reward +0.5" in drawn and "<" in drawn
+    progress.update(4)
+    assert progress.bar is None, "a finished bar is closed"
+
+
+def test_headless_is_the_variable_or_no_terminal(monkeypatch):
+    monkeypatch.setenv("CERNENV_HEADLESS", "1")
+    assert headless()
+    monkeypatch.setenv("CERNENV_HEADLESS", "0")
+    monkeypatch.setattr(progress_module, "in_notebook", lambda: True)
+    assert not headless(), "a notebook someone has open draws its bars"
+
+
+@pytest.mark.parametrize(
+    "logs, line",
+    [
+        (
+            {
+                "loss": 0.01234,
+                "reward": 0.4123,
+                "reward_std": 0.31,
+                "grad_norm": 0.812,
+                "learning_rate": 3e-4,
+                "kl": 0.0,
+            },
+            "reward +0.412 ± 0.310, loss 0.01234, kl 0, grad norm 0.812, lr 0.0003",
+        ),
+        (
+            {"loss": 1.5, "mean_token_accuracy": 0.5, "learning_rate": 2e-3, "epoch": 0.4},
+            "loss 1.5, lr 0.002, token accuracy 0.500",
+        ),
+        ({"train_runtime": 12.0, "train_loss": 0.3}, ""),
+        ({"reward": float("nan"), "loss": 2.0}, "loss 2"),
+    ],
+)
+def test_a_trainer_log_becomes_one_short_line(logs, line):
+    from lib.training.callbacks import metrics_line
+
+    assert metrics_line(logs) == line

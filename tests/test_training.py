@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import torch
 from cernenv.rewards import COMPONENT_NAMES
 from cernenv.scenarios import list_scenarios
 from lib.evaluation import HELDOUT_SEED_START, heldout_suite
+from lib.files import DiskFullError, FolderLockedError
 from lib.records import load_episodes_jsonl
 from lib.tokenizer import corpus_specs
 from lib.training import TrainConfig
@@ -26,6 +30,7 @@ def smoke_config(tmp_path, model_dir, **overrides):
         model_name=model_dir,
         backend="trl",
         lora_r=0,
+        warm_start_episodes=0,  # TrainConfig's 800-campaign warm start would take most of an hour here
         max_steps=2,
         num_generations=2,
         per_device_train_batch_size=1,
@@ -168,15 +173,19 @@ def test_rollout_func_plays_each_group_on_one_task(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model_dir, caplog):
+def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model_dir, caplog, capsys):
     # one checkpoint episode, the suite's first: the pre/post evaluations (3 episodes) cover it;
     # the metrics also go to TensorBoard, and the progress to the log
     config = smoke_config(tmp_path, tiny_model_dir, checkpoint_eval_episodes=1, report_to=["tensorboard"])
     with caplog.at_level(logging.INFO, logger="lib.progress"):
         result = train(config)
     progress = [r.getMessage() for r in caplog.records if r.name == "lib.progress"]
-    assert any(line.startswith("GRPO training: 2/2 steps (100%)") for line in progress), progress
+    assert any(line.startswith("GRPO: 2/2 steps (100%) [") for line in progress), progress
     assert any(line.startswith("held-out evaluation (pre): 3/3 episodes (100%)") for line in progress), progress
+    metrics = [line for line in progress if line.startswith("GRPO step ")]
+    assert [line.split(":")[0] for line in metrics] == ["GRPO step 1/2", "GRPO step 2/2"], progress
+    assert all("reward " in line and "loss " in line and "{" not in line for line in metrics), metrics
+    assert "'loss':" not in capsys.readouterr().out, "no log printed as a dict (transformers' PrinterCallback)"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (run_dir,) = {p.parent for p in (Path(config.output_dir) / "runs").rglob("events.out.tfevents.*")}
@@ -211,6 +220,10 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
     assert result.before_after["n"]["pairs"] == 3
     assert (Path(config.output_dir) / "final" / "config.json").exists()
     assert TrainConfig.load(Path(config.output_dir) / "train_config.json") == config
+    # resumed from the last checkpoint (a run killed after its last row): nothing is written twice
+    train(smoke_config(tmp_path, tiny_model_dir, resume_from_checkpoint="latest", checkpoint_eval_episodes=1))
+    rows = (evidence / "checkpoint_evals.csv").read_text().splitlines()[1:]
+    assert [row.split(",")[0] for row in rows] == ["0", "1", "2"], rows
     # resume: one more step from the last checkpoint, logs continue without duplicates
     resumed = smoke_config(
         tmp_path, tiny_model_dir, max_steps=3, resume_from_checkpoint="latest", checkpoint_eval_episodes=1
@@ -222,6 +235,70 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
     train(smoke_config(tmp_path, tiny_model_dir, max_steps=1, eval_every_steps=0))
     archived = list((Path(config.output_dir) / "previous_evidence").glob("*/training_log.csv"))
     assert len(archived) == 1 and len((evidence / "training_log.csv").read_text().splitlines()) == 2
+
+
+def _holder(folder: Path) -> subprocess.Popen:
+    code = (
+        "import time; from lib.files import FolderLock\n"
+        f"FolderLock({str(folder)!r}).acquire(); print('held', flush=True); time.sleep(120)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_a_second_run_on_a_folder_a_live_run_holds_is_refused_before_any_work(tmp_path, monkeypatch):
+    """Two runs on one evidence folder used to both exit 0 with their logs interleaved and the
+    second's archiving moving the first's live files away: now the second stops at once."""
+    import lib.training.run as run
+
+    def never(*args, **kwargs):
+        raise AssertionError("the refused run loaded a policy")
+
+    monkeypatch.setattr(run, "load_policy", never)
+    config = smoke_config(tmp_path, "unused")
+    evidence = Path(config.evidence_dir)
+    evidence.mkdir(parents=True)
+    (evidence / "training_log.csv").write_text("step,loss\n1,0.5\n")  # the live run's log
+    child = _holder(evidence)
+    try:
+        with pytest.raises(FolderLockedError, match=f"evidence folder .* is in use by a live run: pid {child.pid}"):
+            train(config)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert (evidence / "training_log.csv").read_text() == "step,loss\n1,0.5\n", "its files stay where they are"
+    assert not (Path(config.output_dir) / "previous_evidence").exists()
+
+
+def test_an_output_folder_that_cannot_be_written_stops_the_run_before_any_work(tmp_path, monkeypatch):
+    import lib.training.run as run
+
+    monkeypatch.setattr(run, "load_policy", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(NotADirectoryError, match="is a file, not a folder"):
+        train(smoke_config(tmp_path, "unused", evidence_dir=str(tmp_path / "file" / "evidence")))
+    with pytest.raises(ModuleNotFoundError, match="pip install tensorboard"):
+        monkeypatch.setattr(run.importlib.util, "find_spec", lambda name: None)
+        train(smoke_config(tmp_path, "unused", report_to=["tensorboard"]))
+
+
+def test_a_full_disk_during_a_checkpoint_is_named_as_such(tmp_path, monkeypatch):
+    """torch reports a checkpoint that did not fit as "enforce fail ... unexpected pos": the run
+    says the disk is full, and where."""
+    import lib.training.run as run
+
+    def checkpoint_on_a_full_disk(config):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3200 vs 3096")
+
+    monkeypatch.setattr(run, "_train", checkpoint_on_a_full_disk)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
+    with pytest.raises(DiskFullError, match=r"the disk is full: writing .* failed \(0.0 MB free"):
+        train(smoke_config(tmp_path, "unused"))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**6, 10**9 - 10**6))
+    with pytest.raises(RuntimeError, match="unexpected pos") as other:
+        train(smoke_config(tmp_path, "unused"))
+    assert not isinstance(other.value, DiskFullError), "with space left, the error is what it was"
 
 
 def test_drop_rows_after(tmp_path):

@@ -6,14 +6,20 @@
 - every `eval_every_steps`: the policy plays the fixed checkpoint subset of the held-out
   suite greedily; a checkpoint_evals.csv row, and the progression plot redrawn.
 
-`ProgressLog`: a log line on a Trainer's progress (steps done, s/step, time left).
+`TrainingProgress`: a Trainer's progress (`lib.progress`: a bar with the time left, or a log line
+when headless) and one compact line of the metrics that matter at each log, in place of
+transformers' `PrinterCallback`, which `disable_tqdm=True` adds and which prints each log as a
+dict of ~47 entries. `trainer_progress(label)` puts it into every Trainer made inside it (the
+warm start's SFT trainer, the GRPO trainer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from transformers import TrainerCallback
 
@@ -127,17 +133,73 @@ class EvidenceCallback(TrainerCallback):
         return row
 
 
-class ProgressLog(TrainerCallback):
-    """A `lib.progress.Progress` line for a Trainer's optimisation steps, at most every `every_s`."""
+METRICS_LINE = (
+    ("reward", "reward", "{:+.3f}"),
+    ("reward_std", "±", "{:.3f}"),
+    ("loss", "loss", "{:.4g}"),
+    ("kl", "kl", "{:.3g}"),
+    ("grad_norm", "grad norm", "{:.3g}"),
+    ("learning_rate", "lr", "{:.2g}"),
+    ("mean_token_accuracy", "token accuracy", "{:.3f}"),
+    ("completions/mean_length", "tokens/completion", "{:.0f}"),
+)
+"""The metrics of a Trainer's log shown on its one line, in order (key, label, format); the
+rest stay in the evidence CSVs and TensorBoard."""
 
-    def __init__(self, label: str, every_s: float = 30.0) -> None:
-        self.label, self.every_s = label, every_s
-        self.progress: Optional[Progress] = None
+
+def metrics_line(logs: Dict[str, Any]) -> str:
+    """`reward +0.412 ± 0.310, loss 0.0123, ...`: the `METRICS_LINE` entries a log has."""
+    parts = []
+    for key, label, form in METRICS_LINE:
+        value = logs.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            text = form.format(value)
+            parts.append(f"± {text}" if label == "±" else f"{label} {text}")
+    return ", ".join(parts).replace(", ± ", " ± ")
+
+
+class TrainingProgress(TrainerCallback):
+    """A bar over a Trainer's optimisation steps, with the time left (`lib.progress.Progress`), and
+    at each log one line: `<label> step 3/14: reward +0.412 ± 0.310, loss 0.0123, grad norm 0.81,
+    lr 3e-04`. Main process only (a Trainer calls it on every process: the others stay silent)."""
+
+    label = "training"
+
+    def __init__(self, label: Optional[str] = None) -> None:
+        self.label = label or type(self).label
+        self.progress = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.progress = Progress(self.label, state.max_steps, unit="step", every_s=self.every_s)
-        self.progress.done = state.global_step  # a resumed run starts where it stopped
+        if state.is_world_process_zero:
+            self.progress = Progress(self.label, state.max_steps, unit="step", initial=state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.progress is not None:
             self.progress.update(state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        line = metrics_line(logs or {})
+        if self.progress is None or not line:
+            return
+        self.progress.set_postfix(line.split(",")[0])
+        self.progress.write(f"{self.label} step {state.global_step}/{state.max_steps}: {line}")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
+
+@contextlib.contextmanager
+def trainer_progress(label: str) -> Iterator[None]:
+    """Every transformers Trainer made inside shows `TrainingProgress(label)` where it would add
+    its `PrinterCallback` (what `disable_tqdm=True` gives: each log printed as a dict). Trainers
+    made elsewhere (the warm start's, in `lib.training.warm_start`) get it without a change there."""
+    import transformers.trainer as trainer_module
+
+    original = trainer_module.PrinterCallback
+    trainer_module.PrinterCallback = type("TrainingProgress", (TrainingProgress,), {"label": label})
+    try:
+        yield
+    finally:
+        trainer_module.PrinterCallback = original

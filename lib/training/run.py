@@ -12,14 +12,21 @@
 Under `accelerate launch` (`make train NPROC=2`) every process runs this function: each plays
 its share of the episodes and the main process writes every file (`lib.training.processes`).
 
-A fresh run first moves the previous run's evidence files (not baselines.*) to
-`<output_dir>/previous_evidence/<UTC time>/`, so logs of two runs never mix and nothing
-is deleted. A resumed run keeps them, minus rows logged after the checkpoint it resumes.
+Before any of it, the evidence and output folders are checked (folders, writable) and locked
+(`lib.files.FolderLock`): a second run on a folder a live run holds is refused, naming that
+run (pid, host, start time); the lock of a run that died is taken over. A fresh run then moves
+the previous run's evidence files (not baselines.*) to `<output_dir>/previous_evidence/<UTC
+time>/`, so logs of two runs never mix and nothing is deleted. A resumed run keeps them, minus
+rows logged after the checkpoint it resumes (and the last step's checkpoint row, which it
+writes again from its own post-training evaluation). A run stopped by a full disk (a
+checkpoint, a log) says so (`lib.files.DiskFullError`), whatever the library that failed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import importlib.util
 import io
 import json
 import logging
@@ -35,13 +42,14 @@ from cernenv.scenarios import list_scenarios
 from lib.comparison import before_after_metrics
 from lib.evaluation import PUBLISHED_KEY
 from lib.evidence import EvidencePaths, render_all
-from lib.files import atomic_write
+from lib.files import DiskFullError, FolderLock, atomic_write, check_writable_dir, disk_full_error, is_disk_full
 from lib.multiturn import hf_generate_fn, play_episodes
 from lib.prompting import Sampling
 from lib.records import EpisodeSpec, load_episodes_jsonl, save_episodes_jsonl
+from lib.runtime import CPU_STAND_IN_TIMES
 from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
-from lib.training.callbacks import EvidenceCallback, ProgressLog
-from lib.training.config import TrainConfig
+from lib.training.callbacks import EvidenceCallback, trainer_progress
+from lib.training.config import TINY_MODEL, TrainConfig
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
 from lib.training.processes import gather, is_main_process, main_process_first, num_processes, shard, wait_for_everyone
 from lib.training.publish import push_to_hub, save_merged
@@ -279,8 +287,52 @@ def accumulation_per_process(config: TrainConfig, processes: int) -> int:
     return config.gradient_accumulation_steps // processes
 
 
+def output_folders(config: TrainConfig) -> Dict[Path, str]:
+    """The folders a run writes, each with what it is for (one entry when they are the same)."""
+    folders: Dict[Path, str] = {}
+    for path, what in ((config.evidence_dir, "evidence folder"), (config.output_dir, "output folder")):
+        folders.setdefault(Path(path).resolve(), what)
+    return folders
+
+
+def check_run_outputs(config: TrainConfig) -> None:
+    """What a run needs to write its results, checked before any expensive work: its folders
+    (not files, writable: `lib.files.check_writable_dir`) and the experiment trackers it
+    reports to (TensorBoard's writer installed)."""
+    for folder, what in output_folders(config).items():
+        check_writable_dir(folder, what)
+    trackers = [name for name in config.report_to if name != "none"]
+    if "tensorboard" in trackers and not any(
+        importlib.util.find_spec(name) for name in ("tensorboard", "tensorboardX")
+    ):
+        raise ModuleNotFoundError(
+            "report_to includes tensorboard, which is not installed: pip install tensorboard "
+            "(requirements.txt has it), or train with --report_to none"
+        )
+
+
 def train(config: TrainConfig) -> TrainResult:
-    """Run `config` end to end (see the module docstring); returns the measured result."""
+    """Run `config` end to end (see the module docstring); returns the measured result.
+
+    The main process checks and locks the output folders first (`check_run_outputs`,
+    `lib.files.FolderLock`) and holds them until the run ends, however it ends."""
+    check_run_outputs(config)
+    with contextlib.ExitStack() as locks:
+        if is_main_process():
+            for folder, what in output_folders(config).items():
+                locks.enter_context(FolderLock(folder, what))
+        try:
+            return _train(config)
+        except Exception as error:
+            if isinstance(error, DiskFullError):
+                raise
+            full = next((f for f in output_folders(config) if is_disk_full(error, f)), None)
+            if full is not None:
+                raise disk_full_error(full, error) from error
+            raise
+
+
+def _train(config: TrainConfig) -> TrainResult:
     seconds: Dict[str, float] = {}
     start = time.perf_counter()
     backend = resolve_backend(config)  # imports unsloth (when used) before trl
@@ -295,6 +347,14 @@ def train(config: TrainConfig) -> TrainResult:
         policy = load_policy(config, backend)
     seconds["load"] = time.perf_counter() - start
     warm_start = bool(config.warm_start_episodes) and resume is None  # a resumed run's checkpoint holds it
+    if warm_start and policy.model_name == TINY_MODEL and main:
+        logger.warning(
+            "no GPU model: the CPU stand-in %s trains, warm-started first on %d campaigns unless .cache/ "
+            "holds that warm start already (%s)",
+            TINY_MODEL,
+            config.warm_start_episodes,
+            CPU_STAND_IN_TIMES,
+        )
     if warm_start and num_processes() > 1 and policy.peft_config is None:
         cached = cached_warm_start_dir(policy, config)
         if not (cached / "warm_start.json").is_file():
@@ -314,7 +374,8 @@ def train(config: TrainConfig) -> TrainResult:
     warm = None
     if warm_start:
         t = time.perf_counter()
-        warm = sft_warm_start(policy, config)
+        with trainer_progress("SFT warm start"):
+            warm = sft_warm_start(policy, config)
         if main:
             policy.model.save_pretrained(str(output_dir / "warm_start"))
             policy.tokenizer.save_pretrained(str(output_dir / "warm_start"))
@@ -365,16 +426,17 @@ def train(config: TrainConfig) -> TrainResult:
     wait_for_everyone()  # the logs are cut before any process appends to them
 
     rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root if main else None, backend=backend)
-    trainer = GRPOTrainer(
-        model=policy.model,
-        reward_funcs=REWARD_FUNCS,
-        args=grpo_args(config),
-        train_dataset=training_dataset(config),
-        processing_class=tokenizer,
-        peft_config=policy.peft_config,
-        rollout_func=rollout,
-        callbacks=[callback, *([ProgressLog("GRPO training")] if main else [])],
-    )
+    with trainer_progress("GRPO"):  # a bar over the steps and a line of metrics per step (lib.progress)
+        trainer = GRPOTrainer(
+            model=policy.model,
+            reward_funcs=REWARD_FUNCS,
+            args=grpo_args(config),
+            train_dataset=training_dataset(config),
+            processing_class=tokenizer,
+            peft_config=policy.peft_config,
+            rollout_func=rollout,
+            callbacks=[callback],
+        )
     t = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
     seconds["grpo"] = time.perf_counter() - t
@@ -391,6 +453,8 @@ def train(config: TrainConfig) -> TrainResult:
     seconds["post_eval"] = time.perf_counter() - t
     if callback.final_from_post_eval:  # the last step's checkpoint row, from the post-training evaluation
         t = time.perf_counter()
+        if main:  # a resumed run may hold it already (resumed from the last checkpoint, or killed after the row)
+            drop_rows_after(paths.checkpoint_evals_csv, trainer.state.global_step - 1)
         callback.record_checkpoint(
             trainer.state.global_step, trainer.model, max_steps=config.max_steps, episodes=checkpoint_subset(post)
         )
