@@ -6,11 +6,12 @@ import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import Union, get_args, get_origin
 
 import pytest
 
-from lib.training.cli import field_docs, parse_train_config, train_config_parser
-from lib.training.config import TrainConfig
+from lib.training.cli import config_fields, field_docs, parse_train_config, train_config_parser
+from lib.training.config import _TYPES, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,12 +19,65 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_field_has_a_documented_typed_flag():
     docs = field_docs(TrainConfig)
     assert set(docs) == {f.name for f in fields(TrainConfig)}  # a field without a docstring fails here
+    assert field_docs() == docs, "the docstrings read from the source are the class's"
+    declared = {f.name: (f.kind, f.optional) for f in config_fields()}
+    assert list(declared) == [f.name for f in fields(TrainConfig)]
+    for f in fields(TrainConfig):
+        kind, optional = declared[f.name]
+        annotation = _TYPES[f.name]
+        assert optional == (get_origin(annotation) is Union), f.name
+        base = next(a for a in get_args(annotation) if a is not type(None)) if optional else annotation
+        assert kind == ("list" if get_origin(base) is list else base.__name__), f.name
     parser = train_config_parser()
-    helps = {action.dest: action.help for action in parser._actions}
+    helps = {}
+    for action in parser._actions:  # --no_curriculum shares --curriculum's dest: the first is the field's
+        helps.setdefault(action.dest, action.help)
+    assert "configs/train/smoke.yaml" in helps["config"]
     for f in fields(TrainConfig):
         assert helps.get(f.name), f"--{f.name} has no help"
         assert " ".join(docs[f.name].split())[:40] in helps[f.name]
-    assert "(default: 14)" in helps["max_steps"]
+    assert helps["max_steps"].startswith("[int] ") and "(default: 14)" in helps["max_steps"]
+    assert helps["max_turns"].startswith("[int or None] ") and helps["report_to"].startswith("[list of str] ")
+
+
+def test_help_imports_nothing_heavy_and_lists_types_and_the_config_flag():
+    """--help used to import TRL (24-30 s on the 2-core machine): it now reads config.py's source."""
+    probe = (
+        "import sys\n"
+        "from lib.training.__main__ import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('cernenv', 'torch', 'transformers', 'trl', 'unsloth', 'numba', 'yaml')\n"
+        "print('LOADED', sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "LOADED []"
+    assert "--config FILE.yaml" in result.stdout and "--max_steps INT" in result.stdout
+    assert "--max_turns INT|None" in result.stdout and "Optimisation steps" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["smoke", "default", "colab"])
+def test_the_ready_made_training_configs_load(name):
+    config, _ = parse_train_config(["--config", str(ROOT / "configs" / "train" / f"{name}.yaml")])
+    assert not config.evidence_dir.startswith("evidence"), "a ready-made run never writes the committed evidence"
+    if name == "default":
+        assert config == TrainConfig(output_dir=config.output_dir)
+    if name == "smoke":
+        assert config.max_steps <= 2 and config.warm_start_episodes == 0 and config.model_name == "cernenv-tiny"
+    if name == "colab":  # a real model: LoRA, a warm start on its actions with a pretrained model's schedule
+        assert (config.lora_r, config.warm_start_episodes, config.warm_start_loss) == (16, 200, "actions")
+        assert (config.warm_start_learning_rate, config.warm_start_epochs) == (2e-4, 1.0)
+        assert config.save_steps <= config.max_steps and "tensorboard" in config.report_to
 
 
 def test_flags_and_a_yaml_file_make_the_config_flags_winning(tmp_path):
@@ -40,36 +94,75 @@ def test_flags_and_a_yaml_file_make_the_config_flags_winning(tmp_path):
     assert config == TrainConfig(max_steps=5, learning_rate=1e-4, scenarios=["higgs_4l_125"], lora_r=0, temperature=0.9)
 
 
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("python -m lib.training: error: ") and "--help" in lines[0]
+    return lines[0]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--max_steps", "three"], "--max_steps/--max-steps: invalid int value: 'three'"),
+        (["--max_steps", "three"], "argument --max_steps: invalid int value: 'three'"),
         (["--scenarios", "atlantis"], "unknown scenarios ['atlantis']"),
         (["--num_generations", "3"], "must be a multiple of num_generations"),
-        (["--no_such_field", "1"], "not used by the HfArgumentParser: ['--no_such_field'"),
+        (["--no_such_field", "1"], "unrecognized arguments: --no_such_field 1"),
+        (["--temperature", "nan"], "temperature must be a finite number in (0, inf)"),
+        (["--learning_rate=-1e-4"], "learning_rate must be a finite number in (0, inf)"),
+        (["--learning_rate", "nan"], "learning_rate must be a finite number"),
+        (["--top_p", "0"], "top_p must be a finite number in (0, 1]"),
+        (["--top_p", "1.5"], "top_p must be a finite number in (0, 1]"),
+        (["--eval_episodes", "0"], "eval_episodes must be at least 1, or None"),
+        (["--report_to", "tensorbord"], "report_to names unknown trackers ['tensorbord']"),
+        (["--use_vllm", "maybe"], "argument --use_vllm: invalid bool value: 'maybe'"),
     ],
 )
-def test_bad_flags_exit_with_a_message_that_names_the_field(argv, message, capsys):
+def test_bad_flags_exit_with_one_line_that_names_the_field(argv, message, capsys):
     with pytest.raises(SystemExit) as exited:
         parse_train_config(argv)
     assert exited.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in _one_line_error(capsys)
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("max_steps: three\n", "invalid int value: 'three'"),
-        ("max_stepz: 3\n", "--max_stepz"),
+        ("max_steps: three\n", "max_steps must be int, got 'three' (str)"),
+        ("max_stepz: 3\n", "names fields TrainConfig does not have: max_stepz (did you mean max_steps?)"),
         ("temperature: [1, 2]\n", "temperature"),
+        ("temperature: .nan\n", "temperature must be a finite number"),
+        ("learning_rate: 1e-4\nmax_steps: [1,\n", "is not valid YAML at line 3, column 1"),
+        ("- max_steps\n", "holds a list, not a mapping of TrainConfig fields"),
+        ("notebooks:\n  03_train_grpo: {}\n", "is a `make reproduce` profile"),
     ],
 )
-def test_bad_config_files_exit_with_a_message_that_names_the_field(tmp_path, text, message, capsys):
+def test_bad_config_files_exit_with_one_line_that_names_the_field(tmp_path, text, message, capsys):
     config_file = tmp_path / "run.yaml"
     config_file.write_text(text)
     with pytest.raises(SystemExit):
         parse_train_config(["--config", str(config_file)])
-    assert message in capsys.readouterr().err
+    assert message in _one_line_error(capsys)
+
+
+def test_a_missing_config_file_a_folder_and_a_reproduce_profile_are_named(tmp_path, capsys):
+    for path, message in (
+        (tmp_path / "nope.yaml", "does not exist; ready-made ones: configs/train/colab.yaml"),
+        (tmp_path, "is a folder"),
+        (ROOT / "configs" / "smoke.yaml", "not a training config; give one of configs/train/colab.yaml"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_train_config(["--config", str(path)])
+        assert message in _one_line_error(capsys)
+
+
+def test_yaml_numbers_without_a_dot_are_read_as_numbers(tmp_path):
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("learning_rate: 1e-4\nmax_turns: null\nreport_to: [none]\n")
+    config, _ = parse_train_config(["--config", str(config_file), "--use_vllm", "false", "--no_curriculum"])
+    assert config.learning_rate == 1e-4 and config.max_turns is None and config.report_to == ["none"]
+    assert config.curriculum is False and config.use_vllm is False
 
 
 @pytest.mark.parametrize(
@@ -95,22 +188,10 @@ def test_train_config_accepts_ints_for_floats_and_tuples_for_lists():
     assert TrainConfig.from_dict(config.to_dict()) == config
 
 
-def test_help_runs_from_the_command_line():
-    result = subprocess.run(
-        [sys.executable, "-m", "lib.training", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": "/usr/bin:/bin"},
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "--max_steps MAX_STEPS" in result.stdout and "Optimisation steps" in result.stdout
-
-
-def test_the_command_line_imports_unsloth_before_transformers():
-    """TrlParser imports transformers, which Unsloth must patch first: the CLI asks for unsloth
-    (where the run may use it) before it builds the parser. Checked in a fresh interpreter."""
+def test_the_command_line_imports_unsloth_after_parsing_and_before_transformers():
+    """Unsloth must patch transformers before it is imported: the command line asks for unsloth
+    (where the run may use it) once it has the configuration, before anything imports
+    transformers, trl or peft. Checked in a fresh interpreter."""
     probe = (
         "import sys\n"
         "import lib.training.backends as backends\n"
@@ -120,11 +201,8 @@ def test_the_command_line_imports_unsloth_before_transformers():
         "    seen.append(sorted(m for m in ('transformers', 'trl', 'peft') if m in sys.modules))\n"
         "    return original(config)\n"
         "backends.import_unsloth_first = spy\n"
-        "from lib.training.__main__ import main\n"
-        "try:\n"
-        "    main(['--help'])\n"
-        "except SystemExit:\n"
-        "    pass\n"
+        "from lib.training.cli import parse_train_config\n"
+        "parse_train_config(['--config', 'configs/train/smoke.yaml'])\n"
         "print('SEEN', seen)\n"
     )
     result = subprocess.run(

@@ -3,15 +3,24 @@
     from lib.training import TrainConfig, train
     result = train(TrainConfig(max_steps=40))
 
-`python -m lib.training` runs the same from the command line (`make train`).
+`python -m lib.training` runs the same from the command line (`make train`). The names below
+are imported on first use: `python -m lib.training --help` reads no more than it needs.
 """
 
-from lib.training.config import BACKENDS, GPU_DEFAULT_MODEL, TINY_MODEL, TrainConfig
+from typing import Any
 
 __all__ = ["BACKENDS", "GPU_DEFAULT_MODEL", "TINY_MODEL", "TrainConfig", "train"]
 
 
-def train(config: TrainConfig):
+def __getattr__(name: str) -> Any:
+    if name in ("BACKENDS", "GPU_DEFAULT_MODEL", "TINY_MODEL", "TrainConfig"):
+        from lib.training import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module 'lib.training' has no attribute {name!r}")
+
+
+def train(config):
     """See `lib.training.run.train` (imported on first use, after unsloth: it imports transformers,
     peft and trl, which Unsloth must patch first)."""
     from lib.training.backends import import_unsloth_first

@@ -2,25 +2,42 @@
 
 With no arguments it runs the default CPU training (`TrainConfig()`). Every `TrainConfig`
 field is a typed flag (`--max_steps 10`, `--help` lists them with their meaning); a config
-file (YAML or JSON) holds field names, and flags override it (`lib.training.cli`). The
-result (timings, before/after metrics) is printed as JSON and written to
-`<output_dir>/train_result.json`.
+file (YAML or JSON) holds field names, and flags override it (`lib.training.cli`):
+configs/train/smoke.yaml is a whole run in minutes on 2 cores, default.yaml the default run,
+colab.yaml a real model on one GPU. The result (timings, before/after metrics) is printed as
+JSON and written to `<output_dir>/train_result.json`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
 from lib.files import atomic_write, json_text
+from lib.progress import headless
 from lib.training.cli import parse_train_config, train_config_parser
+
+QUIET_LIBRARIES = {
+    "TRL_EXPERIMENTAL_SILENCE": "1",  # TRL's notice that rollout_func is experimental, at every run
+}
+"""Set for a command-line run (unless already set): libraries' notices to developers, not users."""
 
 
 def main(argv=None) -> int:
+    for name, value in QUIET_LIBRARIES.items():
+        os.environ.setdefault(name, value)
+    if headless():  # transformers' and the Hub's own bars (loading weights, writing shards) in a log file
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning)  # libraries' deprecations, for their developers
     config, _ = parse_train_config(argv, train_config_parser(description=__doc__, argv=argv))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # the project's own messages (progress, evidence) at INFO; the libraries' warnings only (their INFO,
+    # matplotlib's font substitutions among them, is noise here)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("lib").setLevel(logging.INFO)
     from lib.training import train
 
     result = train(config)

@@ -7,11 +7,13 @@ and `TrainConfig.load(path)` reads it back (unknown keys are an error, not ignor
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+import math
+import re
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union, get_args, get_origin, get_type_hints
 
-from cernenv.scenarios import DIFFICULTIES, list_scenarios
+from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
 from lib.prompting import Sampling
 
 TINY_MODEL = "cernenv-tiny"
@@ -24,6 +26,26 @@ GPU_DEFAULT_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
 BACKENDS = ("auto", "unsloth", "trl")
 WARM_START_LOSSES = ("actions", "conversation")
 SCALE_REWARDS = ("group", "batch", "none")
+REPORT_TO = (
+    "none",
+    "all",
+    "tensorboard",
+    "trackio",
+    "wandb",
+    "mlflow",
+    "comet_ml",
+    "clearml",
+    "neptune",
+    "dvclive",
+    "swanlab",
+    "azure_ml",
+    "codecarbon",
+    "dagshub",
+    "flyte",
+)
+"""`report_to` names transformers' `TrainingArguments` knows (its integrations), and "none"."""
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""A Hugging Face Hub repository id, "user/name"."""
 
 
 @dataclass
@@ -111,9 +133,9 @@ class TrainConfig:
 
     # -- training tasks (never held-out seeds)
     scenarios: List[str] = field(default_factory=list_scenarios)
-    """Curated scenarios in the training mix."""
+    """Curated scenarios in the training mix (default: every one, `cernenv.scenarios.list_scenarios()`)."""
     difficulties: List[str] = field(default_factory=lambda: list(DIFFICULTIES))
-    """Difficulties of the procedural campaigns in the mix."""
+    """Difficulties of the procedural campaigns in the mix (default: every one, easy medium hard)."""
     curated_fraction: float = 0.35
     """Share of training tasks drawn from curated scenarios; the rest are procedural."""
     curriculum: bool = True
@@ -128,21 +150,24 @@ class TrainConfig:
     checkpoint_eval_episodes: int = 21
     """Episodes of the fixed subset of the held-out suite used at checkpoints."""
     eval_episodes: Optional[int] = None
-    """Episodes of the held-out suite for the pre/post evaluation (None: all 120)."""
+    """Episodes of the held-out suite for the pre/post evaluation, its first ones (None: the whole
+    suite, `lib.evaluation.heldout_suite()`)."""
     eval_batch_size: int = 40
     """Episodes played in lockstep during evaluation."""
     logging_steps: int = 1
     """Steps between logged metrics (training_log.csv rows)."""
-    report_to: List[str] = field(default_factory=list)
-    """Experiment trackers TRL also logs the metrics to: "tensorboard" (offline, event files in
-    `<output_dir>/runs/`; `tensorboard --logdir outputs/grpo/runs`), "trackio", "wandb", ...
-    Empty: none. The evidence CSVs and plots are written either way."""
-    evidence_dir: str = "evidence"
-    """Where the evidence is written (see `lib.evidence.EvidencePaths`)."""
+    report_to: List[str] = field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers TRL also logs the metrics to (`REPORT_TO`): "tensorboard" (offline,
+    event files in `<output_dir>/runs/`: `tensorboard --logdir outputs/grpo/runs`, or notebook
+    03's live view), "trackio", "wandb", ...; "none" (or an empty list): none. The evidence CSVs
+    and plots are written either way."""
+    evidence_dir: str = "build/evidence"
+    """Where the evidence is written (`lib.evidence.EvidencePaths`), locked while the run lives.
+    The committed `evidence/` is written only when named here (or by `make promote-evidence`)."""
     output_dir: str = "outputs/grpo"
-    """Checkpoints, the final model and train_config.json."""
-    save_steps: int = 20
-    """Steps between checkpoints."""
+    """Checkpoints, the final model and train_config.json, locked while the run lives."""
+    save_steps: int = 7
+    """Steps between checkpoints: the default run's 14 steps leave checkpoints at steps 7 and 14."""
     save_merged: bool = False
     """Also save the policy with its LoRA adapter merged into the base weights, to `<output_dir>/merged`."""
     hub_repo_id: Optional[str] = None
@@ -164,6 +189,7 @@ class TrainConfig:
         problems = self._check_types()
         if problems:  # the checks below compare values: they need the right types
             raise ValueError("invalid TrainConfig:\n  " + "\n  ".join(problems))
+        problems += self._check_numbers()
         if self.backend not in BACKENDS:
             problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         from lib.multiturn import GENERATION_ENGINES
@@ -194,8 +220,6 @@ class TrainConfig:
             )
         if self.warm_start_episodes < 0:
             problems.append(f"warm_start_episodes must be >= 0, got {self.warm_start_episodes}")
-        if self.warm_start_epochs <= 0 or self.warm_start_learning_rate <= 0:
-            problems.append("warm_start_epochs and warm_start_learning_rate must be > 0")
         if self.warm_start_loss not in WARM_START_LOSSES:
             problems.append(f"warm_start_loss must be one of {WARM_START_LOSSES}, got {self.warm_start_loss!r}")
         if self.warm_start_episodes and self.beta:
@@ -209,8 +233,6 @@ class TrainConfig:
             problems.append(f"rollout_batch_size must be at least 1 or None, got {self.rollout_batch_size}")
         if self.max_turns is not None and self.max_turns < 1:
             problems.append(f"max_turns must be at least 1 or None, got {self.max_turns}")
-        if not 0.0 <= self.curated_fraction <= 1.0:
-            problems.append(f"curated_fraction must be in [0, 1], got {self.curated_fraction}")
         unknown = set(self.scenarios) - set(list_scenarios())
         if unknown:
             problems.append(f"unknown scenarios {sorted(unknown)}; known: {list_scenarios()}")
@@ -223,14 +245,72 @@ class TrainConfig:
             )
         if self.scale_rewards not in SCALE_REWARDS:
             problems.append(f"scale_rewards must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}")
-        if self.temperature <= 0:
-            problems.append("temperature must be > 0: GRPO needs sampled, differing episodes in a group")
         if self.lora_r < 0:
             problems.append(f"lora_r must be >= 0 (0: full fine-tuning), got {self.lora_r}")
+        if self.lora_alpha < 1:
+            problems.append(
+                f"lora_alpha must be at least 1 (the update is scaled by lora_alpha / lora_r), got {self.lora_alpha}"
+            )
         if self.eval_every_steps < 0:
-            problems.append(f"eval_every_steps must be >= 0, got {self.eval_every_steps}")
+            problems.append(
+                f"eval_every_steps must be >= 0 (0: no checkpoint evaluations), got {self.eval_every_steps}"
+            )
+        if self.eval_episodes is not None and self.eval_episodes < 1:
+            problems.append(
+                f"eval_episodes must be at least 1, or None for the whole held-out suite, got {self.eval_episodes}: "
+                "an evaluation of no episode measures nothing"
+            )
+        if self.max_new_tokens >= self.max_seq_length:
+            problems.append(
+                f"max_new_tokens ({self.max_new_tokens}) must be below max_seq_length ({self.max_seq_length})"
+            )
+        if not 0 <= self.train_seed_start < EVALUATION_SEED_START:
+            problems.append(
+                f"train_seed_start must be in [0, {EVALUATION_SEED_START}) (seeds from {EVALUATION_SEED_START} on "
+                f"are the held-out suite's), got {self.train_seed_start}"
+            )
+        if not 0 <= self.seed < 2**32:
+            problems.append(f"seed must be in [0, 2**32), got {self.seed}")
+        unknown_trackers = [name for name in self.report_to if name not in REPORT_TO]
+        if unknown_trackers:
+            problems.append(f"report_to names unknown trackers {unknown_trackers}; known: {list(REPORT_TO)}")
+        elif "none" in self.report_to and len(self.report_to) > 1:
+            problems.append(f"report_to {self.report_to}: 'none' cannot be given with a tracker")
+        for name in ("evidence_dir", "output_dir"):
+            if not getattr(self, name).strip():
+                problems.append(f"{name} must be a folder path, got {getattr(self, name)!r}")
+        if self.model_name is not None and not self.model_name.strip():
+            problems.append("model_name must be a model id or path, or None for the default, got ''")
+        if self.hub_repo_id is not None and not HUB_REPO_ID.match(self.hub_repo_id):
+            problems.append(f"hub_repo_id must look like 'user/name', got {self.hub_repo_id!r}")
+        if self.resume_from_checkpoint is not None and not self.resume_from_checkpoint.strip():
+            problems.append("resume_from_checkpoint must be a checkpoint folder, 'latest' or None, got ''")
         if problems:
             raise ValueError("invalid TrainConfig:\n  " + "\n  ".join(problems))
+
+    def _check_numbers(self) -> List[str]:
+        """The real-valued fields: finite, and in their ranges (NaN fails every comparison, so each
+        range is written as what must hold)."""
+        ranges = {  # field: (lowest, lowest allowed?, highest, highest allowed?, why)
+            "learning_rate": (0.0, False, math.inf, False, "AdamW's step size"),
+            "warm_start_learning_rate": (0.0, False, math.inf, False, "the warm start's step size"),
+            "warm_start_epochs": (0.0, False, math.inf, False, "passes over the warm start's campaigns"),
+            "beta": (0.0, True, math.inf, False, "0: no KL penalty"),
+            "epsilon": (0.0, False, math.inf, False, "the clipping range of the probability ratio"),
+            "temperature": (0.0, False, math.inf, False, "GRPO needs sampled, differing episodes in a group"),
+            "top_p": (0.0, False, 1.0, True, "a nucleus mass; 1.0: no truncation"),
+            "max_grad_norm": (0.0, False, math.inf, False, "the gradient clipping norm"),
+            "curated_fraction": (0.0, True, 1.0, True, "a share of the training tasks"),
+        }
+        problems = []
+        for name, (low, low_ok, high, high_ok, why) in ranges.items():
+            value = getattr(self, name)
+            above = value >= low if low_ok else value > low
+            below = value <= high if high_ok else value < high
+            if not (math.isfinite(value) and above and below):
+                interval = f"{'[' if low_ok else '('}{low:g}, {high:g}{']' if high_ok else ')'}"
+                problems.append(f"{name} must be a finite number in {interval} ({why}), got {value!r}")
+        return problems
 
     def _check_types(self) -> List[str]:
         """Each field's value against its annotation (an int is accepted as a float; a tuple as a
@@ -268,10 +348,10 @@ class TrainConfig:
         return asdict(self)
 
     def save(self, path: Any) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
+        """Write the config as JSON (atomically) to `path`; `load` reads it back."""
+        from lib.files import write_json
+
+        return write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":
@@ -288,3 +368,42 @@ class TrainConfig:
 
 _TYPES = get_type_hints(TrainConfig)
 """Each field's annotation, resolved (the module uses postponed annotations)."""
+
+
+def field_defaults() -> Dict[str, Any]:
+    """Every field's default value (factories called), by name."""
+    return {f.name: f.default_factory() if f.default_factory is not MISSING else f.default for f in fields(TrainConfig)}
+
+
+def notebook_config(
+    namespace: Dict[str, Any], train_config: Optional[str] = None, *, root: Any, gpu: Optional[bool] = None
+) -> TrainConfig:
+    """The `TrainConfig` of notebook 03 (and of `make reproduce`'s check of its parameters).
+
+    The file `train_config` (a configs/train/*.yaml; relative paths from `root`), or with None
+    configs/train/colab.yaml on a machine with a GPU (`gpu`, default: asked of nvidia-smi) and
+    no file on a CPU, sets the fields; then every field the namespace (the parameters cell, with
+    what papermill injected) sets to a value other than its default replaces the file's. The
+    folders, relative, are taken from `root`."""
+    from lib.training.cli import read_config_file
+
+    root = Path(root)
+    if train_config is None:
+        if gpu is None:
+            from lib.runtime import visible_gpus
+
+            gpu = bool(visible_gpus())
+        train_config = "configs/train/colab.yaml" if gpu else None
+    values: Dict[str, Any] = {}
+    if train_config:
+        path = Path(train_config)
+        values.update(read_config_file(path if path.is_absolute() else root / path))
+    defaults = field_defaults()
+    values.update(
+        {name: namespace[name] for name in defaults if name in namespace and namespace[name] != defaults[name]}
+    )
+    merged = {**defaults, **values}
+    for name in ("evidence_dir", "output_dir"):
+        if isinstance(merged[name], str) and not Path(merged[name]).is_absolute():
+            values[name] = str(root / merged[name])
+    return TrainConfig.from_dict(values)

@@ -11,15 +11,15 @@ with `dry_run` only checks it and lists what would be sent (no network).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from lib.training.backends import policy_dtype
+from lib.training.config import HUB_REPO_ID
 
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+REPO_ID = HUB_REPO_ID
 
 
 def model_kind(model_dir: Path) -> str:
