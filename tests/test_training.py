@@ -64,7 +64,7 @@ def test_config_rejects_bad_values_with_every_reason():
     for fragment in (
         "backend must be one of",
         "multiple of",
-        "temperature must be > 0",
+        "temperature must be a finite number in (0, inf)",
         "unknown scenarios",
         "scale_rewards must be one of",
     ):
@@ -105,8 +105,8 @@ def test_training_and_warm_start_never_use_an_evaluation_seed():
     assert max(t["seed"] for t in training_tasks(near, 3)) == HELDOUT_SEED_START - 1
     with pytest.raises(ValueError, match=f"below {HELDOUT_SEED_START}"):
         training_tasks(near, 4)
-    with pytest.raises(ValueError, match=f"below {HELDOUT_SEED_START}"):
-        training_tasks(TrainConfig(train_seed_start=HELDOUT_SEED_START + 10_000), 1)  # in no suite
+    with pytest.raises(ValueError, match=rf"train_seed_start must be in \[0, {HELDOUT_SEED_START}\)"):
+        TrainConfig(train_seed_start=HELDOUT_SEED_START + 10_000)  # in no suite: refused with the config
     with pytest.raises(ValueError, match=f"below {HELDOUT_SEED_START}"):
         corpus_specs(1, first_seed=HELDOUT_SEED_START)  # the warm start's campaigns: refused before any is played
 
