@@ -105,7 +105,7 @@ def _one_line_error(capsys) -> str:
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--max_steps", "three"], "argument --max_steps: invalid int value: 'three'"),
+        (["--max_steps", "three"], "argument --max_steps/--max-steps: invalid int value: 'three'"),
         (["--scenarios", "atlantis"], "unknown scenarios ['atlantis']"),
         (["--num_generations", "3"], "must be a multiple of num_generations"),
         (["--no_such_field", "1"], "unrecognized arguments: --no_such_field 1"),
@@ -116,7 +116,7 @@ def _one_line_error(capsys) -> str:
         (["--top_p", "1.5"], "top_p must be a finite number in (0, 1]"),
         (["--eval_episodes", "0"], "eval_episodes must be at least 1, or None"),
         (["--report_to", "tensorbord"], "report_to names unknown trackers ['tensorbord']"),
-        (["--use_vllm", "maybe"], "argument --use_vllm: invalid bool value: 'maybe'"),
+        (["--use_vllm", "maybe"], "argument --use_vllm/--use-vllm: invalid bool value: 'maybe'"),
     ],
 )
 def test_bad_flags_exit_with_one_line_that_names_the_field(argv, message, capsys):
@@ -160,7 +160,7 @@ def test_a_missing_config_file_a_folder_and_a_reproduce_profile_are_named(tmp_pa
 def test_yaml_numbers_without_a_dot_are_read_as_numbers(tmp_path):
     config_file = tmp_path / "run.yaml"
     config_file.write_text("learning_rate: 1e-4\nmax_turns: null\nreport_to: [none]\n")
-    config, _ = parse_train_config(["--config", str(config_file), "--use_vllm", "false", "--no_curriculum"])
+    config, _ = parse_train_config(["--config", str(config_file), "--use-vllm", "false", "--no_curriculum"])
     assert config.learning_rate == 1e-4 and config.max_turns is None and config.report_to == ["none"]
     assert config.curriculum is False and config.use_vllm is False
 

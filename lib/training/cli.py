@@ -180,18 +180,18 @@ def train_config_parser(
         help_text = f"[{kind_text}{' or None' if optional else ''}] {text}" + (
             "" if default is NO_DEFAULT else f" (default: {shown})"
         )
+        flags = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])  # as TRL spells them
         if kind == "bool":
-            group.add_argument(f"--{f.name}", type=_bool, nargs="?", const=True, metavar="true|false", help=help_text)
+            group.add_argument(*flags, type=_bool, nargs="?", const=True, metavar="true|false", help=help_text)
             if default is True:
-                group.add_argument(f"--no_{f.name}", dest=f.name, action="store_false", help=f"--{f.name} false")
+                negative = [f"--no_{f.name}"] + ([f"--no-{f.name.replace('_', '-')}"] if "_" in f.name else [])
+                group.add_argument(*negative, dest=f.name, action="store_false", help=f"--{f.name} false")
         elif kind == "list":
-            group.add_argument(f"--{f.name}", nargs="+", metavar="NAME", help=help_text)
+            group.add_argument(*flags, nargs="+", metavar="NAME", help=help_text)
         else:
             parse = {"int": int, "float": float, "str": str}[kind]
             metavar = kind.upper() + ("|None" if optional else "")
-            group.add_argument(
-                f"--{f.name}", type=_optional(parse) if optional else parse, metavar=metavar, help=help_text
-            )
+            group.add_argument(*flags, type=_optional(parse) if optional else parse, metavar=metavar, help=help_text)
     return parser
 
 
