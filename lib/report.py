@@ -11,7 +11,11 @@ and the widget manager (`@jupyter-widgets/html-manager`) from `reports/assets/`,
 with the repository (see its README for versions and how to refresh them), and leave
 MathJax and Mermaid out (`lib/report_templates/cernenv_offline`). Widgets render from
 the state the execution saved in the notebook (nbclient's `store_widget_state`), so
-`jslink`ed controls keep working with no kernel.
+`jslink`ed controls keep working with no kernel. That state is trimmed to the widgets the
+outputs show and the links between them (`trim_widget_state`: nbclient saves every widget
+the kernel still held). The standalone page carries the widget manager (3.6 MB of
+JavaScript) and the widget state gzip-compressed (0.9 MB and about 40% of the state), inflated
+by the browser's own `DecompressionStream`.
 
 Every page opens with where it came from: the profile and the commit that ran the notebook
 (`build/PROFILE/run.json`, written by `make reproduce`), flagged when the tree had
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import gzip
 import json
 import os
 import re
@@ -32,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lib.files import atomic_write
 from lib.reproduce import RUN_RECORD
@@ -92,6 +97,43 @@ def _data_url(path: Path) -> str:
     return "data:text/javascript;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_MODEL_REFERENCE = re.compile(r"IPY_MODEL_([0-9a-f]+)")
+
+
+def trim_widget_state(notebook: Any) -> int:
+    """Drop from `notebook`'s saved widget state every model no output shows: keep the models the
+    outputs display, those they refer to (children, layouts, styles), and the links (`jslink`)
+    between kept models. Returns how many models were dropped."""
+    state = notebook.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state")
+    if not state:
+        return 0
+    shown = [
+        output["data"][WIDGET_VIEW]["model_id"]
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        if WIDGET_VIEW in output.get("data", {})
+    ]
+    keep: set = set()
+    pending = list(shown)
+    while pending:
+        model = pending.pop()
+        if model in keep or model not in state:
+            continue
+        keep.add(model)
+        pending += _MODEL_REFERENCE.findall(json.dumps(state[model].get("state", {})))
+    for model, entry in state.items():  # links refer to their ends; nothing refers to a link
+        if entry.get("model_name") in ("LinkModel", "DirectionalLinkModel"):
+            ends = _MODEL_REFERENCE.findall(json.dumps(entry.get("state", {})))
+            if ends and all(end in keep for end in ends):
+                keep.add(model)
+    dropped = [model for model in state if model not in keep]
+    for model in dropped:
+        del state[model]
+    return len(dropped)
+
+
 def export_html(
     notebook_path: Path,
     html_path: Path,
@@ -113,20 +155,28 @@ def export_html(
             )
     html_path.parent.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATES_DIR)])
+    resources: Dict[str, Any] = {"metadata": {"name": notebook_path.stem}}
     if self_contained:
         exporter.require_js_url = _data_url(assets_dir / REQUIRE_JS)
-        exporter.widget_renderer_url = _data_url(assets_dir / WIDGET_MANAGER_JS)
+        exporter.widget_renderer_url = "inlined"  # the template inflates widget_renderer_gzip instead
+        packed = gzip.compress((assets_dir / WIDGET_MANAGER_JS).read_bytes(), compresslevel=9, mtime=0)
+        resources["widget_renderer_gzip"] = base64.b64encode(packed).decode("ascii")
     else:
         exporter.require_js_url = _relative_url(assets_dir / REQUIRE_JS, html_path.parent)
         exporter.widget_renderer_url = _relative_url(assets_dir / WIDGET_MANAGER_JS, html_path.parent)
     if no_input:
         exporter.exclude_input = exporter.exclude_input_prompt = exporter.exclude_output_prompt = True
     notebook = nbformat.read(notebook_path, as_version=4)
+    trim_widget_state(notebook)
+    state = notebook.metadata.get("widgets", {}).get(WIDGET_STATE)
+    if self_contained and state:
+        packed_state = gzip.compress(json.dumps(state).encode("utf-8"), compresslevel=9, mtime=0)
+        resources["widget_state_gzip"] = base64.b64encode(packed_state).decode("ascii")
     for cell in notebook.cells:
         if cell.cell_type == "markdown":
             cell.source = COLAB_BADGE.sub(r"[Open in Colab](\1)", cell.source)
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(provenance(notebook_path)))
-    body, _resources = exporter.from_notebook_node(notebook, resources={"metadata": {"name": notebook_path.stem}})
+    body, _resources = exporter.from_notebook_node(notebook, resources=resources)
     atomic_write(html_path, body)
     return html_path
 

@@ -4,10 +4,17 @@ Two forms over the same step panels:
 
 - `TrajectoryBrowser` (live) calls back into a running kernel: filter by phase
   (pre/post training), scenario and outcome, pick an episode, slide through its steps.
-  Each episode is replayed in the environment when first shown (`lib.replay`).
+  An episode is replayed in the environment when first shown (`lib.replay`, ~0.1 s) and a
+  step's spectrum drawn when first shown (`EpisodeView.spectrum_png` is lazy); a line
+  says what it is doing meanwhile.
 - `static_trajectory_browser` pre-renders a few episodes and ties the controls to the
   panels with `jslink`, which runs in the browser: it keeps working in an HTML export
-  of the notebook, with no kernel.
+  of the notebook, with no kernel. Each episode's panel and each distinct spectrum image is
+  one widget, shared by every selection that shows it, and the images are palette PNGs:
+  the state an exported page carries stays small (`browser_pairs` picks a fair sample).
+
+An episode recorded by another version of the environment (its replay earns other rewards)
+is shown without spectra, with a note saying why.
 
 Works with ipywidgets 7 (Colab) and 8: panels are switched by `widgets.Stack` where it
 exists (8) and by a `widgets.Tab` otherwise (7), through their common `selected_index`.
@@ -18,15 +25,26 @@ from __future__ import annotations
 import html
 import io
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import ipywidgets as widgets
-import matplotlib.pyplot as plt
+try:
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+except ModuleNotFoundError as missing:  # pragma: no cover - depends on the install
+    raise ModuleNotFoundError(
+        f"lib.widgets needs {missing.name}, which the notebook extra installs: pip install -e '.[notebooks]' "
+        "(or `make setup`, which installs requirements.txt)",
+        name=missing.name,
+    ) from None
 
+from lib.episode_markdown import spread_by_reward
+from lib.evidence import palette_png
+from lib.metrics import has_particle
 from lib.plotting import plot_spectrum, savefig, subplots
-from lib.records import as_episode_dict, pair_key
-from lib.replay import replay
+from lib.records import as_episode_dict, pair_key, part_of
+from lib.replay import ReplayMismatch, replay
 
 ALL = "all"
 OUTCOMES = (ALL, "success", "failure")
@@ -35,12 +53,28 @@ SPECTRUM_DPI = 84
 """Spectrum images: the house figure size (its fonts are sized for it), 840 px wide, shown 420 px
 wide: sharp on a high-density screen. A step shares its image with the steps before it until the
 spectrum changes, so a report holds a few distinct images per episode."""
+PNG_COLOURS = 64
+"""Spectra are saved as palette PNGs of this many colours (a plot has a few flat colours and
+their antialiased edges): a third of the size of matplotlib's RGBA PNG, to the eye the same."""
 IMAGE_LAYOUT = dict(width="420px", height="auto", object_fit="contain")
 ROW_LAYOUT = dict(align_items="flex-start")
-"""Step text and spectrum side by side, top-aligned (a stretched row would stretch the image)."""
+"""The live browser's step text and spectrum side by side, top-aligned (a stretched row would
+stretch the image)."""
+PANEL_WIDTH = "440px"
+"""Step text above its spectrum, 440 px wide: two episodes fit side by side, and the side-by-side
+view shows the very panels the single view does."""
 NO_TEXT = "(none recorded: a scripted agent reads the observation object and writes no text)"
 TEXT_STYLE = "white-space:pre-wrap;font-family:monospace;font-size:12px;line-height:1.3;margin:2px 0 8px 0"
 BLOCK_STYLE = "line-height:1.4"
+STYLE_SHEET = (
+    "<style>"
+    f".cernenv-step pre{{{TEXT_STYLE}}}"
+    ".cernenv-step table{font-size:12px}.cernenv-step td:first-child{padding-right:12px}"
+    f".cernenv-step{{{BLOCK_STYLE}}}"
+    "</style>"
+)
+"""The step panels' styles, once per browser (as a class, not on every element: the saved state of
+a report carries each step's HTML, and the inline styles were a quarter of it)."""
 """The widget HTML's own line height (28 px, for one-line labels) spreads out paragraphs: reset it."""
 
 
@@ -65,15 +99,12 @@ def episode_label(phase: str, episode: Mapping[str, Any]) -> str:
 
 
 def _pre(text: Any) -> str:
-    return f'<pre style="{TEXT_STYLE}">{html.escape(str(text))}</pre>'
+    return f"<pre>{html.escape(str(text))}</pre>"
 
 
 def _table(mapping: Mapping[str, Any]) -> str:
-    rows = "".join(
-        f"<tr><td style='padding-right:12px'>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
-        for k, v in mapping.items()
-    )
-    return f"<table style='font-size:12px'>{rows}</table>"
+    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in mapping.items())
+    return f"<table>{rows}</table>"
 
 
 def _completion_text(text: Optional[str], max_blank_lines: int = 2) -> str:
@@ -123,7 +154,7 @@ def step_html(episode: Mapping[str, Any], index: int) -> str:
         "<b>Rule violations</b>" + _pre("\n".join(map(str, violations)) or "none"),
         "<b>Observation summary</b> (before the step)" + _table(step.get("observation_summary") or {}),
     ]
-    return f'<div style="{BLOCK_STYLE}">' + "".join(f"<div>{part}</div>" for part in parts) + "</div>"
+    return '<div class="cernenv-step">' + "".join(f"<div>{part}</div>" for part in parts) + "</div>"
 
 
 def episode_header_html(phase: str, episode: Mapping[str, Any]) -> str:
@@ -139,40 +170,79 @@ def episode_header_html(phase: str, episode: Mapping[str, Any]) -> str:
         )
     )
     return (
-        f'<div style="{BLOCK_STYLE}"><b>{html.escape(episode_label(phase, episode))}</b><br>'
+        f'<div class="cernenv-step"><b>{html.escape(episode_label(phase, episode))}</b><br>'
         f"hidden truth: <code>{html.escape(json.dumps(truth, default=str))}</code><br>"
         f"graded: {verdicts}; outcome <b>{outcome_of(episode)}</b></div>"
     )
 
 
 def spectrum_png(snapshot: Mapping[str, Any]) -> Optional[bytes]:
-    """PNG of the spectrum in `snapshot`, with its fit (signal+background, else background-only); None before
-    any spectrum was built."""
+    """Palette PNG of the spectrum in `snapshot`, with its fit (signal+background, else
+    background-only), on the scale its counts call for (`lib.plotting.plot_spectrum`); None before
+    any spectrum was built. Drawn with a plain label (mplhep's experiment label redraws the figure
+    three times to place its text: two thirds of the time)."""
     spectrum = snapshot.get("spectrum")
     if spectrum is None:
         return None
     fit = snapshot.get("resonance_fit") or snapshot.get("background_fit")
     fig, ax = subplots(figsize=SPECTRUM_FIGSIZE)
     try:
-        plot_spectrum(spectrum, fit, ax=ax)
+        plot_spectrum(spectrum, fit, ax=ax, experiment_label=False)
         buffer = io.BytesIO()
         savefig(fig, buffer, format="png", dpi=SPECTRUM_DPI)
-        return buffer.getvalue()
+        return palette_png(buffer.getvalue(), PNG_COLOURS)
     finally:
         plt.close(fig)
 
 
 NO_SPECTRUM_HTML = "<i>No spectrum yet at this step (build_invariant_mass makes one).</i>"
+NOT_REPLAYED_HTML = (
+    "<i>No spectrum: this record comes from another version of the environment, whose replay earns "
+    "other rewards ({reason}); regenerate the evidence to see its spectra.</i>"
+)
+
+
+class LazySpectra(SequenceABC):
+    """A step's spectrum image, drawn when first asked for and shared with every step whose
+    analysis objects are the same (the steps that leave the spectrum alone): a sequence of PNG
+    bytes or None, one per step."""
+
+    def __init__(self, snapshots: Sequence[Optional[Mapping[str, Any]]]) -> None:
+        self._keys = [
+            None if s is None or s.get("spectrum") is None else tuple(id(v) for v in s.values()) for s in snapshots
+        ]
+        self._snapshots = snapshots
+        self._drawn: Dict[Tuple, Optional[bytes]] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def is_drawn(self, index: int) -> bool:
+        key = self._keys[index]
+        return key is None or key in self._drawn
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        key = self._keys[index]
+        if key is None:
+            return None
+        if key not in self._drawn:
+            self._drawn[key] = spectrum_png(self._snapshots[index])
+        return self._drawn[key]
 
 
 @dataclass
 class EpisodeView:
-    """One episode prepared for the browser: its step panels' HTML and a spectrum image per step."""
+    """One episode prepared for the browser: its step panels' HTML and a spectrum image per step
+    (`LazySpectra`: drawn when first read)."""
 
     phase: str
     episode: Dict[str, Any]
     step_html: List[str]
-    spectrum_png: List[Optional[bytes]]
+    spectrum_png: Sequence[Optional[bytes]]
+    note: str = field(default="")
+    """Why the spectra are missing, when they are (a record the environment does not reproduce)."""
 
     @property
     def label(self) -> str:
@@ -180,22 +250,22 @@ class EpisodeView:
 
 
 def prepare_episode(phase: str, episode: Any) -> EpisodeView:
-    """Replay `episode` and render each step; a spectrum is drawn once and reused until it changes."""
+    """Replay `episode` and write each step's panel; its spectra are drawn when first shown
+    (`LazySpectra`), each once. A record whose replay earns other rewards gets no spectra and a
+    note (`EpisodeView.note`)."""
     record = as_episode_dict(episode)
-    snapshots = replay(record)
-    images: List[Optional[bytes]] = []
-    previous_key: Tuple = ()
-    previous_png: Optional[bytes] = None
-    for snapshot in snapshots:
-        key = tuple(id(value) for value in snapshot.values())
-        if key != previous_key:
-            previous_key, previous_png = key, spectrum_png(snapshot)
-        images.append(previous_png)
+    note = ""
+    try:
+        snapshots: List[Optional[Mapping[str, Any]]] = list(replay(record))
+    except ReplayMismatch as error:
+        snapshots = [None] * len(record.get("steps") or [])
+        note = NOT_REPLAYED_HTML.format(reason=html.escape(str(error).split(";")[0]))
     return EpisodeView(
         phase=phase,
         episode=record,
         step_html=[step_html(record, i) for i in range(len(snapshots))],
-        spectrum_png=images,
+        spectrum_png=LazySpectra(snapshots),
+        note=note,
     )
 
 
@@ -210,50 +280,62 @@ def _switcher(children: Sequence[widgets.Widget], titles: Sequence[str]) -> widg
     return tab
 
 
-def _image(png: Optional[bytes], cache: Dict[int, widgets.Widget]) -> widgets.Widget:
-    """One widget per distinct image (shared by every step that shows it, so the saved state stays small)."""
-    key = id(png)
-    if key not in cache:
-        cache[key] = (
-            widgets.HTML(NO_SPECTRUM_HTML)
-            if png is None
-            else widgets.Image(value=png, format="png", layout=IMAGE_LAYOUT)
-        )
-    return cache[key]
+class _Parts:
+    """The widgets a static browser shares between its episodes: one per distinct image, one
+    layout and one style for every step's text (each widget would otherwise carry its own, and
+    the page saves every one: they were half of the state)."""
+
+    def __init__(self) -> None:
+        self.images: Dict[Any, widgets.Widget] = {}
+        self.text_layout = widgets.Layout(width=PANEL_WIDTH)
+        self.image_layout = widgets.Layout(**IMAGE_LAYOUT)
+        self.text_style: Any = None  # the first text's style (its class differs between ipywidgets 7 and 8)
+        self.blank = widgets.HTML("")
+
+    def text(self, value: str) -> widgets.HTML:
+        if self.text_style is None:
+            first = widgets.HTML(value, layout=self.text_layout)
+            self.text_style = first.style
+            return first
+        return widgets.HTML(value, layout=self.text_layout, style=self.text_style)
+
+    def image(self, png: Optional[bytes], note: str = "") -> widgets.Widget:
+        """One widget per distinct image, shared by every step and episode that shows it."""
+        key = png if png is not None else ("none", note)
+        if key not in self.images:
+            self.images[key] = (
+                self.text(note or NO_SPECTRUM_HTML)
+                if png is None
+                else widgets.Image(value=png, format="png", layout=self.image_layout)
+            )
+        return self.images[key]
 
 
-def _step_panel(view: EpisodeView, index: int, images: Dict[int, widgets.Widget], compact: bool) -> widgets.Widget:
-    if compact:  # text above the spectrum: two episodes fit side by side
-        text = widgets.HTML(view.step_html[index], layout=widgets.Layout(width="440px"))
-        return widgets.VBox([text, _image(view.spectrum_png[index], images)])
-    text = widgets.HTML(view.step_html[index], layout=widgets.Layout(width="560px"))
-    return widgets.HBox([text, _image(view.spectrum_png[index], images)], layout=ROW_LAYOUT)
-
-
-def _episode_panel(view: EpisodeView, compact: bool = False) -> widgets.Widget:
-    """Header, a step slider and the step panels, linked in the browser (`jslink`)."""
+def _episode_panel(view: EpisodeView, parts: Optional[_Parts] = None) -> widgets.Widget:
+    """Header, a step slider, the steps' texts and their spectra below them: the slider is linked
+    in the browser (`jslink`) to both switchers, so a step shows its text and its spectrum."""
+    parts = parts or _Parts()
     n_steps = len(view.step_html)
     header = widgets.HTML(episode_header_html(view.phase, view.episode))
     if n_steps == 0:
         return widgets.VBox([header, widgets.HTML("<i>This episode has no steps.</i>")])
-    images: Dict[int, widgets.Widget] = {}
-    # panel k is step k (1-based, as the headings count): panel 0 is never shown (the slider starts at 1)
-    panels = _switcher(
-        [widgets.HTML("")] + [_step_panel(view, i, images, compact) for i in range(n_steps)],
-        ["-"] + [str(i + 1) for i in range(n_steps)],
-    )
-    panels.selected_index = 1
+    # child k is step k (1-based, as the headings count): child 0 is never shown (the slider starts at 1)
+    titles = ["-"] + [str(i + 1) for i in range(n_steps)]
+    texts = _switcher([parts.blank] + [parts.text(view.step_html[i]) for i in range(n_steps)], titles)
+    spectra = _switcher([parts.blank] + [parts.image(view.spectrum_png[i], view.note) for i in range(n_steps)], titles)
+    texts.selected_index = spectra.selected_index = 1
     slider = widgets.IntSlider(
         value=1,
         min=1,
         max=n_steps,
         description="step",
         continuous_update=True,
-        layout=widgets.Layout(width="440px" if compact else "560px"),
+        layout=parts.text_layout,
         style={"description_width": "initial"},
     )
-    widgets.jslink((slider, "value"), (panels, "selected_index"))
-    return widgets.VBox([header, slider, panels])
+    widgets.jslink((slider, "value"), (texts, "selected_index"))
+    widgets.jslink((slider, "value"), (spectra, "selected_index"))
+    return widgets.VBox([header, slider, texts, spectra])
 
 
 def _menu_and_panels(labels: Sequence[str], panels: Sequence[widgets.Widget]) -> widgets.Widget:
@@ -271,6 +353,32 @@ def _menu_and_panels(labels: Sequence[str], panels: Sequence[widgets.Widget]) ->
 
 def _task_of(view: EpisodeView) -> Tuple:
     return pair_key(view.episode)
+
+
+def browser_pairs(
+    pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]], n: int
+) -> List[Tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """`n` tasks played before and after training, as (pre, post) pairs, for the static browser: a
+    fair sample, not the best. The tasks are grouped by what a reader must see both of (a particle
+    or none; the trained policy right or wrong, i.e. success and failure; then the part of the
+    suite: unseen particles or known physics), and taken from the groups in turn, each group's
+    spread over the pre-training reward ranking (`lib.episode_markdown.spread_by_reward`).
+    Tasks played on one side only are left out."""
+    after = {pair_key(e): e for e in post}
+    paired = [(e, after[pair_key(e)]) for e in pre if pair_key(e) in after]
+    groups: Dict[Tuple, List[Mapping[str, Any]]] = {}
+    for before, after_episode in paired:
+        particle = has_particle(before) is True
+        key = (not particle, outcome_of(after_episode) != "success", part_of(before.get("scenario")))
+        groups.setdefault(key, []).append(before)
+    counts = {key: 0 for key in sorted(groups)}  # with a particle first, successes first
+    total = min(n, len(paired))
+    while sum(counts.values()) < total:
+        for key in counts:  # one from each group in turn
+            if counts[key] < len(groups[key]) and sum(counts.values()) < total:
+                counts[key] += 1
+    chosen = [before for key, k in counts.items() for before in spread_by_reward(groups[key], k)]
+    return [(before, after[pair_key(before)]) for before in chosen]
 
 
 def browser_groups(views: Sequence[EpisodeView]) -> List[Tuple[str, List[int]]]:
@@ -303,30 +411,29 @@ def static_trajectory_browser(
     each with its own slider."""
     if not views:
         return widgets.HTML("<i>No episodes to browse.</i>")
-    panels = [_episode_panel(view) for view in views]  # shared by the selections that hold them
+    parts = _Parts()  # one widget per distinct image, one text layout and style, in the whole browser
+    panels = [_episode_panel(view, parts) for view in views]  # shared by every selection that holds them
     selections = [
         (name, _menu_and_panels([views[i].label for i in indices], [panels[i] for i in indices]))
         for name, indices in browser_groups(views)
     ]
     first, second = before_after
-    by_task = {(_task_of(v), v.phase): v for v in views}
+    index_of = {(_task_of(v), v.phase): i for i, v in enumerate(views)}
     paired = [
-        (by_task[(task, first)], view)
-        for view in views
+        (index_of[(task, first)], i)
+        for i, view in enumerate(views)
         if view.phase == second
         for task in [_task_of(view)]
-        if (task, first) in by_task
+        if (task, first) in index_of
     ]
     if paired:
         labels = [
-            f"{task_label(a.episode)}: {first} {outcome_of(a.episode)} → {second} {outcome_of(b.episode)}"
+            f"{task_label(views[a].episode)}: {first} {outcome_of(views[a].episode)} → "
+            f"{second} {outcome_of(views[b].episode)}"
             for a, b in paired
         ]
-        sides = [
-            widgets.HBox(
-                [_episode_panel(a, compact=True), _episode_panel(b, compact=True)],
-                layout=dict(align_items="flex-start", grid_gap="16px"),
-            )
+        sides = [  # the very panels of the single views, side by side
+            widgets.HBox([panels[a], panels[b]], layout=dict(align_items="flex-start", grid_gap="16px"))
             for a, b in paired
         ]
         selections.append((f"{first} | {second}, side by side", _menu_and_panels(labels, sides)))
@@ -338,7 +445,7 @@ def static_trajectory_browser(
     )
     shown = _switcher([box for _, box in selections], [name for name, _ in selections])
     widgets.jslink((show, "index"), (shown, "selected_index"))
-    return widgets.VBox([show, shown])
+    return widgets.VBox([show, shown, widgets.HTML(STYLE_SHEET)])
 
 
 class TrajectoryBrowser:
@@ -371,6 +478,8 @@ class TrajectoryBrowser:
             style={"description_width": "initial"},
         )
         self.header = widgets.HTML()
+        self.status = widgets.HTML()
+        """What the browser is doing while it works (replaying an episode, drawing a spectrum)."""
         self.text = widgets.HTML(layout=widgets.Layout(width="560px"))
         self.image = widgets.Image(format="png", layout=IMAGE_LAYOUT)
         self.no_image = widgets.HTML(NO_SPECTRUM_HTML)
@@ -383,6 +492,8 @@ class TrajectoryBrowser:
             [
                 widgets.HBox([self.phase, self.scenario, self.outcome]),
                 self.episode,
+                self.status,
+                widgets.HTML(STYLE_SHEET),
                 self.header,
                 self.step,
                 widgets.HBox([self.text, self.figure], layout=ROW_LAYOUT),
@@ -406,9 +517,13 @@ class TrajectoryBrowser:
         ]
 
     def view(self, index: int) -> EpisodeView:
-        """The prepared (replayed and rendered) episode `entries[index]`."""
+        """The prepared (replayed) episode `entries[index]`; its spectra are drawn when shown."""
         if index not in self._views:
-            self._views[index] = prepare_episode(*self.entries[index])
+            self.status.value = "<i>⏳ replaying the episode…</i>"
+            try:
+                self._views[index] = prepare_episode(*self.entries[index])
+            finally:
+                self.status.value = ""
         return self._views[index]
 
     def _refilter(self, _change: Any = None) -> None:
@@ -441,8 +556,15 @@ class TrajectoryBrowser:
             return
         index = min(self.step.value, len(view.step_html)) - 1  # the slider counts steps from 1
         self.text.value = view.step_html[index]
-        png = view.spectrum_png[index]
+        spectra = view.spectrum_png
+        if isinstance(spectra, LazySpectra) and not spectra.is_drawn(index):
+            self.status.value = "<i>⏳ drawing the spectrum…</i>"
+        try:
+            png = spectra[index]
+        finally:
+            self.status.value = ""
         if png is None:
+            self.no_image.value = view.note or NO_SPECTRUM_HTML
             self.figure.children = [self.no_image]
         else:
             self.image.value = png

@@ -119,3 +119,38 @@ def test_plot_spin(spectrum, tmp_path):
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert sum("$J$ =" in label for label in labels) == len(result.relative_likelihood)
     _save(ax, tmp_path / "spin.png")
+
+
+def _dijet_spectrum():
+    env = CERNCollisionEnvironment()
+    env.reset(seed=3, scenario="dijet_2500")
+    for action_type, parameters in [
+        ("configure_beam", {"beam_energy_tev": 13.6}),
+        ("set_trigger", {"trigger": "single_jet"}),
+        ("allocate_luminosity", {"luminosity_fb": 20.0}),
+        ("collect_collisions", {"luminosity_fb": 20.0}),
+        ("reconstruct_tracks", {"channel": "dijet", "quality": "standard"}),
+        ("select_channel", {"channel": "dijet"}),
+        ("build_invariant_mass", {}),
+    ]:
+        obs = env.step(ExperimentAction(action_type=action_type, parameters=parameters))
+        assert not obs.rule_violations, obs.rule_violations
+    return plotting.analysis_snapshot(env)["spectrum"]
+
+
+def test_a_steeply_falling_spectrum_is_drawn_on_a_log_scale_and_a_flat_one_on_a_linear_scale(spectrum, tmp_path):
+    """A dijet spectrum falls by orders of magnitude: on a linear axis its tail (and a bump there)
+    lay flat on zero. The diphoton window falls by a few times: linear, as ATLAS and CMS draw it."""
+    dijet = _dijet_spectrum()
+    assert plotting.steeply_falling(dijet.counts) and not plotting.steeply_falling(spectrum.counts)
+    ax = plotting.plot_spectrum(dijet, fit_background_only(dijet.edges_gev, dijet.counts, dijet.sqrt_s_tev))
+    assert ax.get_yscale() == "log"
+    low, high = ax.get_ylim()
+    filled = dijet.counts[dijet.counts > 0]
+    assert 0 < low < filled.min() and high > 10 * filled.max(), "every point shown, room for the legend"
+    _save(ax, tmp_path / "dijet.png")
+    assert plotting.plot_spectrum(spectrum).get_yscale() == "linear"
+    assert plotting.plot_spectrum(dijet, log_y=False).get_yscale() == "linear", "asked for: linear"
+    plain = plotting.plot_spectrum(dijet, experiment_label=False)
+    assert plain.get_title(loc="left") == "CERNenv" and "fb" in plain.get_title(loc="right")
+    assert plotting.steeply_falling(np.array([0, 0, 5, 0])) is False

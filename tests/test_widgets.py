@@ -1,5 +1,6 @@
 """Replays rebuild the physics of a recorded episode; the trajectory browser shows each step."""
 
+import io
 import json
 from dataclasses import asdict
 
@@ -10,7 +11,7 @@ from cernenv import CERNCollisionEnvironment
 from lib.baselines import HeuristicAgent
 from lib.replay import ReplayMismatch, replay
 from lib.rollouts import collect_agent_episode
-from lib.widgets import TrajectoryBrowser, prepare_episode, static_trajectory_browser
+from lib.widgets import TrajectoryBrowser, browser_pairs, prepare_episode, static_trajectory_browser
 
 
 def _episode(seed, **reset):
@@ -102,7 +103,8 @@ def _walk(widget):
 def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(episodes):
     views = [prepare_episode("post", episodes["won"]), prepare_episode("pre", episodes["curated"])]
     browser = static_trajectory_browser(views)
-    show, selections = browser.children
+    show, selections, style = browser.children
+    assert ".cernenv-step pre{" in style.value, "the step panels' styles, once"
     pairs = {(link.source[0].model_id, link.source[1], link.target[0].model_id, link.target[1]) for link in _links()}
     assert (show.model_id, "index", selections.model_id, "selected_index") in pairs
     assert [name for name, _ in show.options] == [
@@ -125,9 +127,11 @@ def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(episodes
     assert (sliders[0].model_id, "value", first_steps.model_id, "selected_index") in pairs
     assert len(first_steps.children) == len(views[0].step_html) + 1 and first_steps.selected_index == 1
     assert "Step 1 of" in _walk_text(first_steps.children[1]) and "Step 2 of" in _walk_text(first_steps.children[2])
-    shown = {id(w) for w in _walk(first_steps) if isinstance(w, widgets.Image)}
-    distinct = {id(png) for png in views[0].spectrum_png if png is not None}
-    assert len(shown) == len(distinct), "one Image widget per distinct spectrum, shared by its steps"
+    spectra = stack.children[0].children[3]  # the step's spectrum below its text, on the same slider
+    assert (sliders[0].model_id, "value", spectra.model_id, "selected_index") in pairs
+    shown = {id(w) for w in _walk(spectra) if isinstance(w, widgets.Image)}
+    distinct = {bytes(png) for png in views[0].spectrum_png if png is not None}
+    assert len(shown) == len(distinct), "one Image widget per distinct image, shared by the steps that show it"
     # a selection shows the same episode panels (shared, not copied): the post-only menu holds the first one
     post_menu, post_stack = selections.children[1].children
     assert [label for label, _ in post_menu.options] == [views[0].label] and post_stack.children[0] is stack.children[0]
@@ -140,7 +144,7 @@ def test_static_browser_puts_before_and_after_of_a_task_side_by_side(episodes):
         prepare_episode("pre", before),
         prepare_episode("pre", episodes["curated"]),
     ]
-    show, selections = static_trajectory_browser(views).children
+    show, selections, _ = static_trajectory_browser(views).children
     names = [name for name, _ in show.options]
     assert names[-1] == "pre | post, side by side"
     menu, stack = selections.children[-1].children
@@ -149,6 +153,10 @@ def test_static_browser_puts_before_and_after_of_a_task_side_by_side(episodes):
     pre_panel, post_panel = stack.children[0].children
     assert "pre · seed" in _walk_text(pre_panel) and "post · seed" in _walk_text(post_panel)
     assert {s.max for s in _walk(stack) if isinstance(s, widgets.IntSlider)} == {len(views[0].step_html)}
+    every = selections.children[0].children[1].children
+    assert pre_panel is every[1] and post_panel is every[0], "side by side shows the single views' own panels"
+    images = [w for w in _walk(static_trajectory_browser(views)) if isinstance(w, widgets.Image)]
+    assert len({id(w) for w in images}) == len({bytes(w.value) for w in images}), "one widget per distinct image"
 
 
 def test_static_browser_falls_back_to_tabs_without_stack(episodes, monkeypatch):
@@ -158,6 +166,75 @@ def test_static_browser_falls_back_to_tabs_without_stack(episodes, monkeypatch):
     assert isinstance(browser.children[1], widgets.Tab)
     menu, stack = browser.children[1].children[0].children
     assert isinstance(stack, widgets.Tab) and isinstance(stack.children[0].children[2], widgets.Tab)
+
+
+def test_a_record_the_environment_does_not_reproduce_is_shown_without_spectra_and_says_why(episodes):
+    tampered = json.loads(json.dumps(episodes["won"]))
+    tampered["steps"][2]["reward"] += 1.0
+    view = prepare_episode("post", tampered)
+    assert len(view.step_html) == len(tampered["steps"]) and all(png is None for png in view.spectrum_png)
+    assert "another version of the environment" in view.note and "step 2" in view.note
+    browser = static_trajectory_browser([view])
+    assert "another version of the environment" in _walk_text(browser)
+
+
+def test_spectra_are_drawn_when_first_shown_once_and_as_small_palette_pngs(episodes):
+    view = prepare_episode("post", episodes["won"])
+    build = _action_types(episodes["won"]).index("build_invariant_mass")
+    assert not view.spectrum_png._drawn, "preparing an episode draws nothing"
+    png = view.spectrum_png[build]
+    assert len(view.spectrum_png._drawn) == 1 and view.spectrum_png[build] is png
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        assert image.mode == "P" and image.size == (840, 630), (image.mode, image.size)
+    assert len(png) < 40_000, len(png)
+
+
+def test_the_live_browser_draws_only_the_step_it_shows_and_says_what_it_is_doing(episodes, monkeypatch):
+    """Choosing an episode used to replay it and draw every spectrum (5.1 s): now it replays it
+    (~0.1 s) and draws the spectrum of the step shown, if it has one; a status line shows the work."""
+    browser = TrajectoryBrowser({"post": [episodes["won"]], "pre": [episodes["curated"]]})
+    seen = []
+    drawn = []
+    import lib.widgets as module
+
+    real = module.spectrum_png
+    monkeypatch.setattr(module, "spectrum_png", lambda snapshot: drawn.append(1) or real(snapshot))
+    browser.status.observe(lambda change: seen.append(change["new"]), names="value")
+    browser.episode.value = browser.episode.options[1][1]
+    assert drawn == [], "step 1 of a campaign has no spectrum: nothing is drawn"
+    assert any("replaying" in text for text in seen) and browser.status.value == ""
+    build = _action_types(episodes["curated"]).index("build_invariant_mass") + 1
+    browser.step.value = build
+    assert drawn == [1] and any("drawing the spectrum" in text for text in seen) and browser.status.value == ""
+    browser.step.value = build + 1 if build < browser.step.max else build - 1
+    browser.step.value = build
+    assert len(drawn) <= 2, "a spectrum once drawn is not drawn again"
+
+
+def test_browser_pairs_is_a_fair_sample_with_and_without_a_particle_success_and_failure():
+    def episode(seed, exists, correct, reward, scenario="procedural_medium"):
+        return {
+            "seed": seed,
+            "scenario": scenario,
+            "difficulty": "medium",
+            "truth": {"exists": exists},
+            "correct_outcome": correct,
+            "cumulative_reward": reward,
+        }
+
+    pre = [episode(s, s % 2 == 0, False, float(s)) for s in range(40)]
+    post = [episode(s, s % 2 == 0, s % 3 == 0, float(s)) for s in range(40)]  # successes on every third task
+    pre.append(episode(99, True, True, 9.0, scenario="higgs_diphoton_125"))
+    post.append(episode(99, True, True, 9.0, scenario="higgs_diphoton_125"))
+    pairs = browser_pairs(pre, post, 8)
+    assert len(pairs) == 8 and len({b["seed"] for b, _ in pairs}) == 8
+    kinds = {(b["truth"]["exists"], a["correct_outcome"]) for b, a in pairs}
+    assert kinds == {(True, True), (True, False), (False, True), (False, False)}
+    assert any(b["scenario"] == "higgs_diphoton_125" for b, _ in pairs), "known physics too"
+    assert all(b["seed"] == a["seed"] for b, a in pairs)
+    assert len(browser_pairs(pre[:3], post[:3], 8)) == 3
 
 
 def test_live_browser_filters_and_steps(episodes):
