@@ -23,10 +23,10 @@ TORCH_INDEX ?=
 # Stamp: (re)install only when requirements.txt or pyproject.toml change.
 STAMP = $(VENV)/.installed
 
-# Jupyter kernel used by papermill. It is installed into the venv prefix
-# (--sys-prefix), so its kernel.json points at $(VENV)/bin/python by absolute
-# path and is found first when jupyter runs from the venv.
-KERNEL      ?= cernenv
+# The notebooks' Jupyter kernel: `python3`, the name Colab runs them under too. It is installed into
+# the venv prefix (--sys-prefix), so its kernel.json points at $(VENV)/bin/python by absolute path
+# and, inside a venv, Jupyter looks there before the user's own kernels.
+KERNEL      ?= python3
 KERNEL_SPEC  = $(VENV)/share/jupyter/kernels/$(KERNEL)/kernel.json
 
 # pytest-xdist workers (the machines have 2 cores).
@@ -34,12 +34,15 @@ JOBS        ?= 2
 PYTEST_ARGS ?=
 
 # `make reproduce` runs the notebooks listed in configs/$(PROFILE).yaml, in order, with
-# their parameters (lib/reproduce.py): full (default) regenerates evidence/; smoke runs
-# them all with small numbers. Each profile's executed notebooks go to build/PROFILE/ and
-# its reports to reports/ (full) or reports/PROFILE/. ONLY="04_evidence_analysis" runs some.
+# their parameters (lib/reproduce.py), writing under build/PROFILE/ only: smoke runs them all with
+# small numbers (minutes); full (the default) is the run that regenerates the evidence (hours), into
+# build/full/evidence/, which `make promote-evidence` then copies over the committed evidence/;
+# committed runs notebook 04 alone on evidence/. Reports go to reports/ (full) or reports/PROFILE/.
+# ONLY="04_evidence_analysis" runs some of a profile's notebooks; VERBOSE=1 echoes what they print.
 PROFILE ?= full
 PROFILE_NAME = $(basename $(notdir $(PROFILE)))
 ONLY    ?=
+VERBOSE ?=
 BUILD   ?= build
 REPORTS ?= reports
 # Pinned npm packages shipped in reports/assets/ (see its README): `make report-assets`.
@@ -49,7 +52,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # cernenv and lib are installed in the venv (editable, `make setup`): any directory can import them.
 RUN_ENV = MPLBACKEND=Agg
 
-.PHONY: help setup lint format test test-gpu-set reproduce verify-evidence report report-assets docs bench bench-lee bench-server bench-server-attacks bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
+.PHONY: help setup lint format test test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -72,7 +75,7 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 	touch $@
 
 $(KERNEL_SPEC): $(STAMP)
-	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python ($(KERNEL))"
+	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python 3 (cernenv)"
 
 lint: setup ## ruff: pyflakes, pycodestyle, import order and formatting of the code, tests and notebooks (pyproject.toml)
 	$(VENV)/bin/ruff check .
@@ -103,8 +106,11 @@ test-gpu-set: $(GPU_SET_STAMP) ## the GPU training set's CPU-checkable tests (in
 	$(GPU_SET_VENV)/bin/python -c 'import transformers, trl, datasets; print("GPU set: transformers", transformers.__version__, "trl", trl.__version__, "datasets", datasets.__version__)'
 	$(GPU_SET_VENV)/bin/python -m pytest -p no:cacheprovider -n $(JOBS) -m "not slow" $(GPU_SET_TESTS)
 
-reproduce: setup ## run notebooks 01 → 04 headlessly (papermill) into build/PROFILE/; PROFILE=full|smoke, ONLY=names
-	$(RUN_ENV) $(PY) -m lib.reproduce --profile $(PROFILE) --build-dir $(BUILD)/$(PROFILE_NAME) $(if $(ONLY),--only $(ONLY))
+reproduce: setup ## run the notebooks headlessly into build/PROFILE/: PROFILE=smoke (minutes), full (the evidence run, hours), committed
+	$(RUN_ENV) $(PY) -m lib.reproduce --profile $(PROFILE) --build-dir $(BUILD)/$(PROFILE_NAME) $(if $(ONLY),--only $(ONLY)) $(if $(VERBOSE),--verbose)
+
+promote-evidence: setup ## copy a complete full run's evidence (build/full/evidence) over the committed evidence/
+	$(PY) -m lib.reproduce --promote --build-dir $(BUILD)/full
 
 verify-evidence: setup ## replay the committed evidence episodes: every reward and grade must come back (python -m lib.replay)
 	$(RUN_ENV) $(PY) -m lib.replay evidence/pre_eval.jsonl evidence/post_eval.jsonl
@@ -131,6 +137,9 @@ bench: setup ## run the environment and physics-kernel benchmarks (bench/bench_e
 # `make bench-lee LEE_ARGS="--toys 500"`: another number of toys per family (bench/bench_lee.py --help).
 LEE_ARGS ?=
 
+bench-report: setup ## notebook 04's report pages (sizes) and the live trajectory browser (latency) on 40 tasks (bench/bench_report.py)
+	$(RUN_ENV) $(PY) bench/bench_report.py
+
 bench-lee: setup ## global significance on background-only toys, 2,000 per family: exits 1 if a calibration check fails (bench/bench_lee.py)
 	$(RUN_ENV) $(PY) bench/bench_lee.py $(LEE_ARGS)
 
@@ -143,7 +152,7 @@ TRAIN_ARGS ?=
 NPROC ?= 1
 ACCELERATE_ARGS ?=
 
-train: setup ## GRPO-train the policy with the default CPU config (python -m lib.training; NPROC=2: 2 processes); evidence → evidence/
+train: setup ## GRPO-train the policy, default CPU config (TRAIN_ARGS="--config configs/train/smoke.yaml": minutes); evidence → build/evidence/
 ifeq ($(NPROC),1)
 	$(RUN_ENV) $(PY) -m lib.training $(TRAIN_ARGS)
 else
@@ -181,7 +190,7 @@ bench-server: setup ## in-process vs WebSocket throughput at 1, 8, 32 sessions, 
 bench-server-attacks: setup ## the outside attacker's attacks as a gate: fails if one regresses (bench/bench_server.py --attacks)
 	$(RUN_ENV) $(SERVE_ENV) $(PY) bench/bench_server.py --attacks
 
-clean: ## remove build/ and caches (keeps the venv)
+clean: ## remove build/ (runs' evidence and checkpoints too: promote first) and caches (keeps the venv)
 	rm -rf $(BUILD) dist .pytest_cache .hypothesis .ipynb_checkpoints *.egg-info
 	find . -path ./$(VENV) -prune -o -path ./.git -prune -o \
 	  \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 | xargs -0 -r rm -rf

@@ -11,8 +11,12 @@ them, and checks afterwards that none of them moved.
 
     python -m lib.gpu_set                # install (notebook 03 does this on Colab)
     python -m lib.gpu_set --dry-run      # only resolve, and print what pip would install
+    python -m lib.gpu_set --force ...    # on a machine without a GPU too
 
-Nothing here imports torch: the versions come from the installed distributions' metadata.
+It refuses a machine without an NVIDIA GPU (`lib.runtime.visible_gpus`: none listed by
+nvidia-smi) unless forced: there Unsloth cannot even be imported, and the CPU's set is
+requirements.txt (`make setup`). Nothing here imports torch: the versions come from the
+installed distributions' metadata.
 """
 
 from __future__ import annotations
@@ -67,12 +71,25 @@ def pip_install_command(requirements: Path, constraints: Path, *, report: Option
     return command
 
 
+class NoGpuError(RuntimeError):
+    """The GPU set was asked for on a machine without a GPU (and not forced)."""
+
+
 def install_gpu_set(
-    requirements: Path = REQUIREMENTS_GPU, *, dry_run: bool = False, report: Optional[Path] = None
+    requirements: Path = REQUIREMENTS_GPU, *, dry_run: bool = False, report: Optional[Path] = None, force: bool = False
 ) -> Dict[str, object]:
     """Install `requirements` keeping the installed torch stack; returns what was kept and, for a
-    dry run, what pip would install ({name: version}). Raises when no torch is installed (the
-    machine's CUDA build must come first), when pip fails, or when a kept package moved anyway."""
+    dry run, what pip would install ({name: version}). Raises `NoGpuError` on a machine without a
+    GPU unless `force`, and RuntimeError when no torch is installed (the machine's CUDA build must
+    come first), when pip fails, or when a kept package moved anyway."""
+    from lib.runtime import visible_gpus
+
+    if not force and not visible_gpus():
+        raise NoGpuError(
+            "no GPU here (nvidia-smi lists none): the GPU set (Unsloth) is for a CUDA machine, such as a "
+            "Colab GPU runtime; on a CPU, requirements.txt is the set (`make setup`). --force (force=True) "
+            "installs it anyway"
+        )
     kept = installed_torch_stack()
     if "torch" not in kept:
         raise RuntimeError(
@@ -107,8 +124,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lib.gpu_set", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requirements", type=Path, default=REQUIREMENTS_GPU)
     parser.add_argument("--dry-run", action="store_true", help="resolve only; print what pip would install")
+    parser.add_argument("--force", action="store_true", help="on a machine without a GPU too")
     args = parser.parse_args(argv)
-    result = install_gpu_set(args.requirements, dry_run=args.dry_run)
+    try:
+        result = install_gpu_set(args.requirements, dry_run=args.dry_run, force=args.force)
+    except RuntimeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print("kept:", ", ".join(f"{name} {version}" for name, version in sorted(result["kept"].items())))
     if result["planned"] is not None:
         print("would install:", ", ".join(f"{name} {version}" for name, version in sorted(result["planned"].items())))

@@ -7,25 +7,42 @@ with the values for its `parameters` cell:
       02_baseline_rollouts:
         MAX_EPISODES: 4
 
-`full` (the default) regenerates the committed evidence: baselines, GRPO training (its
-warm start is built once and cached), the analysis. `smoke` runs every notebook with
-small numbers and writes its artifacts under `build/smoke/`, never over `evidence/`.
+`smoke` runs every notebook with small numbers in minutes; `full` (the default) is the run
+that regenerates the evidence: baselines, GRPO training (its warm start is built once and
+cached), the analysis; `evidence` runs notebook 04 alone on the committed `evidence/`. Every
+profile writes under `build/` only: the full run's evidence goes to `build/full/evidence/`, and
+`promote_evidence` (`make promote-evidence`) copies a complete full run's evidence over the
+git-tracked `evidence/` in one explicit step, so a run that fails or is stopped halfway never
+leaves `evidence/` half replaced, and the change can be looked at before it is made.
+
+A profile is checked whole before anything runs (`load_profile`): notebook names, parameter
+names and values (a parameter's type is its default's; counts `N_*` and `MAX_*` at least 1;
+notebook 03's as the `TrainConfig` they make), the folders they write. Each error is one line
+(`ReproduceError`) that says what to do.
 
 Each profile's executed notebooks go to a folder of its own, `build/PROFILE/NAME.ipynb`, with
 `build/PROFILE/run.json`: which commit (and whether the tree had uncommitted changes) ran each
-notebook, and when. `make report` labels every page with it. A notebook that fails stops
-the run: papermill has then written the executed copy with the failing cell marked, and the
-message names the cell and the error, and the command that reruns it.
+notebook, and when. `make report` labels every page with it. The run prints one progress line
+per notebook (a bar over its cells in a terminal) and the warnings that matter from its output
+(`notable_warnings`); `--verbose` echoes everything the notebooks print. The kernels run with
+`CERNENV_HEADLESS=1` (`lib.progress`: progress as log lines, not widgets nobody sees). A
+notebook that fails stops the run: papermill has then written the executed copy with the
+failing cell marked, and the message names the cell and the error, and the command that
+reruns it.
 
-    python -m lib.reproduce [--profile full|smoke|PATH.yaml] [--only NAME ...] [--build-dir DIR]
+    python -m lib.reproduce [--profile full|smoke|evidence|PATH.yaml] [--only NAME ...] [--build-dir DIR] [--verbose]
+    python -m lib.reproduce --promote [--build-dir build/full]
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import json
 import logging
+import os
+import re
 import subprocess
 import sys
 import time
@@ -34,15 +51,49 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
-from lib.files import write_json
+from lib.files import atomic_write, check_writable_dir, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 CONFIGS_DIR = ROOT / "configs"
 BUILD_DIR = ROOT / "build"
-DEFAULT_KERNEL = "cernenv"
+EVIDENCE_DIR = ROOT / "evidence"
+DEFAULT_KERNEL = "python3"
+"""The notebooks' kernel: Colab's name, and the venv's kernel locally (`make setup` registers it
+under this name inside the venv, where Jupyter looks first)."""
 RUN_RECORD = "run.json"
 """In each profile's build folder: the profile, and per notebook the commit that ran it and when."""
+TRAIN_NOTEBOOK = "03_train_grpo"
+TRAIN_CONFIG_PARAMETER = "TRAIN_CONFIG"
+"""Notebook 03's parameter naming a configs/train/*.yaml file (its other parameters are TrainConfig fields)."""
+WRITTEN_FOLDERS = {"02_baseline_rollouts": ("EVIDENCE_DIR",)}
+"""Parameters naming a folder a notebook writes (notebook 03's are its TrainConfig's evidence_dir and
+output_dir): checked writable before any notebook runs."""
+KERNEL_ENVIRONMENT = {
+    "CERNENV_HEADLESS": "1",  # lib.progress: log lines, not widgets nobody watches
+    "TRL_EXPERIMENTAL_SILENCE": "1",  # TRL's notice on importing trl.experimental, once per process
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' and the Hub's bars (loading weights, writing shards)
+    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",  # libraries' notices to developers
+}
+"""Set for the kernels `make reproduce` starts."""
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+"""ipykernel's start-up warning ("Kernel is running over TCP without encryption", on a local socket) left out."""
+NOISE = (
+    re.compile(r"FutureWarning|DeprecationWarning|TRLExperimentalWarning|trl\.experimental"),
+    re.compile(r"running over TCP without encryption"),
+    re.compile(r"findfont: "),
+    re.compile(r"^\s*warnings\.warn\("),
+)
+"""Output lines that are not worth a user's attention in a reproduce run's summary."""
+PROMOTED_REQUIRED = (
+    "baselines.json",
+    "baselines.md",
+    "pre_eval.jsonl",
+    "post_eval.jsonl",
+    "before_after_metrics.json",
+    "training_log.csv",
+)
+"""What a full run's evidence must hold before `promote_evidence` copies it over evidence/."""
 
 
 class ReproduceError(RuntimeError):
@@ -64,27 +115,95 @@ def profile_path(profile: str) -> Path:
     return path
 
 
+def _literal(source: str) -> Any:
+    """A parameters cell's default, as a value (None where it is an expression, not a literal)."""
+    try:
+        return ast.literal_eval(source)
+    except (ValueError, SyntaxError):
+        return None
+
+
+def check_parameter(path: Path, notebook: str, name: str, value: Any, default_source: str) -> Optional[str]:
+    """What is wrong with `value` for a notebook parameter whose default is `default_source` (None
+    when it is fine): the default's type (an int where a float is; anything where the default is
+    None or an expression), and counts (`N_*`, `MAX_*`) at least 1."""
+    default = _literal(default_source)
+    where = f"{path}: {notebook}'s {name}"
+    if name.startswith(("N_", "MAX_")) and value is not None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return f"{where} must be a whole number of at least 1 (or None where its default is), got {value!r}"
+        return None
+    if default is None or value is None and default is None:
+        return None
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        return f"{where} must be {type(default).__name__} like its default {default_source}, got {value!r}"
+    return None
+
+
+def _check_training(path: Path, parameters: Mapping[str, Any]) -> None:
+    """Notebook 03's parameters as the `TrainConfig` the notebook will make (on a CPU)."""
+    from lib.training.cli import ConfigError, _one_line
+    from lib.training.config import notebook_config
+
+    train_config = parameters.get(TRAIN_CONFIG_PARAMETER)
+    if train_config is not None and not isinstance(train_config, str):
+        raise ReproduceError(
+            f"{path}: {TRAIN_NOTEBOOK}'s {TRAIN_CONFIG_PARAMETER} must be a file path, got {train_config!r}"
+        )
+    try:
+        notebook_config(dict(parameters), train_config, root=ROOT, gpu=False)
+    except (ConfigError, ValueError) as error:
+        raise ReproduceError(f"{path}: {TRAIN_NOTEBOOK}: {_one_line(error)}") from None
+
+
 def load_profile(profile: str) -> Dict[str, Dict[str, Any]]:
-    """The notebooks of `profile`, in order, each with its parameters (checked against the notebook)."""
+    """The notebooks of `profile`, in order, each with its parameters, checked (see the module
+    docstring); a `ReproduceError` of one line for the first problem."""
     import papermill
 
     path = profile_path(profile)
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ReproduceError(f"{path} is not valid YAML{where}: {getattr(error, 'problem', None) or error}") from None
+    except OSError as error:
+        raise ReproduceError(f"{path} cannot be read: {error}") from None
     notebooks = data.get("notebooks") if isinstance(data, Mapping) else None
     if not isinstance(notebooks, Mapping) or not notebooks:
         raise ReproduceError(f"{path}: expected a mapping `notebooks:` of notebook name → parameters")
+    unknown_keys = sorted(set(data) - {"notebooks"})
+    if unknown_keys:
+        raise ReproduceError(f"{path}: unknown top-level key(s) {unknown_keys}; a profile holds `notebooks:` only")
     plan: Dict[str, Dict[str, Any]] = {}
     for name, parameters in notebooks.items():
         notebook = NOTEBOOKS_DIR / f"{name}.ipynb"
         if not notebook.is_file():
             raise ReproduceError(f"{path}: notebook {name!r} not found ({notebook})")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise ReproduceError(f"{path}: {name}'s parameters must be a mapping of name → value, got {parameters!r}")
         parameters = dict(parameters or {})
-        known = set(papermill.inspect_notebook(str(notebook)))
-        unknown = sorted(set(parameters) - known)
+        declared = papermill.inspect_notebook(str(notebook))
+        unknown = sorted(set(parameters) - set(declared))
         if unknown:
             raise ReproduceError(
-                f"{path}: {name} has no parameter(s) {unknown}; its parameters cell defines {sorted(known)}"
+                f"{path}: {name} has no parameter(s) {unknown}; its parameters cell defines {sorted(declared)}"
             )
+        for key, value in parameters.items():
+            problem = check_parameter(path, str(name), key, value, declared[key]["default"])
+            if problem:
+                raise ReproduceError(problem)
+        if name == TRAIN_NOTEBOOK:
+            _check_training(path, parameters)
         plan[str(name)] = parameters
     return plan
 
@@ -97,6 +216,25 @@ def profile_name(profile: str) -> str:
 def profile_build_dir(profile: str) -> Path:
     """Where `profile`'s executed notebooks go: build/PROFILE/."""
     return BUILD_DIR / profile_name(profile)
+
+
+def check_written_folders(plan: Mapping[str, Mapping[str, Any]], build_dir: Path) -> None:
+    """Every folder the run writes (its build folder, the notebooks' evidence and output folders),
+    writable and not a file, before any notebook runs."""
+    try:
+        check_writable_dir(build_dir, "build folder")
+        for name, parameters in plan.items():
+            folders = {key: parameters.get(key) for key in WRITTEN_FOLDERS.get(name, ())}
+            if name == TRAIN_NOTEBOOK:
+                from lib.training.config import notebook_config
+
+                config = notebook_config(dict(parameters), parameters.get(TRAIN_CONFIG_PARAMETER), root=ROOT, gpu=False)
+                folders = {"evidence_dir": config.evidence_dir, "output_dir": config.output_dir}
+            for key, value in folders.items():
+                if isinstance(value, str) and value:
+                    check_writable_dir(Path(value) if Path(value).is_absolute() else ROOT / value, f"{name}'s {key}")
+    except OSError as error:
+        raise ReproduceError(str(error)) from None
 
 
 def source_revision() -> Dict[str, Any]:
@@ -134,10 +272,26 @@ def record_run(build_dir: Path, profile: str, notebook: str, seconds: float) -> 
 
 
 def default_kernel_name() -> str:
-    """The Jupyter kernel notebooks run on: the venv's `cernenv` (`make setup` installs it), else `python3`."""
-    from jupyter_client.kernelspec import KernelSpecManager
+    """The Jupyter kernel notebooks run on: `python3`, which in the venv is the venv's Python."""
+    return DEFAULT_KERNEL
 
-    return DEFAULT_KERNEL if DEFAULT_KERNEL in KernelSpecManager().find_kernel_specs() else "python3"
+
+def notable_warnings(notebook_path: Path, limit: int = 8) -> List[str]:
+    """The warnings and errors an executed notebook printed on stderr, once each, less `NOISE`."""
+    import nbformat
+
+    notebook = nbformat.read(str(notebook_path), as_version=4)
+    found: List[str] = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") != "stream" or output.get("name") != "stderr":
+                continue
+            for line in str(output.get("text", "")).splitlines():
+                line = line.strip()
+                if re.search(r"warn|error", line, re.IGNORECASE) and not any(p.search(line) for p in NOISE):
+                    if line not in found:
+                        found.append(line)
+    return found[:limit]
 
 
 def run_notebook(
@@ -148,16 +302,20 @@ def run_notebook(
     kernel_name: Optional[str] = None,
     profile: str = "full",
     show_progress: bool = False,
+    progress_bar: Any = False,
 ) -> Path:
     """Execute `notebooks/NAME.ipynb` with `parameters` into `build_dir/NAME.ipynb` (default
-    build/PROFILE/). `show_progress`: a bar over the notebook's cells, and every line the
-    notebook prints (training logs and progress bars included) echoed to this process's stderr."""
+    build/PROFILE/), its kernel headless (`KERNEL_ENVIRONMENT`). `show_progress`: every line the
+    notebook prints echoed to this process's stderr; `progress_bar`: papermill's bar over the
+    cells (True, or tqdm's arguments)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
     build_dir = Path(build_dir or profile_build_dir(profile))
     build_dir.mkdir(parents=True, exist_ok=True)
     output = build_dir / f"{name}.ipynb"
+    saved = {key: os.environ.get(key) for key in KERNEL_ENVIRONMENT}
+    os.environ.update(KERNEL_ENVIRONMENT)  # the kernel inherits this process's environment
     try:
         papermill.execute_notebook(
             str(NOTEBOOKS_DIR / f"{name}.ipynb"),
@@ -165,8 +323,9 @@ def run_notebook(
             parameters=dict(parameters),
             kernel_name=kernel_name or default_kernel_name(),
             cwd=str(NOTEBOOKS_DIR),
-            progress_bar=show_progress,
+            progress_bar=progress_bar,
             log_output=show_progress,
+            extra_arguments=KERNEL_ARGUMENTS,
         )
     except PapermillExecutionError as error:
         raise ReproduceError(
@@ -174,29 +333,116 @@ def run_notebook(
             f"The executed notebook, with the failing cell marked, is {output}; open it to see the traceback. "
             f"Rerun this notebook alone with `make reproduce PROFILE={profile_name(profile)} ONLY={name}`."
         ) from error
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     return output
 
 
 def reproduce(
-    profile: str = "full", only: Sequence[str] = (), build_dir: Optional[Path] = None, show_progress: bool = False
+    profile: str = "full",
+    only: Sequence[str] = (),
+    build_dir: Optional[Path] = None,
+    show_progress: bool = False,
+    out: Any = None,
 ) -> List[Path]:
-    """Run the profile's notebooks in order (or just those in `only`); returns the executed copies."""
+    """Run the profile's notebooks in order (or just those in `only`); returns the executed copies.
+    Prints one line per notebook to `out` (default stderr), a bar over its cells on a terminal."""
+    out = out or sys.stderr
     plan = load_profile(profile)
     missing = sorted(set(only) - set(plan))
     if missing:
         raise ReproduceError(f"{missing} not in profile {profile!r}, which runs {list(plan)}")
-    outputs = []
-    for name, parameters in plan.items():
-        if only and name not in only:
-            continue
-        start = time.perf_counter()
-        print(f"== {name} ({profile}) …", flush=True)
-        outputs.append(
-            run_notebook(name, parameters, build_dir=build_dir, profile=profile, show_progress=show_progress)
+    chosen = {name: parameters for name, parameters in plan.items() if not only or name in only}
+    target = Path(build_dir or profile_build_dir(profile))
+    check_written_folders(chosen, target)
+    bar = hasattr(out, "isatty") and out.isatty() and not show_progress
+    if profile_name(profile) == "full" and TRAIN_NOTEBOOK in chosen:
+        print(
+            "the full run: it regenerates the evidence into build/full/evidence/ (hours on 2 cores: README, "
+            "Quick start); `make promote-evidence` then copies it over evidence/. `make reproduce PROFILE=smoke` "
+            "runs every notebook in minutes.",
+            file=out,
+            flush=True,
         )
-        record_run(outputs[-1].parent, profile, name, time.perf_counter() - start)
-        print(f"== {name}: done in {time.perf_counter() - start:.0f} s → {outputs[-1]}", flush=True)
+    outputs = []
+    for index, (name, parameters) in enumerate(chosen.items(), start=1):
+        start = time.perf_counter()
+        label = f"[{index}/{len(chosen)}] {name} ({profile_name(profile)})"
+        if not bar:
+            print(f"{label} …", file=out, flush=True)
+        outputs.append(
+            run_notebook(
+                name,
+                parameters,
+                build_dir=target,
+                profile=profile,
+                show_progress=show_progress,
+                progress_bar={
+                    "desc": label,
+                    "file": out,
+                    "leave": True,
+                    "bar_format": "{desc}: {n}/{total} cells [{elapsed}]",
+                }
+                if bar
+                else False,
+            )
+        )
+        seconds = time.perf_counter() - start
+        record_run(outputs[-1].parent, profile, name, seconds)
+        shown = outputs[-1].relative_to(ROOT) if outputs[-1].is_relative_to(ROOT) else outputs[-1]
+        print(f"{label}: done in {seconds:.0f} s → {shown}", file=out, flush=True)
+        for line in notable_warnings(outputs[-1]):
+            print(f"    {line}", file=out, flush=True)
     return outputs
+
+
+def promote_evidence(build_dir: Path = BUILD_DIR / "full", target: Path = EVIDENCE_DIR, out: Any = None) -> List[str]:
+    """Copy a complete full run's evidence (`build_dir/evidence/`) over `target` (the git-tracked
+    evidence/), each file atomically; files of `target` the run did not make are removed (git has
+    them). Refused unless run.json says the full profile ran notebooks 02 and 03 and the evidence
+    holds every file of `PROMOTED_REQUIRED`. Returns the files written."""
+    out = out or sys.stderr
+    source = Path(build_dir) / "evidence"
+    try:
+        record = json.loads((Path(build_dir) / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        raise ReproduceError(
+            f"{build_dir}/{RUN_RECORD} is missing: run `make reproduce` (the full profile) first"
+        ) from None
+    ran = set(record.get("notebooks", {}))
+    if record.get("profile") != "full" or not {"02_baseline_rollouts", TRAIN_NOTEBOOK} <= ran:
+        raise ReproduceError(
+            f"{build_dir} holds no complete full run (profile {record.get('profile')!r}, notebooks {sorted(ran)}): "
+            "only the full profile's notebooks 02 and 03 make the evidence; run `make reproduce`"
+        )
+    missing = [
+        name for name in PROMOTED_REQUIRED if not (source / name).is_file() or not (source / name).stat().st_size
+    ]
+    if missing:
+        raise ReproduceError(f"{source} lacks {missing}: the run did not finish; nothing was promoted")
+    dirty = [name for name, run in record["notebooks"].items() if run.get("dirty")]
+    if dirty:
+        print(f"note: {dirty} ran on a checkout with uncommitted changes (build/full/run.json)", file=out)
+    files = sorted(p for p in source.iterdir() if p.is_file() and not p.name.startswith("."))
+    target = Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in files:
+        atomic_write(target / path.name, path.read_bytes())
+        written.append(path.name)
+    removed = [p.name for p in target.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in written]
+    for name in removed:
+        (target / name).unlink()
+    print(
+        f"promoted {len(written)} files from {source} to {target}" + (f"; removed {removed}" if removed else ""),
+        file=out,
+    )
+    print("review with `git diff --stat evidence/`, then commit them with the run's notebooks' commit", file=out)
+    return written
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -206,14 +452,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--build-dir", type=Path, default=None, help="where the executed notebooks go (default build/PROFILE/)"
     )
-    parser.add_argument("--quiet", action="store_true", help="print only a line per notebook, not its output")
+    parser.add_argument("--verbose", action="store_true", help="echo everything the notebooks print")
+    parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # the default now
+    parser.add_argument(
+        "--promote", action="store_true", help="copy the full run's evidence (build/full/evidence) over evidence/"
+    )
     args = parser.parse_args(argv)
-    if not args.quiet:  # papermill logs each line a notebook prints at INFO
+    if args.verbose:  # papermill logs each line a notebook prints at INFO
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
         for noisy in ("traitlets", "asyncio"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        reproduce(args.profile, args.only, build_dir=args.build_dir, show_progress=not args.quiet)
+        if args.promote:
+            promote_evidence(args.build_dir or BUILD_DIR / "full")
+        else:
+            reproduce(args.profile, args.only, build_dir=args.build_dir, show_progress=args.verbose)
     except ReproduceError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

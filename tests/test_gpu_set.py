@@ -16,6 +16,12 @@ from lib import gpu_set
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def a_gpu(monkeypatch):
+    """These tests play a GPU machine (the GPU set is refused without one): nvidia-smi lists a T4."""
+    monkeypatch.setattr("lib.runtime.visible_gpus", lambda: ["Tesla T4 (15 GiB)"])
+
+
 def _pins(path: Path) -> dict:
     """{name: version} of the `name==version` lines of a requirements file."""
     pins = {}
@@ -45,7 +51,7 @@ def test_the_gpu_set_resolves_beside_the_installed_torch_without_replacing_it(tm
     Without the constraint the same resolution replaced torch 2.13.0 by 2.14.1 with 18 CUDA
     wheels (lib/gpu_set.py)."""
     report = tmp_path / "report.json"
-    result = gpu_set.install_gpu_set(dry_run=True, report=report)
+    result = gpu_set.install_gpu_set(dry_run=True, report=report, force=True)
     planned = {name.replace("_", "-"): version for name, version in result["planned"].items()}
     kept = result["kept"]
     assert "torch" in kept and "torch" not in planned
@@ -106,7 +112,10 @@ def run(command, *args, **kwargs):
     calls.append((command, Path(command[command.index("-c") + 1]).read_text()))
     return subprocess.CompletedProcess(command, 0)
 subprocess.run = run
-namespace = {{"ROOT": Path({str(ROOT)!r}), "sys": sys, "subprocess": subprocess}}
+import lib.runtime
+lib.runtime.visible_gpus = lambda: ["Tesla T4 (15 GiB)"]  # a Colab GPU runtime
+runtime = types.SimpleNamespace(gpu=True)  # what the notebook's runtime check found
+namespace = {{"ROOT": Path({str(ROOT)!r}), "sys": sys, "subprocess": subprocess, "runtime": runtime}}
 exec({source!r}, namespace)
 [(command, constraints)] = calls
 print(command[command.index("-r") + 1])
@@ -117,3 +126,14 @@ print(constraints, end="")
     requirements, *constraints = out.stdout.splitlines()
     assert Path(requirements) == ROOT / "requirements-gpu.txt"
     assert f"torch=={_installed('torch')}" in constraints
+
+
+def test_the_gpu_set_is_refused_without_a_gpu_unless_forced(monkeypatch, capsys):
+    """`python -m lib.gpu_set --dry-run` used to plan Unsloth on a machine without a GPU without a word."""
+    monkeypatch.setattr("lib.runtime.visible_gpus", lambda: [])
+    ran = []
+    monkeypatch.setattr(gpu_set.subprocess, "run", lambda *a, **k: ran.append(a))
+    with pytest.raises(gpu_set.NoGpuError, match="no GPU here .* requirements.txt is the set"):
+        gpu_set.install_gpu_set(dry_run=True)
+    assert gpu_set.main(["--dry-run"]) == 1 and ran == [], "pip was not asked"
+    assert capsys.readouterr().err.startswith("error: no GPU here")

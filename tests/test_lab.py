@@ -24,7 +24,7 @@ def _get(port: int, path: str):
 
 
 @pytest.mark.slow
-def test_jupyterlab_serves_the_notebooks_with_the_cernenv_kernel_and_widgets(tmp_path):
+def test_jupyterlab_serves_the_notebooks_with_the_venvs_python3_kernel_and_widgets(tmp_path):
     pytest.importorskip("jupyterlab", reason="requirements.txt installs JupyterLab (make setup)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -62,7 +62,10 @@ def test_jupyterlab_serves_the_notebooks_with_the_cernenv_kernel_and_widgets(tmp
                 assert process.poll() is None, process.stderr.read().decode()[-3000:]
                 assert time.monotonic() < deadline, "JupyterLab did not answer within 120 s"
                 time.sleep(0.5)
-        assert "cernenv" in specs["kernelspecs"], sorted(specs["kernelspecs"])
+        # the notebooks' kernel, python3 (Colab's name too), is the venv's own Python
+        spec = specs["kernelspecs"]["python3"]["spec"]
+        assert Path(spec["argv"][0]).resolve() == Path(sys.executable).resolve(), spec["argv"]
+        assert specs["default"] == "python3"
         contents = {item["name"] for item in _get(port, "/api/contents")["content"]}
         assert {"01_explore_environment.ipynb", "03_train_grpo.ipynb"} <= contents
         extensions = {item["name"] for item in _get(port, "/lab/api/extensions")}

@@ -30,6 +30,12 @@ def test_notebook_is_committed_clean(path):
     assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
     first = nb.cells[0]
     assert first.cell_type == "markdown" and "colab.research.google.com" in first.source, "Open in Colab badge"
+    assert nb.metadata["kernelspec"]["name"] == default_kernel_name() == "python3", "one kernel: Colab's and the venv's"
+
+
+def test_the_makefile_registers_the_notebooks_kernel_under_the_same_name():
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"KERNEL      ?= {default_kernel_name()}" in makefile
 
 
 def _first_code_cell(path: Path) -> str:
@@ -93,6 +99,7 @@ def test_colab_bootstrap_runs_twice_and_takes_the_repository_url(tmp_path):
 def test_notebook_01_runs(tmp_path, monkeypatch):
     papermill = pytest.importorskip("papermill")
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("CERNENV_HEADLESS", "1")
     output = tmp_path / "01_explore_environment.ipynb"
     figures = tmp_path / "figures"
     papermill.execute_notebook(
@@ -117,6 +124,7 @@ def test_notebook_01_runs(tmp_path, monkeypatch):
 def test_notebook_02_runs_and_writes_the_baselines(tmp_path, monkeypatch):
     papermill = pytest.importorskip("papermill")
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("CERNENV_HEADLESS", "1")
     output, evidence = tmp_path / "02_baseline_rollouts.ipynb", tmp_path / "evidence"
     papermill.execute_notebook(
         str(ROOT / "notebooks" / "02_baseline_rollouts.ipynb"),
@@ -133,8 +141,8 @@ def test_notebook_02_runs_and_writes_the_baselines(tmp_path, monkeypatch):
     import json
 
     baselines = json.loads((evidence / "baselines.json").read_text())
-    assert set(baselines["metrics"]) == {"random", "heuristic", "oracle"}
-    assert baselines["n_episodes"] == {"random": 4, "heuristic": 4, "oracle": 4}
+    assert set(baselines["metrics"]) == {"random", "always-null", "heuristic", "oracle"}
+    assert baselines["n_episodes"] == {"random": 4, "always-null": 4, "heuristic": 4, "oracle": 4}
     assert "| heuristic |" in (evidence / "baselines.md").read_text()
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1, "reward distributions"
 
@@ -151,6 +159,7 @@ def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
     build_tiny_model(tokenizer).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("CERNENV_HEADLESS", "1")
     output, evidence = tmp_path / "03_train_grpo.ipynb", tmp_path / "evidence"
     papermill.execute_notebook(
         str(ROOT / "notebooks" / "03_train_grpo.ipynb"),
@@ -164,6 +173,7 @@ def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
             "gradient_accumulation_steps": 2,
             "lora_r": 0,
             "max_turns": 3,
+            "warm_start_episodes": 0,
             "eval_episodes": 3,
             "eval_every_steps": 1,
             "checkpoint_eval_episodes": 2,
@@ -187,9 +197,9 @@ def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
 
 
 def test_notebook_03_parameters_are_train_config_fields_with_its_defaults():
-    """Each parameter of notebook 03 is a TrainConfig field by its own name, defaulting to
-    TrainConfig's own default (read, not restated): the notebook and `make train` run the same
-    configuration, and configs/*.yaml use the same names."""
+    """Each parameter of notebook 03 but TRAIN_CONFIG (a configs/train/*.yaml file) is a TrainConfig
+    field by its own name, defaulting to TrainConfig's own default (read, not restated): the notebook
+    and `make train` run the same configuration, and configs/*.yaml use the same names."""
     import ast
     from dataclasses import fields
 
@@ -199,10 +209,25 @@ def test_notebook_03_parameters_are_train_config_fields_with_its_defaults():
     (cell,) = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     assigned = {node.targets[0].id: node.value for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)}
     names = {f.name for f in fields(TrainConfig)}
+    assert ast.unparse(assigned.pop("TRAIN_CONFIG")) == "None"
     assert assigned and set(assigned) <= names, f"not TrainConfig fields: {set(assigned) - names}"
     restated = [name for name, value in assigned.items() if ast.unparse(value) != f"TrainConfig.{name}"]
     assert not restated, f"parameters restating a default instead of reading TrainConfig's: {restated}"
     from lib.reproduce import load_profile
 
     for profile in ("full", "smoke", "untrained"):
-        assert set(load_profile(profile)["03_train_grpo"]) <= names, profile
+        assert set(load_profile(profile)["03_train_grpo"]) <= names | {"TRAIN_CONFIG"}, profile
+
+
+def test_notebook_03_takes_the_file_then_the_parameters_that_differ_from_the_defaults(tmp_path):
+    from lib.training.config import notebook_config
+
+    root = tmp_path
+    (root / "configs" / "train").mkdir(parents=True)
+    (root / "configs" / "train" / "colab.yaml").write_text("lora_r: 16\nmax_steps: 30\nevidence_dir: build/colab\n")
+    namespace = {"max_steps": 14, "temperature": 0.9, "lora_r": 0, "unrelated": 1}  # max_steps, lora_r: defaults
+    on_gpu = notebook_config(namespace, None, root=root, gpu=True)
+    assert (on_gpu.lora_r, on_gpu.max_steps, on_gpu.temperature) == (16, 30, 0.9)
+    assert on_gpu.evidence_dir == str(root / "build" / "colab"), "relative folders from the repository root"
+    on_cpu = notebook_config(namespace, None, root=root, gpu=False)
+    assert (on_cpu.lora_r, on_cpu.max_steps, on_cpu.temperature) == (0, 14, 0.9), "no file on a CPU"

@@ -14,22 +14,22 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_NAMES = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
 
 
-@pytest.mark.parametrize("profile", ["full", "smoke"])
+@pytest.mark.parametrize("profile", ["full", "smoke", "untrained"])
 def test_profiles_run_every_notebook_in_order(profile):
     assert list(load_profile(profile)) == NOTEBOOK_NAMES
 
 
-def test_full_profile_writes_the_committed_evidence_and_smoke_stays_out_of_it():
-    full, smoke = load_profile("full"), load_profile("smoke")
-    directories = ("EVIDENCE_DIR", "evidence_dir", "OUTPUT_DIR", "output_dir")  # notebook 03's are TrainConfig's
-    assert {p[key] for p in full.values() for key in directories[:2] if key in p} == {"evidence"}
-    assert all(
-        not str(p[key]).startswith("evidence") and str(p[key]).startswith("build/")
-        for p in smoke.values()
-        for key in directories
-        if key in p
-    )
-    assert smoke["03_train_grpo"]["model_name"] == "cernenv-tiny" and smoke["03_train_grpo"]["warm_start_episodes"] == 0
+def test_every_profile_writes_under_build_only_and_the_full_run_is_promoted_explicitly():
+    """`make reproduce` used to rewrite the git-tracked evidence/ (full) without a word: every profile
+    now writes under build/PROFILE/, and only `make promote-evidence` writes evidence/."""
+    folders = ("EVIDENCE_DIR", "evidence_dir", "output_dir")
+    for profile in ("full", "smoke", "untrained"):
+        plan = load_profile(profile)
+        written = {str(parameters[key]) for name, parameters in plan.items() for key in folders if key in parameters}
+        assert written and all(path.startswith(f"build/{profile}/") for path in written), (profile, written)
+    smoke = load_profile("smoke")["03_train_grpo"]
+    assert smoke["TRAIN_CONFIG"] == "configs/train/smoke.yaml"
+    assert load_profile("committed") == {"04_evidence_analysis": {"EVIDENCE_DIR": "evidence"}}, "it only reads"
 
 
 def _write_profile(tmp_path, text):
@@ -47,6 +47,75 @@ def test_a_misspelt_parameter_or_notebook_is_refused_with_what_exists(tmp_path):
         load_profile(_write_profile(tmp_path, "- 01_explore_environment\n"))
     with pytest.raises(ReproduceError, match=r"no profile 'ful'.*'full'"):
         load_profile("ful")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "notebooks:\n  02_baseline_rollouts:\n    MAX_EPISODES: 0\n",
+            "MAX_EPISODES must be a whole number of at least 1",
+        ),
+        ("notebooks:\n  02_baseline_rollouts:\n    N_TRAJECTORIES: two\n", "N_TRAJECTORIES must be a whole number"),
+        ("notebooks:\n  02_baseline_rollouts:\n    SUITE_VERSION: 3\n", "SUITE_VERSION must be str like its default"),
+        ("notebooks:\n  02_baseline_rollouts: [1, 2]\n", "02_baseline_rollouts's parameters must be a mapping"),
+        (
+            "notebooks:\n  03_train_grpo:\n    temperature: .nan\n",
+            "03_train_grpo: invalid TrainConfig: temperature must be",
+        ),
+        ("notebooks:\n  03_train_grpo:\n    eval_episodes: 0\n", "eval_episodes must be at least 1"),
+        ("notebooks:\n  03_train_grpo:\n    TRAIN_CONFIG: configs/nope.yaml\n", "configs/nope.yaml does not exist"),
+        ("notebooks:\n  03_train_grpo:\n    TRAIN_CONFIG: configs/smoke.yaml\n", "is a `make reproduce` profile"),
+        ("notebooks:\n  01_explore_environment: {}\nextra: 1\n", "unknown top-level key(s) ['extra']"),
+        ("notebooks:\n  01_explore_environment: {\n", "is not valid YAML at line"),
+    ],
+)
+def test_a_bad_profile_is_refused_whole_before_anything_runs_with_one_line(tmp_path, text, message, capsys):
+    profile = _write_profile(tmp_path, text)
+    with pytest.raises(ReproduceError) as refused:
+        load_profile(profile)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert reproduce.main(["--profile", profile]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+
+
+def test_folders_a_run_writes_are_checked_before_any_notebook_runs(tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("not a folder")
+    profile = _write_profile(
+        tmp_path, f"notebooks:\n  02_baseline_rollouts:\n    EVIDENCE_DIR: {tmp_path}/a_file/evidence\n"
+    )
+    ran = []
+    monkeypatch.setattr(reproduce, "run_notebook", lambda *a, **k: ran.append(a))
+    with pytest.raises(ReproduceError, match="02_baseline_rollouts's EVIDENCE_DIR .* is a file, not a folder"):
+        reproduce.reproduce(profile, build_dir=tmp_path / "build")
+    assert ran == []
+
+
+def test_promotion_copies_a_complete_full_run_and_refuses_anything_less(tmp_path):
+    build, target = tmp_path / "build" / "full", tmp_path / "evidence"
+    (build / "evidence").mkdir(parents=True)
+    target.mkdir()
+    (target / "stale.png").write_text("an earlier run's figure")
+    (target / "baselines.json").write_text('{"old": 1}\n')
+    with pytest.raises(ReproduceError, match="run.json is missing"):
+        reproduce.promote_evidence(build, target)
+    (build / "run.json").write_text(json.dumps({"profile": "smoke", "notebooks": {"02_baseline_rollouts": {}}}))
+    with pytest.raises(ReproduceError, match="holds no complete full run"):
+        reproduce.promote_evidence(build, target)
+    record = {"profile": "full", "notebooks": {"02_baseline_rollouts": {}, "03_train_grpo": {}}}
+    (build / "run.json").write_text(json.dumps(record))
+    for name in reproduce.PROMOTED_REQUIRED[:-1]:
+        (build / "evidence" / name).write_text(f"new {name}\n")
+    with pytest.raises(ReproduceError, match=r"lacks \['training_log.csv'\]: the run did not finish"):
+        reproduce.promote_evidence(build, target)
+    assert (target / "baselines.json").read_text() == '{"old": 1}\n', "nothing promoted"
+    (build / "evidence" / "training_log.csv").write_text("step\n1\n")
+    (build / "evidence" / ".run.lock").write_text("{}")
+    written = reproduce.promote_evidence(build, target)
+    assert sorted(written) == sorted(reproduce.PROMOTED_REQUIRED)
+    assert (target / "baselines.json").read_text() == "new baselines.json\n"
+    assert not (target / "stale.png").exists() and not (target / ".run.lock").exists()
 
 
 def _write_notebook(folder, name, code, parameters=None):
@@ -115,3 +184,34 @@ def test_the_run_record_calls_a_tree_dirty_for_source_changes_not_for_what_noteb
     assert reproduce.source_revision()["dirty"] is False, "the notebooks' own outputs"
     (tmp_path / "lib" / "code.py").write_text("two\n")
     assert reproduce.source_revision()["dirty"] is True
+
+
+def test_a_run_prints_a_line_per_notebook_and_only_the_warnings_that_matter(tmp_path, monkeypatch, capfd):
+    """papermill's echo printed ~1,000 lines for the smoke profile (every cell's start and end and
+    output), the kernel's TCP notice, libraries' FutureWarnings and TRL's experimental notice."""
+    notebooks = tmp_path / "notebooks"
+    code = (
+        "import os, sys, warnings\n"
+        "for i in range(200):\n"
+        "    print('line', i)\n"
+        "warnings.warn('an API will change', FutureWarning)\n"
+        "warnings.warn('the fit did not converge', UserWarning)\n"
+        "print('headless' if os.environ.get('CERNENV_HEADLESS') == '1' else 'watched')\n"
+    )
+    _write_notebook(notebooks, "a_first", code)
+    monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", notebooks)
+    profile = _write_profile(tmp_path, "notebooks:\n  a_first: {}\n")
+    import io
+
+    out = io.StringIO()
+    (executed,) = reproduce.reproduce(profile, build_dir=tmp_path / "build", out=out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0] == "[1/1] a_first (profile) …" and lines[1].startswith("[1/1] a_first (profile): done in ")
+    assert "UserWarning: the fit did not converge" in lines[2]
+    captured = capfd.readouterr()
+    assert "without encryption" not in captured.err + captured.out and "line 199" not in captured.err + captured.out
+    outputs = "".join(
+        o.get("text", "") for c in nbformat.read(executed, as_version=4).cells for o in c.get("outputs", [])
+    )
+    assert "headless" in outputs and "FutureWarning" not in outputs, "the kernel ran headless, libraries' notices off"
