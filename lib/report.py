@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from lib.extras import require
 from lib.files import atomic_write
 from lib.reproduce import RUN_RECORD
 
@@ -183,6 +184,7 @@ def export_html(
 
 def export_reports(build_dir: Path, reports_dir: Path, *, assets_dir: Path = ASSETS_DIR) -> List[Path]:
     """Both pages for every executed notebook in `build_dir`; returns the pages written."""
+    require("notebooks", "exporting the notebooks to HTML")
     notebooks = sorted(build_dir.glob("*.ipynb"))
     if not notebooks:
         raise FileNotFoundError(
@@ -346,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         pages = export_reports(args.build_dir, args.reports_dir)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, ModuleNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     for page in pages:

@@ -51,6 +51,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
+from lib.extras import require
 from lib.files import atomic_write, check_writable_dir, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,6 +168,10 @@ def _check_training(path: Path, parameters: Mapping[str, Any]) -> None:
 def load_profile(profile: str) -> Dict[str, Dict[str, Any]]:
     """The notebooks of `profile`, in order, each with its parameters, checked (see the module
     docstring); a `ReproduceError` of one line for the first problem."""
+    try:
+        require("notebooks", "running the notebooks headlessly")
+    except ModuleNotFoundError as error:
+        raise ReproduceError(str(error)) from None
     import papermill
 
     path = profile_path(profile)

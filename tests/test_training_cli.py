@@ -216,3 +216,13 @@ def test_the_command_line_imports_unsloth_after_parsing_and_before_transformers(
     assert result.returncode == 0, result.stderr[-2000:]
     seen = result.stdout.strip().splitlines()[-1]
     assert seen == "SEEN [[]]", f"asked for unsloth once, before transformers, trl and peft: {seen}"
+
+
+def test_a_configuration_is_checked_without_torch_with_the_engines_multiturn_knows():
+    from lib.multiturn import GENERATION_ENGINES
+    from lib.training.config import GENERATION_ENGINES as CONFIG_ENGINES
+
+    assert CONFIG_ENGINES == GENERATION_ENGINES
+    probe = "import sys\nfrom lib.training import TrainConfig\nTrainConfig()\nprint('torch' in sys.modules)\n"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr[-1500:]

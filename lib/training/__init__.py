@@ -23,6 +23,9 @@ def __getattr__(name: str) -> Any:
 def train(config):
     """See `lib.training.run.train` (imported on first use, after unsloth: it imports transformers,
     peft and trl, which Unsloth must patch first)."""
+    from lib.extras import require
+
+    require("train", "training")
     from lib.training.backends import import_unsloth_first
 
     import_unsloth_first(config)

@@ -17,6 +17,7 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
+from lib.extras import require
 from lib.files import atomic_write, json_text
 from lib.progress import headless
 from lib.training.cli import parse_train_config, train_config_parser
@@ -33,7 +34,13 @@ def main(argv=None) -> int:
     if headless():  # transformers' and the Hub's own bars (loading weights, writing shards) in a log file
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.filterwarnings("ignore", category=FutureWarning)  # libraries' deprecations, for their developers
-    config, _ = parse_train_config(argv, train_config_parser(description=__doc__, argv=argv))
+    parser = train_config_parser(description=__doc__, argv=argv)
+    if not {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
+        try:
+            require("train", "training")
+        except ModuleNotFoundError as error:
+            parser.exit(1, f"{parser.prog}: error: {error}\n")
+    config, _ = parse_train_config(argv, parser)
     # the project's own messages (progress, evidence) at INFO; the libraries' warnings only (their INFO,
     # matplotlib's font substitutions among them, is noise here)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")

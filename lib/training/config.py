@@ -26,6 +26,9 @@ GPU_DEFAULT_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
 BACKENDS = ("auto", "unsloth", "trl")
 WARM_START_LOSSES = ("actions", "conversation")
 SCALE_REWARDS = ("group", "batch", "none")
+GENERATION_ENGINES = ("auto", "cached", "generate")
+"""`lib.multiturn.GENERATION_ENGINES`, restated so that a configuration is checked without torch
+(tests/test_training_cli.py holds the two equal)."""
 REPORT_TO = (
     "none",
     "all",
@@ -192,8 +195,6 @@ class TrainConfig:
         problems += self._check_numbers()
         if self.backend not in BACKENDS:
             problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        from lib.multiturn import GENERATION_ENGINES
-
         if self.generation_engine not in GENERATION_ENGINES:
             problems.append(f"generation_engine must be one of {GENERATION_ENGINES}, got {self.generation_engine!r}")
         for name in (
