@@ -68,6 +68,7 @@ from uvicorn.protocols.utils import ClientDisconnected
 from cernenv.client import RAW_ACTION_KEY
 from cernenv.environment import CERNCollisionEnvironment
 from cernenv.models import CernState, CollisionObservation, ExperimentAction
+from cernenv.server.apidocs import serve_offline_docs
 from cernenv.server.evaluation import MODES, ResultsLedger, fingerprint
 from cernenv.server.guard import BUDGET_EXTENSION, serving_guard
 from cernenv.server.pacing import (
@@ -888,6 +889,7 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
         if not (getattr(route, "path", None) == "/mcp" and not getattr(route, "methods", None))
     ]
     _serve_schema_once(app)
+    serve_offline_docs(app)  # /docs and /redoc without a CDN (cernenv/server/apidocs.py)
 
     async def request_error(request: Request, error: RequestError) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=error.status_code)
