@@ -344,6 +344,9 @@ def test_lora_run_saves_the_adapter_merges_it_and_plans_the_hub_push(tmp_path, t
     assert model_kind(final) == "adapter" and model_kind(merged) == "model"
     assert result.published["dry_run"] and result.published["kind"] == "model"
     assert "model.safetensors" in result.published["files"] and result.published["url"] is None
+    card = (merged / "README.md").read_text()
+    assert "README.md" in result.published["files"] and "[None]" not in card, "the card names the base"
+    assert f"trained from {Path(tiny_model_dir).name}, which is not on the Hub" in card
     with pytest.raises(ValueError, match="local folder"):  # an adapter on a local base helps nobody else
         push_to_hub(final, "someone/cernenv-policy", dry_run=True)
     with pytest.raises(ValueError, match="user/name"):
@@ -451,3 +454,18 @@ def test_a_saved_policy_folder_gives_back_the_tokenizer_it_was_trained_with(tiny
     config = json.loads((real / "tokenizer_config.json").read_text())
     (real / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "Qwen2Tokenizer"}))
     assert type(load_tokenizer(str(real))).__name__ == "Qwen2Tokenizer"
+
+
+def test_the_model_card_names_a_hub_base_model(tmp_path):
+    """TRL's draft card said "fine-tuned version of [None]" for a base loaded from a folder."""
+    from lib.training.publish import model_card, push_to_hub
+
+    adapter = tmp_path / "final"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "unsloth/Qwen2.5-1.5B-Instruct"}')
+    plan = push_to_hub(adapter, "someone/cernenv-policy", dry_run=True)
+    card = (adapter / "README.md").read_text()
+    assert "README.md" in plan["files"] and "base_model: unsloth/Qwen2.5-1.5B-Instruct" in card
+    assert "fine-tuned version of [unsloth/Qwen2.5-1.5B-Instruct](https://huggingface.co/unsloth" in card
+    assert "library_name: peft" in card and "[None]" not in card
+    assert "stand-in" in model_card(adapter, "someone/x", base_model="cernenv-tiny")

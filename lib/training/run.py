@@ -464,7 +464,9 @@ def _train(config: TrainConfig) -> TrainResult:
     if main:
         merged_dir = save_merged(trainer.model, tokenizer, output_dir / "merged") if config.save_merged else None
         published = (
-            push_to_hub(merged_dir or final_dir, config.hub_repo_id, dry_run=config.hub_dry_run)
+            push_to_hub(
+                merged_dir or final_dir, config.hub_repo_id, dry_run=config.hub_dry_run, base_model=policy.model_name
+            )
             if config.hub_repo_id
             else None
         )
