@@ -226,3 +226,27 @@ def test_a_configuration_is_checked_without_torch_with_the_engines_multiturn_kno
     probe = "import sys\nfrom lib.training import TrainConfig\nTrainConfig()\nprint('torch' in sys.modules)\n"
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr[-1500:]
+
+
+def test_an_output_folder_that_cannot_be_written_stops_the_command_in_one_line(tmp_path):
+    """A read-only or misplaced evidence_dir used to fail only after the whole pre-evaluation, with
+    a traceback: the command line now stops before loading anything, in one line."""
+    (tmp_path / "file").write_text("not a folder")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lib.training",
+            "--config",
+            "configs/train/smoke.yaml",
+            "--evidence_dir",
+            str(tmp_path / "file" / "evidence"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m lib.training: error: the evidence folder") and "is a file, not a folder" in last

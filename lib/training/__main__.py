@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lib.extras import require
-from lib.files import atomic_write, json_text
+from lib.files import DiskFullError, FolderLockedError, atomic_write, json_text
 from lib.progress import headless
 from lib.training.cli import parse_train_config, train_config_parser
 
@@ -26,6 +26,12 @@ QUIET_LIBRARIES = {
     "TRL_EXPERIMENTAL_SILENCE": "1",  # TRL's notice that rollout_func is experimental, at every run
 }
 """Set for a command-line run (unless already set): libraries' notices to developers, not users."""
+
+
+STOPS = (DiskFullError, FolderLockedError, NotADirectoryError, PermissionError, FileNotFoundError, ModuleNotFoundError)
+"""What stops a run before or during its work with a message written to be read as it is (a full
+disk, a folder another run holds, an output folder that cannot be written, a checkpoint to resume
+that is not there, TensorBoard missing): one line, no traceback."""
 
 
 def main(argv=None) -> int:
@@ -47,7 +53,12 @@ def main(argv=None) -> int:
     logging.getLogger("lib").setLevel(logging.INFO)
     from lib.training import train
 
-    result = train(config)
+    try:
+        result = train(config)
+    except STOPS as error:  # said in a line of its own; CERNENV_TRACEBACK=1 shows where
+        if os.environ.get("CERNENV_TRACEBACK"):
+            raise
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
     from lib.training.processes import is_main_process
 
     if is_main_process():  # under `accelerate launch`, one process reports
