@@ -177,7 +177,7 @@ SERVE_ARGS ?=
 # `make lab`: JupyterLab on the notebooks, with the venv's `cernenv` kernel (LAB_ARGS="--port 8890 ...").
 LAB_ARGS ?=
 
-lab: setup ## open notebooks/ in JupyterLab (kernel "Python (cernenv)", widgets included)
+lab: setup ## open notebooks/ in JupyterLab (kernel python3, "Python 3 (cernenv)": the venv's; widgets included)
 	$(PY) -m jupyterlab --notebook-dir=notebooks \
 	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
