@@ -382,7 +382,7 @@ def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_sti
     post = [dict(e) for e in pre]
     post[1].update(cumulative_reward=4.0, correct_outcome=True)  # unseen, with a particle: 0 → 1 of 2
     post[2].update(cumulative_reward=3.0, correct_outcome=True)  # unseen, null: 1 → 2 of 2
-    post[6].update(cumulative_reward=3.0, correct_outcome=True)  # rediscovery, null: 0 → 1 of 1
+    post[6].update(cumulative_reward=3.0, correct_outcome=True)  # known physics, null: 0 → 1 of 1
     payload = before_after_metrics(pre, post)
     groups = payload["groups"]
     assert set(groups) == {
@@ -391,9 +391,9 @@ def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_sti
         "unseen",
         "unseen_with_particle",
         "unseen_null",
-        "rediscovery",
-        "rediscovery_with_particle",
-        "rediscovery_null",
+        "known_physics",
+        "known_physics_with_particle",
+        "known_physics_null",
     }
     assert payload["pre"]["n_correct"] == 3 and payload["post"]["n_correct"] == 6
     assert groups["unseen"]["n"] == {"pre": 4, "post": 4, "pairs": 4} and groups["unseen"]["pairing"] == "paired"
@@ -403,8 +403,8 @@ def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_sti
     ) == (0, 1)
     assert groups["unseen_with_particle"]["delta"]["mean_reward"] == pytest.approx(3.0)
     assert groups["unseen_null"]["delta"]["success_rate"] == pytest.approx(0.5)
-    assert groups["rediscovery_with_particle"]["delta"]["mean_reward"] == 0.0
-    assert groups["rediscovery_with_particle"]["delta_ci95"]["mean_reward"] == [0.0, 0.0]
+    assert groups["known_physics_with_particle"]["delta"]["mean_reward"] == 0.0
+    assert groups["known_physics_with_particle"]["delta_ci95"]["mean_reward"] == [0.0, 0.0]
     assert groups["null"]["pre"]["n"] == 3 and groups["null"]["post"]["success_rate"] == 1.0
     markdown = comparison.before_after_markdown(payload)
     assert markdown.startswith("7 paired episodes.")
@@ -412,8 +412,8 @@ def test_before_after_is_reported_per_part_and_per_particle_and_old_payloads_sti
         "| whole suite | 3 → 6 of 7 |",
         "| unseen particles, with a particle | 0 → 1 of 2 | -2.000 → 1.000 | +3.000 [",
         "| unseen particles, null tasks | 1 → 2 of 2 |",
-        "| rediscovery of known physics, null tasks | 0 → 1 of 1 |",
-        "| rediscovery of known physics, with a particle | 2 → 2 of 2 | 4.500 → 4.500 | +0.000 [+0.000, +0.000] |",
+        "| known physics (recall), null tasks | 0 → 1 of 1 |",
+        "| known physics (recall), with a particle | 2 → 2 of 2 | 4.500 → 4.500 | +0.000 [+0.000, +0.000] |",
     ):
         assert row in markdown, row
     json.dumps(payload, allow_nan=False)
@@ -505,7 +505,7 @@ def test_sample_trajectories_are_readable_and_survive_odd_episodes(tmp_path):
     ).read_text()
     assert "The same 2 task(s)" in text and text.count("### Before training") == 2
     assert "- unseen particles: 0 → 0 of 2 (with a particle 0 → 0 of 2; null tasks 0 → 0 of 0)" in text
-    assert "## Task 1 · unseen particles" in text and "rediscovery of known physics:" not in text
+    assert "## Task 1 · unseen particles" in text and "known physics (recall):" not in text
 
     single = format_episode_markdown(episode(7, 2.0, True), "one episode")
     assert single.startswith("### one episode") and "| 1 | `configure_beam`" in single

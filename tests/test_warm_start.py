@@ -74,7 +74,18 @@ def test_the_trainer_s_loss_covers_the_actions_and_nothing_else(tiny_model_dir, 
         assert mask == [bool(bit) for bit in example["completion_mask"]]
     whole = demonstration_examples(policy.tokenizer, 2, loss="conversation")
     assert [e["input_ids"] for e in whole] == [e["input_ids"] for e in examples]
-    assert all(all(e["completion_mask"]) for e in whole), "the conversation loss covers every token"
+    for conversation, actions in zip(whole, examples):
+        for token, bit, action_bit in zip(
+            conversation["input_ids"], conversation["completion_mask"], actions["completion_mask"]
+        ):
+            has_digit = any(ch.isdigit() for ch in policy.tokenizer.decode([token]))
+            # every action token; of the prompt and the environment's text, every token but the numbers'
+            assert bit == (action_bit or not has_digit)
+    assert any(not all(e["completion_mask"]) for e in whole) and any(
+        bit and not action
+        for e, a in zip(whole, examples)
+        for bit, action in zip(e["completion_mask"], a["completion_mask"])
+    )
     with pytest.raises(ValueError, match="loss must be one of"):
         demonstration_examples(policy.tokenizer, 1, loss="everything")
 

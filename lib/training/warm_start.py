@@ -85,13 +85,17 @@ def demonstration_examples(
     """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"}, in `ChatLayout`'s
     token layout for `tokenizer`. `loss="actions"`: the mask is 1 on the tokens the policy would
     write (its replies and their eos) and 0 on the prompt and the environment's text, as GRPO's
-    env_mask; `loss="conversation"`: 1 on every token."""
+    env_mask; `loss="conversation"`: also 1 on the prompt's and the environment's tokens except
+    those holding a digit. The measured numbers cannot be predicted: trained to predict them, a
+    model learns to write a plausible number after `mass=`, which its actions then do too; left
+    out, the numbers in its actions, copies of numbers it read, are learnt as copies."""
     if loss not in WARM_START_LOSSES:
         raise ValueError(f"loss must be one of {WARM_START_LOSSES}, got {loss!r}")
     layout = ChatLayout(tokenizer)
     env = CERNCollisionEnvironment()
     agent = RoundedDemonstrator(HeuristicAgent())
     eos = tokenizer.eos_token_id
+    digits = _holds_a_digit(tokenizer) if loss == "conversation" else {}
     examples = []
     for spec in corpus_specs(n_episodes, first_seed):
         messages: List[Dict[str, str]] = []
@@ -113,10 +117,15 @@ def demonstration_examples(
             messages.append(layout.followup_message(next_obs))
             input_ids += env_ids
             mask += [0] * len(env_ids)
-        if loss == "conversation":
-            mask = [1] * len(input_ids)
+        if loss == "conversation":  # the actions, and the environment's words but not its numbers
+            mask = [bit or not digits[token] for bit, token in zip(mask, input_ids)]
         examples.append({"input_ids": input_ids, "completion_mask": mask})
     return examples
+
+
+def _holds_a_digit(tokenizer: Any) -> Dict[int, bool]:
+    """Per token id of `tokenizer`, whether its text holds a digit."""
+    return {index: any(ch.isdigit() for ch in tokenizer.decode([index])) for index in range(len(tokenizer))}
 
 
 def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, List[int]]], output_dir: str):
