@@ -118,7 +118,7 @@ def demonstration_examples(
             input_ids += env_ids
             mask += [0] * len(env_ids)
         if loss == "conversation":  # the actions, and the environment's words but not its numbers
-            mask = [bit or not digits[token] for bit, token in zip(mask, input_ids)]
+            mask = [int(bit or not digits[token]) for bit, token in zip(mask, input_ids)]
         examples.append({"input_ids": input_ids, "completion_mask": mask})
     return examples
 
