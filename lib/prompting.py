@@ -144,9 +144,10 @@ def _evidence_word(z_global: Any) -> str:
 
 
 def _logbook_line(logbook: Dict[str, Dict[str, Any]]) -> str:
-    """The logbook's numbers for the next decision: before a fit, each channel's scan (the largest
-    excess first); once a fit exists, the fit, the significance (with what it is called: evidence
-    at 3σ, observation at 5σ) and the spin, which a claim quotes."""
+    """The logbook's numbers for the next decision. Before a fit: each channel's scan, the largest
+    excess first. Once a fit exists: the numbers a claim quotes, under the names a claim gives
+    them (the fit's channel, `mass_gev` and error as `mass_uncertainty_gev`, the global Z as
+    `significance_sigma` with what it is called: evidence at 3σ, observation at 5σ, and `spin`)."""
     fit = logbook.get("fit_resonance")
     if not fit:
         scans = sorted(
@@ -154,21 +155,26 @@ def _logbook_line(logbook: Dict[str, Dict[str, Any]]) -> str:
             key=lambda item: -float(item[1].get("best_z_local") or 0.0),
         )
         notes = [
-            f"scan[{channel}] mass={_short(entry.get('best_mass_gev'))} z={_short(entry.get('best_z_local'))}"
+            f"scan[{channel}] best_mass_gev={_short(entry.get('best_mass_gev'))} "
+            f"best_z_local={_short(entry.get('best_z_local'))}"
             for channel, entry in scans
         ]
         return "Logbook: " + "; ".join(notes) if notes else ""
-    notes = [f"fit[{fit.get('channel')}] mass={_short(fit.get('mass_gev'))} error={_short(fit.get('mass_err_gev'))}"]
+    notes = [
+        f"channel={fit.get('channel')} mass_gev={_short(fit.get('mass_gev'))} "
+        f"mass_uncertainty_gev={_short(fit.get('mass_err_gev'))}"
+    ]
     significance = logbook.get("estimate_significance")
     if significance:
         notes.append(
-            f"Z[{_short(significance.get('mass_gev'))}] local={_short(significance.get('z_local'))} "
-            f"global={_short(significance.get('z_global'))} {_evidence_word(significance.get('z_global'))}"
+            f"significance_sigma={_short(significance.get('z_global'))} "
+            f"({_evidence_word(significance.get('z_global'))}; local {_short(significance.get('z_local'))} "
+            f"at {_short(significance.get('mass_gev'))})"
         )
     angular = logbook.get("measure_angular")
     if angular:
         notes.append(f"spin={angular.get('best_spin')}")
-    return "Logbook: " + "; ".join(notes)
+    return "Logbook: " + " ".join(notes)
 
 
 def render_observation(

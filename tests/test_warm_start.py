@@ -117,7 +117,9 @@ def test_demonstrations_write_numbers_as_prompts_show_them(tiny_model_dir):
     assert claims, "some demonstrations claim a discovery"
     for reply, text in claims:
         error = reply["parameters"]["mass_uncertainty_gev"]
-        assert f"error={json.dumps(error)}" in text, "the claimed error is the fit's, as the logbook shows it"
+        assert f"mass_uncertainty_gev={json.dumps(error)}" in text, (
+            "the claimed error is the fit's, as the logbook shows it"
+        )
     assert all(parse_reply(json.dumps(reply)).ok for reply in replies)
 
 
