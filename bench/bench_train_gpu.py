@@ -72,8 +72,11 @@ DEFAULT_FLAGS = [
     "1.0",
     "--lora_r",
     "16",
+    "--warm_start_episodes",
+    "0",
 ]
-"""16 episodes per step in groups of 8, 5 turns of 64 tokens: issue 14's measurement."""
+"""16 episodes per step in groups of 8, 5 turns of 64 tokens; GRPO steps alone, no SFT warm start
+(the model is random-weight: what is measured is a step's time and memory, not what it learns)."""
 
 
 def model_config(tokenizer, shape: dict):

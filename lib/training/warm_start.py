@@ -85,17 +85,13 @@ def demonstration_examples(
     """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"}, in `ChatLayout`'s
     token layout for `tokenizer`. `loss="actions"`: the mask is 1 on the tokens the policy would
     write (its replies and their eos) and 0 on the prompt and the environment's text, as GRPO's
-    env_mask; `loss="conversation"`: also 1 on the prompt's and the environment's tokens except
-    those holding a digit. The measured numbers cannot be predicted: trained to predict them, a
-    model learns to write a plausible number after `mass=`, which its actions then do too; left
-    out, the numbers in its actions, copies of numbers it read, are learnt as copies."""
+    env_mask; `loss="conversation"`: 1 on every token, the prompt's and the environment's too."""
     if loss not in WARM_START_LOSSES:
         raise ValueError(f"loss must be one of {WARM_START_LOSSES}, got {loss!r}")
     layout = ChatLayout(tokenizer)
     env = CERNCollisionEnvironment()
     agent = RoundedDemonstrator(HeuristicAgent())
     eos = tokenizer.eos_token_id
-    digits = _holds_a_digit(tokenizer) if loss == "conversation" else {}
     examples = []
     for spec in corpus_specs(n_episodes, first_seed):
         messages: List[Dict[str, str]] = []
@@ -117,8 +113,8 @@ def demonstration_examples(
             messages.append(layout.followup_message(next_obs))
             input_ids += env_ids
             mask += [0] * len(env_ids)
-        if loss == "conversation":  # the actions, and the environment's words but not its numbers
-            mask = [int(bit or not digits[token]) for bit, token in zip(mask, input_ids)]
+        if loss == "conversation":
+            mask = [1] * len(input_ids)
         examples.append({"input_ids": input_ids, "completion_mask": mask})
     return examples
 
@@ -161,11 +157,6 @@ def decision_examples(
                 break
             turns.append([{"role": "assistant", "content": reply}, layout.followup_message(next_obs)])
     return examples
-
-
-def _holds_a_digit(tokenizer: Any) -> Dict[int, bool]:
-    """Per token id of `tokenizer`, whether its text holds a digit."""
-    return {index: any(ch.isdigit() for ch in tokenizer.decode([index])) for index in range(len(tokenizer))}
 
 
 def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, List[int]]], output_dir: str):
