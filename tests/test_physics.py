@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -662,3 +663,19 @@ def test_errors_of_a_fit_on_the_falling_shape_wall_do_not_depend_on_which_side_t
         errors.append(F._parabolic_errors(dataclasses.replace(minimum, values=values), cost))
     for name in ("signal_yield", "mass_gev", "background_yield"):
         assert errors[0][name] == pytest.approx(errors[1][name], rel=1e-6), name
+
+
+def test_a_scan_of_a_single_event_warns_of_nothing():
+    """A dijet spectrum holding one event: the background fit leaves ~1e-320 expected events in the
+    empty bins, and the scan's Fisher information must stay finite (no overflow warning) and find
+    no excess."""
+    from cernenv.physics.scan import scan_local_significance
+
+    edges = np.linspace(2500.0, 4579.0, 67)
+    counts = np.zeros(66)
+    counts[1] = 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for sqrt_s_tev in (13.0, 13.6):
+            scan = scan_local_significance(edges, counts, sqrt_s_tev, lambda m: 0.05 * m, np.linspace(2600, 4500, 64))
+            assert scan.best_z_local < 1.0

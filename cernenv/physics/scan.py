@@ -115,6 +115,10 @@ def _background_profile(tmpl: BinnedTemplate, counts_bytes: bytes, start: tuple)
     return arrays
 
 
+MIN_EXPECTED_EVENTS = 1e-12
+"""Expected events per bin below which a bin's Fisher information is computed as if it held this many."""
+
+
 def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signal_fractions: np.ndarray):
     """(N_s-hat, q0) per signal shape; q0 = 2 (NLL_b - NLL_s+b) if N_s-hat > 0 else 0 (CCGV eq. 12).
 
@@ -142,9 +146,13 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
     resid = n / mu0 - 1.0
     jac = np.stack([f0[0], nb0 * df1_0[0], nb0 * df2_0[0]])  # (3, n) nuisances at the background-only fit
     u_b, u_s = jac @ resid, s @ resid
-    info_bb = (jac / mu0) @ jac.T
-    info_sb = (s / mu0) @ jac.T  # (K, 3)
-    info_ss = np.einsum("kn,kn->k", s / mu0, s)
+    # Fisher information from expected counts floored at MIN_EXPECTED_EVENTS: a background fit to
+    # a handful of events can put ~1e-320 events in a bin, whose 1/mu overflows; such a bin holds
+    # no information either way, and the floor keeps every term finite.
+    inv_mu = 1.0 / np.maximum(mu0, MIN_EXPECTED_EVENTS)
+    info_bb = (jac * inv_mu) @ jac.T
+    info_sb = (s * inv_mu) @ jac.T  # (K, 3)
+    info_ss = np.einsum("kn,kn->k", s * inv_mu, s)
     try:
         solved = np.linalg.solve(info_bb, np.column_stack([u_b, info_sb.T]))
     except np.linalg.LinAlgError:
