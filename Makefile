@@ -34,7 +34,7 @@ JOBS        ?= 2
 PYTEST_ARGS ?=
 
 # `make reproduce` runs the notebooks listed in configs/$(PROFILE).yaml, in order, with
-# their parameters (lib/reproduce.py), writing under build/PROFILE/ only: smoke runs them all with
+# their parameters (lib/notebooks/reproduce.py), writing under build/PROFILE/ only: smoke runs them all with
 # small numbers (minutes); full (the default) is the run that regenerates the evidence (hours), into
 # build/full/evidence/, which `make promote-evidence` then copies over the committed evidence/;
 # committed runs notebook 04 alone on evidence/. Reports go to reports/ (full) or reports/PROFILE/.
@@ -93,7 +93,7 @@ test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
 # 1.15's GRPO and SFT trainers need triton, so the training runs, marked slow, are left out).
 GPU_SET_VENV  ?= .venv-gpu-set
 GPU_SET_STAMP  = $(GPU_SET_VENV)/.installed
-GPU_SET_TESTS ?= tests/test_gpu_path.py tests/test_multiturn.py tests/test_training.py tests/test_training_processes.py tests/test_warm_start.py
+GPU_SET_TESTS ?= tests/test_gpu_path.py tests/test_llm_rollouts.py tests/test_training.py tests/test_training_processes.py tests/test_warm_start.py
 
 $(GPU_SET_STAMP): requirements.txt requirements-gpu.txt pyproject.toml scripts/gpu_set_requirements.py
 	$(PYTHON) -m venv $(GPU_SET_VENV)
@@ -107,16 +107,16 @@ test-gpu-set: $(GPU_SET_STAMP) ## the GPU training set's CPU-checkable tests (in
 	$(GPU_SET_VENV)/bin/python -m pytest -p no:cacheprovider -n $(JOBS) -m "not slow" $(GPU_SET_TESTS)
 
 reproduce: setup ## run the notebooks headlessly into build/PROFILE/: PROFILE=smoke (minutes), full (the evidence run, hours), committed
-	$(RUN_ENV) $(PY) -m lib.reproduce --profile $(PROFILE) --build-dir $(BUILD)/$(PROFILE_NAME) $(if $(ONLY),--only $(ONLY)) $(if $(VERBOSE),--verbose)
+	$(RUN_ENV) $(PY) -m lib.notebooks.reproduce --profile $(PROFILE) --build-dir $(BUILD)/$(PROFILE_NAME) $(if $(ONLY),--only $(ONLY)) $(if $(VERBOSE),--verbose)
 
 promote-evidence: setup ## copy a complete full run's evidence (build/full/evidence) over the committed evidence/
-	$(PY) -m lib.reproduce --promote --build-dir $(BUILD)/full
+	$(PY) -m lib.notebooks.reproduce --promote --build-dir $(BUILD)/full
 
-verify-evidence: setup ## replay the committed evidence episodes: every reward and grade must come back (python -m lib.replay)
-	$(RUN_ENV) $(PY) -m lib.replay evidence/pre_eval.jsonl evidence/post_eval.jsonl
+verify-evidence: setup ## replay the committed evidence episodes: every reward and grade must come back (python -m lib.report.replay)
+	$(RUN_ENV) $(PY) -m lib.report.replay evidence/pre_eval.jsonl evidence/post_eval.jsonl
 
 report: setup ## export build/PROFILE/*.ipynb to offline HTML: reports/ for full, reports/PROFILE/ for the others
-	$(RUN_ENV) $(PY) -m lib.report $(BUILD)/$(PROFILE_NAME) $(if $(filter full,$(PROFILE_NAME)),$(REPORTS),$(REPORTS)/$(PROFILE_NAME))
+	$(RUN_ENV) $(PY) -m lib.notebooks.export $(BUILD)/$(PROFILE_NAME) $(if $(filter full,$(PROFILE_NAME)),$(REPORTS),$(REPORTS)/$(PROFILE_NAME))
 
 report-assets: ## refresh reports/assets/ (widget manager, require.js) from the npm registry (needs npm)
 	@tmp=$$(mktemp -d) && cd $$tmp && \

@@ -21,7 +21,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from cernenv import CERNCollisionEnvironment  # noqa: E402
 from cernenv.scenarios import DIFFICULTIES, list_scenarios  # noqa: E402
-from lib.baselines import HeuristicAgent, RandomAgent  # noqa: E402
+from lib.agents.baselines import HeuristicAgent, RandomAgent  # noqa: E402
 
 RANDOM_STEPS_TARGET = 2000.0
 HEURISTIC_EPISODES_TARGET = 50.0

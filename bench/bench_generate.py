@@ -5,7 +5,7 @@
 
 The episodes are one GRPO step's worth (groups of `num_generations` on training tasks),
 sampled at the training temperature with the same seed for every engine, played to the
-end (or `--max_turns`, TrainConfig's). Reported per engine (`lib.multiturn.GENERATION_ENGINES`): wall
+end (or `--max_turns`, TrainConfig's). Reported per engine (`lib.episodes.generation.GENERATION_ENGINES`): wall
 seconds, tokens the model generated, tokens/s. `auto` picks the fastest of this table for
 the device (`cached` on a CPU, `generate` on a GPU); run this where you train to check.
 
@@ -35,7 +35,9 @@ def main(argv=None) -> int:
     config, args = parse_train_config(argv, parser)  # imports unsloth first where the run may use it
     import torch
 
-    from lib.multiturn import Sampling, hf_generate_fn, play_episodes
+    from lib.agents.prompting import Sampling
+    from lib.episodes.generation import hf_generate_fn
+    from lib.episodes.llm_rollouts import play_episodes
     from lib.training.backends import load_policy, resolve_backend
     from lib.training.warm_start import sft_warm_start
 

@@ -2,9 +2,9 @@
 
     python bench/bench_prompt.py                 # or: --every 4
 
-Plays HeuristicAgent over the held-out evaluation suite (`lib.evaluation.heldout_suite`, the
+Plays HeuristicAgent over the held-out evaluation suite (`lib.measure.evaluation.heldout_suite`, the
 published key's worlds: curated and procedural scenarios) and lays each campaign out as the
-policy plays it (`lib.multiturn.ChatLayout` with the project's tokenizer: the system prompt and
+policy plays it (`lib.episodes.chat.ChatLayout` with the project's tokenizer: the system prompt and
 the first observation, then each action and the environment's next message), and measures the
 tokens of the whole conversation (what the policy reads at its last turn and the trainer
 scores), of its first prompt, and of each later turn. Target: median campaign under 3,000 tokens.
@@ -17,11 +17,11 @@ import sys
 
 import numpy as np
 
-from lib.baselines import HeuristicAgent
-from lib.evaluation import PUBLISHED_KEY, heldout_suite
-from lib.multiturn import ChatLayout
-from lib.prompting import action_to_json
-from lib.rollouts import transitions
+from lib.agents.baselines import HeuristicAgent
+from lib.agents.prompting import action_to_json
+from lib.episodes.agent_rollouts import transitions
+from lib.episodes.chat import ChatLayout
+from lib.measure.evaluation import PUBLISHED_KEY, heldout_suite
 
 CAMPAIGN_TOKENS_MEDIAN_TARGET = 3000
 
@@ -54,7 +54,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--every", type=int, default=1, help="play every n-th episode of the held-out suite")
     args = parser.parse_args()
-    from lib.tokenizer import build_tokenizer
+    from lib.training.tokenizer import build_tokenizer
 
     specs = heldout_suite()[:: args.every]
     lengths = np.array(campaign_lengths(build_tokenizer(), specs), dtype=float)

@@ -5,9 +5,9 @@
 1. Evidence: the first `--tasks` held-out tasks played by `RandomAgent` ("before") and
    `HeuristicAgent` ("after") with the published key (whole campaigns, ~20 steps, as a trained
    policy's are; they replay), a short training log, and the rendered evidence.
-2. Notebook 04 on it (papermill, headless), exported by `lib.report` into three pages: their
+2. Notebook 04 on it (papermill, headless), exported by `lib.notebooks.export` into three pages: their
    sizes (the target: under 3 MB each).
-3. The live browser (`lib.widgets.TrajectoryBrowser`) in this process: choosing each episode,
+3. The live browser (`lib.report.browser.TrajectoryBrowser`) in this process: choosing each episode,
    then moving the step slider over every step of it; the slowest and median answer, wall and CPU
    seconds (the target: under 1 s). The machines here are shared and virtual: CPU seconds
    compare across runs, wall seconds only side by side.
@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_evidence(folder: Path, tasks: int) -> None:
-    from lib.baselines import HeuristicAgent, RandomAgent
-    from lib.evaluation import PUBLISHED_KEY, heldout_suite
-    from lib.evidence import EvidencePaths, TrainingLogWriter, render_all
-    from lib.records import as_episode_dict, save_episodes_jsonl
-    from lib.rollouts import collect_episodes
+    from lib.agents.baselines import HeuristicAgent, RandomAgent
+    from lib.episodes.agent_rollouts import collect_episodes
+    from lib.episodes.records import as_episode_dict, save_episodes_jsonl
+    from lib.measure.evaluation import PUBLISHED_KEY, heldout_suite
+    from lib.report.evidence import EvidencePaths, TrainingLogWriter, render_all
 
     suite = heldout_suite()
     specs = suite[:: max(1, len(suite) // tasks)][:tasks]  # both parts of the suite
@@ -66,8 +66,8 @@ def make_evidence(folder: Path, tasks: int) -> None:
 def measure_pages(evidence: Path, out: Path) -> dict:
     import papermill
 
-    from lib.report import export_reports
-    from lib.reproduce import record_run
+    from lib.notebooks.export import export_reports
+    from lib.notebooks.reproduce import record_run
 
     build = out / "build"
     build.mkdir(parents=True, exist_ok=True)
@@ -92,8 +92,8 @@ def measure_pages(evidence: Path, out: Path) -> dict:
 
 
 def measure_live_browser(evidence: Path, episodes: int) -> dict:
-    from lib.evidence import read_records
-    from lib.widgets import TrajectoryBrowser
+    from lib.report.browser import TrajectoryBrowser
+    from lib.report.evidence import read_records
 
     pre = read_records(evidence / "pre_eval.jsonl").rows
     post = read_records(evidence / "post_eval.jsonl").rows

@@ -61,7 +61,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 from cernenv.client import CERNEnvClient  # noqa: E402
-from lib.baselines import HeuristicAgent  # noqa: E402
+from lib.agents.baselines import HeuristicAgent  # noqa: E402
 
 from bench_env import episode_specs, heuristic_throughput  # noqa: E402
 from server_load import ABUSE_MS, LOAD_ABUSERS, LoadResult, run_load  # noqa: E402

@@ -98,7 +98,7 @@ def build_model(folder: Path, shape: dict) -> int:
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from lib.tokenizer import build_tokenizer
+    from lib.training.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
     torch.manual_seed(0)

@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 from cernenv import CERNCollisionEnvironment, ExperimentAction  # noqa: E402
 from cernenv.server.app import NO_NEW_WORK_SURCHARGE  # noqa: E402
 from cernenv.server.scheduler import RecentUsage  # noqa: E402
-from lib.baselines import HeuristicAgent  # noqa: E402
+from lib.agents.baselines import HeuristicAgent  # noqa: E402
 
 from server_load import HONEST_SCENARIOS  # noqa: E402
 

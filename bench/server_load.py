@@ -52,7 +52,7 @@ from websockets.asyncio.client import connect
 
 from cernenv.client import CERNEnvClient, parse_observation
 from cernenv.models import ActionType
-from lib.baselines import HeuristicAgent
+from lib.agents.baselines import HeuristicAgent
 
 HONEST_SCENARIOS = ("z_mumu_91", "higgs_4l_125", None)  # None: a procedural campaign (medium)
 ABUSER_KINDS = (

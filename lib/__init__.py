@@ -1,1 +1,3 @@
-"""The learning side of CERNenv Lab: agents, rollouts, evaluation, evidence, training."""
+"""The learning side of CERNenv Lab, in floors that import only downwards (README's layout):
+plumbing here (files, progress, extras, runtime, gpu_set), then agents, episodes, measure,
+report, training and notebooks."""

@@ -19,7 +19,7 @@ Every file under an evidence folder is written here:
 - `check_writable_dir` checks an output folder (not a file, writable) before the work that
   would fill it.
 
-`lib.evidence`'s CSV logs are the one exception to the rename: they are appended to, one
+`lib.report.evidence`'s CSV logs are the one exception to the rename: they are appended to, one
 complete line per `write` under `fcntl.flock` (see that module).
 """
 

@@ -14,7 +14,7 @@ how fast, how long is left. One mechanism for the whole project, tqdm's:
     progress.close()
 
 `lib.training.callbacks.TrainingProgress` drives one for a transformers `Trainer` (SFT, GRPO).
-This module imports no transformers (`lib.multiturn` uses it, and Unsloth must be imported
+This module imports no transformers (`lib.episodes.llm_rollouts` uses it, and Unsloth must be imported
 before transformers).
 """
 

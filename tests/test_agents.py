@@ -11,8 +11,8 @@ import pytest
 from cernenv import ACTION_TABLE, ActionType, CERNCollisionEnvironment, ExperimentAction
 from cernenv.rewards import NO_CLAIM, VIOLATION_PENALTY
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS
-from lib.baselines import HeuristicAgent
-from lib.prompting import (
+from lib.agents.baselines import HeuristicAgent
+from lib.agents.prompting import (
     SYSTEM_PROMPT,
     LLMAgent,
     LLMAgentConfig,
@@ -22,7 +22,7 @@ from lib.prompting import (
     chat_text,
     parse_reply,
 )
-from lib.rollouts import transitions
+from lib.episodes.agent_rollouts import transitions
 
 SCAN = {"action_type": "scan_bump", "parameters": {}, "justification": "look for a bump"}
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cernenv import CERNCollisionEnvironment
-from lib.baselines import HeuristicAgent, OracleAgent, RandomAgent
-from lib.rollouts import collect_agent_episode
+from lib.agents.baselines import HeuristicAgent, OracleAgent, RandomAgent
+from lib.episodes.agent_rollouts import collect_agent_episode
 
 
 def _play(agent, specs):

@@ -26,7 +26,7 @@ from cernenv.rewards import (
 )
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS, Violation
 from cernenv.scenarios import DIFFICULTIES, PROCEDURAL_CONFIGURATIONS, list_scenarios, procedural_scenario
-from lib.baselines import HeuristicAgent, RandomAgent, best_trigger
+from lib.agents.baselines import HeuristicAgent, RandomAgent, best_trigger
 
 from truth_leaks import NUMBER_BOUNDARY, blank_random_ids, truth_patterns
 
@@ -1158,7 +1158,7 @@ def test_random_agent_reward_bookkeeping():
 
 
 def test_analysis_objects_are_the_episodes_own_and_none_until_made():
-    """The public view plots and replays read (lib.plotting.analysis_snapshot), instead of the
+    """The public view plots and replays read (lib.report.plotting.analysis_snapshot), instead of the
     environment's private episode."""
     env = CERNCollisionEnvironment()
     with pytest.raises(RuntimeError, match="reset"):

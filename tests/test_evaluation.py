@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
-from lib.evaluation import (
+from lib.measure.evaluation import (
     GROUPS,
     HELDOUT_SEED_START,
     PARTS,
@@ -24,7 +24,7 @@ from lib.evaluation import (
     split_comparison_table,
     write_baseline_evidence,
 )
-from lib.metrics import agent_metrics, bootstrap_mean, comparison_table, paired_difference
+from lib.measure.metrics import agent_metrics, bootstrap_mean, comparison_table, paired_difference
 
 
 def test_suite_is_fixed_large_and_spans_everything():

@@ -12,10 +12,10 @@ import matplotlib
 import numpy as np
 import pytest
 
-from lib import comparison
-from lib.comparison import before_after_metrics
-from lib.episode_markdown import format_episode_markdown
-from lib.evidence import (
+from lib.measure import comparison
+from lib.measure.comparison import before_after_metrics
+from lib.report.episode_markdown import format_episode_markdown
+from lib.report.evidence import (
     CheckpointEvalWriter,
     EvidencePaths,
     RewardComponentLogWriter,
@@ -569,7 +569,7 @@ def test_checkpoint_row_feeds_the_checkpoint_writer(tmp_path):
 
 def test_training_curve_leaves_out_flat_panels_and_says_why(tmp_path, monkeypatch):
     """beta = 0 logs no KL and a constant learning rate draws a flat line: the panels go, the title says."""
-    import lib.evidence as evidence
+    import lib.report.evidence as evidence
 
     figures = []
     monkeypatch.setattr(evidence, "_save_figure", lambda fig, path: figures.append(fig) or path)
@@ -614,7 +614,7 @@ def test_training_curve_leaves_out_flat_panels_and_says_why(tmp_path, monkeypatc
 
 
 def test_checkpoint_progression_draws_exact_intervals_on_the_success_rate(tmp_path, monkeypatch):
-    import lib.evidence as evidence
+    import lib.report.evidence as evidence
 
     figures = []
     monkeypatch.setattr(evidence, "_save_figure", lambda fig, path: figures.append(fig) or path)

@@ -1,6 +1,6 @@
 """The committed evidence still describes this checkout's environment: every recorded episode,
 replayed from its seed with its recorded actions, earns the recorded rewards and grade
-(`lib.replay.check_replay`, `make verify-evidence`)."""
+(`lib.report.replay.check_replay`, `make verify-evidence`)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from lib.records import RENAMED_SUMMARY_KEYS, load_episodes_jsonl
-from lib.replay import ReplayCheck, check_replay, main
+from lib.episodes.records import RENAMED_SUMMARY_KEYS, load_episodes_jsonl
+from lib.report.replay import ReplayCheck, check_replay, main
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIDENCE = [ROOT / "evidence" / "pre_eval.jsonl", ROOT / "evidence" / "post_eval.jsonl"]
 PROMPT_SHARE_LIMIT = 0.02
 """Share of replayed prompts that may differ from the record (the processor's last bits reach a
-few rendered digits, lib/replay.py); a change of the environment moves far more, and any change
+few rendered digits, lib/report/replay.py); a change of the environment moves far more, and any change
 of a reward or grade fails."""
 
 

@@ -51,8 +51,8 @@ def test_the_extras_hold_what_lib_asks_for():
 @pytest.mark.parametrize(
     "blocked, code, extra",
     [
-        (["matplotlib"], "import lib.plotting", "plot"),
-        (["ipywidgets"], "import lib.widgets", "notebooks"),
+        (["matplotlib"], "import lib.report.plotting", "plot"),
+        (["ipywidgets"], "import lib.report.browser", "notebooks"),
         (["torch"], "from lib.training import TrainConfig, train\ntrain(TrainConfig())", "train"),
     ],
 )

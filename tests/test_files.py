@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lib.evaluation import write_baseline_evidence
+from lib.episodes.records import load_episodes_jsonl, save_episodes_jsonl
 from lib.files import (
     FILE_MODE,
     LOCK_NAME,
@@ -35,8 +35,8 @@ from lib.files import (
     sweep_stale_temporaries,
     write_json,
 )
-from lib.metrics import estimates_from_json
-from lib.records import load_episodes_jsonl, save_episodes_jsonl
+from lib.measure.evaluation import write_baseline_evidence
+from lib.measure.metrics import estimates_from_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

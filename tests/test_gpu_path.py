@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.multiturn import BatchedGenerate, CachedGenerator, Sampling, hf_generate_fn, play_episodes
+from lib.agents.prompting import Sampling
+from lib.episodes.generation import BatchedGenerate, CachedGenerator, hf_generate_fn
+from lib.episodes.llm_rollouts import play_episodes
 from lib.training import TrainConfig, backends
 from lib.training.run import task_key
 
@@ -199,7 +201,7 @@ def test_unsloth_loads_a_saved_policy_offline_with_the_tokenizer_it_was_trained_
     the folder's own; the folder loads without asking the Hub; lora_r=0 is full fine-tuning."""
     from transformers import AutoTokenizer
 
-    from lib.tokenizer import load_tokenizer
+    from lib.training.tokenizer import load_tokenizer
 
     calls: list = []
     monkeypatch.setitem(sys.modules, "unsloth", _fake_unsloth(calls))

@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lib.reproduce import default_kernel_name
+from lib.notebooks.reproduce import default_kernel_name
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -151,8 +151,8 @@ def test_notebook_02_runs_and_writes_the_baselines(tmp_path, monkeypatch):
 def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
     """Two GRPO steps of a randomly initialised tiny model (no SFT, to stay fast), end to end."""
     papermill = pytest.importorskip("papermill")
-    from lib.policy_model import build_tiny_model
-    from lib.tokenizer import build_tokenizer
+    from lib.training.policy_model import build_tiny_model
+    from lib.training.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
     model_dir = tmp_path / "tiny"
@@ -213,7 +213,7 @@ def test_notebook_03_parameters_are_train_config_fields_with_its_defaults():
     assert assigned and set(assigned) <= names, f"not TrainConfig fields: {set(assigned) - names}"
     restated = [name for name, value in assigned.items() if ast.unparse(value) != f"TrainConfig.{name}"]
     assert not restated, f"parameters restating a default instead of reading TrainConfig's: {restated}"
-    from lib.reproduce import load_profile
+    from lib.notebooks.reproduce import load_profile
 
     for profile in ("full", "smoke", "untrained"):
         assert set(load_profile(profile)["03_train_grpo"]) <= names | {"TRAIN_CONFIG"}, profile

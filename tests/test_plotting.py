@@ -1,4 +1,4 @@
-"""lib.plotting draws a spectrum, its fit and a bump scan with the expected artists."""
+"""lib.report.plotting draws a spectrum, its fit and a bump scan with the expected artists."""
 
 import matplotlib
 
@@ -13,7 +13,7 @@ from cernenv import CERNCollisionEnvironment, ExperimentAction  # noqa: E402
 from cernenv.physics.angular import spin_likelihoods  # noqa: E402
 from cernenv.physics.fitting import fit_background_only, fit_signal_plus_background  # noqa: E402
 from cernenv.physics.scan import scan_local_significance  # noqa: E402
-from lib import plotting  # noqa: E402
+from lib.report import plotting  # noqa: E402
 
 SETUP = [
     ("configure_beam", {"beam_energy_tev": 13.6}),

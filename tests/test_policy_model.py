@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.policy_model import TinyModelConfig, build_tiny_model, untrained_stand_in
-from lib.tokenizer import build_tokenizer
+from lib.training.policy_model import TinyModelConfig, build_tiny_model, untrained_stand_in
+from lib.training.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")

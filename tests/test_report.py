@@ -9,8 +9,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lib.report import READERS_SUFFIX, STANDALONE_SUFFIX, check_browser, export_html, export_reports, find_chromium
-from lib.reproduce import default_kernel_name
+from lib.notebooks.export import (
+    READERS_SUFFIX,
+    STANDALONE_SUFFIX,
+    check_browser,
+    export_html,
+    export_reports,
+    find_chromium,
+)
+from lib.notebooks.reproduce import default_kernel_name
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "04_evidence_analysis"
@@ -109,7 +116,7 @@ def test_report_pages_load_nothing_from_the_network(executed_04, tmp_path):
 
 
 def test_the_saved_widget_state_keeps_only_what_the_outputs_show_and_their_links():
-    from lib.report import WIDGET_STATE, WIDGET_VIEW, trim_widget_state
+    from lib.notebooks.export import WIDGET_STATE, WIDGET_VIEW, trim_widget_state
 
     def model(name, **state):
         return {"model_name": name, "model_module": "@jupyter-widgets/controls", "state": state}
@@ -139,7 +146,7 @@ def test_every_page_says_which_profile_and_commit_made_it(tmp_path):
     import nbformat
     from nbformat.v4 import new_markdown_cell, new_notebook
 
-    from lib.report import provenance
+    from lib.notebooks.export import provenance
 
     build = tmp_path / "build" / "smoke"
     build.mkdir(parents=True)

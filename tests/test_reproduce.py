@@ -7,8 +7,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from lib import reproduce
-from lib.reproduce import ReproduceError, load_profile
+from lib.notebooks import reproduce
+from lib.notebooks.reproduce import ReproduceError, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_NAMES = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))

@@ -14,9 +14,9 @@ import pytest
 
 from cernenv import ActionType, CERNCollisionEnvironment, ExperimentAction
 from cernenv.scenarios import DIFFICULTIES, list_scenarios
-from lib.baselines import AlwaysNullAgent, HeuristicAgent, RandomAgent
-from lib.metrics import bootstrap_mean
-from lib.rollouts import collect_agent_episode
+from lib.agents.baselines import AlwaysNullAgent, HeuristicAgent, RandomAgent
+from lib.episodes.agent_rollouts import collect_agent_episode
+from lib.measure.metrics import bootstrap_mean
 
 N_EPISODES = 210
 

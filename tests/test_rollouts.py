@@ -9,10 +9,17 @@ import os
 import pytest
 
 from cernenv import CERNCollisionEnvironment
-from lib.baselines import HeuristicAgent, OracleAgent, RandomAgent
-from lib.prompting import LLMAgentConfig, Sampling, action_to_json, chat_text
-from lib.records import EpisodeRecord, EpisodeSpec, StepRecord, load_episodes_jsonl, pair_key, save_episodes_jsonl
-from lib.rollouts import collect_agent_episode, collect_episode, collect_episodes, transitions
+from lib.agents.baselines import HeuristicAgent, OracleAgent, RandomAgent
+from lib.agents.prompting import LLMAgentConfig, Sampling, action_to_json, chat_text
+from lib.episodes.agent_rollouts import collect_agent_episode, collect_episode, collect_episodes, transitions
+from lib.episodes.records import (
+    EpisodeRecord,
+    EpisodeSpec,
+    StepRecord,
+    load_episodes_jsonl,
+    pair_key,
+    save_episodes_jsonl,
+)
 
 # The fields of the original rollout collector, which downstream code reads.
 SEED_STEP_FIELDS = {
@@ -153,7 +160,7 @@ class TruthSeeker(HeuristicAgent):
 def test_an_agent_that_asks_for_the_truth_gets_nothing():
     """Only the evaluator hands the truth (`reveal_truth`, `reveal_truth_to`): an agent whose
     `reset` takes `truth`, or that has the oracle's `observe_truth`, is given nothing."""
-    from lib.evaluation import PUBLISHED_KEY, evaluate_agents, heldout_suite
+    from lib.measure.evaluation import PUBLISHED_KEY, evaluate_agents, heldout_suite
 
     seeker = TruthSeeker()
     collect_agent_episode(env=CERNCollisionEnvironment(), agent=seeker, seed=4, scenario="higgs_4l_125")

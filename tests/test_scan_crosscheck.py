@@ -29,7 +29,7 @@ from iminuit import Minuit
 from cernenv import CERNCollisionEnvironment
 from cernenv.physics import fit_background_only, shapes
 from cernenv.scenarios import list_scenarios
-from lib.baselines import HeuristicAgent
+from lib.agents.baselines import HeuristicAgent
 
 SHORTFALL = 0.5  # sigma
 

@@ -61,7 +61,7 @@ from cernenv.server.app import (
 from cernenv.server.guard import ConnectionGuard, GuardedListener, listening_socket
 from cernenv.server.scheduler import FairScheduler
 from cernenv.server.sessions import RequestContext
-from lib.baselines import HeuristicAgent, RandomAgent, best_trigger
+from lib.agents.baselines import HeuristicAgent, RandomAgent, best_trigger
 
 from truth_leaks import blank_random_ids, leaked_truth
 

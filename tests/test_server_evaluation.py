@@ -213,7 +213,7 @@ def test_an_mcp_agent_plays_an_episode_with_openenvs_own_client_and_grades_withh
     the answers carry no grade, the ledger gets it, and closing the client ends the session."""
     from openenv.core.mcp_client import MCPToolClient
 
-    from lib.baselines import HeuristicAgent
+    from lib.agents.baselines import HeuristicAgent
 
     server = evaluation_server
     before = len(read_ledger(server.ledger))

@@ -43,7 +43,7 @@ from cernenv.server.evaluation import read_ledger
 from cernenv.server.guard import ConnectionGuard, guarded_protocols, guarded_server
 from cernenv.server.pacing import FREE_MESSAGES_WITHOUT_WORK, MAX_CONTROL_FRAME_DEBT_S, WASTED_WORK_PAUSE_S
 from cernenv.server.wire import MAX_JSON_DEPTH
-from lib.baselines import HeuristicAgent
+from lib.agents.baselines import HeuristicAgent
 
 SESSIONS, SESSIONS_PER_CLIENT = 8, 2
 CONNECTIONS, CONNECTIONS_PER_CLIENT = 64, 8

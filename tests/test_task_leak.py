@@ -237,7 +237,7 @@ MEASURED_STEPS = ("collect_collisions", "build_invariant_mass")
 def _data_step_calls(env: CERNCollisionEnvironment, seed: int, difficulty: str) -> Dict[str, Tuple[str, int]]:
     """HeuristicAgent's campaign up to its first spectrum: for the first collection and the first
     spectrum, (the actions up to it, the Python calls of that step)."""
-    from lib.baselines import HeuristicAgent
+    from lib.agents.baselines import HeuristicAgent
 
     agent, found, actions = HeuristicAgent(), {}, []
     obs = env.reset(seed=seed, difficulty=difficulty)

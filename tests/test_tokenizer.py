@@ -7,12 +7,12 @@ import json
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-import lib.tokenizer as tokenizer_module
+import lib.training.tokenizer as tokenizer_module
 from cernenv import CERNCollisionEnvironment
-from lib.baselines import HeuristicAgent
-from lib.prompting import SYSTEM_PROMPT, action_to_json, build_chat
-from lib.rollouts import transitions
-from lib.tokenizer import ASSISTANT, END, PAD, SPECIAL_TOKENS, build_tokenizer, make_prompt_fn
+from lib.agents.baselines import HeuristicAgent
+from lib.agents.prompting import SYSTEM_PROMPT, action_to_json, build_chat
+from lib.episodes.agent_rollouts import transitions
+from lib.training.tokenizer import ASSISTANT, END, PAD, SPECIAL_TOKENS, build_tokenizer, make_prompt_fn
 
 SMALL = {"vocab_size": 512, "n_episodes": 4}
 
@@ -90,9 +90,9 @@ def test_default_caches_are_at_the_repository_root_whatever_the_working_director
     """Notebooks run in notebooks/: a cwd-relative cache made them rebuild the 30-minute warm start."""
     from pathlib import Path
 
-    from lib.policy_model import untrained_stand_in
+    from lib.training.policy_model import untrained_stand_in
 
-    root = Path(tokenizer_module.__file__).resolve().parents[1]
+    root = Path(tokenizer_module.__file__).resolve().parents[2]
     monkeypatch.chdir(tmp_path)
     tokenizer = build_tokenizer()
     assert list((root / ".cache" / "tokenizer").glob("bpe-*/tokenizer.json"))

@@ -15,14 +15,14 @@ import torch
 
 from cernenv.rewards import COMPONENT_NAMES
 from cernenv.scenarios import list_scenarios
-from lib.evaluation import HELDOUT_SEED_START, heldout_suite
+from lib.episodes.records import load_episodes_jsonl
 from lib.files import DiskFullError, FolderLockedError
-from lib.records import load_episodes_jsonl
-from lib.tokenizer import corpus_specs
+from lib.measure.evaluation import HELDOUT_SEED_START, heldout_suite
 from lib.training import TrainConfig
 from lib.training.backends import resolve_backend, unsloth_available
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, training_dataset, training_tasks
 from lib.training.run import drop_rows_after, train
+from lib.training.tokenizer import corpus_specs
 
 
 def smoke_config(tmp_path, model_dir, **overrides):
@@ -141,7 +141,7 @@ def test_backend_auto_is_trl_without_a_gpu():
 def test_rollout_func_plays_each_group_on_one_task(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from lib.tokenizer import load_tokenizer
+    from lib.training.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -325,7 +325,9 @@ def test_lora_run_saves_the_adapter_merges_it_and_plans_the_hub_push(tmp_path, t
     """A LoRA run leaves the adapter in final/ and, with save_merged, the merged weights; the
     dry-run push checks them and sends nothing; the merged model plays exactly as the
     adapter on its base does (what a user of the published weights gets)."""
-    from lib.multiturn import Sampling, hf_generate_fn, play_episodes
+    from lib.agents.prompting import Sampling
+    from lib.episodes.generation import hf_generate_fn
+    from lib.episodes.llm_rollouts import play_episodes
     from lib.training.publish import load_trained_policy, model_kind, push_to_hub
 
     config = smoke_config(
@@ -437,9 +439,9 @@ def test_a_saved_policy_folder_gives_back_the_tokenizer_it_was_trained_with(tiny
     import shutil
 
     from cernenv import CERNCollisionEnvironment
-    from lib.multiturn import first_messages
-    from lib.tokenizer import build_tokenizer, load_tokenizer
+    from lib.episodes.chat import first_messages
     from lib.training.publish import load_trained_policy
+    from lib.training.tokenizer import build_tokenizer, load_tokenizer
 
     project = build_tokenizer()
     obs = CERNCollisionEnvironment().reset(seed=901000, scenario="higgs_diphoton_125")

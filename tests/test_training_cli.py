@@ -218,8 +218,8 @@ def test_the_command_line_imports_unsloth_after_parsing_and_before_transformers(
     assert seen == "SEEN [[]]", f"asked for unsloth once, before transformers, trl and peft: {seen}"
 
 
-def test_a_configuration_is_checked_without_torch_with_the_engines_multiturn_knows():
-    from lib.multiturn import GENERATION_ENGINES
+def test_a_configuration_is_checked_without_torch_with_the_engines_generation_knows():
+    from lib.episodes.generation import GENERATION_ENGINES
     from lib.training.config import GENERATION_ENGINES as CONFIG_ENGINES
 
     assert CONFIG_ENGINES == GENERATION_ENGINES

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.policy_model import build_tiny_model
-from lib.tokenizer import build_tokenizer
 from lib.training import TrainConfig
+from lib.training.policy_model import build_tiny_model
 from lib.training.processes import gather, shard, shard_bounds
 from lib.training.run import accumulation_per_process
+from lib.training.tokenizer import build_tokenizer
 from lib.training.warm_start import demonstration_examples
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.evaluation import heldout_suite
-from lib.multiturn import play_episodes
-from lib.prompting import Sampling, parse_reply, round_significant
-from lib.tokenizer import corpus_specs
+from lib.agents.prompting import Sampling, parse_reply, round_significant
+from lib.episodes.llm_rollouts import play_episodes
+from lib.measure.evaluation import heldout_suite
 from lib.training import TrainConfig
 from lib.training.backends import load_policy
 from lib.training.run import train
+from lib.training.tokenizer import corpus_specs
 from lib.training.warm_start import (
     DEMONSTRATION_SEED,
     cached_warm_start_dir,
@@ -30,7 +30,7 @@ from lib.training.warm_start import (
 def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
     """A demonstration replayed through `play_episodes` (a generator that writes the
     demonstrated replies) gives the same tokens, and its action mask is GRPO's env_mask."""
-    from lib.tokenizer import load_tokenizer
+    from lib.training.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
     (example,) = demonstration_examples(tokenizer, 1)
@@ -86,7 +86,7 @@ def test_the_trainer_s_loss_covers_the_actions_and_nothing_else(tiny_model_dir, 
 
 def test_demonstrations_write_numbers_as_prompts_show_them(tiny_model_dir):
     """Four significant digits, and a claim quotes the fit's mass error as the logbook shows it."""
-    from lib.tokenizer import load_tokenizer
+    from lib.training.tokenizer import load_tokenizer
 
     assert round_significant(0.21110827456039238, 4) == 0.2111
     assert round_significant({"m": [125.019, 3], "z": -0.0012345, "ok": True, "c": "x"}, 4) == {

@@ -55,7 +55,7 @@ def ledger_path(directory: Path) -> Path:
 
 def fingerprint(secret: str) -> str:
     """A public name for `secret`: the first 16 hex digits of its SHA-256 (as
-    `lib.evaluation.EvaluationKey.fingerprint` names its keys). It tells which secret a server
+    `lib.measure.evaluation.EvaluationKey.fingerprint` names its keys). It tells which secret a server
     holds (announce it before an evaluation, reveal the secret after) and nothing about it."""
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()[:16]
 

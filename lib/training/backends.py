@@ -143,10 +143,10 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM
 
-    from lib.tokenizer import build_tokenizer, load_tokenizer
+    from lib.training.tokenizer import build_tokenizer, load_tokenizer
 
     if name == TINY_MODEL:
-        from lib.policy_model import untrained_stand_in
+        from lib.training.policy_model import untrained_stand_in
 
         tokenizer = build_tokenizer()
         model = untrained_stand_in(tokenizer)
@@ -172,7 +172,7 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
 def _load_unsloth(config: TrainConfig, name: str) -> Policy:
     from unsloth import FastLanguageModel
 
-    from lib.tokenizer import load_tokenizer, saves_its_own_pipeline
+    from lib.training.tokenizer import load_tokenizer, saves_its_own_pipeline
 
     if name == TINY_MODEL:
         raise ValueError(

@@ -1,4 +1,4 @@
-"""`EvidenceCallback`: writes the evidence of a GRPO run while it trains (`lib.evidence`).
+"""`EvidenceCallback`: writes the evidence of a GRPO run while it trains (`lib.report.evidence`).
 
 - on each log: a training_log.csv row (step, epoch, loss, reward, reward_std, kl,
   grad_norm, learning_rate, wall_time_s), then the training-curve and reward-component
@@ -23,8 +23,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from transformers import TrainerCallback
 
-from lib.comparison import checkpoint_row
-from lib.evidence import (
+from lib.measure.comparison import checkpoint_row
+from lib.progress import Progress
+from lib.report.evidence import (
     CheckpointEvalWriter,
     EvidencePaths,
     TrainingLogWriter,
@@ -32,7 +33,6 @@ from lib.evidence import (
     render_reward_components,
     render_training_curve,
 )
-from lib.progress import Progress
 
 logger = logging.getLogger(__name__)
 

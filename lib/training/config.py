@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union, get_args, get_origin, get_type_hints
 
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
-from lib.prompting import Sampling
+from lib.agents.prompting import Sampling
 
 TINY_MODEL = "cernenv-tiny"
 """`model_name` of the CPU stand-in: the project's own tokenizer and a tiny Qwen2 network with
-random weights (`lib.policy_model`), which the run's warm start teaches the environment from
+random weights (`lib.training.policy_model`), which the run's warm start teaches the environment from
 scratch (the defaults below). Not a real LLM. With `warm_start_episodes=0` it cannot play:
 smoke runs that exercise the plumbing."""
 GPU_DEFAULT_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
@@ -27,7 +27,7 @@ BACKENDS = ("auto", "unsloth", "trl")
 WARM_START_LOSSES = ("actions", "conversation")
 SCALE_REWARDS = ("group", "batch", "none")
 GENERATION_ENGINES = ("auto", "cached", "generate")
-"""`lib.multiturn.GENERATION_ENGINES`, restated so that a configuration is checked without torch
+"""`lib.episodes.generation.GENERATION_ENGINES`, restated so that a configuration is checked without torch
 (tests/test_training_cli.py holds the two equal)."""
 REPORT_TO = (
     "none",
@@ -65,7 +65,7 @@ class TrainConfig:
     use_vllm: bool = False
     """Generate with vLLM (TRL's colocated engine, which Unsloth's `fast_inference` backs); GPU only."""
     generation_engine: str = "auto"
-    """How episodes are generated (`lib.multiturn.GENERATION_ENGINES`): `generate` (the model's own
+    """How episodes are generated (`lib.episodes.generation.GENERATION_ENGINES`): `generate` (the model's own
     `generate`, batched over live episodes; Unsloth's inference path on that backend), `cached`
     (the project's KV-cached decoder), or `auto`: generate on a GPU, cached on a CPU
     (`make bench-generate` compares them). Ignored with `use_vllm`."""
@@ -154,7 +154,7 @@ class TrainConfig:
     """Episodes of the fixed subset of the held-out suite used at checkpoints."""
     eval_episodes: Optional[int] = None
     """Episodes of the held-out suite for the pre/post evaluation, its first ones (None: the whole
-    suite, `lib.evaluation.heldout_suite()`)."""
+    suite, `lib.measure.evaluation.heldout_suite()`)."""
     eval_batch_size: int = 40
     """Episodes played in lockstep during evaluation."""
     logging_steps: int = 1
@@ -165,7 +165,7 @@ class TrainConfig:
     03's live view), "trackio", "wandb", ...; "none" (or an empty list): none. The evidence CSVs
     and plots are written either way."""
     evidence_dir: str = "build/evidence"
-    """Where the evidence is written (`lib.evidence.EvidencePaths`), locked while the run lives.
+    """Where the evidence is written (`lib.report.evidence.EvidencePaths`), locked while the run lives.
     The committed `evidence/` is written only when named here (or by `make promote-evidence`)."""
     output_dir: str = "outputs/grpo"
     """Checkpoints, the final model and train_config.json, locked while the run lives."""

@@ -5,7 +5,7 @@ What one optimisation step does:
 1. The trainer draws training tasks (a seed with a curated scenario or a difficulty)
    from the dataset and repeats each `num_generations` times: a *group*.
 2. `CampaignRollout` (the trainer's `rollout_func`) plays every episode of the batch to
-   the end with the current policy (`lib.multiturn.play_episodes`): the model writes each
+   the end with the current policy (`lib.episodes.llm_rollouts.play_episodes`): the model writes each
    action and reads the environment's observation after it. A group plays the same
    seed and scenario, so its episodes differ only by what the policy sampled.
 3. Each reward component (`cernenv.rewards.COMPONENT_NAMES`) is its own reward function;
@@ -30,11 +30,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from cernenv.rewards import COMPONENT_NAMES
-from lib.evaluation import assert_disjoint_from_suite, heldout_suite
-from lib.evidence import RewardComponentLogWriter
-from lib.multiturn import GenerateFn, PlayedEpisode, hf_generate_fn, play_episodes
-from lib.prompting import Sampling
-from lib.records import EpisodeRecord, EpisodeSpec
+from lib.agents.prompting import Sampling
+from lib.episodes.generation import GenerateFn, hf_generate_fn
+from lib.episodes.llm_rollouts import PlayedEpisode, play_episodes
+from lib.episodes.records import EpisodeRecord, EpisodeSpec
+from lib.measure.evaluation import assert_disjoint_from_suite, heldout_suite
+from lib.report.evidence import RewardComponentLogWriter
 from lib.training.config import TrainConfig
 from lib.training.processes import gather, process_index
 

@@ -43,7 +43,7 @@ def load_trained_policy(model_dir: Path) -> Tuple[Any, Any]:
     An adapter is loaded on top of the base model its adapter_config.json names."""
     from transformers import AutoModelForCausalLM
 
-    from lib.tokenizer import load_tokenizer
+    from lib.training.tokenizer import load_tokenizer
 
     model_dir = Path(model_dir)
     if model_kind(model_dir) == "adapter":
@@ -108,7 +108,7 @@ def model_card(model_dir: Path, repo_id: str, base_model: Optional[str] = None) 
     else:
         origin = (
             f"trained from {Path(base).name if base else 'a base model that was not recorded'}, which is not on "
-            "the Hub (`cernenv-tiny` is the project's CPU stand-in, built by `lib.policy_model`)"
+            "the Hub (`cernenv-tiny` is the project's CPU stand-in, built by `lib.training.policy_model`)"
         )
     form = "a LoRA adapter (PEFT)" if adapter else "the whole model"
     body = (

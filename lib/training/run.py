@@ -39,13 +39,14 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from cernenv.scenarios import list_scenarios
-from lib.comparison import before_after_metrics
-from lib.evaluation import PUBLISHED_KEY
-from lib.evidence import EvidencePaths, render_all
+from lib.agents.prompting import Sampling
+from lib.episodes.generation import hf_generate_fn
+from lib.episodes.llm_rollouts import play_episodes
+from lib.episodes.records import EpisodeSpec, load_episodes_jsonl, save_episodes_jsonl
 from lib.files import DiskFullError, FolderLock, atomic_write, check_writable_dir, disk_full_error, is_disk_full
-from lib.multiturn import hf_generate_fn, play_episodes
-from lib.prompting import Sampling
-from lib.records import EpisodeSpec, load_episodes_jsonl, save_episodes_jsonl
+from lib.measure.comparison import before_after_metrics
+from lib.measure.evaluation import PUBLISHED_KEY
+from lib.report.evidence import EvidencePaths, render_all
 from lib.runtime import CPU_STAND_IN_TIMES
 from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import EvidenceCallback, trainer_progress
@@ -103,7 +104,7 @@ def evaluate_policy(
     backend: str = "trl",
 ) -> List[Dict[str, Any]]:
     """Greedy episodes of `model` on `specs` (records as dicts, as the evidence files hold them),
-    in the order of `specs`, drawn with the published evaluation key (`lib.evaluation.PUBLISHED_KEY`:
+    in the order of `specs`, drawn with the published evaluation key (`lib.measure.evaluation.PUBLISHED_KEY`:
     the project's own evidence, which a fresh clone replays). With several processes each plays
     its shard and every process gets all the records."""
     generate = hf_generate_fn(model, tokenizer, config.generation_engine, unsloth=backend == "unsloth")

@@ -12,7 +12,7 @@ One warm start for every model; what differs is configuration (`TrainConfig.warm
   only (`warm_start_loss="actions"`), so that GRPO starts from a policy that plays valid
   campaigns instead of groups of refused episodes that carry no signal.
 
-Each campaign is laid out exactly as `lib.multiturn.play_episodes` lays out the policy's own
+Each campaign is laid out exactly as `lib.episodes.llm_rollouts.play_episodes` lays out the policy's own
 episodes (`ChatLayout`: the first observation as the prompt, then each action and the
 environment's reply, with the model's chat template); the demonstrator is `HeuristicAgent`
 with its numbers written as the policy can copy them (`RoundedDemonstrator`), on training seeds
@@ -38,13 +38,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from cernenv import CERNCollisionEnvironment, ExperimentAction
-from lib.baselines import HeuristicAgent
-from lib.multiturn import ChatLayout
-from lib.prompting import action_to_json, round_significant
-from lib.rollouts import transitions
-from lib.tokenizer import PROJECT_CACHE, corpus_specs
+from lib.agents.baselines import HeuristicAgent
+from lib.agents.prompting import action_to_json, round_significant
+from lib.episodes.agent_rollouts import transitions
+from lib.episodes.chat import ChatLayout
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.config import WARM_START_LOSSES, TrainConfig
+from lib.training.tokenizer import PROJECT_CACHE, corpus_specs
 
 logger = logging.getLogger(__name__)
 

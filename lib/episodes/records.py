@@ -42,7 +42,7 @@ class EpisodeSpec:
 
     @property
     def part(self) -> str:
-        """ "known_physics" (a curated scenario) or "unseen" (procedural): see `lib.evaluation.PARTS`."""
+        """ "known_physics" (a curated scenario) or "unseen" (procedural): see `lib.measure.evaluation.PARTS`."""
         return part_of(self.scenario)
 
 
@@ -103,7 +103,7 @@ class EpisodeRecord:
     """Final `resource_usage`: budget [M$], luminosity [fb^-1], time [days], used and left."""
     n_steps: int = 0
     evaluation_key: Optional[Dict[str, str]] = None
-    """The `lib.evaluation.EvaluationKey` the episode's world was drawn with (its name,
+    """The `lib.measure.evaluation.EvaluationKey` the episode's world was drawn with (its name,
     fingerprint and run nonce, never the secret); None: the seed's public world."""
 
     def to_dict(self) -> Dict[str, Any]:

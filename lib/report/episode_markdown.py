@@ -9,10 +9,10 @@ from typing import Any, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from lib.comparison import correct_change, same_tasks, summarise_episodes
-from lib.evaluation import GROUP_WORDS, PARTS, episode_groups, group_label
-from lib.metrics import as_number
-from lib.records import as_episode_dict, pair_key, part_of
+from lib.episodes.records import as_episode_dict, pair_key, part_of
+from lib.measure.comparison import correct_change, same_tasks, summarise_episodes
+from lib.measure.evaluation import GROUP_WORDS, PARTS, episode_groups, group_label
+from lib.measure.metrics import as_number
 
 MAX_TABLE_STEPS = 40
 """Steps listed per episode; the rest are counted."""

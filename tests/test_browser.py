@@ -8,10 +8,10 @@ import ipywidgets as widgets
 import pytest
 
 from cernenv import CERNCollisionEnvironment
-from lib.baselines import HeuristicAgent
-from lib.replay import ReplayMismatch, replay
-from lib.rollouts import collect_agent_episode
-from lib.widgets import TrajectoryBrowser, browser_pairs, prepare_episode, static_trajectory_browser
+from lib.agents.baselines import HeuristicAgent
+from lib.episodes.agent_rollouts import collect_agent_episode
+from lib.report.browser import TrajectoryBrowser, browser_pairs, prepare_episode, static_trajectory_browser
+from lib.report.replay import ReplayMismatch, replay
 
 
 def _episode(seed, **reset):
@@ -197,7 +197,7 @@ def test_the_live_browser_draws_only_the_step_it_shows_and_says_what_it_is_doing
     browser = TrajectoryBrowser({"post": [episodes["won"]], "pre": [episodes["curated"]]})
     seen = []
     drawn = []
-    import lib.widgets as module
+    import lib.report.browser as module
 
     real = module.spectrum_png
     monkeypatch.setattr(module, "spectrum_png", lambda snapshot: drawn.append(1) or real(snapshot))
@@ -272,7 +272,7 @@ def _walk_text(widget) -> str:
     ],
 )
 def test_a_completion_of_blank_lines_is_named_not_drawn(completion, shown):
-    from lib.widgets import _completion_text
+    from lib.report.browser import _completion_text
 
     text = _completion_text(completion)
     assert text.startswith(shown) and text.count("\n") <= 4

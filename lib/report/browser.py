@@ -4,7 +4,7 @@ Two forms over the same step panels:
 
 - `TrajectoryBrowser` (live) calls back into a running kernel: filter by phase
   (pre/post training), scenario and outcome, pick an episode, slide through its steps.
-  An episode is replayed in the environment when first shown (`lib.replay`, ~0.1 s) and a
+  An episode is replayed in the environment when first shown (`lib.report.replay`, ~0.1 s) and a
   step's spectrum drawn when first shown (`EpisodeView.spectrum_png` is lazy); a line
   says what it is doing meanwhile.
 - `static_trajectory_browser` pre-renders a few episodes and ties the controls to the
@@ -34,17 +34,17 @@ try:
     import matplotlib.pyplot as plt
 except ModuleNotFoundError as missing:  # pragma: no cover - depends on the install
     raise ModuleNotFoundError(
-        f"lib.widgets needs {missing.name}, which the notebook extra installs: pip install -e '.[notebooks]' "
+        f"lib.report.browser needs {missing.name}, which the notebook extra installs: pip install -e '.[notebooks]' "
         "(or `make setup`, which installs requirements.txt)",
         name=missing.name,
     ) from None
 
-from lib.episode_markdown import spread_by_reward
-from lib.evidence import palette_png
-from lib.metrics import has_particle
-from lib.plotting import plot_spectrum, savefig, subplots
-from lib.records import as_episode_dict, pair_key, part_of
-from lib.replay import ReplayMismatch, replay
+from lib.episodes.records import as_episode_dict, pair_key, part_of
+from lib.measure.metrics import has_particle
+from lib.report.episode_markdown import spread_by_reward
+from lib.report.evidence import palette_png
+from lib.report.plotting import plot_spectrum, savefig, subplots
+from lib.report.replay import ReplayMismatch, replay
 
 ALL = "all"
 OUTCOMES = (ALL, "success", "failure")
@@ -178,7 +178,7 @@ def episode_header_html(phase: str, episode: Mapping[str, Any]) -> str:
 
 def spectrum_png(snapshot: Mapping[str, Any]) -> Optional[bytes]:
     """Palette PNG of the spectrum in `snapshot`, with its fit (signal+background, else
-    background-only), on the scale its counts call for (`lib.plotting.plot_spectrum`); None before
+    background-only), on the scale its counts call for (`lib.report.plotting.plot_spectrum`); None before
     any spectrum was built. Drawn with a plain label (mplhep's experiment label redraws the figure
     three times to place its text: two thirds of the time)."""
     spectrum = snapshot.get("spectrum")
@@ -362,7 +362,7 @@ def browser_pairs(
     fair sample, not the best. The tasks are grouped by what a reader must see both of (a particle
     or none; the trained policy right or wrong, i.e. success and failure; then the part of the
     suite: unseen particles or known physics), and taken from the groups in turn, each group's
-    spread over the pre-training reward ranking (`lib.episode_markdown.spread_by_reward`).
+    spread over the pre-training reward ranking (`lib.report.episode_markdown.spread_by_reward`).
     Tasks played on one side only are left out."""
     after = {pair_key(e): e for e in post}
     paired = [(e, after[pair_key(e)]) for e in pre if pair_key(e) in after]

@@ -5,7 +5,7 @@ not the spectra and fits its actions made. The environment is deterministic per 
 so sending the recorded actions again rebuilds them; `replay` checks that it does, step by
 step, by comparing the rewards (a changed environment or a record from another code version
 fails loudly instead of showing someone else's physics). `check_replay` compares everything
-a record holds from the environment (`python -m lib.replay FILE...`, `make verify-evidence`).
+a record holds from the environment (`python -m lib.report.replay FILE...`, `make verify-evidence`).
 
 Deterministic per seed means on one machine: floating-point results differ in their last bits
 between processors (numpy's and BLAS's vector kernels, numba's compiled loops), and a few
@@ -26,9 +26,9 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from cernenv import CERNCollisionEnvironment
 from cernenv.scenarios import list_scenarios
+from lib.episodes.records import as_episode_dict, load_episodes_jsonl
 from lib.files import json_text
-from lib.plotting import analysis_snapshot
-from lib.records import as_episode_dict, load_episodes_jsonl
+from lib.report.plotting import analysis_snapshot
 
 REWARD_TOLERANCE = 1e-6
 """Largest difference between a recorded and a replayed step reward that counts as equal."""
@@ -40,8 +40,8 @@ class ReplayMismatch(RuntimeError):
 
 def environment_for(episode: Mapping[str, Any]) -> CERNCollisionEnvironment:
     """An environment that draws `episode`'s world: with the evaluation key it was played with
-    (`lib.evaluation.key_of_record`), if any."""
-    from lib.evaluation import key_of_record
+    (`lib.measure.evaluation.key_of_record`), if any."""
+    from lib.measure.evaluation import key_of_record
 
     key = key_of_record(episode)
     return key.make_env() if key is not None else CERNCollisionEnvironment()
@@ -58,7 +58,7 @@ def reset_for(env: CERNCollisionEnvironment, episode: Mapping[str, Any]) -> Any:
 
 
 def replay(episode: Any, *, upto_step: Optional[int] = None) -> List[Dict[str, Any]]:
-    """The analysis objects (`lib.plotting.analysis_snapshot`) after each recorded step.
+    """The analysis objects (`lib.report.plotting.analysis_snapshot`) after each recorded step.
 
     Returns one snapshot per step played (all of them, or the first `upto_step`); each
     holds `spectrum`, `resonance_fit`, `background_fit` and `scan` as they stood after
@@ -100,9 +100,9 @@ def check_replay(episode: Any) -> ReplayCheck:
     holds from the environment with what the environment returns now (`ReplayCheck`). Unlike
     `replay`, which stops at the first reward that differs, this lists every difference: the
     check that committed evidence still describes the environment of a checkout
-    (`python -m lib.replay FILE...`, `make verify-evidence`)."""
-    from lib.prompting import render_observation
-    from lib.rollouts import episode_record, step_record
+    (`python -m lib.report.replay FILE...`, `make verify-evidence`)."""
+    from lib.agents.prompting import render_observation
+    from lib.episodes.agent_rollouts import episode_record, step_record
 
     record = as_episode_dict(episode)
     env = environment_for(record)
@@ -115,7 +115,7 @@ def check_replay(episode: Any) -> ReplayCheck:
             check.outcome.append(f"{where}: the replay ended after {index} steps, the record has more")
             break
         # the first message of a conversation states the task, later ones leave it out
-        # (`lib.multiturn`); a single-decision prompt always states it
+        # (`lib.episodes.llm_rollouts`); a single-decision prompt always states it
         renderings = {render_observation(obs), render_observation(obs, include_task=False)}
         if recorded.get("prompt") and recorded["prompt"] not in renderings:
             check.prompts.append(f"{where} step {index}")
@@ -153,9 +153,9 @@ def check_replay(episode: Any) -> ReplayCheck:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """`python -m lib.replay FILE...`: replay every episode of evidence JSONL files and report
+    """`python -m lib.report.replay FILE...`: replay every episode of evidence JSONL files and report
     what differs; exit 1 where an outcome differs (or, with --strict, a prompt)."""
-    parser = argparse.ArgumentParser(prog="python -m lib.replay", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lib.report.replay", description=main.__doc__)
     parser.add_argument("files", nargs="+", type=Path, help="episode JSONL files (evidence/pre_eval.jsonl, ...)")
     parser.add_argument("--strict", action="store_true", help="also fail where a prompt differs")
     args = parser.parse_args(argv)

@@ -27,7 +27,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from cernenv import CERNCollisionEnvironment
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
-from lib.metrics import (
+from lib.episodes.agent_rollouts import collect_episodes
+from lib.episodes.records import EpisodeSpec, as_episode_dict, part_of
+from lib.measure.metrics import (
     CONFIDENCE,
     METRICS,
     N_BOOTSTRAP,
@@ -40,8 +42,6 @@ from lib.metrics import (
     estimates_to_json,
     has_particle,
 )
-from lib.records import EpisodeSpec, as_episode_dict, part_of
-from lib.rollouts import collect_episodes
 
 SUITE_VERSION = "v3"
 HELDOUT_SEED_START = EVALUATION_SEED_START
@@ -113,7 +113,7 @@ PUBLISHED_KEY = EvaluationKey("published", "cernenv held-out suite: the publishe
 fresh clone replays that evidence. Never the key to score an agent the project did not train with."""
 
 KEY_FILE_VARIABLE = "CERNENV_EVALUATION_KEY_FILE"
-DEFAULT_KEY_FILE = Path(__file__).resolve().parents[1] / ".cache" / "evaluation.key"
+DEFAULT_KEY_FILE = Path(__file__).resolve().parents[2] / ".cache" / "evaluation.key"
 
 
 def private_key(path: Optional[os.PathLike] = None, *, new_run: bool = True) -> EvaluationKey:

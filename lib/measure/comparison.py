@@ -2,7 +2,7 @@
 
 `before_after_metrics` summarises both sides (`summarise_episodes`: counts, rewards and the
 accuracies of `SUMMARY_METRICS`), their differences with 95% bootstrap intervals (paired by
-task, `lib.metrics.paired_difference`, where both sides hold the same tasks), per group of
+task, `lib.measure.metrics.paired_difference`, where both sides hold the same tasks), per group of
 the suite as well; `before_after_markdown` and `group_table` write it for a reader;
 `checkpoint_row` is a checkpoint's row of checkpoint_evals.csv. The intervals use
 `BOOTSTRAP_SEED`, so a re-render gives the same numbers.
@@ -15,8 +15,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.evaluation import GROUPS, PARTS, episode_groups, group_label
-from lib.metrics import (
+from lib.episodes.records import PAIR_KEY, pair_key
+from lib.measure.evaluation import GROUPS, PARTS, episode_groups, group_label
+from lib.measure.metrics import (
     CONFIDENCE,
     METRICS,
     N_BOOTSTRAP,
@@ -25,12 +26,11 @@ from lib.metrics import (
     bootstrap_mean,
     paired_difference,
 )
-from lib.records import PAIR_KEY, pair_key
 
 BOOTSTRAP_SEED = 0
 """numpy seed of every bootstrap here, so a re-render gives the same intervals."""
 
-# Key in the JSON and checkpoint CSV → metric of `lib.evaluation.METRICS` (one definition of each).
+# Key in the JSON and checkpoint CSV → metric of `lib.measure.evaluation.METRICS` (one definition of each).
 SUMMARY_METRICS = {
     "mean_reward": "mean_reward",
     "success_rate": "success_rate",
@@ -105,7 +105,7 @@ def difference_interval(
 
     Paired (resampling per-task differences) when both sides hold the same episodes by
     (seed, scenario, difficulty), which removes task-to-task variance; otherwise the two
-    sides are resampled independently. The statistics live in `lib.metrics`.
+    sides are resampled independently. The statistics live in `lib.measure.metrics`.
     """
     if same_tasks(pre, post):
         estimate = paired_difference(pre, post, SUMMARY_METRICS[key], seed=BOOTSTRAP_SEED)
@@ -185,7 +185,7 @@ def training_reward_trend(rows: Sequence[Mapping[str, Any]]) -> Optional[Dict[st
 def before_after_markdown(payload: Mapping[str, Any], keys: Sequence[str] = DIFFERENCE_METRICS) -> str:
     """`before_after_metrics` as Markdown: the pair count, then before, after and the difference
     with its 95% interval for each of `keys`; then, when the payload has `groups` (files written
-    before the split have none), the same per group of `lib.evaluation.GROUPS` (`group_table`)."""
+    before the split have none), the same per group of `lib.measure.evaluation.GROUPS` (`group_table`)."""
     rows = ["| metric | before | after | after − before [95% CI] |", "|---|---|---|---|"]
     for key in keys:
         interval = payload["delta_ci95"].get(key)

@@ -2,7 +2,7 @@
 
 Every agent follows one protocol (`Agent`): `reset()` at the start of an episode, then
 `act(observation)` each step, which returns what is sent to `env.step`: an
-`ExperimentAction` (from `lib.prompting.LLMAgent`, whatever of its reply it could not parse).
+`ExperimentAction` (from `lib.agents.prompting.LLMAgent`, whatever of its reply it could not parse).
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ class OracleAgent:
     """An upper bound: reads the hidden truth and runs the ideal analysis of the true channel,
     claiming the true mass and spin. It gets the truth only by the evaluator's explicit word:
     `observe_truth`, which the harness calls where the evaluator passes `reveal_truth`
-    (`lib.rollouts.transitions`, `lib.evaluation.evaluate_agents(..., reveal_truth_to=...)`),
+    (`lib.episodes.agent_rollouts.transitions`, `lib.measure.evaluation.evaluate_agents(..., reveal_truth_to=...)`),
     or `OracleAgent(truth)` for a single episode."""
 
     def __init__(self, truth: Optional[Dict[str, Any]] = None) -> None:
@@ -338,7 +338,8 @@ class OracleAgent:
         if self.truth is None:
             raise ValueError(
                 "OracleAgent needs the hidden truth: OracleAgent(env.hidden_truth()), or play it with "
-                "reveal_truth=True (lib.rollouts) / reveal_truth_to=('oracle',) (lib.evaluation.evaluate_agents)"
+                "reveal_truth=True (lib.episodes.agent_rollouts) / "
+                "reveal_truth_to=('oracle',) (lib.measure.evaluation.evaluate_agents)"
             )
         heuristic = self._heuristic
         if heuristic.phase == "start" and self.truth["exists"]:

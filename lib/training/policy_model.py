@@ -1,7 +1,7 @@
 """The CPU stand-in policy: a tiny Qwen2-architecture causal LM built here.
 
 No weights can be downloaded on the project's machines, so the CPU path builds its own model:
-the project tokenizer (`lib.tokenizer`) and a small randomly initialised Qwen2 network
+the project tokenizer (`lib.training.tokenizer`) and a small randomly initialised Qwen2 network
 (deterministic from its seed), which the run's SFT warm start then teaches the environment
 from scratch (`lib.training.warm_start`, with the CPU defaults of `TrainConfig`). It is a
 stand-in for a real instruct model; on a GPU the defaults are a real model (e.g.
@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from lib.tokenizer import PROJECT_CACHE
+from lib.training.tokenizer import PROJECT_CACHE
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ notebook that fails stops the run: papermill has then written the executed copy 
 failing cell marked, and the message names the cell and the error, and the command that
 reruns it.
 
-    python -m lib.reproduce [--profile full|smoke|evidence|PATH.yaml] [--only NAME ...] [--build-dir DIR] [--verbose]
-    python -m lib.reproduce --promote [--build-dir build/full]
+    python -m lib.notebooks.reproduce [--profile full|smoke|evidence|PATH.yaml] [--only NAME ...]
+                                      [--build-dir DIR] [--verbose]
+    python -m lib.notebooks.reproduce --promote [--build-dir build/full]
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ import yaml
 from lib.extras import require
 from lib.files import atomic_write, check_writable_dir, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 CONFIGS_DIR = ROOT / "configs"
 BUILD_DIR = ROOT / "build"

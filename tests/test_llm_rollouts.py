@@ -9,10 +9,12 @@ import torch
 
 from cernenv import CERNCollisionEnvironment
 from cernenv.rewards import COMPONENT_NAMES
-from lib.baselines import HeuristicAgent
-from lib.multiturn import ChatLayout, Sampling, first_messages, hf_generate_fn, play_episodes
-from lib.prompting import action_to_json, parse_reply
-from lib.rollouts import collect_agent_episode
+from lib.agents.baselines import HeuristicAgent
+from lib.agents.prompting import Sampling, action_to_json, parse_reply
+from lib.episodes.agent_rollouts import collect_agent_episode
+from lib.episodes.chat import ChatLayout, first_messages
+from lib.episodes.generation import hf_generate_fn
+from lib.episodes.llm_rollouts import play_episodes
 
 
 def scripted(tokenizer, replies, *, eos=True):

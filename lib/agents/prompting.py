@@ -34,7 +34,7 @@ class Sampling:
     """Nucleus mass [0, 1]; 1.0 samples from the whole distribution (what GRPO's ratios assume)."""
     max_new_tokens: int = 96
     """Longest action [tokens]; a turn that reaches it is cut and sent to the environment as it is.
-    With `lib.tokenizer`'s tokenizer the baselines' actions take 25-90."""
+    With `lib.training.tokenizer`'s tokenizer the baselines' actions take 25-90."""
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,14 @@ from transformers import PreTrainedTokenizerFast
 
 from cernenv import CERNCollisionEnvironment, ExperimentAction
 from cernenv.scenarios import DIFFICULTIES, list_scenarios
-from lib.baselines import HeuristicAgent, RandomAgent
-from lib.evaluation import assert_disjoint_from_suite
-from lib.prompting import SYSTEM_PROMPT, action_to_json, render_observation
-from lib.rollouts import transitions
+from lib.agents.baselines import HeuristicAgent, RandomAgent
+from lib.agents.prompting import SYSTEM_PROMPT, action_to_json, render_observation
+from lib.episodes.agent_rollouts import transitions
+from lib.measure.evaluation import assert_disjoint_from_suite
 
 SYSTEM, USER, ASSISTANT, END, PAD = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>"
 SPECIAL_TOKENS = [PAD, SYSTEM, USER, ASSISTANT, END]
-PROJECT_CACHE = Path(__file__).resolve().parents[1] / ".cache"
+PROJECT_CACHE = Path(__file__).resolve().parents[2] / ".cache"
 """Where the built tokenizer and stand-in model are cached (git-ignored): at the repository root,
 whatever the working directory (notebooks run in notebooks/, `make train` at the root)."""
 CHAT_TEMPLATE = (

@@ -5,7 +5,7 @@ episode); `agent_metrics` gives all of them for a list of episodes; `bootstrap_m
 `bootstrap_difference` are the intervals, `paired_difference` the paired one of a change
 on the same tasks; `comparison_table` and `correct_count` write them for a reader. Evidence
 files keep the column names of the original evidence logger for some of them (`mass_acc`,
-`mass_correct_rate`): `lib.comparison.SUMMARY_METRICS` maps those to these names.
+`mass_correct_rate`): `lib.measure.comparison.SUMMARY_METRICS` maps those to these names.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from scipy import stats
 
-from lib.records import as_episode_dict, pair_key
+from lib.episodes.records import as_episode_dict, pair_key
 
 CONFIDENCE = 0.95
 N_BOOTSTRAP = 2000
@@ -193,7 +193,7 @@ def agent_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Estima
 
 
 def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, *, seed: int = 0) -> Estimate:
-    """after − before of `metric`, paired by task (`lib.records.PAIR_KEY`): the mean per-task
+    """after − before of `metric`, paired by task (`lib.episodes.records.PAIR_KEY`): the mean per-task
     difference with its 95% percentile-bootstrap interval, which removes task-to-task variance.
     The episodes `metric` averages over must be the same tasks on both sides, each once
     (ValueError otherwise; `bootstrap_difference` compares independent samples). Differences

@@ -9,7 +9,7 @@ nbconvert's default page loads require.js, MathJax and the Jupyter widget manage
 CDNs, so its widgets stay blank without a network. These pages instead load require.js
 and the widget manager (`@jupyter-widgets/html-manager`) from `reports/assets/`, shipped
 with the repository (see its README for versions and how to refresh them), and leave
-MathJax and Mermaid out (`lib/report_templates/cernenv_offline`). Widgets render from
+MathJax and Mermaid out (`lib/notebooks/report_templates/cernenv_offline`). Widgets render from
 the state the execution saved in the notebook (nbclient's `store_widget_state`), so
 `jslink`ed controls keep working with no kernel. That state is trimmed to the widgets the
 outputs show and the links between them (`trim_widget_state`: nbclient saves every widget
@@ -21,7 +21,7 @@ Every page opens with where it came from: the profile and the commit that ran th
 (`build/PROFILE/run.json`, written by `make reproduce`), flagged when the tree had
 uncommitted changes or the profile is not the full one.
 
-    python -m lib.report [BUILD_DIR] [REPORTS_DIR]      # make report PROFILE=full|smoke
+    python -m lib.notebooks.export [BUILD_DIR] [REPORTS_DIR]      # make report PROFILE=full|smoke
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lib.extras import require
 from lib.files import atomic_write
-from lib.reproduce import RUN_RECORD
+from lib.notebooks.reproduce import RUN_RECORD
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES_DIR = Path(__file__).resolve().parent / "report_templates"
 TEMPLATE_NAME = "cernenv_offline"
 ASSETS_DIR = ROOT / "reports" / "assets"

@@ -21,7 +21,7 @@ try:
     import mplhep
 except ModuleNotFoundError as missing:  # pragma: no cover - depends on the install
     raise ModuleNotFoundError(
-        f"lib.plotting needs {missing.name}, which the plot extra installs: pip install -e '.[plot]' "
+        f"lib.report.plotting needs {missing.name}, which the plot extra installs: pip install -e '.[plot]' "
         "(or `make setup`, which installs requirements.txt)",
         name=missing.name,
     ) from None
@@ -67,7 +67,7 @@ def show(fig: plt.Figure, *, dpi: float = 72.0) -> None:
 
     from IPython.display import Image, display
 
-    from lib.evidence import palette_png
+    from lib.report.evidence import palette_png
 
     buffer = io.BytesIO()
     savefig(fig, buffer, format="png", dpi=dpi)
@@ -294,7 +294,7 @@ def plot_agent_comparison(
     """One row per agent: the mean of `metric` with its 95% interval as an error bar.
 
     `results` maps agent → metric name → an estimate with `mean`, `low`, `high` and `n`
-    (`lib.evaluation.Estimate`); agents without that metric, or with n = 0, are skipped.
+    (`lib.measure.evaluation.Estimate`); agents without that metric, or with n = 0, are skipped.
     """
     rows = [
         (agent, metrics[metric]) for agent, metrics in results.items() if metric in metrics and metrics[metric].n > 0

@@ -10,8 +10,8 @@ Three kinds of evidence, all under one folder (`EvidencePaths`):
    line) → before_after_metrics.json with 95% bootstrap intervals, two plots and a
    Markdown sample of trajectories.
 
-The statistics of the comparison are `lib.comparison`'s, the metrics `lib.metrics`', an
-episode's Markdown `lib.episode_markdown`'s; this module writes, reads and draws.
+The statistics of the comparison are `lib.measure.comparison`'s, the metrics `lib.measure.metrics`', an
+episode's Markdown `lib.report.episode_markdown`'s; this module writes, reads and draws.
 
 Logs are append-only and may be written by several processes and threads at once, and
 a run may be killed at any moment. Each row is therefore one `write` of one complete line
@@ -42,12 +42,18 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.comparison import SUMMARY_METRICS, before_after_metrics, episode_values, same_tasks, training_reward_trend
-from lib.episode_markdown import correct_by_part, episode_markdown_lines, sample_pairs, spread_by_reward
-from lib.evaluation import PARTS, group_label
+from lib.episodes.records import part_of
 from lib.files import atomic_write, write_json
-from lib.metrics import as_number
-from lib.records import part_of
+from lib.measure.comparison import (
+    SUMMARY_METRICS,
+    before_after_metrics,
+    episode_values,
+    same_tasks,
+    training_reward_trend,
+)
+from lib.measure.evaluation import PARTS, group_label
+from lib.measure.metrics import as_number
+from lib.report.episode_markdown import correct_by_part, episode_markdown_lines, sample_pairs, spread_by_reward
 
 logger = logging.getLogger(__name__)
 
@@ -755,9 +761,9 @@ def render_before_after(
     `delta` (post − pre), `pre_ci95`/`post_ci95` (bootstrap interval of each mean),
     `delta_ci95` (interval of post − pre for mean_reward and success_rate), `n`,
     `bootstrap` (pairing "paired" or "unpaired", resamples, numpy seed), `training_reward_trend`
-    (`lib.comparison.training_reward_trend` of training_log.csv, in `render_all`), and `groups`: the
+    (`lib.measure.comparison.training_reward_trend` of training_log.csv, in `render_all`), and `groups`: the
     same keys (with `pairing` in place of `bootstrap`) for each group of
-    `lib.evaluation.GROUPS` but "all" (the unseen-particle and rediscovery parts, tasks with
+    `lib.measure.evaluation.GROUPS` but "all" (the unseen-particle and rediscovery parts, tasks with
     a particle and null tasks). Files written before `groups` and `n_correct` existed still
     render with `before_after_markdown`.
     """
@@ -775,7 +781,7 @@ def render_sample_trajectories(
     """Markdown of sample episodes before and after training; None without episodes.
 
     Opens with the correct outcomes before → after per part of the suite (`correct_by_part`).
-    Samples are chosen per part (`lib.evaluation.PARTS`), `n_samples` each: when both files
+    Samples are chosen per part (`lib.measure.evaluation.PARTS`), `n_samples` each: when both files
     hold the same tasks, the same tasks are shown before and after, chosen evenly over the
     pre-training reward ranking; otherwise each side's own episodes are chosen that way.
     Every step lists its action, key parameters, reward and rule violations.

@@ -3,7 +3,7 @@
 `collect_episode` runs an LLM (a `generate_fn`) in process against
 `CERNCollisionEnvironment`; `collect_agent_episode` runs any agent with the
 `reset()`/`act(obs)` protocol (the baselines). Both return the same `EpisodeRecord`,
-which `lib.records.save_episodes_jsonl` / `load_episodes_jsonl` store one episode per line.
+which `lib.episodes.records.save_episodes_jsonl` / `load_episodes_jsonl` store one episode per line.
 
 A completion that is not a valid action is recorded (`parsed_ok=False`, `parse_error`)
 and sent to the environment as it is: the environment refuses it and charges the
@@ -17,9 +17,9 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 from cernenv import CERNCollisionEnvironment, CollisionObservation, ExperimentAction
 from cernenv.rules import RuleViolation
 from cernenv.rules import parse_action as validate_action
+from lib.agents.prompting import LLMAgent, LLMAgentConfig
+from lib.episodes.records import EpisodeRecord, StepRecord, spec_fields
 from lib.progress import Progress
-from lib.prompting import LLMAgent, LLMAgentConfig
-from lib.records import EpisodeRecord, StepRecord, spec_fields
 
 PromptFn = Callable[[List[Dict[str, str]]], str]
 """Formats a chat into the model's prompt, e.g. a tokenizer's `apply_chat_template(..., tokenize=False,
@@ -228,7 +228,7 @@ def collect_episodes(
     reveal_truth: bool = False,
     evaluation_key: Optional[Dict[str, str]] = None,
 ) -> List[EpisodeRecord]:
-    """Record one episode per spec (`lib.records.EpisodeSpec`, a mapping or a tuple), with
+    """Record one episode per spec (`lib.episodes.records.EpisodeSpec`, a mapping or a tuple), with
     either `agent` or an LLM (`prompt_fn` and `generate_fn`), in one environment (`env`, or
     one made by `make_env`, else a new `CERNCollisionEnvironment`). `reveal_truth` and
     `evaluation_key`: as `collect_agent_episode` takes them."""

@@ -1,0 +1,1 @@
+"""Agents: the scripted baselines and the LLM policy's prompt and reply parser."""
