@@ -220,7 +220,7 @@ def test_notebook_03_parameters_are_train_config_fields_with_its_defaults():
 
 
 def test_notebook_03_takes_the_file_then_the_parameters_that_differ_from_the_defaults(tmp_path):
-    from lib.training.config import notebook_config
+    from lib.training.cli import notebook_config
 
     root = tmp_path
     (root / "configs" / "train").mkdir(parents=True)

@@ -152,8 +152,7 @@ def check_parameter(path: Path, notebook: str, name: str, value: Any, default_so
 
 def _check_training(path: Path, parameters: Mapping[str, Any]) -> None:
     """Notebook 03's parameters as the `TrainConfig` the notebook will make (on a CPU)."""
-    from lib.training.cli import ConfigError, _one_line
-    from lib.training.config import notebook_config
+    from lib.training.cli import ConfigError, _one_line, notebook_config
 
     train_config = parameters.get(TRAIN_CONFIG_PARAMETER)
     if train_config is not None and not isinstance(train_config, str):
@@ -232,7 +231,7 @@ def check_written_folders(plan: Mapping[str, Mapping[str, Any]], build_dir: Path
         for name, parameters in plan.items():
             folders = {key: parameters.get(key) for key in WRITTEN_FOLDERS.get(name, ())}
             if name == TRAIN_NOTEBOOK:
-                from lib.training.config import notebook_config
+                from lib.training.cli import notebook_config
 
                 config = notebook_config(dict(parameters), parameters.get(TRAIN_CONFIG_PARAMETER), root=ROOT, gpu=False)
                 folders = {"evidence_dir": config.evidence_dir, "output_dir": config.output_dir}

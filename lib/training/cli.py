@@ -17,6 +17,7 @@ each field's name, annotation, default and docstring, read with `ast`), so build
 checks need): a fraction of a second. Once the flags are parsed, `parse_train_config` builds
 the `TrainConfig` (whose checks run then) and imports Unsloth when the run may use it
 (`lib.training.backends.import_unsloth_first`), before anything imports transformers.
+`notebook_config` builds it the same way from notebook 03's parameters cell and a config file.
 """
 
 from __future__ import annotations
@@ -296,3 +297,37 @@ def parse_train_config(
 
     import_unsloth_first(config)
     return config, extra
+
+
+def notebook_config(
+    namespace: Dict[str, Any], train_config: Optional[str] = None, *, root: Any, gpu: Optional[bool] = None
+) -> Any:
+    """The `TrainConfig` of notebook 03 (and of `make reproduce`'s check of its parameters).
+
+    The file `train_config` (a configs/train/*.yaml; relative paths from `root`), or with None
+    configs/train/colab.yaml on a machine with a GPU (`gpu`, default: asked of nvidia-smi) and
+    no file on a CPU, sets the fields; then every field the namespace (the parameters cell, with
+    what papermill injected) sets to a value other than its default replaces the file's. The
+    folders, relative, are taken from `root`."""
+    from lib.training.config import TrainConfig, field_defaults
+
+    root = Path(root)
+    if train_config is None:
+        if gpu is None:
+            from lib.runtime import visible_gpus
+
+            gpu = bool(visible_gpus())
+        train_config = "configs/train/colab.yaml" if gpu else None
+    values: Dict[str, Any] = {}
+    if train_config:
+        path = Path(train_config)
+        values.update(read_config_file(path if path.is_absolute() else root / path))
+    defaults = field_defaults()
+    values.update(
+        {name: namespace[name] for name in defaults if name in namespace and namespace[name] != defaults[name]}
+    )
+    merged = {**defaults, **values}
+    for name in ("evidence_dir", "output_dir"):
+        if isinstance(merged[name], str) and not Path(merged[name]).is_absolute():
+            values[name] = str(root / merged[name])
+    return TrainConfig.from_dict(values)

@@ -374,37 +374,3 @@ _TYPES = get_type_hints(TrainConfig)
 def field_defaults() -> Dict[str, Any]:
     """Every field's default value (factories called), by name."""
     return {f.name: f.default_factory() if f.default_factory is not MISSING else f.default for f in fields(TrainConfig)}
-
-
-def notebook_config(
-    namespace: Dict[str, Any], train_config: Optional[str] = None, *, root: Any, gpu: Optional[bool] = None
-) -> TrainConfig:
-    """The `TrainConfig` of notebook 03 (and of `make reproduce`'s check of its parameters).
-
-    The file `train_config` (a configs/train/*.yaml; relative paths from `root`), or with None
-    configs/train/colab.yaml on a machine with a GPU (`gpu`, default: asked of nvidia-smi) and
-    no file on a CPU, sets the fields; then every field the namespace (the parameters cell, with
-    what papermill injected) sets to a value other than its default replaces the file's. The
-    folders, relative, are taken from `root`."""
-    from lib.training.cli import read_config_file
-
-    root = Path(root)
-    if train_config is None:
-        if gpu is None:
-            from lib.runtime import visible_gpus
-
-            gpu = bool(visible_gpus())
-        train_config = "configs/train/colab.yaml" if gpu else None
-    values: Dict[str, Any] = {}
-    if train_config:
-        path = Path(train_config)
-        values.update(read_config_file(path if path.is_absolute() else root / path))
-    defaults = field_defaults()
-    values.update(
-        {name: namespace[name] for name in defaults if name in namespace and namespace[name] != defaults[name]}
-    )
-    merged = {**defaults, **values}
-    for name in ("evidence_dir", "output_dir"):
-        if isinstance(merged[name], str) and not Path(merged[name]).is_absolute():
-            values[name] = str(root / merged[name])
-    return TrainConfig.from_dict(values)
