@@ -6,7 +6,7 @@ Prints steps/s for uniformly random actions (RandomAgent, episodes reset as they
 and episodes/s for HeuristicAgent over a fixed mix of curated and procedural scenarios: the
 best of three passes, and their median (the machines here are virtual and their speed drifts
 by +-10% within minutes).
-Targets (issue 2): >= 2,000 random steps/s and >= 50 heuristic episodes/s.
+Targets: >= 2,000 random steps/s and >= 50 heuristic episodes/s.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ heads, MLP 8960, tied embeddings) with random weights and the project's tokenize
 smaller vocabulary than Qwen's 151,936), saved once with `save_pretrained` and loaded by
 both backends from that folder. A random model never writes its eos: every turn generates
 `max_new_tokens` tokens, so each step generates exactly episodes × turns × max_new_tokens
-tokens (16 × 5 × 64 = 5,120 by default, as when issue 14 was measured).
+tokens (16 × 5 × 64 = 5,120 by default).
 
 Each backend runs `bench/bench_train.py` in its own process (once `unsloth` is imported,
 TRL's trainer is Unsloth's for the whole process), on the same training tasks and seeds:
 seconds per step, generated tokens/s, the share of the step spent generating, and the
-peak GPU memory torch allocated. Targets (issue 14, one H100): a 16-episode step <= 15 s,
+peak GPU memory torch allocated. Targets (one H100): a 16-episode step <= 15 s,
 generation >= 5,000 tokens/s, Unsloth's peak memory <= 0.6 x TRL's. Exit 1 if one is missed.
 """
 
