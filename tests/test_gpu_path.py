@@ -275,11 +275,8 @@ def test_records_and_specs_name_the_same_task():
 
 
 def _bench_train_gpu():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import bench_train_gpu
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    from bench import bench_train_gpu
+
     return bench_train_gpu
 
 

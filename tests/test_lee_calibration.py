@@ -21,18 +21,14 @@ bench-lee`'s 2,000. Toy seeds are fixed.
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import binomtest, norm, poisson
 
+from bench import bench_lee
+from bench.bench_lee import toy_spectrum
 from cernenv import analysis
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import bench_lee  # noqa: E402
-from bench_lee import toy_spectrum  # noqa: E402
 
 LIGHT_TOYS_PER_FAMILY = 600
 

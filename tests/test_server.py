@@ -1383,8 +1383,7 @@ def test_64_honest_clients_finish_every_episode_beside_8_abusive_ones():
     requests and churn sessions (bench/server_load.py). Every honest episode completes with no
     error, the abusers were served or refused as they should be, and the server is whole after.
     The latencies are printed here; `make bench-server` measures them against their target."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from server_load import LOAD_ABUSERS, run_load
+    from bench.server_load import LOAD_ABUSERS, run_load
 
     server = Server("--max-sessions", "80", "--request-read-timeout-s", "2")  # slow requests get their 408 soon
     try:
@@ -1415,8 +1414,7 @@ def test_every_abuser_of_the_bench_does_what_it_says():
     answers its attack is made of (a scan spammer's scans, the HTTP spammers' 200s and the 409 of
     `POST /step`, the busy client's whole episodes, ...), none stops on an error of its own, and
     the honest episodes complete. The fairness figures they are for come from `make bench-server`."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from server_load import ABUSER_KINDS, run_load
+    from bench.server_load import ABUSER_KINDS, run_load
 
     server = Server("--max-sessions", "32", "--request-read-timeout-s", "2")
     try:
