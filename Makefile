@@ -52,7 +52,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # cernenv and lib are installed in the venv (editable, `make setup`): any directory can import them.
 RUN_ENV = MPLBACKEND=Agg
 
-.PHONY: help setup lint format test test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
+.PHONY: help setup lint format test test-fast test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -87,6 +87,9 @@ format: setup ## apply ruff's formatter and its fixable lint rules (what `make l
 
 test: setup ## run the whole test suite (pytest-xdist, JOBS=2)
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+
+test-fast: setup ## the inner loop: the tests not marked slow (pytest-xdist, JOBS=2); `make test` runs them all
+	$(PY) -m pytest -n $(JOBS) -m "not slow" $(PYTEST_ARGS)
 
 # The GPU training set (requirements-gpu.txt) on a CPU: everything but unsloth, which cannot be
 # imported without a GPU, over requirements.txt; then the tests that set can run here (trl
