@@ -141,6 +141,7 @@ def test_warm_start_trains_the_lora_adapter_on_the_actions(tiny_model_dir):
     assert report["last_loss"] < report["first_loss"]
 
 
+@pytest.mark.slow  # a training run: 12 epochs of SFT on every weight
 def test_a_warm_start_of_every_weight_learns_and_is_cached(tiny_model_dir, tmp_path):
     """The stand-in's way (every weight, loss on the conversation): it learns, is saved under a
     name that changes with its settings, and the next run loads it instead of training again."""
