@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "cernenv-lab-test"
@@ -26,9 +26,7 @@ def _get(port: int, path: str):
 @pytest.mark.slow
 def test_jupyterlab_serves_the_notebooks_with_the_venvs_python3_kernel_and_widgets(tmp_path):
     pytest.importorskip("jupyterlab", reason="requirements.txt installs JupyterLab (make setup)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {
         **os.environ,
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),

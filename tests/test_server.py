@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import psutil
 import pytest
+from ports import free_port
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
@@ -72,12 +73,6 @@ TRUTH_FIELDS = {"truth", "hidden_truth", "exists", "width_gev", "cross_section_f
 
 
 # The server ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _open_files_limit(soft: int, hard: int) -> Callable[[], None]:
@@ -130,8 +125,9 @@ class Server:
                     return
             except OSError:
                 time.sleep(0.1)
+        output = self.output()
         self.stop()
-        raise RuntimeError(f"the server did not answer /health within {WAIT_S:g} s: {self.output()}")
+        raise RuntimeError(f"the server did not answer /health within {WAIT_S:g} s: {output}")
 
     @property
     def ledger(self) -> Path:

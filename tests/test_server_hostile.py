@@ -35,7 +35,7 @@ import pytest
 import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_server import ROOT, WAIT_S, Server, call, error_of, raw_connection, read_until_closed
+from test_server import ROOT, WAIT_S, Server, call, error_of, free_port, raw_connection, read_until_closed
 from uvicorn.server import ServerState
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -591,12 +591,6 @@ def test_with_its_start_up_skipped_the_app_refuses_every_request():
         with pytest.raises(Exception):
             with http.websocket_connect("/ws") as ws:
                 ws.receive_json()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Fuzz ---------------------------------------------------------------------------------------

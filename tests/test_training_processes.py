@@ -6,13 +6,13 @@ from __future__ import annotations
 import csv
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ports import free_port
 
 from lib.training import TrainConfig
 from lib.training.policy_model import build_tiny_model
@@ -81,12 +81,6 @@ def first_action_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rows(path: Path) -> list:
@@ -170,7 +164,7 @@ def test_two_processes_write_what_one_process_writes(tmp_path, first_action_mode
         "--num_cpu_threads_per_process",
         "1",
         "--main_process_port",
-        str(_free_port()),
+        str(free_port()),
     ]
     launched = run(accelerate, two)
     assert launched.stdout.count('"final_model_dir"') == 1, "one process reports the result"
