@@ -70,13 +70,23 @@ LIMITS = [
 
 
 def make_serve_command() -> List[str]:
-    """What `make serve` runs (its recipe, from `make -n`), as an argument list."""
+    """What `make serve` runs (its recipe, from `make -n`), as an argument list. Run from inside
+    another make (`make test`), make prints its "Entering/Leaving directory" lines too: the
+    sub-make gets neither the outer make's flags nor that chatter, and the recipe line is the
+    one that starts the server."""
+    outer = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"}
     dry_run = subprocess.run(
-        ["make", "-n", "serve", "SERVE_ARGS="], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+        ["make", "--no-print-directory", "-n", "serve", "SERVE_ARGS="],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k not in outer},
     )
-    line = dry_run.stdout.strip().splitlines()[-1]
-    assert line.endswith("-m cernenv.server"), line
-    return ["env", *shlex.split(line)]
+    lines = [line for line in dry_run.stdout.splitlines() if line.strip().endswith("-m cernenv.server")]
+    assert len(lines) == 1, dry_run.stdout
+    return ["env", *shlex.split(lines[0])]
 
 
 @pytest.fixture(scope="module")
