@@ -119,46 +119,6 @@ def demonstration_examples(
     return examples
 
 
-QUOTING_VERBS = ("fit_resonance", "estimate_significance", "measure_angular", "submit_discovery_claim")
-"""The verbs whose parameters quote numbers the policy read (a scan's mass, the fit's mass, error,
-significance): the decisions `decision_examples` trains on their own."""
-
-
-def decision_examples(
-    tokenizer: Any, n_episodes: int, *, history_turns: int = 2, first_seed: int = DEMONSTRATION_SEED
-) -> List[Dict[str, List[int]]]:
-    """The demonstrations' decisions that quote numbers (`QUOTING_VERBS`), each on its own: the
-    conversation's first messages (system prompt, task), its last `history_turns` turns before
-    the decision, and the action, the loss on the action alone. Short (~700 tokens, a fifth of a
-    campaign), so a warm start sees each copy many times over for little compute."""
-    layout = ChatLayout(tokenizer)
-    env = CERNCollisionEnvironment()
-    agent = RoundedDemonstrator(HeuristicAgent())
-    eos = tokenizer.eos_token_id
-    examples = []
-    for spec in corpus_specs(n_episodes, first_seed):
-        opening: List[Dict[str, str]] = []
-        turns: List[List[Dict[str, str]]] = []  # [assistant reply, next user message] per turn
-        for obs, action, next_obs in transitions(env, agent, **spec):
-            if not opening:
-                opening = layout.first_messages(obs)
-            reply = action_to_json(action, justification=False)
-            if action.action_type.value in QUOTING_VERBS and turns:
-                context = opening[:1] + [opening[1]] + [m for turn in turns[-history_turns:] for m in turn]
-                prompt_ids = layout.prompt_ids(context)
-                reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [eos]
-                examples.append(
-                    {
-                        "input_ids": prompt_ids + reply_ids,
-                        "completion_mask": [0] * len(prompt_ids) + [1] * len(reply_ids),
-                    }
-                )
-            if next_obs.done:
-                break
-            turns.append([{"role": "assistant", "content": reply}, layout.followup_message(next_obs)])
-    return examples
-
-
 def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, List[int]]], output_dir: str):
     """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
     `policy.peft_config` is given, loss on the `completion_mask` tokens, one conversation per
