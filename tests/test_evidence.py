@@ -227,6 +227,22 @@ def test_a_killed_writer_breaks_neither_reading_rendering_nor_the_next_append(tm
     assert path.read_bytes().endswith(b"\n") and b"4,0.1,0.2" not in path.read_bytes()
 
 
+def test_an_episode_file_is_read_by_the_one_episode_reader(tmp_path):
+    path = write_jsonl(
+        tmp_path / "pre_eval.jsonl", [{"seed": 1, "steps": [{"observation_summary": {"selected_beam_energy": 13.0}}]}]
+    )
+    with open(path, "a") as f:
+        f.write('{"seed": 2, "cumulative_re')  # an evaluation killed mid-write
+    records = read_records(path)
+    assert [r["seed"] for r in records.rows] == [1] and records.n_skipped == 1
+    # an old record's renamed keys are read under their current names, as load_episodes_jsonl reads them
+    assert records.rows[0]["steps"][0]["observation_summary"] == {"selected_beam_energy_tev": 13.0}
+    with open(path, "a") as f:
+        f.write('\n{"seed": 3}\n')  # the damaged line is now in the middle: an episode would be lost
+    with pytest.raises(ValueError, match=r"pre_eval.jsonl:2 is not an episode"):
+        read_records(path)
+
+
 def test_a_kill_during_the_header_and_garbage_lines_are_survived(tmp_path):
     path = tmp_path / "log.csv"
     path.write_bytes(b"step,ep")

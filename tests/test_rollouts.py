@@ -231,5 +231,5 @@ def test_truncated_last_line_is_skipped_with_a_warning(records, tmp_path):
     assert [e["seed"] for e in loaded] == [21]
     first, second = text.splitlines()
     path.write_text(first[:-10] + "\n" + second + "\n")  # damage anywhere else is an error
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(ValueError, match="is not an episode"):
         load_episodes_jsonl(str(path))

@@ -3,8 +3,9 @@
 `EpisodeSpec` says which episode to play (seed, and a curated scenario or a difficulty);
 `StepRecord` and `EpisodeRecord` say what happened (rollouts, evaluation, training and
 replay all write and read these); `PAIR_KEY` / `pair_key` identify the same task in two
-runs (before and after training); `save_episodes_jsonl` / `load_episodes_jsonl` store one
-episode per line; `as_episode_dict` turns a record (or a line read back) into a dict.
+runs (before and after training); `save_episodes_jsonl` stores one episode per line and
+`read_episodes_jsonl` (the one reader of such files; `load_episodes_jsonl` warns of what it
+skipped) reads them back; `as_episode_dict` turns a record (or a line read back) into a dict.
 """
 
 from __future__ import annotations
@@ -148,20 +149,37 @@ def _upgrade(episode: Dict[str, Any]) -> Dict[str, Any]:
     return episode
 
 
-def load_episodes_jsonl(path: str) -> List[Dict[str, Any]]:
-    """Read episodes written by `save_episodes_jsonl` (or appended line by line): a truncated
-    last line, from a writer that was interrupted, is skipped with a warning. Summary keys
-    renamed since the file was written are read under their current names."""
-    with open(path) as f:
-        lines = [line for line in f.read().split("\n") if line.strip()]
-    episodes = []
-    for number, line in enumerate(lines, start=1):
+def read_episodes_jsonl(path: str) -> Tuple[List[Dict[str, Any]], int]:
+    """The episodes of a JSONL file written by `save_episodes_jsonl` (or appended line by line),
+    and how many unfinished last lines were skipped (0 or 1). The one reader of episode files:
+    a last line that is not a whole JSON object (a writer interrupted mid-line, NULs a crash
+    left) is skipped; any other line that is not an episode (bytes that are not UTF-8, invalid
+    JSON, a value that is not an object) is an error that names the line, because skipping it
+    would lose an episode without a word. Summary keys renamed since the file was written are
+    read under their current names."""
+    with open(path, "rb") as f:
+        lines = [line for line in f.read().split(b"\n") if line.strip()]
+    episodes, skipped = [], 0
+    for number, raw in enumerate(lines, start=1):
         try:
-            episodes.append(_upgrade(json.loads(line)))
-        except json.JSONDecodeError as error:
+            episode = json.loads(raw.decode("utf-8"))
+            if not isinstance(episode, dict):
+                raise ValueError(f"a JSON {type(episode).__name__}, not an episode object")
+        except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             if number < len(lines):
                 raise ValueError(
-                    f"{path}:{number} is not JSON ({error}); only the last line may be truncated"
+                    f"{path}:{number} is not an episode ({error}); only the last line may be unfinished: "
+                    "restore the file from where it was copied, or delete the line to drop that episode"
                 ) from None
-            warnings.warn(f"{path}:{number}: skipped a truncated last line ({len(line)} characters)", stacklevel=2)
+            skipped += 1
+            continue
+        episodes.append(_upgrade(episode))
+    return episodes, skipped
+
+
+def load_episodes_jsonl(path: str) -> List[Dict[str, Any]]:
+    """`read_episodes_jsonl`'s episodes; a skipped unfinished last line is said with a warning."""
+    episodes, skipped = read_episodes_jsonl(path)
+    if skipped:
+        warnings.warn(f"{path}:{len(episodes) + 1}: skipped a truncated last line", stacklevel=2)
     return episodes

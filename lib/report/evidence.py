@@ -31,7 +31,6 @@ from __future__ import annotations
 import csv
 import fcntl
 import io
-import json
 import logging
 import math
 import os
@@ -42,7 +41,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.episodes.records import part_of
+from lib.episodes.records import part_of, read_episodes_jsonl
 from lib.files import atomic_write, write_json
 from lib.measure.comparison import (
     SUMMARY_METRICS,
@@ -261,27 +260,31 @@ class Records:
 
 
 def read_records(path: Path) -> Records:
-    """Rows of a CSV log (values as strings) or episodes of a JSONL file (dicts).
+    """Rows of a CSV log (values as strings) or episodes of a JSONL file (dicts). A missing file is empty.
 
-    Skips, counts and warns about lines that are not records: undecodable bytes (a crash
-    can leave NULs), wrong field counts, invalid JSON, and an unterminated last CSV line
-    (a prefix of a row can look like a row). An unterminated last JSONL line is kept when
-    it parses: no prefix of a JSON object is itself an object. A missing file is empty.
+    A JSONL file is read by `lib.episodes.records.read_episodes_jsonl`: an unfinished last line
+    is skipped and counted, damage anywhere else is an error (an evaluation file that lost an
+    episode must not be summarised as if whole). A CSV log skips, counts and warns about lines
+    that are not rows: undecodable bytes (a crash can leave NULs), wrong field counts, and an
+    unterminated last line (a prefix of a row can look like a row).
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    if not path.exists():
         return Records([])
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        episodes, skipped = read_episodes_jsonl(str(path))
+        records = Records(episodes, skipped)
+    else:
+        records = _read_csv(path.read_bytes())
+    if records.n_skipped:
+        logger.warning("%s: skipped %d malformed or unfinished line(s)", path, records.n_skipped)
+    return records
+
+
+def _read_csv(data: bytes) -> Records:
     raw_lines = data.split(b"\n")
     complete, tail = raw_lines[:-1], raw_lines[-1]
-    jsonl = path.suffix.lower() in (".jsonl", ".ndjson")
-    skipped = 0
-    if tail.strip():
-        if jsonl:
-            complete.append(tail)
-        else:
-            skipped += 1
+    skipped = 1 if tail.strip() else 0
     lines: List[str] = []
     for raw in complete:
         try:
@@ -293,25 +296,9 @@ def read_records(path: Path) -> Records:
             skipped += 1
         elif text.strip():
             lines.append(text)
-    records = _parse_jsonl(lines) if jsonl else _parse_csv(lines)
+    records = _parse_csv(lines)
     records.n_skipped += skipped
-    if records.n_skipped:
-        logger.warning("%s: skipped %d malformed or unfinished line(s)", path, records.n_skipped)
     return records
-
-
-def _parse_jsonl(lines: List[str]) -> Records:
-    rows, skipped = [], 0
-    for text in lines:
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError:
-            record = None
-        if isinstance(record, dict):
-            rows.append(record)
-        else:
-            skipped += 1
-    return Records(rows, skipped)
 
 
 def _parse_csv(lines: List[str]) -> Records:
