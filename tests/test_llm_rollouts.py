@@ -16,6 +16,9 @@ from lib.episodes.chat import ChatLayout, first_messages
 from lib.episodes.generation import hf_generate_fn
 from lib.episodes.llm_rollouts import play_episodes
 
+SCRIPTED = Sampling(temperature=0.0)
+"""The sampling passed with `scripted`, which ignores it."""
+
 
 def scripted(tokenizer, replies, *, eos=True):
     """A GenerateFn that answers the n-th call for each context length class with `replies` in turn."""
@@ -36,7 +39,9 @@ def test_token_layout_is_the_chat_template_of_the_conversation(tokenizer):
         '{"action_type": "set_trigger", "parameters": {"trigger": "diphoton"}}',
         "not json at all",
     ]
-    [episode] = play_episodes(scripted(tokenizer, replies), tokenizer, [(11, "higgs_diphoton_125", None)], max_turns=3)
+    [episode] = play_episodes(
+        scripted(tokenizer, replies), tokenizer, [(11, "higgs_diphoton_125", None)], sampling=SCRIPTED, max_turns=3
+    )
     record = episode.record
     assert record.n_steps == 3 and episode.truncated
     # the model's tokens, in order, are exactly its three replies each closed by eos
@@ -73,7 +78,7 @@ def test_a_policy_that_writes_the_heuristics_actions_earns_the_heuristics_reward
         json.dumps({"action_type": s.action["action_type"], "parameters": s.action["parameters"]})
         for s in reference.steps
     ]
-    [episode] = play_episodes(scripted(tokenizer, replies), tokenizer, [spec])
+    [episode] = play_episodes(scripted(tokenizer, replies), tokenizer, [spec], sampling=SCRIPTED)
     assert not episode.truncated
     assert episode.record.total_reward == pytest.approx(reference.total_reward)
     assert episode.record.correct_outcome == reference.correct_outcome
@@ -84,7 +89,9 @@ def test_a_policy_that_writes_the_heuristics_actions_earns_the_heuristics_reward
 
 def test_an_unended_turn_is_closed_by_environment_text(tokenizer):
     reply = action_to_json(HeuristicAgent().act(CERNCollisionEnvironment().reset(seed=1, difficulty="easy")))
-    [episode] = play_episodes(scripted(tokenizer, [reply], eos=False), tokenizer, [(1, None, "easy")], max_turns=2)
+    [episode] = play_episodes(
+        scripted(tokenizer, [reply], eos=False), tokenizer, [(1, None, "easy")], sampling=SCRIPTED, max_turns=2
+    )
     text = tokenizer.decode(episode.completion_ids)
     assert text.count("<|end|>") >= 2
     first_env = episode.env_mask.index(0)

@@ -24,8 +24,10 @@ from lib.progress import Progress
 PromptFn = Callable[[List[Dict[str, str]]], str]
 """Formats a chat into the model's prompt, e.g. a tokenizer's `apply_chat_template(..., tokenize=False,
 add_generation_prompt=True)`."""
-GenerateFn = Callable[[str, LLMAgentConfig], str]
-"""Runs the model on a prompt with the config's sampling settings; returns the raw completion."""
+TextGenerateFn = Callable[[str, LLMAgentConfig], str]
+"""Runs the model on a prompt text with the config's sampling settings; returns the raw completion
+text (the seed collector's `generate_fn`, one decision at a time; multi-turn play in token space
+takes `lib.episodes.generation.GenerateFn`)."""
 
 
 def _summarise(obs: CollisionObservation) -> Dict[str, Any]:
@@ -202,7 +204,7 @@ def collect_episode(
     scenario: Optional[str],
     difficulty: Optional[str],
     prompt_fn: PromptFn,
-    generate_fn: GenerateFn,
+    generate_fn: TextGenerateFn,
     config: LLMAgentConfig = LLMAgentConfig(),
     max_steps: Optional[int] = None,
 ) -> EpisodeRecord:
@@ -220,7 +222,7 @@ def collect_episodes(
     make_env: Optional[Callable[[], CERNCollisionEnvironment]] = None,
     agent: Any = None,
     prompt_fn: Optional[PromptFn] = None,
-    generate_fn: Optional[GenerateFn] = None,
+    generate_fn: Optional[TextGenerateFn] = None,
     config: LLMAgentConfig = LLMAgentConfig(),
     max_steps: Optional[int] = None,
     progress: bool = True,

@@ -55,7 +55,7 @@ def play_episodes(
     tokenizer: Any,
     specs: Sequence[Any],
     *,
-    sampling: Sampling = Sampling(),
+    sampling: Sampling,
     max_turns: Optional[int] = None,
     max_context_tokens: Optional[int] = None,
     make_env: Callable[[], CERNCollisionEnvironment] = CERNCollisionEnvironment,
@@ -67,7 +67,10 @@ def play_episodes(
 ) -> List[PlayedEpisode]:
     """Play one episode per spec (`lib.episodes.records.EpisodeSpec`, mapping or tuple), in
     lockstep batches of `batch_size`; returns them in the order of `specs`. `progress`: a
-    label under which the episodes played so far are logged (`lib.progress`).
+    label under which the episodes played so far are logged (`lib.progress`). `sampling` has no
+    default: a run takes it from its configuration (`TrainConfig.sampling` for training rollouts,
+    `TrainConfig.evaluation_sampling` for evaluations), so no caller plays at a temperature it did
+    not choose.
 
     `max_turns` (default: the environment's step limit) and `max_context_tokens` stop an
     episode early, marked `truncated`; it then gets no terminal grade. Sampling draws

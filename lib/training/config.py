@@ -188,6 +188,11 @@ class TrainConfig:
         """The `Sampling` of training rollouts (`temperature`, `top_p`, `max_new_tokens`)."""
         return Sampling(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens)
 
+    @property
+    def evaluation_sampling(self) -> Sampling:
+        """The `Sampling` of held-out evaluations and demonstrations: greedy, `max_new_tokens` as in training."""
+        return Sampling(temperature=0.0, max_new_tokens=self.max_new_tokens)
+
     def __post_init__(self) -> None:
         problems = self._check_types()
         if problems:  # the checks below compare values: they need the right types

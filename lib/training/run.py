@@ -39,7 +39,6 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from cernenv.scenarios import list_scenarios
-from lib.agents.prompting import Sampling
 from lib.episodes.generation import hf_generate_fn
 from lib.episodes.llm_rollouts import play_episodes
 from lib.episodes.records import EpisodeSpec, load_episodes_jsonl, save_episodes_jsonl
@@ -113,7 +112,7 @@ def evaluate_policy(
         generate,
         tokenizer,
         shard(specs),
-        sampling=Sampling(temperature=0.0, max_new_tokens=config.max_new_tokens),
+        sampling=config.evaluation_sampling,
         max_turns=config.max_turns,
         max_context_tokens=config.max_seq_length,
         batch_size=config.eval_batch_size,
