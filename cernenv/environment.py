@@ -56,7 +56,8 @@ from cernenv.rules import (
     missing_prerequisite,
     parse_action,
 )
-from cernenv.scenarios import Scenario, make_scenario, particle_stream_seed
+from cernenv.scenarios import Scenario, make_scenario
+from cernenv.seeding import data_rng
 from cernenv.simulation import MAX_SPECTRUM_BINS, MIN_SPECTRUM_BINS, CollisionRecorder, Spectrum
 
 LUMINOSITY_UNCERTAINTY_FRAC = 0.017  # ATLAS Run-2 luminosity, EPJC 83 (2023) 982
@@ -187,7 +188,7 @@ class CERNCollisionEnvironment(Environment[ExperimentAction, CollisionObservatio
         nonce = secrets.token_hex(16) if self._fresh_worlds else ""
         salt = "\x00".join(s for s in (self._secret_salt, _check_salt(secret_salt), nonce) if s) or None
         chosen = make_scenario(int(seed), scenario=scenario, difficulty=difficulty, secret_salt=salt)
-        rng = np.random.default_rng(particle_stream_seed(int(seed), 31337, salt))
+        rng = data_rng(int(seed), salt)
         recorder = CollisionRecorder(
             chosen.search_window_gev, chosen.channels, chosen.truth, rng, chosen.signal_capacity_per_fb
         )

@@ -7,7 +7,6 @@ separately, the hidden `ParticleTruth` (None for a null scenario: nothing there)
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
@@ -24,6 +23,7 @@ from cernenv.detector import (
     expected_background_events,
     mass_resolution_gev,
 )
+from cernenv.seeding import particle_rng, task_rng
 
 DIFFICULTIES = ("easy", "medium", "hard")
 DEFAULT_MAX_STEPS = 30
@@ -222,7 +222,7 @@ def list_scenarios() -> List[str]:
 
 # Procedural generation ---------------------------------------------------------------
 #
-# A procedural task is drawn from two independent random streams of its seed:
+# A procedural task is drawn from two independent random streams of its seed (`cernenv.seeding`):
 #   * the *task stream* picks what the agent is told: one configuration from the small,
 #     fixed set `PROCEDURAL_CONFIGURATIONS[difficulty]` (window, channels, beams, resources);
 #   * the *particle stream* draws the hidden world: whether a particle exists, its mass (a
@@ -451,21 +451,6 @@ def _production(spin: int) -> str:
     return "qq" if spin == 1 else "gg"
 
 
-def _salt_words(secret_salt: Optional[str]) -> Tuple[int, ...]:
-    """The secret as two 64-bit words for a random stream's seed (none without a secret)."""
-    if not secret_salt:
-        return ()
-    digest = hashlib.sha256(secret_salt.encode("utf-8")).digest()
-    return (int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:16], "little"))
-
-
-def particle_stream_seed(seed: int, stream: int, secret_salt: Optional[str] = None) -> List[int]:
-    """The seed sequence of one of a task's hidden random streams (the particle, the recorded
-    data), with the evaluation secret mixed in when one is given: without the secret, the
-    public code cannot reproduce what the stream draws."""
-    return [int(seed), int(stream), *_salt_words(secret_salt)]
-
-
 SPLIT_CONFIGURATIONS: Dict[str, Dict[str, Tuple[TaskConfiguration, ...]]] = {
     split: {
         difficulty: tuple(config for config in configurations if split_mass_intervals(config, split))
@@ -488,9 +473,9 @@ def procedural_scenario(seed: int, difficulty: str, secret_salt: Optional[str] =
     level = DIFFICULTIES.index(difficulty)
     split = seed_split(seed)
     configurations = SPLIT_CONFIGURATIONS[split][difficulty]
-    config = configurations[int(np.random.default_rng([seed, level, 104729]).integers(len(configurations)))]
+    config = configurations[int(task_rng(seed, level).integers(len(configurations)))]
     settings = _DIFFICULTY[difficulty]
-    rng = np.random.default_rng(particle_stream_seed(seed, 7919 + level, secret_salt))
+    rng = particle_rng(seed, level, secret_salt)
 
     exists = bool(rng.random() >= settings.null_probability)
     mass = round(_draw_mass(split_mass_intervals(config, split), float(rng.random())), 1)

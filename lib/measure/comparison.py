@@ -26,9 +26,7 @@ from lib.measure.metrics import (
     bootstrap_mean,
     paired_difference,
 )
-
-BOOTSTRAP_SEED = 0
-"""numpy seed of every bootstrap here, so a re-render gives the same intervals."""
+from lib.seeds import BOOTSTRAP_SEED
 
 # Key in the JSON and checkpoint CSV → metric of `lib.measure.evaluation.METRICS` (one definition of each).
 SUMMARY_METRICS = {

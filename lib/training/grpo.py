@@ -36,6 +36,7 @@ from lib.episodes.llm_rollouts import PlayedEpisode, play_episodes
 from lib.episodes.records import EpisodeRecord, EpisodeSpec
 from lib.measure.evaluation import assert_disjoint_from_suite, heldout_suite
 from lib.report.evidence import RewardComponentLogWriter
+from lib.seeds import rollout_sampling_seed
 from lib.training.config import TrainConfig
 from lib.training.processes import gather, process_index
 
@@ -206,7 +207,7 @@ class CampaignRollout:
             max_context_tokens=self.config.max_seq_length,
             batch_size=self.config.rollout_batch_size or len(tasks),
             agent_name="policy",
-            seed=self.config.seed * 1_000_003 + 7919 * completed_steps + first,
+            seed=rollout_sampling_seed(self.config.seed, completed_steps, first),
         )
         total = time.perf_counter() - start
         self.calls += 1

@@ -30,6 +30,7 @@ from lib.agents.baselines import HeuristicAgent, RandomAgent
 from lib.agents.prompting import SYSTEM_PROMPT, action_to_json, render_observation
 from lib.episodes.agent_rollouts import transitions
 from lib.measure.evaluation import assert_disjoint_from_suite
+from lib.seeds import CORPUS_SEED
 
 SYSTEM, USER, ASSISTANT, END, PAD = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>"
 SPECIAL_TOKENS = [PAD, SYSTEM, USER, ASSISTANT, END]
@@ -55,8 +56,6 @@ WORD_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?[\p{L}_]+| ?\p{N}+| ?[^\s\p{L}\p{N}_]+
 `mass_gev` can become single tokens."""
 CORPUS_VERSION = 1
 """Bump when the corpus changes in a way the fingerprint cannot see."""
-CORPUS_SEED = 20_000
-"""First seed of the corpus episodes (kept apart from the evaluation seeds)."""
 
 
 def corpus_specs(n_episodes: int, first_seed: int = CORPUS_SEED) -> List[Dict[str, Any]]:

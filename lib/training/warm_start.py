@@ -42,14 +42,13 @@ from lib.agents.baselines import HeuristicAgent
 from lib.agents.prompting import action_to_json, round_significant
 from lib.episodes.agent_rollouts import transitions
 from lib.episodes.chat import ChatLayout
+from lib.seeds import DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.config import WARM_START_LOSSES, TrainConfig
 from lib.training.tokenizer import PROJECT_CACHE, corpus_specs
 
 logger = logging.getLogger(__name__)
 
-DEMONSTRATION_SEED = 40_000
-"""First seed of the demonstration campaigns: training seeds, apart from the tokenizer's and the evaluation's."""
 SIGNIFICANT_DIGITS = 4
 """Numbers in the demonstrated actions are rounded to this many significant digits, as prompts show them."""
 CACHE_DIR = PROJECT_CACHE / "warm_start"

@@ -1,0 +1,40 @@
+"""Every seed the learning side uses, named, with what it drives (the environment's own streams,
+drawn from an episode's seed, are in `cernenv.seeding`).
+
+| seed                               | drives                                       | used in                  |
+|------------------------------------|----------------------------------------------|--------------------------|
+| `CORPUS_SEED` + i                  | the campaigns whose text trains the stand-in | `lib.training.tokenizer` |
+|                                    | tokenizer                                    |                          |
+| `DEMONSTRATION_SEED` + i           | the warm start's heuristic campaigns         | `lib.training.warm_start`|
+| `TrainConfig.train_seed_start` + i | GRPO's training tasks (their order shuffled  | `lib.training.grpo`      |
+|                                    | with the run seed)                           |                          |
+| `rollout_sampling_seed(...)`       | torch's sampling of a GRPO step's rollouts   | `lib.training.grpo`      |
+| `TrainConfig.seed`                 | the stand-in's initial weights, the trainers'| `lib.training`           |
+|                                    | data order                                   |                          |
+| the suite's layout (900000 on)     | the held-out evaluation episodes             | `lib.measure.evaluation` |
+| `BOOTSTRAP_SEED`                   | every bootstrap interval of the evidence     | `lib.measure.comparison` |
+
+Training seeds lie below `cernenv.scenarios.EVALUATION_SEED_START` (900000), and every builder
+of training tasks checks it with `lib.measure.evaluation.assert_disjoint_from_suite`.
+"""
+
+from __future__ import annotations
+
+CORPUS_SEED = 20_000
+"""First seed of the tokenizer corpus's campaigns."""
+DEMONSTRATION_SEED = 40_000
+"""First seed of the warm start's demonstration campaigns."""
+BOOTSTRAP_SEED = 0
+"""numpy seed of every bootstrap resampling of the evidence: a re-render gives the same numbers."""
+
+_RUN_SEED_STRIDE = 1_000_003
+"""Apart far enough that two run seeds never share a step's sampling seed (prime)."""
+_STEP_STRIDE = 7_919
+"""Between consecutive GRPO steps: more than any number of rollout groups in a step (prime)."""
+
+
+def rollout_sampling_seed(run_seed: int, step: int, first_task: int) -> int:
+    """The torch seed of GRPO step `step`'s rollouts, from the task index `first_task` on: a
+    resumed run samples what the uninterrupted run would, and distinct runs, steps and task
+    slices never share one."""
+    return run_seed * _RUN_SEED_STRIDE + _STEP_STRIDE * step + first_task
