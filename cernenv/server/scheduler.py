@@ -16,61 +16,16 @@ ends: one expensive step (an honest scan of a large spectrum) then costs its ses
 wait, not a wait until every other session has used as much CPU. Jobs are not pre-empted: a
 waiting job can still wait for the one that is running.
 
-Why decay: with a charge that only grows (the previous rule: least total CPU first, 50 ms of
-credit on waking, a 10 ms lead cap), sessions whose episodes had the expensive steps (large
-spectra) fell behind for good: honest p99 0.72-0.92 s at 64 clients without any abuser, and
-1.49-1.65 s beside the load test's abusers (bench/bench_server.py). The half-life trades the
-two targets (honest latency beside spammers, the honest tail): longer protects honest clients
-from scan spammers better (0.5 s: their median latency x1.34-2.02) but lengthens the tail (p99
-beside the abusers 1.0-1.5 s); 0.1 s gave x1.60-2.03 and 0.77-0.92 s. `bench/scheduler_sim.py`
-simulates the rules on the CPU times of real steps. Many clients in the same phase of their
-episodes (all scanning at once) still wait for one another: a round of 64 scans is 0.5 s of CPU
-whatever the order.
-
-What limits the fairness target (measured 2026-11-25 with every job of the server logged, in
-`make bench-server`'s case of 4 honest clients beside 8 scan spammers): alone, the 4 honest
-clients keep the physics thread 84% busy; beside the spammers they got 31% of it (7.8% per
-session) and the spammers 67% (8.4% each), the equal shares this rule aims at. Clients that
-alone use a fifth of the thread each cannot keep their pace beside 8 more busy sessions: their
-median latency about doubled (x1.48-2.80 over 11 runs, median x1.91). No rule that shares CPU
-time equally between busy sessions does better: a spammer is a busy session like any other.
-Tried and not kept:
-- Python's switch interval at 0.5 ms: no change (the waits are for the thread, not the GIL);
-- EEVDF-like virtual deadlines, simulated as in bench/scheduler_sim.py: median ratio
-  x1.97-3.42 across cost predictors, mean latency x3 (strict sharing); this rule there: x2.22,
-  mean x2.9;
-- ordering by charge plus a session's predicted job cost: it starves a session whose
-  prediction exceeds the lead cap.
-
 What tells a spammer apart is what its steps do, so the shares are unequal on purpose: a job
 can carry a `surcharge`, a factor on its charge computed from its result, and its lead cap
 grows by the same factor. The server (`ServedEnvironment`, cernenv/server/app.py) charges 8
 times its CPU time the work that gives its agent nothing new: a refused action, a repeat of an
 action on unchanged data, any step beyond the 6th in a row without new data (HeuristicAgent
 takes at most 5), a claim made before any data, a reset that abandons an unfinished episode or
-follows one without data. Simulated (`python bench/scheduler_sim.py --seeds 6`, every spammer
-job surcharged): median ratio x1.21 (x1.19-1.28) at 8, against x2.27 (x1.96-2.47) without.
+follows one without data.
 
-On the server the order of the turns was not enough: beside 8 sessions that reset and claim at
-once, the ratio was x1.36-2.27 at a surcharge of 8 and x1.32-1.83 at 64, the spammers' answers
-as many either way. They cost the event loop (JSON, WebSocket frames), which this scheduler
-does not order, and every job they slip in while the honest clients think is one an honest
-step may find running. So, while another session is open, the answer to a surcharged job also
-waits (`WASTED_WORK_PAUSE_S`: 50 ms, since raised to 0.1 s, see app.py): a session that only
-wastes work sends at most 20 (now 10) requests a second. Measured (honest median latency with /
-without 8 spammers, 4 runs each and `make bench-server`, 2026-11-25), before any surcharge ->
-surcharge alone -> with the pause:
-- repeating `scan_bump`: x1.48-2.80 (11 runs) -> x1.21-1.66 (6) -> x0.97-1.39 (7);
-- scanning one spectrum with another step each time: x1.81-2.61 (4, repeats surcharged) ->
-  x1.40-2.27 (11) -> x1.34-1.72 (7);
-- resetting, never stepping: x2.46-3.51 (4) -> x1.24-1.88 (4) -> x1.12-1.47 (7);
-- resetting and claiming at once: x2.51-3.04 (4) -> x1.36-2.27 (5) -> x0.90-1.52 (7).
-Messages that run no physics (refused frames, `state` requests) are paced the same way past
-10 in a row, and sessions dropped without a step past 16 per address (`MessageLimit` in
-app.py): x1.64-2.06 -> x0.84-1.22, and x2.82-3.98 -> x0.66-1.40 (docs/openenv.md).
-A session that does new work as fast as it can (takes data, scans it, claims, again) is not
-told apart from an honest one: it gets an equal share, as every session did before the
-surcharge (the first figures of each line; not measured for such a client).
+The measurements behind these rules, and the rules tried and not kept, are in docs/openenv.md
+("How the scheduler's rules came about").
 """
 
 from __future__ import annotations
