@@ -25,16 +25,14 @@ logger = logging.getLogger("cernenv.server")
 # without data. Sessions that spam `scan_bump` on one spectrum (repeated, or each time with
 # another step), `reset`, or reset-and-claim then get far fewer turns than an honest session
 # instead of as many (the fairness cases of `make bench-server`; figures in
-# cernenv/server/scheduler.py). No step is refused.
+# docs/openenv.md). No step is refused.
 NO_NEW_WORK_SURCHARGE = 8.0
 FREE_STEPS_ON_UNCHANGED_DATA = 6
 # ... and while another session is open, the answer to such a step waits this long (a tarpit):
 # a session that only wastes work sends at most 10 requests a second, and the server's event
 # loop, which the scheduler does not order, is spared their traffic. An agent's occasional
-# refused action costs it 0.1 s, little beside the time a language model takes to answer.
-# (50 ms held 8 scan spammers to x0.97-1.44 while the server's sockets kept Nagle's algorithm,
-# which also slowed their answers; with TCP_NODELAY, as plain uvicorn has it: x1.29-2.08 over
-# 5 runs, and with 0.1 s x1.07-1.61.)
+# refused action costs it 0.1 s, little beside the time a language model takes to answer
+# (why 0.1 s and not 50 ms: docs/openenv.md, "How the scheduler's rules came about").
 WASTED_WORK_PAUSE_S = 0.1
 # The same pause for what a connection sends that runs no physics (refused frames, `state`
 # requests, WebSocket pings and pongs, MCP calls that neither reset nor step) beyond this many
