@@ -6,8 +6,6 @@ drawn from an episode's seed, are in `cernenv.seeding`).
 | `CORPUS_SEED` + i                  | the campaigns whose text trains the stand-in | `lib.training.tokenizer` |
 |                                    | tokenizer                                    |                          |
 | `DEMONSTRATION_SEED` + i           | the warm start's heuristic campaigns         | `lib.training.warm_start`|
-| `[COPY_VARIANT_SEED, its seed]`    | the numbers of a demonstration's copy        | `lib.training.warm_start`|
-|                                    | variants                                     |                          |
 | `TrainConfig.train_seed_start` + i | GRPO's training tasks (their order shuffled  | `lib.training.grpo`      |
 |                                    | with the run seed)                           |                          |
 | `rollout_sampling_seed(...)`       | torch's sampling of a GRPO step's rollouts   | `lib.training.grpo`      |
@@ -26,8 +24,6 @@ CORPUS_SEED = 20_000
 """First seed of the tokenizer corpus's campaigns."""
 DEMONSTRATION_SEED = 40_000
 """First seed of the warm start's demonstration campaigns."""
-COPY_VARIANT_SEED = 41_000
-"""With a demonstration's seed, the numpy seed of its copy variants' remapped numbers."""
 BOOTSTRAP_SEED = 0
 """numpy seed of every bootstrap resampling of the evidence: a re-render gives the same numbers."""
 

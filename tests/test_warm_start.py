@@ -13,15 +13,13 @@ import torch
 from lib.agents.prompting import Sampling, parse_reply, round_significant
 from lib.episodes.llm_rollouts import play_episodes
 from lib.measure.evaluation import heldout_suite
-from lib.seeds import DEMONSTRATION_SEED
 from lib.training import TrainConfig
 from lib.training.backends import load_policy
 from lib.training.run import train
 from lib.training.tokenizer import corpus_specs
 from lib.training.warm_start import (
-    COPIED_PARAMETERS,
+    DEMONSTRATION_SEED,
     cached_warm_start_dir,
-    conversation_ids,
     demonstration_examples,
     loss_mask,
     sft_trainer,
@@ -56,53 +54,6 @@ def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
     last = played.record.steps[-1]
     assert last.action["action_type"] == "submit_discovery_claim" and last.done and not replies
     assert all(step.parsed_ok and not step.rule_violations for step in played.record.steps)
-
-
-def test_a_copy_variant_remaps_what_the_actions_copy_wherever_it_is_written(tiny_model_dir):
-    """In a copy variant each number an action copies is another one, written so everywhere (the
-    observation it was read from, the logbook, later actions); the rest of the campaign is the
-    demonstration's, and the whole conversation is laid out as GRPO plays it."""
-    from lib.training.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(tiny_model_dir)
-    (example,) = demonstration_examples(tokenizer, 1, loss="conversation")
-    original, variant = demonstration_examples(tokenizer, 1, loss="conversation", copy_variants=1)
-    assert original == example and variant["completion_mask"] == [1] * len(variant["input_ids"])
-
-    def replies(ids):
-        text = tokenizer.decode(ids)
-        return text, [json.loads(c.split("<|end|>")[0]) for c in text.split("<|assistant|>\n")[1:]]
-
-    original_text, original_replies = replies(original["input_ids"])
-    variant_text, variant_replies = replies(variant["input_ids"])
-    assert [r["action_type"] for r in variant_replies] == [r["action_type"] for r in original_replies]
-    copied = 0
-    for before, after in zip(original_replies, variant_replies):
-        for name, value in before["parameters"].items():
-            if name in COPIED_PARAMETERS and isinstance(value, float):
-                copied += 1
-                new = after["parameters"][name]
-                assert new != value and 0.69 * value <= new <= 1.41 * value, (name, value, new)
-                position = variant_text.index(json.dumps(after, separators=(",", ":")))
-                assert f"={json.dumps(new)}" in variant_text[:position], f"{name}={new} was shown before it is quoted"
-                assert f"={json.dumps(value)}" not in variant_text, f"{value} is remapped everywhere"
-            else:
-                assert after["parameters"][name] == value, name
-    assert copied >= 4, "a fit, a significance and a claim quote numbers"
-    assert variant_text.split("<|user|>")[0] == original_text.split("<|user|>")[0], "the system prompt is kept"
-    # laid out as GRPO plays a campaign: the chat template of the whole conversation, token for token
-    messages = [{"role": role, "content": content} for role, content in _messages(original_text)]
-    assert conversation_ids(tokenizer, messages) == original["input_ids"]
-    with pytest.raises(ValueError, match="loss='conversation'"):
-        demonstration_examples(tokenizer, 1, loss="actions", copy_variants=1)
-    with pytest.raises(ValueError, match="warm_start_copy_variants"):
-        TrainConfig(warm_start_loss="actions", warm_start_copy_variants=1)
-
-
-def _messages(text):
-    """(role, content) for each message of a conversation rendered by the chat template."""
-    tagged = (part.split("|>\n", 1) for part in text.split("<|")[1:])
-    return [(tag, content) for tag, *rest in tagged if tag in ("system", "user", "assistant") for content in rest]
 
 
 def test_demonstrations_never_use_an_evaluation_seed():
@@ -176,7 +127,6 @@ def test_warm_start_trains_the_lora_adapter_on_the_actions(tiny_model_dir):
         warm_start_epochs=3,
         warm_start_learning_rate=5e-3,
         warm_start_loss="actions",
-        warm_start_copy_variants=0,
     )
     policy = load_policy(config, "trl")
     report = sft_warm_start(policy, config)
@@ -205,17 +155,15 @@ def test_a_warm_start_of_every_weight_learns_and_is_cached(tiny_model_dir, tmp_p
     )
     policy = load_policy(config, "trl")
     report = sft_warm_start(policy, config, cache_dir=tmp_path)
-    assert report["examples"] == 2, "the campaign and its copy variant"
-    assert report["steps"] == 24 and report["loss_tokens"] == report["tokens"]
+    assert report["steps"] == 12 and report["loss_tokens"] == report["tokens"]
     assert report["last_loss"] < 0.7 * report["first_loss"], report["losses"]
     assert Path(policy.model.name_or_path) == Path(report["cached"]), "loaded back from its folder: it has a name"
     again = load_policy(config, "trl")
     reloaded = sft_warm_start(again, config, cache_dir=tmp_path)
     assert reloaded["loaded"] and reloaded["cached"] == report["cached"], "a cached warm start is loaded"
     assert all(torch.equal(x, y) for x, y in zip(policy.model.state_dict().values(), again.model.state_dict().values()))
-    for change in ({"warm_start_learning_rate": 4e-3}, {"warm_start_copy_variants": 0}):
-        other = TrainConfig(**{**config.to_dict(), **change})
-        assert cached_warm_start_dir(load_policy(other, "trl"), other, tmp_path) != Path(report["cached"]), change
+    other = TrainConfig(**{**config.to_dict(), "warm_start_learning_rate": 4e-3})
+    assert cached_warm_start_dir(load_policy(other, "trl"), other, tmp_path) != Path(report["cached"])
 
 
 @pytest.mark.slow
@@ -241,8 +189,7 @@ def test_a_run_with_a_warm_start_saves_it_and_grpo_trains_the_same_adapter(tmp_p
         output_dir=str(tmp_path / "out"),
     )
     result = train(config)
-    assert result.warm_start["episodes"] == 1 and result.warm_start["examples"] == 2
-    assert result.warm_start["steps"] == 6
+    assert result.warm_start["episodes"] == 1 and result.warm_start["steps"] == 3
     warm = Path(config.output_dir) / "warm_start"
     final = Path(config.output_dir) / "final"
     assert (warm / "adapter_model.safetensors").is_file() and (final / "adapter_model.safetensors").is_file()

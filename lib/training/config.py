@@ -89,12 +89,6 @@ class TrainConfig:
     """Which tokens the warm start's loss covers: "conversation" (every one: the stand-in learns to
     copy channels and numbers by predicting the environment's messages too) or "actions" (the
     model's replies only, as GRPO's loss: a model that already reads)."""
-    warm_start_copy_variants: int = 1
-    """Copy variants of each demonstrated campaign (`lib.training.warm_start.copy_variant`): the
-    campaign again with the numbers its actions copy (masses, mass errors, significances)
-    remapped wherever they are written, so that they can only be copied from the context, not
-    guessed from the task. Without them the stand-in writes plausible numbers instead of the ones
-    it read (docs/training.md). Needs `warm_start_loss="conversation"`; 0: none."""
 
     # -- GRPO
     max_steps: int = 14
@@ -234,13 +228,6 @@ class TrainConfig:
             problems.append(f"warm_start_episodes must be >= 0, got {self.warm_start_episodes}")
         if self.warm_start_loss not in WARM_START_LOSSES:
             problems.append(f"warm_start_loss must be one of {WARM_START_LOSSES}, got {self.warm_start_loss!r}")
-        if self.warm_start_copy_variants < 0:
-            problems.append(f"warm_start_copy_variants must be >= 0, got {self.warm_start_copy_variants}")
-        elif self.warm_start_copy_variants and self.warm_start_loss != "conversation":
-            problems.append(
-                f"warm_start_copy_variants={self.warm_start_copy_variants} needs warm_start_loss='conversation' "
-                f"(got {self.warm_start_loss!r}): set warm_start_copy_variants to 0 for a loss on the actions"
-            )
         if self.warm_start_episodes and self.beta:
             problems.append(
                 f"beta={self.beta} with warm_start_episodes={self.warm_start_episodes}: TRL's KL reference "

@@ -381,9 +381,8 @@ def _train(config: TrainConfig) -> TrainResult:
             policy.tokenizer.save_pretrained(str(output_dir / "warm_start"))
         seconds["warm_start"] = time.perf_counter() - t
         logger.info(
-            "SFT warm start: %d campaigns (%d examples with their copy variants), %d steps, loss %.3f -> %.3f%s",
+            "SFT warm start: %d campaigns, %d steps, loss %.3f -> %.3f%s",
             warm["episodes"],
-            warm.get("examples", warm["episodes"]),
             warm["steps"],
             warm["first_loss"] or float("nan"),
             warm["last_loss"] or float("nan"),

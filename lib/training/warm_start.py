@@ -32,20 +32,17 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
-
-import numpy as np
 
 from cernenv import CERNCollisionEnvironment, ExperimentAction
 from lib.agents.baselines import HeuristicAgent
 from lib.agents.prompting import action_to_json, round_significant
 from lib.episodes.agent_rollouts import transitions
 from lib.episodes.chat import ChatLayout
-from lib.seeds import COPY_VARIANT_SEED, DEMONSTRATION_SEED
+from lib.seeds import DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.config import WARM_START_LOSSES, TrainConfig
 from lib.training.tokenizer import PROJECT_CACHE, corpus_specs
@@ -81,70 +78,15 @@ class RoundedDemonstrator:
         return action.model_copy(update={"parameters": parameters})
 
 
-COPIED_PARAMETERS = ("mass_hint_gev", "mass_gev", "mass_uncertainty_gev", "significance_sigma")
-"""Action parameters whose values the heuristic copies from what the environment told it (a scan's
-best mass, a fit's mass and error, the global significance): the numbers a copy variant remaps."""
-COPY_VARIANT_SCALE = (0.7, 1.4)
-"""A copy variant multiplies each copied value by a factor drawn uniformly from this range."""
-
-
-def copy_variant(messages: List[Dict[str, str]], rng: np.random.Generator) -> List[Dict[str, str]]:
-    """`messages` (a demonstrated campaign) with each number its actions copy (`COPIED_PARAMETERS`)
-    replaced by another of the same form, `SIGNIFICANT_DIGITS` significant digits, wherever it is
-    written in the campaign's user and assistant messages (the system prompt is kept). The variant
-    stays consistent (an action quotes what the environment showed it) but its numbers can no
-    longer be guessed from the task or remembered from other campaigns, only copied from the
-    context: what the policy must do with an unseen particle's mass. The physics does not
-    follow (a remapped mass sits beside the original spectrum); the procedure and the copying do."""
-    values = set()
-    for message in messages:
-        if message["role"] == "assistant":
-            parameters = json.loads(message["content"]).get("parameters", {})
-            values.update(parameters[k] for k in COPIED_PARAMETERS if isinstance(parameters.get(k), float))
-    mapping = {}
-    for value in sorted(values):
-        new = round_significant(value * float(rng.uniform(*COPY_VARIANT_SCALE)), SIGNIFICANT_DIGITS)
-        if new != value:
-            mapping[json.dumps(value)] = json.dumps(new)
-    if not mapping:
-        return [dict(m) for m in messages]
-    # a whole number only: not the digits of a longer one (`12.5` in `112.5` or `12.55`)
-    alternatives = "|".join(re.escape(text) for text in sorted(mapping, key=len, reverse=True))
-    number = re.compile(rf"(?<![\d.])({alternatives})(?![\d])")
-
-    def remapped(text: str) -> str:
-        return number.sub(lambda match: mapping[match.group(1)], text)
-
-    return [dict(m, content=m["content"] if m["role"] == "system" else remapped(m["content"])) for m in messages]
-
-
-def conversation_ids(tokenizer: Any, messages: List[Dict[str, str]]) -> List[int]:
-    """The tokens of a whole campaign's `messages` through the chat template, as `ChatLayout` lays
-    out a played one (tested equal for a demonstration), without the newline the template writes
-    after the last message."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    return tokenizer(text.removesuffix("\n"), add_special_tokens=False)["input_ids"]
-
-
 def demonstration_examples(
-    tokenizer: Any,
-    n_episodes: int,
-    *,
-    loss: str = "actions",
-    first_seed: int = DEMONSTRATION_SEED,
-    copy_variants: int = 0,
+    tokenizer: Any, n_episodes: int, *, loss: str = "actions", first_seed: int = DEMONSTRATION_SEED
 ) -> List[Dict[str, List[int]]]:
     """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"}, in `ChatLayout`'s
-    token layout for `tokenizer`, each followed by `copy_variants` copy variants of it
-    (`copy_variant`, drawn from `COPY_VARIANT_SEED` and the campaign's seed). `loss="actions"`:
-    the mask is 1 on the tokens the policy would write (its replies and their eos) and 0 on the
-    prompt and the environment's text, as GRPO's env_mask; `loss="conversation"`: 1 on every
-    token, the prompt's and the environment's too (copy variants need it: their masks are not
-    built turn by turn)."""
+    token layout for `tokenizer`. `loss="actions"`: the mask is 1 on the tokens the policy would
+    write (its replies and their eos) and 0 on the prompt and the environment's text, as GRPO's
+    env_mask; `loss="conversation"`: 1 on every token, the prompt's and the environment's too."""
     if loss not in WARM_START_LOSSES:
         raise ValueError(f"loss must be one of {WARM_START_LOSSES}, got {loss!r}")
-    if copy_variants and loss != "conversation":
-        raise ValueError(f"copy variants are trained with loss='conversation', got loss={loss!r}")
     layout = ChatLayout(tokenizer)
     env = CERNCollisionEnvironment()
     agent = RoundedDemonstrator(HeuristicAgent())
@@ -173,10 +115,6 @@ def demonstration_examples(
         if loss == "conversation":
             mask = [1] * len(input_ids)
         examples.append({"input_ids": input_ids, "completion_mask": mask})
-        rng = np.random.default_rng([COPY_VARIANT_SEED, spec["seed"]])
-        for _ in range(copy_variants):
-            variant = conversation_ids(tokenizer, copy_variant(messages, rng))
-            examples.append({"input_ids": variant, "completion_mask": [1] * len(variant)})
     return examples
 
 
@@ -230,14 +168,7 @@ def loss_mask(trainer: Any) -> List[List[bool]]:
     return masks
 
 
-SETTINGS = (
-    "warm_start_episodes",
-    "warm_start_epochs",
-    "warm_start_learning_rate",
-    "warm_start_loss",
-    "warm_start_copy_variants",
-    "seed",
-)
+SETTINGS = ("warm_start_episodes", "warm_start_epochs", "warm_start_learning_rate", "warm_start_loss", "seed")
 """The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
 
 
@@ -254,9 +185,7 @@ def fingerprint(policy: Policy, config: TrainConfig) -> str:
         digest.update(tensor.detach().to("cpu", torch.float32).numpy().tobytes())
     digest.update(json.dumps(policy.tokenizer.get_vocab(), sort_keys=True).encode())
     digest.update(json.dumps({name: getattr(config, name) for name in SETTINGS}, sort_keys=True).encode())
-    probe = demonstration_examples(
-        policy.tokenizer, 1, loss=config.warm_start_loss, copy_variants=config.warm_start_copy_variants
-    )
+    probe = demonstration_examples(policy.tokenizer, 1, loss=config.warm_start_loss)
     digest.update(json.dumps(probe).encode())
     return digest.hexdigest()[:16]
 
@@ -279,12 +208,7 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
         logger.info("the warm start is cached in %s: loading it", target)
         policy.model = AutoModelForCausalLM.from_pretrained(target).to(policy.model.device)
         return {**json.loads((target / "warm_start.json").read_text()), "cached": str(target), "loaded": True}
-    examples = demonstration_examples(
-        policy.tokenizer,
-        config.warm_start_episodes,
-        loss=config.warm_start_loss,
-        copy_variants=config.warm_start_copy_variants,
-    )
+    examples = demonstration_examples(policy.tokenizer, config.warm_start_episodes, loss=config.warm_start_loss)
     too_long = sum(len(e["input_ids"]) > config.max_seq_length for e in examples)
     if too_long:
         logger.warning(
@@ -301,8 +225,7 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
     policy.peft_config = None
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     report = {
-        "episodes": config.warm_start_episodes,
-        "examples": len(examples),
+        "episodes": len(examples),
         "tokens": sum(len(e["input_ids"]) for e in examples),
         "action_tokens": sum(sum(e["completion_mask"]) for e in examples)
         if config.warm_start_loss == "actions"
