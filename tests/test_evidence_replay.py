@@ -21,6 +21,7 @@ few rendered digits, lib/report/replay.py); a change of the environment moves fa
 of a reward or grade fails."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EVIDENCE, ids=lambda p: p.name)
 def test_every_committed_evidence_episode_replays_to_its_recorded_rewards_and_grade(path):
     checks = [check_replay(episode) for episode in load_episodes_jsonl(str(path))]

@@ -134,6 +134,7 @@ def _run_with_fake_cuda(tmp_path, code: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_train_imports_unsloth_before_transformers_peft_and_trl(tmp_path):
     code = textwrap.dedent(f"""
         import json, sys

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
@@ -42,6 +44,7 @@ def _probe(**env: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_import_cernenv_loads_no_ml_library_no_server_stack_and_no_web_ui_until_asked():
     probe = _probe()
     assert not any(probe["loaded"].values()), probe["loaded"]
@@ -49,6 +52,7 @@ def test_import_cernenv_loads_no_ml_library_no_server_stack_and_no_web_ui_until_
     assert "/web" in probe["web_routes"] and "/web/step" in probe["web_routes"]
 
 
+@pytest.mark.slow
 def test_the_web_ui_asked_for_at_start_up_comes_with_the_app():
     probe = _probe(ENABLE_WEB_INTERFACE="true")
     assert probe["gradio_with_the_app"] is True and "/web" in probe["web_routes"]

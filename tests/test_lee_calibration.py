@@ -74,6 +74,7 @@ def _check(label, k, n, z, confidence, two_sided=True):
     return interval.low <= nominal and (nominal <= interval.high or not two_sided), line
 
 
+@pytest.mark.slow
 def test_global_significance_is_calibrated_on_background_only_toys():
     """600 toys per family (2,400 in all, ~30 s): per family and path (a), (b) at Z >= 2; pooled,
     (a) and (b) at Z >= 2 and Z >= 3, and (c) from above."""

@@ -95,6 +95,7 @@ def test_colab_bootstrap_runs_twice_and_takes_the_repository_url(tmp_path):
     assert int(pip_calls) == 2 and int(on_path) == 0, "the install makes lib importable, not a sys.path edit"
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_notebook_01_runs(tmp_path, monkeypatch):
     papermill = pytest.importorskip("papermill")
@@ -120,6 +121,7 @@ def test_notebook_01_runs(tmp_path, monkeypatch):
     assert (figures / "01_spectrum_scan.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_notebook_02_runs_and_writes_the_baselines(tmp_path, monkeypatch):
     papermill = pytest.importorskip("papermill")
@@ -147,6 +149,7 @@ def test_notebook_02_runs_and_writes_the_baselines(tmp_path, monkeypatch):
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1, "reward distributions"
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
     """Two GRPO steps of a randomly initialised tiny model (no SFT, to stay fast), end to end."""

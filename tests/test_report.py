@@ -50,6 +50,7 @@ def executed_04(tmp_path_factory):
     return output
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_notebook_04_tells_the_story_from_the_evidence(executed_04):
     nb = nbformat.read(executed_04, as_version=4)
@@ -86,6 +87,7 @@ def test_notebook_04_tells_the_story_from_the_evidence(executed_04):
     assert models.count("ImageModel") >= (1 if built else 0), "spectra in the browser"
 
 
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_report_pages_load_nothing_from_the_network(executed_04, tmp_path):
     pages = export_reports(executed_04.parent, tmp_path)
@@ -192,6 +194,7 @@ def test_export_says_what_to_do_without_build_or_assets(tmp_path):
 @pytest.mark.skipif(
     find_chromium() is None, reason="no Chromium on this machine (apt-get install chromium; .ci/run installs it)"
 )
+@pytest.mark.slow
 def test_trajectory_browser_works_offline_in_chromium(executed_04, tmp_path):
     pytest.importorskip("playwright", reason="the playwright package drives Chromium (requirements.txt)")
     page = export_html(executed_04, tmp_path / f"{NAME}.html")

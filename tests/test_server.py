@@ -363,6 +363,7 @@ def test_heuristic_episode_is_identical_remote_and_in_process(server, scenario, 
         assert lockstep(client, HeuristicAgent, seed, scenario, difficulty) > 3
 
 
+@pytest.mark.slow
 def test_a_server_secret_changes_the_hidden_world_and_clients_cannot_remove_it(tmp_path):
     """With --secret-salt-file, a procedural seed hides another particle than the public code's,
     the episode equals an in-process one holding the same secret, the secret never appears in the
@@ -1083,6 +1084,7 @@ def test_server_config_from_variables_and_flags(capsys, monkeypatch, tmp_path):
     assert f"cannot listen on 127.0.0.1:{port}" in error and "--port N" in error
 
 
+@pytest.mark.slow
 def test_a_low_soft_file_limit_is_raised_and_a_low_hard_one_explained():
     """Containers often start processes at 1,024 open files (soft): the server raises its soft
     limit to what --max-connections needs when the hard limit allows, and otherwise stops with
@@ -1550,6 +1552,7 @@ def test_odd_http_input_gets_a_4xx_never_a_500(server, body):
     json.dumps(reply, ensure_ascii=False).encode("utf-8")  # the answer is valid UTF-8 JSON
 
 
+@pytest.mark.slow
 def test_idle_sessions_are_closed_and_free_their_slot():
     """A session whose environment has not reset or stepped for --session-idle-timeout-s is
     closed (1001) and its slot freed, whatever else it sends (`state`, pings): the server and
@@ -1592,6 +1595,7 @@ def test_idle_sessions_are_closed_and_free_their_slot():
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_token_guards_every_route_but_health(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token\n")
@@ -1617,6 +1621,7 @@ def test_a_token_guards_every_route_but_health(tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 def test_aborted_connections_cost_one_log_line_each():
     """2,000 abrupt closes once wrote 2,464 tracebacks: a client that resets its connection in
     the middle of an exchange gets one warning line, and its session is released."""
@@ -1662,6 +1667,7 @@ def read_until_closed(sock: socket.socket) -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_unfinished_requests_are_timed_out_and_connections_are_limited_per_client_and_in_all():
     """19,993 never-finished HTTP requests once exhausted the file descriptors (/health timed
     out, 235,519 log lines). Now a client gets `--max-connections-per-client`, everyone together

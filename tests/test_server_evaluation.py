@@ -28,6 +28,8 @@ from cernenv.server.evaluation import ResultsLedger, fingerprint, generated_secr
 
 from truth_leaks import blank_random_ids
 
+pytestmark = pytest.mark.slow  # a server in its own process, attacked (`make test` runs them)
+
 SEEDS = range(902_000, 902_005)
 QUERIES = 29
 

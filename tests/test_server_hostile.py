@@ -45,6 +45,8 @@ from cernenv.server.pacing import FREE_MESSAGES_WITHOUT_WORK, MAX_CONTROL_FRAME_
 from cernenv.server.wire import MAX_JSON_DEPTH
 from lib.agents.baselines import HeuristicAgent
 
+pytestmark = pytest.mark.slow  # servers started in subprocesses and attacked (`make test` runs them)
+
 SESSIONS, SESSIONS_PER_CLIENT = 8, 2
 CONNECTIONS, CONNECTIONS_PER_CLIENT = 64, 8
 READ_TIMEOUT_S, IDLE_TIMEOUT_S = 2.0, 4.0

@@ -228,6 +228,7 @@ def test_a_configuration_is_checked_without_torch_with_the_engines_generation_kn
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr[-1500:]
 
 
+@pytest.mark.slow
 def test_an_output_folder_that_cannot_be_written_stops_the_command_in_one_line(tmp_path):
     """A read-only or misplaced evidence_dir used to fail only after the whole pre-evaluation, with
     a traceback: the command line now stops before loading anything, in one line."""
