@@ -6,6 +6,8 @@ drawn from an episode's seed, are in `cernenv.seeding`).
 | `CORPUS_SEED` + i                  | the campaigns whose text trains the stand-in | `lib.training.tokenizer` |
 |                                    | tokenizer                                    |                          |
 | `DEMONSTRATION_SEED` + i           | the warm start's heuristic campaigns         | `lib.training.warm_start`|
+| `IMITATION_PROBE_SEED` + i         | the demonstrations a warm start is scored on | `bench/bench_imitation.py`|
+|                                    | (never trained on)                           |                          |
 | `TrainConfig.train_seed_start` + i | GRPO's training tasks (their order shuffled  | `lib.training.grpo`      |
 |                                    | with the run seed)                           |                          |
 | `rollout_sampling_seed(...)`       | torch's sampling of a GRPO step's rollouts   | `lib.training.grpo`      |
@@ -24,6 +26,8 @@ CORPUS_SEED = 20_000
 """First seed of the tokenizer corpus's campaigns."""
 DEMONSTRATION_SEED = 40_000
 """First seed of the warm start's demonstration campaigns."""
+IMITATION_PROBE_SEED = 70_000
+"""First seed of the held-out demonstrations `bench/bench_imitation.py` scores a warm start on."""
 BOOTSTRAP_SEED = 0
 """numpy seed of every bootstrap resampling of the evidence: a re-render gives the same numbers."""
 
