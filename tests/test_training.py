@@ -471,3 +471,76 @@ def test_the_model_card_names_a_hub_base_model(tmp_path):
     assert "fine-tuned version of [unsloth/Qwen2.5-1.5B-Instruct](https://huggingface.co/unsloth" in card
     assert "library_name: peft" in card and "[None]" not in card
     assert "stand-in" in model_card(adapter, "someone/x", base_model="cernenv-tiny")
+
+
+def _scripted_group_step(tiny_model_dir, tmp_path, replies):
+    """One GRPO step of the stand-in on one group of `len(replies)` one-turn episodes whose
+    replies are scripted (episode i writes `replies[i]`), scored by the model as if it had
+    sampled them. Returns the parameters before, after, and the step's logged metrics."""
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    from lib.training.run import grpo_args
+    from lib.training.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    config = TrainConfig(
+        model_name=tiny_model_dir,
+        warm_start_episodes=0,
+        max_steps=1,
+        num_generations=len(replies),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=len(replies),
+        max_turns=1,
+        output_dir=str(tmp_path / "out"),
+        evidence_dir=str(tmp_path / "evidence"),
+    )
+
+    def scripted(trainer):
+        calls = iter(replies)
+
+        def generate(contexts, sampling):
+            out = []
+            for context in contexts:
+                ids = tokenizer(next(calls), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                with torch.no_grad():
+                    logits = model(torch.tensor([context + ids])).logits[0, len(context) - 1 : -1]
+                logprobs = torch.log_softmax(logits / sampling.temperature, -1).gather(1, torch.tensor(ids)[:, None])
+                out.append((ids, logprobs[:, 0].tolist()))
+            return out
+
+        return generate
+
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=REWARD_FUNCS,
+        args=grpo_args(config, save_strategy="no", logging_steps=1),
+        train_dataset=training_dataset(config),
+        processing_class=tokenizer,
+        rollout_func=CampaignRollout(config, tokenizer, generate_fn_factory=scripted),
+    )
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    (logged,) = [entry for entry in trainer.state.log_history if "grad_norm" in entry]
+    return before, after, logged
+
+
+VALID_FIRST_ACTION = '{"action_type":"configure_beam","parameters":{"beam_energy_tev":13.6,"pileup":"nominal"}}'
+
+
+@pytest.mark.slow  # two GRPO steps
+def test_grpo_moves_the_policy_when_outcomes_differ_and_only_then(tiny_model_dir, tmp_path):
+    """The gradient path, end to end through TRL: a group whose episodes score differently (a valid
+    first action against a refused one) gives a non-zero gradient and moves the parameters; a
+    group whose episodes all score alike has no advantage, and nothing moves."""
+    before, after, logged = _scripted_group_step(tiny_model_dir, tmp_path / "differ", [VALID_FIRST_ACTION, "not json"])
+    assert logged["frac_reward_zero_std"] == 0.0 and logged["reward_std"] > 0
+    assert logged["grad_norm"] > 0
+    moved = [name for name, p in after.items() if not torch.equal(p.detach(), before[name])]
+    assert len(moved) == len(after), f"{len(after) - len(moved)} parameter tensors did not move"
+
+    before, after, logged = _scripted_group_step(tiny_model_dir, tmp_path / "alike", ["not json", "not json"])
+    assert logged["frac_reward_zero_std"] == 1.0 and logged["grad_norm"] == 0.0
+    assert all(torch.equal(p.detach(), before[name]) for name, p in after.items()), "no advantage, no update"
