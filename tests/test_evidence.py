@@ -585,10 +585,10 @@ def test_checkpoint_row_feeds_the_checkpoint_writer(tmp_path):
 
 def test_training_curve_leaves_out_flat_panels_and_says_why(tmp_path, monkeypatch):
     """beta = 0 logs no KL and a constant learning rate draws a flat line: the panels go, the title says."""
-    import lib.report.evidence as evidence
+    import lib.report.evidence_figures as evidence_figures
 
     figures = []
-    monkeypatch.setattr(evidence, "_save_figure", lambda fig, path: figures.append(fig) or path)
+    monkeypatch.setattr(evidence_figures, "_save_figure", lambda fig, path: figures.append(fig) or path)
     writer = TrainingLogWriter(tmp_path / "training_log.csv")
     for step in (1, 2, 3):
         writer.append(
@@ -630,10 +630,10 @@ def test_training_curve_leaves_out_flat_panels_and_says_why(tmp_path, monkeypatc
 
 
 def test_checkpoint_progression_draws_exact_intervals_on_the_success_rate(tmp_path, monkeypatch):
-    import lib.report.evidence as evidence
+    import lib.report.evidence_figures as evidence_figures
 
     figures = []
-    monkeypatch.setattr(evidence, "_save_figure", lambda fig, path: figures.append(fig) or path)
+    monkeypatch.setattr(evidence_figures, "_save_figure", lambda fig, path: figures.append(fig) or path)
     writer = CheckpointEvalWriter(tmp_path / "checkpoint_evals.csv")
     for step, rewards in ((0, [-1.0, 0.5, 2.0, -0.5]), (7, [1.0, 2.5, 3.0, 0.0])):
         episodes = [episode(i, r, correct=r > 0.4) for i, r in enumerate(rewards)]
@@ -641,7 +641,7 @@ def test_checkpoint_progression_draws_exact_intervals_on_the_success_rate(tmp_pa
     render_checkpoint_progression(tmp_path / "checkpoint_evals.csv", tmp_path / "progression.png")
     reward_ax, rates_ax = [ax for ax in figures[0].axes if ax.get_visible()]
     assert len(rates_ax.collections) == 1 and len(reward_ax.collections) == 0, "error bars on the success rate"
-    low, high = evidence._binomial_interval(np.array([0.5, 0.0, 1.0]), np.array([4.0, 4.0, np.nan]))
+    low, high = evidence_figures._binomial_interval(np.array([0.5, 0.0, 1.0]), np.array([4.0, 4.0, np.nan]))
     # scipy.stats.binomtest(2, 4).proportion_ci() and (0, 4): Clopper–Pearson
     assert low[0] == pytest.approx(0.0676, abs=1e-4) and high[0] == pytest.approx(0.9324, abs=1e-4)
     assert low[1] == 0.0 and high[1] == pytest.approx(0.6024, abs=1e-4) and np.isnan(low[2])

@@ -42,7 +42,7 @@ except ModuleNotFoundError as missing:  # pragma: no cover - depends on the inst
 from lib.episodes.records import as_episode_dict, pair_key, part_of
 from lib.measure.metrics import has_particle
 from lib.report.episode_markdown import spread_by_reward
-from lib.report.evidence import palette_png
+from lib.report.evidence_figures import palette_png
 from lib.report.plotting import plot_spectrum, savefig, subplots
 from lib.report.replay import ReplayMismatch, replay
 

@@ -67,7 +67,7 @@ def show(fig: plt.Figure, *, dpi: float = 72.0) -> None:
 
     from IPython.display import Image, display
 
-    from lib.report.evidence import palette_png
+    from lib.report.evidence_figures import palette_png
 
     buffer = io.BytesIO()
     savefig(fig, buffer, format="png", dpi=dpi)

@@ -1,0 +1,420 @@
+"""The evidence's figures: the training logs' curves (`render_training_curve`,
+`render_reward_components`, `render_checkpoint_progression`) and the before/after panels
+`lib.report.evidence.render_before_after` draws.
+
+Renderers draw what exists and never raise on missing, empty or partial data: with
+nothing to show they return None and write nothing (an artifact on disk always holds
+evidence; no placeholder images). Outputs are written to a temporary file and renamed,
+so a server publishing the folder never serves half a PNG. Figures are built with
+`matplotlib.figure.Figure` on an Agg canvas: no pyplot, no global backend or style change.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from lib.files import atomic_write
+from lib.measure.comparison import (
+    SUMMARY_METRICS,
+    episode_values,
+)
+from lib.report.evidence_logs import _column, read_records
+
+logger = logging.getLogger("lib.report.evidence")
+
+DPI = 140
+_MARKER_MAX_POINTS = 60  # below this many points, mark each one (a lone point is invisible as a line)
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def _new_figure(nrows: int, ncols: int, figsize: Tuple[float, float], **subplots_kw: Any):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        logger.warning("cannot plot evidence without matplotlib (%s); pip install matplotlib", exc)
+        return None, None
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **subplots_kw)
+
+
+PNG_COLOURS = 128
+"""Evidence figures are saved as palette PNGs of this many colours: a plot is a few flat colours
+and their antialiased edges, so to the eye the same as matplotlib's RGBA PNG, at a third of the
+size (which every report page that shows them carries)."""
+
+
+def palette_png(rgba_png: bytes, colours: int = PNG_COLOURS) -> bytes:
+    """`rgba_png` as an optimised palette PNG of `colours` colours (Pillow, which matplotlib needs)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(rgba_png)) as image:
+        quantised = image.convert("RGB").quantize(colors=colours, dither=Image.Dither.NONE)
+    buffer = io.BytesIO()
+    quantised.save(buffer, format="png", optimize=True)
+    return buffer.getvalue()
+
+
+def figure_png(path: Path) -> bytes:
+    """An evidence figure's PNG as a palette PNG (`palette_png`): what a page shows of a file written
+    before evidence figures were palette PNGs, at a third of its size."""
+    return palette_png(Path(path).read_bytes())
+
+
+def _save_figure(fig, path: Path) -> Path:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=DPI, format="png")
+    return atomic_write(path, palette_png(buffer.getvalue()))
+
+
+@dataclass(frozen=True)
+class _Series:
+    column: str
+    label: str
+    color: str
+    band: Optional[str] = None
+    """Column holding a ±1 standard deviation, drawn as a shaded band."""
+    binomial: bool = False
+    """A rate over the row's `episodes`: drawn with its exact (Clopper–Pearson) 95% interval."""
+    style: str = "-"
+
+
+@dataclass(frozen=True)
+class _Panel:
+    title: str
+    ylabel: str
+    series: Tuple[_Series, ...]
+    rate: bool = False
+    """Values are fractions: fix the y range to [0, 1]."""
+    note_if_flat: Optional[str] = None
+    """Leave the panel out when its one series holds no values or a single value, and say so in the
+    figure's title instead ("{value}" is replaced by that value): e.g. KL, which TRL does not
+    compute with beta = 0, and a constant learning rate."""
+
+
+def _x_axis(rows: Sequence[Mapping[str, Any]]) -> Tuple[np.ndarray, str]:
+    steps = _column(rows, "step")
+    if np.isfinite(steps).any():
+        return steps, "training step [optimizer updates]"
+    return np.arange(len(rows), dtype=float), "log row (no step recorded)"
+
+
+def _binomial_interval(rate: np.ndarray, n: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Clopper–Pearson 95% interval (scipy's `binomtest(...).proportion_ci()`) of rates measured
+    on `n` episodes each (NaN where unknown)."""
+    from scipy.stats import binomtest
+
+    low, high = np.full(np.shape(rate), np.nan), np.full(np.shape(rate), np.nan)
+    for i, (r, count) in enumerate(zip(rate, n)):
+        if not (np.isfinite(r) and np.isfinite(count) and round(count) >= 1 and 0.0 <= r <= 1.0):
+            continue  # not a rate over a count of episodes
+        episodes = int(round(count))
+        interval = binomtest(int(round(r * episodes)), episodes).proportion_ci(0.95)
+        low[i], high[i] = interval.low, interval.high
+    return low, high
+
+
+def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Panel, xlabel: str) -> None:
+    drawn = 0
+    order = np.argsort(x, kind="stable")  # rows from several processes or a resumed run arrive out of order
+    for s in panel.series:
+        y = _column(rows, s.column)[order]
+        xs = x[order]
+        ok = np.isfinite(xs) & np.isfinite(y)
+        if not ok.any():
+            continue
+        marker = "o" if ok.sum() <= _MARKER_MAX_POINTS else None
+        ax.plot(xs[ok], y[ok], s.style, color=s.color, label=s.label, marker=marker, markersize=3, lw=1.5)
+        if s.band:
+            spread = _column(rows, s.band)[order]
+            good = ok & np.isfinite(spread)
+            if good.any():
+                ax.fill_between(
+                    xs[good],
+                    (y - spread)[good],
+                    (y + spread)[good],
+                    color=s.color,
+                    alpha=0.2,
+                    lw=0,
+                    label=f"± 1 std ({s.band})",
+                )
+        if s.binomial:
+            low, high = _binomial_interval(y, _column(rows, "episodes")[order])
+            good = ok & np.isfinite(low) & np.isfinite(high)
+            if good.any():  # the CSV (the seed's columns) holds rates and counts, not per-episode rewards
+                ax.errorbar(
+                    xs[good],
+                    y[good],
+                    yerr=[(y - low)[good], (high - y)[good]],
+                    fmt="none",
+                    ecolor=s.color,
+                    elinewidth=1,
+                    capsize=3,
+                    alpha=0.7,
+                )
+        drawn += 1
+    ax.set_title(panel.title, fontsize=10)
+    ax.set_ylabel(panel.ylabel)
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.25)
+    if panel.rate:
+        ax.set_ylim(-0.02, 1.02)
+    if drawn:
+        ax.legend(fontsize=8, loc="best")
+    else:
+        ax.text(0.5, 0.5, "not logged yet", transform=ax.transAxes, ha="center", va="center", color="0.5")
+
+
+def _render_csv_panels(
+    csv_path: Path, png_path: Path, title: str, panels: Sequence[_Panel], ncols: int = 1
+) -> Optional[Path]:
+    """Draw `panels` (one per axes, sharing the step axis) from a CSV log; None if nothing to draw."""
+    rows = read_records(csv_path).rows
+    if not rows:
+        return None
+    x, xlabel = _x_axis(rows)
+    has_data = any(
+        (np.isfinite(x) & np.isfinite(_column(rows, s.column))).any() for panel in panels for s in panel.series
+    )
+    if not has_data:
+        return None
+    notes, shown = [], []
+    for panel in panels:
+        values = np.unique(_column(rows, panel.series[0].column)) if panel.note_if_flat else None
+        values = None if values is None else values[np.isfinite(values)]
+        if values is not None and values.size <= 1:
+            notes.append(panel.note_if_flat.format(value=f"{values[0]:.3g}" if values.size else "none"))
+        else:
+            shown.append(panel)
+    nrows = math.ceil(len(shown) / ncols)
+    fig, axes = _new_figure(nrows, ncols, (max(8.0, 6.0 * ncols), 2.9 * nrows + 0.8))
+    if fig is None:
+        return None
+    for ax, panel in zip(axes.flat, shown):
+        _draw_panel(ax, x, rows, panel, xlabel)
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.set_visible(False)
+    subtitle = f"{len(rows)} rows of {Path(csv_path).name}" + "".join(f"; {note}" for note in notes)
+    fig.suptitle(f"{title}\n({subtitle})", fontsize=11)
+    return _save_figure(fig, png_path)
+
+
+_TRAINING_PANELS = (
+    _Panel(
+        "Reward of sampled completions",
+        "mean reward per completion",
+        (_Series("reward", "mean reward", "#1d4ed8", band="reward_std"),),
+    ),
+    _Panel("GRPO loss", "loss", (_Series("loss", "loss", "#c026d3"),)),
+    _Panel(
+        "KL divergence to the reference policy",
+        "KL [nats per token]",
+        (_Series("kl", "KL", "#ea580c"),),
+        note_if_flat="KL not computed (beta = 0: no reference model)",
+    ),
+    _Panel("Gradient norm (before clipping)", "‖g‖₂", (_Series("grad_norm", "gradient norm", "#0f766e"),)),
+    _Panel(
+        "Learning rate schedule",
+        "learning rate",
+        (_Series("learning_rate", "learning rate", "#64748b"),),
+        note_if_flat="learning rate constant at {value}",
+    ),
+    _Panel("Wall-clock time", "elapsed [s]", (_Series("wall_time_s", "wall time", "#0f172a"),)),
+)
+
+_COMPONENT_PANELS = (
+    _Panel(
+        "Reward per rollout, by component",
+        "mean reward per episode",
+        (
+            _Series("mean_cumulative", "total (cumulative)", "#0f172a"),
+            _Series("mean_terminal", "terminal grade", "#1d4ed8"),
+            _Series("mean_step_shaping", "step shaping", "#9333ea", style="--"),
+        ),
+    ),
+    _Panel(
+        "Outcome rates over the rollouts of each logging step",
+        "fraction of episodes",
+        (
+            _Series("discovered_rate", "discovery claimed", "#16a34a"),
+            _Series("mass_correct_rate", "mass correct", "#9333ea", style="--"),
+            _Series("channel_correct_rate", "channel correct", "#ea580c", style="--"),
+            _Series("spin_correct_rate", "spin correct", "#0891b2", style="--"),
+            _Series("parsed_rate", "action parsed", "#64748b", style=":"),
+        ),
+        rate=True,
+    ),
+    _Panel("Episode length", "mean steps per episode", (_Series("mean_n_steps", "steps", "#0f766e"),)),
+)
+
+_CHECKPOINT_PANELS = (
+    _Panel(
+        "Mean episode reward on the held-out suite",
+        "mean episode reward",
+        (_Series("mean_reward", "mean reward", "#1d4ed8"),),
+    ),
+    _Panel(
+        "Held-out rates (success = correct discovery or correct null; 95% exact intervals)",
+        "fraction of episodes",
+        (
+            _Series("success_rate", "success (correct outcome)", "#16a34a", binomial=True),
+            _Series("mass_acc", "mass accuracy", "#9333ea", style="--"),
+            _Series("channel_acc", "channel accuracy", "#ea580c", style="--"),
+        ),
+        rate=True,
+    ),
+)
+
+
+def render_training_curve(csv_path: Path, png_path: Path) -> Optional[Path]:
+    """Every training_log.csv column against step; None (nothing written) without data."""
+    return _render_csv_panels(csv_path, png_path, "CERNenv GRPO training", _TRAINING_PANELS, ncols=2)
+
+
+def render_reward_components(csv_path: Path, png_path: Path) -> Optional[Path]:
+    """Terminal grade vs step shaping, and outcome rates, per logging step; None without data."""
+    return _render_csv_panels(csv_path, png_path, "CERNenv reward components during training", _COMPONENT_PANELS)
+
+
+def render_checkpoint_progression(csv_path: Path, png_path: Path) -> Optional[Path]:
+    """Held-out reward and success/mass/channel rates at each checkpoint; None without data."""
+    return _render_csv_panels(csv_path, png_path, "CERNenv held-out evaluation during training", _CHECKPOINT_PANELS)
+
+
+# ----------------------------------------------------------------------------- before / after
+
+_RATE_LABELS = {
+    "success_rate": "success\n(correct outcome)",
+    "mass_acc": "mass\naccuracy",
+    "channel_acc": "channel\naccuracy",
+    "spin_acc": "spin\naccuracy",
+}
+
+
+def _draw_bars(ax, keys: Sequence[str], payload: Mapping[str, Any]) -> None:
+    width = 0.38
+    x = np.arange(len(keys))
+    for offset, side, color, label in (
+        (-width / 2, "pre", "#94a3b8", "before training"),
+        (width / 2, "post", "#1d4ed8", "after training"),
+    ):
+        stats, cis = payload[side], payload[f"{side}_ci95"]
+        if not stats["n"]:
+            continue
+        for i, key in enumerate(keys):
+            if stats[key] is None:
+                continue
+            low, high = cis[key]
+            ax.bar(
+                x[i] + offset,
+                stats[key],
+                width,
+                color=color,
+                yerr=[[stats[key] - low], [high - stats[key]]],
+                capsize=4,
+                ecolor="#0f172a",
+                label=f"{label} (n={stats['n']})" if i == 0 else None,
+            )
+    for i, key in enumerate(keys):
+        delta = payload["delta"].get(key)
+        if delta is None:
+            continue
+        text = f"Δ {delta:+.2f}"
+        ci = payload["delta_ci95"].get(key)
+        if ci is not None:
+            text += f"\n95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]"
+        ax.annotate(
+            text,
+            xy=(x[i], 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, -4),
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            fontsize=8,
+        )
+    ax.set_xticks(x, [_RATE_LABELS.get(k, k.replace("_", " ")) for k in keys])
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.grid(axis="y", alpha=0.25)
+
+
+def render_summary(payload: Mapping[str, Any], png_path: Path) -> Optional[Path]:
+    fig, axes = _new_figure(1, 2, (11, 4.8), width_ratios=[1, 3])
+    if fig is None:
+        return None
+    reward_ax, rate_ax = axes[0]
+    _draw_bars(reward_ax, ["mean_reward"], payload)
+    reward_ax.set_ylabel("mean episode reward")
+    reward_ax.set_title("Mean episode reward")
+    lo, hi = reward_ax.get_ylim()
+    reward_ax.set_ylim(lo, hi + 0.35 * (hi - lo))  # room for the Δ label
+    _draw_bars(rate_ax, [k for k in SUMMARY_METRICS if k != "mean_reward"], payload)
+    rate_ax.set_ylim(0, 1.3)
+    rate_ax.set_ylabel("fraction of episodes (accuracies: particle exists)")
+    rate_ax.set_title("Outcome rates")
+    handles, labels = reward_ax.get_legend_handles_labels()
+    if handles:
+        rate_ax.legend(handles, labels, loc="upper right", bbox_to_anchor=(1.0, 0.83), fontsize=8)
+    fig.suptitle(
+        f"CERNenv before vs after training: error bars are 95% bootstrap intervals "
+        f"(Δ intervals {payload['bootstrap']['pairing']})",
+        fontsize=11,
+    )
+    return _save_figure(fig, png_path)
+
+
+def _shared_bins(values: np.ndarray, max_bins: int = 40) -> np.ndarray:
+    low, high = float(values.min()), float(values.max())
+    if low == high:
+        return np.array([low - 0.5, high + 0.5])
+    edges = np.histogram_bin_edges(values, bins="auto")
+    return edges if len(edges) - 1 <= max_bins else np.linspace(low, high, max_bins + 1)
+
+
+def render_distribution(
+    pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]], png_path: Path
+) -> Optional[Path]:
+    sides = [
+        (label, color, np.array([v for _, v in episode_values(eps, "mean_reward")]))
+        for label, color, eps in (("before training", "#94a3b8", pre), ("after training", "#1d4ed8", post))
+    ]
+    sides = [s for s in sides if s[2].size]
+    if not sides:
+        return None
+    fig, axes = _new_figure(1, 1, (8, 4.6))
+    if fig is None:
+        return None
+    ax = axes[0, 0]
+    bins = _shared_bins(np.concatenate([values for _, _, values in sides]))
+    for label, color, values in sides:
+        weights = np.full(values.size, 1.0 / values.size)  # fractions: comparable when n differ
+        ax.hist(values, bins=bins, weights=weights, histtype="stepfilled", alpha=0.35, color=color)
+        ax.hist(
+            values,
+            bins=bins,
+            weights=weights,
+            histtype="step",
+            lw=1.8,
+            color=color,
+            label=f"{label}: n={values.size}, mean={values.mean():+.2f}",
+        )
+        ax.axvline(values.mean(), color=color, ls="--", lw=1.2)
+    ax.set_xlabel("episode cumulative reward (step rewards + terminal grade)")
+    ax.set_ylabel("fraction of episodes per bin")
+    ax.set_title(
+        f"Episode reward distribution, before vs after training ({len(bins) - 1} shared bins; dashed: means)",
+        fontsize=10,
+    )
+    ax.grid(alpha=0.25)
+    ax.legend(fontsize=8)
+    return _save_figure(fig, png_path)

@@ -1,0 +1,298 @@
+"""The files of one run's evidence (`EvidencePaths`), its CSV logs written while it trains
+(`TrainingLogWriter`, `RewardComponentLogWriter`, `CheckpointEvalWriter`) and read back
+(`read_records`).
+
+Logs are append-only and may be written by several processes and threads at once, and
+a run may be killed at any moment. Each row is therefore one `write` of one complete line
+under an exclusive `fcntl.flock`, and a row exists only once its newline is on disk:
+readers skip an unterminated last line, and the next writer cuts it off before
+appending. Readers skip malformed CSV lines, count them and log a warning; episode files
+are read by `lib.episodes.records.read_episodes_jsonl`.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import io
+import logging
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from lib.episodes.records import read_episodes_jsonl
+from lib.measure.metrics import as_number
+
+logger = logging.getLogger("lib.report.evidence")
+
+
+@dataclass
+class EvidencePaths:
+    """Every evidence artifact of one training run, under `root`."""
+
+    root: Path
+    training_log_csv: Path = field(init=False)
+    reward_components_csv: Path = field(init=False)
+    checkpoint_evals_csv: Path = field(init=False)
+    training_curve_png: Path = field(init=False)
+    reward_components_png: Path = field(init=False)
+    checkpoint_progression_png: Path = field(init=False)
+    before_after_summary_png: Path = field(init=False)
+    reward_distribution_png: Path = field(init=False)
+    before_after_metrics_json: Path = field(init=False)
+    sample_trajectories_md: Path = field(init=False)
+    pre_eval_jsonl: Path = field(init=False)
+    post_eval_jsonl: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        for name in self.__dataclass_fields__:
+            if name != "root":
+                stem, _, suffix = name.rpartition("_")
+                setattr(self, name, self.root / f"{stem}.{suffix}")
+
+    def ensure(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+
+# ----------------------------------------------------------------------------- writing
+
+_path_locks: Dict[str, threading.Lock] = {}
+_path_locks_guard = threading.Lock()
+
+
+def _reset_locks_after_fork() -> None:
+    # A lock held by another thread at fork time would never be released in the child.
+    global _path_locks, _path_locks_guard
+    _path_locks, _path_locks_guard = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_locks_after_fork)
+
+
+def _thread_lock(path: Path) -> threading.Lock:
+    """One lock per file per process, shared by every writer instance of that file."""
+    key = os.path.realpath(path)
+    with _path_locks_guard:
+        return _path_locks.setdefault(key, threading.Lock())
+
+
+def _cut_partial_last_line(fd: int, path: Path) -> int:
+    """Truncate bytes after the last newline (a row whose writer was killed); return the size."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        cut = os.pread(fd, end - start, start).rfind(b"\n")
+        if cut >= 0:
+            end = start + cut + 1
+            break
+        end = start
+    logger.warning(
+        "%s: dropped an unfinished last line %r (its writer was interrupted)",
+        path,
+        os.pread(fd, min(size - end, 200), end),
+    )
+    os.ftruncate(fd, end)
+    return end
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar, 0-d array, torch tensor
+        value = value.item()
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ""
+    return str(value).replace("\r", " ").replace("\n", " ")  # one row, one physical line
+
+
+def _csv_line(cells: Sequence[str]) -> bytes:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(cells)
+    return buffer.getvalue().encode("utf-8")
+
+
+class _CsvLog:
+    """Append-only CSV with a fixed header, safe across processes, threads and kills.
+
+    Missing keys are written empty, as are None, NaN and ±inf (plots skip them); an
+    unknown key raises, so a typo cannot silently drop a metric.
+    """
+
+    COLUMNS: Tuple[str, ...] = ()
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._header = _csv_line(self.COLUMNS)
+        self._append_line(b"")  # create the file with its header now, as the seed did
+
+    def _append_row(self, row: Mapping[str, Any]) -> None:
+        unknown = [key for key in row if key not in self.COLUMNS]
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}: unknown column(s) {unknown} for {self.path.name}; "
+                f"the columns are {list(self.COLUMNS)}"
+            )
+        self._append_line(_csv_line([_csv_cell(row.get(column)) for column in self.COLUMNS]))
+
+    def _append_line(self, line: bytes) -> None:
+        with _thread_lock(self.path):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+                if _cut_partial_last_line(fd, self.path) == 0:
+                    line = self._header + line
+                else:
+                    self._check_header(fd)
+                if line:
+                    _write_all(fd, line)
+            finally:
+                os.close(fd)
+
+    def _check_header(self, fd: int) -> None:
+        found = os.pread(fd, len(self._header) + 1, 0).split(b"\n")[0].rstrip(b"\r")  # csv's default ends \r\n
+        if found != self._header.rstrip(b"\n"):
+            raise ValueError(
+                f"{self.path} starts with {found!r}, not the columns {list(self.COLUMNS)}; "
+                "move the old file aside or log to a new evidence folder"
+            )
+
+
+class TrainingLogWriter(_CsvLog):
+    """One row per trainer logging step: GRPO loss, reward, KL, gradient norm, learning rate."""
+
+    COLUMNS = ("step", "epoch", "loss", "reward", "reward_std", "kl", "grad_norm", "learning_rate", "wall_time_s")
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        self._append_row(row)
+
+
+class RewardComponentLogWriter(_CsvLog):
+    """One row per rollout batch: each reward component and outcome rate on its own, so a
+    rising total can be traced to the grade rather than to shaping."""
+
+    COLUMNS = (
+        "step",
+        "n",
+        "mean_cumulative",
+        "mean_terminal",
+        "mean_step_shaping",
+        "discovered_rate",
+        "mass_correct_rate",
+        "channel_correct_rate",
+        "spin_correct_rate",
+        "parsed_rate",
+        "mean_n_steps",
+    )
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        self._append_row(row)
+
+
+class CheckpointEvalWriter(_CsvLog):
+    """One row per held-out evaluation during training (see `checkpoint_row`)."""
+
+    COLUMNS = ("step", "fraction_done", "episodes", "mean_reward", "success_rate", "mass_acc", "channel_acc")
+
+    def append(self, **row: Any) -> None:
+        self._append_row(row)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Records:
+    """What `read_records` could read: complete rows, and how many lines it skipped."""
+
+    rows: List[Dict[str, Any]]
+    n_skipped: int = 0
+    columns: Tuple[str, ...] = ()
+    """The CSV header (empty for JSONL)."""
+
+
+def read_records(path: Path) -> Records:
+    """Rows of a CSV log (values as strings) or episodes of a JSONL file (dicts). A missing file is empty.
+
+    A JSONL file is read by `lib.episodes.records.read_episodes_jsonl`: an unfinished last line
+    is skipped and counted, damage anywhere else is an error (an evaluation file that lost an
+    episode must not be summarised as if whole). A CSV log skips, counts and warns about lines
+    that are not rows: undecodable bytes (a crash can leave NULs), wrong field counts, and an
+    unterminated last line (a prefix of a row can look like a row).
+    """
+    path = Path(path)
+    if not path.exists():
+        return Records([])
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        episodes, skipped = read_episodes_jsonl(str(path))
+        records = Records(episodes, skipped)
+    else:
+        records = _read_csv(path.read_bytes())
+    if records.n_skipped:
+        logger.warning("%s: skipped %d malformed or unfinished line(s)", path, records.n_skipped)
+    return records
+
+
+def _read_csv(data: bytes) -> Records:
+    raw_lines = data.split(b"\n")
+    complete, tail = raw_lines[:-1], raw_lines[-1]
+    skipped = 1 if tail.strip() else 0
+    lines: List[str] = []
+    for raw in complete:
+        try:
+            text = raw.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError:
+            skipped += 1
+            continue
+        if "\x00" in text:
+            skipped += 1
+        elif text.strip():
+            lines.append(text)
+    records = _parse_csv(lines)
+    records.n_skipped += skipped
+    return records
+
+
+def _parse_csv(lines: List[str]) -> Records:
+    if not lines:
+        return Records([])
+    header = tuple(_csv_fields(lines[0]) or ())
+    rows, skipped = [], 0
+    for text in lines[1:]:
+        fields = _csv_fields(text)  # line by line: a stray quote must not swallow the next row
+        if fields is None or len(fields) != len(header) or tuple(fields) == header:
+            skipped += 1
+        else:
+            rows.append(dict(zip(header, fields)))
+    return Records(rows, skipped, header)
+
+
+def _csv_fields(text: str) -> Optional[List[str]]:
+    try:
+        return next(csv.reader([text], strict=True))
+    except csv.Error:
+        return None
+
+
+def _column(rows: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
+    """Values of one column as floats; missing, empty and non-finite values are NaN."""
+    return np.array([as_number(row.get(name)) for row in rows], dtype=float)
