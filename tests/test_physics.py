@@ -29,7 +29,7 @@ from cernenv.physics import (
     expected_upcrossings,
     fit_background_only,
     fit_signal_plus_background,
-    global_significance,
+    global_significance_from_upcrossings,
     p_from_z,
     profile_likelihood_significance,
     scan_local_significance,
@@ -354,17 +354,17 @@ def test_global_significance():
     z_loc = 4.0
     prev = z_loc
     for n_up in (0.0, 1.0, 3.0, 10.0, 30.0):
-        p_glob, z_glob, trials = global_significance(z_loc, n_up)
+        p_glob, z_glob, trials = global_significance_from_upcrossings(z_loc, n_up)
         assert p_glob <= 1.0 and z_glob <= z_loc + 1e-12 and trials >= 1.0
         assert z_glob <= prev + 1e-12
         prev = z_glob
         expected = p_from_z(z_loc) + n_up * np.exp(-(z_loc**2 - 1.0) / 2)
         assert p_glob == pytest.approx(min(expected, 1.0), rel=1e-9)
-    assert global_significance(z_loc, 0.0)[1] == pytest.approx(z_loc)
-    assert global_significance(z_loc, 10.0)[1] < global_significance(z_loc, 1.0)[1]
-    p_glob, z_glob, _ = global_significance(0.5, 50.0)
+    assert global_significance_from_upcrossings(z_loc, 0.0)[1] == pytest.approx(z_loc)
+    assert global_significance_from_upcrossings(z_loc, 10.0)[1] < global_significance_from_upcrossings(z_loc, 1.0)[1]
+    p_glob, z_glob, _ = global_significance_from_upcrossings(0.5, 50.0)
     assert p_glob == 1.0 and z_glob == 0.0
-    p_glob, z_glob, trials = global_significance(40.0, 5.0)  # p underflows double precision
+    p_glob, z_glob, trials = global_significance_from_upcrossings(40.0, 5.0)  # p underflows double precision
     assert 0 < z_glob < 40.0 and np.isfinite(trials)
     log_p = np.logaddexp(norm.logsf(40.0), np.log(5.0) - (40.0**2 - 1.0) / 2)
     assert norm.logsf(z_glob) == pytest.approx(log_p, rel=1e-10)

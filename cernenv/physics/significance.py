@@ -20,7 +20,7 @@ from scipy.special import gammainc, gammaln, log_ndtr, ndtr, ndtri, pdtr
 
 from .fitting import BackgroundFit, fit_background_on_template, fit_resonance_on_template
 from .likelihood import NS, M, as_counts, template
-from .scan import gaussian_bin_fractions, local_q0
+from .scan import gaussian_bin_fractions, local_q0, resolutions_on_grid
 
 # The standard normal's tail functions, as scipy.stats.norm computes them (sf(z) = ndtr(-z),
 # logsf(z) = log_ndtr(-z), isf(p) = -ndtri(p)) without its per-call argument handling.
@@ -96,7 +96,7 @@ def profile_likelihood_significance(
     Mass: fixed at ``mass_gev`` unless ``mass_bounds_gev`` is given, then floated in
     it (starting from the best of ``mass_gev`` and a fast scan of the bounds); q0 is
     then the local significance at the best mass -- correct for the look-elsewhere
-    effect with ``global_significance``. With the mass floated, N_s is held >= 0: q0 is
+    effect with ``global_significance_from_upcrossings``. With the mass floated, N_s is held >= 0: q0 is
     one-sided (0 wherever N_s-hat <= 0, CCGV eq. 12), so its maximum over the masses is the
     best minimum with N_s > 0, and a deeper deficit within the bounds (a lower NLL at
     N_s < 0) must not hide it; a fit that ends at N_s = 0 while the scan of the bounds shows
@@ -197,7 +197,7 @@ def profile_likelihood_significance(
     )
 
 
-def global_significance(z_local: float, n_upcrossings_ref: float, z_ref: float = 1.0):
+def global_significance_from_upcrossings(z_local: float, n_upcrossings_ref: float, z_ref: float = 1.0):
     """Look-elsewhere correction of Gross & Vitells for s = 1 dof and a one-sided q0.
 
     p_global ~= p_local + N(u0) exp(-(u - u0)/2), u = z_local^2, u0 = z_ref^2, where
@@ -267,7 +267,7 @@ def expected_upcrossings(
         raise ValueError("the window must have a positive width")
     if callable(resolution_gev):
         masses = np.linspace(lo, hi, max(int(nodes), 2))
-        sigma = _resolution_array(resolution_gev, masses)
+        sigma = resolutions_on_grid(resolution_gev, masses)
     else:
         masses = np.array([lo, hi])
         sigma = np.full(2, float(resolution_gev))
@@ -276,17 +276,6 @@ def expected_upcrossings(
     density = upcrossing_density(masses, sigma, bin_width_gev)
     integral = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(masses)))
     return integral * float(np.exp(-0.5 * float(z_ref) ** 2))
-
-
-def _resolution_array(resolution_gev_fn, masses: np.ndarray) -> np.ndarray:
-    """sigma(m) on ``masses``: one vectorised call when the function takes arrays, else one per mass."""
-    try:
-        res = np.asarray(resolution_gev_fn(masses), dtype=float)
-        if res.shape == masses.shape:
-            return res
-    except (TypeError, ValueError):
-        pass
-    return np.array([float(resolution_gev_fn(float(m))) for m in masses])
 
 
 # Small counts: the exact Poisson counting scan ------------------------------------------
@@ -323,7 +312,7 @@ def counting_windows(edges, resolution_gev_fn, half_width_sigma: float = 2.0) ->
     """The ``CountingWindows`` of a histogram with ``edges``, one per bin."""
     edges = np.asarray(edges, dtype=float)
     centres = 0.5 * (edges[1:] + edges[:-1])
-    half = half_width_sigma * _resolution_array(resolution_gev_fn, centres)
+    half = half_width_sigma * resolutions_on_grid(resolution_gev_fn, centres)
     first = np.searchsorted(centres, centres - half, side="left")
     stop = np.searchsorted(centres, centres + half, side="right")
     return CountingWindows(first, stop, centres)
