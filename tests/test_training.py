@@ -21,7 +21,8 @@ from lib.measure.evaluation import HELDOUT_SEED_START, heldout_suite
 from lib.training import TrainConfig
 from lib.training.backends import resolve_backend, unsloth_available
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, training_dataset, training_tasks
-from lib.training.run import drop_rows_after, train
+from lib.training.resume import drop_rows_after
+from lib.training.run import train
 from lib.training.tokenizer import corpus_specs
 
 
@@ -401,7 +402,7 @@ def test_a_resumed_run_repeats_the_run_that_was_not_interrupted(tmp_path, tiny_m
     for name in ("training_log.csv", "reward_components.csv"):
         text = (evidence / name).read_text()
         (evidence / name).write_text(text[: text.rstrip("\n").rfind("\n") + 1] + "3,0.1")
-    from lib.training.run import latest_complete_checkpoint
+    from lib.training.resume import latest_complete_checkpoint
 
     assert latest_complete_checkpoint(out) == out / "checkpoint-2"
     train(
