@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from cernenv.physics.scan import warm_up
-from cernenv.server.app import ServerConfig, create_cernenv_app
+from cernenv.server.app import create_cernenv_app
+from cernenv.server.config import ServerConfig
 from cernenv.server.evaluation import MODES, generated_secret, ledger_path, secret_path, state_dir
 from cernenv.server.guard import ConnectionGuard, guarded_server, listening_socket
 from cernenv.server.pacing import events

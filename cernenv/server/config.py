@@ -1,0 +1,125 @@
+"""`ServerConfig`: how the CERNenv server is run (address, mode, limits, secrets), from the
+command line, `CERNENV_*` environment variables and defaults (`ServerConfig.from_env`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Optional, Tuple
+
+from cernenv.server.evaluation import MODES, fingerprint
+
+ENV_PREFIX = "CERNENV_"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the server runs; each field can be set by the variable CERNENV_<FIELD> (e.g. CERNENV_PORT)."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind; the default serves this machine only."""
+    port: int = 8000
+    """TCP port."""
+    mode: str = "evaluation"
+    """"evaluation": fresh hidden worlds, grades withheld from the wire and written to the results
+    ledger; "training": replayable worlds and rewards served, for training (never for scoring
+    outsiders). See `cernenv.server.evaluation`."""
+    max_sessions: int = 64
+    """Concurrent sessions (WebSocket and MCP, one environment each); one more is refused with CAPACITY_REACHED."""
+    max_sessions_per_client: int = 0
+    """Concurrent sessions from one client address; 0: a quarter of `max_sessions` in evaluation
+    mode (16 of 64), all of them in training mode (one trainer holds every session)."""
+    max_message_bytes: int = 64 * 1024
+    """Largest request accepted [bytes]: a larger WebSocket message gets an error frame, a larger HTTP body 413.
+    An action with the longest justification (2,000 characters) takes under 3 KiB."""
+    session_idle_timeout_s: float = 300.0
+    """A session whose environment has not reset or stepped for this long [s] is closed (its
+    WebSocket with code 1001) and its slot freed: whatever else it sends (`state`, pings) keeps
+    no slot."""
+    max_connections: int = 1024
+    """Open connections, HTTP and WebSocket together. When they are all open, a new one takes the
+    place of a waiting connection of the address that holds the most; otherwise it gets a 503.
+    Keep it well under the process's file-descriptor limit (`ulimit -n`)."""
+    max_connections_per_client: int = 128
+    """Open connections from one client address (above `max_sessions`, so one host can fill the
+    sessions); one more gets a 503 and is closed."""
+    request_read_timeout_s: float = 10.0
+    """Time [s] a connection has to deliver a whole HTTP request (headers and body); later, a 408
+    and the connection is closed, so unfinished requests cannot hold connections."""
+    trusted_proxies: str = ""
+    """Comma-separated addresses of reverse proxies whose X-Forwarded-For names the client; from
+    anyone else the header is ignored, and every limit is keyed on the connection's peer address."""
+    allowed_origins: str = ""
+    """Comma-separated origins (e.g. https://lab.example.org) whose browser pages may use the
+    server; a request with another `Origin` header than these and the server's own is refused."""
+    results_ledger: str = ""
+    """Where each ended episode's grade and truth are appended (JSON lines); "" for nowhere.
+    `python -m cernenv.server` sets it in evaluation mode (see `cernenv.server.evaluation`)."""
+    token: str = field(default="", repr=False)
+    """Bearer token: when set, every route but /health needs `Authorization: Bearer <token>`
+    (the WebSocket too, in its opening handshake). "" serves anyone who can connect: keep the
+    default host 127.0.0.1 then. Never printed."""
+    secret_salt: str = field(default="", repr=False)
+    """Evaluation secret mixed into every session's hidden streams (procedural particles and data),
+    so the public code cannot look up an episode's answer from its seed; "" for none. Never
+    printed (`secret_fingerprint` names it); a client's own `secret_salt` at reset is mixed in on
+    top and cannot remove it."""
+
+    @property
+    def evaluation(self) -> bool:
+        return self.mode == "evaluation"
+
+    @property
+    def sessions_per_client(self) -> int:
+        if self.max_sessions_per_client:
+            return self.max_sessions_per_client
+        return max(1, self.max_sessions // 4) if self.evaluation else self.max_sessions
+
+    @property
+    def secret_fingerprint(self) -> Optional[str]:
+        return fingerprint(self.secret_salt) if self.secret_salt else None
+
+    @property
+    def proxies(self) -> Tuple[str, ...]:
+        return tuple(p.strip() for p in self.trusted_proxies.split(",") if p.strip())
+
+    @property
+    def origins(self) -> Tuple[str, ...]:
+        return tuple(o.strip().rstrip("/") for o in self.allowed_origins.split(",") if o.strip())
+
+    @property
+    def ws_frame_limit_bytes(self) -> int:
+        """Frames above this [bytes] are not even read: the connection closes with code 1009."""
+        return max(1024 * 1024, 2 * self.max_message_bytes)
+
+    @classmethod
+    def from_env(cls, environ: Optional[Dict[str, str]] = None, **overrides: Any) -> "ServerConfig":
+        """Defaults, then CERNENV_* variables, then `overrides` that are not None."""
+        environ = os.environ if environ is None else environ
+        values: Dict[str, Any] = {}
+        for f in fields(cls):
+            text = environ.get(ENV_PREFIX + f.name.upper())
+            if text is not None:
+                try:
+                    values[f.name] = type(f.default)(text)
+                except ValueError:
+                    raise ValueError(f"{ENV_PREFIX}{f.name.upper()}={text!r} is not a valid {f.name}") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        config = cls(**values)
+        if (
+            config.mode not in MODES
+            or config.max_sessions < 1
+            or not 0 <= config.max_sessions_per_client <= config.max_sessions
+            or config.max_message_bytes < 1024
+            or not 0 <= config.port < 65536
+            or not config.session_idle_timeout_s > 0
+            or not config.request_read_timeout_s > 0
+            or not 1 <= config.max_connections_per_client <= config.max_connections
+        ):
+            raise ValueError(
+                f"invalid server configuration {config}: mode one of {', '.join(MODES)}, max_sessions >= 1, "
+                "0 <= max_sessions_per_client <= max_sessions, max_message_bytes >= 1024, 0 <= port < 65536, "
+                "session_idle_timeout_s > 0, request_read_timeout_s > 0 and "
+                "1 <= max_connections_per_client <= max_connections"
+            )
+        return config
