@@ -19,7 +19,7 @@ clients alone and beside 3 spammers (target < 1 s with the load test's abusers).
   waiting charge less 50 ms; lead capped at 10 ms);
 - recent usage (`cernenv.server.scheduler.RecentUsage`);
 - recent usage with the spammers' jobs surcharged (what the server runs: a repeated scan does no
-  new work, and `cernenv.server.app.NO_NEW_WORK_SURCHARGE` multiplies its charge).
+  new work, and `cernenv.server.pacing.NO_NEW_WORK_SURCHARGE` multiplies its charge).
 
 `make bench-server` measures the real server.
 """
@@ -39,7 +39,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from cernenv import CERNCollisionEnvironment, ExperimentAction  # noqa: E402
-from cernenv.server.app import NO_NEW_WORK_SURCHARGE  # noqa: E402
+from cernenv.server.pacing import NO_NEW_WORK_SURCHARGE  # noqa: E402
 from cernenv.server.scheduler import RecentUsage  # noqa: E402
 from lib.agents.baselines import HeuristicAgent  # noqa: E402
 
