@@ -32,13 +32,14 @@ BOOTSTRAP_SEED = 0
 """numpy seed of every bootstrap resampling of the evidence: a re-render gives the same numbers."""
 
 _RUN_SEED_STRIDE = 1_000_003
-"""Apart far enough that two run seeds never share a step's sampling seed (prime)."""
+"""Between the sampling seeds of consecutive run seeds (prime)."""
 _STEP_STRIDE = 7_919
-"""Between consecutive GRPO steps: more than any number of rollout groups in a step (prime)."""
+"""Between the sampling seeds of consecutive GRPO steps: more than any step's episodes (prime)."""
 
 
 def rollout_sampling_seed(run_seed: int, step: int, first_task: int) -> int:
     """The torch seed of GRPO step `step`'s rollouts, from the task index `first_task` on: a
-    resumed run samples what the uninterrupted run would, and distinct runs, steps and task
-    slices never share one."""
+    resumed run samples what the uninterrupted run would. Within a run every (step, first task)
+    has its own seed while a step has fewer than `_STEP_STRIDE` episodes; the seeds of two
+    neighbouring run seeds meet only past step 126."""
     return run_seed * _RUN_SEED_STRIDE + _STEP_STRIDE * step + first_task

@@ -190,7 +190,8 @@ class TrainConfig:
 
     @property
     def evaluation_sampling(self) -> Sampling:
-        """The `Sampling` of held-out evaluations and demonstrations: greedy, `max_new_tokens` as in training."""
+        """The `Sampling` of held-out evaluations and of a trained policy's demo: greedy, `max_new_tokens` as in
+        training."""
         return Sampling(temperature=0.0, max_new_tokens=self.max_new_tokens)
 
     def __post_init__(self) -> None:
