@@ -202,6 +202,10 @@ NOT_REPLAYED_HTML = (
 )
 
 
+DRAWN_OBJECTS = ("spectrum", "resonance_fit", "background_fit", "scan")
+"""The analysis objects of a replay snapshot a step's spectrum image is drawn from."""
+
+
 class LazySpectra(SequenceABC):
     """A step's spectrum image, drawn when first asked for and shared with every step whose
     analysis objects are the same (the steps that leave the spectrum alone): a sequence of PNG
@@ -209,7 +213,8 @@ class LazySpectra(SequenceABC):
 
     def __init__(self, snapshots: Sequence[Optional[Mapping[str, Any]]]) -> None:
         self._keys = [
-            None if s is None or s.get("spectrum") is None else tuple(id(v) for v in s.values()) for s in snapshots
+            None if s is None or s.get("spectrum") is None else tuple(id(s.get(k)) for k in DRAWN_OBJECTS)
+            for s in snapshots
         ]
         self._snapshots = snapshots
         self._drawn: Dict[Tuple, Optional[bytes]] = {}

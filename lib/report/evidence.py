@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from lib.episodes.records import part_of
 from lib.files import atomic_write, write_json
@@ -166,6 +166,36 @@ def render_sample_trajectories(
     return atomic_write(Path(md_path), lambda tmp: Path(tmp).write_text(text))
 
 
+# ----------------------------------------------------------------------------- tables
+
+
+def _signed(value: Any) -> str:
+    return "—" if value in ("", None) else f"{float(value):+.3f}"
+
+
+def reward_components_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown: each reward component's mean in the first and the last logged rollout batch
+    (rows of reward_components.csv); "" without rows."""
+    if not rows:
+        return ""
+    first, last = rows[0], rows[-1]
+    lines = [f"| component | step {first['step']} | step {last['step']} |", "|---|---|---|"]
+    lines += [f"| {k} | {_signed(first[k])} | {_signed(last[k])} |" for k in first if k not in ("step", "n")]
+    return "\n".join(lines)
+
+
+def checkpoint_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown: the held-out checkpoint evaluations (rows of checkpoint_evals.csv); "" without rows."""
+    if not rows:
+        return ""
+    lines = ["| step | episodes | mean reward | success rate |", "|---|---|---|---|"]
+    lines += [
+        f"| {r['step']} | {r['episodes']} | {float(r['mean_reward']):+.3f} | {float(r['success_rate']):.3f} |"
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- everything
 
 
@@ -228,4 +258,6 @@ __all__ = [
     "render_before_after",
     "render_sample_trajectories",
     "render_all",
+    "reward_components_table",
+    "checkpoint_table",
 ]

@@ -62,8 +62,9 @@ def replay(episode: Any, *, upto_step: Optional[int] = None) -> List[Dict[str, A
 
     Returns one snapshot per step played (all of them, or the first `upto_step`); each
     holds `spectrum`, `resonance_fit`, `background_fit` and `scan` as they stood after
-    that step (None until made). Raises `ReplayMismatch` where a reward differs from the
-    record's.
+    that step (None until made), and the observation's `logbook` (the latest result of each
+    analysis verb, as the agent was told it). Raises `ReplayMismatch` where a reward differs
+    from the record's.
     """
     record = as_episode_dict(episode)
     steps = list(record.get("steps") or [])[:upto_step]
@@ -79,7 +80,7 @@ def replay(episode: Any, *, upto_step: Optional[int] = None) -> List[Dict[str, A
                 "the record comes from another version of the environment: regenerate the evidence "
                 "(make train or make reproduce)"
             )
-        snapshots.append(analysis_snapshot(env))
+        snapshots.append({**analysis_snapshot(env), "logbook": obs.logbook})
     return snapshots
 
 
