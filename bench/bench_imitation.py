@@ -10,8 +10,8 @@ token is the demonstrated one at every token of the action. Reported per action 
 actions that quote a number the environment showed (`fit_resonance`'s mass hint is the scan's
 best mass, `estimate_significance` and `measure_angular` the fit's mass, a claim the fit's mass,
 error and significance) say whether the policy copies what it reads; the others, whether it
-plays the procedure. Greedy play can only do worse than this: it must also survive its own
-earlier mistakes.
+plays the procedure. Teacher forcing spares the model its own earlier mistakes, which greedy
+play must also recover from.
 """
 
 from __future__ import annotations
