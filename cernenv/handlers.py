@@ -61,8 +61,6 @@ def _r(value: Optional[float], digits: int = 4) -> Optional[float]:
 class ActionHandlers:
     """The action handlers of `CERNCollisionEnvironment` (see the module docstring)."""
 
-    # Actions ---------------------------------------------------------------------------
-
     def _execute(self, action_type: ActionType, params: Any) -> Dict[str, Any]:
         channel = getattr(params, "channel", None)
         if channel is not None:

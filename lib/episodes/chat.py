@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from cernenv import CollisionObservation
-from lib.agents.prompting import SYSTEM_PROMPT, LLMAgentConfig, render_observation
+from lib.agents.prompting import LLMAgentConfig, build_chat, render_observation
 
 
 def first_messages(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> List[Dict[str, str]]:
-    """The conversation's opening: the system prompt and the whole first observation."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": render_observation(obs, config)}]
+    """The conversation's opening: the system prompt and the whole first observation, the chat
+    of a single decision (`lib.agents.prompting.build_chat`)."""
+    return build_chat(obs, config)
 
 
 def followup_message(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> Dict[str, str]:

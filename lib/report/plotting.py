@@ -157,23 +157,8 @@ def plot_spectrum(
                     f"\n$m$ = {fit.mass_gev:.5g} ± {fit.mass_err_gev:.2g} GeV"
                     f"\n$N_s$ = {fit.signal_yield:.0f} ± {fit.signal_yield_err:.0f}"
                 )
-                ax.plot(
-                    curves["mass_gev"],
-                    curves["background"],
-                    color="tab:blue",
-                    lw=2,
-                    ls="--",
-                    label="Background component",
-                )
-            else:
-                ax.plot(
-                    curves["mass_gev"],
-                    curves["background"],
-                    color="tab:blue",
-                    lw=2,
-                    ls="--",
-                    label="Background-only fit",
-                )
+            background_label = "Background component" if isinstance(fit, ResonanceFit) else "Background-only fit"
+            ax.plot(curves["mass_gev"], curves["background"], color="tab:blue", lw=2, ls="--", label=background_label)
         width = float(edges[1] - edges[0])
         ax.set_xlabel(spectrum.histogram.axes[0].label)
         ax.set_ylabel(f"Events / {width:.3g} GeV")

@@ -20,21 +20,9 @@ from lib.training.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
-RUN_FILES = (
-    "training_log_csv",
-    "reward_components_csv",
-    "checkpoint_evals_csv",
-    "training_curve_png",
-    "reward_components_png",
-    "checkpoint_progression_png",
-    "before_after_summary_png",
-    "reward_distribution_png",
-    "before_after_metrics_json",
-    "sample_trajectories_md",
-    "pre_eval_jsonl",
-    "post_eval_jsonl",
-)
-"""`EvidencePaths` attributes that belong to one training run."""
+RUN_FILES = tuple(name for name in EvidencePaths.__dataclass_fields__ if name != "root")
+"""`EvidencePaths` attributes that belong to one training run: every file it names (a folder's
+baselines.* are notebook 02's, not a run's, and stay)."""
 
 
 def archive_previous_evidence(paths: EvidencePaths, output_dir: Path) -> Optional[Path]:
