@@ -1,0 +1,258 @@
+"""One server session's environment: `ServedEnvironment` (`CERNCollisionEnvironment` as a
+session runs it: fresh hidden worlds and withheld grades in evaluation mode, the results ledger,
+strict reset parameters, fair turns on the physics thread), the `WireAction` a step message
+carries, and the `EnvironmentCount` of an app. `cernenv.server.app` serves them."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from openenv.core.env_server.types import Action
+from pydantic import ConfigDict
+
+from cernenv.client import RAW_ACTION_KEY
+from cernenv.environment import CERNCollisionEnvironment
+from cernenv.models import CollisionObservation, ExperimentAction
+from cernenv.server.evaluation import ResultsLedger, fingerprint
+from cernenv.server.pacing import (
+    FREE_STEPS_ON_UNCHANGED_DATA,
+    NO_NEW_WORK_SURCHARGE,
+    WASTED_WORK_PAUSE_S,
+    MessageBudget,
+)
+from cernenv.server.scheduler import FairScheduler
+from cernenv.server.sessions import REQUEST, CampaignTools
+from cernenv.server.wire import RESET_PARAMETERS, NoEpisodeError, RequestError, reset_problem
+
+logger = logging.getLogger("cernenv.server")
+
+
+class WireAction(Action):
+    """Whatever JSON object a step message carries, handed to the environment's own rules.
+
+    OpenEnv validates a step's data against the action class before the environment sees
+    it; validating against `ExperimentAction` there would turn a malformed action into a
+    protocol error, where in process it is a rule violation with a penalty. `/schema` still
+    publishes `ExperimentAction`'s schema."""
+
+    model_config = ConfigDict(extra="allow")
+    metadata: Any = None
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        return ExperimentAction.model_json_schema(*args, **kwargs)
+
+    def unwrap(self) -> Any:
+        data = self.model_dump(exclude_unset=True)
+        if set(data) == {RAW_ACTION_KEY}:
+            return data[RAW_ACTION_KEY]
+        return data
+
+
+class EnvironmentCount:
+    """Environments alive in one app: every session's, plus any stateless HTTP request's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.open = 0
+
+    def change(self, delta: int) -> None:
+        with self._lock:
+            self.open += delta
+
+
+class ServedEnvironment(CERNCollisionEnvironment):
+    """`CERNCollisionEnvironment` as one server session runs it (see the module docstring).
+
+    `evaluation`: fresh hidden worlds and grades withheld (the environment's `fresh_worlds` and
+    `withhold_grades`), each ended episode recorded in `ledger`. `session_id` and `client` are
+    set when the environment becomes a session's (`adopt_session`); `steps` counts the steps it
+    ran and `last_work` (monotonic) / `last_work_wall` (epoch) the time of its last reset or step:
+    the session's activity."""
+
+    RESET_PARAMETERS = RESET_PARAMETERS
+    # Every session's reset and step run on one shared thread (`FairScheduler`: least recent CPU time
+    # used first). The physics holds the GIL, so a thread per session only adds contention: at 32
+    # sessions it doubled the server's CPU time per episode (170 vs 87 ms) and cut throughput by a
+    # third (bench/bench_server.py). OpenEnv awaits `reset_async`/`step_async` (overridden below)
+    # and creates and closes environments on its own single thread.
+    REQUIRES_SINGLE_THREAD_EXECUTOR = True
+
+    def __init__(
+        self,
+        count: EnvironmentCount,
+        scheduler: FairScheduler,
+        secret_salt: str = "",
+        *,
+        evaluation: bool = False,
+        ledger: Optional[ResultsLedger] = None,
+    ) -> None:
+        super().__init__(secret_salt=secret_salt or None, fresh_worlds=evaluation, withhold_grades=evaluation)
+        self._count = count
+        self._scheduler = scheduler
+        self._closed = False
+        self._evaluation = evaluation
+        self._ledger = ledger
+        self._secret_fingerprint = fingerprint(secret_salt) if secret_salt else None
+        self._steps_on_unchanged_data = 0  # steps in a row since the episode's data last changed
+        self._reset_wasted_episode = False  # the last reset cut short an episode, or one without data
+        self.session_id: Optional[str] = None
+        self.client: Optional[str] = None
+        self.steps = 0
+        self.last_work, self.last_work_wall = time.monotonic(), time.time()
+        self.mcp_budget = MessageBudget()
+        count.change(+1)
+
+    def adopt_session(self, session_id: str, client: str) -> None:
+        """This environment is session `session_id`'s, made from address `client`."""
+        self.session_id, self.client = session_id, client
+
+    @property
+    def mcp_client(self) -> CampaignTools:
+        """The session's MCP tools, as OpenEnv's `/mcp` handler calls them."""
+        return CampaignTools(self)
+
+    async def reset_async(self, **kwargs: Any) -> CollisionObservation:
+        """`reset` (its parameters, checked there) on the physics thread, in this session's fair
+        turn; one that abandons an unfinished episode, or follows one that took no data, is charged
+        `NO_NEW_WORK_SURCHARGE` times its CPU time and paced (`_run`)."""
+        return await self._run(functools.partial(self.reset, **kwargs), self.reset_surcharge)
+
+    def reset_surcharge(self, observation: CollisionObservation) -> float:
+        """The scheduler's charge factor for the reset that returned `observation`."""
+        return NO_NEW_WORK_SURCHARGE if self._reset_wasted_episode else 1.0
+
+    async def step_async(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
+        """`step` on the physics thread, in this session's fair turn; a step that did no new work
+        is charged `NO_NEW_WORK_SURCHARGE` times its CPU time and paced (`_run`)."""
+        observation = await self._run(
+            functools.partial(self.step, action, timeout_s=timeout_s, **kwargs), self.step_surcharge
+        )
+        self.steps += 1
+        return observation
+
+    async def _run(
+        self, job: Callable[[], CollisionObservation], surcharge: Callable[[CollisionObservation], float]
+    ) -> CollisionObservation:
+        """`job` on the physics thread in this session's turn, charged by `surcharge`; while
+        another session is open, the answer to a surcharged job waits `WASTED_WORK_PAUSE_S`. A job
+        that ran is the session's activity (and starts its connection's count of messages without
+        work again)."""
+        factors: List[float] = []
+
+        def charge_factor(observation: CollisionObservation) -> float:
+            factors.append(surcharge(observation))  # on the physics thread, before `run` returns
+            return factors[-1]
+
+        observation = await self._scheduler.run(self, job, surcharge=charge_factor)
+        self.last_work, self.last_work_wall = time.monotonic(), time.time()
+        self.mcp_budget.work()
+        request = REQUEST.get()
+        if request is not None:
+            request.budget.work()
+        if factors and factors[0] > 1.0 and self._count.open > 1:
+            await self._pause(WASTED_WORK_PAUSE_S)
+        return observation
+
+    _pause = staticmethod(asyncio.sleep)  # how the answer to wasted work waits (tests record it)
+
+    def step_surcharge(self, observation: CollisionObservation) -> float:
+        """The scheduler's charge factor for the step that returned `observation` (see
+        `NO_NEW_WORK_SURCHARGE`); read on the physics thread right after that step."""
+        if observation.rule_violations or self._steps_on_unchanged_data > FREE_STEPS_ON_UNCHANGED_DATA:
+            return NO_NEW_WORK_SURCHARGE
+        if observation.done and self._episode.data_version == 0:  # a claim (or an end) without data
+            return NO_NEW_WORK_SURCHARGE
+        return 1.0
+
+    def reset(
+        self,
+        seed: Optional[int] = None,
+        episode_id: Optional[str] = None,
+        scenario: Optional[str] = None,
+        difficulty: Optional[str] = None,
+        secret_salt: Optional[str] = None,
+        **unknown: Any,
+    ) -> CollisionObservation:
+        arguments = dict(seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty)
+        arguments.update(secret_salt=secret_salt, **unknown)
+        problem = reset_problem(arguments)
+        if problem is not None:
+            raise RequestError(problem)
+        previous = self._episode
+        wasted = previous is not None and (not previous.done or previous.data_version == 0)
+        if previous is not None and not previous.done:
+            self._record("abandoned: reset")
+        try:
+            observation = super().reset(
+                seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty, secret_salt=secret_salt
+            )
+        except ValueError as error:
+            raise RequestError(str(error)) from None
+        self._steps_on_unchanged_data, self._reset_wasted_episode = 0, wasted
+        return observation
+
+    def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
+        if self._episode is None:
+            raise NoEpisodeError(
+                "no episode in this session: send reset (seed, scenario or difficulty) first; "
+                "over HTTP each request gets a fresh environment, so play episodes on the "
+                "WebSocket /ws (cernenv.client.CERNEnvClient) or in an MCP session"
+            )
+        if isinstance(action, WireAction):
+            action = action.unwrap()
+        data_before, was_done = self._episode.data_version, self._episode.done
+        observation = super().step(action, timeout_s=timeout_s, **kwargs)
+        changed = self._episode is None or self._episode.data_version != data_before
+        self._steps_on_unchanged_data = 0 if changed else self._steps_on_unchanged_data + 1
+        if self._episode.done and not was_done:
+            self._record(observation.latest_result.get("episode_end") or "claim")
+        return observation
+
+    def hidden_truth(self) -> Dict[str, Any]:
+        raise PermissionError(
+            "the hidden truth is not served; the operator's results ledger holds it once the episode has ended"
+        )
+
+    def _record(self, ended: str) -> None:
+        """One line in the results ledger for the episode that just ended (`ended`: the claim,
+        the reason the campaign stopped, or how it was abandoned): where it was played (`session_id`,
+        `client`), what it was (`episode_id`, `seed`, `scenario`, `difficulty`, `world_nonce`, the
+        `secret_fingerprint`), `steps`, the `grade` (`episode_grade()`: None if abandoned) and the
+        `truth`. Only a session's episodes are recorded (not HTTP's one-off resets)."""
+        if self._ledger is None or self.session_id is None or self._episode is None:
+            return
+        episode, state = self._episode, self.state
+        record = {
+            "mode": "evaluation" if self._evaluation else "training",
+            "secret_fingerprint": self._secret_fingerprint,
+            "session_id": self.session_id,
+            "client": self.client,
+            "episode_id": state.episode_id,
+            "seed": episode.seed,
+            "scenario": state.scenario_name,
+            "difficulty": state.difficulty,
+            "world_nonce": self.world_nonce(),
+            "steps": state.step_count,
+            "ended": ended,
+            "grade": self.episode_grade(),
+            "truth": CERNCollisionEnvironment.hidden_truth(self),
+        }
+        try:
+            self._ledger.append(record)
+        except OSError as error:  # the operator must hear of it; the agent's session goes on
+            logger.error("could not record an ended episode in the results ledger: %s", error)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._episode is not None and not self._episode.done:
+                self._record("abandoned: session ended")
+            self._count.change(-1)
+            self._scheduler.forget(self)
+        super().close()
