@@ -48,3 +48,33 @@ def test_evidence_tables_list_every_component_and_checkpoint():
     rows = [{"step": "0", "episodes": "21", "mean_reward": "-0.5", "success_rate": "0.25"}]
     assert checkpoint_table(rows).splitlines()[-1] == "| 0 | 21 | -0.500 | 0.250 |"
     assert reward_components_table([]) == checkpoint_table([]) == ""
+
+
+def test_notebook_tables_show_each_episode_and_agent():
+    """Notebook 01's reward breakdown and tour summary, notebook 03's policy-and-baselines table."""
+    from lib.episodes.agent_rollouts import collect_agent_episode
+    from lib.report.episode_markdown import episodes_summary_table, reward_breakdown_table
+    from lib.report.evidence import policy_and_baselines_table
+
+    played = collect_episodes(
+        [(3, "higgs_diphoton_125", None), (4, None, "easy")], agent=HeuristicAgent(), progress=False
+    )
+    summary = episodes_summary_table(played).splitlines()
+    assert len(summary) == 4 and summary[2].startswith("| `higgs_diphoton_125` | 3 | ")
+    assert summary[3].endswith(f"| {played[1].cumulative_reward:+.2f} |")
+    assert episodes_summary_table([dataclasses.asdict(r) for r in played]) == "\n".join(summary), "records or rows"
+    from cernenv import CERNCollisionEnvironment
+
+    env = CERNCollisionEnvironment()
+    collect_agent_episode(env=env, seed=3, scenario="higgs_diphoton_125", agent=HeuristicAgent())
+    state = env.state
+    breakdown = reward_breakdown_table(state.reward_components, state.cumulative_reward).splitlines()
+    assert len(breakdown) == len(state.reward_components) + 3 and breakdown[2].startswith("| `")
+    assert breakdown[-1] == f"| **total** | **{state.cumulative_reward:+.3f}** |"
+    baselines = {"random": {"mean_reward": {"mean": -1.25}, "success_rate": {"mean": 0.0}}}
+    before_after = {"pre": {"mean_reward": 0.1, "success_rate": 0.2}, "post": {"mean_reward": 0.3, "success_rate": 0.4}}
+    assert policy_and_baselines_table(baselines, before_after).splitlines()[2:] == [
+        "| random | -1.250 | 0.000 |",
+        "| policy before GRPO | 0.100 | 0.200 |",
+        "| policy after GRPO | 0.300 | 0.400 |",
+    ]

@@ -110,6 +110,29 @@ def format_episode_markdown(episode: Any, heading: str) -> str:
     return "\n".join(episode_markdown_lines(as_episode_dict(episode), heading))
 
 
+def reward_breakdown_table(components: Mapping[str, float], total: float) -> str:
+    """Markdown: an episode's reward, component by component (`cernenv.rewards`), and its total."""
+    rows = [f"| `{name}` | {value:+.3f} |" for name, value in components.items()]
+    return "\n".join(["| component | episode total |", "|---|---|", *rows, f"| **total** | **{total:+.3f}** |"])
+
+
+def episodes_summary_table(episodes: Sequence[Any]) -> str:
+    """Markdown: one row per episode (`EpisodeRecord` or a JSONL row): its task, length, claim,
+    the budget it used, the best global significance it reached and its reward."""
+    lines = [
+        "| scenario | seed | steps | claimed discovery | budget used [M$] | best Z_global [σ] | reward |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for episode in map(as_episode_dict, episodes):
+        last = episode["steps"][-1]["observation_summary"] if episode["steps"] else {}
+        lines.append(
+            f"| `{episode['scenario']}` | {episode['seed']} | {episode['n_steps']} | {episode['discovered']} | "
+            f"{as_number(episode['resources'].get('budget_used_musd')):.1f} | "
+            f"{as_number(last.get('best_significance')):.2f} | {as_number(episode['cumulative_reward']):+.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def _reward_rank(episode: Mapping[str, Any]) -> Tuple[bool, float]:
     reward = as_number(episode.get("cumulative_reward"))
     return (True, 0.0) if math.isnan(reward) else (False, reward)

@@ -196,6 +196,19 @@ def checkpoint_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def policy_and_baselines_table(baselines: Mapping[str, Any], before_after: Mapping[str, Any]) -> str:
+    """Markdown: the baselines' mean reward and success rate (the `metrics` of baselines.json,
+    written by notebook 02) beside the policy's before and after GRPO (`TrainResult.before_after`),
+    means only (the intervals are in the evidence's before/after report)."""
+    lines = ["| agent | mean reward | success rate |", "|---|---|---|"]
+    for agent, metrics in baselines.items():
+        lines.append(f"| {agent} | {metrics['mean_reward']['mean']:.3f} | {metrics['success_rate']['mean']:.3f} |")
+    for label, key in (("policy before GRPO", "pre"), ("policy after GRPO", "post")):
+        metrics = before_after[key]
+        lines.append(f"| {label} | {metrics['mean_reward']:.3f} | {metrics['success_rate']:.3f} |")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- everything
 
 
@@ -260,4 +273,5 @@ __all__ = [
     "render_all",
     "reward_components_table",
     "checkpoint_table",
+    "policy_and_baselines_table",
 ]
