@@ -68,6 +68,8 @@ def main(argv=None) -> int:
                 policy.tokenizer,
                 specs,
                 sampling=sampling,
+                context=config.policy_context,
+                observation_config=config.observation_config,
                 max_turns=config.max_turns,
                 max_context_tokens=config.max_seq_length,
                 batch_size=len(specs),

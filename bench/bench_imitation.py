@@ -4,8 +4,9 @@
     python bench/bench_imitation.py --policy PATH         # any saved policy folder (the stand-in's tokenizer)
 
 Teacher-forced: each of `--campaigns` heuristic demonstrations (seeds from
-`lib.seeds.IMITATION_PROBE_SEED`, laid out as GRPO plays them, `lib.training.warm_start`) is read
-by the model in one pass, and an action counts as imitated when the model's most likely next
+`lib.seeds.IMITATION_PROBE_SEED`, laid out as GRPO plays them in the configuration's context,
+`lib.training.warm_start`) is read by the model in one pass (each decision in one pass, in the
+`turn` context), and an action counts as imitated when the model's most likely next
 token is the demonstrated one at every token of the action. Reported per action type. The
 actions that quote a number the environment showed (`fit_resonance`'s mass hint is the scan's
 best mass, `estimate_significance` and `measure_angular` the fit's mass, a claim the fit's mass,
@@ -55,12 +56,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench/bench_imitation.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", help="a saved policy folder (default: the default configuration's warm start)")
     parser.add_argument("--campaigns", type=int, default=30, help="held-out demonstrations to score")
+    parser.add_argument(
+        "--config", help="a run's train_config.json: its context and prompt (default: TrainConfig's defaults)"
+    )
     args = parser.parse_args(argv)
     from lib.seeds import IMITATION_PROBE_SEED
     from lib.training import TrainConfig
     from lib.training.backends import load_policy
     from lib.training.warm_start import demonstration_examples, sft_warm_start
 
+    config = TrainConfig.load(args.config) if args.config else TrainConfig()
     if args.policy:
         from transformers import AutoModelForCausalLM
 
@@ -68,14 +73,23 @@ def main(argv=None) -> int:
 
         model, tokenizer = AutoModelForCausalLM.from_pretrained(args.policy), load_tokenizer(args.policy)
     else:
-        config = TrainConfig()
         policy = load_policy(config, "trl")
         report = sft_warm_start(policy, config)  # loaded from .cache/warm_start/ when it was built before
         model, tokenizer = policy.model, policy.tokenizer
         print(f"policy: the default warm start ({report.get('cached')})")
-    examples = demonstration_examples(tokenizer, args.campaigns, loss="actions", first_seed=IMITATION_PROBE_SEED)
+    examples = demonstration_examples(
+        tokenizer,
+        args.campaigns,
+        loss="actions",
+        context=config.policy_context,
+        observation_config=config.observation_config,
+        first_seed=IMITATION_PROBE_SEED,
+    )
     counts = imitated_actions(model.eval(), tokenizer, examples)
-    print(f"{'action':<24} imitated / demonstrated ({args.campaigns} held-out campaigns, teacher-forced)")
+    print(
+        f"{'action':<24} imitated / demonstrated ({args.campaigns} held-out campaigns, teacher-forced, "
+        f"{config.policy_context} context)"
+    )
     for name, (hits, total) in counts.items():
         print(f"{name:<24} {hits:>4} / {total:<4} {'(quotes numbers it read)' if name in QUOTING_ACTIONS else ''}")
     quoting = [counts.get(name, (0, 0)) for name in QUOTING_ACTIONS]

@@ -206,7 +206,7 @@ def test_unsloth_loads_a_saved_policy_offline_with_the_tokenizer_it_was_trained_
 
     calls: list = []
     monkeypatch.setitem(sys.modules, "unsloth", _fake_unsloth(calls))
-    policy = backends._load_unsloth(TrainConfig(lora_r=lora_r), tiny_model_dir)
+    policy = backends._load_unsloth(TrainConfig(lora_r=lora_r, beta=0.0), tiny_model_dir)
     text = "estimate_significance at mass_gev 125.3 with 139.0 fb^-1"
     trained_with = load_tokenizer(tiny_model_dir)(text)["input_ids"]
     assert AutoTokenizer.from_pretrained(tiny_model_dir)(text)["input_ids"] != trained_with  # the hazard is real

@@ -10,7 +10,7 @@ import torch
 from cernenv import CERNCollisionEnvironment
 from cernenv.rewards import COMPONENT_NAMES
 from lib.agents.baselines import HeuristicAgent
-from lib.agents.prompting import Sampling, action_to_json, parse_reply
+from lib.agents.prompting import LLMAgentConfig, Sampling, action_to_json, build_chat, parse_reply
 from lib.episodes.agent_rollouts import collect_agent_episode
 from lib.episodes.chat import ChatLayout, first_messages
 from lib.episodes.generation import hf_generate_fn
@@ -85,6 +85,44 @@ def test_a_policy_that_writes_the_heuristics_actions_earns_the_heuristics_reward
     assert sum(episode.record.reward_components[n] for n in COMPONENT_NAMES) == pytest.approx(
         episode.record.total_reward
     )
+
+
+@pytest.mark.parametrize("system_prompt", [True, False])
+def test_in_the_turn_context_each_action_reads_the_current_observation_alone(tokenizer, system_prompt):
+    """Each decision's context is the chat of the observation it answers (`build_chat`), nothing
+    of earlier turns; the campaign plays as in the conversation context (same actions, same
+    reward), and the episode's completion is its replies one after another."""
+    spec = dict(seed=321, scenario=None, difficulty="easy")
+    reference = collect_agent_episode(env=CERNCollisionEnvironment(), agent=HeuristicAgent(), **spec)
+    replies = [json.dumps({k: s.action[k] for k in ("action_type", "parameters")}) for s in reference.steps]
+    config = LLMAgentConfig(system_prompt=system_prompt)
+    seen = []
+
+    def generate(contexts, sampling):
+        seen.extend(contexts)
+        return scripted(tokenizer, [replies[len(seen) - 1]])(contexts, sampling)
+
+    [episode] = play_episodes(generate, tokenizer, [spec], sampling=SCRIPTED, context="turn", observation_config=config)
+    assert episode.record.total_reward == pytest.approx(reference.total_reward)
+    assert len(episode.turns) == len(replies) == len(seen)
+    env, layout = CERNCollisionEnvironment(), ChatLayout(tokenizer, config)
+    obs = env.reset(**spec)
+    for turn, context, reply in zip(episode.turns, seen, replies):
+        assert turn.prompt_ids == context == layout.prompt_ids(build_chat(obs, config))
+        assert tokenizer.decode(turn.completion_ids) == reply + tokenizer.eos_token
+        obs = env.step(parse_reply(reply).payload)
+    assert (SYSTEM_PROMPT_OPENING in tokenizer.decode(seen[-1])) == system_prompt
+    assert max(len(c) for c in seen) < 700, "a context does not grow with the campaign"
+    assert episode.completion_ids == sum((t.completion_ids for t in episode.turns), [])
+    assert set(episode.env_mask) == {1} and episode.prompt_ids == seen[0]
+
+
+SYSTEM_PROMPT_OPENING = "You are an experimental particle physicist"
+
+
+def test_an_unknown_context_is_refused(tokenizer):
+    with pytest.raises(ValueError, match="context must be one of"):
+        play_episodes(scripted(tokenizer, ["{}"]), tokenizer, [(1, None, "easy")], sampling=SCRIPTED, context="window")
 
 
 def test_an_unended_turn_is_closed_by_environment_text(tokenizer):

@@ -95,6 +95,17 @@ def test_colab_bootstrap_runs_twice_and_takes_the_repository_url(tmp_path):
     assert int(pip_calls) == 2 and int(on_path) == 0, "the install makes lib importable, not a sys.path edit"
 
 
+def test_the_setup_cell_stays_a_few_lines_and_finds_the_local_checkout():
+    """The logic is `lib.notebooks.bootstrap`'s; the cell only clones on Colab and calls it."""
+    from lib.notebooks.bootstrap import local_checkout
+
+    lines = [line for line in _first_code_cell(NOTEBOOKS[0]).splitlines() if line.strip()]
+    assert len(lines) <= 16, f"the setup cell grew to {len(lines)} lines: move logic to lib/notebooks/bootstrap.py"
+    namespace = {}
+    exec(_first_code_cell(NOTEBOOKS[0]), namespace)  # not on Colab: the local branch
+    assert namespace["ROOT"] == local_checkout() == ROOT
+
+
 @pytest.mark.slow
 @pytest.mark.notebook
 def test_notebook_01_runs(tmp_path, monkeypatch):
@@ -227,10 +238,12 @@ def test_notebook_03_takes_the_file_then_the_parameters_that_differ_from_the_def
 
     root = tmp_path
     (root / "configs" / "train").mkdir(parents=True)
-    (root / "configs" / "train" / "colab.yaml").write_text("lora_r: 16\nmax_steps: 30\nevidence_dir: build/colab\n")
-    namespace = {"max_steps": 14, "temperature": 0.9, "lora_r": 0, "unrelated": 1}  # max_steps, lora_r: defaults
+    (root / "configs" / "train" / "colab.yaml").write_text(
+        "lora_r: 16\nbeta: 0.0\nmax_steps: 30\nevidence_dir: build/colab\n"
+    )
+    namespace = {"max_steps": 60, "temperature": 0.9, "lora_r": 0, "unrelated": 1}  # max_steps, lora_r: defaults
     on_gpu = notebook_config(namespace, None, root=root, gpu=True)
     assert (on_gpu.lora_r, on_gpu.max_steps, on_gpu.temperature) == (16, 30, 0.9)
     assert on_gpu.evidence_dir == str(root / "build" / "colab"), "relative folders from the repository root"
     on_cpu = notebook_config(namespace, None, root=root, gpu=False)
-    assert (on_cpu.lora_r, on_cpu.max_steps, on_cpu.temperature) == (0, 14, 0.9), "no file on a CPU"
+    assert (on_cpu.lora_r, on_cpu.max_steps, on_cpu.temperature) == (0, 60, 0.9), "no file on a CPU"

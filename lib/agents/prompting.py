@@ -45,6 +45,10 @@ class LLMAgentConfig:
     """Entries of `pipeline_history` shown in the prompt [steps]."""
     sampling: Sampling = Sampling()
     """How each action is decoded."""
+    system_prompt: bool = True
+    """Open each chat with `SYSTEM_PROMPT` (the rules, verbs and costs). A real model reads it; the
+    CPU stand-in, which learns the environment from demonstrations and cannot read prose, plays
+    without it (`TrainConfig.system_prompt`): ~320 of its ~550 tokens a decision."""
 
 
 def _type_label(annotation: Any) -> str:
@@ -235,8 +239,10 @@ def render_observation(
 
 
 def build_chat(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> List[Dict[str, str]]:
-    """[system, user] messages for one decision; deterministic in `obs` and `config`."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": render_observation(obs, config)}]
+    """[system, user] messages for one decision ([user] without `config.system_prompt`); deterministic
+    in `obs` and `config`."""
+    system = [{"role": "system", "content": SYSTEM_PROMPT}] if config.system_prompt else []
+    return [*system, {"role": "user", "content": render_observation(obs, config)}]
 
 
 def chat_text(chat: List[Dict[str, str]]) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union, get_args, get_origin, get_type_hints
 
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
-from lib.agents.prompting import Sampling
+from lib.agents.prompting import LLMAgentConfig, Sampling
 
 TINY_MODEL = "cernenv-tiny"
 """`model_name` of the CPU stand-in: the project's own tokenizer and a tiny Qwen2 network with
@@ -24,6 +24,8 @@ smoke runs that exercise the plumbing."""
 GPU_DEFAULT_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
 """`model_name` used on a CUDA machine (Colab) when none is given."""
 BACKENDS = ("auto", "unsloth", "trl")
+POLICY_CONTEXTS = ("conversation", "turn")
+"""`lib.episodes.llm_rollouts.CONTEXTS`, restated so that a configuration is checked without torch."""
 WARM_START_LOSSES = ("actions", "conversation")
 SCALE_REWARDS = ("group", "batch", "none")
 GENERATION_ENGINES = ("auto", "cached", "generate")
@@ -76,23 +78,36 @@ class TrainConfig:
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
     max_seq_length: int = 8192
     """Longest prompt + episode [tokens] the model is loaded for (Unsloth) and a rollout may reach."""
-    warm_start_episodes: int = 800
+    policy_context: str = "turn"
+    """What the policy reads before each action (`POLICY_CONTEXTS`): `turn`, a fresh chat of the
+    current observation alone (a few hundred tokens, however long the campaign: what the CPU
+    stand-in can learn to copy numbers from); `conversation`, the whole campaign as one growing
+    chat (a real model's option, configs/train/colab.yaml). `lib.episodes.llm_rollouts`."""
+    system_prompt: bool = False
+    """Open each chat with the system prompt (the rules, verbs and costs in prose): a real model
+    reads it (configs/train/colab.yaml sets it); the stand-in learns the environment from its
+    warm start's demonstrations instead, and the prompt would be ~60% of each decision's tokens."""
+    warm_start_episodes: int = 200
     """Before GRPO, fine-tune the model (every weight, or its LoRA adapter) on this many
     HeuristicAgent campaigns laid out as GRPO plays them (`lib.training.warm_start`); 0: none.
     The stand-in learns the environment from scratch here; a real model needs a few hundred."""
-    warm_start_epochs: float = 3.0
+    warm_start_epochs: float = 2.0
     """Passes over the warm start's campaigns."""
     warm_start_learning_rate: float = 2e-3
     """AdamW learning rate of the warm start (cosine decay): the stand-in from scratch tolerates a
     large one; a pretrained model's LoRA adapter wants ~2e-4."""
+    warm_start_batch_size: int = 16
+    """Examples per warm-start step: decisions in the `turn` context (a few hundred tokens each),
+    whole campaigns in the `conversation` one (where 1 avoids padding, which on a CPU keeps
+    attention on PyTorch's fast causal path)."""
     warm_start_loss: str = "conversation"
     """Which tokens the warm start's loss covers: "conversation" (every one: the stand-in learns to
     copy channels and numbers by predicting the environment's messages too) or "actions" (the
     model's replies only, as GRPO's loss: a model that already reads)."""
 
     # -- GRPO
-    max_steps: int = 14
-    """Optimisation steps (docs/training.md: why 14 on a CPU)."""
+    max_steps: int = 60
+    """Optimisation steps (docs/training.md: why 60 on a CPU)."""
     num_generations: int = 8
     """Episodes per group: they play the same seed and scenario, and each one's advantage is
     its return minus the group mean (then scaled, see `scale_rewards`)."""
@@ -103,11 +118,12 @@ class TrainConfig:
     """Passes per optimisation step. Episodes per step = per_device_train_batch_size ×
     gradient_accumulation_steps, a multiple of num_generations (whole groups); all of a
     step's episodes are played by one rollout call, before the step's first pass."""
-    learning_rate: float = 3e-4
+    learning_rate: float = 3e-5
     """AdamW learning rate (constant after TRL's default warm-up of 0 steps)."""
-    beta: float = 0.0
+    beta: float = 0.04
     """KL penalty towards the initial policy (TRL's default is 0: no reference model). TRL's
-    reference is the loaded model without the LoRA adapter, hence refused with a warm start."""
+    reference is the model its name loads: with `lora_r=0` the warm start itself (loaded from its
+    cache folder); with LoRA the base weights without the adapter, hence refused with a LoRA warm start."""
     epsilon: float = 0.2
     """PPO-style clipping of the probability ratio."""
     scale_rewards: str = "batch"
@@ -127,6 +143,13 @@ class TrainConfig:
     stand-in's tokenizer; a reply cut here is sent as it is and usually refused)."""
     max_turns: Optional[int] = None
     """Turns per episode; None plays until the environment ends it (its step limit)."""
+    turn_samples: int = 8
+    """In the `turn` context, the decisions of each episode a step trains on, each one of GRPO's
+    samples (its own prompt and reply, the episode's return as its reward): every decision of an
+    episode of at most this many, else one drawn from each of this many equal stretches of the
+    episode (the environment's step limit, 30, trains all of them, at ~4 times the cost of the
+    default). Unused slots train nothing. Ignored in the `conversation` context (one sample
+    per episode)."""
     rollout_batch_size: Optional[int] = None
     """Training episodes a process plays in lockstep (one `generate` call per turn for the batch);
     None: all of its share of the step at once. Sampling is seeded per batch, so a run on N
@@ -147,7 +170,7 @@ class TrainConfig:
     """First seed of the training tasks (the held-out suite's seeds are never used)."""
 
     # -- evaluation and evidence
-    eval_every_steps: int = 7
+    eval_every_steps: int = 20
     """Steps between held-out checkpoint evaluations (0: none). Step 0 and the last step are
     read from the pre- and post-training evaluations, which cover the checkpoint subset."""
     checkpoint_eval_episodes: int = 21
@@ -169,8 +192,8 @@ class TrainConfig:
     The committed `evidence/` is written only when named here (or by `make promote-evidence`)."""
     output_dir: str = "outputs/grpo"
     """Checkpoints, the final model and train_config.json, locked while the run lives."""
-    save_steps: int = 7
-    """Steps between checkpoints: the default run's 14 steps leave checkpoints at steps 7 and 14."""
+    save_steps: int = 20
+    """Steps between checkpoints: the default run's 60 steps leave checkpoints at steps 20, 40 and 60."""
     save_merged: bool = False
     """Also save the policy with its LoRA adapter merged into the base weights, to `<output_dir>/merged`."""
     hub_repo_id: Optional[str] = None
@@ -189,6 +212,11 @@ class TrainConfig:
         return Sampling(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens)
 
     @property
+    def observation_config(self) -> LLMAgentConfig:
+        """How observations are shown to the policy (`system_prompt`), in training and evaluation alike."""
+        return LLMAgentConfig(system_prompt=self.system_prompt)
+
+    @property
     def evaluation_sampling(self) -> Sampling:
         """The `Sampling` of held-out evaluations and of a trained policy's demo: greedy, `max_new_tokens` as in
         training."""
@@ -201,6 +229,8 @@ class TrainConfig:
         problems += self._check_numbers()
         if self.backend not in BACKENDS:
             problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.policy_context not in POLICY_CONTEXTS:
+            problems.append(f"policy_context must be one of {POLICY_CONTEXTS}, got {self.policy_context!r}")
         if self.generation_engine not in GENERATION_ENGINES:
             problems.append(f"generation_engine must be one of {GENERATION_ENGINES}, got {self.generation_engine!r}")
         for name in (
@@ -214,6 +244,8 @@ class TrainConfig:
             "logging_steps",
             "save_steps",
             "max_seq_length",
+            "warm_start_batch_size",
+            "turn_samples",
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -229,12 +261,12 @@ class TrainConfig:
             problems.append(f"warm_start_episodes must be >= 0, got {self.warm_start_episodes}")
         if self.warm_start_loss not in WARM_START_LOSSES:
             problems.append(f"warm_start_loss must be one of {WARM_START_LOSSES}, got {self.warm_start_loss!r}")
-        if self.warm_start_episodes and self.beta:
+        if self.warm_start_episodes and self.beta and self.lora_r:
             problems.append(
-                f"beta={self.beta} with warm_start_episodes={self.warm_start_episodes}: TRL's KL reference "
-                "would be the model before its warm start (the base weights without the adapter, or, with "
-                "lora_r=0, the checkpoint reloaded by name), which pulls the policy back from what the warm "
-                "start taught it; use beta=0 (the default) with a warm start"
+                f"beta={self.beta} with a LoRA warm start (lora_r={self.lora_r}): TRL's KL reference would be "
+                "the base weights without the adapter, which pulls the policy back from what the warm start "
+                "taught it; use beta=0 with a LoRA warm start, or lora_r=0 (a warm start of every weight is "
+                "loaded from its cache folder, the reference TRL loads by that name)"
             )
         if self.rollout_batch_size is not None and self.rollout_batch_size < 1:
             problems.append(f"rollout_batch_size must be at least 1 or None, got {self.rollout_batch_size}")
@@ -350,6 +382,11 @@ class TrainConfig:
     @property
     def episodes_per_step(self) -> int:
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    @property
+    def samples_per_episode(self) -> int:
+        """GRPO samples an episode gives: `turn_samples` decisions in the `turn` context, else one."""
+        return self.turn_samples if self.policy_context == "turn" else 1
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

@@ -7,12 +7,18 @@ What one optimisation step does:
 2. `CampaignRollout` (the trainer's `rollout_func`) plays every episode of the batch to
    the end with the current policy (`lib.episodes.llm_rollouts.play_episodes`): the model writes each
    action and reads the environment's observation after it. A group plays the same
-   seed and scenario, so its episodes differ only by what the policy sampled.
+   seed and scenario, so its episodes differ only by what the policy sampled. In the
+   `conversation` context an episode is one sample (the whole campaign, environment text
+   masked by `env_mask`); in the `turn` context each decision is its own sample (the chat it
+   read and its reply), the dataset holding each task once per decision slot
+   (`TrainConfig.turn_samples`), so GRPO's sample count per step stays fixed however long
+   the episodes are.
 3. Each reward component (`cernenv.rewards.COMPONENT_NAMES`) is its own reward function;
    their sum is the episode's return. TRL logs each as `rewards/<component>/mean`.
 4. GRPO's advantage is the return minus its group's mean, scaled as `scale_rewards`
    says (by default by the standard deviation over the step's episodes); every action token
-   of the episode gets it, environment tokens are masked (`env_mask`), and the clipped
+   of the episode gets it (in the `turn` context: of the decision slot's group, which holds
+   the same episodes), environment tokens are masked (`env_mask`), and the clipped
    policy-gradient loss is minimised.
 
 The dataset's `prompt` column holds the task as JSON, not text for the model: the
@@ -72,12 +78,25 @@ def training_tasks(config: TrainConfig, n_groups: int) -> List[Dict[str, Any]]:
 
 
 def training_dataset(config: TrainConfig):
-    """The trainer's dataset: one row per group, `prompt` = the task as JSON."""
+    """The trainer's dataset: one row per group, `prompt` = the task as JSON; in the `turn`
+    context one row per group and decision slot (`turn_slot`, 0 .. `turn_samples` - 1)."""
     from datasets import Dataset
 
     groups_per_step = config.episodes_per_step // config.num_generations
     tasks = training_tasks(config, config.max_steps * groups_per_step)
+    if config.policy_context == "turn":
+        tasks = [{**task, "turn_slot": slot} for task in tasks for slot in range(config.turn_samples)]
     return Dataset.from_list([{"prompt": json.dumps(task, sort_keys=True)} for task in tasks])
+
+
+def slot_turn(n_turns: int, slot: int, n_slots: int, rng: np.random.Generator) -> Optional[int]:
+    """Which of an episode's `n_turns` decisions decision slot `slot` of `n_slots` trains: the
+    slot's own when there are no more decisions than slots (None past the last one), else one
+    drawn uniformly from the slot's stretch, the `slot`-th of `n_slots` equal stretches."""
+    if n_turns <= n_slots:
+        return slot if slot < n_turns else None
+    low, high = (slot * n_turns) // n_slots, ((slot + 1) * n_turns) // n_slots
+    return int(rng.integers(low, high))
 
 
 def checkpoint_suite(config: TrainConfig) -> List[EpisodeSpec]:
@@ -186,9 +205,22 @@ class CampaignRollout:
         return hf_generate_fn(model, self.tokenizer, self.config.generation_engine, unsloth=self.backend == "unsloth")
 
     def __call__(self, prompts: List[Any], trainer: Any) -> Dict[str, Any]:
-        """Play `prompts`, this process's contiguous share of the step's episodes (all of them
+        """Play `prompts`, this process's contiguous share of the step's samples (all of them
         with one process)."""
-        tasks = [json.loads(p) if isinstance(p, str) else p for p in prompts]
+        rows = [json.loads(p) if isinstance(p, str) else dict(p) for p in prompts]
+        slots = [row.pop("turn_slot", None) for row in rows]
+        if self.config.policy_context == "turn":
+            # sample i is decision slot slots[i] of episode (task, i's place in its group): each
+            # such episode is played once and serves all its slots
+            first_sample = process_index() * len(rows)
+            keys = [
+                (json.dumps(row, sort_keys=True), (first_sample + i) % self.config.num_generations)
+                for i, row in enumerate(rows)
+            ]
+            episode_of = {key: index for index, key in enumerate(dict.fromkeys(keys))}
+            tasks = [json.loads(task) for task, _ in episode_of]
+        else:
+            tasks = rows
         timed = _TimedGenerate(self._generate_fn(trainer))
         start = time.perf_counter()
         # The sampling seed follows the trainer's step, not a call counter: a run resumed from a
@@ -203,6 +235,8 @@ class CampaignRollout:
             self.tokenizer,
             tasks,
             sampling=self.sampling,
+            context=self.config.policy_context,
+            observation_config=self.config.observation_config,
             max_turns=self.config.max_turns,
             max_context_tokens=self.config.max_seq_length,
             batch_size=self.config.rollout_batch_size or len(tasks),
@@ -224,15 +258,48 @@ class CampaignRollout:
         records = gather([episode.record for episode in episodes])  # the whole step's, on every process
         if self.writer is not None:
             self.writer.append(rollout_row(step, records))
+        if self.config.policy_context == "turn":
+            rng = np.random.default_rng(rollout_sampling_seed(self.config.seed, completed_steps, first))
+            played = [episodes[episode_of[key]] for key in keys]
+            return turn_samples(played, slots, self.config.turn_samples, rng, self.tokenizer.eos_token_id)
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],
             "logprobs": [e.logprobs for e in episodes],
             "env_mask": [e.env_mask for e in episodes],
-            "reward_components": [
-                {name: float(e.record.reward_components.get(name, 0.0)) for name in COMPONENT_NAMES} for e in episodes
-            ],
+            "reward_components": [reward_components(e) for e in episodes],
         }
+
+
+def reward_components(episode: PlayedEpisode) -> Dict[str, float]:
+    """An episode's reward, component by component (`REWARD_FUNCS` read one each)."""
+    return {name: float(episode.record.reward_components.get(name, 0.0)) for name in COMPONENT_NAMES}
+
+
+def turn_samples(
+    episodes: Sequence[PlayedEpisode], slots: Sequence[int], n_slots: int, rng: np.random.Generator, eos_token_id: int
+) -> Dict[str, Any]:
+    """The `rollout_func` output of the `turn` context: sample i is decision `slot_turn(...)` of
+    `episodes[i]` (its prompt, its reply with the reply's sampling log-probabilities, all of it
+    the model's), rewarded with the episode's return. A slot past an episode's last decision is
+    an eos-only sample whose mask trains nothing."""
+    out: Dict[str, List[Any]] = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
+    out["reward_components"] = []
+    for episode, slot in zip(episodes, slots):
+        turn = slot_turn(len(episode.turns), slot, n_slots, rng)
+        if turn is None:
+            out["prompt_ids"].append([eos_token_id])
+            out["completion_ids"].append([eos_token_id])
+            out["logprobs"].append([0.0])
+            out["env_mask"].append([0])
+        else:
+            played = episode.turns[turn]
+            out["prompt_ids"].append(played.prompt_ids)
+            out["completion_ids"].append(played.completion_ids)
+            out["logprobs"].append(played.logprobs)
+            out["env_mask"].append([1] * len(played.completion_ids))
+        out["reward_components"].append(reward_components(episode))
+    return out
 
 
 class _TimedGenerate:

@@ -94,6 +94,8 @@ def evaluate_policy(
         tokenizer,
         shard(specs),
         sampling=config.evaluation_sampling,
+        context=config.policy_context,
+        observation_config=config.observation_config,
         max_turns=config.max_turns,
         max_context_tokens=config.max_seq_length,
         batch_size=config.eval_batch_size,
@@ -125,7 +127,8 @@ def grpo_args(config: TrainConfig, **overrides: Any):
         output_dir=config.output_dir,
         max_steps=config.max_steps,
         num_generations=config.num_generations,
-        per_device_train_batch_size=config.per_device_train_batch_size,
+        # a pass trains per_device_train_batch_size episodes: each of them is samples_per_episode samples
+        per_device_train_batch_size=config.per_device_train_batch_size * config.samples_per_episode,
         gradient_accumulation_steps=accumulation_per_process(config, num_processes()),
         learning_rate=config.learning_rate,
         lr_scheduler_type="constant_with_warmup",
@@ -270,8 +273,9 @@ def _train(config: TrainConfig) -> TrainResult:
             policy.tokenizer.save_pretrained(str(output_dir / "warm_start"))
         seconds["warm_start"] = time.perf_counter() - t
         logger.info(
-            "SFT warm start: %d campaigns, %d steps, loss %.3f -> %.3f%s",
+            "SFT warm start: %d campaigns (%d examples), %d steps, loss %.3f -> %.3f%s",
             warm["episodes"],
+            warm.get("examples", warm["episodes"]),
             warm["steps"],
             warm["first_loss"] or float("nan"),
             warm["last_loss"] or float("nan"),

@@ -1,22 +1,22 @@
 """The SFT warm start of a policy: heuristic campaigns, in the tokens GRPO plays.
 
-One warm start for every model; what differs is configuration (`TrainConfig.warm_start_*`):
+One warm start for every model; what differs is configuration (`TrainConfig.warm_start_*`,
+`policy_context`, `system_prompt`):
 
 * the CPU stand-in (`cernenv-tiny`, a randomly initialised ~1M-parameter Qwen2 network) learns
-  the environment from scratch: 800 campaigns, three epochs, every weight, a large learning
-  rate, and the loss on the whole conversation (`warm_start_loss="conversation"`: predicting
-  the environment's messages, which repeat channel names and numbers turn after turn, teaches
-  it to copy from its context, which its actions need);
+  the environment from scratch: one example per decision (the `turn` context: the chat of the
+  observation it answered, without the system prompt, and the reply), every weight, a large
+  learning rate, the loss on the whole example (`warm_start_loss="conversation"`: predicting the
+  observation's text too is how it learns to read one);
 * a real instruct model (Qwen2.5-1.5B-Instruct) knows JSON but not this environment's verbs,
-  channels and numbers: a few hundred campaigns on its LoRA adapter, the loss on its actions
-  only (`warm_start_loss="actions"`), so that GRPO starts from a policy that plays valid
-  campaigns instead of groups of refused episodes that carry no signal.
+  channels and numbers: a few hundred campaigns on its LoRA adapter, each one conversation, the
+  loss on its actions only (`warm_start_loss="actions"`), so that GRPO starts from a policy that
+  plays valid campaigns instead of groups of refused episodes that carry no signal.
 
-Each campaign is laid out exactly as `lib.episodes.llm_rollouts.play_episodes` lays out the policy's own
-episodes (`ChatLayout`: the first observation as the prompt, then each action and the
-environment's reply, with the model's chat template); the demonstrator is `HeuristicAgent`
-with its numbers written as the policy can copy them (`RoundedDemonstrator`), on training seeds
-apart from every evaluation seed (`DEMONSTRATION_SEED`). TRL's `SFTTrainer` trains on these
+Each example is laid out exactly as `lib.episodes.llm_rollouts.play_episodes` lays out the
+policy's own play in the same context (tested equal); the demonstrator is `HeuristicAgent` with
+its numbers written as the policy can copy them (`RoundedDemonstrator`), on training seeds apart
+from every evaluation seed (`DEMONSTRATION_SEED`). TRL's `SFTTrainer` trains on these
 pre-tokenized examples (`input_ids` + `completion_mask`).
 
 A warm start that trains every weight (`lora_r=0`) is cached under `.cache/warm_start/`, named
@@ -39,9 +39,10 @@ from typing import Any, Dict, List, Optional
 
 from cernenv import CERNCollisionEnvironment, ExperimentAction
 from lib.agents.baselines import HeuristicAgent
-from lib.agents.prompting import action_to_json, round_significant
+from lib.agents.prompting import LLMAgentConfig, action_to_json, build_chat, round_significant
 from lib.episodes.agent_rollouts import transitions
 from lib.episodes.chat import ChatLayout
+from lib.episodes.llm_rollouts import CONTEXTS
 from lib.seeds import DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.config import WARM_START_LOSSES, TrainConfig
@@ -79,20 +80,40 @@ class RoundedDemonstrator:
 
 
 def demonstration_examples(
-    tokenizer: Any, n_episodes: int, *, loss: str = "actions", first_seed: int = DEMONSTRATION_SEED
+    tokenizer: Any,
+    n_episodes: int,
+    *,
+    loss: str = "actions",
+    context: str = "conversation",
+    observation_config: LLMAgentConfig = LLMAgentConfig(),
+    first_seed: int = DEMONSTRATION_SEED,
 ) -> List[Dict[str, List[int]]]:
-    """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"}, in `ChatLayout`'s
-    token layout for `tokenizer`. `loss="actions"`: the mask is 1 on the tokens the policy would
-    write (its replies and their eos) and 0 on the prompt and the environment's text, as GRPO's
-    env_mask; `loss="conversation"`: 1 on every token, the prompt's and the environment's too."""
+    """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"} for `tokenizer`, laid
+    out as `play_episodes` plays in `context` (`lib.episodes.llm_rollouts.CONTEXTS`): one example
+    per campaign (`conversation`: `ChatLayout`'s layout) or one per decision (`turn`: the decision's
+    chat, `build_chat`, and the reply). `loss="actions"`: the mask is 1 on the tokens the policy
+    would write (its replies and their eos) and 0 on the prompt and the environment's text, as
+    GRPO's env_mask; `loss="conversation"`: 1 on every token, the prompt's and the environment's too."""
     if loss not in WARM_START_LOSSES:
         raise ValueError(f"loss must be one of {WARM_START_LOSSES}, got {loss!r}")
-    layout = ChatLayout(tokenizer)
+    if context not in CONTEXTS:
+        raise ValueError(f"context must be one of {CONTEXTS}, got {context!r}")
+    layout = ChatLayout(tokenizer, observation_config)
     env = CERNCollisionEnvironment()
     agent = RoundedDemonstrator(HeuristicAgent())
     eos = tokenizer.eos_token_id
     examples = []
     for spec in corpus_specs(n_episodes, first_seed):
+        if context == "turn":
+            for obs, action, next_obs in transitions(env, agent, **spec):
+                prompt_ids = layout.prompt_ids(build_chat(obs, observation_config))
+                reply = action_to_json(action, justification=False)
+                reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [eos]
+                mask = [int(loss == "conversation")] * len(prompt_ids) + [1] * len(reply_ids)
+                examples.append({"input_ids": prompt_ids + reply_ids, "completion_mask": mask})
+                if next_obs.done:
+                    break
+            continue
         messages: List[Dict[str, str]] = []
         input_ids: List[int] = []
         mask: List[int] = []
@@ -118,21 +139,29 @@ def demonstration_examples(
     return examples
 
 
+def demonstration_layout(config: TrainConfig) -> Dict[str, Any]:
+    """`demonstration_examples`' layout arguments for `config`: its loss, context and prompt form."""
+    return {
+        "loss": config.warm_start_loss,
+        "context": config.policy_context,
+        "observation_config": config.observation_config,
+    }
+
+
 def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, List[int]]], output_dir: str):
     """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
-    `policy.peft_config` is given, loss on the `completion_mask` tokens, one conversation per
-    step (no padding: attention keeps PyTorch's fast causal path on a CPU), cosine decay, the
-    device's precision (float32 without autocast on a CPU)."""
+    `policy.peft_config` is given, loss on the `completion_mask` tokens, `warm_start_batch_size`
+    examples per step, cosine decay, the device's precision (float32 without autocast on a CPU)."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     cuda = torch.cuda.is_available()
-    steps = math.ceil(len(examples) * config.warm_start_epochs)
+    steps = math.ceil(len(examples) / config.warm_start_batch_size * config.warm_start_epochs)
     args = SFTConfig(
         output_dir=output_dir,
         num_train_epochs=config.warm_start_epochs,
-        per_device_train_batch_size=1,
+        per_device_train_batch_size=config.warm_start_batch_size,
         learning_rate=config.warm_start_learning_rate,
         lr_scheduler_type="cosine",
         warmup_steps=0.05,
@@ -168,7 +197,16 @@ def loss_mask(trainer: Any) -> List[List[bool]]:
     return masks
 
 
-SETTINGS = ("warm_start_episodes", "warm_start_epochs", "warm_start_learning_rate", "warm_start_loss", "seed")
+SETTINGS = (
+    "warm_start_episodes",
+    "warm_start_epochs",
+    "warm_start_learning_rate",
+    "warm_start_loss",
+    "warm_start_batch_size",
+    "policy_context",
+    "system_prompt",
+    "seed",
+)
 """The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
 
 
@@ -185,7 +223,7 @@ def fingerprint(policy: Policy, config: TrainConfig) -> str:
         digest.update(tensor.detach().to("cpu", torch.float32).numpy().tobytes())
     digest.update(json.dumps(policy.tokenizer.get_vocab(), sort_keys=True).encode())
     digest.update(json.dumps({name: getattr(config, name) for name in SETTINGS}, sort_keys=True).encode())
-    probe = demonstration_examples(policy.tokenizer, 1, loss=config.warm_start_loss)
+    probe = demonstration_examples(policy.tokenizer, 1, **demonstration_layout(config))
     digest.update(json.dumps(probe).encode())
     return digest.hexdigest()[:16]
 
@@ -208,7 +246,7 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
         logger.info("the warm start is cached in %s: loading it", target)
         policy.model = AutoModelForCausalLM.from_pretrained(target).to(policy.model.device)
         return {**json.loads((target / "warm_start.json").read_text()), "cached": str(target), "loaded": True}
-    examples = demonstration_examples(policy.tokenizer, config.warm_start_episodes, loss=config.warm_start_loss)
+    examples = demonstration_examples(policy.tokenizer, config.warm_start_episodes, **demonstration_layout(config))
     too_long = sum(len(e["input_ids"]) > config.max_seq_length for e in examples)
     if too_long:
         logger.warning(
@@ -225,7 +263,8 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
     policy.peft_config = None
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     report = {
-        "episodes": len(examples),
+        "episodes": config.warm_start_episodes,
+        "examples": len(examples),
         "tokens": sum(len(e["input_ids"]) for e in examples),
         "action_tokens": sum(sum(e["completion_mask"]) for e in examples)
         if config.warm_start_loss == "actions"
