@@ -367,7 +367,7 @@ def reproduce(
     bar = hasattr(out, "isatty") and out.isatty() and not show_progress
     if profile_name(profile) == "full" and TRAIN_NOTEBOOK in chosen:
         print(
-            "the full run: it regenerates the evidence into build/full/evidence/ (hours on 2 cores: README, "
+            "the full run: it regenerates the evidence into build/full/evidence/ (~30 min on 2 cores: README, "
             "Quick start); `make promote-evidence` then copies it over evidence/. `make reproduce PROFILE=smoke` "
             "runs every notebook in minutes.",
             file=out,
