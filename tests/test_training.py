@@ -363,6 +363,26 @@ def test_a_full_disk_during_a_checkpoint_is_named_as_such(tmp_path, monkeypatch)
     assert not isinstance(other.value, DiskFullError), "with space left, the error is what it was"
 
 
+def test_a_resumed_run_takes_its_warm_start_as_the_kl_reference(tmp_path, tiny_model_dir):
+    """TRL loads the KL reference by the model's name: on resume it must name the warm start the
+    run saved, not the untrained model; without that folder the resume is refused, saying why."""
+    from transformers import AutoModelForCausalLM
+
+    from lib.training.backends import load_policy
+    from lib.training.run import reload_warm_start_for_reference
+
+    config = TrainConfig(model_name=tiny_model_dir, backend="trl", warm_start_episodes=2, beta=0.04)
+    policy = load_policy(config, "trl")
+    with pytest.raises(FileNotFoundError, match="holds no warm start"):
+        reload_warm_start_for_reference(policy, config, tmp_path)
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "warm_start")
+    reload_warm_start_for_reference(policy, config, tmp_path)
+    assert Path(policy.model.name_or_path) == tmp_path / "warm_start"
+    untouched = load_policy(TrainConfig(model_name=tiny_model_dir, warm_start_episodes=2, beta=0.0), "trl")
+    reload_warm_start_for_reference(untouched, TrainConfig(model_name=tiny_model_dir, beta=0.0), tmp_path)
+    assert Path(untouched.model.name_or_path) == Path(tiny_model_dir), "no KL penalty: nothing to reload"
+
+
 def test_drop_rows_after(tmp_path):
     path = tmp_path / "log.csv"
     path.write_text("step,loss\n1,0.5\n2,0.4\n3,0.3\n")

@@ -220,9 +220,11 @@ def test_the_command_line_imports_unsloth_after_parsing_and_before_transformers(
 
 def test_a_configuration_is_checked_without_torch_with_the_engines_generation_knows():
     from lib.episodes.generation import GENERATION_ENGINES
+    from lib.episodes.llm_rollouts import CONTEXTS
     from lib.training.config import GENERATION_ENGINES as CONFIG_ENGINES
+    from lib.training.config import POLICY_CONTEXTS
 
-    assert CONFIG_ENGINES == GENERATION_ENGINES
+    assert CONFIG_ENGINES == GENERATION_ENGINES and POLICY_CONTEXTS == CONTEXTS
     probe = "import sys\nfrom lib.training import TrainConfig\nTrainConfig()\nprint('torch' in sys.modules)\n"
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr[-1500:]

@@ -150,8 +150,7 @@ def _play_batch(
     episodes = [PlayedEpisode(prompt_ids=layout.prompt_ids(m)) for m in messages]
     steps: List[List[StepRecord]] = [[] for _ in specs]
     last_obs: List[CollisionObservation] = list(observations)
-    contexts = [list(episode.prompt_ids) for episode in episodes]
-    """What each episode's next action is generated from."""
+    contexts = [list(episode.prompt_ids) for episode in episodes]  # what each next action is generated from
     active = list(range(len(specs)))
     for _turn in range(turn_limit):
         if max_context_tokens is not None:

@@ -80,9 +80,9 @@ class TrainConfig:
     """Longest prompt + episode [tokens] the model is loaded for (Unsloth) and a rollout may reach."""
     policy_context: str = "turn"
     """What the policy reads before each action (`POLICY_CONTEXTS`): `turn`, a fresh chat of the
-    current observation alone (a few hundred tokens, however long the campaign: what the CPU
-    stand-in can learn to copy numbers from); `conversation`, the whole campaign as one growing
-    chat (a real model's option, configs/train/colab.yaml). `lib.episodes.llm_rollouts`."""
+    current observation alone (a few hundred tokens however long the campaign: the CPU stand-in's
+    default, docs/training.md "What the policy reads"); `conversation`, the whole campaign as one
+    growing chat (a real model's, configs/train/colab.yaml). `lib.episodes.llm_rollouts`."""
     system_prompt: bool = False
     """Open each chat with the system prompt (the rules, verbs and costs in prose): a real model
     reads it (configs/train/colab.yaml sets it); the stand-in learns the environment from its

@@ -224,6 +224,24 @@ def train(config: TrainConfig) -> TrainResult:
             raise
 
 
+def reload_warm_start_for_reference(policy: Any, config: TrainConfig, output_dir: Path) -> None:
+    """A resumed run of every weight with a warm start and a KL penalty: TRL loads its KL
+    reference by the model's name, which must be the warm start the run began from (saved in
+    `<output_dir>/warm_start/`), not the untrained model `load_policy` named; the trainer then
+    loads the checkpoint's weights over it."""
+    if not (config.warm_start_episodes and config.beta and policy.peft_config is None):
+        return
+    saved = Path(output_dir) / "warm_start"
+    if not (saved / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{saved} holds no warm start: a resumed run with beta={config.beta} needs the one its run began "
+            "from as the KL reference; resume in the run's own output_dir, or start the run again"
+        )
+    from transformers import AutoModelForCausalLM
+
+    policy.model = AutoModelForCausalLM.from_pretrained(saved).to(policy.model.device)
+
+
 def _train(config: TrainConfig) -> TrainResult:
     seconds: Dict[str, float] = {}
     start = time.perf_counter()
@@ -264,6 +282,8 @@ def _train(config: TrainConfig) -> TrainResult:
     wait_for_everyone()
 
     warm = None
+    if resume is not None:
+        reload_warm_start_for_reference(policy, config, output_dir)
     if warm_start:
         t = time.perf_counter()
         with trainer_progress("SFT warm start"):
