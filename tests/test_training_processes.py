@@ -14,12 +14,16 @@ import pytest
 import torch
 from ports import free_port
 
+from cernenv import CERNCollisionEnvironment
+from lib.agents.baselines import HeuristicAgent
+from lib.agents.prompting import action_to_json, build_chat
+from lib.episodes.chat import ChatLayout
+from lib.seeds import DEMONSTRATION_SEED
 from lib.training import TrainConfig
 from lib.training.policy_model import build_tiny_model
 from lib.training.processes import gather, shard, shard_bounds
 from lib.training.run import accumulation_per_process
-from lib.training.tokenizer import build_tokenizer
-from lib.training.warm_start import demonstration_examples
+from lib.training.tokenizer import build_tokenizer, corpus_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,21 +55,25 @@ def test_accumulation_is_shared_among_the_processes_or_refused():
 
 @pytest.fixture(scope="module")
 def first_action_model_dir(tmp_path_factory):
-    """The tiny model taught (for ~10 s) two first actions for the same observations: the
-    heuristic's (valid) and a data collection before any beam is configured (refused, a penalty).
-    Sampled at temperature 1 it writes either, so the returns of a group differ and GRPO steps
-    move the weights, whatever the exact tokens of the prompts (a model taught one action
-    writes it every time once it has learnt it, and then no step moves anything)."""
+    """The tiny model taught (for ~10 s) two first actions for the same observations, laid out as
+    the default configuration plays them: the heuristic's (valid) and a data collection before
+    any beam is configured (refused, a penalty). Sampled at temperature 1 it writes either, so
+    the returns of a group differ and GRPO steps move the weights, whatever the exact tokens of
+    the prompts (a model taught one action writes it every time once it has learnt it, and then
+    no step moves anything)."""
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer)
+    config = TrainConfig()
+    layout = ChatLayout(tokenizer, config.observation_config)
     refused = json.dumps({"action_type": "collect_collisions", "parameters": {"luminosity_fb": 1.0}})
     examples = []
-    for example in demonstration_examples(tokenizer, 4):
-        ids, mask = example["input_ids"], example["completion_mask"]
-        first_reply = mask.index(1)
-        prompt_ids, reply_ids = ids[:first_reply], ids[first_reply : first_reply + mask[first_reply:].index(0)]
-        for reply in (reply_ids, tokenizer(refused + tokenizer.eos_token, add_special_tokens=False)["input_ids"]):
-            examples.append((prompt_ids, reply))
+    env = CERNCollisionEnvironment()
+    for spec in corpus_specs(4, DEMONSTRATION_SEED):
+        obs = env.reset(**spec)
+        prompt_ids = layout.prompt_ids(build_chat(obs, config.observation_config))
+        valid = action_to_json(HeuristicAgent().act(obs), justification=False)
+        for reply in (valid, refused):
+            examples.append((prompt_ids, tokenizer(reply + tokenizer.eos_token, add_special_tokens=False)["input_ids"]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     torch.manual_seed(0)
@@ -178,8 +186,12 @@ def test_two_processes_write_what_one_process_writes(tmp_path, first_action_mode
     for a, b in zip(log_one, log_two):
         for column in ("epoch", "reward", "reward_std", "learning_rate"):
             assert a[column] == b[column], column
-        for column in ("loss", "grad_norm"):
-            assert float(b[column]) == pytest.approx(float(a[column]), rel=1e-4, abs=1e-7), column
+        # TRL shuffles each process's share of the step before cutting it into passes, and in the
+        # turn context a pass holds 8 decisions padded to its longest: the two runs' passes are cut
+        # and padded differently, so their sums are rounded in another order (measured: grad norm
+        # 1.78003 against 1.78038, 2e-4 apart; the loss within 1e-4)
+        for column, rel in (("loss", 1e-4), ("grad_norm", 1e-3)):
+            assert float(b[column]) == pytest.approx(float(a[column]), rel=rel, abs=1e-7), column
     assert any(float(row["grad_norm"]) > 0 for row in log_one), "the run must move the weights to test anything"
 
     from safetensors.torch import load_file
