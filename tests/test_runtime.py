@@ -1,5 +1,5 @@
 """The runtime check of notebook 03 (lib/runtime.py): on Colab without a GPU it stops and says what to
-do, instead of starting the CPU stand-in's hour-long warm start without a word."""
+do, instead of starting the CPU stand-in's half-hour run without a word."""
 
 from __future__ import annotations
 
