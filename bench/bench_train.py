@@ -9,7 +9,12 @@ log-probs, loss, backward, optimiser). Generation and environment time are measu
 inside `CampaignRollout`; the rest of the step's wall time is optimisation. The first
 step is a warm-up and is reported but not averaged. On a GPU the peak memory torch
 allocated is reported too. The environment's share must stay under 5% (checked; exit 1 if
-not). The last line printed is the result as JSON (`bench/bench_train_gpu.py` reads it).
+not). The result is printed as one line of JSON (`bench/bench_train_gpu.py` reads it).
+
+`--profile FILE` plays one more step under torch's profiler (not counted in the means) and
+writes where its time went to FILE: the step's wall time, how long the GPU was busy (the sum of
+its kernels' times; the rest of the step it waited on the CPU), and the operators and kernels
+that took the most device and CPU time.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from lib.training.cli import parse_train_config, train_config_parser
 
@@ -28,6 +34,7 @@ ENVIRONMENT_SHARE_LIMIT = 0.05
 def main(argv=None) -> int:
     parser = train_config_parser("bench/bench_train.py", description=__doc__, argv=argv)  # TrainConfig's flags
     parser.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up step)")
+    parser.add_argument("--profile", type=Path, help="profile one more step and write where its time went here")
     config, args = parse_train_config(argv, parser)  # imports unsloth first where the run may use it
     from transformers import TrainerCallback
 
@@ -45,10 +52,43 @@ def main(argv=None) -> int:
 
         def on_step_end(self, args, state, control, **kwargs):
             self.durations.append(time.perf_counter() - self._start)
+            print(f"step {len(self.durations) - 1} took {self.durations[-1]:.2f} s", flush=True)
+
+    class StepProfiler(TrainerCallback):
+        """torch's profiler over the step numbered `step` (0 = the warm-up)."""
+
+        def __init__(self, step: int) -> None:
+            self.step, self.profiler, self.wall_s = step, None, None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == self.step:
+                import torch
+
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                self.profiler = torch.profiler.profile(activities=activities)
+                self.profiler.__enter__()
+                self._start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.profiler is not None and self.wall_s is None:
+                import torch
+
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.profiler.__exit__(None, None, None)
+                self.wall_s = time.perf_counter() - self._start
 
     with tempfile.TemporaryDirectory() as tmp:
+        profiled_steps = 1 if args.profile else 0
         config = config.from_dict(
-            {**config.to_dict(), "max_steps": args.steps + 1, "output_dir": tmp, "evidence_dir": tmp}
+            {
+                **config.to_dict(),
+                "max_steps": args.steps + 1 + profiled_steps,
+                "output_dir": tmp,
+                "evidence_dir": tmp,
+            }
         )
         backend = resolve_backend(config)
         from trl import GRPOTrainer
@@ -58,6 +98,7 @@ def main(argv=None) -> int:
             sft_warm_start(policy, config)
         rollout = CampaignRollout(config, policy.tokenizer, backend=backend)
         timer = StepTimer()
+        profiler = StepProfiler(args.steps + 1) if args.profile else None
         trainer = GRPOTrainer(
             model=policy.model,
             reward_funcs=REWARD_FUNCS,
@@ -66,11 +107,12 @@ def main(argv=None) -> int:
             processing_class=policy.tokenizer,
             peft_config=policy.peft_config,
             rollout_func=rollout,
-            callbacks=[timer],
+            callbacks=[timer] + ([profiler] if profiler else []),
         )
         trainer.train()
     rows = []
-    for step, (total, timing) in enumerate(zip(timer.durations, rollout.timings)):
+    measured_timings = rollout.timings[: len(rollout.timings) - profiled_steps]
+    for step, (total, timing) in enumerate(zip(timer.durations, measured_timings)):
         generation, environment = timing["generation_s"], timing["environment_s"]
         rows.append(
             {
@@ -120,6 +162,9 @@ def main(argv=None) -> int:
             }
         )
     )
+    if profiler is not None:  # after the result: reading a long step's trace can take minutes
+        args.profile.write_text(profile_report(profiler, rollout.timings[-1]))
+        print(f"profile of step {profiler.step} written to {args.profile}")
     if share["environment_s"] >= ENVIRONMENT_SHARE_LIMIT:
         print(
             f"FAIL: the environment takes {share['environment_s']:.1%} of a step (limit {ENVIRONMENT_SHARE_LIMIT:.0%})",
@@ -127,6 +172,38 @@ def main(argv=None) -> int:
         )
         return 1
     return 0
+
+
+def profile_report(profiler, timing: dict) -> str:
+    """Where a profiled step's time went: wall, GPU busy, generation, and the top operators."""
+    events = profiler.profiler.events()
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end) for e in events if getattr(e.device_type, "name", "") == "CUDA"
+    )
+    busy_us, reach = 0.0, -float("inf")  # the union of the kernels' intervals (streams may overlap)
+    for start, end in kernels:
+        busy_us += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    busy_s = busy_us / 1e6
+    averages = profiler.profiler.key_averages()
+    wall = profiler.wall_s
+    lines = [
+        f"profiled step {profiler.step}: wall {wall:.2f} s (the profiler slows it), "
+        f"generating {timing['generation_s']:.2f} s ({timing['generated_tokens']} tokens), "
+        f"environment {timing['environment_s']:.2f} s",
+        (
+            f"GPU busy (kernels running) {busy_s:.2f} s = {busy_s / wall:.1%} of the step, in {len(kernels)} kernels; "
+            "the rest of the step the GPU waited on the CPU"
+            if kernels
+            else "no GPU kernel ran (a CPU run)"
+        ),
+        "",
+        "by device time:",
+        averages.table(sort_by="self_device_time_total" if busy_s else "self_cpu_time_total", row_limit=30),
+        "by CPU time:",
+        averages.table(sort_by="self_cpu_time_total", row_limit=30),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -10,18 +10,22 @@ heads, MLP 8960, tied embeddings) with random weights and the project's tokenize
 smaller vocabulary than Qwen's 151,936), saved once with `save_pretrained` and loaded by
 both backends from that folder. A random model never writes its eos: every turn generates
 `max_new_tokens` tokens, so each step generates exactly episodes × turns × max_new_tokens
-tokens (16 × 5 × 64 = 5,120 by default).
+tokens (16 × 5 × 64 = 5,120 by default). The policy reads what it reads on Colab
+(configs/train/colab.yaml): the system prompt and the whole campaign as one conversation.
 
 Each backend runs `bench/bench_train.py` in its own process (once `unsloth` is imported,
 TRL's trainer is Unsloth's for the whole process), on the same training tasks and seeds:
 seconds per step, generated tokens/s, the share of the step spent generating, and the
-peak GPU memory torch allocated. Targets (one H100): a 16-episode step <= 15 s,
-generation >= 5,000 tokens/s, Unsloth's peak memory <= 0.6 x TRL's. Exit 1 if one is missed.
+peak GPU memory torch allocated, and (`--profile-dir`) one more step per backend under torch's
+profiler. A backend that fails or outlasts `--backend-timeout` is reported as such and the next
+one still runs. Targets (one H100): a 16-episode step <= 15 s, generation >= 5,000 tokens/s,
+Unsloth's peak memory <= 0.6 x TRL's. Exit 1 if one is missed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -74,9 +78,19 @@ DEFAULT_FLAGS = [
     "16",
     "--warm_start_episodes",
     "0",
+    "--policy_context",
+    "conversation",
+    "--system_prompt",
+    "true",
+    "--beta",
+    "0.0",
 ]
-"""16 episodes per step in groups of 8, 5 turns of 64 tokens; GRPO steps alone, no SFT warm start
-(the model is random-weight: what is measured is a step's time and memory, not what it learns)."""
+"""16 episodes per step in groups of 8, 5 turns of 64 tokens, read as Colab's run reads them (one
+conversation with the system prompt, no KL reference); GRPO steps alone, no SFT warm start (the
+model is random-weight: what is measured is a step's time and memory, not what it learns)."""
+VERSIONED = ("torch", "transformers", "trl", "peft", "accelerate", "unsloth", "unsloth_zoo", "bitsandbytes")
+"""The packages whose versions a result records (read from their metadata: importing unsloth would
+make every later TRL trainer in the process Unsloth's)."""
 
 
 def model_config(tokenizer, shape: dict):
@@ -110,8 +124,10 @@ def build_model(folder: Path, shape: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def run_backend(backend: str, model_dir: Path, steps: int, flags: list) -> dict:
-    """`bench/bench_train.py` for one backend in its own process; its JSON result."""
+def run_backend(
+    backend: str, model_dir: Path, steps: int, flags: list, timeout_s: float = None, profile: Path = None
+) -> dict:
+    """`bench/bench_train.py` for one backend in its own process; its JSON result, or the error."""
     command = [
         sys.executable,
         str(ROOT / "bench" / "bench_train.py"),
@@ -123,14 +139,38 @@ def run_backend(backend: str, model_dir: Path, steps: int, flags: list) -> dict:
         str(steps),
         *DEFAULT_FLAGS,
         *flags,
+        *(["--profile", str(profile)] if profile else []),
     ]
     print("$", " ".join(command), flush=True)
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as stopped:
+        output = stopped.stdout.decode(errors="replace") if isinstance(stopped.stdout, bytes) else stopped.stdout or ""
+        print(output[-4000:], flush=True)
+        result = result_line(output)
+        if result is not None:  # stopped while it wrote its profile: the measured steps stand
+            return {**result, "note": f"stopped after {timeout_s:g} s, after printing its result"}
+        return {"backend": backend, "error": f"stopped after {timeout_s:g} s"}
     print(done.stdout[-4000:], flush=True)
-    if done.returncode not in (0, 1):  # 1: bench_train's environment-share check failed; the figures stand
+    result = result_line(done.stdout)
+    if done.returncode not in (0, 1) or result is None:  # 1: the environment-share check failed; figures stand
         print(done.stderr[-6000:], file=sys.stderr)
         return {"backend": backend, "error": f"exit {done.returncode}", "stderr_tail": done.stderr[-2000:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def result_line(output: str):
+    """The result `bench/bench_train.py` printed (its last line that is a JSON object with a
+    `backend`), or None if it printed none."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("{"):
+            try:
+                found = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(found, dict) and "backend" in found:
+                return found
+    return None
 
 
 def summary(results: dict) -> dict:
@@ -163,12 +203,29 @@ def summary(results: dict) -> dict:
     return {"backends": rows, "targets": targets}
 
 
+def versions() -> dict:
+    """Installed versions of the packages a step runs on (None where one is not installed)."""
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", nargs="+", default=["unsloth", "trl"], choices=["unsloth", "trl"])
     parser.add_argument("--steps", type=int, default=3, help="measured steps per backend (after one warm-up step)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b")
-    parser.add_argument("--model-dir", type=Path, help="reuse a model folder built earlier (default: build one)")
+    parser.add_argument(
+        "--model-dir", type=Path, help="the model's folder: reused if it holds one, else built there"
+    )
+    parser.add_argument("--backend-timeout", type=float, help="seconds a backend may take before it is stopped")
+    parser.add_argument(
+        "--profile-dir", type=Path, help="profile one more step per backend: profile_<backend>.txt here"
+    )
     parser.add_argument("--out", type=Path, help="write the results here as JSON")
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (to check the script)")
     args, flags = parser.parse_known_args(argv)  # the rest: TrainConfig flags for bench_train.py
@@ -181,15 +238,29 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.profile_dir:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
         model_dir = args.model_dir or Path(tmp) / "model"
-        if args.model_dir is None:
+        if not (model_dir / "config.json").exists():
             n_params = build_model(model_dir, SHAPES[args.shape])
             print(f"built a random-weight {args.shape} model: {n_params / 1e6:.0f}M parameters", flush=True)
-        results = {backend: run_backend(backend, model_dir, args.steps, flags) for backend in args.backends}
+        results = {
+            backend: run_backend(
+                backend,
+                model_dir,
+                args.steps,
+                flags,
+                timeout_s=args.backend_timeout,
+                profile=args.profile_dir / f"profile_{backend}.txt" if args.profile_dir else None,
+            )
+            for backend in args.backends
+        }
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     report = {
         "device": device,
+        "cuda": torch.version.cuda,
+        "versions": versions(),
         "shape": args.shape,
         "steps": args.steps,
         "flags": DEFAULT_FLAGS + flags,

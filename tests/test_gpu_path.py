@@ -327,6 +327,8 @@ def test_the_gpu_benchmark_runs_on_a_cpu_with_a_tiny_shape(tmp_path):
             "1",
             "--max_turns",
             "1",
+            "--profile-dir",
+            str(tmp_path),
             "--out",
             str(out),
         ],
@@ -341,3 +343,16 @@ def test_the_gpu_benchmark_runs_on_a_cpu_with_a_tiny_shape(tmp_path):
     row = report["backends"]["trl"]
     assert row["seconds_per_step"] > 0 and 0 < row["generation_share"] < 1
     assert row["generated_tokens_per_step"] > 0 and report["device"] == "cpu"
+    assert report["versions"]["trl"] and report["versions"]["torch"]
+    profile = (tmp_path / "profile_trl.txt").read_text()
+    assert profile.startswith("profiled step 2:") and "aten::" in profile
+
+
+def test_the_gpu_benchmark_keeps_a_result_printed_before_a_backend_stopped():
+    """A backend stopped while it writes its profile has printed its figures: they are read back."""
+    bench = _bench_train_gpu()
+    result = {"backend": "trl", "mean": {"total_s": 20.3}}
+    printed = "step 0 took 36.95 s\n" + json.dumps(result) + "\nprofile of step 3 written to p.txt\n"
+    assert bench.result_line(printed) == result
+    assert bench.result_line("step 0 took 36.95 s\n{not json\n") is None
+    assert bench.result_line('{"steps": []}\n') is None
