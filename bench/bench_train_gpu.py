@@ -219,9 +219,7 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", nargs="+", default=["unsloth", "trl"], choices=["unsloth", "trl"])
     parser.add_argument("--steps", type=int, default=3, help="measured steps per backend (after one warm-up step)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b")
-    parser.add_argument(
-        "--model-dir", type=Path, help="the model's folder: reused if it holds one, else built there"
-    )
+    parser.add_argument("--model-dir", type=Path, help="the model's folder: reused if it holds one, else built there")
     parser.add_argument("--backend-timeout", type=float, help="seconds a backend may take before it is stopped")
     parser.add_argument(
         "--profile-dir", type=Path, help="profile one more step per backend: profile_<backend>.txt here"
