@@ -12,8 +12,8 @@ allocated is reported too. The environment's share must stay under 5% (checked; 
 not). The result is printed as one line of JSON (`bench/bench_train_gpu.py` reads it).
 
 `--profile FILE` plays one more step under torch's profiler (not counted in the means) and
-writes where its time went to FILE: the step's wall time, how long the GPU was busy (the sum of
-its kernels' times; the rest of the step it waited on the CPU), and the operators and kernels
+writes where its time went to FILE: the step's wall time, how long the GPU was busy (its kernels'
+running time; the rest of the step it waited on the CPU), and the operators and kernels
 that took the most device and CPU time.
 """
 
