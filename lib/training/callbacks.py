@@ -136,6 +136,7 @@ class EvidenceCallback(TrainerCallback):
 METRICS_LINE = (
     ("reward", "reward", "{:+.3f}"),
     ("reward_std", "±", "{:.3f}"),
+    ("frac_reward_zero_std", "groups alike", "{:.2f}"),
     ("loss", "loss", "{:.4g}"),
     ("kl", "kl", "{:.3g}"),
     ("grad_norm", "grad norm", "{:.3g}"),
