@@ -72,8 +72,12 @@ def test_the_ready_made_training_configs_load(name):
     assert not config.evidence_dir.startswith("evidence"), "a ready-made run never writes the committed evidence"
     if name == "default":
         assert config == TrainConfig(output_dir=config.output_dir)
-    if name == "smoke":
-        assert config.max_steps <= 2 and config.warm_start_episodes == 0 and config.model_name == "cernenv-tiny"
+    if name == "smoke":  # minutes: two steps, a warm start smaller than the default's, on the replies alone
+        default = TrainConfig()
+        assert config.max_steps <= 2 and config.model_name == "cernenv-tiny" and config.warm_start_loss == "actions"
+        assert 0 < config.warm_start_episodes * config.warm_start_epochs < (
+            default.warm_start_episodes * default.warm_start_epochs
+        )
     if name == "colab":  # a real model: LoRA, a warm start on its actions with a pretrained model's schedule
         assert (config.lora_r, config.warm_start_episodes, config.warm_start_loss) == (16, 200, "actions")
         assert (config.warm_start_learning_rate, config.warm_start_epochs) == (2e-4, 1.0)
