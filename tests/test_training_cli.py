@@ -75,8 +75,10 @@ def test_the_ready_made_training_configs_load(name):
     if name == "smoke":  # minutes: two steps, a warm start smaller than the default's, on the replies alone
         default = TrainConfig()
         assert config.max_steps <= 2 and config.model_name == "cernenv-tiny" and config.warm_start_loss == "actions"
-        assert 0 < config.warm_start_episodes * config.warm_start_epochs < (
-            default.warm_start_episodes * default.warm_start_epochs
+        assert (
+            0
+            < config.warm_start_episodes * config.warm_start_epochs
+            < (default.warm_start_episodes * default.warm_start_epochs)
         )
     if name == "colab":  # a real model: LoRA, a warm start on its actions with a pretrained model's schedule
         assert (config.lora_r, config.warm_start_episodes, config.warm_start_loss) == (16, 200, "actions")
