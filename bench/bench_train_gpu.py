@@ -25,12 +25,13 @@ Unsloth's peak memory <= 0.6 x TRL's. Exit 1 if one is missed.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from lib.gpu_set import installed_torch_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,8 +90,8 @@ DEFAULT_FLAGS = [
 conversation with the system prompt, no KL reference); GRPO steps alone, no SFT warm start (the
 model is random-weight: what is measured is a step's time and memory, not what it learns)."""
 VERSIONED = ("torch", "transformers", "trl", "peft", "accelerate", "unsloth", "unsloth_zoo", "bitsandbytes")
-"""The packages whose versions a result records (read from their metadata: importing unsloth would
-make every later TRL trainer in the process Unsloth's)."""
+"""The packages whose versions a result records (read from their metadata, those installed: importing
+unsloth would make every later TRL trainer in the process Unsloth's)."""
 
 
 def model_config(tokenizer, shape: dict):
@@ -203,17 +204,6 @@ def summary(results: dict) -> dict:
     return {"backends": rows, "targets": targets}
 
 
-def versions() -> dict:
-    """Installed versions of the packages a step runs on (None where one is not installed)."""
-    found = {}
-    for name in VERSIONED:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", nargs="+", default=["unsloth", "trl"], choices=["unsloth", "trl"])
@@ -258,7 +248,7 @@ def main(argv=None) -> int:
     report = {
         "device": device,
         "cuda": torch.version.cuda,
-        "versions": versions(),
+        "versions": installed_torch_stack(VERSIONED),
         "shape": args.shape,
         "steps": args.steps,
         "flags": DEFAULT_FLAGS + flags,
