@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from cernenv.actions import ACTION_TABLE, Prerequisite, render_action_table_markdown
-from cernenv.environment import field_table
+from cernenv.environment import REFERENCES_DOC, field_table, reference_table
 from cernenv.models import ActionType, ChannelData, CollisionObservation, ResourceUsage, TaskInfo
 from cernenv.rewards import REDUNDANCY_PENALTY, VIOLATION_PENALTY, render_reward_table_markdown
 from cernenv.rules import MAX_CONSECUTIVE_REFUSALS, PREREQUISITE_HINTS, SOFT_VIOLATIONS, VIOLATION_MEANINGS, Violation
@@ -104,6 +104,9 @@ def render_environment_markdown() -> str:
         f"{len(ActionType)} verbs. Its parameters are validated against the verb's model; costs are "
         "charged when the action runs (a refused action costs nothing but a penalty).",
         render_action_table_markdown(),
+        "### References to shown values",
+        REFERENCES_DOC,
+        reference_table(),
         "## Observation",
         "`CollisionObservation`, returned by `reset()` and `step()`:",
         field_table(CollisionObservation),

@@ -14,6 +14,7 @@ from openenv.core.env_server.types import EnvironmentMetadata
 
 from cernenv._version import __version__
 from cernenv.actions import Prerequisite, markdown_cell, render_action_table_markdown, type_label
+from cernenv.detector import BEAM_ENERGIES, PILEUP_SETTINGS
 from cernenv.handlers import ActionHandlers, _r
 from cernenv.models import (
     ActionType,
@@ -25,6 +26,7 @@ from cernenv.models import (
     ResourceUsage,
     TaskInfo,
 )
+from cernenv.references import REFERENCES, observation_references
 from cernenv.rewards import (
     COMPONENT_NAMES,
     MILESTONE_REWARD,
@@ -46,6 +48,10 @@ from cernenv.seeding import data_rng
 from cernenv.simulation import CollisionRecorder, Spectrum
 
 HISTORY_LENGTH = 12
+ANALYSIS_RESERVE = (25.0, 0.2, 40.0, 0.2)
+"""(M$, fraction of the budget, days, fraction of the time): `luminosity_affordable_fb` keeps back the
+smaller of each pair for the analysis after the data are in (calibrations, fits, systematics: a
+standard analysis costs ~5 M$ and ~25 days)."""
 LOGBOOK_VERBS = (
     ActionType.SCAN_BUMP,
     ActionType.SUBTRACT_BACKGROUND,
@@ -93,6 +99,9 @@ class _Episode:
     history: List[str] = field(default_factory=list)
     latest_result: Dict[str, Any] = field(default_factory=dict)
     logbook: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    logbook_versions: Dict[str, int] = field(default_factory=dict)  # data_version each entry was made on
+    bookings: int = 0
+    references: Dict[str, Any] = field(default_factory=dict)  # what the last observation showed by name
     done: bool = False
 
 
@@ -195,7 +204,7 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
         violations: List[str] = []
         label = "invalid"
         try:
-            parsed, params = parse_action(action)
+            parsed, params = parse_action(action, episode.references)
             label = parsed.action_type.value
             result = self._execute(parsed.action_type, params)
             redundancy_key = self._redundancy_key(parsed.action_type, result)
@@ -215,6 +224,7 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
                 channel = result.get("channel")
                 key = f"{label}/{channel}" if parsed.action_type in PER_CHANNEL_LOGBOOK_VERBS else label
                 episode.logbook[key] = dict(result)
+                episode.logbook_versions[key] = episode.data_version
         except RuleViolation as violation:
             violations.append(str(violation))
             breakdown["violations"] = VIOLATION_PENALTY
@@ -303,6 +313,24 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
         if episode.scenario.time_days - episode.time_used_days <= 1e-9:
             return "time exhausted without a claim"
         return None
+
+    def _affordable_luminosity(self) -> Optional[float]:
+        """fb^-1 that can still be booked and collected at the configured beam: within the cap, and
+        with the budget and time left after `ANALYSIS_RESERVE` (and after collecting what is
+        booked already); None before the beam is configured."""
+        episode = self._episode
+        if episode.beam_energy_tev is None:
+            return None
+        scenario = episode.scenario
+        reserve_musd_cap, reserve_budget_frac, reserve_days_cap, reserve_time_frac = ANALYSIS_RESERVE
+        beam = BEAM_ENERGIES[episode.beam_energy_tev]
+        days_per_fb = beam.days_per_fb / PILEUP_SETTINGS[episode.pileup].luminosity_rate_factor
+        budget_left = scenario.budget_musd - episode.budget_used_musd
+        budget_left -= min(reserve_musd_cap, reserve_budget_frac * scenario.budget_musd)
+        time_left = scenario.time_days - episode.time_used_days - episode.booked_fb * days_per_fb
+        time_left -= min(reserve_days_cap, reserve_time_frac * scenario.time_days)
+        by_cap = scenario.luminosity_fb - episode.luminosity_fb - episode.booked_fb
+        return float(max(0.0, min(budget_left / beam.cost_musd_per_fb, time_left / days_per_fb, by_cap)))
 
     def _charge(self, cost_musd: float, time_days: float) -> None:
         episode = self._episode
@@ -414,12 +442,15 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
             time_total_days=scenario.time_days,
             max_steps=self.max_steps,
         )
+        affordable = self._affordable_luminosity()
         usage = ResourceUsage(
             budget_used_musd=_r(episode.budget_used_musd, 6),
             budget_remaining_musd=_r(scenario.budget_musd - episode.budget_used_musd, 6),
             luminosity_used_fb=_r(episode.luminosity_fb, 6),
             luminosity_remaining_fb=_r(scenario.luminosity_fb - episode.luminosity_fb, 6),
             luminosity_allocated_fb=_r(episode.booked_fb, 6),
+            luminosity_bookings=episode.bookings,
+            luminosity_affordable_fb=_r(affordable or 0.0, 4),
             time_used_days=_r(episode.time_used_days, 6),
             time_remaining_days=_r(scenario.time_days - episode.time_used_days, 6),
         )
@@ -433,6 +464,13 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
             for name, rec in episode.recorder.records.items()
             if rec.luminosity_fb > 0
         }
+        episode.references = observation_references(
+            episode.logbook,
+            episode.channel,
+            episode.candidates_gev,
+            booked_fb=episode.booked_fb,
+            affordable_fb=affordable,
+        )
         return CollisionObservation(
             task=task,
             step_index=self._state.step_count,
@@ -445,6 +483,10 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
             latest_result=dict(episode.latest_result),
             candidate_masses_gev=list(episode.candidates_gev),
             logbook={key: dict(entry) for key, entry in episode.logbook.items()},
+            outdated_logbook_entries=[
+                key for key, version in episode.logbook_versions.items() if version < episode.data_version
+            ],
+            references=dict(episode.references),
             cumulative_significance=_r(episode.best_significance, 3) or 0.0,
             pipeline_history=episode.history[-HISTORY_LENGTH:],
             rule_violations=violations,
@@ -464,6 +506,20 @@ def _check_salt(secret_salt: Optional[str]) -> Optional[str]:
             f"got {type(secret_salt).__name__}"
         )
     return secret_salt
+
+
+REFERENCES_DOC = """A parameter may quote a value the last observation showed, by name: `"@fit.mass_gev"` is the
+number its `references` field holds under `fit.mass_gev`, and `"@luminosity.affordable_fb*0.4"`
+40% of a number (`cernenv.references`). The environment replaces a reference before it validates
+the action; a reference to a value not shown yet is refused (`INVALID_PARAMETERS`) with the names
+that are shown. A fit without `mass_hint_gev` starts at the best mass of the channel's last scan."""
+
+
+def reference_table() -> str:
+    """The references an action may quote, as a Markdown table (from `REFERENCES`)."""
+    rows = ["| reference | what it holds |", "|---|---|"]
+    rows += [f"| `@{name}` | {markdown_cell(text)} |" for name, text in REFERENCES.items()]
+    return "\n".join(rows)
 
 
 def field_table(model) -> str:
@@ -493,6 +549,10 @@ against "nothing there" in null scenarios.
 verb are validated against its model in `cernenv.actions.ACTION_TABLE`:
 
 {render_action_table_markdown()}
+
+{REFERENCES_DOC}
+
+{reference_table()}
 
 ## Observation Space
 `CollisionObservation`:

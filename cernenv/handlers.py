@@ -107,6 +107,7 @@ class ActionHandlers:
         cost = requested * BEAM_ENERGIES[episode.beam_energy_tev].cost_musd_per_fb
         self._charge_table(ActionType.ALLOCATE_LUMINOSITY, extra_musd=cost)
         episode.booked_fb += requested
+        episode.bookings += 1
         return {"booked_fb": _r(episode.booked_fb), "cost_musd": _r(cost)}
 
     def _do_set_trigger(self, params) -> Dict[str, Any]:
@@ -277,7 +278,7 @@ class ActionHandlers:
         episode = self._episode
         spectrum = episode.spectrum
         edges = spectrum.edges_gev
-        start = params.mass_hint_gev or (episode.scan.best_mass_gev if episode.scan else None)
+        start = params.mass_hint_gev or self._strongest_scan_mass(spectrum)
         if start is None:
             counts = spectrum.counts
             background = (
@@ -432,6 +433,18 @@ class ActionHandlers:
 
     def _do_submit_discovery_claim(self, claim: DiscoveryClaim) -> Dict[str, Any]:
         return self._grade(claim)
+
+    def _strongest_scan_mass(self, spectrum: Spectrum) -> Optional[float]:
+        """The best mass of the latest bump scan of `spectrum`'s channel inside its range (the scan
+        of this very spectrum, or the logbook's of an earlier one: a rebuilt histogram clears the
+        scan, not what it found); None without one."""
+        episode = self._episode
+        edges = spectrum.edges_gev
+        if episode.scan is not None:
+            return float(episode.scan.best_mass_gev)
+        logged = episode.logbook.get(f"{ActionType.SCAN_BUMP.value}/{spectrum.channel}") or {}
+        mass = logged.get("best_mass_gev")
+        return float(mass) if isinstance(mass, (int, float)) and edges[0] < mass < edges[-1] else None
 
     # Physics helpers -------------------------------------------------------------------
 

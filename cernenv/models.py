@@ -122,6 +122,12 @@ class ResourceUsage(BaseModel):
     luminosity_used_fb: float = 0.0
     luminosity_remaining_fb: float = 0.0
     luminosity_allocated_fb: float = Field(default=0.0, description="Booked with the machine, not yet collected.")
+    luminosity_bookings: int = Field(default=0, description="How many times luminosity was booked this campaign.")
+    luminosity_affordable_fb: float = Field(
+        default=0.0,
+        description="What can still be booked and collected at the configured beam within the cap, keeping back "
+        "the analysis reserve of budget and time (0 before the beam is configured).",
+    )
     time_used_days: float = 0.0
     time_remaining_days: float = 0.0
 
@@ -163,6 +169,16 @@ class CollisionObservation(Observation):
         default_factory=dict,
         description="The latest result of each analysis verb this episode (`scan_bump/<channel>` per channel): "
         "the numbers a physicist writes down, so a claim can quote them.",
+    )
+    outdated_logbook_entries: List[str] = Field(
+        default_factory=list,
+        description="Logbook entries made on data that has changed since (more collisions, a calibration, "
+        "another reconstruction or histogram).",
+    )
+    references: Dict[str, Any] = Field(
+        default_factory=dict,
+        description='Values an action parameter may quote by name, as "@name" (`cernenv.references`): '
+        "the scan's best mass and candidates, the fit, the significance, the spin, the luminosity left.",
     )
     pipeline_history: List[str] = Field(
         default_factory=list, description="The last actions and their status (ok or a violation code)."

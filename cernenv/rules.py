@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from pydantic import BaseModel, ValidationError
 
 from cernenv.actions import ACTION_TABLE, Prerequisite
 from cernenv.models import ActionType, ExperimentAction
+from cernenv.references import has_references, resolve_parameters
 
 
 class Violation(str, Enum):
@@ -92,8 +93,12 @@ def _describe(error: ValidationError, limit: int = 3) -> str:
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
 
 
-def parse_action(raw: Any) -> Tuple[ExperimentAction, BaseModel]:
-    """Validate any JSON-compatible input into (action, its typed parameters), or raise RuleViolation."""
+def parse_action(raw: Any, references: Optional[Mapping[str, Any]] = None) -> Tuple[ExperimentAction, BaseModel]:
+    """Validate any JSON-compatible input into (action, its typed parameters), or raise RuleViolation.
+
+    `references`: the values the last observation showed by name (its `references` field); a
+    parameter written `"@name"` is replaced by its value before the parameters are validated
+    (`cernenv.references`). The action is returned as written, references and all."""
     if isinstance(raw, ExperimentAction):
         action = raw
     elif isinstance(raw, dict):
@@ -113,8 +118,14 @@ def parse_action(raw: Any) -> Tuple[ExperimentAction, BaseModel]:
             f'an action is a JSON object {{"action_type": ..., "parameters": {{...}}}}, got {type(raw).__name__}',
         )
     spec = ACTION_TABLE[action.action_type]
+    parameters = action.parameters
+    if has_references(parameters):
+        try:
+            parameters = resolve_parameters(parameters, references or {})
+        except ValueError as error:
+            raise RuleViolation(Violation.INVALID_PARAMETERS, f"{action.action_type.value}: {error}") from None
     try:
-        params = spec.params.model_validate(action.parameters)
+        params = spec.params.model_validate(parameters)
     except ValidationError as error:
         raise RuleViolation(Violation.INVALID_PARAMETERS, f"{action.action_type.value}: {_describe(error)}") from None
     return action, params

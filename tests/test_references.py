@@ -1,0 +1,145 @@
+"""References to shown values ("@fit.mass_gev"), and a demonstrator that decides from what the policy is shown."""
+
+from __future__ import annotations
+
+import pytest
+
+from cernenv import CERNCollisionEnvironment
+from cernenv.references import REFERENCES, resolve_reference
+from lib.agents.baselines import HeuristicAgent
+from lib.agents.prompting import UNSHOWN_RESULT_KEYS, LLMAgentConfig, parse_reply, render_observation, round_significant
+from lib.episodes.agent_rollouts import transitions
+
+
+def play_until(env, agent, verb, **spec):
+    """Play `agent` until it is about to send `verb`; (observation, its action)."""
+    for obs, action, _ in transitions(env, agent, **spec):
+        if action.action_type.value == verb:
+            return obs, action
+    raise AssertionError(f"the campaign never reached {verb}")
+
+
+def test_a_reference_plays_exactly_as_the_value_it_names():
+    """The heuristic's significance estimate, sent once as "@fit.mass_gev" and once as the number
+    the observation holds under that name, in two copies of the same world: the same result."""
+    results = []
+    for literal in (False, True):
+        env = CERNCollisionEnvironment()
+        obs, action = play_until(env, HeuristicAgent(), "estimate_significance", seed=3, scenario="higgs_4l_125")
+        assert action.parameters == {"mass_gev": "@fit.mass_gev"}
+        parameters = {"mass_gev": obs.references["fit.mass_gev"]} if literal else action.parameters
+        results.append(env.step({"action_type": "estimate_significance", "parameters": parameters}).latest_result)
+    assert results[0] == results[1] and "error" not in results[0]
+    assert results[0]["mass_gev"] == pytest.approx(obs.references["fit.mass_gev"], rel=1e-3)
+
+
+def test_a_reference_to_nothing_is_refused_with_what_to_write():
+    env = CERNCollisionEnvironment()
+    env.reset(seed=3, scenario="higgs_4l_125")
+    affordable = env.step({"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}).references[
+        "luminosity.affordable_fb"
+    ]
+    cases = {
+        "@fit.mass_gev": "refers to nothing the observation shows now (references shown: @luminosity.affordable_fb)",
+        "@fit.mass": "is not a reference; write one of @scan.best_mass_gev",
+        "@luminosity.affordable_fb*0": "must be in (0, 100]",
+        "@scan.candidates[0]": "refers to nothing",
+    }
+    for reference, message in cases.items():
+        obs = env.step({"action_type": "allocate_luminosity", "parameters": {"luminosity_fb": reference}})
+        assert len(obs.rule_violations) == 1 and obs.rule_violations[0].startswith("INVALID_PARAMETERS")
+        assert message in obs.rule_violations[0], obs.rule_violations[0]
+        assert obs.resource_usage.luminosity_allocated_fb == 0
+    obs = env.step(
+        {"action_type": "allocate_luminosity", "parameters": {"luminosity_fb": "@luminosity.affordable_fb*0.5"}}
+    )
+    assert not obs.rule_violations
+    assert obs.resource_usage.luminosity_allocated_fb == pytest.approx(0.5 * affordable)
+    assert obs.resource_usage.luminosity_bookings == 1
+    with pytest.raises(ValueError, match="not a number"):
+        resolve_reference("@fit.channel*2", {"fit.channel": "diphoton"})
+
+
+def test_every_documented_reference_is_shown_in_a_campaign():
+    """Each name `REFERENCES` documents appears in some heuristic campaign's observations, with the
+    value the logbook holds, and the prompt writes it as a reply quotes it."""
+    seen = {}
+    env = CERNCollisionEnvironment()
+    for seed, scenario in ((3, "higgs_4l_125"), (5, "higgs_diphoton_125")):
+        for obs, _, next_obs in transitions(env, HeuristicAgent(), seed=seed, scenario=scenario):
+            for name, value in next_obs.references.items():
+                seen[name.split("[")[0] + ("[i]" if "[" in name else "")] = value
+                if not name.startswith("scan.candidates["):
+                    assert f"@{name}=" in render_observation(next_obs)
+            fit = next_obs.logbook.get("fit_resonance")
+            if fit:
+                assert next_obs.references["fit.mass_gev"] == fit["mass_gev"]
+    assert set(seen) == set(REFERENCES) - {"luminosity.booked_fb"} | {"luminosity.booked_fb"} & set(seen)
+    assert "luminosity.booked_fb" in seen and "angular.spin" in seen
+
+
+def test_an_omitted_mass_hint_fits_the_strongest_scan_candidate():
+    """A rebuilt histogram clears the scan; a fit without a hint still starts at the best mass the
+    channel's last scan found (the logbook's), as the heuristic's "@scan.best_mass_gev" does."""
+    fits = []
+    for parameters in ({}, {"mass_hint_gev": "@scan.best_mass_gev"}):
+        env = CERNCollisionEnvironment()
+        obs, action = play_until(env, HeuristicAgent(), "fit_resonance", seed=11, difficulty="medium")
+        assert obs.latest_result["action"] == "build_invariant_mass" and "scan.best_mass_gev" in obs.references
+        fits.append(env.step({"action_type": "fit_resonance", "parameters": parameters}).latest_result)
+    assert fits[0] == fits[1]
+
+
+def shown_only(obs, config=LLMAgentConfig()):
+    """`obs` with everything the prompt does not show changed or dropped: older history, unshown
+    result keys, the problem statement, logbook fields the logbook line does not print, the
+    digits past the fourth of every number, the reward breakdown."""
+    logbook_fields = {
+        "scan_bump": ("channel", "best_mass_gev", "best_z_local"),
+        "fit_resonance": ("channel", "mass_gev"),
+        "request_systematics": ("channel",),
+        "estimate_significance": ("z_global",),
+        "measure_angular": ("best_spin",),
+    }
+    logbook = {
+        key: {field: entry.get(field) for field in logbook_fields.get(key.split("/")[0], ())}
+        for key, entry in obs.logbook.items()
+    }
+    result = {k: v for k, v in obs.latest_result.items() if k not in UNSHOWN_RESULT_KEYS}
+    task = obs.task.model_copy(update={"problem_statement": "another statement"})
+    return obs.model_copy(
+        update={
+            "task": task,
+            "pipeline_history": obs.pipeline_history[-config.max_history_steps :],
+            "latest_result": round_significant(result),
+            "logbook": round_significant(logbook),
+            "references": round_significant(dict(obs.references)),
+            "reward_breakdown": {},
+            "reward": None,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"seed": 3, "scenario": "higgs_4l_125"},
+        {"seed": 40_001, "difficulty": "hard"},
+        {"seed": 40_002, "difficulty": "easy"},
+        {"seed": 40_005, "difficulty": "medium"},
+    ],
+)
+def test_the_heuristic_decides_from_what_the_policy_is_shown(spec):
+    """At every step: a fresh heuristic sends what the playing one sends (it keeps no memory), and
+    so does one handed the observation with everything the prompt does not show changed (what it
+    reads is what the policy reads). Every number it takes from an observation is a reference."""
+    env, playing = CERNCollisionEnvironment(), HeuristicAgent()
+    for obs, action, _ in transitions(env, playing, **spec):
+        hidden_changed = shown_only(obs)
+        assert render_observation(hidden_changed) == render_observation(obs), "shown_only changed what is shown"
+        assert HeuristicAgent().act(obs) == action
+        assert HeuristicAgent().act(hidden_changed) == action
+        assert parse_reply(action.model_dump_json(), obs.references).ok
+        for name in ("mass_gev", "mass_hint_gev", "mass_uncertainty_gev", "significance_sigma", "luminosity_fb"):
+            value = action.parameters.get(name)
+            assert value is None or isinstance(value, str) or value == 0.0, (name, value)
