@@ -14,6 +14,8 @@ drawn from an episode's seed, are in `cernenv.seeding`).
 | `TrainConfig.seed`                 | the stand-in's initial weights, the trainers'| `lib.training`           |
 |                                    | data order                                   |                          |
 | the suite's layout (900000 on)     | the held-out evaluation episodes             | `lib.measure.evaluation` |
+| `VALIDATION_SEED` + i              | evaluation-split campaigns of no suite, for  | `bench/bench_imitation.py`|
+|                                    | choosing settings (unseen particle bands)    |                          |
 | `BOOTSTRAP_SEED`                   | every bootstrap interval of the evidence     | `lib.measure.comparison` |
 
 Training seeds lie below `cernenv.scenarios.EVALUATION_SEED_START` (900000), and every builder
@@ -28,6 +30,10 @@ DEMONSTRATION_SEED = 40_000
 """First seed of the warm start's demonstration campaigns."""
 IMITATION_PROBE_SEED = 70_000
 """First seed of the held-out demonstrations `bench/bench_imitation.py` scores a warm start on."""
+VALIDATION_SEED = 905_000
+"""First seed of the validation split: evaluation-split seeds (their particles drawn from the bands
+training never sees) that no held-out suite holds (v1-v3 lie in 900000-902312). Settings and
+ablations are chosen on these; the held-out suite is read for the evidence alone."""
 BOOTSTRAP_SEED = 0
 """numpy seed of every bootstrap resampling of the evidence: a re-render gives the same numbers."""
 

@@ -1,4 +1,5 @@
-"""The imitation probe counts an action as imitated only when every one of its tokens is predicted."""
+"""The imitation probe counts an action as imitated, and a quoted value as copied, only when every one
+of its tokens is predicted."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from bench.bench_imitation import imitated_actions
+from bench.bench_imitation import imitated_actions, quoted_values
 from lib.seeds import IMITATION_PROBE_SEED
 from lib.training.warm_start import demonstration_examples
 
@@ -32,16 +33,20 @@ def test_an_action_counts_only_when_all_its_tokens_are_predicted(tokenizer):
     perfect = imitated_actions(Teacher(ids, vocab), tokenizer, [example])
     assert perfect and all(hits == total > 0 for hits, total in perfect.values())
     assert sum(total for _, total in perfect.values()) == tokenizer.decode(ids).count("<|assistant|>")
-    # one wrong digit in the fit's mass hint: that action is not imitated, every other one still is
+    # one wrong token in the fit's mass hint (a reference to the scan's best mass): that action is
+    # not imitated and its quoted value not copied; every other one still is
     text_so_far = ""
     for position, token in enumerate(ids):
         text_so_far += tokenizer.decode([token])
-        if text_so_far.endswith('"mass_hint_gev":'):
-            digit = position + 1
+        if '"mass_hint_gev":"@scan' in text_so_far:
+            wrong = position
             break
-    one_wrong = imitated_actions(Teacher(ids, vocab, wrong=[digit]), tokenizer, [example])
+    one_wrong = imitated_actions(Teacher(ids, vocab, wrong=[wrong]), tokenizer, [example])
     hits, total = one_wrong["fit_resonance"]
     assert (hits, total) == (perfect["fit_resonance"][0] - 1, perfect["fit_resonance"][1])
     assert {k: v for k, v in one_wrong.items() if k != "fit_resonance"} == {
         k: v for k, v in perfect.items() if k != "fit_resonance"
     }
+    copied, quoted = quoted_values(Teacher(ids, vocab), tokenizer, [example])
+    assert copied == quoted == tokenizer.decode(ids).count('":"@')
+    assert quoted_values(Teacher(ids, vocab, wrong=[wrong]), tokenizer, [example]) == (quoted - 1, quoted)

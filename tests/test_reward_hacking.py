@@ -64,13 +64,14 @@ class _MaxConfidence(HeuristicAgent):
     """The heuristic physicist, but every claim says 'discovery, 10σ, certain'."""
 
     def _claim(self, obs):
-        mass = self.fit.get("mass_gev") or float(np.mean(obs.task.search_window_gev))
+        fit = obs.logbook.get("fit_resonance") or {}
+        mass = fit.get("mass_gev") or float(np.mean(obs.task.search_window_gev))
         return _claim(
             discovered=True,
             mass_gev=mass,
-            mass_uncertainty_gev=float(self.fit.get("mass_err_gev") or 1.0),
-            channel=self.channel,
-            spin=self.spin,
+            mass_uncertainty_gev=float(fit.get("mass_err_gev") or 1.0),
+            channel=fit.get("channel"),
+            spin=(obs.logbook.get("measure_angular") or {}).get("best_spin"),
             significance_sigma=10.0,
             confidence=1.0,
         )

@@ -117,7 +117,8 @@ def test_the_trainer_s_loss_covers_the_actions_and_nothing_else(tiny_model_dir, 
 
 
 def test_demonstrations_write_numbers_as_prompts_show_them(tiny_model_dir):
-    """Four significant digits, and a claim quotes the fit's mass error as the logbook shows it."""
+    """Literal numbers to four significant digits; what a claim quotes from the observation, by the
+    reference the observation's references line shows."""
     from lib.training.tokenizer import load_tokenizer
 
     assert round_significant(0.21110827456039238, 4) == 0.2111
@@ -142,11 +143,18 @@ def test_demonstrations_write_numbers_as_prompts_show_them(tiny_model_dir):
     assert any(v != round(v) for v in numbers), "rounded to significant digits, not to integers"
     assert claims, "some demonstrations claim a discovery"
     for reply, text in claims:
-        error = reply["parameters"]["mass_uncertainty_gev"]
-        assert f"mass_uncertainty_gev={json.dumps(error)}" in text, (
-            "the claimed error is the fit's, as the logbook shows it"
-        )
-    assert all(parse_reply(json.dumps(reply)).ok for reply in replies)
+        quoted = {
+            name: reply["parameters"][name] for name in ("mass_gev", "mass_uncertainty_gev", "significance_sigma")
+        }
+        assert quoted == {
+            "mass_gev": "@fit.mass_gev",
+            "mass_uncertainty_gev": "@fit.mass_uncertainty_gev",
+            "significance_sigma": "@significance.significance_sigma",
+        }, "a claim quotes what it read by reference"
+        context = text.split(json.dumps(reply, separators=(",", ":")))[0]
+        shown = context.rsplit("References: ", 1)[1].split("\n")[0]
+        assert all(f"{value}=" in shown for value in quoted.values()), "each reference is on the last references line"
+    assert all(parse_reply(json.dumps(reply)).ok or "@" in json.dumps(reply) for reply in replies)
 
 
 @pytest.mark.slow  # a training run (trl 1.15, the GPU set, needs triton for it)

@@ -7,12 +7,13 @@ Every agent follows one protocol (`Agent`): `reset()` at the start of an episode
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Optional, Protocol
 
 import numpy as np
 
-from cernenv.detector import BEAM_ENERGIES, PILEUP_SETTINGS, RECONSTRUCTIONS, TRIGGERS
+from cernenv.detector import PILEUP_SETTINGS, RECONSTRUCTIONS, TRIGGERS
 from cernenv.models import ActionType, CollisionObservation, ExperimentAction
+from lib.agents.prompting import EVIDENCE_WORDS, round_significant
 
 
 class Agent(Protocol):
@@ -87,53 +88,36 @@ class RandomAgent:
         return _action(action_type, "random", **parameters)
 
 
-class HeuristicAgent:
-    """A scripted physicist that reads only its observations.
+CLAIM_CONFIDENCE = {"observation": 0.9, "evidence": 0.6, "no evidence": 0.8}
+"""The heuristic's confidence in its claim, by what the logbook calls the global significance: a
+discovery at 5σ or more, one at 3-5σ, a null claim."""
 
-    Plan: highest beam energy at nominal pileup. A first luminosity block surveys every
-    offered channel (one trigger when it records them all, else the block is split between
-    each channel's best trigger): reconstruct tight, build and scan each channel. The
-    channel with the strongest local excess is analysed: calibrate twice, rebuild, fit the
-    excess, evaluate systematics and the significance. If the evidence is short of 5σ, take
-    the rest of the luminosity in that channel and refit. Measure the spin; claim a
-    discovery when the global significance (with systematics) reaches `discovery_z_global`,
-    else claim that nothing is there. At most 29 steps.
+
+class HeuristicAgent:
+    """A scripted physicist that decides from what the policy is shown, and from nothing else.
+
+    It keeps no memory between steps: each action is a function of the observation as
+    `lib.agents.prompting.render_observation` shows it (the task, the state, the last result, the
+    logbook's state and the references line), and every number it takes from an observation it
+    quotes by reference (`"@fit.mass_gev"`), so a policy imitating it can copy every decision.
+
+    Plan: highest beam energy at nominal pileup. A first luminosity booking (`first_block_fraction`
+    of what is affordable) surveys every offered channel (one trigger when it records them all at
+    half their best efficiency, else the block is split between each channel's best trigger):
+    reconstruct tight, build and scan each channel. The channel with the strongest local excess is
+    analysed: calibrate twice, rebuild, fit the scan's best mass, evaluate systematics and the
+    significance. Short of an observation (5σ global), book what is affordable once more in that
+    channel and refit. Measure the spin of a discovery; claim a discovery when the global significance
+    (with systematics) reaches `discovery_z_global`, else claim that nothing is there.
     """
 
     def __init__(self, discovery_z_global: float = 3.0, first_block_fraction: float = 0.4) -> None:
         self.discovery_z_global = discovery_z_global
         self.first_block_fraction = first_block_fraction
-        self.reset()
+        self.survey_channels: Optional[List[str]] = None  # None: every offered channel
 
     def reset(self) -> None:
-        self.queue: List[ExperimentAction] = []
-        self.phase = "start"
-        self.channel: Optional[str] = None
-        self.survey_channels: Optional[List[str]] = None  # None: every offered channel
-        self.trigger: Optional[str] = None
-        self.selected: Optional[str] = None
-        self.survey: Dict[str, Tuple[float, Optional[float]]] = {}  # channel -> (best local Z, its mass)
-        self.fit: Dict[str, Any] = {}
-        self.significance: Dict[str, Any] = {}
-        self.systematics: Dict[str, Any] = {}
-        self.spin: Optional[int] = None
-        self.took_second_block = False
-        self.asked_systematics = False
-
-    # Planning helpers ---------------------------------------------------------------
-
-    @staticmethod
-    def _affordable_luminosity(obs: CollisionObservation, fraction: float) -> float:
-        """fb^-1 that can be booked and collected, keeping a reserve for the analysis steps."""
-        usage, task = obs.resource_usage, obs.task
-        reserve_musd = min(25.0, 0.2 * task.budget_total_musd)
-        reserve_days = min(40.0, 0.2 * task.time_total_days)
-        beam = BEAM_ENERGIES[obs.selected_beam_energy_tev]
-        rate = PILEUP_SETTINGS[obs.selected_pileup or "nominal"].luminosity_rate_factor
-        by_budget = (usage.budget_remaining_musd - reserve_musd) / beam.cost_musd_per_fb
-        by_time = (usage.time_remaining_days - reserve_days) / (beam.days_per_fb / rate)
-        by_cap = usage.luminosity_remaining_fb - usage.luminosity_allocated_fb
-        return float(max(0.0, min(by_budget, by_time, by_cap * fraction)))
+        """Nothing to forget: every decision is read from the observation."""
 
     @staticmethod
     def _records(trigger: Optional[str], channel: str) -> float:
@@ -147,140 +131,136 @@ class HeuristicAgent:
             return [first]
         return list(dict.fromkeys(best_trigger(ch, available) for ch in channels))
 
-    # Protocol -----------------------------------------------------------------------
-
     def act(self, obs: CollisionObservation) -> ExperimentAction:
-        result = obs.latest_result
-        action = result.get("action")
-        if "error" not in result:
-            if action == ActionType.FIT_RESONANCE.value:
-                self.fit = dict(result)
-            elif action == ActionType.ESTIMATE_SIGNIFICANCE.value:
-                self.significance = dict(result)
-            elif action == ActionType.REQUEST_SYSTEMATICS.value:
-                self.systematics = dict(result)
-            elif action == ActionType.MEASURE_ANGULAR.value:
-                self.spin = result.get("best_spin")
-            elif action == ActionType.SELECT_CHANNEL.value:
-                self.selected = result.get("channel")
-            elif action == ActionType.SCAN_BUMP.value and self.phase == "choose" and self.selected:
-                self.survey[self.selected] = (float(result.get("best_z_local") or 0.0), result.get("best_mass_gev"))
-        if self.queue:
-            return self.queue.pop(0)
-        return self._next(obs)
-
-    def _next(self, obs: CollisionObservation) -> ExperimentAction:
-        task = obs.task
+        task, usage = obs.task, obs.resource_usage
+        last = obs.latest_result.get("action") if "error" not in obs.latest_result else None
         channels = self.survey_channels or list(task.available_channels)
-        if self.phase == "start":
-            triggers = self._triggers_for(channels, list(task.available_triggers))
-            self.trigger = triggers[0]
-            self.phase = "first_block"
-            self.queue = [_action(ActionType.SET_TRIGGER, "record the channels to survey", trigger=self.trigger)]
+        triggers = self._triggers_for(channels, list(task.available_triggers))
+        if obs.selected_beam_energy_tev is None:
             return _action(
                 ActionType.CONFIGURE_BEAM,
                 "highest energy maximises the signal cross-section",
                 beam_energy_tev=max(task.available_beam_energies_tev),
                 pileup="nominal",
             )
-        if self.phase == "first_block":
-            block = self._affordable_luminosity(obs, self.first_block_fraction)
-            triggers = self._triggers_for(channels, list(task.available_triggers))
-            share = block / len(triggers)
-            self.queue = [_action(ActionType.COLLECT_COLLISIONS, "survey block", luminosity_fb=share)]
-            for trigger in triggers[1:]:
-                self.trigger = trigger
-                self.queue += [
-                    _action(ActionType.SET_TRIGGER, "record the next channel", trigger=trigger),
-                    _action(ActionType.COLLECT_COLLISIONS, "survey block", luminosity_fb=share),
-                ]
-            for channel in channels:
-                self.queue += [
-                    _action(
-                        ActionType.RECONSTRUCT_TRACKS, "tight selection for purity", channel=channel, quality="tight"
-                    ),
-                    _action(ActionType.SELECT_CHANNEL, "survey the channel", channel=channel),
-                    _action(ActionType.BUILD_INVARIANT_MASS, "histogram the channel"),
-                    _action(ActionType.SCAN_BUMP, "look for local excesses over the window"),
-                ]
-            self.phase = "choose"
-            return _action(ActionType.ALLOCATE_LUMINOSITY, "book a first block", luminosity_fb=block)
-        if self.phase == "choose":
-            self.channel = max(channels, key=lambda c: self.survey.get(c, (0.0, None))[0])
-            lo, hi = task.search_window_gev
-            mass = self.survey.get(self.channel, (0.0, None))[1] or 0.5 * (lo + hi)
-            self.phase = "significance"
-            self.queue = [_action(ActionType.CALIBRATE_DETECTOR, "refine the energy scale", channel=self.channel)]
-            if self.selected != self.channel:
-                self.queue.append(
-                    _action(ActionType.SELECT_CHANNEL, "analyse the strongest excess", channel=self.channel)
+        if obs.selected_trigger is None:
+            return _action(ActionType.SET_TRIGGER, "record the channels to survey", trigger=triggers[0])
+        if usage.luminosity_bookings == 0:
+            return _action(
+                ActionType.ALLOCATE_LUMINOSITY,
+                "book a first block",
+                luminosity_fb=f"@luminosity.affordable_fb*{self.first_block_fraction:g}",
+            )
+        fit = obs.logbook.get("fit_resonance")
+        if fit is None:
+            return self._survey(obs, channels, triggers, last)
+        return self._analyse(obs, fit, last)
+
+    def _survey(self, obs: CollisionObservation, channels: List[str], triggers: List[str], last: Optional[str]):
+        """Collect the first block (shared between the survey triggers), scan every channel, then
+        calibrate, rebuild and fit the channel with the strongest excess."""
+        usage = obs.resource_usage
+        if usage.luminosity_allocated_fb > 0:
+            index = triggers.index(obs.selected_trigger) if obs.selected_trigger in triggers else -1
+            if index < 0 or (last == ActionType.COLLECT_COLLISIONS.value and index + 1 < len(triggers)):
+                return _action(ActionType.SET_TRIGGER, "record the next channel", trigger=triggers[index + 1])
+            share = "" if index == len(triggers) - 1 else f"*{round(1.0 / (len(triggers) - index), 4):g}"
+            return _action(ActionType.COLLECT_COLLISIONS, "survey block", luminosity_fb=f"@luminosity.booked_fb{share}")
+        scanned = {key.split("/", 1)[1]: entry for key, entry in obs.logbook.items() if key.startswith("scan_bump/")}
+        recorded = [channel for channel in channels if channel in obs.data_collected]
+        surveying = all(data.calibration_level == 0 for data in obs.data_collected.values())
+        # The survey goes through the channels in order, from the selected one on; a channel whose
+        # scan was just refused (an empty spectrum) is passed over.
+        position = recorded.index(obs.selected_channel) if obs.selected_channel in recorded else 0
+        refused_scan = obs.latest_result.get("action") == ActionType.SCAN_BUMP.value and last is None
+        for channel in recorded[position:] if surveying else []:
+            if channel in scanned or (refused_scan and channel == obs.selected_channel):
+                continue
+            if obs.data_collected[channel].reconstruction != "tight":
+                return _action(
+                    ActionType.RECONSTRUCT_TRACKS, "tight selection for purity", channel=channel, quality="tight"
                 )
-            self.queue += [
-                _action(ActionType.BUILD_INVARIANT_MASS, "histogram the calibrated channel"),
-                _action(ActionType.FIT_RESONANCE, "fit the strongest candidate", mass_hint_gev=mass),
-            ]
-            return _action(ActionType.CALIBRATE_DETECTOR, "fix the energy scale", channel=self.channel)
-        if self.phase == "significance":
-            if not self.asked_systematics:
-                self.asked_systematics = True
-                return _action(ActionType.REQUEST_SYSTEMATICS, "include systematic uncertainties")
-            self.phase = "decide"
-            return _action(ActionType.ESTIMATE_SIGNIFICANCE, "how significant is it?", mass_gev=self._mass(task))
-        if self.phase == "decide":
-            z_global = self.significance.get("z_global") or 0.0
-            block = self._affordable_luminosity(obs, 1.0)
-            if z_global < 5.0 and not self.took_second_block and block > 0.05 * obs.resource_usage.luminosity_used_fb:
-                self.took_second_block = True
-                self.phase = "significance"
-                self.queue = [
-                    _action(ActionType.ALLOCATE_LUMINOSITY, "evidence short of 5σ: book the rest", luminosity_fb=block),
-                    _action(ActionType.COLLECT_COLLISIONS, "more data", luminosity_fb=block),
-                    _action(ActionType.BUILD_INVARIANT_MASS, "histogram all the data"),
-                    _action(ActionType.FIT_RESONANCE, "refit the candidate", mass_hint_gev=self._mass(task)),
-                ]
-                best = best_trigger(self.channel, task.available_triggers)
-                if self._records(self.trigger, self.channel) < self._records(best, self.channel):
-                    self.trigger = best
-                    return _action(ActionType.SET_TRIGGER, "record the analysed channel", trigger=best)
-                return self.queue.pop(0)
-            self.phase = "claim"
-            z_local = self.significance.get("z_local") or 0.0
-            if z_local >= 3.0 and self.fit.get("mass_gev"):
-                return _action(ActionType.MEASURE_ANGULAR, "which spin?", mass_gev=self.fit["mass_gev"])
+            if obs.selected_channel != channel:
+                return _action(ActionType.SELECT_CHANNEL, "survey the channel", channel=channel)
+            if last == ActionType.BUILD_INVARIANT_MASS.value:
+                return _action(ActionType.SCAN_BUMP, "look for local excesses over the window")
+            return _action(ActionType.BUILD_INVARIANT_MASS, "histogram the channel")
+        if not scanned:
+            return self._claim(obs)
+        strength = {channel: _shown(entry.get("best_z_local")) for channel, entry in scanned.items()}
+        channel = max((c for c in channels if c in scanned), key=lambda c: strength[c])
+        if obs.data_collected[channel].calibration_level < 2:
+            return _action(ActionType.CALIBRATE_DETECTOR, "fix the energy scale", channel=channel)
+        if obs.selected_channel != channel:
+            return _action(ActionType.SELECT_CHANNEL, "analyse the strongest excess", channel=channel)
+        if last == ActionType.BUILD_INVARIANT_MASS.value:
+            hint = {"mass_hint_gev": "@scan.best_mass_gev"} if "scan.best_mass_gev" in obs.references else {}
+            return _action(ActionType.FIT_RESONANCE, "fit the strongest candidate", **hint)
+        return _action(ActionType.BUILD_INVARIANT_MASS, "histogram the calibrated channel")
+
+    def _analyse(self, obs: CollisionObservation, fit: Dict[str, Any], last: Optional[str]) -> ExperimentAction:
+        """From a fit: collect a second block if booked, refit outdated data, evaluate systematics and
+        the significance, book more when short of 5σ, measure the spin of a discovery, claim."""
+        task, usage = obs.task, obs.resource_usage
+        channel, outdated = fit.get("channel"), set(obs.outdated_logbook_entries)
+        if usage.luminosity_allocated_fb > 0:
+            best = best_trigger(channel, task.available_triggers)
+            if self._records(obs.selected_trigger, channel) < self._records(best, channel):
+                return _action(ActionType.SET_TRIGGER, "record the analysed channel", trigger=best)
+            return _action(ActionType.COLLECT_COLLISIONS, "more data", luminosity_fb="@luminosity.booked_fb")
+        if "fit_resonance" in outdated:
+            if last == ActionType.BUILD_INVARIANT_MASS.value:
+                return _action(ActionType.FIT_RESONANCE, "refit the candidate", mass_hint_gev="@fit.mass_gev")
+            return _action(ActionType.BUILD_INVARIANT_MASS, "histogram all the data")
+        if (obs.logbook.get("request_systematics") or {}).get("channel") != channel:
+            return _action(ActionType.REQUEST_SYSTEMATICS, "include systematic uncertainties")
+        if "estimate_significance" not in obs.logbook or "estimate_significance" in outdated:
+            return _action(ActionType.ESTIMATE_SIGNIFICANCE, "how significant is it?", mass_gev="@fit.mass_gev")
+        z_global = _shown(obs.references.get("significance.significance_sigma"))
+        used = _shown(task.luminosity_total_fb) - _shown(usage.luminosity_remaining_fb)
+        affordable = _shown(obs.references.get("luminosity.affordable_fb"))
+        if z_global < 5.0 and usage.luminosity_bookings < 2 and affordable > 0.05 * used:
+            return _action(
+                ActionType.ALLOCATE_LUMINOSITY,
+                "evidence short of 5σ: book the rest",
+                luminosity_fb="@luminosity.affordable_fb",
+            )
+        discovering = z_global >= self.discovery_z_global
+        if discovering and ("measure_angular" not in obs.logbook or "measure_angular" in outdated):
+            return _action(ActionType.MEASURE_ANGULAR, "which spin?", mass_gev="@fit.mass_gev")
         return self._claim(obs)
 
-    def _mass(self, task) -> float:
-        """The fitted mass, or the window centre when there is none inside the window."""
-        mass = self.fit.get("mass_gev")
-        lo, hi = task.search_window_gev
-        return float(mass) if mass and lo < mass < hi else 0.5 * (lo + hi)
-
     def _claim(self, obs: CollisionObservation) -> ExperimentAction:
-        z_global = float(self.significance.get("z_global") or 0.0)
-        mass = self.fit.get("mass_gev")
-        if z_global >= self.discovery_z_global and mass:
-            stat = float(self.fit.get("mass_err_gev") or 0.01 * mass)
-            scale = float(self.systematics.get("energy_scale_frac") or 0.0) * mass
-            confidence = float(np.clip(0.5 + 0.45 * np.tanh((z_global - 2.5) / 1.5), 0.05, 0.97))
+        """A discovery quoting the fit, the significance and the spin by reference when the global
+        significance reaches `discovery_z_global`, else a null claim."""
+        references = obs.references
+        z_global = _shown(references.get("significance.significance_sigma"))
+        word = next(word for level, word in EVIDENCE_WORDS if z_global >= level)
+        if z_global >= self.discovery_z_global and "fit.mass_uncertainty_gev" in references:
+            spin = {"spin": "@angular.spin"} if "angular.spin" in references else {}
             return _action(
                 ActionType.SUBMIT_DISCOVERY_CLAIM,
                 "significant, consistent excess",
                 discovered=True,
-                mass_gev=mass,
-                mass_uncertainty_gev=float(np.hypot(stat, scale)),
-                channel=self.channel,
-                spin=self.spin,
-                significance_sigma=z_global,
-                confidence=confidence,
+                mass_gev="@fit.mass_gev",
+                mass_uncertainty_gev="@fit.mass_uncertainty_gev",
+                channel="@fit.channel",
+                **spin,
+                significance_sigma="@significance.significance_sigma",
+                confidence=CLAIM_CONFIDENCE.get(word, CLAIM_CONFIDENCE["evidence"]),
             )
-        confidence = float(np.clip(0.9 - 0.15 * z_global, 0.5, 0.9))
         return _action(
             ActionType.SUBMIT_DISCOVERY_CLAIM,
             "no significant excess",
             discovered=False,
             significance_sigma=0.0,
-            confidence=confidence,
+            confidence=CLAIM_CONFIDENCE["no evidence"],
         )
+
+
+def _shown(value: Any) -> float:
+    """A number as the prompt shows it (4 significant digits); 0 for none."""
+    return float(round_significant(float(value))) if isinstance(value, (int, float)) else 0.0
 
 
 class AlwaysNullAgent:
@@ -341,27 +321,27 @@ class OracleAgent:
                 "reveal_truth=True (lib.episodes.agent_rollouts) / "
                 "reveal_truth_to=('oracle',) (lib.measure.evaluation.evaluate_agents)"
             )
-        heuristic = self._heuristic
-        if heuristic.phase == "start" and self.truth["exists"]:
-            # Analyse only a channel the particle decays to: no survey needed.
-            heuristic.survey_channels = [c for c in obs.task.available_channels if c in self.truth["channels"]][:1]
+        truth, heuristic = self.truth, self._heuristic
+        # Analyse only a channel the particle decays to: no survey needed.
+        true_channels = [c for c in obs.task.available_channels if c in truth["channels"]][:1]
+        heuristic.survey_channels = true_channels if truth["exists"] and true_channels else None
         action = heuristic.act(obs)
         if action.action_type is ActionType.MEASURE_ANGULAR or action.action_type is ActionType.SUBMIT_DISCOVERY_CLAIM:
-            truth = self.truth
             if not truth["exists"]:
                 return _action(
                     ActionType.SUBMIT_DISCOVERY_CLAIM, "oracle: nothing there", discovered=False, confidence=1.0
                 )
-            stat = float(heuristic.fit.get("mass_err_gev") or 0.001 * truth["mass_gev"])
+            fit = obs.logbook.get("fit_resonance") or {}
+            significance = obs.logbook.get("estimate_significance") or {}
             return _action(
                 ActionType.SUBMIT_DISCOVERY_CLAIM,
                 "oracle",
                 discovered=True,
                 mass_gev=truth["mass_gev"],
-                mass_uncertainty_gev=stat,
-                channel=heuristic.channel,
+                mass_uncertainty_gev=float(fit.get("mass_err_gev") or 0.001 * truth["mass_gev"]),
+                channel=fit.get("channel") or (true_channels or obs.task.available_channels)[0],
                 spin=truth["spin"],
-                significance_sigma=float(heuristic.significance.get("z_global") or 0.0),
+                significance_sigma=max(0.0, float(significance.get("z_global") or 0.0)),
                 confidence=1.0,
             )
         return action

@@ -10,12 +10,13 @@ import math
 import re
 from dataclasses import dataclass
 from types import UnionType
-from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Union, get_args, get_origin
+from typing import Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, Union, get_args, get_origin
 
 import numpy as np
 
 from cernenv.actions import ACTION_TABLE, Prerequisite
 from cernenv.models import CollisionObservation, ExperimentAction
+from cernenv.references import reference_json_schema
 from cernenv.rewards import EVIDENCE_Z_GLOBAL, NULL_EVIDENCE_LUMINOSITY_FRACTION, REDUNDANCY_PENALTY, VIOLATION_PENALTY
 from cernenv.rules import RuleViolation
 from cernenv.rules import parse_action as validate_action
@@ -101,6 +102,8 @@ def render_system_prompt() -> str:
         'Reply with exactly one JSON object {"action_type":..,"parameters":{..},"justification":".."}\n'
         "Actions: [needs] name(params)M$/days (+: variable part; p?: optional)\n"
         f"{_action_reference()}\n"
+        'A parameter may quote a value on the References line: "@fit.mass_gev"; "@luminosity.affordable_fb*0.4" '
+        "scales it.\n"
         f"A refused action costs {-VIOLATION_PENALTY:g}, a repeat on unchanged data {-REDUNDANCY_PENALTY:g}. "
         "The claim ends the campaign and is graded: a discovery needs the right mass and "
         f"≥{EVIDENCE_Z_GLOBAL:g}σ global in your data, a null claim "
@@ -147,11 +150,16 @@ def _evidence_word(z_global: Any) -> str:
     return next(word for level, word in EVIDENCE_WORDS if z >= level)
 
 
-def _logbook_line(logbook: Dict[str, Dict[str, Any]]) -> str:
-    """The logbook's numbers for the next decision. Before a fit: each channel's scan, the largest
-    excess first. Once a fit exists: the numbers a claim quotes, under the names a claim gives
-    them (the fit's channel, `mass_gev` and error as `mass_uncertainty_gev`, the global Z as
-    `significance_sigma` with what it is called: evidence at 3σ, observation at 5σ, and `spin`)."""
+def _logbook_line(obs: CollisionObservation) -> str:
+    """The logbook's state for the next decision. Before a fit: each channel's scan, the largest
+    excess first. Once a fit exists: its channel, whether systematics are evaluated for it, what the
+    latest significance is called (evidence at 3σ, observation at 5σ) and the spin measured, each
+    marked `(outdated)` where the data changed after it (its numbers are on the references line)."""
+    logbook, outdated = obs.logbook, set(obs.outdated_logbook_entries)
+
+    def mark(key: str) -> str:
+        return "(outdated)" if key in outdated else ""
+
     fit = logbook.get("fit_resonance")
     if not fit:
         scans = sorted(
@@ -164,21 +172,27 @@ def _logbook_line(logbook: Dict[str, Dict[str, Any]]) -> str:
             for channel, entry in scans
         ]
         return "Logbook: " + "; ".join(notes) if notes else ""
+    systematics = logbook.get("request_systematics") or {}
     notes = [
-        f"channel={fit.get('channel')} mass_gev={_short(fit.get('mass_gev'))} "
-        f"mass_uncertainty_gev={_short(fit.get('mass_err_gev'))}"
+        f"fit[{fit.get('channel')}]{mark('fit_resonance')}",
+        f"systematics={'yes' if systematics.get('channel') == fit.get('channel') else 'no'}",
     ]
     significance = logbook.get("estimate_significance")
     if significance:
-        notes.append(
-            f"significance_sigma={_short(significance.get('z_global'))} "
-            f"({_evidence_word(significance.get('z_global'))}; local {_short(significance.get('z_local'))} "
-            f"at {_short(significance.get('mass_gev'))})"
-        )
+        notes.append(f"significance{mark('estimate_significance')}={_evidence_word(significance.get('z_global'))}")
     angular = logbook.get("measure_angular")
     if angular:
-        notes.append(f"spin={angular.get('best_spin')}")
+        notes.append(f"spin{mark('measure_angular')}={angular.get('best_spin')}")
     return "Logbook: " + " ".join(notes)
+
+
+def _references_line(obs: CollisionObservation) -> str:
+    """`References: @name=value ...`: each value an action may quote by name (`cernenv.references`),
+    but the scan's candidates, which the candidates list shows in order (`@scan.candidates[0]` is its first)."""
+    shown = [
+        f"@{name}={_short(value)}" for name, value in obs.references.items() if not name.startswith("scan.candidates[")
+    ]
+    return "References: " + " ".join(shown) if shown else ""
 
 
 def render_observation(
@@ -202,6 +216,7 @@ def render_observation(
         f"budget={_short(usage.budget_remaining_musd)} time={_short(usage.time_remaining_days)} "
         f"luminosity={_short(usage.luminosity_remaining_fb)}"
         + (f" booked={_short(usage.luminosity_allocated_fb)}" if usage.luminosity_allocated_fb else "")
+        + f" bookings={usage.luminosity_bookings}"
     )
     result = {k: v for k, v in obs.latest_result.items() if k not in UNSHOWN_RESULT_KEYS}
     action = result.pop("action", None)
@@ -209,7 +224,7 @@ def render_observation(
         del result["error"]  # shown once, under Violations
     last = f"Last ({action or 'none'}): " + " ".join(f"{k}={_short(v)}" for k, v in result.items())
     violations = ["Violations: " + " | ".join(obs.rule_violations)] if obs.rule_violations else []
-    logbook = [line] if (line := _logbook_line(obs.logbook)) else []
+    logbook = [line for line in (_logbook_line(obs), _references_line(obs)) if line]
     if not include_task:
         return "\n".join([f"Step {obs.step_index}/{task.max_steps} left: {left}", last, *violations, *logbook])
     lines = [
@@ -252,10 +267,15 @@ def chat_text(chat: List[Dict[str, str]]) -> str:
 
 def action_json_schema() -> Dict[str, Any]:
     """JSON schema of a valid action: one branch per verb of `ACTION_TABLE`, its `parameters`
-    being that verb's parameter model (what `cernenv.rules.parse_action` validates)."""
+    being that verb's parameter model (what `cernenv.rules.parse_action` validates), each parameter
+    a literal value or a reference to a shown value (`cernenv.references`)."""
     branches = []
+    reference = reference_json_schema()
     for spec in ACTION_TABLE.values():
         parameters = spec.params.model_json_schema()
+        parameters["properties"] = {
+            name: {"anyOf": [field, reference]} for name, field in parameters.get("properties", {}).items()
+        }
         branches.append(
             {
                 "title": spec.action_type.value,
@@ -315,9 +335,11 @@ def _json_objects(text: str) -> List[Dict[str, Any]]:
     return objects
 
 
-def parse_reply(text: str) -> ParseResult:
+def parse_reply(text: str, references: Optional[Mapping[str, Any]] = None) -> ParseResult:
     """Read one action from a completion: exactly one JSON object, around which prose and
-    ```json fences are tolerated, validated as the environment validates it.
+    ```json fences are tolerated, validated as the environment validates it: `references` are the
+    values the observation showed by name (its `references` field), which a parameter written
+    `"@name"` quotes. The action keeps its references as written; the environment resolves them.
 
     Nothing is repaired or guessed: a reply with no object, with two or more, or with one
     that the environment would refuse yields `ok == False` and the reason.
@@ -335,7 +357,7 @@ def parse_reply(text: str) -> ParseResult:
     if len(objects) > 1:
         return ParseResult(None, text, f"{len(objects)} JSON objects in the reply; send exactly one action")
     try:
-        action, _ = validate_action(objects[0])
+        action, _ = validate_action(objects[0], references or {})
     except RuleViolation as violation:
         return ParseResult(None, objects[0], str(violation))
     return ParseResult(action, action, None)
@@ -370,7 +392,7 @@ class LLMAgent:
     def act(self, observation: CollisionObservation) -> Any:
         self.last_prompt = self.prompt_fn(build_chat(observation, self.config))
         self.last_completion = self.generate_fn(self.last_prompt)
-        self.last_parse = parse_reply(self.last_completion)
+        self.last_parse = parse_reply(self.last_completion, observation.references)
         return self.last_parse.payload
 
 

@@ -46,13 +46,14 @@ def _as_json(payload: Any) -> Any:
     return payload.model_dump(mode="json") if isinstance(payload, ExperimentAction) else payload
 
 
-def _parse_status(agent: Any, payload: Any) -> Tuple[bool, Optional[str]]:
-    """(parsed_ok, parse_error): the LLM agent's own parse, else whether the payload validates."""
+def _parse_status(agent: Any, payload: Any, obs: CollisionObservation) -> Tuple[bool, Optional[str]]:
+    """(parsed_ok, parse_error): the LLM agent's own parse, else whether the payload validates
+    (its references resolved against `obs`, the observation it answered)."""
     parse = getattr(agent, "last_parse", None)
     if parse is not None:
         return parse.ok, parse.error
     try:
-        validate_action(payload)
+        validate_action(payload, obs.references)
     except RuleViolation as violation:
         return False, str(violation)
     return True, None
@@ -174,7 +175,7 @@ def collect_agent_episode(
     for obs, payload, next_obs in transitions(
         env, agent, seed=seed, scenario=scenario, difficulty=difficulty, max_steps=max_steps, reveal_truth=reveal_truth
     ):
-        parsed_ok, parse_error = _parse_status(agent, payload)
+        parsed_ok, parse_error = _parse_status(agent, payload, obs)
         steps.append(
             step_record(
                 obs,

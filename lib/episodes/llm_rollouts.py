@@ -170,7 +170,7 @@ def _play_batch(
             episode.completion_ids += tokens
             episode.env_mask += [1] * len(tokens)
             episode.logprobs += logprobs
-            parse = parse_reply(text)
+            parse = parse_reply(text, obs.references)
             next_obs = envs[i].step(parse.payload)
             steps[i].append(
                 step_record(

@@ -171,6 +171,21 @@ def heldout_suite(version: str = SUITE_VERSION) -> Tuple[EpisodeSpec, ...]:
     return tuple(specs)
 
 
+def validation_suite(n_episodes: int) -> Tuple[EpisodeSpec, ...]:
+    """`n_episodes` procedural campaigns on the validation split (`lib.seeds.VALIDATION_SEED` on,
+    each difficulty in turn): evaluation-split seeds, whose particles come from the bands training
+    never sees, held by no suite. Settings are chosen here; the held-out suite is for the evidence."""
+    from lib.seeds import VALIDATION_SEED
+
+    specs = tuple(
+        EpisodeSpec(VALIDATION_SEED + i, difficulty=DIFFICULTIES[i % len(DIFFICULTIES)]) for i in range(n_episodes)
+    )
+    suite_seeds = {spec.seed for version in SUITES for spec in heldout_suite(version)}
+    if suite_seeds & {spec.seed for spec in specs}:
+        raise ValueError("the validation split overlaps a held-out suite; move VALIDATION_SEED")
+    return specs
+
+
 def assert_disjoint_from_suite(training_seeds: Iterable[int], suite: Sequence[EpisodeSpec] = ()) -> None:
     """Raise if any training seed is an evaluation seed (≥ `HELDOUT_SEED_START`, whose particles
     come from the held-out mass bands) or a seed of `suite` (default: the current suite)."""

@@ -35,7 +35,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from cernenv import CERNCollisionEnvironment, ExperimentAction
 from lib.agents.baselines import HeuristicAgent
@@ -56,13 +56,12 @@ CACHE_DIR = PROJECT_CACHE / "warm_start"
 
 
 class RoundedDemonstrator:
-    """An agent whose actions are another agent's with their numbers written as a policy can copy
-    them: rounded to `digits` significant digits, as the prompts show numbers (`0.2111` where the
-    heuristic computed 0.21110827456039238: the digits past the fourth carry no information a
-    model could learn), and a discovery claim quoting the fit's mass error as the observation
-    shows it (the heuristic adds the energy-scale error in quadrature: after two calibrations
-    ~0.03% of the mass, a change in the third digit at most, which a small model could only
-    guess). The environment plays the action as written, so each demonstration is consistent."""
+    """An agent whose actions are another agent's with their literal numbers written as a policy
+    can copy them: rounded to `digits` significant digits, as the prompts show numbers (`0.2111`
+    where the heuristic computed 0.21110827456039238: the digits past the fourth carry no
+    information a model could learn). Numbers the heuristic read from an observation it quotes by
+    reference (`"@fit.mass_gev"`), which stay as written. The environment plays the action as
+    written, so each demonstration is consistent."""
 
     def __init__(self, agent: Any, digits: int = SIGNIFICANT_DIGITS) -> None:
         self.agent, self.digits = agent, digits
@@ -72,11 +71,7 @@ class RoundedDemonstrator:
 
     def act(self, obs: Any) -> ExperimentAction:
         action = self.agent.act(obs)
-        parameters = round_significant(action.parameters, self.digits)
-        fit = obs.logbook.get("fit_resonance") or {}
-        if parameters.get("discovered") and fit.get("mass_err_gev"):
-            parameters["mass_uncertainty_gev"] = fit["mass_err_gev"]
-        return action.model_copy(update={"parameters": parameters})
+        return action.model_copy(update={"parameters": round_significant(action.parameters, self.digits)})
 
 
 def demonstration_examples(
@@ -87,13 +82,16 @@ def demonstration_examples(
     context: str = "conversation",
     observation_config: LLMAgentConfig = LLMAgentConfig(),
     first_seed: int = DEMONSTRATION_SEED,
+    specs: Optional[Sequence[Dict[str, Any]]] = None,
 ) -> List[Dict[str, List[int]]]:
     """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"} for `tokenizer`, laid
     out as `play_episodes` plays in `context` (`lib.episodes.llm_rollouts.CONTEXTS`): one example
     per campaign (`conversation`: `ChatLayout`'s layout) or one per decision (`turn`: the decision's
     chat, `build_chat`, and the reply). `loss="actions"`: the mask is 1 on the tokens the policy
     would write (its replies and their eos) and 0 on the prompt and the environment's text, as
-    GRPO's env_mask; `loss="conversation"`: 1 on every token, the prompt's and the environment's too."""
+    GRPO's env_mask; `loss="conversation"`: 1 on every token, the prompt's and the environment's too.
+    `specs` (seed, scenario or difficulty per campaign) replace the training seeds from `first_seed`:
+    how a benchmark lays out campaigns it only scores."""
     if loss not in WARM_START_LOSSES:
         raise ValueError(f"loss must be one of {WARM_START_LOSSES}, got {loss!r}")
     if context not in CONTEXTS:
@@ -103,7 +101,7 @@ def demonstration_examples(
     agent = RoundedDemonstrator(HeuristicAgent())
     eos = tokenizer.eos_token_id
     examples = []
-    for spec in corpus_specs(n_episodes, first_seed):
+    for spec in specs if specs is not None else corpus_specs(n_episodes, first_seed):
         if context == "turn":
             for obs, action, next_obs in transitions(env, agent, **spec):
                 prompt_ids = layout.prompt_ids(build_chat(obs, observation_config))
