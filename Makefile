@@ -52,7 +52,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # cernenv and lib are installed in the venv (editable, `make setup`): any directory can import them.
 RUN_ENV = MPLBACKEND=Agg
 
-.PHONY: help setup lint format test test-fast test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-generate train lab serve clean distclean FORCE
+.PHONY: help setup lint format test test-fast test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-pass-at-k bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -172,6 +172,9 @@ bench-train-gpu: setup ## on a GPU: Unsloth vs TRL+PEFT GRPO steps of a Qwen2.5-
 
 bench-imitation: setup ## how well the warm start imitates the heuristic, per action type, on held-out campaigns (bench/bench_imitation.py)
 	$(RUN_ENV) $(PY) bench/bench_imitation.py $(IMITATION_ARGS)
+
+bench-pass-at-k: setup ## greedy, pass@1 and pass@8 of the warm start on the unseen particles (bench/bench_pass_at_k.py)
+	$(RUN_ENV) $(PY) bench/bench_pass_at_k.py $(PASS_AT_K_ARGS)
 
 bench-generate: setup ## generated tokens/s of each generation engine on one step's episodes (bench/bench_generate.py)
 	$(RUN_ENV) $(PY) bench/bench_generate.py $(TRAIN_ARGS)

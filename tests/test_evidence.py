@@ -117,7 +117,8 @@ def test_artifact_names_and_columns_are_the_seeds(tmp_path):
     }
     assert all(getattr(paths, name).parent == paths.root for name in names)
     expected = {
-        TrainingLogWriter: "step,epoch,loss,reward,reward_std,kl,grad_norm,learning_rate,wall_time_s",
+        TrainingLogWriter: "step,epoch,loss,reward,reward_std,kl,grad_norm,learning_rate,wall_time_s,"
+        "frac_reward_zero_std",
         RewardComponentLogWriter: "step,n,mean_cumulative,mean_terminal,mean_step_shaping,discovered_rate,"
         "mass_correct_rate,channel_correct_rate,spin_correct_rate,parsed_rate,mean_n_steps",
         CheckpointEvalWriter: "step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc",

@@ -143,3 +143,17 @@ def test_the_heuristic_decides_from_what_the_policy_is_shown(spec):
         for name in ("mass_gev", "mass_hint_gev", "mass_uncertainty_gev", "significance_sigma", "luminosity_fb"):
             value = action.parameters.get(name)
             assert value is None or isinstance(value, str) or value == 0.0, (name, value)
+
+
+def test_a_claim_quoting_its_fit_by_reference_counts_as_quoting_its_own_fit():
+    from lib.measure.metrics import METRICS
+
+    _, include, quotes = METRICS["claims_quote_own_fit"]
+
+    def episode(mass):
+        claim = {"action_type": "submit_discovery_claim", "parameters": {"discovered": True, "mass_gev": mass}}
+        return {"steps": [{"action": claim, "prompt": "Last (fit_resonance): mass_gev=125.3"}]}
+
+    assert include(episode("@fit.mass_gev")) and quotes(episode("@fit.mass_gev")) == 1.0
+    assert quotes(episode("@scan.best_mass_gev")) == 0.0
+    assert quotes(episode(125.3)) == 1.0 and quotes(episode(130.0)) == 0.0

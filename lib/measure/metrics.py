@@ -124,11 +124,14 @@ def _claim(episode: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
 
 
 def _quotes_own_fit(episode: Mapping[str, Any]) -> Optional[float]:
-    """1 when the claimed mass is, to the 4 significant figures prompts show, a mass the episode's
-    own fit returned (read from the prompts it saw); 0 otherwise; None without a discovery claim
-    or without prompts (a scripted agent's record)."""
+    """1 when the claimed mass is the episode's own fit: the reference `"@fit.mass_gev"`, or, to the
+    4 significant figures prompts show, a mass its fit returned (read from the prompts it saw); 0
+    otherwise (another reference included); None without a discovery claim, or for a literal mass
+    without prompts (a scripted agent's record)."""
     claim = _claim(episode)
     steps = episode.get("steps") or []
+    if claim is not None and isinstance(claim.get("mass_gev"), str):
+        return float(claim["mass_gev"] == "@fit.mass_gev")
     if claim is None or not isinstance(claim.get("mass_gev"), (int, float)) or not any(s.get("prompt") for s in steps):
         return None
     fitted = {

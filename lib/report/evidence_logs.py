@@ -178,9 +178,22 @@ class _CsvLog:
 
 
 class TrainingLogWriter(_CsvLog):
-    """One row per trainer logging step: GRPO loss, reward, KL, gradient norm, learning rate."""
+    """One row per trainer logging step: GRPO loss, reward, KL, gradient norm, learning rate, and
+    the share of the step's groups whose samples all earned the same reward (no advantage, no
+    gradient), after the seed logger's columns."""
 
-    COLUMNS = ("step", "epoch", "loss", "reward", "reward_std", "kl", "grad_norm", "learning_rate", "wall_time_s")
+    COLUMNS = (
+        "step",
+        "epoch",
+        "loss",
+        "reward",
+        "reward_std",
+        "kl",
+        "grad_norm",
+        "learning_rate",
+        "wall_time_s",
+        "frac_reward_zero_std",
+    )
 
     def append(self, row: Mapping[str, Any]) -> None:
         self._append_row(row)

@@ -1,8 +1,8 @@
 """`EvidenceCallback`: writes the evidence of a GRPO run while it trains (`lib.report.evidence`).
 
 - on each log: a training_log.csv row (step, epoch, loss, reward, reward_std, kl,
-  grad_norm, learning_rate, wall_time_s), then the training-curve and reward-component
-  plots are redrawn from the logs so far;
+  grad_norm, learning_rate, wall_time_s, frac_reward_zero_std: the share of groups alike),
+  then the training-curve and reward-component plots are redrawn from the logs so far;
 - every `eval_every_steps`: the policy plays the fixed checkpoint subset of the held-out
   suite greedily; a checkpoint_evals.csv row, and the progression plot redrawn.
 
@@ -43,6 +43,7 @@ _LOG_KEYS = {
     "kl": "kl",
     "grad_norm": "grad_norm",
     "learning_rate": "learning_rate",
+    "frac_reward_zero_std": "frac_reward_zero_std",
 }
 
 
