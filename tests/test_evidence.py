@@ -57,11 +57,16 @@ def full_row(writer_cls, step: int) -> dict:
     return {column: (step if column == "step" else 0.5 + 0.001 * step) for column in writer_cls.COLUMNS}
 
 
+STEP = {"step": 0, "prompt": "", "completion": "", "done": False}
+"""The fields of a step record the tests below do not vary."""
+
+
 def episode(seed, reward, correct, *, exists=True, mass=True, spin=None, scenario=None, steps=None):
     return {
         "seed": seed,
         "scenario": scenario,
         "difficulty": "easy",
+        "total_reward": reward,
         "cumulative_reward": reward,
         "discovered": correct and exists,
         "correct_outcome": correct,
@@ -73,12 +78,15 @@ def episode(seed, reward, correct, *, exists=True, mass=True, spin=None, scenari
         if steps is not None
         else [
             {
+                **STEP,
                 "action": {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}},
                 "reward": 0.0,
                 "parsed_ok": True,
                 "rule_violations": [],
             },
             {
+                **STEP,
+                "step": 1,
                 "action": {"action_type": "fit_resonance", "parameters": {"window_gev": [110, 140]}},
                 "reward": -0.1,
                 "parsed_ok": True,
@@ -137,7 +145,7 @@ def test_unknown_column_raises_and_missing_or_non_finite_values_are_empty(tmp_pa
         CheckpointEvalWriter(tmp_path / "ck.csv").append(stepp=1)
     log.append({"step": np.int64(2), "loss": float("nan"), "reward": float("inf"), "kl": np.float32(0.25)})
     lines = (tmp_path / "log.csv").read_text().splitlines()
-    assert lines[1:] == ["2,,,,,0.25,,,"]
+    assert lines[1:] == ["2,,,,,0.25,,,,"]
 
 
 def test_an_existing_log_with_other_columns_is_refused(tmp_path):
@@ -170,6 +178,7 @@ def _expected(writer_id: int, i: int) -> dict:
         "grad_norm": float(i) ** 0.5,
         "learning_rate": 1e-5,
         "wall_time_s": 1234.5678 + i,
+        "frac_reward_zero_std": 0.125 * (i % 9),
     }
 
 
@@ -229,9 +238,9 @@ def test_a_killed_writer_breaks_neither_reading_rendering_nor_the_next_append(tm
 
 
 def test_an_episode_file_is_read_by_the_one_episode_reader(tmp_path):
-    path = write_jsonl(
-        tmp_path / "pre_eval.jsonl", [{"seed": 1, "steps": [{"observation_summary": {"selected_beam_energy": 13.0}}]}]
-    )
+    old = episode(1, 0.0, False)
+    old["steps"][0]["observation_summary"] = {"selected_beam_energy": 13.0}
+    path = write_jsonl(tmp_path / "pre_eval.jsonl", [old])
     with open(path, "a") as f:
         f.write('{"seed": 2, "cumulative_re')  # an evaluation killed mid-write
     records = read_records(path)
@@ -489,8 +498,20 @@ def test_sample_trajectories_are_readable_and_survive_odd_episodes(tmp_path):
     pre = [
         episode(1, -2.0, False, scenario="higgs_diphoton"),
         episode(2, 0.5, False, steps=[]),
-        {},
-        {"steps": [None, "not a dict", {"action": "raw model text | with a pipe", "parsed_ok": False}]},
+        episode(
+            3,
+            -0.1,
+            False,
+            steps=[
+                {
+                    **STEP,
+                    "action": "raw model text | with a pipe",
+                    "parsed_ok": False,
+                    "reward": -0.1,
+                    "rule_violations": [],
+                }
+            ],
+        ),
     ]
     post = [episode(10, 3.0, True, scenario="z_dimuon")]
     write_jsonl(tmp_path / "pre.jsonl", pre)

@@ -57,16 +57,28 @@ def _killed_mid_write(target: Path) -> None:
     child.wait(timeout=30)
 
 
+def _episode(seed):
+    """The smallest record an episode file holds."""
+    return {
+        "seed": seed,
+        "scenario": None,
+        "difficulty": "easy",
+        "total_reward": 0.0,
+        "cumulative_reward": 0.0,
+        "steps": [],
+    }
+
+
 def test_a_killed_writer_loses_nothing_and_its_temporary_file_is_swept(tmp_path):
     target = tmp_path / "episodes.jsonl"
-    save_episodes_jsonl([{"seed": 1}], str(target))
+    save_episodes_jsonl([_episode(1)], str(target))
     _killed_mid_write(target)
     leftovers = [p for p in tmp_path.iterdir() if p.name != target.name]
     assert len(leftovers) == 1 and leftovers[0].name.startswith(".episodes.jsonl.")
-    assert load_episodes_jsonl(str(target)) == [{"seed": 1}]  # the old content, whole
-    save_episodes_jsonl([{"seed": 2}], str(target))
+    assert load_episodes_jsonl(str(target)) == [_episode(1)]  # the old content, whole
+    save_episodes_jsonl([_episode(2)], str(target))
     assert [p.name for p in tmp_path.iterdir()] == [target.name]
-    assert load_episodes_jsonl(str(target)) == [{"seed": 2}]
+    assert load_episodes_jsonl(str(target)) == [_episode(2)]
 
 
 def test_a_live_writers_temporary_file_is_left_alone(tmp_path):

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from cernenv.scenarios import list_scenarios
 from lib.files import atomic_write, json_text, refuse_empty
@@ -119,6 +121,70 @@ class EpisodeRecord:
         return cls(**data)
 
 
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+"""A finite JSON number (an integer is one; a boolean, a string, NaN and infinity are not)."""
+
+
+class StepLine(BaseModel):
+    """The schema of a `StepRecord` as an episode file holds it: plain JSON types, strictly."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: StrictInt
+    prompt: StrictStr
+    completion: StrictStr
+    action: Any
+    parsed_ok: StrictBool
+    reward: Number
+    done: StrictBool
+    rule_violations: List[StrictStr]
+    observation_summary: Dict[str, Any] = {}
+    parse_error: Optional[StrictStr] = None
+    reward_breakdown: Dict[str, Number] = {}
+
+
+class EpisodeLine(BaseModel):
+    """The schema of one line of an episode file (`EpisodeRecord.to_dict`): every boolean a JSON
+    boolean, every reward a finite number, nothing unknown. Written and read through it, so a file
+    whose booleans are strings ("False" is truthy) or whose rewards are NaN is an error, not a number."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: StrictInt = Field(ge=0)
+    scenario: Optional[StrictStr]
+    difficulty: Optional[StrictStr]
+    truth: Optional[Dict[str, Any]] = None
+    total_reward: Number
+    cumulative_reward: Number
+    terminal_reward: Optional[Number] = None
+    discovered: Optional[StrictBool] = None
+    correct_mass: Optional[StrictBool] = None
+    correct_channel: Optional[StrictBool] = None
+    correct_spin: Optional[StrictBool] = None
+    steps: List[StepLine]
+    agent: StrictStr = ""
+    correct_outcome: Optional[StrictBool] = None
+    reward_components: Dict[str, Number] = {}
+    resources: Dict[str, Number] = {}
+    n_steps: StrictInt = 0
+    evaluation_key: Optional[Dict[str, StrictStr]] = None
+
+
+def episode_line_error(episode: Any) -> Optional[str]:
+    """Why `episode` (a JSON object read back) is not an episode line (`EpisodeLine`): its first few
+    schema errors, each with where it is; None when it is one."""
+    try:
+        EpisodeLine.model_validate(episode)
+    except ValidationError as error:
+        parts = []
+        for item in error.errors()[:3]:
+            where = ".".join(str(p) for p in item["loc"]) or "the line"
+            parts.append(f"{where}: {item['msg']} (got {str(item.get('input'))[:40]!r})")
+        more = len(error.errors()) - 3
+        return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+    return None
+
+
 def as_episode_dict(episode: Any) -> Dict[str, Any]:
     """An `EpisodeRecord` (or any record dataclass) or a JSONL row, as a dict."""
     if is_dataclass(episode):
@@ -133,7 +199,27 @@ def save_episodes_jsonl(episodes: Sequence[Union[EpisodeRecord, Dict[str, Any]]]
     (`lib.files.atomic_write`); strict JSON (a NaN or an infinity is written null). Refuses an
     empty list (`lib.files.EmptyResultError`): a file of episodes is never replaced by none."""
     refuse_empty(path, len(episodes), "an episode file")
-    atomic_write(path, "".join(json_text(as_episode_dict(episode), indent=None) + "\n" for episode in episodes))
+    lines = [json_text(as_episode_dict(episode), indent=None) for episode in episodes]
+    for number, line in enumerate(lines, start=1):
+        error = episode_line_error(json.loads(line))
+        if error:
+            raise ValueError(f"episode {number} of {len(lines)} for {path} is not an episode record: {error}")
+    check_distinct(path, [json.loads(line) for line in lines])
+    atomic_write(path, "".join(line + "\n" for line in lines))
+
+
+def check_distinct(path: str, episodes: Sequence[Mapping[str, Any]]) -> None:
+    """Raise where two episodes of one agent in an episode file are the same task (`PAIR_KEY`): a
+    file appended to itself would count each task twice and narrow every interval."""
+    seen: Dict[Tuple, int] = {}
+    for number, episode in enumerate(episodes, start=1):
+        key = (episode.get("agent"), *pair_key(episode))
+        if key in seen:
+            raise ValueError(
+                f"{path}:{number} repeats the episode of line {seen[key]} (agent {key[0]!r}, seed {key[1]}, "
+                f"{key[2] or key[3]}): an evaluation holds each task once; remove the repeated lines"
+            )
+        seen[key] = number
 
 
 RENAMED_SUMMARY_KEYS = {"selected_beam_energy": "selected_beam_energy_tev"}
@@ -154,9 +240,11 @@ def read_episodes_jsonl(path: str) -> Tuple[List[Dict[str, Any]], int]:
     and how many unfinished last lines were skipped (0 or 1). The one reader of episode files:
     a last line that is not a whole JSON object (a writer interrupted mid-line, NULs a crash
     left) is skipped; any other line that is not an episode (bytes that are not UTF-8, invalid
-    JSON, a value that is not an object) is an error that names the line, because skipping it
-    would lose an episode without a word. Summary keys renamed since the file was written are
-    read under their current names."""
+    JSON, a value that is not an object, an object that is not an `EpisodeLine`: a boolean
+    written as a string, a NaN reward, an empty object) is an error that names the line, because
+    skipping it would lose an episode and reading it would count a wrong one; so are two lines of
+    one agent on the same task. Summary keys renamed since the file was written are read under
+    their current names."""
     with open(path, "rb") as f:
         lines = [line for line in f.read().split(b"\n") if line.strip()]
     episodes, skipped = [], 0
@@ -173,7 +261,15 @@ def read_episodes_jsonl(path: str) -> Tuple[List[Dict[str, Any]], int]:
                 ) from None
             skipped += 1
             continue
-        episodes.append(_upgrade(episode))
+        episode = _upgrade(episode)
+        error = episode_line_error(episode)
+        if error:
+            raise ValueError(
+                f"{path}:{number} is not an episode record: {error}; an evaluation file holds "
+                "EpisodeRecord.to_dict() lines (plain JSON booleans and finite numbers)"
+            )
+        episodes.append(episode)
+    check_distinct(path, episodes)
     return episodes, skipped
 
 

@@ -1,0 +1,55 @@
+"""Episode files are typed: a damaged line is an error that names it, never a silent number."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lib.episodes.records import load_episodes_jsonl, save_episodes_jsonl
+from lib.measure.comparison import before_after_metrics
+
+EVIDENCE = "evidence/pre_eval.jsonl"
+
+
+def lines(n=5):
+    with open(EVIDENCE) as handle:
+        return [json.loads(next(handle)) for _ in range(n)]
+
+
+def write(path, episodes):
+    path.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            lambda e: e.update(correct_outcome=str(e["correct_outcome"])),
+            "correct_outcome: Input should be a valid boolean",
+        ),
+        (lambda e: e.update(cumulative_reward=float("nan")), "cumulative_reward: Input should be a finite number"),
+        (lambda e: e.clear(), "seed: Field required"),
+        (lambda e: e["steps"][0].update(parsed_ok="True"), "steps.0.parsed_ok"),
+        (lambda e: e.update(surprise=1), "surprise: Extra inputs are not permitted"),
+    ],
+)
+def test_a_damaged_line_is_an_error_naming_the_file_line_and_field(tmp_path, damage, message):
+    episodes = lines()
+    damage(episodes[2])
+    path = write(tmp_path / "pre_eval.jsonl", episodes)
+    with pytest.raises(ValueError, match=r"pre_eval.jsonl:3 is not an episode record") as error:
+        load_episodes_jsonl(path)
+    assert message in str(error.value)
+    with pytest.raises(ValueError, match="episode 3 of 5"):
+        save_episodes_jsonl(episodes, str(tmp_path / "again.jsonl"))
+    assert not (tmp_path / "again.jsonl").exists()
+
+
+def test_a_file_appended_to_itself_is_refused_rather_than_counted_twice(tmp_path):
+    episodes = lines()
+    path = write(tmp_path / "post_eval.jsonl", episodes + episodes)
+    with pytest.raises(ValueError, match=r"post_eval.jsonl:6 repeats the episode of line 1"):
+        load_episodes_jsonl(path)
+    assert before_after_metrics(episodes, episodes)["n"]["pairs"] == 5  # the whole file, read once
