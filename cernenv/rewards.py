@@ -145,7 +145,7 @@ def mass_is_correct(claim_mass_gev: float, claim_uncertainty_gev: float, true_ma
     claimed uncertainty capped at `MAX_CLAIM_UNCERTAINTY_FRAC` of the true mass: symmetric
     about the true mass for any claimed uncertainty, and no wider for a vaguer claim."""
     sigma = min(float(claim_uncertainty_gev), MAX_CLAIM_UNCERTAINTY_FRAC * true_mass_gev)
-    return abs(claim_mass_gev - true_mass_gev) <= 2.0 * float(np.hypot(sigma, 0.001 * true_mass_gev))
+    return bool(abs(claim_mass_gev - true_mass_gev) <= 2.0 * float(np.hypot(sigma, 0.001 * true_mass_gev)))
 
 
 def grade_claim(

@@ -53,3 +53,20 @@ def test_a_file_appended_to_itself_is_refused_rather_than_counted_twice(tmp_path
     with pytest.raises(ValueError, match=r"post_eval.jsonl:6 repeats the episode of line 1"):
         load_episodes_jsonl(path)
     assert before_after_metrics(episodes, episodes)["n"]["pairs"] == 5  # the whole file, read once
+
+
+def test_the_results_ledger_writes_plain_json_booleans(tmp_path):
+    """A numpy boolean from a grade is written true/false (once it was "False", which is truthy)."""
+    import numpy as np
+
+    from cernenv.rewards import mass_is_correct
+    from cernenv.server.evaluation import ResultsLedger, read_ledger
+
+    assert type(mass_is_correct(125.0, 0.3, 125.1)) is bool
+    ledger = ResultsLedger(tmp_path / "results.jsonl")
+    ledger.append({"correct_outcome": np.bool_(False), "steps": np.int64(3), "reward": np.float32(0.5)})
+    with pytest.raises(TypeError, match="plain JSON values"):
+        ledger.append({"grade": object()})
+    ledger.close()
+    (record,) = read_ledger(tmp_path / "results.jsonl")
+    assert record["correct_outcome"] is False and record["steps"] == 3 and record["reward"] == 0.5

@@ -96,7 +96,8 @@ class ResultsLedger:
         self._lock = threading.Lock()
 
     def append(self, record: Dict[str, Any]) -> None:
-        line = (json.dumps({"ended_at": _utc_now(), **record}, sort_keys=True, default=str) + "\n").encode("utf-8")
+        text = json.dumps({"ended_at": _utc_now(), **record}, sort_keys=True, default=_plain, allow_nan=False)
+        line = (text + "\n").encode("utf-8")
         with self._lock:
             written = os.write(self._fd, line)
         if written != len(line):  # a full disk: say so (the line is cut, and the next starts on its own line)
@@ -113,6 +114,15 @@ def read_ledger(path: Path) -> list:
     """The ledger's records, in order (for operators and tests)."""
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the plain JSON value it holds (`numpy.bool_` → true/false, never "True");
+    anything else a ledger record should not hold is a TypeError, not its `str`."""
+    item = getattr(value, "item", None)
+    if callable(item) and type(value).__module__ == "numpy":
+        return item()
+    raise TypeError(f"a results-ledger record holds plain JSON values, not {type(value).__name__}")
 
 
 def _utc_now() -> str:
