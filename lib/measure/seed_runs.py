@@ -12,7 +12,9 @@ GRPO) on the same held-out suite. `--sft` names a run whose `pre_eval.jsonl` is 
   can be recomputed from the committed file (`--from-csv`) without the runs' trajectories;
 - `seeds.json` and `seeds.md`: per group (`lib.measure.evaluation.GROUPS`), GRPO's Δ success and Δ
   reward over its warm start for each seed and pooled, and the GRPO policy against the SFT-only one;
-- `seeds.png`: those differences with their 95% intervals, one point per seed and the pooled one.
+- `seeds.png`: those differences with their 95% intervals, one point per seed and the pooled one;
+- `checkpoints.csv` and `checkpoints.png`: each seed's held-out success at its checkpoints during
+  training (its `checkpoint_evals.csv`: the checkpoint subset of the suite).
 
 Pooling: every run plays the same tasks, so the per-task difference is averaged over the seeds and
 the mean over tasks gets a percentile-bootstrap interval resampling tasks (the seeds of one task stay
@@ -239,6 +241,42 @@ def seeds_figure(result: Mapping[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+CHECKPOINT_COLUMNS = ("run", "step", "episodes", "success_rate", "mean_reward")
+
+
+def checkpoint_rows(run: str, folder: Path) -> List[Dict[str, Any]]:
+    """`run`'s checkpoint evaluations (its checkpoint_evals.csv), as checkpoints.csv rows."""
+    from lib.report.evidence_logs import read_records
+
+    return [
+        {"run": run, **{column: row.get(column) for column in CHECKPOINT_COLUMNS[1:]}}
+        for row in read_records(folder / "checkpoint_evals.csv").rows
+    ]
+
+
+def checkpoints_figure(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """checkpoints.png: each seed's held-out success over its GRPO steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    for index, run in enumerate(dict.fromkeys(row["run"] for row in rows)):
+        points = sorted(
+            (int(r["step"]), float(r["success_rate"])) for r in rows if r["run"] == run and r["success_rate"]
+        )
+        ax.plot(*zip(*points), marker="o", color=f"C{index}", label=f"seed {run}")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("held-out success (checkpoint subset)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m lib.measure.seed_runs", description=__doc__.split("\n\n")[0], allow_abbrev=False
@@ -264,6 +302,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             runs.append(label)
             for side in ("pre", "post"):
                 rows += outcome_rows(label, side, load_episodes_jsonl(str(Path(folder) / f"{side}_eval.jsonl")))
+        checkpoints = [
+            row for item in args.run for row in checkpoint_rows(item.partition("=")[0], Path(item.partition("=")[2]))
+        ]
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "checkpoints.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=CHECKPOINT_COLUMNS, lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(checkpoints)
         sft = None
         if args.sft:
             sft = "sft"
@@ -275,6 +321,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     (out / "seeds.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "seeds.md").write_text(seeds_markdown(result))
     seeds_figure(result, out / "seeds.png")
+    if (out / "checkpoints.csv").exists():
+        with open(out / "checkpoints.csv", newline="") as handle:
+            checkpoints_figure(list(csv.DictReader(handle)), out / "checkpoints.png")
     print(seeds_markdown(result))
     print(f"wrote {out}/seeds.json, seeds.md, seeds.png")
     return 0
