@@ -3,6 +3,7 @@
     make bench-pass-at-k                                   # the default warm start, unseen particles, k = 8
     python bench/bench_pass_at_k.py --policy PATH --k 8    # any saved policy folder
     python bench/bench_pass_at_k.py --split validation --episodes 60
+    python bench/bench_pass_at_k.py --policy PATH --greedy-from evidence/pre_eval.jsonl   # reuse its greedy play
 
 Each episode of the chosen part (default: the held-out suite's unseen particles; `--split
 validation` plays the validation split instead, `lib.measure.evaluation.validation_suite`) is
@@ -10,6 +11,8 @@ played greedily once and `k` times at the configuration's training temperature (
 sampling), with the published evaluation key. pass@1 is the mean success of the samples; pass@k
 the share of episodes with at least one success among its k samples: an episode GRPO can learn
 from is one a group of k samples sometimes solves. Success is the grade's `correct_outcome`.
+`--greedy-from` reads the greedy play from an evaluation file of the same policy on the suite (a
+run's `pre_eval.jsonl` for its warm start) instead of playing it again.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--split", choices=("suite", "validation"), default="suite")
     parser.add_argument("--part", default="unseen_with_particle", help="a group of lib.measure.evaluation.GROUPS")
     parser.add_argument("--episodes", type=int, default=0, help="at most this many episodes of the part (0: all)")
+    parser.add_argument("--greedy-from", help="the policy's greedy play of the suite (an evaluation JSONL)")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
     if args.k < 1:
@@ -87,7 +91,19 @@ def main(argv: Any = None) -> int:
         return [episode.record.to_dict() for episode in played]
 
     suite = list(heldout_suite() if args.split == "suite" else validation_suite(max(args.episodes, 60)))
-    greedy = play(suite, config.evaluation_sampling, config.seed)
+    if args.greedy_from:
+        from lib.episodes.records import load_episodes_jsonl, spec_fields
+        from lib.training.run import task_key
+
+        by_task = {
+            task_key(r["seed"], r["scenario"], r["difficulty"]): r for r in load_episodes_jsonl(args.greedy_from)
+        }
+        tasks = [task_key(**spec_fields(spec)) for spec in suite]
+        if any(task not in by_task for task in tasks):
+            parser.error(f"{args.greedy_from} does not hold every episode of the {args.split}")
+        greedy = [by_task[task] for task in tasks]
+    else:
+        greedy = play(suite, config.evaluation_sampling, config.seed)
     chosen = [i for i, record in enumerate(greedy) if episode_groups([record])[args.part]]
     chosen = chosen[: args.episodes] if args.episodes else chosen
     specs = [suite[i] for i in chosen]
