@@ -270,7 +270,12 @@ def evaluate_agents(
     `key`: the evaluation key the worlds are drawn with; by default the evaluator's private key
     with a fresh run nonce (`private_key`), as scoring an agent the project did not train needs.
     `reveal_truth_to`: the names of the agents (oracles) the evaluator hands the hidden truth;
-    no other agent gets it, whatever its methods are called."""
+    no other agent gets it, whatever its methods are called.
+
+    For trusted agents only: an agent is Python running in this process, so one that reads the
+    caller's stack frames, walks the garbage collector or opens the key file can find the truth.
+    An agent you did not write is scored as a client of the evaluation server, in a process of
+    its own (docs/openenv.md)."""
     key = key or private_key()
     oracles = set(reveal_truth_to)
     unknown = oracles - set(agents)
