@@ -7,7 +7,8 @@ published key's worlds: curated and procedural scenarios) and lays each campaign
 policy plays it (`lib.episodes.chat.ChatLayout` with the project's tokenizer: the system prompt and
 the first observation, then each action and the environment's next message), and measures the
 tokens of the whole conversation (what the policy reads at its last turn and the trainer
-scores), of its first prompt, and of each later turn. Target: median campaign under 3,000 tokens.
+scores), of its first prompt, and of each later turn. Target: median campaign under 3,500 tokens
+(3,000 before every message carried the references line, ~14 tokens a turn).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from lib.episodes.agent_rollouts import transitions
 from lib.episodes.chat import ChatLayout
 from lib.measure.evaluation import PUBLISHED_KEY, heldout_suite
 
-CAMPAIGN_TOKENS_MEDIAN_TARGET = 3000
+CAMPAIGN_TOKENS_MEDIAN_TARGET = 3500
 
 
 def campaign_lengths(tokenizer, specs):
