@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.measure.seed_runs import (
+from lib.report.seed_runs import (
     main,
     outcome_rows,
     pooled_difference,

@@ -53,7 +53,7 @@ SPECTRUM_DPI = 84
 """Spectrum images: the house figure size (its fonts are sized for it), 840 px wide, shown 420 px
 wide: sharp on a high-density screen. A step shares its image with the steps before it until the
 spectrum changes, so a report holds a few distinct images per episode."""
-PNG_COLOURS = 64
+PNG_COLOURS = 32
 """Spectra are saved as palette PNGs of this many colours (a plot has a few flat colours and
 their antialiased edges): a third of the size of matplotlib's RGBA PNG, to the eye the same."""
 IMAGE_LAYOUT = dict(width="420px", height="auto", object_fit="contain")

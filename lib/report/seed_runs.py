@@ -1,6 +1,6 @@
 """Several training runs of one configuration read together: each seed's paired difference and the pooled one.
 
-    python -m lib.measure.seed_runs --run 0=evidence --run 1=build/seed1/evidence --run 2=build/seed2/evidence \\
+    python -m lib.report.seed_runs --run 0=evidence --run 1=build/seed1/evidence --run 2=build/seed2/evidence \\
         --sft build/sft/evidence --out evidence/seeds
 
 Each run folder holds a run's `pre_eval.jsonl` (its warm start) and `post_eval.jsonl` (after
@@ -279,7 +279,7 @@ def checkpoints_figure(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m lib.measure.seed_runs", description=__doc__.split("\n\n")[0], allow_abbrev=False
+        prog="python -m lib.report.seed_runs", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
     parser.add_argument("--run", action="append", default=[], help="LABEL=FOLDER: a run's evidence folder")
     parser.add_argument("--sft", help="FOLDER: an SFT-only run's evidence folder (its pre_eval.jsonl)")
