@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, Mapping, Optional
 
 REFERENCE_PREFIX = "@"
 
@@ -168,8 +168,3 @@ def total_mass_uncertainty(
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def reference_names() -> List[str]:
-    """The names `REFERENCES` documents, as a reply writes them (`@fit.mass_gev`)."""
-    return [f"@{name}" for name in REFERENCES]

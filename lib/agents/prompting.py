@@ -207,9 +207,10 @@ def render_observation(
     (window, channels, triggers, beams, totals), the state (beam, trigger, channel, data) and
     the recent history. Without it (a later message of a conversation, which holds all that
     already): the step and the resources left, the last action's result, any violation, and
-    the logbook's numbers for the next decision (`_logbook_line`), so a conversation grows by a
-    few dozen tokens a turn. The task's problem statement is left out: it restates the window
-    and channels, and the system prompt says the window may hold nothing.
+    the logbook's state and the values an action may quote by reference (`_logbook_line`,
+    `_references_line`), so a conversation grows by a few dozen tokens a turn. The task's
+    problem statement is left out: it restates the window and channels, and the system prompt
+    says the window may hold nothing.
     """
     task, usage = obs.task, obs.resource_usage
     left = (
