@@ -114,7 +114,9 @@ def bench_first_collection_by_truth(n_tasks: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--random-steps", type=int, default=20000)
     parser.add_argument("--heuristic-episodes", type=int, default=300)
     parser.add_argument(

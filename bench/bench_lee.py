@@ -287,7 +287,9 @@ def run(n_toys: int = DEFAULT_TOYS, seed: int = DEFAULT_SEED, families=FAMILIES,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--toys", type=int, default=DEFAULT_TOYS, help="toys per family (default %(default)s)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="base seed of the toys (default %(default)s)")
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))

@@ -52,7 +52,9 @@ def campaign_lengths(tokenizer, specs):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--every", type=int, default=1, help="play every n-th episode of the held-out suite")
     args = parser.parse_args()
     from lib.training.tokenizer import build_tokenizer

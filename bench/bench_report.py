@@ -127,7 +127,7 @@ def measure_live_browser(evidence: Path, episodes: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=40, help="held-out tasks in the evidence (each before and after)")
     parser.add_argument("--browse", type=int, default=6, help="episodes the live browser is timed on")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench-report")

@@ -469,7 +469,9 @@ CAPACITY_CHECKS: Dict[str, Callable[[str], Tuple[str, bool]]] = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--episodes", type=int, default=128, help="episodes per row")
     parser.add_argument("--no-abuse", action="store_true", help="skip the measurements under attack")

@@ -205,7 +205,9 @@ def summary(results: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--backends", nargs="+", default=["unsloth", "trl"], choices=["unsloth", "trl"])
     parser.add_argument("--steps", type=int, default=3, help="measured steps per backend (after one warm-up step)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b")

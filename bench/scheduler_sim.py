@@ -182,7 +182,9 @@ def span(values: List[float]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--episodes", type=int, default=60, help="episodes recorded for the step costs")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--overhead-ms", type=float, default=1.0, help="server work per request beside the physics")

@@ -135,7 +135,9 @@ def render_environment_markdown() -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cernenv.docs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m cernenv.docs", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--write",
         nargs="?",

@@ -121,7 +121,9 @@ def _planned(report: Path) -> Dict[str, str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lib.gpu_set", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, prog="python -m lib.gpu_set", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--requirements", type=Path, default=REQUIREMENTS_GPU)
     parser.add_argument("--dry-run", action="store_true", help="resolve only; print what pip would install")
     parser.add_argument("--force", action="store_true", help="on a machine without a GPU too")

@@ -205,3 +205,23 @@ def test_the_readme_layout_names_every_module_of_lib(lib_modules):
         if path.name != "__init__.py" and f"| `{path.relative_to(ROOT / 'lib')}` |" not in layout
     ]
     assert not missing, f"README's layout of lib/ should give each module a line: {missing}"
+
+
+def test_every_command_line_refuses_abbreviated_flags():
+    """argparse accepts `--max-step` for `--max_steps` unless told not to: a typo would pass as
+    another flag. Every parser of the repository says `allow_abbrev=False` (read from the source)."""
+    import ast
+
+    parsers, missing = 0, []
+    for folder in ("cernenv", "lib", "bench", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                    "ArgumentParser",
+                    "_Parser",
+                ):
+                    parsers += 1
+                    flags = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
+                    if flags.get("allow_abbrev") is not False:
+                        missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert parsers >= 15 and not missing, missing

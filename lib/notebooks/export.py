@@ -342,7 +342,7 @@ def check_browser(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("build_dir", nargs="?", default="build", type=Path, help="executed notebooks (default build/)")
     parser.add_argument("reports_dir", nargs="?", default="reports", type=Path, help="where the pages go")
     args = parser.parse_args(argv)

@@ -451,7 +451,7 @@ def promote_evidence(build_dir: Path = BUILD_DIR / "full", target: Path = EVIDEN
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="full", help="configs/NAME.yaml, or a path to a YAML file")
     parser.add_argument("--only", nargs="*", default=(), help="run just these notebooks of the profile")
     parser.add_argument(

@@ -156,7 +156,7 @@ def check_replay(episode: Any) -> ReplayCheck:
 def main(argv: Optional[List[str]] = None) -> int:
     """`python -m lib.report.replay FILE...`: replay every episode of evidence JSONL files and report
     what differs; exit 1 where an outcome differs (or, with --strict, a prompt)."""
-    parser = argparse.ArgumentParser(prog="python -m lib.report.replay", description=main.__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m lib.report.replay", description=main.__doc__)
     parser.add_argument("files", nargs="+", type=Path, help="episode JSONL files (evidence/pre_eval.jsonl, ...)")
     parser.add_argument("--strict", action="store_true", help="also fail where a prompt differs")
     args = parser.parse_args(argv)

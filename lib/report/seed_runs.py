@@ -279,7 +279,9 @@ def checkpoints_figure(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m lib.report.seed_runs", description=__doc__.split("\n\n")[0], allow_abbrev=False
+        prog="python -m lib.report.seed_runs",
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
     )
     parser.add_argument("--run", action="append", default=[], help="LABEL=FOLDER: a run's evidence folder")
     parser.add_argument("--sft", help="FOLDER: an SFT-only run's evidence folder (its pre_eval.jsonl)")

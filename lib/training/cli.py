@@ -162,6 +162,7 @@ def train_config_parser(
     `add_argument`; `parse_train_config` returns them too. (`argv` is accepted for callers of
     the earlier parser, which read it; it is not used.)"""
     parser = _Parser(
+        allow_abbrev=False,
         prog=prog,
         description=description or __doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
