@@ -54,6 +54,7 @@ import yaml
 
 from lib.extras import require
 from lib.files import atomic_write, check_writable_dir, write_json
+from lib.yaml_files import YAMLRefused, load_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -176,7 +177,9 @@ def load_profile(profile: str) -> Dict[str, Dict[str, Any]]:
 
     path = profile_path(profile)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
+    except YAMLRefused as error:
+        raise ReproduceError(f"{path} is refused: {error}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -222,6 +222,8 @@ def read_config_file(path: Union[str, Path]) -> Dict[str, Any]:
     reproduce` profile, or that names fields `TrainConfig` does not have."""
     import yaml
 
+    from lib.yaml_files import YAMLRefused, load_yaml
+
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config file {path} is a folder; give a YAML file, e.g. {_ready_made()}")
@@ -232,7 +234,9 @@ def read_config_file(path: Union[str, Path]) -> Dict[str, Any]:
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"config file {path} cannot be read: {error}") from None
     try:
-        values = yaml.safe_load(text)
+        values = load_yaml(text)
+    except YAMLRefused as error:
+        raise ConfigError(f"config file {path} is refused: {error}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

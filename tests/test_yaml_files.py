@@ -1,0 +1,61 @@
+"""Configuration files are read without aliases, deep nesting or duplicate keys, each refused in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lib.training.cli import ConfigError, read_config_file
+from lib.yaml_files import MAX_DEPTH, YAMLRefused, load_yaml
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+    for i in range(9)
+)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (BOMB, "an alias (*name) at line 2"),
+        ("[" * 100_000 + "]" * 100_000, f"nesting deeper than {MAX_DEPTH} levels"),
+        ("".join("  " * i + f"k{i}:\n" for i in range(300)) + "  " * 300 + "v: 1\n", "nesting deeper than"),
+        ("x" * 1_000_001, "larger than 1,000,000 bytes"),
+        ("max_steps: 10\nlearning_rate: 1e-5\nmax_steps: 20\n", "the key 'max_steps' appears twice (lines 1 and 3)"),
+        ("{a: 1, a: 2}", "the key 'a' appears twice"),
+    ],
+)
+def test_a_hostile_file_is_refused_in_one_short_line(tmp_path, text, message):
+    with pytest.raises(YAMLRefused, match="^.{0,200}$") as error:
+        load_yaml(text)
+    assert message in str(error.value)
+    path = tmp_path / "train.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="is refused: "):
+        read_config_file(path)
+
+
+def test_the_project_s_own_files_load_as_before():
+    import yaml
+
+    for path in (
+        "configs/train/default.yaml",
+        "configs/train/smoke.yaml",
+        "configs/train/colab.yaml",
+        "configs/full.yaml",
+    ):
+        with open(path) as handle:
+            text = handle.read()
+        assert load_yaml(text) == yaml.safe_load(text)
+
+
+def test_the_training_command_answers_a_duplicate_key_with_one_line(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("max_steps: 1\nmax_steps: 2\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "lib.training", "--config", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    assert "appears twice (lines 1 and 2)" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
