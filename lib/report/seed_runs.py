@@ -203,7 +203,7 @@ def seeds_figure(result: Mapping[str, Any], path: Path) -> None:
     keys = ["grpo_minus_warm_start"] + (["grpo_minus_sft"] if result.get("sft_run") else [])
     titles = {"grpo_minus_warm_start": "GRPO − its warm start", "grpo_minus_sft": "GRPO − SFT-only (same time)"}
     runs, groups = result["runs"], list(result["groups"])
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 3.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys) + 1.2, 3.8), squeeze=False, sharey=True)
     for ax, key in zip(axes[0], keys):
         for g, group in enumerate(groups):
             estimates = result["groups"][group][f"{key}_success"]
@@ -235,7 +235,7 @@ def seeds_figure(result: Mapping[str, Any], path: Path) -> None:
         ax.set_xticks(range(len(groups)), [result["groups"][g]["label"] for g in groups], rotation=20, ha="right")
         ax.set_title(titles[key])
         ax.set_ylabel("Δ success (95% interval)")
-        ax.legend(fontsize=8, loc="best")
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the data, not on it
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -271,7 +271,7 @@ def checkpoints_figure(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("held-out success (checkpoint subset)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
