@@ -49,11 +49,10 @@ def main(argv: Any = None) -> int:
     if args.k < 1:
         parser.error("--k must be at least 1")
 
-    from lib.episodes.generation import hf_generate_fn
-    from lib.episodes.llm_rollouts import play_episodes
-    from lib.measure.evaluation import GROUPS, PUBLISHED_KEY, episode_groups, heldout_suite, validation_suite
+    from lib.measure.evaluation import GROUPS, episode_groups, heldout_suite, validation_suite
     from lib.training import TrainConfig
     from lib.training.backends import load_policy
+    from lib.training.run import evaluate_policy
     from lib.training.warm_start import sft_warm_start
 
     if args.part not in GROUPS:
@@ -71,24 +70,9 @@ def main(argv: Any = None) -> int:
         source = sft_warm_start(policy, config).get("cached")
         model, tokenizer = policy.model, policy.tokenizer
     model.eval()
-    generate = hf_generate_fn(model, tokenizer, config.generation_engine)
 
     def play(specs: List[Any], sampling: Any, seed: int) -> List[Dict[str, Any]]:
-        played = play_episodes(
-            generate,
-            tokenizer,
-            specs,
-            sampling=sampling,
-            context=config.policy_context,
-            observation_config=config.observation_config,
-            max_turns=config.max_turns,
-            max_context_tokens=config.max_seq_length,
-            batch_size=config.eval_batch_size,
-            seed=seed,
-            make_env=PUBLISHED_KEY.make_env,
-            progress="pass@k",
-        )
-        return [episode.record.to_dict() for episode in played]
+        return evaluate_policy(model, tokenizer, specs, config, agent_name="pass@k", sampling=sampling, seed=seed)
 
     suite = list(heldout_suite() if args.split == "suite" else validation_suite(max(args.episodes, 60)))
     if args.greedy_from:

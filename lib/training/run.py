@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from cernenv.scenarios import list_scenarios
+from lib.agents.prompting import Sampling
 from lib.episodes.generation import hf_generate_fn
 from lib.episodes.llm_rollouts import play_episodes
 from lib.episodes.records import EpisodeSpec, load_episodes_jsonl, save_episodes_jsonl
@@ -82,25 +83,28 @@ def evaluate_policy(
     *,
     agent_name: str,
     backend: str = "trl",
+    sampling: Optional[Sampling] = None,
+    seed: Optional[int] = None,
 ) -> List[Dict[str, Any]]:
     """Greedy episodes of `model` on `specs` (records as dicts, as the evidence files hold them),
     in the order of `specs`, drawn with the published evaluation key (`lib.measure.evaluation.PUBLISHED_KEY`:
     the project's own evidence, which a fresh clone replays). With several processes each plays
-    its shard and every process gets all the records."""
+    its shard and every process gets all the records. `sampling` and `seed` (default: the
+    configuration's evaluation sampling and its seed) play sampled episodes instead."""
     generate = hf_generate_fn(model, tokenizer, config.generation_engine, unsloth=backend == "unsloth")
     key = PUBLISHED_KEY
     played = play_episodes(
         generate,
         tokenizer,
         shard(specs),
-        sampling=config.evaluation_sampling,
+        sampling=sampling or config.evaluation_sampling,
         context=config.policy_context,
         observation_config=config.observation_config,
         max_turns=config.max_turns,
         max_context_tokens=config.max_seq_length,
         batch_size=config.eval_batch_size,
         agent_name=agent_name,
-        seed=config.seed,
+        seed=config.seed if seed is None else seed,
         make_env=key.make_env,
         progress=f"held-out evaluation ({agent_name})" if is_main_process() else None,
     )
