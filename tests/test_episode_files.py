@@ -70,3 +70,13 @@ def test_the_results_ledger_writes_plain_json_booleans(tmp_path):
     ledger.close()
     (record,) = read_ledger(tmp_path / "results.jsonl")
     assert record["correct_outcome"] is False and record["steps"] == 3 and record["reward"] == 0.5
+
+
+def test_the_file_schema_names_the_record_s_fields():
+    """`EpisodeLine` and `StepLine` are the schema of `EpisodeRecord.to_dict()`: the same fields."""
+    from dataclasses import fields
+
+    from lib.episodes.records import EpisodeLine, EpisodeRecord, StepLine, StepRecord
+
+    assert set(EpisodeLine.model_fields) == {f.name for f in fields(EpisodeRecord)}
+    assert set(StepLine.model_fields) == {f.name for f in fields(StepRecord)}

@@ -13,7 +13,7 @@ import numpy as np
 
 from cernenv.detector import PILEUP_SETTINGS, RECONSTRUCTIONS, TRIGGERS
 from cernenv.models import ActionType, CollisionObservation, ExperimentAction
-from lib.agents.prompting import EVIDENCE_WORDS, round_significant
+from lib.agents.prompting import evidence_word, round_significant
 
 
 class Agent(Protocol):
@@ -235,7 +235,7 @@ class HeuristicAgent:
         significance reaches `discovery_z_global`, else a null claim."""
         references = obs.references
         z_global = _shown(references.get("significance.significance_sigma"))
-        word = next(word for level, word in EVIDENCE_WORDS if z_global >= level)
+        word = evidence_word(z_global)
         if z_global >= self.discovery_z_global and "fit.mass_uncertainty_gev" in references:
             spin = {"spin": "@angular.spin"} if "angular.spin" in references else {}
             return _action(

@@ -145,7 +145,8 @@ EVIDENCE_WORDS = ((5.0, "observation"), (EVIDENCE_Z_GLOBAL, "evidence"), (float(
 """What a global significance is called (a physicist's words for 5σ and 3σ), as the logbook says it."""
 
 
-def _evidence_word(z_global: Any) -> str:
+def evidence_word(z_global: Any) -> str:
+    """What the logbook calls a global significance (`EVIDENCE_WORDS`): observation, evidence, no evidence."""
     z = float(z_global) if isinstance(z_global, (int, float)) else 0.0
     return next(word for level, word in EVIDENCE_WORDS if z >= level)
 
@@ -179,7 +180,7 @@ def _logbook_line(obs: CollisionObservation) -> str:
     ]
     significance = logbook.get("estimate_significance")
     if significance:
-        notes.append(f"significance{mark('estimate_significance')}={_evidence_word(significance.get('z_global'))}")
+        notes.append(f"significance{mark('estimate_significance')}={evidence_word(significance.get('z_global'))}")
     angular = logbook.get("measure_angular")
     if angular:
         notes.append(f"spin{mark('measure_angular')}={angular.get('best_spin')}")
