@@ -210,6 +210,14 @@ def call(ws: ClientConnection, message: Any) -> Dict[str, Any]:
     return json.loads(ws.recv(timeout=WAIT_S))
 
 
+def send_oversized_frame_head(ws: ClientConnection, payload_bytes: int = 8 * 1024 * 1024) -> None:
+    """Writes on `ws`'s socket the head of a masked text frame that declares `payload_bytes` and
+    none of its payload: the server must refuse it from the head (close 1009) without reading it.
+    Sending a whole oversized frame instead races the server's close against the client's send
+    (the close frame is lost to a TCP reset when the server closes with the payload unread)."""
+    ws.socket.sendall(bytes([0x81, 0x80 | 127]) + struct.pack("!Q", payload_bytes) + os.urandom(4))
+
+
 def error_of(reply: Dict[str, Any]) -> Tuple[str, str]:
     assert reply["type"] == "error", reply
     return reply["data"]["code"], reply["data"]["message"]
@@ -955,8 +963,8 @@ def test_bad_websocket_input_gets_clear_errors_and_spares_other_sessions(server)
         healthy_step()
 
         # A frame over the hard limit is not read: the connection closes (1009); the rest goes on.
-        with pytest.raises(ConnectionClosed) as closed:  # the server may close before the frame is all sent
-            bad.send(json.dumps({"type": "step", "data": {"justification": "x" * (2 * 1024 * 1024)}}))
+        with pytest.raises(ConnectionClosed) as closed:
+            send_oversized_frame_head(bad)
             bad.recv(timeout=WAIT_S)
         assert closed.value.rcvd.code == 1009
         for _ in range(DEFAULT_MAX_STEPS):

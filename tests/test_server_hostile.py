@@ -35,7 +35,17 @@ import pytest
 import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_server import ROOT, WAIT_S, Server, call, error_of, free_port, raw_connection, read_until_closed
+from test_server import (
+    ROOT,
+    WAIT_S,
+    Server,
+    call,
+    error_of,
+    free_port,
+    raw_connection,
+    read_until_closed,
+    send_oversized_frame_head,
+)
 from uvicorn.server import ServerState
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -521,8 +531,8 @@ def guard_is_there(server: Server, per_client: int, read_timeout_s: float) -> No
     flood closed (1008), evaluation mode with its secret's fingerprint."""
     with server.ws(source="127.0.13.1", compression="deflate") as ws:
         assert "Sec-WebSocket-Extensions" not in ws.response.headers
-        with pytest.raises(ConnectionClosed) as closed:  # the server may close before the frame is all sent
-            ws.send("x" * (2 * 2**20))
+        with pytest.raises(ConnectionClosed) as closed:
+            send_oversized_frame_head(ws)
             ws.recv(timeout=WAIT_S)
         assert closed.value.rcvd.code == 1009
     held = [raw_connection(server, "127.0.13.2", b"GET /health HTTP/1.1\r\n") for _ in range(per_client)]
