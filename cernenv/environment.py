@@ -91,6 +91,7 @@ class _Episode:
     best_significance: float = 0.0
     world_nonce: str = ""  # mixed into the hidden streams by `fresh_worlds` (empty: the seed's world)
     grade: Optional[Dict[str, Any]] = None  # `episode_grade()`, once graded
+    claim: Any = None  # the `DiscoveryClaim` graded (None: ended without one)
     milestones: Set[str] = field(default_factory=set)
     paid_milestones: Set[str] = field(default_factory=set)
     terminal_components: Dict[str, float] = field(default_factory=dict)
@@ -371,6 +372,7 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
         what the claim's step reports: the components, or only that the claim was recorded
         when grades are withheld."""
         episode = self._episode
+        episode.claim = claim
         z_global = 0.0
         if claim is not None and claim.discovered and claim.channel in episode.recorder.records:
             record = episode.recorder.records[claim.channel]

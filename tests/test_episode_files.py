@@ -55,23 +55,6 @@ def test_a_file_appended_to_itself_is_refused_rather_than_counted_twice(tmp_path
     assert before_after_metrics(episodes, episodes)["n"]["pairs"] == 5  # the whole file, read once
 
 
-def test_the_results_ledger_writes_plain_json_booleans(tmp_path):
-    """A numpy boolean from a grade is written true/false (once it was "False", which is truthy)."""
-    import numpy as np
-
-    from cernenv.rewards import mass_is_correct
-    from cernenv.server.evaluation import ResultsLedger, read_ledger
-
-    assert type(mass_is_correct(125.0, 0.3, 125.1)) is bool
-    ledger = ResultsLedger(tmp_path / "results.jsonl")
-    ledger.append({"correct_outcome": np.bool_(False), "steps": np.int64(3), "reward": np.float32(0.5)})
-    with pytest.raises(TypeError, match="plain JSON values"):
-        ledger.append({"grade": object()})
-    ledger.close()
-    (record,) = read_ledger(tmp_path / "results.jsonl")
-    assert record["correct_outcome"] is False and record["steps"] == 3 and record["reward"] == 0.5
-
-
 def test_the_file_schema_names_the_record_s_fields():
     """`EpisodeLine` and `StepLine` are the schema of `EpisodeRecord.to_dict()`: the same fields."""
     from dataclasses import fields

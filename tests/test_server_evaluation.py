@@ -22,9 +22,12 @@ from typing import Any, Dict, List
 import pytest
 from test_server import Server, call
 
+from cernenv import CERNCollisionEnvironment
 from cernenv.client import parse_observation
+from cernenv.models import DiscoveryClaim
 from cernenv.scenarios import procedural_scenario
-from cernenv.server.evaluation import ResultsLedger, fingerprint, generated_secret, read_ledger
+from cernenv.server.evaluation import fingerprint, generated_secret
+from cernenv.server.ledger import read_ledger
 
 from truth_leaks import blank_random_ids
 
@@ -90,12 +93,12 @@ def test_the_bisection_attack_recovers_nothing_from_a_server_in_its_default_mode
     routes_after = [server.http("GET", path)[1] for path in ("/state", "/sessions", "/evaluation", "/metadata")]
     assert routes_after == routes_before
     episodes = read_ledger(server.ledger)[before:]
-    assert len(episodes) == len(SEEDS) * QUERIES and {e["ended"] for e in episodes} == {"claim"}
-    exists = {e["truth"]["exists"] for e in episodes}
-    masses = {e["truth"]["mass_gev"] for e in episodes if e["truth"]["exists"]}
+    assert len(episodes) == len(SEEDS) * QUERIES and {e.ended for e in episodes} == {"claim"}
+    exists = {e.truth["exists"] for e in episodes}
+    masses = {e.truth["mass_gev"] for e in episodes if e.truth["exists"]}
     assert exists == {True, False} and len(masses) > QUERIES  # the answers hid different worlds
     for seed in SEEDS:
-        nonces = [e["world_nonce"] for e in episodes if e["seed"] == seed]
+        nonces = [e.world_nonce for e in episodes if e.seed == seed]
         assert len(set(nonces)) == QUERIES  # no seed is ever replayed into the same world
 
 
@@ -141,6 +144,7 @@ def test_the_server_makes_its_secret_once_names_it_by_fingerprint_and_never_show
         "secret_fingerprint": fingerprint(secret),
         "fresh_worlds": True,
         "grades": "withheld: recorded for the operator when each episode ends",
+        "scored_run": None,
     }
     output = server.output()
     assert f"evaluation secret {fingerprint(secret)}" in output and secret not in output
@@ -179,36 +183,25 @@ def test_the_ledger_keeps_one_whole_line_per_ended_episode(evaluation_server):
     server.mcp("tools/call", {"session_id": session, "name": "act", "arguments": blind}, "127.0.0.8")
     server.mcp("openenv/session/close", {"session_id": session}, source="127.0.0.8")
     assert server.wait_open_environments(0) == 0
-    records = {r["episode_id"]: r for r in read_ledger(server.ledger)[before:]}
+    records = {r.episode_id: r for r in read_ledger(server.ledger)[before:]}
+    in_process = CERNCollisionEnvironment()  # what a blind claim's step earns besides its grade
+    in_process.reset(seed=902_021, difficulty="medium")
+    in_process.step(blind)
+    step_reward = in_process.state.cumulative_reward - in_process.state.terminal_reward
     assert set(records) == {"left-by-reset", "graded", "left-open", "over-mcp"}
-    assert records["left-by-reset"]["ended"] == "abandoned: reset" and records["left-by-reset"]["grade"] is None
-    assert records["left-open"]["ended"] == "abandoned: session ended" and records["left-open"]["grade"] is None
+    assert records["left-by-reset"].ended == "abandoned: reset" and records["left-by-reset"].grade is None
+    assert records["left-open"].ended == "abandoned: session ended" and records["left-open"].grade is None
     for name, client in (("graded", "127.0.0.7"), ("over-mcp", "127.0.0.8")):
         record = records[name]
-        assert record["ended"] == "claim" and record["client"] == client and record["mode"] == "evaluation"
-        assert set(record["grade"]) >= {"terminal_reward", "components", "correct_outcome"}
-        assert set(record["truth"]) >= {"exists", "mass_gev"} and len(record["world_nonce"]) == 32
-        assert record["secret_fingerprint"] == server.http("GET", "/evaluation")[1]["secret_fingerprint"]
-    assert records["over-mcp"]["seed"] == 902_023 and records["over-mcp"]["session_id"] == session
+        assert record.ended == "claim" and record.client == client and record.mode == "evaluation"
+        assert record.grade is not None and record.claim == DiscoveryClaim(**blind["parameters"]).model_dump(
+            mode="json"
+        )
+        assert set(record.truth) >= {"exists", "mass_gev"} and len(record.world_nonce) == 32
+        assert record.secret_fingerprint == server.http("GET", "/evaluation")[1]["secret_fingerprint"]
+        assert record.episode_reward == pytest.approx(record.grade.terminal_reward + step_reward)
+    assert records["over-mcp"].seed == 902_023 and records["over-mcp"].session_id == session
     assert stat.S_IMODE(server.ledger.stat().st_mode) == 0o600
-
-
-def test_ledger_lines_written_at_once_stay_whole(tmp_path):
-    ledger = ResultsLedger(tmp_path / "ledger.jsonl")
-    payload = "x" * 20_000  # longer than a pipe's atomic write
-
-    def write(index: int) -> None:
-        for k in range(50):
-            ledger.append({"writer": index, "k": k, "payload": payload})
-
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    ledger.close()
-    records = read_ledger(tmp_path / "ledger.jsonl")
-    assert len(records) == 300 and all(r["payload"] == payload for r in records)
 
 
 def test_an_mcp_agent_plays_an_episode_with_openenvs_own_client_and_grades_withheld(evaluation_server):
@@ -241,7 +234,7 @@ def test_an_mcp_agent_plays_an_episode_with_openenvs_own_client_and_grades_withh
     assert state["terminal_reward"] is None and "outcome" not in state["reward_components"]
     assert server.wait_open_environments(0) == 0
     (record,) = read_ledger(server.ledger)[before:]
-    assert record["seed"] == 902_040 and record["grade"]["terminal_reward"] is not None
+    assert record.seed == 902_040 and record.grade is not None
 
 
 def test_openenv_validate_passes_against_a_live_server(evaluation_server):

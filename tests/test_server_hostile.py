@@ -49,8 +49,8 @@ from test_server import (
 from uvicorn.server import ServerState
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from cernenv.server.evaluation import read_ledger
 from cernenv.server.guard import ConnectionGuard, guarded_protocols, guarded_server
+from cernenv.server.ledger import read_ledger
 from cernenv.server.pacing import FREE_MESSAGES_WITHOUT_WORK, MAX_CONTROL_FRAME_DEBT_S, WASTED_WORK_PAUSE_S
 from cernenv.server.wire import MAX_JSON_DEPTH
 from lib.agents.baselines import HeuristicAgent
@@ -694,4 +694,4 @@ def test_the_attacked_server_is_whole(hostile):
     assert hostile.http("GET", "/health")[0] == 200
     assert "Traceback" not in log_since(hostile, 0)
     assert hostile.wait_open_environments(0) == 0
-    assert all(record["mode"] == "evaluation" for record in read_ledger(hostile.ledger))
+    assert all(record.mode == "evaluation" for record in read_ledger(hostile.ledger))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import resource
+import secrets
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -24,6 +25,7 @@ from cernenv.server.config import ServerConfig
 from cernenv.server.evaluation import MODES, generated_secret, ledger_path, secret_path, state_dir
 from cernenv.server.guard import ConnectionGuard, guarded_server, listening_socket
 from cernenv.server.pacing import events
+from cernenv.suite import SELECTION_HELP, selected_tasks
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -73,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
         "one, a secret is generated on first use in the state directory",
     )
     secret.add_argument(
+        "--ephemeral-secret",
+        action="store_true",
+        help="a fresh evaluation secret made in memory for this process only, never written or printed "
+        "(its fingerprint is): for a scored run of an agent that runs on this machine",
+    )
+    secret.add_argument(
         "--no-secret",
         action="store_true",
         help="no evaluation secret: the hidden worlds are the public code's (replayable by seed in training mode)",
@@ -83,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="where ended episodes' grades are appended, one JSON line each (or set CERNENV_RESULTS_LEDGER; "
         "default in evaluation mode: results.jsonl in the state directory)",
+    )
+    parser.add_argument(
+        "--scored-run",
+        metavar="SELECTION",
+        help=f"open a scored run at start (or set CERNENV_SCORED_RUN): {SELECTION_HELP}; every reset then "
+        "gets the run's next task, each played once, abandoned ones counted as failures "
+        "(score it with python -m lib.measure.scorecard LEDGER)",
     )
     parser.add_argument(
         "--token-file",
@@ -143,11 +158,14 @@ def configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Serv
             request_read_timeout_s=args.request_read_timeout_s,
             trusted_proxies=None if args.trusted_proxy is None else ",".join(args.trusted_proxy),
             allowed_origins=None if args.allowed_origin is None else ",".join(args.allowed_origin),
+            scored_run=args.scored_run,
         )
     except ValueError as error:
         parser.error(str(error))
     if args.no_secret:
         config = dataclasses.replace(config, secret_salt="")
+    elif args.ephemeral_secret:
+        config = dataclasses.replace(config, secret_salt=secrets.token_urlsafe(32))
     elif not config.secret_salt and config.evaluation:
         path = secret_path(state_dir())
         try:
@@ -156,6 +174,11 @@ def configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Serv
             parser.error(f"cannot use or make the evaluation secret {path}: {error}; give one with --secret-salt-file")
     if not config.results_ledger and config.evaluation:
         config = dataclasses.replace(config, results_ledger=str(ledger_path(state_dir())))
+    if config.scored_run:
+        try:
+            selected_tasks(config.scored_run)
+        except ValueError as error:
+            parser.error(f"--scored-run: {error}")
     return config
 
 
@@ -215,6 +238,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         app = create_cernenv_app(config)
     except OSError as error:  # the ledger's directory cannot be made or written
         parser.error(f"cannot open the results ledger {config.results_ledger}: {error}; give another: --results-ledger")
+    if app.state.cernenv_run is not None:
+        run = app.state.cernenv_run.describe()
+        print(
+            f"scored run {run['run_id']} open: {run['n_tasks']} tasks ({run['selection']}), each reset gets the next; "
+            f"score it with: python -m lib.measure.scorecard {config.results_ledger} --run {run['run_id']}",
+            flush=True,
+        )
     server = guarded_server(app, guard, config.host, config.port, config.ws_frame_limit_bytes, args.log_level)
     server.run(sockets=[listener])
     return 0

@@ -56,7 +56,7 @@ from openenv.core.env_server.types import ConcurrencyConfig
 from cernenv.models import CernState, CollisionObservation
 from cernenv.server.apidocs import serve_offline_docs
 from cernenv.server.config import ServerConfig
-from cernenv.server.evaluation import ResultsLedger
+from cernenv.server.ledger import ResultsLedger
 from cernenv.server.middleware import BearerToken, MessageLimit, RequireGuard
 from cernenv.server.pacing import (
     FREE_MESSAGES_WITHOUT_WORK,
@@ -70,6 +70,7 @@ from cernenv.server.pacing import (
     WASTED_WORK_PAUSE_S,
     AddressPacer,
 )
+from cernenv.server.runs import ScoredRun
 from cernenv.server.scheduler import FairScheduler
 from cernenv.server.served import EnvironmentCount, ServedEnvironment, WireAction
 from cernenv.server.sessions import adopt_env_server
@@ -137,12 +138,23 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
     count = EnvironmentCount()
     scheduler = FairScheduler()
     ledger = ResultsLedger(Path(config.results_ledger)) if config.results_ledger else None
+    run = None
+    if config.scored_run:
+        if ledger is None or not config.evaluation:
+            raise ValueError("a scored run needs evaluation mode and a results ledger")
+        run = ScoredRun(config.scored_run, ledger, config.secret_fingerprint)
     concurrency = ConcurrencyConfig(
         max_concurrent_envs=config.max_sessions, session_timeout=config.session_idle_timeout_s
     )
     app: FastAPI = create_app(
         functools.partial(
-            ServedEnvironment, count, scheduler, config.secret_salt, evaluation=config.evaluation, ledger=ledger
+            ServedEnvironment,
+            count,
+            scheduler,
+            config.secret_salt,
+            evaluation=config.evaluation,
+            ledger=ledger,
+            run=run,
         ),
         WireAction,
         CollisionObservation,
@@ -161,6 +173,17 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
         if not (getattr(route, "path", None) == "/mcp" and not getattr(route, "methods", None))
     ]
     _serve_schema_once(app)
+
+    def record_unfinished_episodes() -> None:
+        """At shutdown, after the sockets closed (their episodes recorded as their sessions
+        ended): the episodes still open in MCP sessions, then the scored run's end."""
+        for env in list(sessions._sessions.values()):
+            if env is not None:
+                env.record_unfinished("abandoned: server shut down")
+        if run is not None:
+            run.end("server shut down")
+
+    app.router.on_shutdown.insert(0, record_unfinished_episodes)
     serve_offline_docs(app)  # /docs and /redoc without a CDN (cernenv/server/apidocs.py)
 
     async def request_error(request: Request, error: RequestError) -> JSONResponse:
@@ -200,6 +223,7 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
             "grades": "withheld: recorded for the operator when each episode ends"
             if config.evaluation
             else "served in observations and state (training mode: not for scoring)",
+            "scored_run": run.describe() if run is not None else None,
         }
 
     app.add_middleware(
@@ -215,6 +239,7 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
         app.add_middleware(RequireGuard)  # outermost
     app.state.cernenv_config = config
     app.state.cernenv_sessions = sessions
+    app.state.cernenv_run = run
     return app
 
 

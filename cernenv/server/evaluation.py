@@ -5,7 +5,8 @@ Two modes (`ServerConfig.mode`):
 - `evaluation` (the default): every episode is drawn with an evaluation secret the server
   holds, every reset draws a fresh hidden world (`CERNCollisionEnvironment(fresh_worlds=True)`),
   and grades never cross the wire (`withhold_grades=True`): each ended episode's grade and
-  truth go to the operator's results ledger instead (`ResultsLedger`, one JSON line each).
+  truth go to the operator's results ledger instead (`cernenv.server.ledger`, one typed JSON line
+  each); an operator may open a scored run there (`cernenv.server.runs`).
 - `training`: public, replayable worlds (the seed's, or the secret's when one is given) and
   rewards served as in process, for reinforcement learning against the server. Not for scoring
   anyone: whoever plays it can read every grade and replay any seed.
@@ -20,15 +21,12 @@ Only the secret's fingerprint (`fingerprint`) is ever printed or served.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import json
 import os
 import secrets
 import tempfile
-import threading
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Mapping, Optional
 
 MODES = ("evaluation", "training")
 SECRET_FILE = "evaluation.secret"
@@ -81,49 +79,3 @@ def generated_secret(path: Path) -> str:
     if not secret:
         raise ValueError(f"{path} is empty: delete it to have a new secret generated, or write one in it")
     return secret
-
-
-class ResultsLedger:
-    """The operator's record of an evaluation: one JSON object per line, per ended episode
-    (graded, or abandoned unfinished), appended with one `write` on a file opened O_APPEND, so a
-    line is whole or absent, never interleaved with another. The file is readable by this user
-    only. See `ServedEnvironment._record` for the fields."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        self._lock = threading.Lock()
-
-    def append(self, record: Dict[str, Any]) -> None:
-        text = json.dumps({"ended_at": _utc_now(), **record}, sort_keys=True, default=_plain, allow_nan=False)
-        line = (text + "\n").encode("utf-8")
-        with self._lock:
-            written = os.write(self._fd, line)
-        if written != len(line):  # a full disk: say so (the line is cut, and the next starts on its own line)
-            raise OSError(f"results ledger {self.path}: wrote {written} of {len(line)} bytes")
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-
-
-def read_ledger(path: Path) -> list:
-    """The ledger's records, in order (for operators and tests)."""
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-def _plain(value: Any) -> Any:
-    """A numpy scalar as the plain JSON value it holds (`numpy.bool_` → true/false, never "True");
-    anything else a ledger record should not hold is a TypeError, not its `str`."""
-    item = getattr(value, "item", None)
-    if callable(item) and type(value).__module__ == "numpy":
-        return item()
-    raise TypeError(f"a results-ledger record holds plain JSON values, not {type(value).__name__}")
-
-
-def _utc_now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")

@@ -18,13 +18,15 @@ from pydantic import ConfigDict
 from cernenv.client import RAW_ACTION_KEY
 from cernenv.environment import CERNCollisionEnvironment
 from cernenv.models import CollisionObservation, ExperimentAction
-from cernenv.server.evaluation import ResultsLedger, fingerprint
+from cernenv.server.evaluation import fingerprint
+from cernenv.server.ledger import ResultsLedger, utc_now
 from cernenv.server.pacing import (
     FREE_STEPS_ON_UNCHANGED_DATA,
     NO_NEW_WORK_SURCHARGE,
     WASTED_WORK_PAUSE_S,
     MessageBudget,
 )
+from cernenv.server.runs import ScoredRun, unscored_reset_problem
 from cernenv.server.scheduler import FairScheduler
 from cernenv.server.sessions import REQUEST, CampaignTools
 from cernenv.server.wire import RESET_PARAMETERS, NoEpisodeError, RequestError, reset_problem
@@ -91,6 +93,7 @@ class ServedEnvironment(CERNCollisionEnvironment):
         *,
         evaluation: bool = False,
         ledger: Optional[ResultsLedger] = None,
+        run: Optional[ScoredRun] = None,
     ) -> None:
         super().__init__(secret_salt=secret_salt or None, fresh_worlds=evaluation, withhold_grades=evaluation)
         self._count = count
@@ -98,6 +101,11 @@ class ServedEnvironment(CERNCollisionEnvironment):
         self._closed = False
         self._evaluation = evaluation
         self._ledger = ledger
+        self._scored_run = run
+        self._task_index: Optional[int] = None  # the scored run's task the episode plays
+        self._record_lock = threading.Lock()  # one ledger line per episode, whichever end comes first
+        self._recorded: Optional[object] = None  # the episode last recorded
+        self._last_observation: Optional[CollisionObservation] = None
         self._secret_fingerprint = fingerprint(secret_salt) if secret_salt else None
         self._steps_on_unchanged_data = 0  # steps in a row since the episode's data last changed
         self._reset_wasted_episode = False  # the last reset cut short an episode, or one without data
@@ -182,12 +190,17 @@ class ServedEnvironment(CERNCollisionEnvironment):
         arguments = dict(seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty)
         arguments.update(secret_salt=secret_salt, **unknown)
         problem = reset_problem(arguments)
+        if problem is None and self._scored_run is not None:
+            problem = unscored_reset_problem(arguments, self._scored_run)
         if problem is not None:
             raise RequestError(problem)
         previous = self._episode
         wasted = previous is not None and (not previous.done or previous.data_version == 0)
         if previous is not None and not previous.done:
             self._record("abandoned: reset")
+        if self._scored_run is not None:
+            self._task_index, task = self._scored_run.next_task()
+            seed, scenario, difficulty = task.seed, task.scenario, task.difficulty
         try:
             observation = super().reset(
                 seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty, secret_salt=secret_salt
@@ -195,6 +208,7 @@ class ServedEnvironment(CERNCollisionEnvironment):
         except ValueError as error:
             raise RequestError(str(error)) from None
         self._steps_on_unchanged_data, self._reset_wasted_episode = 0, wasted
+        self._last_observation = observation
         return observation
 
     def step(self, action: Any, timeout_s: Optional[float] = None, **kwargs: Any) -> CollisionObservation:
@@ -208,6 +222,7 @@ class ServedEnvironment(CERNCollisionEnvironment):
             action = action.unwrap()
         data_before, was_done = self._episode.data_version, self._episode.done
         observation = super().step(action, timeout_s=timeout_s, **kwargs)
+        self._last_observation = observation
         changed = self._episode is None or self._episode.data_version != data_before
         self._steps_on_unchanged_data = 0 if changed else self._steps_on_unchanged_data + 1
         if self._episode.done and not was_done:
@@ -221,14 +236,26 @@ class ServedEnvironment(CERNCollisionEnvironment):
 
     def _record(self, ended: str) -> None:
         """One line in the results ledger for the episode that just ended (`ended`: the claim,
-        the reason the campaign stopped, or how it was abandoned): where it was played (`session_id`,
-        `client`), what it was (`episode_id`, `seed`, `scenario`, `difficulty`, `world_nonce`, the
-        `secret_fingerprint`), `steps`, the `grade` (`episode_grade()`: None if abandoned) and the
-        `truth`. Only a session's episodes are recorded (not HTTP's one-off resets)."""
+        the reason the campaign stopped, or how it was abandoned), at most one per episode
+        whichever end comes first (a claim racing the session's close): where it was played
+        (`session_id`, `client`), what it was (`episode_id`, `seed`, `scenario`, `difficulty`,
+        `world_nonce`, the `secret_fingerprint`, the scored run's `run_id` and `task_index`),
+        `steps`, the `grade` (None if abandoned), the `episode_reward`, the final `resources`,
+        the `claim` and the `truth` (`cernenv.server.ledger.EpisodeEnded`). Only a session's
+        episodes are recorded (not HTTP's one-off resets)."""
         if self._ledger is None or self.session_id is None or self._episode is None:
             return
-        episode, state = self._episode, self.state
+        with self._record_lock:
+            episode = self._episode
+            if self._recorded is episode:
+                return
+            self._recorded = episode
+        state, grade = self.state, self.episode_grade()
+        withheld_reward = grade["terminal_reward"] if grade else 0.0  # not in the state's sum when withheld
+        usage = self._last_observation.resource_usage.model_dump() if self._last_observation else {}
         record = {
+            "record": "episode",
+            "ended_at": utc_now(),
             "mode": "evaluation" if self._evaluation else "training",
             "secret_fingerprint": self._secret_fingerprint,
             "session_id": self.session_id,
@@ -240,19 +267,30 @@ class ServedEnvironment(CERNCollisionEnvironment):
             "world_nonce": self.world_nonce(),
             "steps": state.step_count,
             "ended": ended,
-            "grade": self.episode_grade(),
+            "grade": grade,
+            "episode_reward": state.cumulative_reward + (withheld_reward if self._evaluation else 0.0),
+            "resources": {k: v for k, v in usage.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+            "claim": episode.claim.model_dump(mode="json") if episode.claim is not None else None,
             "truth": CERNCollisionEnvironment.hidden_truth(self),
+            "run_id": self._scored_run.run_id if self._scored_run else None,
+            "task_index": self._task_index if self._scored_run else None,
         }
         try:
             self._ledger.append(record)
-        except OSError as error:  # the operator must hear of it; the agent's session goes on
+        except (OSError, ValueError) as error:  # the operator must hear of it; the agent's session goes on
             logger.error("could not record an ended episode in the results ledger: %s", error)
+        if self._scored_run is not None and self._task_index is not None:
+            self._scored_run.episode_ended(self._task_index)
+
+    def record_unfinished(self, ended: str) -> None:
+        """Record the session's episode as `ended` if it is still being played."""
+        if self._episode is not None and not self._episode.done:
+            self._record(ended)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self._episode is not None and not self._episode.done:
-                self._record("abandoned: session ended")
+            self.record_unfinished("abandoned: session ended")
             self._count.change(-1)
             self._scheduler.forget(self)
         super().close()

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tupl
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from cernenv.scenarios import list_scenarios
+from cernenv.suite import SuiteTask
 from lib.files import atomic_write, json_text, refuse_empty
 
 PAIR_KEY = ("seed", "scenario", "difficulty")
@@ -29,24 +29,8 @@ def pair_key(episode: Mapping[str, Any]) -> Tuple:
     return tuple(episode.get(k) for k in PAIR_KEY)
 
 
-def part_of(scenario: Optional[str]) -> str:
-    """The suite part of an episode (spec or record) from its scenario: "known_physics" for a
-    curated scenario, "unseen" for a procedural one (None in a spec, "procedural_*" in a record)."""
-    return "known_physics" if scenario in list_scenarios() else "unseen"
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """One episode of a suite: the seed and either a curated scenario or a difficulty."""
-
-    seed: int
-    scenario: Optional[str] = None
-    difficulty: Optional[str] = None
-
-    @property
-    def part(self) -> str:
-        """ "known_physics" (a curated scenario) or "unseen" (procedural): see `lib.measure.evaluation.PARTS`."""
-        return part_of(self.scenario)
+EpisodeSpec = SuiteTask
+"""One episode of a suite: the seed and either a curated scenario or a difficulty (`cernenv.suite.SuiteTask`)."""
 
 
 def spec_fields(item: Any) -> Dict[str, Any]:

@@ -23,12 +23,15 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Annotated, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from cernenv import CERNCollisionEnvironment
-from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
+from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START
+from cernenv.suite import PARTS, SUITE_VERSION, SUITES, part_of, suite_tasks
 from lib.episodes.agent_rollouts import collect_episodes
-from lib.episodes.records import EpisodeSpec, as_episode_dict, part_of
+from lib.episodes.records import EpisodeSpec, as_episode_dict
 from lib.measure.metrics import (
     CONFIDENCE,
     METRICS,
@@ -43,41 +46,12 @@ from lib.measure.metrics import (
     has_particle,
 )
 
-SUITE_VERSION = "v3"
 HELDOUT_SEED_START = EVALUATION_SEED_START
 TRAINING_SEEDS = range(0, HELDOUT_SEED_START)
 """Seeds training may use; the held-out suite never does. Procedural particles of the seeds
 above lie in the evaluation mass bands (`cernenv.scenarios.mass_bands`)."""
-PARTS = {
-    "unseen": "procedural campaigns whose particle no training task can produce within 2σ_m "
-    "(evaluation mass bands), and procedural null campaigns: the generalisation measure",
-    "known_physics": "the curated campaigns of known physics, which training plays too: recall, not generalisation",
-}
-"""The parts of the held-out suite, reported on their own."""
 PARTICLE_SPLITS = {"with_particle": True, "null": False}
 """Tasks with a particle and null tasks (no particle: the right answer is no discovery)."""
-
-
-@dataclass(frozen=True)
-class SuiteLayout:
-    """How one version of the held-out suite is built: curated scenarios first, each on
-    consecutive seeds, then procedural campaigns of each difficulty."""
-
-    first_seed: int
-    curated_seeds_per_scenario: int
-    procedural_seeds_per_difficulty: int
-
-
-SUITES = {
-    "v1": SuiteLayout(first_seed=900_000, curated_seeds_per_scenario=6, procedural_seeds_per_difficulty=26),
-    "v2": SuiteLayout(first_seed=901_000, curated_seeds_per_scenario=4, procedural_seeds_per_difficulty=31),
-    "v3": SuiteLayout(first_seed=902_000, curated_seeds_per_scenario=4, procedural_seeds_per_difficulty=95),
-}
-"""v1: 7×6 + 3×26 = 120 episodes on seeds 900000-900119; v2: 7×4 + 3×31 = 121 on seeds
-901000-901120 (both kept so old evidence stays readable; their "unseen" particles lay within
-reach of training's). v3: 7×4 = 28 known-physics + 3×95 = 285 unseen = 313 episodes on seeds
-902000-902312, none of v1's or v2's: over 192 unseen particles, so that a 0.10 difference in
-success there is measured to within ±0.10 (95%) even between independent samples."""
 
 
 @dataclass(frozen=True)
@@ -153,22 +127,8 @@ def key_of_record(episode: Mapping[str, Any], path: Optional[os.PathLike] = None
 
 
 def heldout_suite(version: str = SUITE_VERSION) -> Tuple[EpisodeSpec, ...]:
-    """The fixed held-out suite of `version` (`SUITES`): every curated scenario (null ones
-    included) and procedural campaigns of every difficulty (which include null cases)."""
-    if version not in SUITES:
-        raise ValueError(f"unknown suite version {version!r}; this code knows {', '.join(map(repr, SUITES))}")
-    layout = SUITES[version]
-    specs: List[EpisodeSpec] = []
-    seed = layout.first_seed
-    for scenario in list_scenarios():
-        for _ in range(layout.curated_seeds_per_scenario):
-            specs.append(EpisodeSpec(seed, scenario=scenario))
-            seed += 1
-    for difficulty in DIFFICULTIES:
-        for _ in range(layout.procedural_seeds_per_difficulty):
-            specs.append(EpisodeSpec(seed, difficulty=difficulty))
-            seed += 1
-    return tuple(specs)
+    """The fixed held-out suite of `version` (`cernenv.suite.SUITES`)."""
+    return suite_tasks(version)
 
 
 def validation_suite(n_episodes: int) -> Tuple[EpisodeSpec, ...]:
@@ -305,7 +265,7 @@ def write_baseline_evidence(
     agent or an agent with no episode is given: existing baselines are never replaced by n=0."""
     from pathlib import Path
 
-    from lib.files import atomic_write, check_writable_dir, refuse_empty, write_json
+    from lib.files import atomic_write, check_writable_dir, json_text, refuse_empty, write_json
 
     directory = Path(evidence_dir)
     n_episodes = {name: len(episodes) for name, episodes in episodes_by_agent.items()}
@@ -328,6 +288,7 @@ def write_baseline_evidence(
             if group != "all"
         },
     }
+    BaselinesFile.model_validate_json(json_text(payload))  # the schema the file is read with
     write_json(directory / "baselines.json", payload)
     lines = [
         f"# Baselines on the held-out suite {suite_version}",
@@ -347,6 +308,48 @@ def write_baseline_evidence(
     ]
     atomic_write(directory / "baselines.md", "\n".join(lines) + "\n")
     return results
+
+
+FiniteOrNull = Optional[Annotated[float, Field(strict=True, allow_inf_nan=False)]]
+
+
+class EstimateEntry(BaseModel):
+    """One metric of one agent in baselines.json: its mean and interval (null when undefined) and n."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    mean: FiniteOrNull
+    low: FiniteOrNull
+    high: FiniteOrNull
+    n: StrictInt
+
+
+class GroupEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    n_episodes: Dict[str, StrictInt]
+    metrics: Dict[str, Dict[str, EstimateEntry]]
+
+
+class BaselinesFile(BaseModel):
+    """The schema of evidence/baselines.json (`write_baseline_evidence`), held on write and on read."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    suite_version: StrictStr
+    n_episodes: Dict[str, StrictInt]
+    confidence: Annotated[float, Field(strict=True, allow_inf_nan=False)]
+    bootstrap_resamples: StrictInt
+    metrics: Dict[str, Dict[str, EstimateEntry]]
+    groups: Dict[str, GroupEntry] = {}
+
+
+def read_baselines(path: os.PathLike) -> Dict[str, Any]:
+    """A baselines.json, checked against `BaselinesFile`: a ValueError naming the file and the
+    field when it is not one (a boolean or a string where a number belongs, NaN, an unknown key)."""
+    try:
+        return BaselinesFile.model_validate_json(Path(path).read_text(encoding="utf-8")).model_dump()
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"{path}: {where}: {first['msg']}; rewrite it with notebook 02 (make reproduce)") from None
 
 
 def baseline_groups(episodes_by_agent: Mapping[str, Sequence[Any]]) -> Dict[str, Dict[str, Dict[str, Estimate]]]:

@@ -39,7 +39,8 @@ except ModuleNotFoundError as missing:  # pragma: no cover - depends on the inst
         name=missing.name,
     ) from None
 
-from lib.episodes.records import as_episode_dict, pair_key, part_of
+from cernenv.suite import part_of
+from lib.episodes.records import as_episode_dict, pair_key
 from lib.measure.metrics import has_particle
 from lib.report.episode_markdown import spread_by_reward
 from lib.report.evidence_figures import palette_png

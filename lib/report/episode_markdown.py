@@ -9,7 +9,8 @@ from typing import Any, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from lib.episodes.records import as_episode_dict, pair_key, part_of
+from cernenv.suite import part_of
+from lib.episodes.records import as_episode_dict, pair_key
 from lib.measure.comparison import correct_change, same_tasks, summarise_episodes
 from lib.measure.evaluation import GROUP_WORDS, PARTS, episode_groups, group_label
 from lib.measure.metrics import as_number

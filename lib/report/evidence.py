@@ -24,7 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from lib.episodes.records import part_of
+from cernenv.suite import part_of
 from lib.files import atomic_write, write_json
 from lib.measure.comparison import (
     before_after_metrics,

@@ -33,7 +33,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.episodes.records import PAIR_KEY, load_episodes_jsonl, pair_key, part_of
+from cernenv.suite import part_of
+from lib.episodes.records import PAIR_KEY, load_episodes_jsonl, pair_key
 from lib.measure.evaluation import GROUPS, PARTICLE_SPLITS, group_label
 from lib.measure.metrics import Estimate, bootstrap_mean, has_particle
 from lib.seeds import BOOTSTRAP_SEED
