@@ -121,7 +121,7 @@ def _csv_cell(value: Any) -> str:
         return str(value)
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else ""
-    return str(value).replace("\r", " ").replace("\n", " ")  # one row, one physical line
+    raise TypeError(f"a log cell is a number or nothing, not {type(value).__name__} {str(value)[:40]!r}")
 
 
 def _csv_line(cells: Sequence[str]) -> bytes:
@@ -260,9 +260,33 @@ def read_records(path: Path) -> Records:
         records = Records(episodes, skipped)
     else:
         records = _read_csv(path.read_bytes())
+        _check_numbers(path, records)
     if records.n_skipped:
         logger.warning("%s: skipped %d malformed or unfinished line(s)", path, records.n_skipped)
     return records
+
+
+NUMERIC_LOGS = {cls.COLUMNS for cls in (TrainingLogWriter, RewardComponentLogWriter, CheckpointEvalWriter)}
+NUMERIC_LOGS |= {TrainingLogWriter.COLUMNS[:-1]}  # logs written before the zero-spread column
+"""The headers of the logs whose every cell is a number or empty (`_CsvLog` writes nothing else)."""
+
+
+def _check_numbers(path: Path, records: Records) -> None:
+    """A ValueError naming the file, row and column of a cell of a numeric log (`NUMERIC_LOGS`)
+    that is neither a finite number nor empty: such a file was not written by its writer."""
+    if records.columns not in NUMERIC_LOGS:
+        return
+    for number, row in enumerate(records.rows, start=1):
+        for column, cell in row.items():
+            try:
+                ok = cell == "" or math.isfinite(float(cell))
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"{path}: data row {number}, column {column}: {cell[:40]!r} is not a finite number; "
+                    "every cell of this log is a number or empty (move the file aside and rerun what writes it)"
+                )
 
 
 def _read_csv(data: bytes) -> Records:

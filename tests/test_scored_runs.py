@@ -1,0 +1,308 @@
+"""Scored runs and the records they leave: the server assigns every task and counts abandoned ones
+(`cernenv.server.runs`), the results ledger is typed on write and on read (`cernenv.server.ledger`),
+one scorer reads it (`lib.measure.scorecard`), and an agent scored out of process
+(`lib.measure.score_agent`) finds nothing of the truth by introspecting its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+from test_server import Server, call
+
+from cernenv.scenarios import EVALUATION_SEED_START
+from cernenv.server import ledger as ledger_module
+from cernenv.server.ledger import EpisodeEnded, LedgerError, ResultsLedger, RunEnded, RunOpened, read_ledger, utc_now
+from cernenv.suite import DRAW_SEED_START, selected_tasks, suite_tasks
+from lib.measure.scorecard import ScorecardError, scorecard
+from lib.measure.scorecard import main as scorecard_main
+
+TESTS = Path(__file__).resolve().parent
+NULL_CLAIM = {"action_type": "submit_discovery_claim", "parameters": {"discovered": False, "confidence": 0.6}}
+
+
+# The typed ledger ------------------------------------------------------------------------------
+
+
+def episode_line(task_index: int = 0, *, run_id: str = "r1", correct: bool = True, abandoned: bool = False, **more):
+    """A valid `EpisodeEnded` record of task `task_index` of run `run_id`."""
+    grade = {
+        "terminal_reward": 3.0 if correct else -2.0,
+        "components": {"outcome": 3.0 if correct else -2.0},
+        "discovered": False,
+        "correct_outcome": correct,
+        "correct_mass": None,
+        "correct_channel": None,
+        "correct_spin": None,
+        "reference_z_global": 0.0,
+    }
+    return {
+        "record": "episode",
+        "ended_at": utc_now(),
+        "mode": "evaluation",
+        "secret_fingerprint": "0" * 16,
+        "session_id": f"s{task_index}",
+        "client": "127.0.0.1",
+        "episode_id": f"e{task_index}",
+        "seed": 902_000 + task_index,
+        "scenario": "procedural_easy",
+        "difficulty": "easy",
+        "world_nonce": "0" * 32,
+        "steps": 4,
+        "ended": "abandoned: reset" if abandoned else "claim",
+        "grade": None if abandoned else grade,
+        "truth": {"exists": False, "mass_gev": None},
+        "episode_reward": 2.5,
+        "resources": {"budget_used_musd": 1.0, "budget_remaining_musd": 3.0},
+        "claim": None,
+        "run_id": run_id,
+        "task_index": task_index,
+        **more,
+    }
+
+
+def run_opened(n_tasks: int, run_id: str = "r1") -> Dict[str, Any]:
+    tasks = [{"seed": 902_000 + i, "scenario": None, "difficulty": "easy"} for i in range(n_tasks)]
+    return {
+        "record": "run_opened",
+        "opened_at": utc_now(),
+        "run_id": run_id,
+        "selection": "test",
+        "n_tasks": n_tasks,
+        "tasks": tasks,
+        "secret_fingerprint": "0" * 16,
+        "cernenv_version": "0",
+        "commit": None,
+    }
+
+
+def test_the_ledger_writes_plain_json_and_refuses_what_is_not_a_record(tmp_path):
+    """A numpy boolean from a grade is written true/false (once it was "False", which is truthy);
+    NaN, an unknown field, a string where a boolean belongs and a foreign object are refused before
+    anything is written."""
+    path = tmp_path / "results.jsonl"
+    ledger = ResultsLedger(path)
+    line = episode_line(steps=np.int64(4), episode_reward=np.float32(0.5))
+    line["grade"]["correct_outcome"] = np.bool_(False)
+    ledger.append(line)
+    for bad, match in (
+        (episode_line(episode_reward=float("nan")), "Out of range float values|finite"),
+        (episode_line(extra_field=1), "extra_field"),
+        ({**episode_line(), "grade": {**episode_line()["grade"], "correct_outcome": "False"}}, "correct_outcome"),
+        (episode_line(truth={"exists": object()}), "plain JSON values"),
+    ):
+        with pytest.raises((ValueError, TypeError), match=match):
+            ledger.append(bad)
+    ledger.close()
+    (record,) = read_ledger(path)
+    assert record.grade.correct_outcome is False and record.steps == 4 and record.episode_reward == 0.5
+    assert json.loads(path.read_text())["grade"]["correct_outcome"] is False
+
+
+@pytest.mark.parametrize(
+    "damage, field",
+    [
+        (lambda line: line.replace('"correct_outcome": true', '"correct_outcome": "True"'), "correct_outcome"),
+        (lambda line: "{}", "ended_at"),
+        (lambda line: line.replace('"episode_reward": 2.5', '"episode_reward": NaN'), "finite"),
+        (lambda line: line[: len(line) // 2], "Expecting|Unterminated|delimiter|control character"),
+        (lambda line: line.replace('"steps": 4', '"steps": 4.5'), "steps"),
+    ],
+)
+def test_a_damaged_ledger_line_is_an_error_naming_file_line_and_field(tmp_path, damage, field):
+    """A string boolean, an empty object, NaN, a line cut short, a float count: each an error that
+    names the file, the line and what is wrong; `skip_damaged` reads past it and reports it."""
+    path = tmp_path / "results.jsonl"
+    good = json.dumps(episode_line(0))
+    path.write_text(good + "\n" + damage(json.dumps(episode_line(1))) + "\n" + json.dumps(episode_line(2)) + "\n")
+    with pytest.raises(LedgerError, match=rf"results.jsonl:2: .*({field})"):
+        read_ledger(path)
+    records, problems = read_ledger(path, skip_damaged=True)
+    assert [r.task_index for r in records] == [0, 2] and len(problems) == 1 and ":2:" in problems[0]
+
+
+def test_a_write_the_disk_cuts_short_is_reported_and_spoils_no_other_line(tmp_path, monkeypatch):
+    path = tmp_path / "results.jsonl"
+    ledger = ResultsLedger(path)
+    real_write = os.write
+    monkeypatch.setattr(ledger_module.os, "write", lambda fd, data: real_write(fd, data[: len(data) // 2]))
+    with pytest.raises(OSError, match="wrote .* bytes"):
+        ledger.append(episode_line(0))
+    monkeypatch.setattr(ledger_module.os, "write", real_write)
+    ledger.append(episode_line(1))
+    ledger.close()
+    records, problems = read_ledger(path, skip_damaged=True)
+    assert [r.task_index for r in records] == [1] and len(problems) == 1 and ":1:" in problems[0]
+
+
+def test_ledger_lines_written_at_once_stay_whole(tmp_path):
+    ledger = ResultsLedger(tmp_path / "ledger.jsonl")
+    payload = "x" * 20_000  # longer than a pipe's atomic write
+
+    def write(index: int) -> None:
+        for k in range(50):
+            ledger.append(episode_line(k, session_id=f"writer-{index}", truth={"exists": False, "payload": payload}))
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ledger.close()
+    records = read_ledger(tmp_path / "ledger.jsonl")
+    assert len(records) == 300 and all(r.truth["payload"] == payload for r in records)
+
+
+# The scorecard ---------------------------------------------------------------------------------
+
+
+def test_the_scorecard_counts_abandoned_and_unplayed_tasks_as_failures(tmp_path, capsys):
+    path = tmp_path / "results.jsonl"
+    ledger = ResultsLedger(path)
+    ledger.append(run_opened(4))
+    ledger.append(episode_line(0, correct=True))
+    ledger.append(episode_line(1, abandoned=True))
+    ledger.append(episode_line(2, correct=False))
+    ledger.append({"record": "run_ended", "ended_at": utc_now(), "run_id": "r1", "reason": "server shut down",
+                   "assigned": 3, "ended": 3})  # fmt: skip
+    ledger.close()
+    card = scorecard(read_ledger(path))
+    assert (card["graded"], card["abandoned"], card["unplayed"]) == (2, 1, 1)
+    assert card["groups"]["all"]["success_rate"]["mean"] == 0.25 and card["groups"]["all"]["success_rate"]["n"] == 4
+    assert card["groups"]["null"]["success_rate"]["n"] == 3  # the unplayed task's world was never drawn
+    assert card["end_reason"] == "server shut down"
+    assert scorecard_main([str(path), "--json", str(tmp_path / "card.json")]) == 0
+    assert "1 of 4" in capsys.readouterr().out and json.loads((tmp_path / "card.json").read_text())["unplayed"] == 1
+
+
+def test_the_scorecard_refuses_a_task_recorded_twice_and_a_ledger_without_its_run(tmp_path, capsys):
+    records = [RunOpened(**run_opened(2)), EpisodeEnded(**episode_line(0)), EpisodeEnded(**episode_line(0))]
+    with pytest.raises(ScorecardError, match="task 0 was recorded twice"):
+        scorecard(records)
+    with pytest.raises(ScorecardError, match="opens no run other; it opens: r1"):
+        scorecard(records, "other")
+    with pytest.raises(ScorecardError, match="--scored-run"):
+        scorecard(records[1:])
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(run_opened(1)) + "\n{}\n")
+    assert scorecard_main([str(path)]) == 2 and "results.jsonl:2" in capsys.readouterr().err
+    assert scorecard_main([str(path), "--skip-damaged"]) == 0
+
+
+def test_a_selection_names_a_suite_a_part_or_a_fresh_draw():
+    assert selected_tasks("v3") == suite_tasks("v3")
+    assert {t.part for t in selected_tasks("v3:unseen")} == {"unseen"} and len(selected_tasks("v3:known_physics")) == 28
+    drawn = selected_tasks("draw:30")
+    assert len({t.seed for t in drawn}) == 30 and min(t.seed for t in drawn) >= DRAW_SEED_START > EVALUATION_SEED_START
+    assert drawn != selected_tasks("draw:30")  # nobody chose them in advance
+    for bad, match in (("v9", "names no suite"), ("v3:everything", "parts"), ("draw:x", "draw:N")):
+        with pytest.raises(ValueError, match=match):
+            selected_tasks(bad)
+
+
+# The server's scored runs ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_server_assigns_every_task_once_and_records_the_abandoned_ones(tmp_path):
+    """In a scored run a reset that names a seed, a scenario or a difficulty is refused; each bare
+    reset gets the next task, in an order that is not the suite's; every task is played once; an
+    episode cut short by a reset is recorded as abandoned, and the scorecard counts it as failed."""
+    ledger = tmp_path / "results.jsonl"
+    server = Server("--scored-run", "v3:known_physics", "--results-ledger", str(ledger), mode=None)
+    try:
+        with server.ws() as ws:
+            for chosen in ({"seed": 902_000}, {"difficulty": "easy"}, {"scenario": "z_mumu_91"}):
+                reply = call(ws, {"type": "reset", "data": chosen})
+                assert reply["type"] == "error" and "the server assigns every task" in reply["data"]["message"]
+            for index in range(28):
+                assert call(ws, {"type": "reset", "data": {}})["type"] == "observation"
+                if index % 3 == 0:
+                    assert call(ws, {"type": "step", "data": NULL_CLAIM})["data"]["done"]
+            assert call(ws, {"type": "step", "data": NULL_CLAIM})["data"]["done"]
+            reply = call(ws, {"type": "reset", "data": {}})
+            assert reply["type"] == "error" and "nothing more to play" in reply["data"]["message"]
+        described = server.http("GET", "/evaluation")[1]["scored_run"]
+        assert (described["n_tasks"], described["assigned"], described["ended"], described["open"]) == (
+            28,
+            28,
+            28,
+            False,
+        )
+    finally:
+        server.stop()
+    records = read_ledger(ledger)
+    opened, *episodes, ended = records
+    assert isinstance(opened, RunOpened) and isinstance(ended, RunEnded) and ended.reason == "every task played"
+    indices = [e.task_index for e in episodes]
+    assert sorted(indices) == list(range(28)) and indices != sorted(indices)
+    assert {e.seed for e in episodes} == {t.seed for t in selected_tasks("v3:known_physics")}
+    abandoned = [e for e in episodes if e.abandoned]
+    assert len(abandoned) == 28 - 10 and {e.ended for e in abandoned} == {"abandoned: reset"}
+    card = scorecard(records)
+    graded_correct = sum(e.grade.correct_outcome for e in episodes if not e.abandoned)
+    assert card["abandoned"] == 18 and card["groups"]["all"]["success_rate"]["mean"] == pytest.approx(
+        graded_correct / 28
+    )
+
+
+@pytest.mark.slow
+def test_a_shutdown_records_the_open_episodes_of_every_kind_and_ends_the_run(tmp_path):
+    """SIGTERM with a WebSocket episode and an MCP episode in play: both are in the ledger as
+    abandoned, the run's end says why, and the task never handed out counts as not played."""
+    ledger = tmp_path / "results.jsonl"
+    server = Server("--scored-run", "draw:3", "--results-ledger", str(ledger), mode=None)
+    try:
+        ws = server.ws()
+        assert call(ws, {"type": "reset", "data": {}})["type"] == "observation"
+        session = server.mcp("openenv/session/create")["result"]["session_id"]
+        answer = server.mcp("tools/call", {"session_id": session, "name": "new_campaign", "arguments": {}})
+        assert "error" not in answer, answer
+    finally:
+        server.stop()
+    records = read_ledger(ledger)
+    episodes = [r for r in records if isinstance(r, EpisodeEnded)]
+    assert len(episodes) == 2 and all(e.abandoned for e in episodes)
+    assert {e.ended for e in episodes} <= {"abandoned: session ended", "abandoned: server shut down"}
+    assert isinstance(records[-1], RunEnded) and records[-1].reason == "server shut down"
+    card = scorecard(records)
+    assert (card["abandoned"], card["unplayed"], card["groups"]["all"]["success_rate"]["mean"]) == (2, 1, 0.0)
+
+
+# An agent scored out of process ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_agent_scored_out_of_process_finds_nothing_by_introspection(tmp_path, monkeypatch):
+    """The introspecting agent finds the hidden truth in process (the control: its search works)
+    and nothing out of process: no truth in its frames or its heap, no CERNENV_* variable, no file
+    holding the server's secret; the run is scored like any other."""
+    from introspecting_agent import IntrospectingAgent
+
+    from lib.episodes.agent_rollouts import collect_episodes
+    from lib.measure.evaluation import PUBLISHED_KEY
+    from lib.measure.score_agent import score_agent
+
+    report = tmp_path / "found.jsonl"
+    monkeypatch.setenv("INTROSPECTION_REPORT", str(report))
+    (episode,) = collect_episodes(
+        selected_tasks("v3:unseen")[:1], make_env=PUBLISHED_KEY.make_env, agent=IntrospectingAgent(), progress=False
+    )
+    in_process = json.loads(report.read_text())
+    assert (in_process["frames"] or in_process["gc"]) == episode.truth  # what it found was the truth
+    report.unlink()
+
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    monkeypatch.setenv("CERNENV_SECRET_SALT", "an operator's secret the agent must not see")
+    card = score_agent("introspecting_agent:IntrospectingAgent", "draw:2", progress_every_s=1e9)
+    found: List[Dict[str, Any]] = [json.loads(line) for line in report.read_text().splitlines()]
+    assert len(found) == 2 and card["graded"] == 2 and card["unplayed"] == 0
+    for search in found:
+        assert search["frames"] is None and search["gc"] is None and search["variables"] == []
+        for path in search["files"]:
+            assert "an operator's secret" not in Path(path).read_text()
