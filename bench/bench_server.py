@@ -344,14 +344,14 @@ def _lockout(root: str) -> Tuple[str, bool]:
                 sock = socket.socket()
                 sock.bind((f"127.0.20.{address + 1}", 0))
                 sock.connect(("127.0.0.1", server.port))
-                sock.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+                sock.sendall(b"POST /reset HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{")
                 held.append(sock)
         time.sleep(0.5)
         served = 0
         for honest in range(34):
             try:
                 with socket.create_connection(("127.0.0.1", server.port), 5, (f"127.0.21.{honest + 1}", 0)) as sock:
-                    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                     served += sock.recv(64).startswith(b"HTTP/1.1 200")
             except OSError:
                 pass

@@ -165,7 +165,7 @@ async def _scan_spam(ws_url: str, source: str, stop: asyncio.Event, abuse: Count
 
 async def _slowloris(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter) -> None:
     """Send a request one byte every 0.5 s, until the server answers or closes; again."""
-    request = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
     while not stop.is_set():
         try:
             reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
@@ -196,7 +196,9 @@ async def _flood(host: str, port: int, source: str, stop: asyncio.Event, abuse: 
     while not stop.is_set():
         try:
             reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
-            writer.write(b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")  # never finished
+            writer.write(
+                b"POST /reset HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n{"
+            )  # never finished
             held.append(writer)
             abuse["unfinished requests opened"] += 1
         except OSError:
@@ -256,7 +258,7 @@ async def _http_request(
 ) -> int:
     """One HTTP/1.1 request on a kept-alive connection; its status (the body is read and dropped)."""
     extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}"
     writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
     await writer.drain()
     status_line = await reader.readline()

@@ -306,3 +306,40 @@ def test_an_agent_scored_out_of_process_finds_nothing_by_introspection(tmp_path,
         assert search["frames"] is None and search["gc"] is None and search["variables"] == []
         for path in search["files"]:
             assert "an operator's secret" not in Path(path).read_text()
+
+
+# A state directory another user could have planted --------------------------------------------
+
+
+def test_a_planted_ledger_or_secret_is_refused_with_a_line_that_says_what_to_do(tmp_path):
+    """A link (whose target would get the grades), a FIFO (which hung start-up), a folder others
+    can write: each refused with what to do; a ledger others could read is made private."""
+    import stat
+
+    from cernenv.server.evaluation import generated_secret, private_dir
+
+    target = tmp_path / "elsewhere.jsonl"
+    (tmp_path / "linked.jsonl").symlink_to(target)
+    with pytest.raises(OSError, match="is a symbolic link, not a regular file"):
+        ResultsLedger(tmp_path / "linked.jsonl")
+    assert not target.exists()
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    with pytest.raises(OSError, match="is a FIFO"):
+        ResultsLedger(tmp_path / "fifo.jsonl")
+    readable = tmp_path / "readable.jsonl"
+    readable.write_text("")
+    readable.chmod(0o644)
+    ResultsLedger(readable).close()
+    assert stat.S_IMODE(readable.stat().st_mode) == 0o600
+    shared = tmp_path / "shared-state"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(OSError, match="writable by other users"):
+        private_dir(shared)
+    with pytest.raises(OSError, match="writable by other users"):
+        generated_secret(shared / "evaluation.secret")
+    (tmp_path / "state").mkdir(mode=0o700)
+    (tmp_path / "state" / "evaluation.secret").symlink_to(tmp_path / "planted")
+    (tmp_path / "planted").write_text("a secret somebody else knows\n")
+    with pytest.raises(OSError, match="symbolic link"):
+        generated_secret(tmp_path / "state" / "evaluation.secret")

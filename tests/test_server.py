@@ -69,6 +69,7 @@ from truth_leaks import blank_random_ids, leaked_truth
 ROOT = Path(__file__).resolve().parents[1]
 MAX_SESSIONS = 48
 WAIT_S = 60.0  # longest wait for anything the server should do
+LOCAL = "http://localhost"  # the host in-process test clients name (the server answers its loopback names only)
 TRUTH_FIELDS = {"truth", "hidden_truth", "exists", "width_gev", "cross_section_fb"}
 
 
@@ -830,7 +831,7 @@ def test_sessions_dropped_without_a_step_are_paced_per_address():
     def session(address: str, steps: int) -> int:
         """One WebSocket session from `address` that resets and takes `steps` steps; the waits it met."""
         before = len(waits)
-        with clients[address].websocket_connect("/ws") as ws:
+        with clients[address].websocket_connect("ws://localhost/ws") as ws:
             ws.send_json({"type": "reset", "data": {"seed": 1, "scenario": "z_mumu_91"}})
             assert ws.receive_json()["type"] == "observation"
             for _ in range(steps):
@@ -838,8 +839,11 @@ def test_sessions_dropped_without_a_step_are_paced_per_address():
                 assert ws.receive_json()["type"] == "observation"
         return len(waits) - before
 
-    clients = {address: TestClient(app, client=(address, 40000)) for address in ("10.0.0.1", "10.0.0.2", "10.0.0.3")}
-    with TestClient(app):  # the app's start-up and shut-down
+    clients = {
+        address: TestClient(app, base_url=LOCAL, client=(address, 40000))
+        for address in ("10.0.0.1", "10.0.0.2", "10.0.0.3")
+    }
+    with TestClient(app, base_url=LOCAL):  # the app's start-up and shut-down
         met = [session("10.0.0.1", 1) for _ in range(STEPLESS_SESSION_BURST + 4)]  # playing
         met += [session("10.0.0.2", 0) for _ in range(STEPLESS_SESSION_BURST + 1)]
         met.append(session("10.0.0.2", 0))  # in debt by one session
@@ -1004,7 +1008,7 @@ def test_the_schema_route_builds_its_schemas_once(monkeypatch):
         return original(cls, *args, **kwargs)
 
     monkeypatch.setattr(CollisionObservation, "model_json_schema", classmethod(counting))
-    with TestClient(create_cernenv_app(ServerConfig(), require_guard=False)) as http:
+    with TestClient(create_cernenv_app(ServerConfig(), require_guard=False), base_url=LOCAL) as http:
         answers = [http.get("/schema") for _ in range(5)]
         assert [a.status_code for a in answers] == [200] * 5
         assert len({a.content for a in answers}) == 1
@@ -1020,13 +1024,15 @@ def test_the_schema_route_builds_its_schemas_once(monkeypatch):
 def test_session_limit_refuses_one_more_with_a_clear_error():
     from starlette.testclient import TestClient
 
-    with TestClient(create_cernenv_app(ServerConfig(mode="training", max_sessions=2), require_guard=False)) as http:
-        with http.websocket_connect("/ws") as first, http.websocket_connect("/ws"):
-            with http.websocket_connect("/ws") as third:
+    with TestClient(
+        create_cernenv_app(ServerConfig(mode="training", max_sessions=2), require_guard=False), base_url=LOCAL
+    ) as http:
+        with http.websocket_connect("ws://localhost/ws") as first, http.websocket_connect("ws://localhost/ws"):
+            with http.websocket_connect("ws://localhost/ws") as third:
                 code, message = error_of(third.receive_json())
                 assert code == "CAPACITY_REACHED" and "2" in message
             first.send_json({"type": "close"})
-        with http.websocket_connect("/ws") as again:
+        with http.websocket_connect("ws://localhost/ws") as again:
             again.send_json({"type": "reset", "data": {"seed": 0, "scenario": "z_mumu_91"}})
             assert again.receive_json()["type"] == "observation"  # the closed session freed its slot
 
@@ -1683,7 +1689,7 @@ def test_unfinished_requests_are_timed_out_and_connections_are_limited_per_clien
     the server is full, a newcomer takes the place of an unfinished request of the address that
     holds the most."""
     server = Server("--max-connections-per-client", "20", "--max-connections", "45", "--request-read-timeout-s", "2")
-    unfinished = b"GET /health HTTP/1.1\r\nHost: x\r\n"  # the headers never end
+    unfinished = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # the headers never end
     try:
         process = psutil.Process(server.process.pid)
         fds_before = process.num_fds()
@@ -1701,7 +1707,9 @@ def test_unfinished_requests_are_timed_out_and_connections_are_limited_per_clien
         held += [raw_connection(server, "127.0.0.3", unfinished) for _ in range(20)]
         held += [raw_connection(server, f"127.0.0.{4 + i}", unfinished) for i in range(5)]
         time.sleep(0.2)  # let the server see them all
-        newcomer = raw_connection(server, "127.0.0.9", b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        newcomer = raw_connection(
+            server, "127.0.0.9", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
         assert b" 200 " in read_until_closed(newcomer)
         # the unfinished requests are answered 408 and closed once their time is up, freeing the slots
         answers = [read_until_closed(sock).split(b"\r\n")[0] for sock in held]
@@ -1711,7 +1719,7 @@ def test_unfinished_requests_are_timed_out_and_connections_are_limited_per_clien
         assert server.http("GET", "/health")[0] == 200
         # a request sent slowly but whole in time is served
         slow = raw_connection(server, "127.0.0.2")
-        for part in (b"GET /health HTTP/1.1\r\n", b"Host: x\r\n", b"Connection: close\r\n\r\n"):
+        for part in (b"GET /health HTTP/1.1\r\n", b"Host: 127.0.0.1\r\n", b"Connection: close\r\n\r\n"):
             slow.sendall(part)
             time.sleep(0.3)
         assert b" 200 " in read_until_closed(slow)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import re
 
+from test_server import LOCAL
+
 from cernenv.server import ServerConfig, create_cernenv_app
 
 
 def test_docs_load_nothing_from_the_network_and_document_every_route():
     from starlette.testclient import TestClient
 
-    with TestClient(create_cernenv_app(ServerConfig(), require_guard=False)) as http:
+    with TestClient(create_cernenv_app(ServerConfig(), require_guard=False), base_url=LOCAL) as http:
         page = http.get("/docs")
         openapi = http.get("/openapi.json").json()
         redoc = http.get("/redoc")

@@ -36,6 +36,7 @@ import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_server import (
+    LOCAL,
     ROOT,
     WAIT_S,
     Server,
@@ -218,7 +219,7 @@ def test_pings_and_pongs_count_as_messages_without_work_and_are_paced():
         protocol.connection_made(transport)
         key = base64.b64encode(b"0123456789abcdef").decode()
         protocol.data_received(
-            f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
         )
         await asyncio.sleep(0.01)  # the app accepts
@@ -265,7 +266,7 @@ def test_the_closing_handshake_completes_under_the_guard():
         protocol.connection_made(transport)
         key = base64.b64encode(b"0123456789abcdef").decode()
         protocol.data_received(
-            f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
         )
         await asyncio.sleep(0.01)  # the app accepts and closes
@@ -378,7 +379,7 @@ def test_half_open_requests_from_many_addresses_cannot_lock_honest_clients_out(h
     newcomer then takes the place of a waiting connection of the address that holds the most:
     34 honest clients of 34 are served."""
     server = hostile
-    unfinished = b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"
+    unfinished = b"POST /reset HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{"
     held = [
         raw_connection(server, f"127.0.3.{a}", unfinished) for a in range(1, 9) for _ in range(CONNECTIONS_PER_CLIENT)
     ]
@@ -387,7 +388,7 @@ def test_half_open_requests_from_many_addresses_cannot_lock_honest_clients_out(h
         assert b" 503 " in read_until_closed(raw_connection(server, "127.0.3.1", unfinished))  # its own share is full
         served = 0
         for honest in range(1, 35):
-            request = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
             served += b" 200 " in read_until_closed(raw_connection(server, f"127.0.4.{honest}", request))
         assert served == 34
     finally:
@@ -606,7 +607,7 @@ def test_with_its_start_up_skipped_the_app_refuses_every_request():
 
     assert serving_guard() is None
     for unguarded in (app, create_cernenv_app()):
-        http = TestClient(unguarded)  # no `with`: no start-up
+        http = TestClient(unguarded, base_url=LOCAL)  # no `with`: no start-up
         for method, path in (("GET", "/health"), ("POST", "/reset"), ("GET", "/evaluation")):
             answer = http.request(method, path)
             assert answer.status_code == 503 and "python -m cernenv.server" in answer.json()["detail"]
@@ -695,3 +696,30 @@ def test_the_attacked_server_is_whole(hostile):
     assert "Traceback" not in log_since(hostile, 0)
     assert hostile.wait_open_environments(0) == 0
     assert all(record.mode == "evaluation" for record in read_ledger(hostile.ledger))
+
+
+def test_a_request_naming_a_foreign_host_is_refused_as_dns_rebinding_would_send_it(hostile):
+    """A page that rebinds its own name to 127.0.0.1 sends `Host` and `Origin` of that name: over
+    HTTP (a reset, the session list, MCP) and the WebSocket handshake it gets nothing; the same
+    requests naming the loopback host are served."""
+    server = hostile
+    foreign = {"Host": f"evil.example:{server.port}", "Origin": f"http://evil.example:{server.port}"}
+    for method, path, body in (("POST", "/reset", {}), ("GET", "/sessions", None), ("POST", "/mcp", {})):
+        status, answer = server.http(method, path, body, headers=foreign, source="127.0.14.1")
+        assert status == 400 and "Invalid host header" in str(answer), (path, status, answer)
+    with pytest.raises(InvalidStatus) as refused:
+        with server.ws(source="127.0.14.2", additional_headers={"Host": foreign["Host"]}, origin=foreign["Origin"]):
+            pass
+    assert refused.value.response.status_code == 400
+    assert server.http("GET", "/sessions", headers={"Host": f"localhost:{server.port}"})[0] == 200
+    with server.ws(source="127.0.14.3") as ws:
+        assert call(ws, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
+
+
+def test_the_host_names_a_server_answers():
+    from cernenv.server import ServerConfig
+
+    assert set(ServerConfig().hosts) == {"127.0.0.1", "localhost", "::1"}
+    assert "lab.example.org" in ServerConfig(allowed_hosts="lab.example.org").hosts
+    assert ServerConfig(allowed_hosts="a.example, *").hosts == ("*",)
+    assert socket.gethostname().lower() in ServerConfig(host="0.0.0.0").hosts

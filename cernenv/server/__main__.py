@@ -22,7 +22,7 @@ from typing import List, Optional
 from cernenv.physics.scan import warm_up
 from cernenv.server.app import create_cernenv_app
 from cernenv.server.config import ServerConfig
-from cernenv.server.evaluation import MODES, generated_secret, ledger_path, secret_path, state_dir
+from cernenv.server.evaluation import MODES, generated_secret, ledger_path, private_dir, secret_path, state_dir
 from cernenv.server.guard import ConnectionGuard, guarded_server, listening_socket
 from cernenv.server.pacing import events
 from cernenv.suite import SELECTION_HELP, selected_tasks
@@ -134,6 +134,14 @@ def _parser() -> argparse.ArgumentParser:
         help="an origin (https://host[:port]) whose browser pages may use the server (repeatable; or "
         "CERNENV_ALLOWED_ORIGINS); requests from pages of any other origin are refused",
     )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a host name clients use for this server besides its loopback names and bound address "
+        "(repeatable; or CERNENV_ALLOWED_HOSTS, comma-separated; '*' for any): a request naming another "
+        "host is refused, so a web page cannot reach the server by rebinding its own name (DNS rebinding)",
+    )
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     return parser
 
@@ -159,6 +167,7 @@ def configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Serv
             trusted_proxies=None if args.trusted_proxy is None else ",".join(args.trusted_proxy),
             allowed_origins=None if args.allowed_origin is None else ",".join(args.allowed_origin),
             scored_run=args.scored_run,
+            allowed_hosts=None if args.allowed_host is None else ",".join(args.allowed_host),
         )
     except ValueError as error:
         parser.error(str(error))
@@ -173,7 +182,10 @@ def configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Serv
         except (OSError, ValueError) as error:
             parser.error(f"cannot use or make the evaluation secret {path}: {error}; give one with --secret-salt-file")
     if not config.results_ledger and config.evaluation:
-        config = dataclasses.replace(config, results_ledger=str(ledger_path(state_dir())))
+        try:
+            config = dataclasses.replace(config, results_ledger=str(ledger_path(private_dir(state_dir()))))
+        except OSError as error:
+            parser.error(f"cannot keep the results ledger in the state directory: {error}")
     if config.scored_run:
         try:
             selected_tasks(config.scored_run)

@@ -52,6 +52,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import ConcurrencyConfig
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from cernenv.models import CernState, CollisionObservation
 from cernenv.server.apidocs import serve_offline_docs
@@ -233,6 +234,7 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
         allowed_origins=config.origins,
         sessions=sessions,
     )
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.hosts), www_redirect=False)
     if config.token:
         app.add_middleware(BearerToken, token=config.token)  # nothing runs for a stranger
     if require_guard:

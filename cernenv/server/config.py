@@ -4,12 +4,24 @@ command line, `CERNENV_*` environment variables and defaults (`ServerConfig.from
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional, Tuple
 
 from cernenv.server.evaluation import MODES, fingerprint
 
 ENV_PREFIX = "CERNENV_"
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def _machine_names() -> list:
+    """This machine's host name, its fully qualified name and the addresses they resolve to."""
+    names = {socket.gethostname().lower(), socket.getfqdn().lower()}
+    try:
+        names |= {info[4][0].lower() for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        pass
+    return sorted(names)
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,11 @@ class ServerConfig:
     allowed_origins: str = ""
     """Comma-separated origins (e.g. https://lab.example.org) whose browser pages may use the
     server; a request with another `Origin` header than these and the server's own is refused."""
+    allowed_hosts: str = ""
+    """Comma-separated host names (or addresses) requests may name in their `Host` header besides
+    this machine's loopback names and the bound address (for a wildcard bind, the machine's own
+    name and addresses); "*" for any. A request naming another host is refused (400): a web page
+    that rebinds its own name to 127.0.0.1 (DNS rebinding) cannot use the server."""
     results_ledger: str = ""
     """Where each ended episode's grade and truth are appended (JSON lines); "" for nowhere.
     `python -m cernenv.server` sets it in evaluation mode (see `cernenv.server.evaluation`)."""
@@ -90,6 +107,19 @@ class ServerConfig:
     @property
     def origins(self) -> Tuple[str, ...]:
         return tuple(o.strip().rstrip("/") for o in self.allowed_origins.split(",") if o.strip())
+
+    @property
+    def hosts(self) -> Tuple[str, ...]:
+        """The `Host` names this server answers (see `allowed_hosts`)."""
+        named = [h.strip().lower() for h in self.allowed_hosts.split(",") if h.strip()]
+        if "*" in named:
+            return ("*",)
+        hosts = ["127.0.0.1", "localhost", "::1"]
+        if self.host in WILDCARD_HOSTS:
+            hosts += _machine_names()
+        else:
+            hosts.append(self.host.strip("[]").lower())
+        return tuple(dict.fromkeys(hosts + named))
 
     @property
     def ws_frame_limit_bytes(self) -> int:

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
 
+from cernenv.server.evaluation import open_private_file
+
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 """A finite JSON number (an integer is one; a boolean, a string, NaN and infinity are not)."""
 
@@ -162,7 +164,7 @@ class ResultsLedger:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._fd = open_private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._lock = threading.Lock()
         self._line_cut = False
 
