@@ -205,3 +205,18 @@ def test_the_surcharge_sees_the_result_and_a_faulty_rule_charges_plainly(setup):
         before = scheduler.charge_s("b")
         assert scheduler.submit("b", job(clock, log, "b", 0.25), surcharge=faulty).result(30) == "b"
         assert scheduler.charge_s("b") == pytest.approx(before + 0.25)
+
+
+def test_a_session_forgotten_while_its_jobs_wait_is_dropped_once_they_have_run(setup):
+    """A session closed while a job of its is queued (an act racing the session's close): the job
+    still runs, and then nothing of the session is kept (the charge table held it forever)."""
+    scheduler, clock = setup
+    log: list = []
+    scheduler.submit("closing", job(clock, log, "first", 0.5)).result(30)  # charged: tracked
+    release = hold_worker(scheduler)
+    queued = scheduler.submit("closing", job(clock, log, "queued", 0.5))
+    scheduler.forget("closing")
+    release.set()
+    assert queued.result(30) == "queued"
+    scheduler.submit("other", job(clock, log, "after", 0.1)).result(30)  # the worker is past the job
+    assert not scheduler.rule.tracked("closing") and scheduler.charge_s("closing") == 0.0

@@ -343,3 +343,44 @@ def test_a_planted_ledger_or_secret_is_refused_with_a_line_that_says_what_to_do(
     (tmp_path / "planted").write_text("a secret somebody else knows\n")
     with pytest.raises(OSError, match="symbolic link"):
         generated_secret(tmp_path / "state" / "evaluation.secret")
+
+
+# One end per episode ---------------------------------------------------------------------------
+
+
+def test_an_episode_ends_once_when_close_races_its_claim_and_nothing_keeps_the_environment(tmp_path):
+    """A session's close sent while its claim is queued on the physics thread, 40 rounds: each
+    episode has exactly one ledger line (the claim's or the abandon's, whichever came first), and
+    no closed environment stays alive (the scheduler's charge table once held them)."""
+    import asyncio
+    import gc
+    import weakref
+
+    from cernenv.server.scheduler import FairScheduler
+    from cernenv.server.served import EnvironmentCount, ServedEnvironment
+
+    scheduler, count = FairScheduler(), EnvironmentCount()
+    ledger = ResultsLedger(tmp_path / "results.jsonl")
+    alive: List[weakref.ref] = []
+
+    async def one_round(index: int) -> None:
+        env = ServedEnvironment(count, scheduler, "secret", evaluation=True, ledger=ledger)
+        env.adopt_session(f"session-{index}", "127.0.0.1")
+        await env.reset_async(seed=902_000 + index, difficulty="easy", episode_id=f"episode-{index}")
+        claim = asyncio.ensure_future(env.step_async(NULL_CLAIM))
+        await asyncio.sleep(0)  # the claim is queued
+        await asyncio.get_running_loop().run_in_executor(None, env.close)  # as OpenEnv closes a session
+        await claim
+        alive.append(weakref.ref(env))
+
+    async def rounds() -> None:
+        for index in range(40):
+            await one_round(index)
+
+    asyncio.run(rounds())
+    ledger.close()
+    episodes = [r.episode_id for r in read_ledger(tmp_path / "results.jsonl")]
+    assert sorted(episodes) == sorted(f"episode-{i}" for i in range(40))  # one line each
+    gc.collect()
+    assert count.open == 0 and [ref for ref in alive if ref() is not None] == []
+    scheduler.shutdown()

@@ -118,6 +118,7 @@ class FairScheduler:
         self._order = itertools.count()
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
+        self._closing: set = set()  # sessions forgotten while jobs of theirs were pending
 
     # what sessions call ----------------------------------------------------------------
 
@@ -144,7 +145,9 @@ class FairScheduler:
     def forget(self, session: Hashable) -> None:
         """Drop `session`'s charge (it closed); jobs it still has pending run as submitted."""
         with self._condition:
-            if session not in self._pending:
+            if session in self._pending:
+                self._closing.add(session)  # forgotten once its last pending job has run
+            else:
                 self.rule.forget(session)
 
     def charge_s(self, session: Hashable) -> float:
@@ -202,10 +205,14 @@ class FairScheduler:
                         [s for s, queue in self._pending.items() if queue],
                         surcharge=factor,
                     )
+                if session in self._closing and session not in self._pending:
+                    self._closing.discard(session)
+                    self.rule.forget(session)  # nothing holds a closed session after its last job
             if error is not None:
                 future.set_exception(error)
             else:
                 future.set_result(result)
+            del job, session, future, fn, args, surcharge, result, error  # the idle worker pins no environment
 
 
 def _surcharge_of(surcharge: Optional[Callable[[Any], float]], result: Any) -> float:
