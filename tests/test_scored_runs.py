@@ -126,18 +126,37 @@ def test_a_damaged_ledger_line_is_an_error_naming_file_line_and_field(tmp_path, 
     assert [r.task_index for r in records] == [0, 2] and len(problems) == 1 and ":2:" in problems[0]
 
 
-def test_a_write_the_disk_cuts_short_is_reported_and_spoils_no_other_line(tmp_path, monkeypatch):
+def test_a_write_the_disk_cuts_short_leaves_no_partial_line_and_is_reported_at_a_bounded_rate(
+    tmp_path, monkeypatch, caplog
+):
     path = tmp_path / "results.jsonl"
     ledger = ResultsLedger(path)
+    ledger.append(episode_line(0))
     real_write = os.write
     monkeypatch.setattr(ledger_module.os, "write", lambda fd, data: real_write(fd, data[: len(data) // 2]))
-    with pytest.raises(OSError, match="wrote .* bytes"):
-        ledger.append(episode_line(0))
+    with pytest.raises(OSError, match="could not be written whole"):
+        ledger.append(episode_line(1))
+    with caplog.at_level("ERROR", logger="cernenv.server"):
+        assert not any(ledger.append_or_report(episode_line(2)) for _ in range(300))  # a full disk, 300 episodes
+    assert len([r for r in caplog.records if "could not record" in r.getMessage()]) == 1
     monkeypatch.setattr(ledger_module.os, "write", real_write)
-    ledger.append(episode_line(1))
+    ledger.append(episode_line(3))
     ledger.close()
-    records, problems = read_ledger(path, skip_damaged=True)
-    assert [r.task_index for r in records] == [1] and len(problems) == 1 and ":1:" in problems[0]
+    assert [r.task_index for r in read_ledger(path)] == [0, 3]  # nothing cut, nothing merged
+
+
+def test_the_ledger_rotates_by_size_and_is_read_across_its_files(tmp_path, caplog):
+    path = tmp_path / "results.jsonl"
+    one_line = len(json.dumps(episode_line(0), sort_keys=True)) + 1
+    ledger = ResultsLedger(path, max_bytes=3 * one_line + 10, rotated_files=2)
+    with caplog.at_level("WARNING", logger="cernenv.server"):
+        for index in range(12):
+            ledger.append(episode_line(index))
+    ledger.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "results.jsonl.1", "results.jsonl.2"]
+    assert max(p.stat().st_size for p in tmp_path.iterdir()) <= 3 * one_line + 10
+    assert [r.task_index for r in read_ledger(path)] == list(range(3, 12))  # oldest first, the first 3 deleted
+    assert "deleting" in caplog.text and "results.jsonl.2" in caplog.text
 
 
 def test_ledger_lines_written_at_once_stay_whole(tmp_path):

@@ -93,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
         "default in evaluation mode: results.jsonl in the state directory)",
     )
     parser.add_argument(
+        "--ledger-max-mib",
+        type=int,
+        help="rotate the results ledger at this size (default 256; 8 rotated files are kept)",
+    )
+    parser.add_argument(
         "--scored-run",
         metavar="SELECTION",
         help=f"open a scored run at start (or set CERNENV_SCORED_RUN): {SELECTION_HELP}; every reset then "
@@ -167,6 +172,7 @@ def configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Serv
             trusted_proxies=None if args.trusted_proxy is None else ",".join(args.trusted_proxy),
             allowed_origins=None if args.allowed_origin is None else ",".join(args.allowed_origin),
             scored_run=args.scored_run,
+            ledger_max_mib=args.ledger_max_mib,
             allowed_hosts=None if args.allowed_host is None else ",".join(args.allowed_host),
         )
     except ValueError as error:

@@ -138,7 +138,9 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
     config = config or ServerConfig.from_env()
     count = EnvironmentCount()
     scheduler = FairScheduler()
-    ledger = ResultsLedger(Path(config.results_ledger)) if config.results_ledger else None
+    ledger = (
+        ResultsLedger(Path(config.results_ledger), config.ledger_max_mib * 2**20) if config.results_ledger else None
+    )
     run = None
     if config.scored_run:
         if ledger is None or not config.evaluation:

@@ -76,6 +76,8 @@ class ServerConfig:
     """The scored run the server opens at start (`cernenv.server.runs`): a suite version ("v3"),
     one part of it ("v3:unseen"), or a fresh draw ("draw:60"); "" for none. In a scored run every
     reset gets the run's next task, and a reset that names a seed, scenario or difficulty is refused."""
+    ledger_max_mib: int = 256
+    """Size [MiB] at which the results ledger is rotated (8 rotated files are kept beside it)."""
     token: str = field(default="", repr=False)
     """Bearer token: when set, every route but /health needs `Authorization: Bearer <token>`
     (the WebSocket too, in its opening handshake). "" serves anyone who can connect: keep the
@@ -150,11 +152,13 @@ class ServerConfig:
             or not config.request_read_timeout_s > 0
             or not 1 <= config.max_connections_per_client <= config.max_connections
             or (config.scored_run and not config.evaluation)
+            or config.ledger_max_mib < 1
         ):
             raise ValueError(
                 f"invalid server configuration {config}: mode one of {', '.join(MODES)}, max_sessions >= 1, "
                 "0 <= max_sessions_per_client <= max_sessions, max_message_bytes >= 1024, 0 <= port < 65536, "
                 "session_idle_timeout_s > 0, request_read_timeout_s > 0, "
-                "1 <= max_connections_per_client <= max_connections, and a scored_run in evaluation mode only"
+                "1 <= max_connections_per_client <= max_connections, ledger_max_mib >= 1, and a scored_run in "
+                "evaluation mode only"
             )
         return config

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
 
 from cernenv.server.evaluation import open_private_file
+
+logger = logging.getLogger("cernenv.server")
 
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 """A finite JSON number (an integer is one; a boolean, a string, NaN and infinity are not)."""
@@ -153,20 +157,33 @@ def parse_line(text: str) -> Union[EpisodeEnded, RunOpened, RunEnded]:
     return _LINE.validate_python(data)
 
 
+LEDGER_MAX_BYTES = 256 * 2**20
+"""Size [bytes] at which the ledger file is rotated (`ResultsLedger`)."""
+LEDGER_ROTATED_FILES = 8
+"""Rotated files kept beside it (results.jsonl.1 the newest): the ledger holds at most
+(1 + LEDGER_ROTATED_FILES) x LEDGER_MAX_BYTES on disk."""
+REPORT_EVERY_S = 10.0
+
+
 class ResultsLedger:
     """The ledger file, appended one whole line per `append` (one `write` on a file opened
-    O_APPEND, so lines from several threads never interleave), readable by this user only.
+    O_APPEND, under a lock), readable by this user only.
 
     A record is validated before it is written (a ValueError, nothing written, if it is not
-    valid). A write the disk cut short is reported (OSError), and the next line starts on a line
-    of its own, so one damaged line never spoils the next."""
+    valid). A write the disk cuts short is undone (the file is truncated back) and reported
+    (OSError), so no partial line is left. When the file would pass `max_bytes` it is rotated:
+    results.jsonl becomes results.jsonl.1, .1 becomes .2, ..., keeping `rotated_files` of them
+    (the oldest is deleted, with a warning); `read_ledger` reads them all, oldest first."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, max_bytes: int = LEDGER_MAX_BYTES, rotated_files: int = LEDGER_ROTATED_FILES
+    ) -> None:
         self.path = Path(path)
+        self.max_bytes, self.rotated_files = max_bytes, rotated_files
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._fd = open_private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._lock = threading.Lock()
-        self._line_cut = False
+        self._failed, self._last_report = 0, -REPORT_EVERY_S
 
     def append(self, record: Dict[str, Any]) -> Union[EpisodeEnded, RunOpened, RunEnded]:
         """Validate `record` and append it; the typed record written."""
@@ -175,14 +192,49 @@ class ResultsLedger:
             typed = parse_line(text)
         except ValueError as error:
             raise ValueError(f"not a valid results-ledger record: {_problem(error)}") from None
+        data = (text + "\n").encode("utf-8")
         with self._lock:
-            line = ("\n" if self._line_cut else "") + text + "\n"
-            data = line.encode("utf-8")
-            written = os.write(self._fd, data)
-            self._line_cut = written != len(data)
-        if written != len(data):
-            raise OSError(f"results ledger {self.path}: wrote {written} of {len(data)} bytes (is the disk full?)")
+            size = os.fstat(self._fd).st_size
+            if size > 0 and size + len(data) > self.max_bytes:
+                self._rotate()
+                size = 0
+            try:
+                written = os.write(self._fd, data)
+            except OSError:
+                written = -1
+            if written != len(data):
+                os.ftruncate(self._fd, size)  # no partial line: the next one starts clean
+                raise OSError(f"results ledger {self.path}: the line could not be written whole (is the disk full?)")
         return typed
+
+    def append_or_report(self, record: Dict[str, Any]) -> bool:
+        """`append`, for the server: a record that cannot be written is logged, at most one line
+        every `REPORT_EVERY_S` with the count since the last (a full disk must not flood the log);
+        False then. The session that ended the episode goes on either way."""
+        try:
+            self.append(record)
+            return True
+        except (OSError, ValueError) as error:
+            with self._lock:
+                self._failed += 1
+                now = time.monotonic()
+                if now - self._last_report < REPORT_EVERY_S:
+                    return False
+                failed, self._failed, self._last_report = self._failed, 0, now
+            logger.error("could not record %d ended episode(s) in the results ledger: %s", failed, error)
+            return False
+
+    def _rotate(self) -> None:
+        """results.jsonl → .1 → .2 ... (the oldest past `rotated_files` deleted), and a new file."""
+        oldest = rotated_path(self.path, self.rotated_files)
+        if oldest.exists():
+            logger.warning("results ledger: deleting %s, the oldest of %d rotated files", oldest, self.rotated_files)
+        for index in range(self.rotated_files, 0, -1):
+            source = self.path if index == 1 else rotated_path(self.path, index - 1)
+            if source.exists():
+                os.replace(source, rotated_path(self.path, index))
+        os.close(self._fd)
+        self._fd = open_private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
 
     def close(self) -> None:
         with self._lock:
@@ -191,29 +243,48 @@ class ResultsLedger:
                 self._fd = -1
 
 
+def rotated_path(path: Path, index: int) -> Path:
+    return path.with_name(f"{path.name}.{index}")
+
+
+def ledger_files(path: Path) -> List[Path]:
+    """The ledger's files, oldest first: its rotated files (highest number first), then `path`."""
+    path = Path(path)
+    rotated = []
+    for candidate in path.parent.glob(path.name + ".*"):
+        suffix = candidate.name[len(path.name) + 1 :]
+        if suffix.isdigit():
+            rotated.append((int(suffix), candidate))
+    return [candidate for _, candidate in sorted(rotated, reverse=True)] + [path]
+
+
 def read_ledger(
     path: Path, *, skip_damaged: bool = False
 ) -> Union[List[Union[EpisodeEnded, RunOpened, RunEnded]], Tuple[List[Any], List[str]]]:
-    """The ledger's typed records, in order. A line that is not a valid record raises
-    `LedgerError` naming the file, line and field; with `skip_damaged`, (records, problems):
-    the valid records and one line per damaged one."""
+    """The ledger's typed records, in order, its rotated files first (`ledger_files`). A line
+    that is not a valid record raises `LedgerError` naming the file, line and field; with
+    `skip_damaged`, (records, problems): the valid records and one line per damaged one."""
     records: List[Union[EpisodeEnded, RunOpened, RunEnded]] = []
     problems: List[str] = []
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                records.append(parse_line(text))
-            except ValueError as error:
-                problem = f"{path}:{number}: {_problem(error)}"
-                if not skip_damaged:
-                    raise LedgerError(
-                        f"{problem}; the line is not a valid results-ledger record (a line cut by a full "
-                        "disk, or written by hand): read past it with skip_damaged=True (the scorer's "
-                        "--skip-damaged), which reports each line it skips"
-                    ) from None
-                problems.append(problem)
+    files = ledger_files(path)
+    if not Path(path).exists():
+        raise FileNotFoundError(f"no results ledger at {path}")
+    for file in files:
+        with open(file, encoding="utf-8", errors="replace") as handle:
+            for number, text in enumerate(handle, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    records.append(parse_line(text))
+                except ValueError as error:
+                    problem = f"{file}:{number}: {_problem(error)}"
+                    if not skip_damaged:
+                        raise LedgerError(
+                            f"{problem}; the line is not a valid results-ledger record (a line cut by a full "
+                            "disk, or written by hand): read past it with skip_damaged=True (the scorer's "
+                            "--skip-damaged), which reports each line it skips"
+                        ) from None
+                    problems.append(problem)
     return (records, problems) if skip_damaged else records
 
 

@@ -275,10 +275,7 @@ class ServedEnvironment(CERNCollisionEnvironment):
             "run_id": self._scored_run.run_id if self._scored_run else None,
             "task_index": self._task_index if self._scored_run else None,
         }
-        try:
-            self._ledger.append(record)
-        except (OSError, ValueError) as error:  # the operator must hear of it; the agent's session goes on
-            logger.error("could not record an ended episode in the results ledger: %s", error)
+        self._ledger.append_or_report(record)
         if self._scored_run is not None and self._task_index is not None:
             self._scored_run.episode_ended(self._task_index)
 
