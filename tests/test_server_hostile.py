@@ -130,6 +130,21 @@ def client_frame(opcode: int, payload: bytes = b"") -> bytes:
     return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + masked
 
 
+def masked_frame(opcode: int, payload: bytes, *, fin: bool = True) -> bytes:
+    """One masked client frame of any opcode (continuation included) and length."""
+    mask = os.urandom(4)
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    length = len(payload)
+    head = bytes([(0x80 if fin else 0) | opcode])
+    if length < 126:
+        head += bytes([0x80 | length])
+    elif length < 2**16:
+        head += bytes([0x80 | 126]) + struct.pack("!H", length)
+    else:
+        head += bytes([0x80 | 127]) + struct.pack("!Q", length)
+    return head + mask + masked
+
+
 PING = 0x9
 
 
@@ -723,3 +738,39 @@ def test_the_host_names_a_server_answers():
     assert "lab.example.org" in ServerConfig(allowed_hosts="lab.example.org").hosts
     assert ServerConfig(allowed_hosts="a.example, *").hosts == ("*",)
     assert socket.gethostname().lower() in ServerConfig(host="0.0.0.0").hosts
+
+
+def test_fragmented_messages_and_chunked_bodies_are_refused_before_they_cost_more_than_their_bytes(hostile):
+    """A WebSocket message in more than `MAX_FRAGMENTS` frames closes the connection (1009) after
+    at most that many; one in 16 is read as a whole message. A request with a chunked body is
+    refused (411) from its head, before any chunk is parsed; the same body with its
+    Content-Length is served."""
+    from cernenv.server.guard import GuardedWebSocketProtocol
+
+    server = hostile
+    message = json.dumps({"type": "reset", "data": {"seed": 3}}).encode()
+    limit = GuardedWebSocketProtocol.MAX_FRAGMENTS
+
+    def fragmented(count: int) -> bytes:
+        bounds = [len(message) * i // count for i in range(count + 1)]
+        parts = [message[a:b] for a, b in zip(bounds, bounds[1:])]
+        assert len(parts) == count and all(parts)
+        return b"".join(
+            masked_frame((0x1 if i == 0 else 0x0), part, fin=i == len(parts) - 1) for i, part in enumerate(parts)
+        )
+
+    sock = raw_websocket(server, "127.0.15.1")
+    sock.sendall(fragmented(limit))
+    sock.settimeout(WAIT_S)
+    assert b"observation" in sock.recv(65536)
+    sock.sendall(fragmented(limit + 4))
+    assert close_code(read_until_closed(sock)) == 1009
+    body = b'{"seed": 3}'
+    chunked = b"".join(b"1\r\n" + bytes([byte]) + b"\r\n" for byte in body) + b"0\r\n\r\n"
+    head = f"POST /reset HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+    answer = read_until_closed(
+        raw_connection(server, "127.0.15.2", (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + chunked)
+    )
+    assert answer.startswith(b"HTTP/1.1 411 ") and b"Content-Length" in answer
+    plain = (head + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+    assert read_until_closed(raw_connection(server, "127.0.15.3", plain)).startswith(b"HTTP/1.1 200 ")

@@ -37,6 +37,7 @@ import threading
 from collections import Counter
 from typing import Any, Dict, Iterable, Optional, Tuple
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.utils import get_remote_addr
@@ -269,6 +270,27 @@ class GuardedH11Protocol(H11Protocol):
         self.guard_counted = True
         super().connection_made(transport)
         self._start_read_timer()
+        self._h11_next_event = self.conn.next_event
+        self.conn.next_event = self._next_event  # type: ignore[method-assign]
+
+    def _next_event(self) -> Any:
+        """h11's next event, with a request whose body is chunked refused (411) from its head:
+        h11 parses a chunked body chunk by chunk, so 1-byte chunks cost ~200x their bytes, and
+        every client this server has sends a Content-Length."""
+        event = self._h11_next_event()
+        if isinstance(event, h11.Request) and any(name.lower() == b"transfer-encoding" for name, _ in event.headers):
+            self.guard.note("HTTP requests refused: chunked body (411)")
+            self._stop_read_timer()
+            _refuse(
+                self.transport,
+                411,
+                "Length Required",
+                "send the body with a Content-Length; chunked bodies are not read",
+            )
+            self.guard_counted = False
+            self.guard.release(self.guard_client)
+            return h11.NEED_DATA  # nothing more of this connection is parsed
+        return event
 
     def data_received(self, data: bytes) -> None:
         if not self.guard_counted:  # refused or evicted (data already on its way)
@@ -376,6 +398,9 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
     connection opened as HTTP."""
 
     FEED_BYTES = 4096
+    MAX_FRAGMENTS = 16
+    """Frames one message may arrive in; one more closes the connection (1009): each frame costs
+    the parser the same whatever its size, so 1-byte fragments would cost ~200x their bytes."""
     guard: ConnectionGuard
 
     def connection_made(self, transport: Any) -> None:
@@ -413,6 +438,27 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
             elif self._debt_s > 0.0 and self._pacing is None and not self.transport.is_closing():
                 self.transport.pause_reading("pace")
                 self._pacing = self.loop.call_later(self._debt_s, self._end_pace)
+
+    def handle_text(self, event: Any) -> None:
+        self._fragments = 1
+        super().handle_text(event)
+
+    def handle_bytes(self, event: Any) -> None:
+        self._fragments = 1
+        super().handle_bytes(event)
+
+    def handle_cont(self, event: Any) -> None:
+        self._fragments = getattr(self, "_fragments", 0) + 1
+        if self._fragments > self.MAX_FRAGMENTS:
+            if not self.close_sent:
+                self.guard.note(
+                    f"WebSocket connections closed for a message in over {self.MAX_FRAGMENTS} fragments (1009)"
+                )
+                self.guard.offence(self.guard_client)
+                self._input.clear()
+                self._close(1009, f"a message may come in at most {self.MAX_FRAGMENTS} frames")
+            return
+        super().handle_cont(event)
 
     def handle_parser_exception(self) -> None:
         self.guard.offence(self.guard_client)  # an invalid frame, text not UTF-8, a frame over the limit
