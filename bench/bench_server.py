@@ -54,7 +54,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # single core: no BLAS threads (the server inherits these)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -242,6 +242,8 @@ ATTACK_CASES: Dict[str, Tuple[int, str]] = {  # abuser kind: (how many, what the
     "bad-utf8": (8, "sending text frames that are not UTF-8, a connection each"),
     "bad-http": (8, "sending requests that are not HTTP, a connection each"),
     "deep": (8, "sending step messages nested 900 deep"),
+    "fragments": (4, "sending 1 MiB messages in 1-byte WebSocket fragments"),
+    "chunked": (4, "sending POST /reset with 60 KB bodies in 1-byte chunks"),
 }
 ATTACK_RUN_LIMIT_S = 60.0  # an attacked run whose honest clients are not done by then counts as failed
 ATTACK_REPEATS = 3  # pairs of runs alone / attacked per case (the machine's own noise moves one ratio by +-50%)
@@ -254,9 +256,13 @@ PACED = {  # abuse counter: (the rate one address is paced to [per second], its 
 }
 
 
-def attack_gate(root: str) -> Tuple[List[str], bool]:
-    """Each case of `ATTACK_CASES` against a server in its default mode, then the capacity cases
-    and the launches: (lines to print, all gates met)."""
+P99_GATED = {"fragments", "chunked"}  # parsing-cost attacks: the honest p99 too, within x2 of alone
+P99_TARGET_RATIO = 2.0
+
+
+def attack_gate(root: str, cases: Sequence[str] = ()) -> Tuple[List[str], bool]:
+    """Each case of `ATTACK_CASES` (or of `cases` alone) against a server in its default mode,
+    then (for all cases) the capacity cases and the launches: (lines to print, all gates met)."""
     lines: List[str] = []
     met_all = True
 
@@ -281,13 +287,16 @@ def attack_gate(root: str) -> Tuple[List[str], bool]:
 
         run(())  # warm-up
         for kind, (count, what) in ATTACK_CASES.items():
+            if cases and kind not in cases:
+                continue
             rss_before, fds_before = server.resources()
-            log_before, start, ratios = server.log_bytes(), time.perf_counter(), []
+            log_before, start, ratios, tail_ratios = server.log_bytes(), time.perf_counter(), [], []
             with PeakResources(server) as peak:
                 for _ in range(ATTACK_REPEATS):  # alone, then attacked: the median of the ratios
                     alone = run(())
                     attacked = run((kind,) * count)
                     ratios.append(attacked.percentile_s(50) / alone.percentile_s(50))
+                    tail_ratios.append(attacked.percentile_s(99) / alone.percentile_s(99))
             elapsed = time.perf_counter() - start
             rss_after, fds_after = peak.rss_mb, peak.fds
             log_per_h = (server.log_bytes() - log_before) / elapsed * 3600 / 2**20
@@ -302,6 +311,9 @@ def attack_gate(root: str) -> Tuple[List[str], bool]:
             spread = ", ".join(f"x{r:.2f}" for r in ratios)
             met = ratio <= FAIRNESS_TARGET_RATIO and not attacked.errors
             gate("honest median latency", met, f"x{ratio:.2f} ({spread})")
+            if kind in P99_GATED:
+                tail = sorted(tail_ratios)[len(tail_ratios) // 2]
+                gate("honest p99 latency", tail <= P99_TARGET_RATIO, f"x{tail:.2f} (target <= x{P99_TARGET_RATIO:g})")
             gate("server memory", rss_after - rss_before < RSS_GROWTH_LIMIT_MB, f"{rss_after - rss_before:+.0f} MB")
             gate("log growth", log_per_h < LOG_LIMIT_MB_PER_H, f"{log_per_h:.3f} MB/h")
             ran_s = attacked.abuse[ABUSE_MS] / 1000.0
@@ -315,6 +327,8 @@ def attack_gate(root: str) -> Tuple[List[str], bool]:
                 gate("sessions ended by nested JSON", ended == 0, str(ended))
     finally:
         server.stop()
+    if cases:
+        return lines, met_all
     for name, check in CAPACITY_CHECKS.items():
         detail, met = check(root)
         gate(name, met, detail)
@@ -480,11 +494,16 @@ def main() -> int:
         action="store_true",
         help="run the outside attacker's attacks as a gate instead (exit 1 if one regresses)",
     )
+    parser.add_argument("--cases", help=f"with --attacks: only these cases, comma-separated ({','.join(ATTACK_CASES)})")
     parser.add_argument("--server-root", default=ROOT, help="checkout to start the server from (default: this one)")
     args = parser.parse_args()
     if args.attacks:
         start = time.perf_counter()
-        lines, met = attack_gate(os.path.abspath(args.server_root))
+        cases = [c for c in (args.cases or "").split(",") if c]
+        unknown = sorted(set(cases) - set(ATTACK_CASES))
+        if unknown:
+            parser.error(f"--cases: no case {', '.join(unknown)}; cases: {', '.join(ATTACK_CASES)}")
+        lines, met = attack_gate(os.path.abspath(args.server_root), cases)
         for line in lines:
             print(line)
         print(f"attack gate: {'all met' if met else 'NOT all met'} ({time.perf_counter() - start:.0f} s)")

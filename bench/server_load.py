@@ -77,6 +77,8 @@ ABUSER_KINDS = (
     "bad-http",
     "deep",
     "state-only",
+    "fragments",
+    "chunked",
 )
 ABUSE_MS = "abusers ran [ms]"
 # the load test's abusers (tests/test_server.py and `make bench-server`): scan spam of both
@@ -329,10 +331,11 @@ async def _busy(ws_url: str, source: str, stop: asyncio.Event, abuse: Counter) -
             abuse["busy episodes"] += observation.done
 
 
-def _client_frame(opcode: int, payload: bytes = b"") -> bytes:
-    """One masked client WebSocket frame (payload under 126 bytes)."""
+def _client_frame(opcode: int, payload: bytes = b"", fin: bool = True) -> bytes:
+    """One masked client WebSocket frame (payload under 126 bytes; `fin` False: more fragments follow)."""
     mask = os.urandom(4)
-    return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    head = bytes([(0x80 if fin else 0) | opcode, 0x80 | len(payload)])
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
 async def _raw_websocket(host: str, port: int, source: str) -> Any:
@@ -434,6 +437,43 @@ async def _bad_utf8(host: str, port: int, source: str, stop: asyncio.Event, abus
             await asyncio.sleep(0.01)
 
 
+async def _fragments(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """A 1 MiB text message in 1-byte fragments on a fresh WebSocket, again and again (sent in
+    64 KiB writes, until the server closes the connection)."""
+    first = _client_frame(0x1, b"x", fin=False)
+    middle = _client_frame(0x0, b"x", fin=False)
+    while not stop.is_set():
+        try:
+            reader, writer = await _raw_websocket(host, port, source)
+            abuse["fragmented messages begun"] += 1
+            writer.write(first)
+            for _ in range(2**20 // 8192):
+                writer.write(middle * 8192)
+                await asyncio.wait_for(writer.drain(), 10.0)
+            abuse["fragmented messages sent whole"] += 1
+            writer.close()
+        except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+            abuse["fragmented connections closed"] += 1
+            await asyncio.sleep(0.01)
+
+
+async def _chunked(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter) -> None:
+    """POST /reset with a 60 KB body in 1-byte chunks on a fresh connection, again and again."""
+    head = f"POST /reset HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    body = b"".join(b"1\r\n \r\n" for _ in range(60_000)) + b"0\r\n\r\n"
+    request = (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + body
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+            writer.write(request)
+            answer = await asyncio.wait_for(reader.read(64), 10.0)
+            abuse[f"chunked requests answered {answer.split(b' ')[1].decode() if answer.count(b' ') else 'none'}"] += 1
+            writer.close()
+        except (OSError, asyncio.TimeoutError):
+            abuse["chunked connections failed"] += 1
+            await asyncio.sleep(0.01)
+
+
 async def _bad_http(host: str, port: int, source: str, stop: asyncio.Event, abuse: Counter) -> None:
     """A request that is not HTTP on a fresh connection, again and again."""
     while not stop.is_set():
@@ -513,6 +553,10 @@ async def _abuse(url: str, abusers: Sequence[str], abuse: Counter, stop: asyncio
             coroutine = _bad_utf8(host, int(port), source, stop, abuse)
         elif kind == "bad-http":
             coroutine = _bad_http(host, int(port), source, stop, abuse)
+        elif kind == "fragments":
+            coroutine = _fragments(host, int(port), source, stop, abuse)
+        elif kind == "chunked":
+            coroutine = _chunked(host, int(port), source, stop, abuse)
         elif kind == "deep":
             coroutine = _deep_spam(ws_url, source, stop, abuse)
         elif kind == "state-only":

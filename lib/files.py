@@ -33,6 +33,7 @@ import math
 import os
 import re
 import socket
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,12 +258,15 @@ class FolderLock:
     kernel releases when the process ends however it ends. A second run is refused with
     `FolderLockedError` naming the owner; a lock file whose process died (its flock is gone)
     is taken over, with a log line naming the dead owner. On a file system without flock, the
-    owner's pid decides: alive on this host (or on another host: it cannot be checked) refuses."""
+    owner's pid decides: alive on this host (or on another host: it cannot be checked) refuses,
+    and a dead owner's file is taken over by one process only (`_acquire_without_flock`). The
+    lock file is never followed through a link."""
 
     def __init__(self, folder: Union[str, Path], what: str = "folder") -> None:
         self.folder, self.what = Path(folder), what
         self.path = self.folder / LOCK_NAME
         self._fd: Optional[int] = None
+        self._made_inode: Optional[int] = None  # the lock file this object made (O_EXCL)
         self.taken_over: Optional[LockOwner] = None
         """The owner of a stale lock this one replaced (a process that died), if any."""
 
@@ -274,52 +278,110 @@ class FolderLock:
         )
 
     def acquire(self) -> "FolderLock":
-        import logging
-
         check_writable_dir(self.folder, self.what)
-        for _ in range(20):  # the file can be replaced between open and flock: retry then
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        for _ in range(50):  # the file can be replaced between open and lock: retry then
+            fd = self._open()
+            if fd is None:
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 owner = _read_owner(fd)
                 os.close(fd)
                 raise self._refuse(owner) from None
-            except OSError:  # no flock here (some network file systems): the recorded pid decides
-                owner = _read_owner(fd)
-                if owner and (owner.host != socket.gethostname() or _alive(owner.pid)) and owner.pid != os.getpid():
-                    os.close(fd)
-                    raise self._refuse(owner) from None
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:  # its holder removed it as we opened it: open the new one
+            except OSError:  # no flock here (some network file systems): the recorded owner decides
+                return self._acquire_without_flock(fd)
+            if not self._still_the_lock_file(fd):  # its holder removed it as we opened it
                 os.close(fd)
                 continue
-            previous = _read_owner(fd)
-            if previous is not None:
-                self.taken_over = previous
-                logging.getLogger(__name__).warning(
-                    "taking over the lock of %s: %s is no longer running", self.folder, previous.describe()
-                )
-            owner = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "command": _command_line(),
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(owner) + "\n").encode("utf-8"), 0)
-            self._fd = fd
-            return self
+            return self._own(fd, _read_owner(fd))
         raise self._refuse(None)
+
+    def _open(self) -> Optional[int]:
+        """The lock file, opened without following a link: made (O_EXCL) if missing; None if it
+        vanished between the two attempts (try again)."""
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            self._made_inode = os.fstat(fd).st_ino
+            return fd
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(self.path, flags)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise FolderLockedError(
+                    f"{self.path} is a symbolic link, not a lock file: remove it (a lock is never followed)"
+                ) from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise FolderLockedError(f"{self.path} is not a regular file: remove it")
+        return fd
+
+    def _still_the_lock_file(self, fd: int) -> bool:
+        try:
+            return os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
+
+    def _acquire_without_flock(self, fd: int) -> "FolderLock":
+        """The lock where the file system has no flock: the file's recorded owner decides. A file
+        that names a live owner (any owner on another host: it cannot be checked), or no owner yet
+        (its maker is writing it), refuses; one whose owner died is taken over by one process
+        only: under a takeover token made with O_EXCL, after reading the owner again."""
+        owner = _read_owner(fd)
+        if owner is None and os.fstat(fd).st_size == 0 and self._made_by_us(fd):
+            return self._own(fd, None)  # this call made the file (O_EXCL): it is ours
+        if owner is None or owner.host != socket.gethostname() or _alive(owner.pid):
+            os.close(fd)
+            raise self._refuse(owner)
+        token = self.path.with_name(self.path.name + ".takeover")
+        try:
+            token_fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except FileExistsError:
+            os.close(fd)
+            raise self._refuse(owner) from None  # another process is taking it over now
+        try:
+            again = _read_owner(fd)
+            if not self._still_the_lock_file(fd) or again != owner:
+                os.close(fd)
+                raise self._refuse(again)
+            return self._own(fd, owner)
+        finally:
+            os.close(token_fd)
+            os.unlink(token)
+
+    def _made_by_us(self, fd: int) -> bool:
+        return getattr(self, "_made_inode", None) == os.fstat(fd).st_ino
+
+    def _own(self, fd: int, previous: Optional[LockOwner]) -> "FolderLock":
+        import logging
+
+        if previous is not None:
+            self.taken_over = previous
+            logging.getLogger(__name__).warning(
+                "taking over the lock of %s: %s is no longer running", self.folder, previous.describe()
+            )
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": _command_line(),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(owner) + "\n").encode("utf-8"), 0)
+        self._fd = fd
+        return self
 
     def owner(self) -> Optional[LockOwner]:
         """What the lock file says now (None without one)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except (FileNotFoundError, OSError):
             return None
         try:
             return _read_owner(fd)

@@ -16,7 +16,9 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -227,3 +229,58 @@ def test_a_folder_a_live_run_holds_is_refused_naming_it_and_a_dead_runs_lock_is_
     assert not (folder / LOCK_NAME).exists(), "released: the lock file is gone"
     with FolderLock(folder) as lock:
         assert lock.taken_over is None
+
+
+def _race_without_flock(folder: str, start_at: float, results: Any) -> None:
+    """One racer for the lock of `folder` where flock fails (as on some network file systems):
+    wait for the common start, try, and report (pid, won, when it held it)."""
+    import fcntl as fcntl_module
+
+    def no_flock(*args: Any) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    fcntl_module.flock = no_flock
+    while time.time() < start_at:
+        pass
+    try:
+        FolderLock(folder).acquire()
+    except FolderLockedError:
+        results.put((os.getpid(), False, 0.0, 0.0))
+        return
+    held_from = time.time()
+    time.sleep(0.5)
+    results.put((os.getpid(), True, held_from, time.time()))
+    results.close()
+    results.join_thread()  # the report is sent before the process goes
+    os._exit(0)  # dies holding it, as a killed run does: no release
+
+
+def test_without_flock_one_of_eight_racers_holds_the_lock_and_a_dead_owners_lock_goes_to_one(tmp_path):
+    """Eight processes race for a folder on a file system without flock: exactly one holds it.
+    They race again for the lock it left when it died: exactly one takes it over."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    for round_ in range(2):
+        results = context.Queue()
+        start_at = time.time() + 0.5
+        racers = [
+            context.Process(target=_race_without_flock, args=(str(tmp_path), start_at, results)) for _ in range(8)
+        ]
+        for racer in racers:
+            racer.start()
+        outcomes = [results.get(timeout=60) for _ in racers]
+        for racer in racers:
+            racer.join(timeout=60)
+        winners = [outcome for outcome in outcomes if outcome[1]]
+        assert len(winners) == 1, (round_, outcomes)
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == winners[0][0]
+
+
+def test_a_lock_file_planted_as_a_link_is_never_followed(tmp_path):
+    target = tmp_path / "somebody-elses-file"
+    target.write_text("keep me\n")
+    (tmp_path / LOCK_NAME).symlink_to(target)
+    with pytest.raises(FolderLockedError, match="symbolic link"):
+        FolderLock(tmp_path).acquire()
+    assert target.read_text() == "keep me\n"
