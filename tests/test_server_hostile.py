@@ -774,3 +774,37 @@ def test_fragmented_messages_and_chunked_bodies_are_refused_before_they_cost_mor
     assert answer.startswith(b"HTTP/1.1 411 ") and b"Content-Length" in answer
     plain = (head + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
     assert read_until_closed(raw_connection(server, "127.0.15.3", plain)).startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_client_sending_garbage_slows_its_address_without_locking_out_its_neighbour(hostile):
+    """Two clients on one address (127.0.16.1): one sends a TLS ClientHello to the plain port
+    twice a second on fresh connections, the other asks /health ten times a second. The
+    neighbour keeps at least 90% of its requests (it kept 50% when the address was refused)."""
+    server = hostile
+    client_hello = bytes.fromhex("16030100a5010000a10303") + os.urandom(32) + b"\x00" * 40
+    stop = threading.Event()
+
+    def garbage() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                read_until_closed(raw_connection(server, "127.0.16.1", client_hello))
+            stop.wait(0.5)
+
+    sender = threading.Thread(target=garbage)
+    sender.start()
+    served = asked = 0
+    try:
+        time.sleep(5.0)  # past the address's free offences
+        deadline = time.monotonic() + 6.0
+        while time.monotonic() < deadline:
+            asked += 1
+            request = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nConnection: close\r\n\r\n"
+            with contextlib.suppress(OSError):
+                served += read_until_closed(raw_connection(server, "127.0.16.1", request.encode())).startswith(
+                    b"HTTP/1.1 200 "
+                )
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        sender.join()
+    assert served >= 0.9 * asked, f"{served} of {asked}"

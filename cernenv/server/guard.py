@@ -46,6 +46,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from cernenv.server.pacing import (
     MAX_CONTROL_FRAME_DEBT_S,
     OFFENCE_BURST,
+    OFFENCE_DELAY_MAX_S,
     OFFENCES_PER_S,
     WASTED_WORK_PAUSE_S,
     AddressPacer,
@@ -124,11 +125,18 @@ class ConnectionGuard:
             with self._lock:
                 self.offences.charge(client)
 
+    def offence_delay_s(self, client: str) -> float:
+        """How long a new connection from `client` waits before it is read: its address's debt of
+        offences (`OFFENCE_BURST`, `OFFENCES_PER_S`), at most `OFFENCE_DELAY_MAX_S`. The address
+        is slowed, not refused: an honest client that shares it (a NAT, a notebook beside a
+        misconfigured script) is still served, a moment later, while the offender's reconnects
+        cost it the wait each time."""
+        if client in self.trusted_proxies:
+            return 0.0
+        with self._lock:
+            return min(self.offences.wait_s(client), OFFENCE_DELAY_MAX_S)
+
     def _check(self, client: str, look_only: bool = False) -> Tuple[Optional[str], Any]:
-        if client not in self.trusted_proxies:
-            wait_s = self.offences.wait_s(client)
-            if wait_s > 0.0:
-                return f"{client} broke the protocol too often; try again in {wait_s:.0f} s", None
         if client not in self.trusted_proxies and self.per_client[client] >= self.max_connections_per_client:
             return f"{client} holds its limit of {self.max_connections_per_client} connections", None
         if self.open < self.max_connections:
@@ -270,6 +278,10 @@ class GuardedH11Protocol(H11Protocol):
         self.guard_counted = True
         super().connection_made(transport)
         self._start_read_timer()
+        delay_s = self.guard.offence_delay_s(self.guard_client)
+        if delay_s > 0.0:  # its address broke the protocol too often: read it a moment later
+            self.flow.pause_reading()
+            self.loop.call_later(delay_s, self.flow.resume_reading)
         self._h11_next_event = self.conn.next_event
         self.conn.next_event = self._next_event  # type: ignore[method-assign]
 

@@ -45,11 +45,14 @@ FREE_MESSAGES_WITHOUT_WORK = 10
 MAX_CONTROL_FRAME_DEBT_S = 5.0
 # Connections closed for breaking the protocol (a request that is not HTTP, a WebSocket frame
 # that is not valid or not UTF-8, a flood of pings), per address: this many free, then this many
-# a second; beyond, the address's new connections are refused as they are accepted (503). Each
-# such connection costs the server its handshake and a read before it is closed, and reconnecting
-# is free for the client (bench/server_load.py `bad-http`, `bad-utf8`, `ping`; docs/openenv.md).
+# a second; beyond, the address's new connections are read only after its debt, at most
+# OFFENCE_DELAY_MAX_S. Each such connection costs the server its handshake and a read before it
+# is closed, and reconnecting is free for the client (bench/server_load.py `bad-http`,
+# `bad-utf8`, `ping`; docs/openenv.md). Refusing the address instead (503) cost an honest client
+# on the same address half its requests beside one sending TLS to the plain port twice a second.
 OFFENCE_BURST = 8
 OFFENCES_PER_S = 1.0
+OFFENCE_DELAY_MAX_S = 1.0
 # Sessions that end without a single step, from one client address: this many free, then this
 # many a second; beyond, a new session waits (`AddressPacer`). 8 addresses opening a session,
 # resetting and dropping it as fast as they could raised 4 honest clients' median latency
