@@ -59,3 +59,24 @@ def test_the_training_command_answers_a_duplicate_key_with_one_line(tmp_path):
     )
     assert run.returncode != 0 and "Traceback" not in run.stderr
     assert "appears twice (lines 1 and 2)" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_config_texts_are_bounded_and_printable_and_echoed_short(tmp_path):
+    """A model id or path is a short printable text: a pasted file or a control character is
+    refused naming the field, and no error echoes a value unbounded."""
+    from lib.training.config import MAX_TEXT_CHARACTERS, TrainConfig
+
+    for fields, problem in (
+        ({"model_name": "m" * (MAX_TEXT_CHARACTERS + 1)}, "model_name is 1025 characters long"),
+        ({"output_dir": "outputs/\x00grpo"}, "output_dir holds a control character"),
+        ({"evidence_dir": "build/\nevidence"}, "evidence_dir holds a control character"),
+        ({"scenarios": ["s" * 5000]}, "scenarios is 5000 characters long"),
+    ):
+        with pytest.raises(ValueError, match=problem) as error:
+            TrainConfig(**fields)
+        assert len(str(error.value)) < 300
+    path = tmp_path / "many.yaml"
+    path.write_text("".join(f"{'k' * 500}{i}: 1\n" for i in range(50)))
+    with pytest.raises(ConfigError, match="and 42 more") as error:
+        read_config_file(path)
+    assert len(str(error.value)) < 1000

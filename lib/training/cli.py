@@ -256,12 +256,15 @@ def read_config_file(path: Union[str, Path]) -> Dict[str, Any]:
     known = [f.name for f in config_fields()]
     unknown = [str(key) for key in values if key not in known]
     if unknown:
+        from lib.training.config import shown
+
         hints = [
-            f"{key} (did you mean {match[0]}?)" if match else key
-            for key in unknown
-            for match in [difflib.get_close_matches(key, known, n=1)]
+            f"{shown(key, 60)} (did you mean {match[0]}?)" if match else shown(key, 60)
+            for key in unknown[:8]
+            for match in [difflib.get_close_matches(key[:200], known, n=1)]
         ]
-        raise ConfigError(f"config file {path} names fields TrainConfig does not have: {', '.join(hints)}")
+        more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+        raise ConfigError(f"config file {path} names fields TrainConfig does not have: {', '.join(hints)}{more}")
     return {key: _coerce(key, value) for key, value in values.items()}
 
 

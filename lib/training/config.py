@@ -23,6 +23,16 @@ scratch (the defaults below). Not a real LLM. With `warm_start_episodes=0` it ca
 smoke runs that exercise the plumbing."""
 GPU_DEFAULT_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
 """`model_name` used on a CUDA machine (Colab) when none is given."""
+MAX_TEXT_CHARACTERS = 1024
+"""The longest text a config field holds (a model id, a path)."""
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """`value` as an error message shows it: its repr, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 BACKENDS = ("auto", "unsloth", "trl")
 POLICY_CONTEXTS = ("conversation", "turn")
 """`lib.episodes.llm_rollouts.CONTEXTS`, restated so that a configuration is checked without torch."""
@@ -226,6 +236,9 @@ class TrainConfig:
         problems = self._check_types()
         if problems:  # the checks below compare values: they need the right types
             raise ValueError("invalid TrainConfig:\n  " + "\n  ".join(problems))
+        problems = self._check_texts()
+        if problems:  # the checks below echo values: they need them short and printable
+            raise ValueError("invalid TrainConfig:\n  " + "\n  ".join(problems))
         problems += self._check_numbers()
         if self.backend not in BACKENDS:
             problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
@@ -326,6 +339,23 @@ class TrainConfig:
             problems.append("resume_from_checkpoint must be a checkpoint folder, 'latest' or None, got ''")
         if problems:
             raise ValueError("invalid TrainConfig:\n  " + "\n  ".join(problems))
+
+    def _check_texts(self) -> List[str]:
+        """Every text field (and list of texts) at most `MAX_TEXT_CHARACTERS` long and free of
+        control characters: a path or a model id, never a pasted file; shown cut short."""
+        problems = []
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            for text in value if isinstance(value, list) else [value]:
+                if not isinstance(text, str):
+                    continue
+                if len(text) > MAX_TEXT_CHARACTERS:
+                    problems.append(
+                        f"{spec.name} is {len(text)} characters long (at most {MAX_TEXT_CHARACTERS}): {shown(text)}"
+                    )
+                elif any(ord(c) < 32 or ord(c) == 127 for c in text):
+                    problems.append(f"{spec.name} holds a control character: {shown(text)}")
+        return problems
 
     def _check_numbers(self) -> List[str]:
         """The real-valued fields: finite, and in their ranges (NaN fails every comparison, so each
