@@ -302,6 +302,28 @@ def notable_warnings(notebook_path: Path, limit: int = 8) -> List[str]:
     return found[:limit]
 
 
+PROGRESS_LINE = re.compile(r": \d+/\d+ \w+ \(\d+%\) \[")
+"""A progress meter line of `lib.progress` (its headless `METER`), as a notebook prints it."""
+
+
+class ProgressEcho:
+    """A file a notebook's stream output is written to (papermill's `stdout_file`/`stderr_file`):
+    the lines that are progress meters go to `out`, indented; the rest stays in the notebook."""
+
+    def __init__(self, out: Any) -> None:
+        self.out, self._partial = out, ""
+
+    def write(self, text: str) -> None:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if PROGRESS_LINE.search(line):
+                print(f"    {line.strip()}", file=self.out, flush=True)
+
+    def flush(self) -> None:
+        pass
+
+
 def run_notebook(
     name: str,
     parameters: Mapping[str, Any],
@@ -311,11 +333,13 @@ def run_notebook(
     profile: str = "full",
     show_progress: bool = False,
     progress_bar: Any = False,
+    echo: Any = None,
 ) -> Path:
     """Execute `notebooks/NAME.ipynb` with `parameters` into `build_dir/NAME.ipynb` (default
     build/PROFILE/), its kernel headless (`KERNEL_ENVIRONMENT`). `show_progress`: every line the
-    notebook prints echoed to this process's stderr; `progress_bar`: papermill's bar over the
-    cells (True, or tqdm's arguments)."""
+    notebook prints echoed to this process's stderr; `echo`: a file its progress lines are
+    echoed to otherwise (`ProgressEcho`); `progress_bar`: papermill's bar over the cells (True,
+    or tqdm's arguments)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -333,6 +357,8 @@ def run_notebook(
             cwd=str(NOTEBOOKS_DIR),
             progress_bar=progress_bar,
             log_output=show_progress,
+            stdout_file=None if show_progress or echo is None else ProgressEcho(echo),
+            stderr_file=None if show_progress or echo is None else ProgressEcho(echo),
             extra_arguments=KERNEL_ARGUMENTS,
         )
     except PapermillExecutionError as error:
@@ -358,7 +384,8 @@ def reproduce(
     out: Any = None,
 ) -> List[Path]:
     """Run the profile's notebooks in order (or just those in `only`); returns the executed copies.
-    Prints one line per notebook to `out` (default stderr), a bar over its cells on a terminal."""
+    Prints a line as each notebook starts and ends to `out` (default stderr), and the progress
+    lines the notebooks print between (the warm start's, the evaluations', the GRPO steps')."""
     out = out or sys.stderr
     plan = load_profile(profile)
     missing = sorted(set(only) - set(plan))
@@ -367,7 +394,6 @@ def reproduce(
     chosen = {name: parameters for name, parameters in plan.items() if not only or name in only}
     target = Path(build_dir or profile_build_dir(profile))
     check_written_folders(chosen, target)
-    bar = hasattr(out, "isatty") and out.isatty() and not show_progress
     if profile_name(profile) == "full" and TRAIN_NOTEBOOK in chosen:
         print(
             "the full run: it regenerates the evidence into build/full/evidence/ (~30 min on 2 cores: README, "
@@ -380,8 +406,7 @@ def reproduce(
     for index, (name, parameters) in enumerate(chosen.items(), start=1):
         start = time.perf_counter()
         label = f"[{index}/{len(chosen)}] {name} ({profile_name(profile)})"
-        if not bar:
-            print(f"{label} …", file=out, flush=True)
+        print(f"{label} …", file=out, flush=True)
         outputs.append(
             run_notebook(
                 name,
@@ -389,14 +414,7 @@ def reproduce(
                 build_dir=target,
                 profile=profile,
                 show_progress=show_progress,
-                progress_bar={
-                    "desc": label,
-                    "file": out,
-                    "leave": True,
-                    "bar_format": "{desc}: {n}/{total} cells [{elapsed}]",
-                }
-                if bar
-                else False,
+                echo=out,
             )
         )
         seconds = time.perf_counter() - start
