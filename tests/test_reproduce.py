@@ -215,3 +215,24 @@ def test_a_run_prints_a_line_per_notebook_and_only_the_warnings_that_matter(tmp_
         o.get("text", "") for c in nbformat.read(executed, as_version=4).cells for o in c.get("outputs", [])
     )
     assert "headless" in outputs and "FutureWarning" not in outputs, "the kernel ran headless, libraries' notices off"
+
+
+def test_the_notebooks_progress_lines_are_echoed_and_nothing_else():
+    """`make reproduce` shows the progress meters a notebook prints (headless `lib.progress`
+    lines, even split across writes), not the rest of its output."""
+    import io
+
+    from lib.notebooks.reproduce import ProgressEcho
+    from lib.progress import Progress
+
+    out = io.StringIO()
+    echo = ProgressEcho(out)
+    progress = Progress("SFT warm start", total=285, unit="step")
+    line = progress.meter()  # "SFT warm start: 0/285 steps (0%) [00:00<?, ?step/s]"
+    progress.close()
+    echo.write("loading the tokenizer\n" + line[:10])
+    echo.write(line[10:] + "\nsome other output\nGRPO: 1/2 steps (50%) [00:03<00:03, 0.3 steps/s]\n")
+    assert out.getvalue().splitlines() == [
+        f"    {line.strip()}",
+        "    GRPO: 1/2 steps (50%) [00:03<00:03, 0.3 steps/s]",
+    ]
