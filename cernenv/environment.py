@@ -85,6 +85,7 @@ class _Episode:
     background_fit: Any = None  # from subtract_background (possibly a sideband fit)
     resonance_fit: Any = None
     scan: Any = None
+    angular: Any = None  # the last `measure_angular`'s `AngularMeasurement`
     systematics: Dict[str, Dict[str, float]] = field(default_factory=dict)
     analysed_luminosity_fb: float = 0.0
     candidates_gev: List[float] = field(default_factory=list)
@@ -275,13 +276,14 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
             raise RuntimeError("call reset() before hidden_truth()")
         return self._episode.scenario.hidden_truth()
 
-    ANALYSIS_OBJECTS = ("spectrum", "resonance_fit", "background_fit", "scan")
+    ANALYSIS_OBJECTS = ("spectrum", "resonance_fit", "background_fit", "scan", "angular")
 
     def analysis_objects(self) -> Dict[str, Any]:
         """The episode's current analysis objects, for plots and replays (never for the agent,
         which sees their numbers in its observations): the `Spectrum`, the `ResonanceFit` and
-        `BackgroundFit` made from it, the `BumpScan`; None until the action that makes each has
-        run (a `select_channel` to another channel clears them). Like `hidden_truth`, not served."""
+        `BackgroundFit` made from it, the `BumpScan`, the `AngularMeasurement` (`angular`); None
+        until the action that makes each has run (a `select_channel` to another channel clears
+        them). Like `hidden_truth`, not served."""
         if self._episode is None:
             raise RuntimeError("call reset() before analysis_objects()")
         return {name: getattr(self._episode, name, None) for name in self.ANALYSIS_OBJECTS}

@@ -31,7 +31,7 @@ from cernenv.models import (
     ActionType,
     DiscoveryClaim,
 )
-from cernenv.physics.angular import allowed_spins, spin_likelihoods
+from cernenv.physics.angular import AngularMeasurement, allowed_spins, spin_likelihoods
 from cernenv.physics.fitting import fit_background_only, fit_signal_plus_background
 from cernenv.physics.shapes import signal_bin_fractions
 from cernenv.physics.significance import asimov_significance, count_upcrossings
@@ -178,7 +178,7 @@ class ActionHandlers:
         if episode.channel != params.channel:
             episode.channel = params.channel
             episode.spectrum = episode.background_fit = None
-            episode.resonance_fit = episode.scan = None
+            episode.resonance_fit = episode.scan = episode.angular = None
         record = episode.recorder.records[params.channel]
         return {
             "channel": params.channel,
@@ -219,7 +219,7 @@ class ActionHandlers:
         if episode.spectrum is None or episode.spectrum.fit_key != spectrum.fit_key:
             episode.data_version += 1  # the same histogram again is the same data
         episode.spectrum, episode.background_fit = spectrum, None
-        episode.resonance_fit = episode.scan = None
+        episode.resonance_fit = episode.scan = episode.angular = None
         episode.milestones.add("spectrum_built")
         counts, edges = spectrum.counts, spectrum.edges_gev
         peak = int(np.argmax(counts / np.diff(edges)))
@@ -368,6 +368,7 @@ class ActionHandlers:
             spectrum.channel,
             signal_fraction=self._fitted_signal_fraction(params.mass_gev, half, cos_counts.sum()),
         )
+        episode.angular = AngularMeasurement(result, cos_counts, spectrum.channel, float(params.mass_gev), float(half))
         return {
             "mass_gev": _r(params.mass_gev),
             "events": int(cos_counts.sum()),

@@ -22,7 +22,7 @@ CPU_STAND_IN_TIMES = (
     "on the 2-core machine of 2026-11-26, the stand-in's warm start took 6 min and the whole default "
     "run 29 min (the warm start, 60 GRPO steps, and the 313-episode held-out suite before and after)"
 )
-"""The CPU stand-in's default run as measured (README, "Training"); a Colab CPU runtime has 2 cores too."""
+"""The CPU stand-in's default run as measured (docs/training.md); a Colab CPU runtime has 2 cores too."""
 SWITCH_TO_GPU = "Runtime > Change runtime type > T4 GPU (free) > Save, then Runtime > Run all"
 
 

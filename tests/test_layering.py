@@ -196,15 +196,15 @@ def test_the_checks_catch_a_planted_cycle_and_an_upward_import(tmp_path):
     ]
 
 
-def test_the_readme_layout_names_every_module_of_lib(lib_modules):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    layout = readme[readme.index("### `lib/`, floor by floor") :]
+def test_the_layout_page_names_every_module_of_lib(lib_modules):
+    page = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    layout = page[page.index("## `lib/`, floor by floor") :]
     missing = [
         str(path.relative_to(ROOT / "lib"))
         for path in lib_modules.values()
         if path.name != "__init__.py" and f"| `{path.relative_to(ROOT / 'lib')}` |" not in layout
     ]
-    assert not missing, f"README's layout of lib/ should give each module a line: {missing}"
+    assert not missing, f"docs/layout.md's table of lib/ should give each module a line: {missing}"
 
 
 def test_every_command_line_refuses_abbreviated_flags():

@@ -230,7 +230,7 @@ def test_the_notebooks_progress_lines_are_echoed_and_nothing_else():
     progress = Progress("SFT warm start", total=285, unit="step")
     line = progress.meter()  # "SFT warm start: 0/285 steps (0%) [00:00<?, ?step/s]"
     progress.close()
-    echo.write("loading the tokenizer\n" + line[:10])
+    echo.write("loading the tokenizer\n2026-11-28 06:37:04,684 lib.progress: " + line[:10])
     echo.write(line[10:] + "\nsome other output\nGRPO: 1/2 steps (50%) [00:03<00:03, 0.3 steps/s]\n")
     assert out.getvalue().splitlines() == [
         f"    {line.strip()}",

@@ -145,6 +145,18 @@ def _profile_fraction(counts, sig, bkg) -> float:
     return float(brentq(score, 0.0, 1.0, xtol=1e-12))
 
 
+@dataclass(frozen=True)
+class AngularMeasurement:
+    """What one `measure_angular` step measured: the |cos θ*| counts of the events within
+    `window_gev` of `mass_gev` in `channel`, and the spin test on them (for plots and replays)."""
+
+    result: SpinResult
+    cos_counts: np.ndarray
+    channel: str
+    mass_gev: float
+    window_gev: float
+
+
 def spin_likelihoods(cos_counts, channel: str, signal_fraction: float | None = None) -> SpinResult:
     """Binned multinomial likelihood of each allowed spin, p = f A_J + (1 - f) A_B.
 

@@ -318,7 +318,8 @@ class ProgressEcho:
         self._partial = lines.pop()
         for line in lines:
             if PROGRESS_LINE.search(line):
-                print(f"    {line.strip()}", file=self.out, flush=True)
+                meter = line.split("lib.progress: ", 1)[-1].strip()  # without the log line's time and name
+                print(f"    {meter}", file=self.out, flush=True)
 
     def flush(self) -> None:
         pass

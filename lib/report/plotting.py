@@ -214,8 +214,13 @@ def plot_scan(scan: BumpScan, ax: Optional[plt.Axes] = None) -> plt.Axes:
     return ax
 
 
+SPIN_PREFERENCE_2DLNL = 1.0
+"""Below this 2ΔlnL between the two likeliest spins, a spin plot says that no spin is preferred."""
+
+
 def plot_spin(result: SpinResult, cos_counts: Sequence[float], channel: str, ax: Optional[plt.Axes] = None) -> plt.Axes:
-    """|cos θ*| of signal-region events against each spin hypothesis of a `SpinResult`.
+    """|cos θ*| of signal-region events against each spin hypothesis of a `SpinResult` (an
+    `AngularMeasurement`'s, to show what a `measure_angular` step measured).
 
     Each hypothesis is drawn as f·A_J + (1 − f)·A_bkg with its own profiled (or given)
     signal fraction f, scaled to the observed events; the legend gives L_J / ΣL.
@@ -241,7 +246,12 @@ def plot_spin(result: SpinResult, cos_counts: Sequence[float], channel: str, ax:
         ax.set_ylabel(f"Events / {1.0 / counts.size:.2g}")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1.5 * max(float(counts.max()), 1.0))
-        ax.legend(loc="upper right", fontsize="small", title=f"best spin {result.best_spin}", title_fontsize="small")
+        title = (
+            f"best spin {result.best_spin} ($2\\Delta\\ln L$ = {result.separation:.1f})"
+            if result.separation >= SPIN_PREFERENCE_2DLNL
+            else f"no spin preferred ($2\\Delta\\ln L$ = {result.separation:.2f})"
+        )
+        ax.legend(loc="upper right", fontsize="small", title=title, title_fontsize="small")
         _label(ax)
     return ax
 
