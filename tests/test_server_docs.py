@@ -24,3 +24,18 @@ def test_docs_load_nothing_from_the_network_and_document_every_route():
         assert f"<code>{path}</code>" in text, path
     assert "/reset" in openapi["paths"] and 'id="schema-' in text
     assert redoc.status_code == 200 and redoc.text == text
+
+
+def test_the_server_says_what_it_is_and_where_episodes_are_played():
+    """`/` (and `/web`) is a page that names the server's mode and says to play on WS /ws; /docs
+    opens with the same words, as paragraphs (not raw markdown), and no longer tells a reader to
+    call POST /step repeatedly, which answers 409 over HTTP."""
+    from starlette.testclient import TestClient
+
+    with TestClient(create_cernenv_app(ServerConfig(), require_guard=False), base_url=LOCAL) as http:
+        landing, web, docs = http.get("/"), http.get("/web"), http.get("/docs").text
+        step = http.post("/step", json={"action": {}})
+    assert landing.status_code == 200 and landing.text == web.text
+    assert "WS /ws" in landing.text and "<b>evaluation</b>" in landing.text and "CERNEnvClient" in landing.text
+    assert "WS /ws" in docs and "**" not in docs and "Swagger" not in docs and "repeatedly" not in docs
+    assert step.status_code in (409, 422) and "answers 409" in docs

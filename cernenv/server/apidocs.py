@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from typing import Any, Dict, Mapping
 
 DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc")
@@ -33,7 +34,7 @@ def _operation(path: str, method: str, operation: Mapping[str, Any]) -> str:
         f" {html.escape(operation.get('summary', ''))}</h3>"
     ]
     if operation.get("description"):
-        parts.append(f"<p>{html.escape(operation['description'])}</p>")
+        parts.append(_paragraphs(operation["description"]))
     parameters = operation.get("parameters") or []
     if parameters:
         rows = "".join(
@@ -58,6 +59,68 @@ def _operation(path: str, method: str, operation: Mapping[str, Any]) -> str:
     return "".join(parts) + "</section>"
 
 
+SERVER_DESCRIPTION = """A simulated LHC discovery campaign as an OpenEnv environment. An agent configures the beam,
+takes data, builds and fits an invariant-mass spectrum, estimates significance, measures spin
+and claims a discovery (or that nothing is there).
+
+Play an episode on the WebSocket WS /ws, one session per connection: send {"type": "reset",
+"data": {...}}, then {"type": "step", "data": <action>} until the observation says done. From
+Python: cernenv.client.CERNEnvClient(base_url=...).sync(). MCP clients use POST /mcp.
+
+Over plain HTTP each request gets a fresh environment: POST /reset returns a first observation
+and forgets it, and POST /step answers 409 (no episode). GET /evaluation says how this server
+grades; GET /schema gives the action and observation schemas."""
+"""What the server says it is, on `/` and atop `/docs` (plain paragraphs; OpenAPI's `description`)."""
+
+
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_CODE = re.compile(r"`([^`]+)`")
+_ITEM = re.compile(r"^\s*(?:[-*]|\d+\.)\s+")
+
+
+def _inline(text: str) -> str:
+    return _CODE.sub(r"<code>\1</code>", _BOLD.sub(r"<b>\1</b>", html.escape(text)))
+
+
+def _paragraphs(text: str) -> str:
+    """The few markdown forms route descriptions use (paragraphs, lists, **bold**, `code`) as HTML."""
+    parts = []
+    for block in (part.strip("\n") for part in text.split("\n\n")):
+        lines = [line for line in block.splitlines() if line.strip()]
+        if not lines:
+            continue
+        items = [line for line in lines if _ITEM.match(line)]
+        if items:
+            head = lines[: lines.index(items[0])]
+            if head:
+                parts.append(f"<p>{_inline(' '.join(line.strip() for line in head))}</p>")
+            parts.append("<ul>" + "".join(f"<li>{_inline(_ITEM.sub('', line))}</li>" for line in items) + "</ul>")
+        else:
+            parts.append(f"<p>{_inline(' '.join(line.strip() for line in lines))}</p>")
+    return "".join(parts)
+
+
+def landing_page(title: str, version: str, mode: str) -> str:
+    """`GET /`: what the server is, how to play on it, and where its documentation is."""
+    snippet = (
+        "from cernenv.client import CERNEnvClient\n"
+        "from cernenv.models import ExperimentAction\n\n"
+        'with CERNEnvClient(base_url="http://127.0.0.1:8000").sync() as env:\n'
+        "    result = env.reset()\n"
+        '    result = env.step(ExperimentAction(action_type="configure_beam", '
+        'parameters={"beam_energy_tev": 13.6}))'
+    )
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+        f"<h1>{html.escape(title)} <small>{html.escape(version)}</small></h1>"
+        f"<p>Mode: <b>{html.escape(mode)}</b> (<a href='/evaluation'>/evaluation</a>).</p>"
+        f"{_paragraphs(SERVER_DESCRIPTION)}<pre>{html.escape(snippet)}</pre>"
+        "<p><a href='/docs'>/docs</a>: every route; <a href='/openapi.json'>/openapi.json</a>: the same, "
+        "machine-readable; <a href='/health'>/health</a>.</p></body></html>"
+    )
+
+
 def offline_docs(openapi: Mapping[str, Any]) -> str:
     """The whole API as one self-contained HTML page: each route with its parameters, request body
     and responses, then every schema as JSON."""
@@ -79,7 +142,7 @@ def offline_docs(openapi: Mapping[str, Any]) -> str:
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{title}</title><style>{STYLE}</style></head><body>"
         f"<h1>{title} <small>{html.escape(str(info.get('version', '')))}</small></h1>"
-        f"<p>{html.escape(str(info.get('description', '')))}</p>"
+        f"{_paragraphs(str(info.get('description', '')))}"
         '<p>The machine-readable document: <a href="/openapi.json">/openapi.json</a>.</p>'
         f"<h2>Routes</h2>{''.join(sections)}<h2>Schemas</h2>{''.join(schema_sections)}</body></html>"
     )
@@ -100,3 +163,10 @@ def serve_offline_docs(app: Any) -> None:
 
     for path in ("/docs", "/redoc"):
         app.add_api_route(path, docs, methods=["GET"], include_in_schema=False)
+
+    async def landing() -> HTMLResponse:
+        config = getattr(app.state, "cernenv_config", None)
+        return HTMLResponse(landing_page(app.title, app.version, getattr(config, "mode", "?")))
+
+    for path in ("/", "/web"):
+        app.add_api_route(path, landing, methods=["GET"], include_in_schema=False)

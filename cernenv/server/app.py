@@ -55,7 +55,7 @@ from openenv.core.env_server.types import ConcurrencyConfig
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from cernenv.models import CernState, CollisionObservation
-from cernenv.server.apidocs import serve_offline_docs
+from cernenv.server.apidocs import SERVER_DESCRIPTION, serve_offline_docs
 from cernenv.server.config import ServerConfig
 from cernenv.server.ledger import ResultsLedger
 from cernenv.server.middleware import BearerToken, MessageLimit, RequireGuard
@@ -176,6 +176,13 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
         if not (getattr(route, "path", None) == "/mcp" and not getattr(route, "methods", None))
     ]
     _serve_schema_once(app)
+    app.title, app.description = "CERNenv", SERVER_DESCRIPTION  # OpenEnv's says to loop over POST /step
+    for route in app.router.routes:
+        if getattr(route, "path", None) == "/step":
+            route.description = (
+                "Over HTTP each request gets a fresh environment, which has no episode: this answers 409. "
+                "Play episodes on the WebSocket WS /ws (or in an MCP session, POST /mcp)."
+            )
 
     def record_unfinished_episodes() -> None:
         """At shutdown, after the sockets closed (their episodes recorded as their sessions
