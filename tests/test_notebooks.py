@@ -1,6 +1,7 @@
 """The notebooks run headlessly (papermill) and are committed clean: parameters cell, no outputs."""
 
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -247,3 +248,18 @@ def test_notebook_03_takes_the_file_then_the_parameters_that_differ_from_the_def
     assert on_gpu.evidence_dir == str(root / "build" / "colab"), "relative folders from the repository root"
     on_cpu = notebook_config(namespace, None, root=root, gpu=False)
     assert (on_cpu.lora_r, on_cpu.max_steps, on_cpu.temperature) == (0, 60, 0.9), "no file on a CPU"
+
+
+def test_every_notebook_names_the_repository_pyproject_names():
+    """The Colab badge and the clone URL of every notebook are the repository of pyproject.toml's
+    [project.urls], the one place the project's address is written."""
+    import tomllib
+
+    repository = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+    colab = repository.replace("https://github.com/", "https://colab.research.google.com/github/")
+    for path in NOTEBOOKS:
+        text = path.read_text()
+        assert f'REPO_URL = \\"{repository}.git\\"' in text, path
+        assert f"({colab}/blob/main/notebooks/{path.name})" in text, path
+        named = set(re.findall(r"github(?:\.com)?/([\w.-]+/[\w-]+)", text))
+        assert named == {repository.removeprefix("https://github.com/")}, (path, named)  # no other address
