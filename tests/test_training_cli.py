@@ -259,3 +259,33 @@ def test_an_output_folder_that_cannot_be_written_stops_the_command_in_one_line(t
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("python -m lib.training: error: the evidence folder") and "is a file, not a folder" in last
+
+
+def test_the_command_ends_with_a_summary_that_says_the_result_and_where_things_went(tmp_path):
+    """A run's end is a few lines (not the whole result as JSON): its times, the held-out result
+    before and after with the paired interval, and where the policy, evidence, TensorBoard log and
+    the whole result are."""
+    from lib.training.__main__ import run_summary
+    from lib.training.config import TrainConfig
+    from lib.training.run import TrainResult
+
+    config = TrainConfig(output_dir=str(tmp_path / "out"), evidence_dir=str(tmp_path / "evidence"))
+    result = TrainResult(
+        config={},
+        backend="trl",
+        model_name="cernenv-tiny",
+        final_model_dir=str(tmp_path / "out" / "final"),
+        evidence={"before_after_metrics": str(tmp_path / "evidence" / "before_after_metrics.json")},
+        before_after={
+            "pre": {"success_rate": 0.5, "mean_reward": 1.0, "n": 313},
+            "post": {"success_rate": 0.56, "mean_reward": 1.4, "n": 313},
+            "delta_ci95": {"success_rate": [0.01, 0.11], "mean_reward": [0.1, 0.7]},
+        },
+        seconds={"total": 185.0, "warm_start": 120.0, "grpo": 40.0, "post_eval": 25.0},
+    )
+    summary = run_summary(result, config, tmp_path / "out" / "train_result.json")
+    lines = summary.splitlines()
+    assert lines[0] == "done in 3 min 5 s (warm start 2 min 0 s, grpo 40 s, post eval 25 s)"
+    assert "held-out success: 0.500 before GRPO -> 0.560 after (313 episodes, difference [+0.010, +0.110])" in lines
+    assert f"TensorBoard: tensorboard --logdir {tmp_path / 'out' / 'runs'}" in lines
+    assert lines[-1] == f"everything measured: {tmp_path / 'out' / 'train_result.json'}" and len(lines) <= 8

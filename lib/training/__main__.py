@@ -4,8 +4,8 @@ With no arguments it runs the default CPU training (`TrainConfig()`). Every `Tra
 field is a typed flag (`--max_steps 10`, `--help` lists them with their meaning); a config
 file (YAML or JSON) holds field names, and flags override it (`lib.training.cli`):
 configs/train/smoke.yaml is a whole run in minutes on 2 cores, default.yaml the default run,
-colab.yaml a real model on one GPU. The result (timings, before/after metrics) is printed as
-JSON and written to `<output_dir>/train_result.json`.
+colab.yaml a real model on one GPU. The result (timings, before/after metrics) is written to
+`<output_dir>/train_result.json`; the command prints a summary of it (`run_summary`).
 """
 
 from __future__ import annotations
@@ -63,9 +63,44 @@ def main(argv=None) -> int:
 
     if is_main_process():  # under `accelerate launch`, one process reports
         payload = json_text(asdict(result), default=str)
-        atomic_write(Path(config.output_dir) / "train_result.json", payload + "\n")
-        print(payload)
+        result_path = Path(config.output_dir) / "train_result.json"
+        atomic_write(result_path, payload + "\n")
+        print(run_summary(result, config, result_path))
     return 0
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min {seconds % 60:.0f} s" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def run_summary(result, config, result_path: Path) -> str:
+    """The end of a run in a few lines: how long its parts took, the held-out result before and
+    after GRPO (paired difference with its 95% interval), and where the policy, the evidence, the
+    TensorBoard log and the whole result went."""
+    seconds = result.seconds
+    parts = ", ".join(
+        f"{name.replace('_', ' ')} {_minutes(seconds[name])}"
+        for name in ("warm_start", "pre_eval", "grpo", "checkpoint_evals", "post_eval")
+        if seconds.get(name)
+    )
+    lines = [f"done in {_minutes(seconds.get('total', 0.0))} ({parts})"]
+    metrics = result.before_after or {}
+    pre, post, interval = metrics.get("pre") or {}, metrics.get("post") or {}, metrics.get("delta_ci95") or {}
+    if pre and post:
+        for name, label in (("success_rate", "success"), ("mean_reward", "mean reward")):
+            low, high = (interval.get(name) or [None, None])[:2]
+            ci = f", difference [{low:+.3f}, {high:+.3f}]" if low is not None and high is not None else ""
+            before, after = pre.get(name, float("nan")), post.get(name, float("nan"))
+            lines.append(
+                f"held-out {label}: {before:.3f} before GRPO -> {after:.3f} after ({post.get('n', '?')} episodes{ci})"
+            )
+    lines.append(f"policy: {result.final_model_dir}")
+    evidence = next((path for path in (result.evidence or {}).values() if path), None)
+    lines.append(f"evidence: {Path(evidence).parent if evidence else config.evidence_dir} (notebook 04 reads it)")
+    if "tensorboard" in config.report_to:
+        lines.append(f"TensorBoard: tensorboard --logdir {Path(config.output_dir) / 'runs'}")
+    lines.append(f"everything measured: {result_path}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
