@@ -236,3 +236,17 @@ def test_the_notebooks_progress_lines_are_echoed_and_nothing_else():
         f"    {line.strip()}",
         "    GRPO: 1/2 steps (50%) [00:03<00:03, 0.3 steps/s]",
     ]
+
+
+def test_a_mistyped_profile_gets_a_did_you_mean_and_a_bare_report_names_the_run_there_is(tmp_path):
+    from lib.notebooks import export
+    from lib.notebooks.reproduce import ReproduceError, profile_path
+
+    with pytest.raises(ReproduceError, match="did you mean PROFILE=smoke"):
+        profile_path("smok")
+    (tmp_path / "smoke").mkdir()
+    (tmp_path / "smoke" / "01_explore_environment.ipynb").write_text("{}")
+    with pytest.raises(
+        FileNotFoundError, match=r"run `make reproduce PROFILE=full` first; .*`make report PROFILE=smoke`"
+    ):
+        export.export_reports(tmp_path / "full", tmp_path / "reports")

@@ -187,8 +187,17 @@ def export_reports(build_dir: Path, reports_dir: Path, *, assets_dir: Path = ASS
     require("notebooks", "exporting the notebooks to HTML")
     notebooks = sorted(build_dir.glob("*.ipynb"))
     if not notebooks:
+        others = sorted(
+            folder.name for folder in build_dir.parent.glob("*") if folder.is_dir() and any(folder.glob("*.ipynb"))
+        )
+        hint = (
+            f"; executed notebooks are in {', '.join(f'{build_dir.parent}/{name}/' for name in others)}: "
+            + " or ".join(f"`make report PROFILE={name}`" for name in others)
+            if others
+            else ""
+        )
         raise FileNotFoundError(
-            f"no executed notebooks in {build_dir}/: run `make reproduce` (PROFILE={build_dir.name}) first"
+            f"no executed notebooks in {build_dir}/: run `make reproduce PROFILE={build_dir.name}` first{hint}"
         )
     written = []
     for notebook in notebooks:

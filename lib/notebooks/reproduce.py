@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
+import difflib
 import json
 import logging
 import os
@@ -112,8 +113,11 @@ def profile_path(profile: str) -> Path:
         path = CONFIGS_DIR / f"{profile}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+        close = difflib.get_close_matches(str(profile), known, n=1)
+        guess = f"did you mean PROFILE={close[0]}? " if close else ""
         raise ReproduceError(
-            f"no profile {profile!r} ({path} does not exist); choose one of {known} or give a path to a YAML file"
+            f"no profile {str(profile)[:80]!r} ({str(path)[:120]} does not exist); {guess}choose one of {known} "
+            "or give a path to a YAML file"
         )
     return path
 
