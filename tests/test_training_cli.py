@@ -289,3 +289,24 @@ def test_the_command_ends_with_a_summary_that_says_the_result_and_where_things_w
     assert "held-out success: 0.500 before GRPO -> 0.560 after (313 episodes, difference [+0.010, +0.110])" in lines
     assert f"TensorBoard: tensorboard --logdir {tmp_path / 'out' / 'runs'}" in lines
     assert lines[-1] == f"everything measured: {tmp_path / 'out' / 'train_result.json'}" and len(lines) <= 8
+
+
+def test_a_model_that_cannot_be_had_offline_is_said_at_once(tmp_path, monkeypatch):
+    """A model id that is neither the stand-in, a folder nor in the Hub cache, with the Hub out of
+    reach, is one line before anything loads (it took ~75 s of the Hub client's retries)."""
+    import socket
+
+    from lib.training import backends
+
+    def unreachable(*args, **kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hub cache
+    problem = backends.model_source_problem("some-org/a-model-nobody-has")
+    assert problem and "cannot be reached" in problem and "cernenv-tiny" in problem
+    assert backends.model_source_problem(backends.TINY_MODEL) is None
+    (tmp_path / "saved").mkdir()
+    assert backends.model_source_problem(str(tmp_path / "saved")) is None
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: socket.socket())  # the Hub answers
+    assert backends.model_source_problem("some-org/a-model-nobody-has") is None
