@@ -79,3 +79,15 @@ def test_require_passes_when_everything_is_there():
             require("notebooks", "the notebooks")
         finally:
             EXTRAS["notebooks"] = EXTRAS["notebooks"][:-1]
+
+
+def test_a_lib_command_under_a_python_without_the_project_says_so_in_one_line():
+    """`python -m lib.<command>` under a Python that lacks the project's modules (a system python3
+    beside the venv; here the venv's Python without its site-packages, `-S`) prints one line naming
+    what is missing and what to run, not a traceback."""
+    for command in ("lib.training", "lib.measure.scorecard", "lib.notebooks.reproduce"):
+        run = subprocess.run(
+            [sys.executable, "-S", "-m", command, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+        )
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-1500:]
+        assert run.stderr.strip().count("\n") == 0 and "lacks openenv" in run.stderr and "make setup" in run.stderr
