@@ -59,7 +59,7 @@ def test_importing_plotting_leaves_the_global_style_alone():
 
 def test_analysis_snapshot_reads_the_current_analysis(env, spectrum):
     snapshot = plotting.analysis_snapshot(env)
-    assert set(snapshot) == {"spectrum", "resonance_fit", "background_fit", "scan"}
+    assert set(snapshot) == {"spectrum", "resonance_fit", "background_fit", "scan", "angular"}
     assert spectrum.counts.sum() > 0
     with pytest.raises(RuntimeError, match="reset"):
         plotting.analysis_snapshot(CERNCollisionEnvironment())
@@ -154,3 +154,73 @@ def test_a_steeply_falling_spectrum_is_drawn_on_a_log_scale_and_a_flat_one_on_a_
     plain = plotting.plot_spectrum(dijet, experiment_label=False)
     assert plain.get_title(loc="left") == "CERNenv" and "fb" in plain.get_title(loc="right")
     assert plotting.steeply_falling(np.array([0, 0, 5, 0])) is False
+
+
+def _covered(ax) -> int:
+    fig = ax.figure
+    fig.canvas.draw()
+    box = ax.get_legend().get_window_extent(fig.canvas.get_renderer())
+    count = 0
+    for artist in [*ax.get_lines(), *ax.patches]:
+        vertices = artist.get_xydata() if hasattr(artist, "get_xydata") else artist.get_path().vertices
+        for x, y in artist.get_transform().transform(vertices):
+            count += box.x0 < x < box.x1 and box.y0 < y < box.y1
+    return count
+
+
+def test_the_spin_figure_shows_what_measure_angular_measured_and_changes_with_the_events(env):
+    """The episode's `measure_angular` step and the figure agree (the same relative likelihoods, from
+    the same events); other events give other curves; no curve hides under the legend."""
+    observation = env.step(ExperimentAction(action_type="measure_angular", parameters={"mass_gev": 125.0}))
+    assert not observation.rule_violations, observation.rule_violations
+    angular = plotting.analysis_snapshot(env)["angular"]
+    said = observation.latest_result["relative_likelihood"]
+    shown = {f"spin_{j}": p for j, p in angular.result.relative_likelihood.items()}
+    assert shown.keys() == said.keys() and all(abs(shown[k] - said[k]) < 1e-3 for k in said)
+    fig, ax = plotting.subplots()
+    plotting.plot_spin(angular.result, angular.cos_counts, angular.channel, ax=ax)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all(f"{p:.2f}" in " ".join(labels) for p in angular.result.relative_likelihood.values())
+    curves = [line.get_path().vertices[:, 1].round(6).tobytes() for line in ax.patches]
+    other = spin_likelihoods(angular.cos_counts[::-1].copy(), angular.channel, angular.result.signal_fraction)
+    fig2, ax2 = plotting.subplots()
+    plotting.plot_spin(other, angular.cos_counts[::-1].copy(), angular.channel, ax=ax2)
+    assert [line.get_path().vertices[:, 1].round(6).tobytes() for line in ax2.patches] != curves
+    plt.close(fig)
+    plt.close(fig2)
+
+
+def test_reward_histograms_keep_their_legend_off_the_bars_and_count_whole_episodes():
+    rng = np.random.default_rng(1)
+    rewards = {name: rng.normal(mean, 1.0, 300) for name, mean in (("a", 0.0), ("b", 0.5), ("c", 1.0), ("d", 4.0))}
+    fig, ax = plotting.subplots()
+    plotting.plot_reward_distributions(rewards, ax=ax)
+    assert _covered(ax) == 0
+    assert all(float(tick).is_integer() for tick in ax.get_yticks())
+    plt.close(fig)
+
+
+def test_the_checkpoint_figure_shows_equal_series_apart_on_whole_steps_with_its_legend_beside(tmp_path):
+    """Mass and channel accuracy equal at every checkpoint (as in the committed run): both visible
+    (different markers and sizes), whole-number step ticks, the legend outside the data."""
+    from lib.report.evidence_figures import render_checkpoint_progression
+
+    csv = tmp_path / "checkpoint_evals.csv"
+    rows = ["step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc"]
+    rows += [f"{step},{step / 60},21,{1.8 + step / 100},0.48,0.4,0.4" for step in (0, 20, 40, 60)]
+    csv.write_text("\n".join(rows) + "\n")
+    captured = {}
+    import lib.report.evidence_figures as figures
+
+    real_save = figures._save_figure
+    figures._save_figure = lambda fig, path: captured.setdefault("fig", fig) and real_save(fig, path)
+    try:
+        render_checkpoint_progression(csv, tmp_path / "cp.png")
+    finally:
+        figures._save_figure = real_save
+    rates = captured["fig"].axes[1]
+    lines = {line.get_label(): line for line in rates.get_lines() if not line.get_label().startswith("_")}
+    mass, channel = lines["mass accuracy"], lines["channel accuracy"]
+    assert (mass.get_marker(), mass.get_markersize()) != (channel.get_marker(), channel.get_markersize())
+    assert all(float(tick).is_integer() for tick in rates.get_xticks())
+    assert _covered(rates) == 0

@@ -102,6 +102,9 @@ class _Panel:
     compute with beta = 0, and a constant learning rate."""
 
 
+_MARKERS = ("o", "s", "^", "D", "v")
+
+
 def _x_axis(rows: Sequence[Mapping[str, Any]]) -> Tuple[np.ndarray, str]:
     steps = _column(rows, "step")
     if np.isfinite(steps).any():
@@ -127,14 +130,16 @@ def _binomial_interval(rate: np.ndarray, n: np.ndarray) -> Tuple[np.ndarray, np.
 def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Panel, xlabel: str) -> None:
     drawn = 0
     order = np.argsort(x, kind="stable")  # rows from several processes or a resumed run arrive out of order
-    for s in panel.series:
+    for index, s in enumerate(panel.series):
         y = _column(rows, s.column)[order]
         xs = x[order]
         ok = np.isfinite(xs) & np.isfinite(y)
         if not ok.any():
             continue
-        marker = "o" if ok.sum() <= _MARKER_MAX_POINTS else None
-        ax.plot(xs[ok], y[ok], s.style, color=s.color, label=s.label, marker=marker, markersize=3, lw=1.5)
+        # each series its own marker, each smaller than the last: equal series stay visible, not hidden
+        marker = _MARKERS[index % len(_MARKERS)] if ok.sum() <= _MARKER_MAX_POINTS else None
+        size = max(3.0, 7.0 - 1.5 * index)
+        ax.plot(xs[ok], y[ok], s.style, color=s.color, label=s.label, marker=marker, markersize=size, lw=1.5)
         if s.band:
             spread = _column(rows, s.band)[order]
             good = ok & np.isfinite(spread)
@@ -169,8 +174,13 @@ def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Pa
     ax.grid(alpha=0.25)
     if panel.rate:
         ax.set_ylim(-0.02, 1.02)
-    if drawn:
-        ax.legend(fontsize=8, loc="best")
+    finite_x = x[np.isfinite(x)]
+    if finite_x.size and np.all(finite_x == np.round(finite_x)):  # steps: no fractional ticks
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if drawn:  # beside the axes, never over the data
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     else:
         ax.text(0.5, 0.5, "not logged yet", transform=ax.transAxes, ha="center", va="center", color="0.5")
 

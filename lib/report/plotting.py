@@ -19,6 +19,7 @@ import numpy as np
 try:
     import matplotlib.pyplot as plt
     import mplhep
+    from matplotlib.ticker import MaxNLocator
 except ModuleNotFoundError as missing:  # pragma: no cover - depends on the install
     raise ModuleNotFoundError(
         f"lib.report.plotting needs {missing.name}, which the plot extra installs: pip install -e '.[plot]' "
@@ -267,19 +268,24 @@ def plot_reward_distributions(
             ax.text(0.5, 0.5, "no episodes yet", transform=ax.transAxes, ha="center")
             return ax
         edges = np.histogram_bin_edges(np.concatenate(values), bins=bins)
+        tallest = 0
         for name, rewards in rewards_by_agent.items():
             rewards = np.asarray(rewards, dtype=float)
             if rewards.size:
-                ax.hist(
+                counts, _, _ = ax.hist(
                     rewards,
                     bins=edges,
                     histtype="step",
                     lw=2,
                     label=f"{name} (mean {rewards.mean():+.2f}, n={rewards.size})",
                 )
+                tallest = max(tallest, int(np.max(counts)))
         ax.set_xlabel("episode reward")
         ax.set_ylabel("episodes")
-        ax.legend(fontsize="small")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        rows = len(values)  # the legend's lines sit in headroom above the tallest bar
+        ax.set_ylim(0, tallest * (1.25 + 0.12 * rows) + 1)
+        ax.legend(fontsize="small", loc="upper left", ncols=2 if rows > 3 else 1)
     return ax
 
 
