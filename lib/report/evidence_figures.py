@@ -138,7 +138,7 @@ def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Pa
             continue
         # each series its own marker, each smaller than the last: equal series stay visible, not hidden
         marker = _MARKERS[index % len(_MARKERS)] if ok.sum() <= _MARKER_MAX_POINTS else None
-        size = max(3.0, 7.0 - 1.5 * index)
+        size = max(2.5, 5.5 - 1.5 * index)
         ax.plot(xs[ok], y[ok], s.style, color=s.color, label=s.label, marker=marker, markersize=size, lw=1.5)
         if s.band:
             spread = _column(rows, s.band)[order]
