@@ -61,9 +61,9 @@ IMAGE_LAYOUT = dict(width="420px", height="auto", object_fit="contain")
 ROW_LAYOUT = dict(align_items="flex-start")
 """The live browser's step text and spectrum side by side, top-aligned (a stretched row would
 stretch the image)."""
-PANEL_WIDTH = "440px"
-"""Step text above its spectrum, 440 px wide: two episodes fit side by side, and the side-by-side
-view shows the very panels the single view does."""
+PANEL_WIDTH = "620px"
+"""Step text above its spectrum, 620 px wide: a prompt line of 80 monospace characters fits
+(12 px type), and the side-by-side view shows the very panels the single view does."""
 NO_TEXT = "(none recorded: a scripted agent reads the observation object and writes no text)"
 TEXT_STYLE = "white-space:pre-wrap;font-family:monospace;font-size:12px;line-height:1.3;margin:2px 0 8px 0"
 BLOCK_STYLE = "line-height:1.4"
@@ -99,8 +99,14 @@ def episode_label(phase: str, episode: Mapping[str, Any]) -> str:
     )
 
 
-def _pre(text: Any) -> str:
-    return f"<pre>{html.escape(str(text))}</pre>"
+PROMPT_STYLE = "font-family:monospace;font-size:12px;white-space:pre-wrap;min-width:80ch"
+"""The prompt's own style, inline as well as in `STYLE_SHEET`: a report page that drops the style
+sheet still shows the prompt as the model read it, 80 characters to a line."""
+
+
+def _pre(text: Any, style: str = "") -> str:
+    shown = f' style="{style}"' if style else ""
+    return f"<pre{shown}>{html.escape(str(text))}</pre>"
 
 
 def _table(mapping: Mapping[str, Any]) -> str:
@@ -149,7 +155,7 @@ def step_html(episode: Mapping[str, Any], index: int) -> str:
         f"reward {float(step.get('reward', 0.0)):+.3f}"
         + ("" if not breakdown else " (" + ", ".join(f"{k} {float(v):+.3f}" for k, v in breakdown.items()) + ")")
         + (" · episode over" if step.get("done") else ""),
-        "<b>Prompt</b> (what the agent was shown)" + _pre(step.get("prompt") or NO_TEXT),
+        "<b>Prompt</b> (what the agent was shown)" + _pre(step.get("prompt") or NO_TEXT, PROMPT_STYLE),
         "<b>Completion</b> (what it wrote)" + _pre(_completion_text(step.get("completion"))),
         "<b>Parsed action</b> " + ("✓" if parsed else "✗") + _pre(action_text),
         "<b>Rule violations</b>" + _pre("\n".join(map(str, violations)) or "none"),
@@ -486,7 +492,7 @@ class TrajectoryBrowser:
         self.header = widgets.HTML()
         self.status = widgets.HTML()
         """What the browser is doing while it works (replaying an episode, drawing a spectrum)."""
-        self.text = widgets.HTML(layout=widgets.Layout(width="560px"))
+        self.text = widgets.HTML(layout=widgets.Layout(width=PANEL_WIDTH))
         self.image = widgets.Image(format="png", layout=IMAGE_LAYOUT)
         self.no_image = widgets.HTML(NO_SPECTRUM_HTML)
         self.figure = widgets.Box([self.no_image])
