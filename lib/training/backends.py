@@ -182,6 +182,9 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
         tokenizer = build_tokenizer()
         model = untrained_stand_in(tokenizer)
     else:
+        problem = model_source_problem(name)
+        if problem:  # said now, not after the Hub client's retries
+            raise FileNotFoundError(problem)
         tokenizer = load_tokenizer(name)  # a saved stand-in's own tokenizer, not AutoTokenizer's rebuild
         model = AutoModelForCausalLM.from_pretrained(name, dtype=policy_dtype())
     if torch.cuda.is_available():

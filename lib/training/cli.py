@@ -258,9 +258,10 @@ def read_config_file(path: Union[str, Path]) -> Dict[str, Any]:
     if unknown:
         from lib.training.config import shown
 
+        names = [key if len(key) <= 60 and key.isprintable() else shown(key, 60) for key in unknown[:8]]
         hints = [
-            f"{shown(key, 60)} (did you mean {match[0]}?)" if match else shown(key, 60)
-            for key in unknown[:8]
+            f"{name} (did you mean {match[0]}?)" if match else name
+            for key, name in zip(unknown, names)
             for match in [difflib.get_close_matches(key[:200], known, n=1)]
         ]
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""

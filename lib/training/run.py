@@ -44,14 +44,7 @@ from lib.measure.comparison import before_after_metrics
 from lib.measure.evaluation import PUBLISHED_KEY
 from lib.report.evidence import EvidencePaths, render_all
 from lib.runtime import CPU_STAND_IN_TIMES
-from lib.training.backends import (
-    OPTIMISER_ARGS,
-    load_policy,
-    model_source_problem,
-    precision_flags,
-    resolve_backend,
-    resolve_model_name,
-)
+from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import EvidenceCallback, trainer_progress
 from lib.training.config import TINY_MODEL, TrainConfig
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
@@ -204,9 +197,6 @@ def check_run_outputs(config: TrainConfig) -> None:
     reports to (TensorBoard's writer installed)."""
     for folder, what in output_folders(config).items():
         check_writable_dir(folder, what)
-    problem = model_source_problem(resolve_model_name(config))
-    if problem:
-        raise FileNotFoundError(problem)
     trackers = [name for name in config.report_to if name != "none"]
     if "tensorboard" in trackers and not any(
         importlib.util.find_spec(name) for name in ("tensorboard", "tensorboardX")
