@@ -11,6 +11,7 @@ how fast, how long is left. One mechanism for the whole project, tqdm's:
     progress = Progress("SFT warm start", total=2400, unit="step")
     progress.update(done)            # the position, not an increment
     progress.write("step 10: loss 1.23")   # a line above the bar (a log line when headless)
+    progress.note("step 11: loss 1.21")    # the same, at most one every every_s when headless
     progress.close()
 
 `lib.training.callbacks.TrainingProgress` drives one for a transformers `Trainer` (SFT, GRPO).
@@ -73,6 +74,8 @@ class Progress:
         self.done = int(initial)
         self.started = time.perf_counter()
         self._last_logged = self.started
+        self._last_noted = self.started - every_s  # the first note is written at once
+        self._pending_note: Optional[str] = None
         self._initial = int(initial)
         self.postfix = ""
         self.bar: Any = None
@@ -128,7 +131,24 @@ class Progress:
         else:
             self.log.info(line)
 
+    def note(self, line: str) -> None:
+        """A line about the latest unit (a step's metrics): above the bar when drawn; headless, at
+        most one every `every_s` and the last at `close`, so a log (a notebook's page, a CI log)
+        gets tens of lines for a warm start of hundreds of steps, not one per step."""
+        if self.bar is not None:
+            self.bar.write(line)
+            return
+        now = time.perf_counter()
+        if now - self._last_noted < self.every_s:
+            self._pending_note = line
+            return
+        self._last_noted, self._pending_note = now, None
+        self.log.info(line)
+
     def close(self) -> None:
+        if self._pending_note is not None:
+            self.log.info(self._pending_note)
+            self._pending_note = None
         if self.bar is not None:
             self.bar.close()
             self.bar = None

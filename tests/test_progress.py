@@ -70,3 +70,15 @@ def test_a_trainer_log_becomes_one_short_line(logs, line):
     from lib.training.callbacks import metrics_line
 
     assert metrics_line(logs) == line
+
+
+def test_headless_step_notes_are_one_per_interval_and_the_last_at_the_end(caplog, monkeypatch):
+    """A warm start's per-step lines in a log: the first, then at most one per `every_s`, and the
+    last at `close` (a notebook page carried 219 of them for one smoke warm start)."""
+    monkeypatch.setenv("CERNENV_HEADLESS", "1")
+    with caplog.at_level(logging.INFO, logger="lib.progress"):
+        progress = Progress("SFT", total=285, unit="step", every_s=3600.0)
+        for step in range(1, 286):
+            progress.note(f"SFT step {step}/285: loss {1 / step:.3f}")
+        progress.close()
+    assert [r.getMessage() for r in caplog.records] == ["SFT step 1/285: loss 1.000", "SFT step 285/285: loss 0.004"]

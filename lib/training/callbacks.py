@@ -184,7 +184,7 @@ class TrainingProgress(TrainerCallback):
         if self.progress is None or not line:
             return
         self.progress.set_postfix(line.split(",")[0])
-        self.progress.write(f"{self.label} step {state.global_step}/{state.max_steps}: {line}")
+        self.progress.note(f"{self.label} step {state.global_step}/{state.max_steps}: {line}")
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.progress is not None:
