@@ -214,3 +214,22 @@ def test_trajectory_browser_works_offline_in_chromium(executed_04, tmp_path):
     assert not (alone.parent / "assets").exists()
     check = check_browser(alone, None, slider_moves=1)
     assert check.blocked_requests == [] and check.page_errors == [] and len(set(check.steps_shown)) == 2
+
+
+def test_a_table_wider_than_the_page_scrolls_in_its_box(tmp_path):
+    """A markdown table of many columns (a metrics table) scrolls inside its own box on the
+    exported page instead of running off it."""
+    import nbformat
+    from nbformat.v4 import new_markdown_cell, new_notebook
+
+    header = "| " + " | ".join(f"metric {i}" for i in range(30)) + " |"
+    notebook = new_notebook(
+        cells=[new_markdown_cell(header + "\n|" + "---|" * 30 + "\n| " + " | ".join("0.5" for _ in range(30)) + " |")]
+    )
+    path = tmp_path / "wide.ipynb"
+    nbformat.write(notebook, path)
+    page = export_html(path, tmp_path / "wide.html").read_text()
+    assert (
+        "<table>" in page
+        and ".jp-RenderedHTMLCommon table { display: block; max-width: 100%; overflow-x: auto; }" in page
+    )
