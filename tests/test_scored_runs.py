@@ -235,6 +235,8 @@ def test_the_server_assigns_every_task_once_and_records_the_abandoned_ones(tmp_p
     ledger = tmp_path / "results.jsonl"
     server = Server("--scored-run", "v3:known_physics", "--results-ledger", str(ledger), mode=None)
     try:
+        status, answer = server.http("POST", "/reset", {})  # HTTP's one-off environment takes no task
+        assert status == 400 and "played in sessions" in answer["detail"], answer
         with server.ws() as ws:
             for chosen in ({"seed": 902_000}, {"difficulty": "easy"}, {"scenario": "z_mumu_91"}):
                 reply = call(ws, {"type": "reset", "data": chosen})

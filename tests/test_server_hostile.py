@@ -731,13 +731,15 @@ def test_a_request_naming_a_foreign_host_is_refused_as_dns_rebinding_would_send_
         assert call(ws, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
 
 
-def test_the_host_names_a_server_answers():
+def test_the_host_names_a_server_answers(monkeypatch):
     from cernenv.server import ServerConfig
 
     assert set(ServerConfig().hosts) == {"127.0.0.1", "localhost", "::1"}
     assert "lab.example.org" in ServerConfig(allowed_hosts="lab.example.org").hosts
     assert ServerConfig(allowed_hosts="a.example, *").hosts == ("*",)
     assert socket.gethostname().lower() in ServerConfig(host="0.0.0.0").hosts
+    monkeypatch.setenv("SPACE_HOST", "someone-cernenv.hf.space")  # what a Hugging Face Space sets
+    assert "someone-cernenv.hf.space" in ServerConfig(host="0.0.0.0").hosts
 
 
 def test_fragmented_messages_and_chunked_bodies_are_refused_before_they_cost_more_than_their_bytes(hostile):

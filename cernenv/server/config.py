@@ -119,6 +119,8 @@ class ServerConfig:
         hosts = ["127.0.0.1", "localhost", "::1"]
         if self.host in WILDCARD_HOSTS:
             hosts += _machine_names()
+            if os.environ.get("SPACE_HOST"):  # a Hugging Face Space's own public name, which it sets
+                hosts.append(os.environ["SPACE_HOST"].lower())
         else:
             hosts.append(self.host.strip("[]").lower())
         return tuple(dict.fromkeys(hosts + named))

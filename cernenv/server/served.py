@@ -199,6 +199,11 @@ class ServedEnvironment(CERNCollisionEnvironment):
         if previous is not None and not previous.done:
             self._record("abandoned: reset")
         if self._scored_run is not None:
+            if self.session_id is None:  # HTTP's one-off environment: a task it took would be lost
+                raise RequestError(
+                    f"this server is playing scored run {self._scored_run.run_id}, whose tasks are played in "
+                    "sessions: open the WebSocket /ws (cernenv.client.CERNEnvClient) or an MCP session"
+                )
             self._task_index, task = self._scored_run.next_task()
             seed, scenario, difficulty = task.seed, task.scenario, task.difficulty
         try:
