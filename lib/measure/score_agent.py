@@ -78,7 +78,9 @@ def score_agent(
     workspace = Path(tempfile.mkdtemp(prefix="cernenv-score-"))  # 0700: this user's only
     ledger, log_path, port = workspace / "results.jsonl", workspace / "server.log", free_port()
     url = f"http://127.0.0.1:{port}"
-    server_env = {**os.environ, "CERNENV_STATE_DIR": str(workspace)}
+    # the server of this run alone: none of the operator's CERNENV_* settings (a token, a ledger, a run)
+    server_env = {k: v for k, v in os.environ.items() if not k.startswith("CERNENV_")}
+    server_env["CERNENV_STATE_DIR"] = str(workspace)
     command = [sys.executable, "-m", "cernenv.server", "--port", str(port), "--ephemeral-secret"]
     command += ["--scored-run", suite, "--results-ledger", str(ledger)]
     with open(log_path, "w") as log:
