@@ -72,9 +72,10 @@ def serving_guard() -> Optional["ConnectionGuard"]:
 class ConnectionGuard:
     """Counts of open connections (all, per client address) against their limits; the
     connections that may give their place to a newcomer; the addresses whose connections broke
-    the protocol (`offence`), refused new connections while in debt (`OFFENCE_BURST`,
-    `OFFENCES_PER_S`); refusals, counted in `events`. Addresses in `trusted_proxies` carry many
-    clients' connections: only the overall limit applies to them."""
+    the protocol (`offence`), whose new connections are read only after their debt
+    (`offence_delay_s`: `OFFENCE_BURST`, `OFFENCES_PER_S`); refusals, counted in `events`.
+    Addresses in `trusted_proxies` carry many clients' connections: only the overall limit
+    applies to them."""
 
     def __init__(
         self,
@@ -425,6 +426,7 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._debt_s = 0.0
         self._pacing: Optional[asyncio.TimerHandle] = None
         self._input = bytearray()
+        self._fragments = 0  # frames of the message being received
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -460,7 +462,7 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_bytes(event)
 
     def handle_cont(self, event: Any) -> None:
-        self._fragments = getattr(self, "_fragments", 0) + 1
+        self._fragments += 1
         if self._fragments > self.MAX_FRAGMENTS:
             if not self.close_sent:
                 self.guard.note(
