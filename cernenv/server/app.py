@@ -19,11 +19,13 @@ and `/evaluation`):
 | `POST /reset` | the first observation of a fresh environment (seed, scenario, difficulty), then forgotten |
 | `POST /step`, `GET /state` | a fresh environment per request (OpenEnv 0.10): 409; the empty state |
 | `GET /sessions` | environments open now and the session limits |
-| `GET /evaluation` | the mode, the fingerprint of the evaluation secret, whether worlds are fresh and grades withheld |
+| `GET /evaluation` | the mode, the secret's fingerprint, fresh worlds, withheld grades, the scored run's progress |
+| `GET /`, `/web` | a page: what the server is, its mode, how to play; `GET /docs` every route, offline |
 
 What the server adds to the environment (`ServedEnvironment`): in evaluation mode (the
 default) a fresh hidden world at every reset and no grade on the wire, each ended episode's
-grade and truth written to the results ledger (`cernenv.server.evaluation`); a step before any
+grade and truth written to the results ledger (`cernenv.server.ledger`), and with
+`--scored-run` the tasks assigned by the server (`cernenv.server.runs`); a step before any
 reset is an error rather than an implicit seed-0 episode; unknown or ill-typed reset
 parameters are errors, with one rule for every transport (`cernenv.server.wire.reset_problem`);
 `hidden_truth()` is refused; any JSON value sent as an action is judged by the environment's
