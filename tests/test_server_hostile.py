@@ -734,7 +734,7 @@ def test_a_request_naming_a_foreign_host_is_refused_as_dns_rebinding_would_send_
 def test_the_host_names_a_server_answers(monkeypatch):
     from cernenv.server import ServerConfig
 
-    assert set(ServerConfig().hosts) == {"127.0.0.1", "localhost", "::1"}
+    assert set(ServerConfig().hosts) == {"127.0.0.1", "localhost", "::1", "[::1]"}
     assert "lab.example.org" in ServerConfig(allowed_hosts="lab.example.org").hosts
     assert ServerConfig(allowed_hosts="a.example, *").hosts == ("*",)
     assert socket.gethostname().lower() in ServerConfig(host="0.0.0.0").hosts

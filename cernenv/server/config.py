@@ -123,6 +123,7 @@ class ServerConfig:
                 hosts.append(os.environ["SPACE_HOST"].lower())
         else:
             hosts.append(self.host.strip("[]").lower())
+        hosts += [f"[{host}]" for host in hosts if ":" in host]  # an IPv6 address as a Host header writes it
         return tuple(dict.fromkeys(hosts + named))
 
     @property
