@@ -279,13 +279,15 @@ def test_a_shutdown_records_the_open_episodes_of_every_kind_and_ends_the_run(tmp
     ledger = tmp_path / "results.jsonl"
     server = Server("--scored-run", "draw:3", "--results-ledger", str(ledger), mode=None)
     try:
-        ws = server.ws()
-        assert call(ws, {"type": "reset", "data": {}})["type"] == "observation"
-        session = server.mcp("openenv/session/create")["result"]["session_id"]
-        answer = server.mcp("tools/call", {"session_id": session, "name": "new_campaign", "arguments": {}})
-        assert "error" not in answer, answer
+        with server.ws() as ws:
+            assert call(ws, {"type": "reset", "data": {}})["type"] == "observation"
+            session = server.mcp("openenv/session/create")["result"]["session_id"]
+            answer = server.mcp("tools/call", {"session_id": session, "name": "new_campaign", "arguments": {}})
+            assert "error" not in answer, answer
+            server.stop()  # SIGTERM with both episodes in play
     finally:
-        server.stop()
+        if server.process.poll() is None:
+            server.stop()
     records = read_ledger(ledger)
     episodes = [r for r in records if isinstance(r, EpisodeEnded)]
     assert len(episodes) == 2 and all(e.abandoned for e in episodes)
