@@ -224,3 +224,27 @@ def test_the_checkpoint_figure_shows_equal_series_apart_on_whole_steps_with_its_
     assert (mass.get_marker(), mass.get_markersize()) != (channel.get_marker(), channel.get_markersize())
     assert all(float(tick).is_integer() for tick in rates.get_xticks())
     assert _covered(rates) == 0
+
+
+def test_every_evidence_figure_keeps_its_legends_off_the_data(monkeypatch, tmp_path):
+    """The committed evidence's figures, drawn again from its files: no legend lies over a data
+    point, a bar or a curve of its panel."""
+    import json
+    from pathlib import Path
+
+    import lib.report.evidence_figures as figures
+    from lib.report.evidence_logs import read_records
+
+    evidence = Path(__file__).resolve().parents[1] / "evidence"
+    drawn: list = []
+    real_save = figures._save_figure
+    monkeypatch.setattr(figures, "_save_figure", lambda fig, path: (drawn.append(fig), real_save(fig, path))[1])
+    pre, post = (read_records(evidence / name).rows for name in ("pre_eval.jsonl", "post_eval.jsonl"))
+    figures.render_distribution(pre, post, tmp_path / "distribution.png")
+    figures.render_summary(json.loads((evidence / "before_after_metrics.json").read_text()), tmp_path / "summary.png")
+    figures.render_training_curve(evidence / "training_log.csv", tmp_path / "curve.png")
+    figures.render_reward_components(evidence / "reward_components.csv", tmp_path / "components.png")
+    figures.render_checkpoint_progression(evidence / "checkpoint_evals.csv", tmp_path / "checkpoints.png")
+    panels = [ax for fig in drawn for ax in fig.axes if ax.get_legend() is not None]
+    assert len(drawn) == 5 and len(panels) >= 8
+    assert {ax.get_title()[:40]: _covered(ax) for ax in panels if _covered(ax)} == {}
