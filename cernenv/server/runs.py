@@ -16,33 +16,23 @@ played, or the server stopped.
 from __future__ import annotations
 
 import secrets
-import subprocess
 import threading
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from cernenv._version import __version__
+from cernenv.provenance import source_revision
 from cernenv.server.ledger import ResultsLedger, utc_now
 from cernenv.server.wire import RequestError
 from cernenv.suite import SuiteTask, selected_tasks
 
 
 def source_commit() -> Optional[str]:
-    """The git commit of the code the server runs (None when it is not a git checkout)."""
-    root = Path(__file__).resolve().parents[2]
-    if not (root / ".git").exists():
+    """The git commit of the code the server runs, "+modified" when its tracked files changed
+    (None when it is not a git checkout)."""
+    revision = source_revision()
+    if revision["commit"] is None:
         return None
-
-    def git(*arguments: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(root), *arguments], capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-
-    try:
-        commit, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit + ("+modified" if changes else "")
+    return revision["commit"] + ("+modified" if revision["dirty"] else "")
 
 
 class ScoredRun:

@@ -45,7 +45,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -250,21 +249,11 @@ def check_written_folders(plan: Mapping[str, Mapping[str, Any]], build_dir: Path
 
 
 def source_revision() -> Dict[str, Any]:
-    """The checkout's commit and whether its source has uncommitted changes (outside evidence/ and
-    reports/, which the notebooks write; None when git cannot tell)."""
+    """The checkout's commit and whether its source has uncommitted changes, outside evidence/ and
+    reports/, which the notebooks write (`cernenv.provenance.source_revision`)."""
+    from cernenv.provenance import source_revision as revision  # cernenv's import is ~1 s: here, not at start
 
-    def git(*args: str) -> Optional[str]:
-        try:
-            return subprocess.run(
-                ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True, timeout=30
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    commit = git("rev-parse", "HEAD")
-    # what the notebooks write (evidence/, reports/) is their product, not a change to the source
-    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!evidence", ":!reports")
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
+    return revision(ROOT, ignore=("evidence", "reports"))
 
 
 def record_run(build_dir: Path, profile: str, notebook: str, seconds: float) -> None:
