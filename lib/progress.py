@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from typing import Any, Optional
@@ -35,6 +36,9 @@ HEADLESS_VARIABLE = "CERNENV_HEADLESS"
 """Set (to anything but "" or "0") where nobody watches the output: progress is logged, not drawn."""
 METER = "{desc}: {n_fmt}/{total_fmt} {unit}s ({percentage:.0f}%) [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 """The meter of a headless progress line (tqdm's `bar_format` fields)."""
+METER_LINE = re.compile(r": \d+/\d+ \w+ \(\d+%\) \[")
+"""What marks a line as a `METER` line ("SFT warm start: 47/190 steps (25%) [..."), wherever it is
+printed (`lib.notebooks.reproduce` picks the notebooks' out of their output)."""
 
 
 def headless() -> bool:

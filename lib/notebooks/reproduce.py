@@ -54,6 +54,7 @@ import yaml
 
 from lib.extras import require
 from lib.files import atomic_write, check_writable_dir, write_json
+from lib.progress import METER_LINE
 from lib.yaml_files import YAMLRefused, load_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -295,10 +296,6 @@ def notable_warnings(notebook_path: Path, limit: int = 8) -> List[str]:
     return found[:limit]
 
 
-PROGRESS_LINE = re.compile(r": \d+/\d+ \w+ \(\d+%\) \[")
-"""A progress meter line of `lib.progress` (its headless `METER`), as a notebook prints it."""
-
-
 class ProgressEcho:
     """A file a notebook's stream output is written to (papermill's `stdout_file`/`stderr_file`):
     the lines that are progress meters go to `out`, indented; the rest stays in the notebook."""
@@ -310,7 +307,7 @@ class ProgressEcho:
         lines = (self._partial + text).split("\n")
         self._partial = lines.pop()
         for line in lines:
-            if PROGRESS_LINE.search(line):
+            if METER_LINE.search(line):
                 meter = line.split("lib.progress: ", 1)[-1].strip()  # without the log line's time and name
                 print(f"    {meter}", file=self.out, flush=True)
 
