@@ -116,7 +116,7 @@ promote-evidence: setup ## copy a complete full run's evidence (build/full/evide
 	$(PY) -m lib.notebooks.reproduce --promote --build-dir $(BUILD)/full
 
 verify-evidence: setup ## replay the committed evidence episodes: every reward and grade must come back (python -m lib.report.replay)
-	$(RUN_ENV) $(PY) -m lib.report.replay evidence/pre_eval.jsonl evidence/post_eval.jsonl
+	$(RUN_ENV) $(PY) -m lib.report.replay evidence/pre_eval.jsonl.gz evidence/post_eval.jsonl.gz
 
 report: setup ## export build/PROFILE/*.ipynb to offline HTML: reports/ for full, reports/PROFILE/ for the others
 	$(RUN_ENV) $(PY) -m lib.notebooks.export $(BUILD)/$(PROFILE_NAME) $(if $(filter full,$(PROFILE_NAME)),$(REPORTS),$(REPORTS)/$(PROFILE_NAME))

@@ -3,7 +3,7 @@
     make bench-pass-at-k                                   # the default warm start, unseen particles, k = 8
     python bench/bench_pass_at_k.py --policy PATH --k 8    # any saved policy folder
     python bench/bench_pass_at_k.py --split validation --episodes 60
-    python bench/bench_pass_at_k.py --policy PATH --greedy-from evidence/pre_eval.jsonl   # reuse its greedy play
+    python bench/bench_pass_at_k.py --policy PATH --greedy-from evidence/pre_eval.jsonl.gz   # reuse its greedy play
 
 Each episode of the chosen part (default: the held-out suite's unseen particles; `--split
 validation` plays the validation split instead, `lib.measure.evaluation.validation_suite`) is
@@ -12,7 +12,7 @@ sampling), with the published evaluation key. pass@1 is the mean success of the 
 the share of episodes with at least one success among its k samples: an episode GRPO can learn
 from is one a group of k samples sometimes solves. Success is the grade's `correct_outcome`.
 `--greedy-from` reads the greedy play from an evaluation file of the same policy on the suite (a
-run's `pre_eval.jsonl` for its warm start) instead of playing it again.
+run's `pre_eval.jsonl.gz` for its warm start) instead of playing it again.
 """
 
 from __future__ import annotations

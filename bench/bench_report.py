@@ -93,10 +93,10 @@ def measure_pages(evidence: Path, out: Path) -> dict:
 
 def measure_live_browser(evidence: Path, episodes: int) -> dict:
     from lib.report.browser import TrajectoryBrowser
-    from lib.report.evidence import read_records
+    from lib.report.evidence import EvidencePaths, read_records
 
-    pre = read_records(evidence / "pre_eval.jsonl").rows
-    post = read_records(evidence / "post_eval.jsonl").rows
+    files = EvidencePaths(evidence)
+    pre, post = read_records(files.pre_eval_jsonl).rows, read_records(files.post_eval_jsonl).rows
     start = time.perf_counter()
     browser = TrajectoryBrowser({"pre": pre, "post": post})
     opened = time.perf_counter() - start

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -9,11 +10,11 @@ import pytest
 from lib.episodes.records import load_episodes_jsonl, save_episodes_jsonl
 from lib.measure.comparison import before_after_metrics
 
-EVIDENCE = "evidence/pre_eval.jsonl"
+EVIDENCE = "evidence/pre_eval.jsonl.gz"
 
 
 def lines(n=5):
-    with open(EVIDENCE) as handle:
+    with gzip.open(EVIDENCE, "rt") as handle:
         return [json.loads(next(handle)) for _ in range(n)]
 
 

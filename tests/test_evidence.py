@@ -3,6 +3,7 @@ empty and partial data, and honest before/after statistics."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import multiprocessing
 import threading
@@ -20,6 +21,7 @@ from lib.report.evidence import (
     EvidencePaths,
     RewardComponentLogWriter,
     TrainingLogWriter,
+    read_evidence,
     read_records,
     render_all,
     render_before_after,
@@ -97,7 +99,9 @@ def episode(seed, reward, correct, *, exists=True, mass=True, spin=None, scenari
 
 
 def write_jsonl(path: Path, episodes) -> Path:
-    path.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    """`episodes` as JSON lines, written as they are (unchecked), gzip-compressed where the name ends .gz."""
+    data = "".join(json.dumps(e) + "\n" for e in episodes).encode()
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
     return path
 
 
@@ -120,8 +124,9 @@ def test_artifact_names_and_columns_are_the_seeds(tmp_path):
         "reward_distribution_png": "reward_distribution.png",
         "before_after_metrics_json": "before_after_metrics.json",
         "sample_trajectories_md": "sample_trajectories.md",
-        "pre_eval_jsonl": "pre_eval.jsonl",
-        "post_eval_jsonl": "post_eval.jsonl",
+        "pre_eval_jsonl": "pre_eval.jsonl.gz",
+        "post_eval_jsonl": "post_eval.jsonl.gz",
+        "baselines_json": "baselines.json",
     }
     assert all(getattr(paths, name).parent == paths.root for name in names)
     expected = {
@@ -159,7 +164,7 @@ def test_seed_written_crlf_logs_are_accepted(tmp_path):
     path = tmp_path / "log.csv"
     path.write_bytes(b"step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc\r\n1,,,0.5,,,\r\n")
     CheckpointEvalWriter(path).append(step=2, mean_reward=0.75)
-    assert [r["mean_reward"] for r in read_records(path).rows] == ["0.5", "0.75"]
+    assert [r["mean_reward"] for r in read_records(path).rows] == [0.5, 0.75]
 
 
 # ----------------------------------------------------------------------------- concurrency and kills
@@ -257,12 +262,12 @@ def test_a_kill_during_the_header_and_garbage_lines_are_survived(tmp_path):
     path = tmp_path / "log.csv"
     path.write_bytes(b"step,ep")
     TrainingLogWriter(path).append({"step": 1, "reward": 0.5})
-    assert [r["reward"] for r in read_records(path).rows] == ["0.5"]
+    assert [r["reward"] for r in read_records(path).rows] == [0.5]
     with open(path, "ab") as f:
         f.write(b'\x00\x00\x00\n1,2\n"unclosed,quote\n\xff\xfe,bad\n')
     TrainingLogWriter(path).append({"step": 2, "reward": 0.75})
     records = read_records(path)
-    assert [r["reward"] for r in records.rows] == ["0.5", "0.75"] and records.n_skipped == 4
+    assert [r["reward"] for r in records.rows] == [0.5, 0.75] and records.n_skipped == 4
 
 
 # ----------------------------------------------------------------------------- renderers
@@ -588,21 +593,108 @@ def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
     assert "ERROR" not in caplog.text
 
 
+def _full_folder(root: Path) -> EvidencePaths:
+    paths = EvidencePaths(root)
+    paths.ensure()
+    for cls, csv_path in (
+        (TrainingLogWriter, paths.training_log_csv),
+        (RewardComponentLogWriter, paths.reward_components_csv),
+        (CheckpointEvalWriter, paths.checkpoint_evals_csv),
+    ):
+        writer = cls(csv_path)
+        for step in range(1, 6):
+            append(writer, full_row(cls, step))
+    rng = np.random.default_rng(5)
+    write_jsonl(paths.pre_eval_jsonl, _synthetic(rng, 12, 0.0))
+    write_jsonl(paths.post_eval_jsonl, _synthetic(rng, 12, 1.0))
+    return paths
+
+
+def _count_reads(monkeypatch, root: Path) -> dict:
+    """Count every opening for reading of a file under `root`, through open(), io.open and pathlib."""
+    import builtins
+    import io
+
+    opened: dict = {}
+    real_open = builtins.open
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        name = str(file)
+        if isinstance(file, (str, Path)) and name.startswith(str(root)) and not set(mode) & set("wax+"):
+            opened[Path(name).name] = opened.get(Path(name).name, 0) + 1
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(io, "open", counting_open)
+    return opened
+
+
+def test_render_all_reads_each_file_of_the_folder_once(tmp_path, monkeypatch):
+    paths = _full_folder(tmp_path / "ev")
+    opened = _count_reads(monkeypatch, paths.root)
+    out = render_all(paths)
+    assert all(out.values()), out
+    data_files = {"pre_eval.jsonl.gz", "post_eval.jsonl.gz", "training_log.csv", "reward_components.csv"}
+    assert data_files | {"checkpoint_evals.csv"} >= set(opened) >= data_files, opened
+    assert set(opened.values()) == {1}, opened  # each read once, however many renderers use it
+
+    opened.clear()
+    evidence = read_evidence(paths)  # what notebook 04 does: one read, then everything from memory
+    assert set(opened.values()) == {1} and "before_after_metrics.json" in opened
+    opened.clear()
+    again = render_all(evidence)
+    assert opened == {} and all(again.values())
+    assert evidence.before_after["post"]["n"] == 12 and evidence.baselines is None
+    assert [row["step"] for row in evidence.training_log.rows] == [1, 2, 3, 4, 5]
+    assert evidence.training_log.source == "training_log.csv"
+
+
+def test_episode_files_are_gzip_compressed_the_same_bytes_each_time_and_a_cut_one_is_refused(tmp_path):
+    from lib.episodes.records import save_episodes_jsonl
+
+    episodes = _synthetic(np.random.default_rng(1), 6, 0.5)
+    first, second = tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl.gz"
+    save_episodes_jsonl(episodes, str(first))
+    save_episodes_jsonl(episodes, str(second))
+    assert first.read_bytes()[:2] == b"\x1f\x8b" and first.read_bytes() == second.read_bytes()
+    plain = tmp_path / "a.jsonl"
+    save_episodes_jsonl(episodes, str(plain))
+    assert gzip.decompress(first.read_bytes()) == plain.read_bytes()
+    assert read_records(first).rows == read_records(plain).rows == episodes
+    first.write_bytes(first.read_bytes()[:-20])  # a copy cut short
+    with pytest.raises(ValueError, match=r"a.jsonl.gz is not a whole gzip file .*git checkout"):
+        read_records(first)
+    plain.rename(tmp_path / "c.jsonl.gz")  # plain text under a compressed name
+    with pytest.raises(ValueError, match=r"c.jsonl.gz is not a whole gzip file"):
+        read_records(tmp_path / "c.jsonl.gz")
+
+
+def test_a_folder_written_before_compression_keeps_its_plain_episode_files(tmp_path):
+    rng = np.random.default_rng(2)
+    write_jsonl(tmp_path / "pre_eval.jsonl", _synthetic(rng, 4, 0.0))
+    paths = EvidencePaths(tmp_path)
+    assert paths.pre_eval_jsonl.name == "pre_eval.jsonl" and paths.post_eval_jsonl.name == "post_eval.jsonl.gz"
+    assert len(read_evidence(paths).pre) == 4
+    write_jsonl(tmp_path / "pre_eval.jsonl.gz", _synthetic(rng, 3, 0.0))  # both: the compressed one is current
+    assert EvidencePaths(tmp_path).pre_eval_jsonl.name == "pre_eval.jsonl.gz"
+
+
 def test_checkpoint_row_feeds_the_checkpoint_writer(tmp_path):
     row = comparison.checkpoint_row(
         50, [episode(0, 1.0, True), episode(1, -1.0, False, mass=False)], fraction_done=0.25
     )
     CheckpointEvalWriter(tmp_path / "ck.csv").append(**row)
     (got,) = read_records(tmp_path / "ck.csv").rows
-    assert got == {
-        "step": "50",
-        "fraction_done": "0.25",
-        "episodes": "2",
-        "mean_reward": "0.0",
-        "success_rate": "0.5",
-        "mass_acc": "0.5",
-        "channel_acc": "0.5",
+    assert got == {  # numbers, as typed as the writer wrote them
+        "step": 50,
+        "fraction_done": 0.25,
+        "episodes": 2,
+        "mean_reward": 0.0,
+        "success_rate": 0.5,
+        "mass_acc": 0.5,
+        "channel_acc": 0.5,
     }
+    assert [type(got[k]) for k in ("step", "episodes", "mean_reward")] == [int, int, float]
 
 
 def test_training_curve_leaves_out_flat_panels_and_says_why(tmp_path, monkeypatch):

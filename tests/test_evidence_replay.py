@@ -14,7 +14,7 @@ from lib.episodes.records import RENAMED_SUMMARY_KEYS, load_episodes_jsonl
 from lib.report.replay import ReplayCheck, check_replay, main
 
 ROOT = Path(__file__).resolve().parents[1]
-EVIDENCE = [ROOT / "evidence" / "pre_eval.jsonl", ROOT / "evidence" / "post_eval.jsonl"]
+EVIDENCE = [ROOT / "evidence" / "pre_eval.jsonl.gz", ROOT / "evidence" / "post_eval.jsonl.gz"]
 PROMPT_SHARE_LIMIT = 0.02
 """Share of replayed prompts that may differ from the record (the processor's last bits reach a
 few rendered digits, lib/report/replay.py); a change of the environment moves far more, and any change

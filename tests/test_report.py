@@ -9,6 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from lib.episodes.records import load_episodes_jsonl
 from lib.notebooks.export import (
     READERS_SUFFIX,
     STANDALONE_SUFFIX,
@@ -63,7 +64,7 @@ def test_notebook_04_tells_the_story_from_the_evidence(executed_04):
     assert "### " in markdown, "sample trajectories"
     # training curve, components, progression, before/after bars and distributions, baselines; then the
     # physics view when a trained-agent episode of the evidence reached a fit, else the notebook says so
-    post = [json.loads(line) for line in (ROOT / "evidence" / "post_eval.jsonl").read_text().splitlines() if line]
+    post = load_episodes_jsonl(str(ROOT / "evidence" / "post_eval.jsonl.gz"))
     fitted = any(
         isinstance(s.get("action"), dict) and s["action"].get("action_type") == "fit_resonance"
         for e in post
@@ -78,7 +79,7 @@ def test_notebook_04_tells_the_story_from_the_evidence(executed_04):
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     models = [m["model_name"] for m in state.values()]
     assert models.count("LinkModel") >= 1 + 2 * N_BROWSER_TASKS, "menu and one slider per episode, jslinked"
-    pre = [json.loads(line) for line in (ROOT / "evidence" / "pre_eval.jsonl").read_text().splitlines() if line]
+    pre = load_episodes_jsonl(str(ROOT / "evidence" / "pre_eval.jsonl.gz"))
     built = any(
         isinstance(s.get("action"), dict) and s["action"].get("action_type") == "build_invariant_mass"
         for e in pre + post

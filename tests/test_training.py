@@ -259,8 +259,8 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
         "training_log.csv",
         "reward_components.csv",
         "checkpoint_evals.csv",
-        "pre_eval.jsonl",
-        "post_eval.jsonl",
+        "pre_eval.jsonl.gz",
+        "post_eval.jsonl.gz",
         "before_after_metrics.json",
         "sample_trajectories.md",
         "training_curve.png",
@@ -272,8 +272,8 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
     assert [row.split(",")[0] for row in checkpoints[1:]] == ["0", "1", "2"]
     assert all(row.split(",")[2] == str(config.checkpoint_eval_episodes) for row in checkpoints[1:])
     pre, post = (
-        load_episodes_jsonl(str(evidence / "pre_eval.jsonl")),
-        load_episodes_jsonl(str(evidence / "post_eval.jsonl")),
+        load_episodes_jsonl(str(evidence / "pre_eval.jsonl.gz")),
+        load_episodes_jsonl(str(evidence / "post_eval.jsonl.gz")),
     )
     assert len(pre) == len(post) == 3 and [e["seed"] for e in pre] == [e["seed"] for e in post]
     first, last = (row.split(",") for row in (checkpoints[1], checkpoints[-1]))

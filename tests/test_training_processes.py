@@ -177,8 +177,8 @@ def test_two_processes_write_what_one_process_writes(tmp_path, first_action_mode
     launched = run(accelerate, two)
     assert launched.stdout.count("everything measured: ") == 1, "one process reports the result"
 
-    for name in ("pre_eval.jsonl", "post_eval.jsonl", "reward_components.csv", "checkpoint_evals.csv"):
-        assert (two / "evidence" / name).read_text() == (one / "evidence" / name).read_text(), name
+    for name in ("pre_eval.jsonl.gz", "post_eval.jsonl.gz", "reward_components.csv", "checkpoint_evals.csv"):
+        assert (two / "evidence" / name).read_bytes() == (one / "evidence" / name).read_bytes(), name
     rollouts = _rows(two / "evidence" / "reward_components.csv")
     assert [row["n"] for row in rollouts] == ["4", "4"], "each step's row covers both processes' episodes"
     log_one, log_two = _rows(one / "evidence" / "training_log.csv"), _rows(two / "evidence" / "training_log.csv")

@@ -51,7 +51,7 @@ def test_a_log_cell_that_is_not_a_number_is_refused_on_write_and_on_read(tmp_pat
     log.append({"step": 1, "reward": 0.5, "kl": float("nan")})  # NaN is written empty, as before
     with pytest.raises(TypeError, match="number or nothing"):
         log.append({"step": 2, "reward": "0.5"})
-    assert read_records(tmp_path / "training_log.csv").rows[0]["kl"] == ""
+    assert read_records(tmp_path / "training_log.csv").rows[0]["kl"] is None
     shutil.copy(EVIDENCE / "training_log.csv", tmp_path / "damaged.csv")
     lines = (tmp_path / "damaged.csv").read_text().splitlines()
     lines[3] = lines[3].replace(lines[3].split(",")[3], "True", 1)

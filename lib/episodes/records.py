@@ -3,15 +3,18 @@
 `EpisodeSpec` says which episode to play (seed, and a curated scenario or a difficulty);
 `StepRecord` and `EpisodeRecord` say what happened (rollouts, evaluation, training and
 replay all write and read these); `PAIR_KEY` / `pair_key` identify the same task in two
-runs (before and after training); `save_episodes_jsonl` stores one episode per line and
-`read_episodes_jsonl` (the one reader of such files; `load_episodes_jsonl` warns of what it
-skipped) reads them back; `as_episode_dict` turns a record (or a line read back) into a dict.
+runs (before and after training); `save_episodes_jsonl` stores one episode per line (gzip-compressed
+when the name ends `.gz`, as every evaluation's evidence is) and `read_episodes_jsonl` (the one reader
+of such files; `load_episodes_jsonl` warns of what it skipped) reads them back; `as_episode_dict`
+turns a record (or a line read back) into a dict.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import warnings
+import zlib
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -178,10 +181,21 @@ def as_episode_dict(episode: Any) -> Dict[str, Any]:
     raise TypeError(f"an episode is an EpisodeRecord or a dict read from a JSONL file, got {type(episode).__name__}")
 
 
+COMPRESSED_SUFFIX = ".gz"
+"""An episode file whose name ends so (`pre_eval.jsonl.gz`) is gzip-compressed JSONL: the prompts every
+step repeats make an evaluation's 12 MB of JSONL 0.8 MB of gzip (`zcat FILE` shows the lines)."""
+
+
+def _compressed(path: Any) -> bool:
+    return str(path).endswith(COMPRESSED_SUFFIX)
+
+
 def save_episodes_jsonl(episodes: Sequence[Union[EpisodeRecord, Dict[str, Any]]], path: str) -> None:
     """Write one episode per line, atomically: a reader never sees a half-written file
-    (`lib.files.atomic_write`); strict JSON (a NaN or an infinity is written null). Refuses an
-    empty list (`lib.files.EmptyResultError`): a file of episodes is never replaced by none."""
+    (`lib.files.atomic_write`); strict JSON (a NaN or an infinity is written null); gzip-compressed
+    when `path` ends `.gz` (`COMPRESSED_SUFFIX`), with no time stamp, so the same episodes make the
+    same bytes. Refuses an empty list (`lib.files.EmptyResultError`): a file of episodes is never
+    replaced by none."""
     refuse_empty(path, len(episodes), "an episode file")
     lines = [json_text(as_episode_dict(episode), indent=None) for episode in episodes]
     for number, line in enumerate(lines, start=1):
@@ -189,7 +203,24 @@ def save_episodes_jsonl(episodes: Sequence[Union[EpisodeRecord, Dict[str, Any]]]
         if error:
             raise ValueError(f"episode {number} of {len(lines)} for {path} is not an episode record: {error}")
     check_distinct(path, [json.loads(line) for line in lines])
-    atomic_write(path, "".join(line + "\n" for line in lines))
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    atomic_write(path, gzip.compress(data, compresslevel=9, mtime=0) if _compressed(path) else data)
+
+
+def episode_file_bytes(path: Any) -> bytes:
+    """The JSONL bytes of an episode file, decompressed where its name ends `.gz`; a compressed file
+    that is cut or damaged is a ValueError that says so (plain files are read as they are)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if not _compressed(path):
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as error:  # BadGzipFile is an OSError
+        raise ValueError(
+            f"{path} is not a whole gzip file ({error or 'it ends early'}); restore it from where it was "
+            "copied (for the committed evidence: git checkout -- FILE)"
+        ) from None
 
 
 def check_distinct(path: str, episodes: Sequence[Mapping[str, Any]]) -> None:
@@ -220,17 +251,16 @@ def _upgrade(episode: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def read_episodes_jsonl(path: str) -> Tuple[List[Dict[str, Any]], int]:
-    """The episodes of a JSONL file written by `save_episodes_jsonl` (or appended line by line),
-    and how many unfinished last lines were skipped (0 or 1). The one reader of episode files:
-    a last line that is not a whole JSON object (a writer interrupted mid-line, NULs a crash
-    left) is skipped; any other line that is not an episode (bytes that are not UTF-8, invalid
-    JSON, a value that is not an object, an object that is not an `EpisodeLine`: a boolean
-    written as a string, a NaN reward, an empty object) is an error that names the line, because
-    skipping it would lose an episode and reading it would count a wrong one; so are two lines of
-    one agent on the same task. Summary keys renamed since the file was written are read under
-    their current names."""
-    with open(path, "rb") as f:
-        lines = [line for line in f.read().split(b"\n") if line.strip()]
+    """The episodes of a JSONL file written by `save_episodes_jsonl` (or appended line by line;
+    gzip-compressed where its name ends `.gz`), and how many unfinished last lines were skipped (0 or 1).
+    The one reader of episode files: a last line that is not a whole JSON object (a writer
+    interrupted mid-line, NULs a crash left) is skipped; any other line that is not an episode
+    (bytes that are not UTF-8, invalid JSON, a value that is not an object, an object that is not an
+    `EpisodeLine`: a boolean written as a string, a NaN reward, an empty object) is an error that
+    names the line, because skipping it would lose an episode and reading it would count a wrong
+    one; so are two lines of one agent on the same task. Summary keys renamed since the file was
+    written are read under their current names."""
+    lines = [line for line in episode_file_bytes(path).split(b"\n") if line.strip()]
     episodes, skipped = [], 0
     for number, raw in enumerate(lines, start=1):
         try:

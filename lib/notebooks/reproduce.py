@@ -92,8 +92,8 @@ NOISE = (
 PROMOTED_REQUIRED = (
     "baselines.json",
     "baselines.md",
-    "pre_eval.jsonl",
-    "post_eval.jsonl",
+    "pre_eval.jsonl.gz",
+    "post_eval.jsonl.gz",
     "before_after_metrics.json",
     "training_log.csv",
 )

@@ -464,7 +464,7 @@ class TrajectoryBrowser:
     """The live browser: filters, an episode menu and a step slider that call back into the kernel.
 
     `episodes_by_phase` maps a phase ('pre' and 'post' for the policy before and after
-    training, from `pre_eval.jsonl` and `post_eval.jsonl`; any names work) to its episodes
+    training, from `pre_eval.jsonl.gz` and `post_eval.jsonl.gz`; any names work) to its episodes
     (`EpisodeRecord`s or JSONL rows). An episode is replayed when first shown. Display
     it with `display(browser.widget)` (or just `browser` as a cell's last line).
     """

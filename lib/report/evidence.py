@@ -1,15 +1,16 @@
 """Evidence that training improved the agent, from the files of one run: the before/after
 comparison (`render_before_after`: before_after_metrics.json with paired 95% bootstrap
 intervals, and its two figures), a Markdown sample of trajectories
-(`render_sample_trajectories`), and `render_all`, which redraws every artifact from what exists.
+(`render_sample_trajectories`), and `render_all`, which redraws every artifact from what exists,
+reading each file of the folder once into an `Evidence` (`read_evidence`) that every renderer draws from.
 
 Three kinds of evidence, all under one folder (`EvidencePaths`):
 
 1. Per-step training metrics (`TrainingLogWriter` → training_log.csv) and per-rollout
    reward components (`RewardComponentLogWriter` → reward_components.csv).
 2. Held-out evaluations at checkpoints (`CheckpointEvalWriter` → checkpoint_evals.csv).
-3. Episodes before and after training (pre_eval.jsonl / post_eval.jsonl, one episode per
-   line).
+3. Episodes before and after training (pre_eval.jsonl.gz / post_eval.jsonl.gz, one episode per
+   line, gzip-compressed).
 
 The logs and their reading are `lib.report.evidence_logs`', the figures
 `lib.report.evidence_figures`', the statistics `lib.measure.comparison`'s, an episode's
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from cernenv.suite import part_of
 from lib.files import atomic_write, write_json
@@ -36,6 +37,9 @@ from lib.report.episode_markdown import correct_by_part, episode_markdown_lines,
 from lib.report.evidence_figures import (
     figure_png,
     palette_png,
+    plot_checkpoint_progression,
+    plot_reward_components,
+    plot_training_curve,
     render_checkpoint_progression,
     render_distribution,
     render_reward_components,
@@ -44,32 +48,35 @@ from lib.report.evidence_figures import (
 )
 from lib.report.evidence_logs import (
     CheckpointEvalWriter,
+    Evidence,
     EvidencePaths,
     Records,
     RewardComponentLogWriter,
     TrainingLogWriter,
+    read_evidence,
     read_records,
 )
 
 logger = logging.getLogger(__name__)
 
 
-def _render_before_after(
-    pre_jsonl: Path,
-    post_jsonl: Path,
+def _before_after(
+    pre: Sequence[Mapping[str, Any]],
+    post: Sequence[Mapping[str, Any]],
+    sources: Mapping[str, str],
+    *,
+    metrics_json: Path,
     summary_png: Path,
     distribution_png: Path,
-    metrics_json: Path,
-    training_log_csv: Optional[Path] = None,
+    training_log: Optional[Records] = None,
 ) -> Tuple[Optional[Dict[str, Any]], Dict[str, Optional[Path]]]:
-    pre, post = read_records(pre_jsonl).rows, read_records(post_jsonl).rows
     written: Dict[str, Optional[Path]] = {"metrics_json": None, "summary_png": None, "distribution_png": None}
     if not pre and not post:
         return None, written
     payload = before_after_metrics(pre, post)
-    if training_log_csv is not None:
-        payload["training_reward_trend"] = training_reward_trend(read_records(training_log_csv).rows)
-    payload["sources"] = {"pre": str(pre_jsonl), "post": str(post_jsonl)}
+    if training_log is not None:
+        payload["training_reward_trend"] = training_reward_trend(training_log.rows)
+    payload["sources"] = dict(sources)
     written["metrics_json"] = write_json(metrics_json, payload)
     written["summary_png"] = render_summary(payload, summary_png)
     written["distribution_png"] = render_distribution(pre, post, distribution_png)
@@ -94,26 +101,29 @@ def render_before_after(
     a particle and null tasks). Files written before `groups` and `n_correct` existed still
     render with `before_after_markdown`.
     """
-    return _render_before_after(
-        Path(pre_jsonl), Path(post_jsonl), Path(summary_png), Path(distribution_png), Path(metrics_json)
-    )[0]
+    pre, post = read_records(Path(pre_jsonl)).rows, read_records(Path(post_jsonl)).rows
+    outputs = {
+        "metrics_json": Path(metrics_json),
+        "summary_png": Path(summary_png),
+        "distribution_png": Path(distribution_png),
+    }
+    return _before_after(pre, post, {"pre": str(pre_jsonl), "post": str(post_jsonl)}, **outputs)[0]
 
 
 # ----------------------------------------------------------------------------- trajectories
 
 
-def render_sample_trajectories(
-    *, pre_jsonl: Path, post_jsonl: Path, md_path: Path, n_samples: int = 3
-) -> Optional[Path]:
+def sample_trajectories_markdown(
+    pre: Sequence[Mapping[str, Any]], post: Sequence[Mapping[str, Any]], n_samples: int = 3
+) -> Optional[str]:
     """Markdown of sample episodes before and after training; None without episodes.
 
     Opens with the correct outcomes before → after per part of the suite (`correct_by_part`).
-    Samples are chosen per part (`lib.measure.evaluation.PARTS`), `n_samples` each: when both files
+    Samples are chosen per part (`lib.measure.evaluation.PARTS`), `n_samples` each: when both sides
     hold the same tasks, the same tasks are shown before and after, chosen evenly over the
     pre-training reward ranking; otherwise each side's own episodes are chosen that way.
     Every step lists its action, key parameters, reward and rule violations.
     """
-    pre, post = read_records(Path(pre_jsonl)).rows, read_records(Path(post_jsonl)).rows
     if not pre and not post:
         return None
     md = [
@@ -162,8 +172,20 @@ def render_sample_trajectories(
                 md += episode_markdown_lines(episode, f"Episode {i} of {len(chosen)} · {group_label(part)}")
             if not chosen:
                 md += ["_No episodes yet._", ""]
-    text = "\n".join(md)
-    return atomic_write(Path(md_path), lambda tmp: Path(tmp).write_text(text))
+    return "\n".join(md)
+
+
+def render_sample_trajectories(
+    *, pre_jsonl: Path, post_jsonl: Path, md_path: Path, n_samples: int = 3
+) -> Optional[Path]:
+    """`sample_trajectories_markdown` of two episode files, written to `md_path`; None (nothing
+    written) without episodes."""
+    pre, post = read_records(Path(pre_jsonl)).rows, read_records(Path(post_jsonl)).rows
+    return _write_markdown(sample_trajectories_markdown(pre, post, n_samples), Path(md_path))
+
+
+def _write_markdown(text: Optional[str], path: Path) -> Optional[Path]:
+    return None if text is None else atomic_write(path, text)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -212,44 +234,62 @@ def policy_and_baselines_table(baselines: Mapping[str, Any], before_after: Mappi
 # ----------------------------------------------------------------------------- everything
 
 
-def render_all(paths: EvidencePaths) -> Dict[str, Optional[Path]]:
-    """Regenerate every PNG, JSON and Markdown artifact from the data that exist.
+def render_all(evidence: Union[Evidence, EvidencePaths]) -> Dict[str, Optional[Path]]:
+    """Regenerate every PNG, JSON and Markdown artifact from the data that exist, each file of the
+    folder read once (`read_evidence`; pass an `Evidence` already read to read none).
 
     Keys are `EvidencePaths` attribute names; a value is None when there was nothing to
     render or rendering failed (logged, never raised: a training callback must not die
     because a plot did).
     """
+    keys = (
+        "training_curve_png",
+        "reward_components_png",
+        "checkpoint_progression_png",
+        "sample_trajectories_md",
+        "before_after_metrics_json",
+        "before_after_summary_png",
+        "reward_distribution_png",
+    )
+    out: Dict[str, Optional[Path]] = dict.fromkeys(keys)
+    if not isinstance(evidence, Evidence):
+        try:
+            evidence = read_evidence(evidence)
+        except Exception:
+            logger.exception("reading the evidence in %s failed; nothing was rendered", evidence.root)
+            return out
+    paths = evidence.paths
     plots = {
-        "training_curve_png": lambda: render_training_curve(paths.training_log_csv, paths.training_curve_png),
-        "reward_components_png": lambda: render_reward_components(
-            paths.reward_components_csv, paths.reward_components_png
+        "training_curve_png": lambda: plot_training_curve(evidence.training_log, paths.training_curve_png),
+        "reward_components_png": lambda: plot_reward_components(
+            evidence.reward_components, paths.reward_components_png
         ),
-        "checkpoint_progression_png": lambda: render_checkpoint_progression(
-            paths.checkpoint_evals_csv, paths.checkpoint_progression_png
+        "checkpoint_progression_png": lambda: plot_checkpoint_progression(
+            evidence.checkpoint_evals, paths.checkpoint_progression_png
         ),
-        "sample_trajectories_md": lambda: render_sample_trajectories(
-            pre_jsonl=paths.pre_eval_jsonl, post_jsonl=paths.post_eval_jsonl, md_path=paths.sample_trajectories_md
+        "sample_trajectories_md": lambda: _write_markdown(
+            sample_trajectories_markdown(evidence.pre, evidence.post), paths.sample_trajectories_md
         ),
     }
-    out: Dict[str, Optional[Path]] = {}
     for key, render in plots.items():
         try:
             out[key] = render()
         except Exception:
             logger.exception("rendering %s failed; the other evidence is still rendered", key)
-            out[key] = None
-    written: Dict[str, Optional[Path]] = {}
     try:
-        written = _render_before_after(
-            paths.pre_eval_jsonl,
-            paths.post_eval_jsonl,
-            paths.before_after_summary_png,
-            paths.reward_distribution_png,
-            paths.before_after_metrics_json,
-            paths.training_log_csv,
+        sources = {"pre": str(paths.pre_eval_jsonl), "post": str(paths.post_eval_jsonl)}
+        written = _before_after(
+            evidence.pre,
+            evidence.post,
+            sources,
+            metrics_json=paths.before_after_metrics_json,
+            summary_png=paths.before_after_summary_png,
+            distribution_png=paths.reward_distribution_png,
+            training_log=evidence.training_log,
         )[1]
     except Exception:
         logger.exception("rendering the before/after metrics failed; the other evidence is still rendered")
+        written = {}
     out["before_after_metrics_json"] = written.get("metrics_json")
     out["before_after_summary_png"] = written.get("summary_png")
     out["reward_distribution_png"] = written.get("distribution_png")
@@ -257,7 +297,13 @@ def render_all(paths: EvidencePaths) -> Dict[str, Optional[Path]]:
 
 
 __all__ = [
+    "Evidence",
     "EvidencePaths",
+    "read_evidence",
+    "plot_training_curve",
+    "plot_reward_components",
+    "plot_checkpoint_progression",
+    "sample_trajectories_markdown",
     "figure_png",
     "palette_png",
     "TrainingLogWriter",

@@ -1,6 +1,6 @@
-"""The evidence's figures: the training logs' curves (`render_training_curve`,
-`render_reward_components`, `render_checkpoint_progression`) and the before/after panels
-`lib.report.evidence.render_before_after` draws.
+"""The evidence's figures: the training logs' curves (`plot_training_curve`,
+`plot_reward_components`, `plot_checkpoint_progression`, drawn from rows already read; the
+`render_*` forms read one file first) and the before/after panels `lib.report.evidence` draws.
 
 Renderers draw what exists and never raise on missing, empty or partial data: with
 nothing to show they return None and write nothing (an artifact on disk always holds
@@ -25,7 +25,7 @@ from lib.measure.comparison import (
     SUMMARY_METRICS,
     episode_values,
 )
-from lib.report.evidence_logs import _column, read_records
+from lib.report.evidence_logs import Records, _column, read_records
 
 logger = logging.getLogger("lib.report.evidence")
 
@@ -185,11 +185,11 @@ def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Pa
         ax.text(0.5, 0.5, "not logged yet", transform=ax.transAxes, ha="center", va="center", color="0.5")
 
 
-def _render_csv_panels(
-    csv_path: Path, png_path: Path, title: str, panels: Sequence[_Panel], ncols: int = 1
+def _plot_log_panels(
+    log: Records, png_path: Path, title: str, panels: Sequence[_Panel], ncols: int = 1
 ) -> Optional[Path]:
-    """Draw `panels` (one per axes, sharing the step axis) from a CSV log; None if nothing to draw."""
-    rows = read_records(csv_path).rows
+    """Draw `panels` (one per axes, sharing the step axis) from a CSV log's rows; None if nothing to draw."""
+    rows = log.rows
     if not rows:
         return None
     x, xlabel = _x_axis(rows)
@@ -214,7 +214,7 @@ def _render_csv_panels(
         _draw_panel(ax, x, rows, panel, xlabel)
     for ax in list(axes.flat)[len(shown) :]:
         ax.set_visible(False)
-    subtitle = f"{len(rows)} rows of {Path(csv_path).name}" + "".join(f"; {note}" for note in notes)
+    subtitle = f"{len(rows)} rows of {log.source or 'the log'}" + "".join(f"; {note}" for note in notes)
     fig.suptitle(f"{title}\n({subtitle})", fontsize=11)
     return _save_figure(fig, png_path)
 
@@ -286,19 +286,36 @@ _CHECKPOINT_PANELS = (
 )
 
 
-def render_training_curve(csv_path: Path, png_path: Path) -> Optional[Path]:
+def plot_training_curve(log: Records, png_path: Path) -> Optional[Path]:
     """Every training_log.csv column against step; None (nothing written) without data."""
-    return _render_csv_panels(csv_path, png_path, "CERNenv GRPO training", _TRAINING_PANELS, ncols=2)
+    return _plot_log_panels(log, png_path, "CERNenv GRPO training", _TRAINING_PANELS, ncols=2)
+
+
+def plot_reward_components(log: Records, png_path: Path) -> Optional[Path]:
+    """Terminal grade vs step shaping, and outcome rates, per logging step (reward_components.csv);
+    None without data."""
+    return _plot_log_panels(log, png_path, "CERNenv reward components during training", _COMPONENT_PANELS)
+
+
+def plot_checkpoint_progression(log: Records, png_path: Path) -> Optional[Path]:
+    """Held-out reward and success/mass/channel rates at each checkpoint (checkpoint_evals.csv); None
+    without data."""
+    return _plot_log_panels(log, png_path, "CERNenv held-out evaluation during training", _CHECKPOINT_PANELS)
+
+
+def render_training_curve(csv_path: Path, png_path: Path) -> Optional[Path]:
+    """`plot_training_curve` of a training_log.csv file."""
+    return plot_training_curve(read_records(csv_path), png_path)
 
 
 def render_reward_components(csv_path: Path, png_path: Path) -> Optional[Path]:
-    """Terminal grade vs step shaping, and outcome rates, per logging step; None without data."""
-    return _render_csv_panels(csv_path, png_path, "CERNenv reward components during training", _COMPONENT_PANELS)
+    """`plot_reward_components` of a reward_components.csv file."""
+    return plot_reward_components(read_records(csv_path), png_path)
 
 
 def render_checkpoint_progression(csv_path: Path, png_path: Path) -> Optional[Path]:
-    """Held-out reward and success/mass/channel rates at each checkpoint; None without data."""
-    return _render_csv_panels(csv_path, png_path, "CERNenv held-out evaluation during training", _CHECKPOINT_PANELS)
+    """`plot_checkpoint_progression` of a checkpoint_evals.csv file."""
+    return plot_checkpoint_progression(read_records(csv_path), png_path)
 
 
 # ----------------------------------------------------------------------------- before / after

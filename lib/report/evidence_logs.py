@@ -21,19 +21,25 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from lib.episodes.records import read_episodes_jsonl
+from lib.episodes.records import COMPRESSED_SUFFIX, read_episodes_jsonl
 from lib.measure.metrics import as_number
 
 logger = logging.getLogger("lib.report.evidence")
 
 
+EPISODE_FILES = ("pre_eval_jsonl", "post_eval_jsonl")
+"""`EvidencePaths`' episode files: `pre_eval.jsonl.gz` and `post_eval.jsonl.gz`, gzip-compressed JSONL
+(`lib.episodes.records.COMPRESSED_SUFFIX`); in a folder written before they were compressed, the plain
+`.jsonl` files that are there."""
+
+
 @dataclass
 class EvidencePaths:
-    """Every evidence artifact of one training run, under `root`."""
+    """Every evidence artifact of one training run, under `root` (the episode files: `EPISODE_FILES`)."""
 
     root: Path
     training_log_csv: Path = field(init=False)
@@ -48,6 +54,8 @@ class EvidencePaths:
     sample_trajectories_md: Path = field(init=False)
     pre_eval_jsonl: Path = field(init=False)
     post_eval_jsonl: Path = field(init=False)
+    baselines_json: Path = field(init=False)
+    """The reference agents on the same suite (notebook 02's `lib.measure.evaluation.BaselinesFile`)."""
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -55,6 +63,10 @@ class EvidencePaths:
             if name != "root":
                 stem, _, suffix = name.rpartition("_")
                 setattr(self, name, self.root / f"{stem}.{suffix}")
+        for name in EPISODE_FILES:  # gzip-compressed JSONL; a folder written before keeps its plain files
+            plain = getattr(self, name)
+            compressed = plain.with_name(plain.name + COMPRESSED_SUFFIX)
+            setattr(self, name, plain if plain.exists() and not compressed.exists() else compressed)
 
     def ensure(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -241,10 +253,14 @@ class Records:
     n_skipped: int = 0
     columns: Tuple[str, ...] = ()
     """The CSV header (empty for JSONL)."""
+    source: str = ""
+    """The name of the file read ("" for rows that were not read from one)."""
 
 
 def read_records(path: Path) -> Records:
-    """Rows of a CSV log (values as strings) or episodes of a JSONL file (dicts). A missing file is empty.
+    """Rows of a CSV log (the numeric logs' cells as numbers, `LogCell`; other CSV files' as
+    strings) or episodes of a JSONL file (dicts; `.jsonl.gz`: gzip-compressed). A missing file is
+    empty.
 
     A JSONL file is read by `lib.episodes.records.read_episodes_jsonl`: an unfinished last line
     is skipped and counted, damage anywhere else is an error (an evaluation file that lost an
@@ -254,15 +270,16 @@ def read_records(path: Path) -> Records:
     """
     path = Path(path)
     if not path.exists():
-        return Records([])
-    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        return Records([], source=path.name)
+    if path.name.lower().removesuffix(COMPRESSED_SUFFIX).endswith((".jsonl", ".ndjson")):
         episodes, skipped = read_episodes_jsonl(str(path))
         records = Records(episodes, skipped)
     else:
         records = _read_csv(path.read_bytes())
-        _check_numbers(path, records)
+        _typed_numbers(path, records)
     if records.n_skipped:
         logger.warning("%s: skipped %d malformed or unfinished line(s)", path, records.n_skipped)
+    records.source = path.name
     return records
 
 
@@ -271,15 +288,21 @@ NUMERIC_LOGS |= {TrainingLogWriter.COLUMNS[:-1]}  # logs written before the zero
 """The headers of the logs whose every cell is a number or empty (`_CsvLog` writes nothing else)."""
 
 
-def _check_numbers(path: Path, records: Records) -> None:
-    """A ValueError naming the file, row and column of a cell of a numeric log (`NUMERIC_LOGS`)
-    that is neither a finite number nor empty: such a file was not written by its writer."""
+LogCell = Union[int, float, None]
+"""A cell of a numeric log as read: an int where the file holds an integer, else a float; None where empty."""
+
+
+def _typed_numbers(path: Path, records: Records) -> None:
+    """Turn every cell of a numeric log (`NUMERIC_LOGS`) into its number (`LogCell`), in place; a
+    ValueError naming the file, row and column of a cell that is neither a finite number nor empty:
+    such a file was not written by its writer."""
     if records.columns not in NUMERIC_LOGS:
         return
     for number, row in enumerate(records.rows, start=1):
         for column, cell in row.items():
             try:
-                ok = cell == "" or math.isfinite(float(cell))
+                value: LogCell = None if cell == "" else int(cell) if cell.lstrip("-").isdigit() else float(cell)
+                ok = value is None or math.isfinite(value)
             except ValueError:
                 ok = False
             if not ok:
@@ -287,6 +310,7 @@ def _check_numbers(path: Path, records: Records) -> None:
                     f"{path}: data row {number}, column {column}: {cell[:40]!r} is not a finite number; "
                     "every cell of this log is a number or empty (move the file aside and rerun what writes it)"
                 )
+            row[column] = value
 
 
 def _read_csv(data: bytes) -> Records:
@@ -333,3 +357,54 @@ def _csv_fields(text: str) -> Optional[List[str]]:
 def _column(rows: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
     """Values of one column as floats; missing, empty and non-finite values are NaN."""
     return np.array([as_number(row.get(name)) for row in rows], dtype=float)
+
+
+# ----------------------------------------------------------------------------- one run's evidence, read once
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One run's evidence as data, read from its folder once (`read_evidence`) and handed to every
+    renderer and to notebook 04, so no figure or table opens a file of its own.
+
+    Every part is checked as it is read: the episodes against the episode record
+    (`lib.episodes.records.EpisodeLine`), the logs' cells as numbers (`LogCell`), baselines.json
+    against `lib.measure.evaluation.BaselinesFile`. A file that does not exist is an empty part
+    (no rows, no episodes, None)."""
+
+    paths: EvidencePaths
+    pre: List[Dict[str, Any]]
+    """Episodes of the held-out evaluation before training (pre_eval.jsonl.gz)."""
+    post: List[Dict[str, Any]]
+    """The same tasks after training (post_eval.jsonl.gz)."""
+    training_log: Records
+    reward_components: Records
+    checkpoint_evals: Records
+    before_after: Optional[Dict[str, Any]]
+    """before_after_metrics.json as the run wrote it (`lib.measure.comparison.before_after_metrics`)."""
+    baselines: Optional[Dict[str, Any]]
+    """baselines.json (notebook 02's reference agents on the same suite)."""
+
+    @property
+    def has_episodes(self) -> bool:
+        return bool(self.pre or self.post)
+
+
+def read_evidence(paths: "EvidencePaths | Path | str") -> Evidence:
+    """Every data file of a run's evidence folder (`EvidencePaths`, or its root), each read once."""
+    import json
+
+    from lib.measure.evaluation import read_baselines
+
+    paths = paths if isinstance(paths, EvidencePaths) else EvidencePaths(Path(paths))
+    metrics = paths.before_after_metrics_json
+    return Evidence(
+        paths=paths,
+        pre=read_records(paths.pre_eval_jsonl).rows,
+        post=read_records(paths.post_eval_jsonl).rows,
+        training_log=read_records(paths.training_log_csv),
+        reward_components=read_records(paths.reward_components_csv),
+        checkpoint_evals=read_records(paths.checkpoint_evals_csv),
+        before_after=json.loads(metrics.read_text(encoding="utf-8")) if metrics.exists() else None,
+        baselines=read_baselines(paths.baselines_json) if paths.baselines_json.exists() else None,
+    )

@@ -1,6 +1,6 @@
 """Replay a recorded episode in the environment to see its physics step by step.
 
-An evidence file (`pre_eval.jsonl`, `post_eval.jsonl`) keeps what the agent saw and sent,
+An evidence file (`pre_eval.jsonl.gz`, `post_eval.jsonl.gz`) keeps what the agent saw and sent,
 not the spectra and fits its actions made. The environment is deterministic per seed,
 so sending the recorded actions again rebuilds them; `replay` checks that it does, step by
 step, by comparing the rewards (a changed environment or a record from another code version
@@ -157,7 +157,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     """`python -m lib.report.replay FILE...`: replay every episode of evidence JSONL files and report
     what differs; exit 1 where an outcome differs (or, with --strict, a prompt)."""
     parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m lib.report.replay", description=main.__doc__)
-    parser.add_argument("files", nargs="+", type=Path, help="episode JSONL files (evidence/pre_eval.jsonl, ...)")
+    parser.add_argument(
+        "files", nargs="+", type=Path, help="episode JSONL files, plain or .gz (evidence/pre_eval.jsonl.gz, ...)"
+    )
     parser.add_argument("--strict", action="store_true", help="also fail where a prompt differs")
     args = parser.parse_args(argv)
     failed = False

@@ -3,8 +3,8 @@
     python -m lib.report.seed_runs --run 0=evidence --run 1=build/seed1/evidence --run 2=build/seed2/evidence \\
         --sft build/sft/evidence --out evidence/seeds
 
-Each run folder holds a run's `pre_eval.jsonl` (its warm start) and `post_eval.jsonl` (after
-GRPO) on the same held-out suite. `--sft` names a run whose `pre_eval.jsonl` is an SFT-only policy
+Each run folder holds a run's `pre_eval.jsonl.gz` (its warm start) and `post_eval.jsonl.gz` (after
+GRPO) on the same held-out suite. `--sft` names a run whose `pre_eval.jsonl.gz` is an SFT-only policy
 (a warm start given the wall-clock time of a warm start and GRPO together). What is written:
 
 - `outcomes.csv`: one row per run, side and episode (its task, part, whether a particle exists,
@@ -37,6 +37,7 @@ from cernenv.suite import part_of
 from lib.episodes.records import PAIR_KEY, load_episodes_jsonl, pair_key
 from lib.measure.evaluation import GROUPS, PARTICLE_SPLITS, group_label
 from lib.measure.metrics import Estimate, bootstrap_mean, has_particle
+from lib.report.evidence_logs import EvidencePaths, read_records
 from lib.seeds import BOOTSTRAP_SEED
 
 OUTCOME_COLUMNS = ("run", "side", *PAIR_KEY, "part", "has_particle", "success", "reward")
@@ -247,11 +248,9 @@ CHECKPOINT_COLUMNS = ("run", "step", "episodes", "success_rate", "mean_reward")
 
 def checkpoint_rows(run: str, folder: Path) -> List[Dict[str, Any]]:
     """`run`'s checkpoint evaluations (its checkpoint_evals.csv), as checkpoints.csv rows."""
-    from lib.report.evidence_logs import read_records
-
     return [
         {"run": run, **{column: row.get(column) for column in CHECKPOINT_COLUMNS[1:]}}
-        for row in read_records(folder / "checkpoint_evals.csv").rows
+        for row in read_records(EvidencePaths(folder).checkpoint_evals_csv).rows
     ]
 
 
@@ -266,7 +265,9 @@ def checkpoints_figure(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.0, 3.6))
     for index, run in enumerate(dict.fromkeys(row["run"] for row in rows)):
         points = sorted(
-            (int(r["step"]), float(r["success_rate"])) for r in rows if r["run"] == run and r["success_rate"]
+            (int(r["step"]), float(r["success_rate"]))
+            for r in rows
+            if r["run"] == run and r["success_rate"] not in ("", None)
         )
         ax.plot(*zip(*points), marker="o", color=f"C{index}", label=f"seed {run}")
     ax.set_xlabel("GRPO step")
@@ -285,7 +286,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         allow_abbrev=False,
     )
     parser.add_argument("--run", action="append", default=[], help="LABEL=FOLDER: a run's evidence folder")
-    parser.add_argument("--sft", help="FOLDER: an SFT-only run's evidence folder (its pre_eval.jsonl)")
+    parser.add_argument("--sft", help="FOLDER: an SFT-only run's evidence folder (its pre_eval.jsonl.gz)")
     parser.add_argument("--from-csv", help="recompute from an outcomes.csv instead of run folders")
     parser.add_argument("--out", required=True, help="folder for outcomes.csv, seeds.json, seeds.md, seeds.png")
     args = parser.parse_args(argv)
@@ -303,8 +304,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not folder or label == "sft":
                 parser.error(f"--run wants LABEL=FOLDER with a label other than sft, got {item!r}")
             runs.append(label)
-            for side in ("pre", "post"):
-                rows += outcome_rows(label, side, load_episodes_jsonl(str(Path(folder) / f"{side}_eval.jsonl")))
+            files = EvidencePaths(Path(folder))
+            for side, path in (("pre", files.pre_eval_jsonl), ("post", files.post_eval_jsonl)):
+                rows += outcome_rows(label, side, load_episodes_jsonl(str(path)))
         checkpoints = [
             row for item in args.run for row in checkpoint_rows(item.partition("=")[0], Path(item.partition("=")[2]))
         ]
@@ -316,7 +318,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sft = None
         if args.sft:
             sft = "sft"
-            rows += outcome_rows(sft, "pre", load_episodes_jsonl(str(Path(args.sft) / "pre_eval.jsonl")))
+            rows += outcome_rows(sft, "pre", load_episodes_jsonl(str(EvidencePaths(Path(args.sft)).pre_eval_jsonl)))
         out.mkdir(parents=True, exist_ok=True)
         write_outcomes_csv(out / "outcomes.csv", rows)
     result = seed_comparisons(rows, runs, sft)

@@ -2,10 +2,10 @@
 
 1. Load the policy for the backend (`lib.training.backends`); with `warm_start_episodes`,
    fine-tune it on heuristic campaigns first (`lib.training.warm_start`).
-2. Evaluate it on the held-out suite, greedily: evidence/pre_eval.jsonl (the checkpoint
+2. Evaluate it on the held-out suite, greedily: evidence/pre_eval.jsonl.gz (the checkpoint
    row of step 0 is the checkpoint subset of these episodes).
 3. GRPO (`lib.training.grpo`) with `EvidenceCallback` logging and checkpoint evaluations.
-4. Save the final model; evaluate it on the same suite: evidence/post_eval.jsonl (the
+4. Save the final model; evaluate it on the same suite: evidence/post_eval.jsonl.gz (the
    checkpoint row of the last step is the checkpoint subset of these episodes).
 5. Render every artifact: before_after_metrics.json, plots, sample_trajectories.md.
 
