@@ -554,6 +554,24 @@ def test_sample_trajectories_are_readable_and_survive_odd_episodes(tmp_path):
     assert single.startswith("### one episode") and "| 1 | `configure_beam`" in single
 
 
+def _full_folder(root: Path, steps: int = 5, episodes: int = 12) -> EvidencePaths:
+    """An evidence folder with every log at `steps` rows and `episodes` episodes before and after."""
+    paths = EvidencePaths(root)
+    paths.ensure()
+    for cls, csv_path in (
+        (TrainingLogWriter, paths.training_log_csv),
+        (RewardComponentLogWriter, paths.reward_components_csv),
+        (CheckpointEvalWriter, paths.checkpoint_evals_csv),
+    ):
+        writer = cls(csv_path)
+        for step in range(1, steps + 1):
+            append(writer, full_row(cls, step))
+    rng = np.random.default_rng(3)
+    write_jsonl(paths.pre_eval_jsonl, _synthetic(rng, episodes, 0.0))
+    write_jsonl(paths.post_eval_jsonl, _synthetic(rng, episodes, 1.0))
+    return paths
+
+
 def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
     paths = EvidencePaths(tmp_path / "ev")
     assert set(render_all(paths).values()) == {None}
@@ -564,18 +582,7 @@ def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
     assert rendered["checkpoint_progression_png"] == paths.checkpoint_progression_png
     assert rendered["training_curve_png"] is None and rendered["before_after_metrics_json"] is None
 
-    paths.ensure()
-    for cls, csv_path in (
-        (TrainingLogWriter, paths.training_log_csv),
-        (RewardComponentLogWriter, paths.reward_components_csv),
-        (CheckpointEvalWriter, paths.checkpoint_evals_csv),
-    ):
-        writer = cls(csv_path)
-        for step in range(1, 30):
-            append(writer, full_row(cls, step))
-    rng = np.random.default_rng(3)
-    write_jsonl(paths.pre_eval_jsonl, _synthetic(rng, 40, 0.0))
-    write_jsonl(paths.post_eval_jsonl, _synthetic(rng, 40, 1.0))
+    _full_folder(paths.root, steps=29, episodes=40)
     out = render_all(paths)
     assert set(out) == {
         "training_curve_png",
@@ -591,23 +598,6 @@ def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
         if path.suffix == ".png":
             assert_real_png(path)
     assert "ERROR" not in caplog.text
-
-
-def _full_folder(root: Path) -> EvidencePaths:
-    paths = EvidencePaths(root)
-    paths.ensure()
-    for cls, csv_path in (
-        (TrainingLogWriter, paths.training_log_csv),
-        (RewardComponentLogWriter, paths.reward_components_csv),
-        (CheckpointEvalWriter, paths.checkpoint_evals_csv),
-    ):
-        writer = cls(csv_path)
-        for step in range(1, 6):
-            append(writer, full_row(cls, step))
-    rng = np.random.default_rng(5)
-    write_jsonl(paths.pre_eval_jsonl, _synthetic(rng, 12, 0.0))
-    write_jsonl(paths.post_eval_jsonl, _synthetic(rng, 12, 1.0))
-    return paths
 
 
 def _count_reads(monkeypatch, root: Path) -> dict:
