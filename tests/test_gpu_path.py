@@ -76,15 +76,60 @@ def test_generate_engine_ignores_the_models_generation_defaults(tokenizer, model
     assert [e.completion_ids for e in plain] == [e.completion_ids for e in patched]
 
 
+def test_compiled_engine_generates_what_generate_does_through_reused_static_caches(tokenizer, model):
+    """The compiled engine (a static KV cache, the decoding step through torch.compile; its "eager"
+    backend here, which traces the same graph without a C compiler): the same tokens and
+    log-probabilities as `generate`, the batch padded to a bucket and the padding rows dropped, one
+    cache per batch size reused between calls, and a longer context making the caches longer."""
+    from lib.episodes.generation import CACHE_BUCKET_TOKENS
+
+    contexts = [tokenizer.encode(text) for text in ("configure the beam", "a longer context: " * 12, "spin")]
+    greedy = Sampling(temperature=0.0, max_new_tokens=6)
+    expected = BatchedGenerate(model, tokenizer)(contexts, greedy)
+    compiled = BatchedGenerate(model, tokenizer, compiled=True, compile_backend="eager")
+    got = compiled(contexts, greedy)
+    assert [tokens for tokens, _ in got] == [tokens for tokens, _ in expected]
+    for (_, a), (_, b) in zip(got, expected):
+        assert a == pytest.approx(b, abs=1e-4)
+    (cache,) = compiled._caches.values()
+    assert list(compiled._caches) == [4] and compiled._cache_tokens == CACHE_BUCKET_TOKENS  # 3 rows -> 4
+    assert [tokens for tokens, _ in compiled(contexts[::-1][:3], greedy)] == [t for t, _ in expected[::-1]]
+    assert compiled._caches[4] is cache, "the same batch size reuses its cache"
+    long_context = [contexts[1] * 40]
+    assert len(long_context[0]) > CACHE_BUCKET_TOKENS
+    ((reply, _),) = compiled(long_context, greedy)
+    assert reply == BatchedGenerate(model, tokenizer)(long_context, greedy)[0][0]
+    needed = len(long_context[0]) + greedy.max_new_tokens
+    assert compiled._cache_tokens == -(-needed // CACHE_BUCKET_TOKENS) * CACHE_BUCKET_TOKENS
+    assert list(compiled._caches) == [1], "a longer cache: the shorter ones are dropped"
+
+
 def test_engine_choice(tokenizer, model):
     assert isinstance(hf_generate_fn(model, tokenizer), CachedGenerator)  # auto on a CPU
     assert isinstance(hf_generate_fn(model, tokenizer, "generate"), BatchedGenerate)
+    assert hf_generate_fn(model, tokenizer, "compiled").compiled
     with pytest.raises(ValueError, match="engine must be one of"):
         hf_generate_fn(model, tokenizer, "hand-written")
     with pytest.raises(ValueError, match="Unsloth"):
         hf_generate_fn(model, tokenizer, "cached", unsloth=True)
     with pytest.raises(ValueError, match="generation_engine"):
         TrainConfig(generation_engine="fast")
+
+
+def test_four_bit_weights_are_asked_for_with_lora_and_said_to_need_a_gpu(monkeypatch, tiny_model_dir):
+    with pytest.raises(ValueError, match="load_in_4bit trains LoRA adapters over 4-bit weights: set lora_r > 0"):
+        TrainConfig(load_in_4bit=True)
+    config = TrainConfig(load_in_4bit=True, lora_r=16, beta=0.0, model_name=str(tiny_model_dir), backend="trl")
+    with pytest.raises(ValueError, match="load_in_4bit needs a CUDA GPU"):
+        backends.load_policy(config)
+    assert backends.four_bit_loading(TrainConfig()) == {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    loading = backends.four_bit_loading(config)
+    quantization = loading["quantization_config"]
+    assert quantization.load_in_4bit and quantization.bnb_4bit_quant_type == "nf4"
+    assert quantization.bnb_4bit_compute_dtype == torch.bfloat16 and loading["device_map"] == {"": 0}
 
 
 @pytest.mark.parametrize(

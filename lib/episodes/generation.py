@@ -1,14 +1,15 @@
 """Batched token generation for multi-turn play: the `GenerateFn` protocol and its engines.
 
 `BatchedGenerate` calls the model's own `generate` once per turn for all live episodes (the
-GPU engine); `CachedGenerator` keeps each episode's KV cache between turns, so a turn costs
-the new tokens only (the CPU default). `hf_generate_fn` picks one for a transformers model.
+GPU engine; compiled, with a static KV cache, as the `compiled` engine); `CachedGenerator`
+keeps each episode's KV cache between turns, so a turn costs the new tokens only (the CPU
+default). `hf_generate_fn` picks one for a transformers model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List
 
 import torch
 
@@ -177,20 +178,42 @@ class BatchedGenerate:
     the top-p nucleus. Each token's log-probability is log_softmax(logits / temperature) of
     the raw logits `generate` returns, the quantity the trainer scores (TRL divides by the
     same temperature), as `CachedGenerator` returns it.
+
+    `compiled` (the `compiled` engine): the KV cache is transformers' `StaticCache`, whose fixed
+    shapes let `generate` run its one-token decoding step through `torch.compile` (mode
+    "reduce-overhead": CUDA graphs on a GPU, one launch per step instead of one per kernel). So that
+    a compiled step is reused rather than compiled again, the shapes take few values: the batch is
+    padded with copies of its first context up to the next of `BATCH_BUCKETS`, and the cache is
+    `CACHE_BUCKET_TOKENS`-rounded and never shrinks; one cache per batch size is kept and reset
+    between calls (the same tensors, so a CUDA graph replays). `compile_backend` is
+    torch.compile's backend ("inductor"; a test passes "eager" to check the plumbing on a CPU,
+    where transformers compiles only when asked to).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, unsloth: bool = False) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        unsloth: bool = False,
+        compiled: bool = False,
+        compile_backend: str = "inductor",
+    ) -> None:
         self.model = model
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.unsloth = unsloth
+        self.compiled = compiled
+        self.compile_backend = compile_backend
+        self._caches: Dict[int, Any] = {}
+        self._cache_tokens = 0
 
     def _generation_config(self, sampling: Sampling):
         from transformers import GenerationConfig
 
         greedy = sampling.temperature <= 0
         sampled = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
-        return GenerationConfig(
+        config = GenerationConfig(
             do_sample=not greedy,
             **sampled,
             max_new_tokens=sampling.max_new_tokens,
@@ -200,16 +223,45 @@ class BatchedGenerate:
             output_logits=True,
             use_cache=True,
         )
+        if self.compiled:
+            from transformers import CompileConfig
+
+            mode = "reduce-overhead" if self.compile_backend == "inductor" else None  # the others take no mode
+            config.compile_config = CompileConfig(backend=self.compile_backend, mode=mode)
+            config.compile_config._compile_all_devices = True  # transformers compiles on a GPU only unless told
+        return config
+
+    def _static_cache(self, batch: int, tokens: int) -> Any:
+        """The `StaticCache` for a call of `batch` rows needing `tokens` positions: the one kept for that
+        batch size, reset, while it is long enough; else a new one of the longest length seen so far."""
+        from transformers import StaticCache
+
+        needed = -(-tokens // CACHE_BUCKET_TOKENS) * CACHE_BUCKET_TOKENS
+        if needed > self._cache_tokens:
+            self._cache_tokens, self._caches = needed, {}  # longer contexts: every size made again at the new length
+        cache = self._caches.get(batch)
+        if cache is None:
+            config = self.model.config.get_text_config(decoder=True) if hasattr(self.model, "config") else None
+            cache = self._caches[batch] = StaticCache(config=config, max_cache_len=self._cache_tokens)
+        else:
+            cache.reset()
+        return cache
 
     @torch.no_grad()
     def __call__(self, contexts: List[List[int]], sampling: Sampling) -> List[tuple[List[int], List[float]]]:
         device = next(self.model.parameters()).device
+        n_contexts = len(contexts)
+        if self.compiled:  # a batch of a bucket's size: the rows past n_contexts are dropped below
+            contexts = contexts + [contexts[0]] * (_bucket(n_contexts) - n_contexts)
         width = max(len(context) for context in contexts)
         input_ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long, device=device)
         attention_mask = torch.zeros_like(input_ids)
         for row, context in enumerate(contexts):
             input_ids[row, width - len(context) :] = torch.tensor(context, device=device)
             attention_mask[row, width - len(context) :] = 1
+        extra = {}
+        if self.compiled:
+            extra["past_key_values"] = self._static_cache(len(contexts), width + sampling.max_new_tokens)
         was_training = self.model.training
         # generate() fills what a passed config leaves unset from the model's own generation_config
         # (a checkpoint's top_k, repetition penalty...): swap it for ours while generating
@@ -218,7 +270,7 @@ class BatchedGenerate:
         self._inference_mode(True)
         try:
             out = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=base.generation_config
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=base.generation_config, **extra
             )
         finally:
             self._inference_mode(False, was_training)
@@ -229,7 +281,7 @@ class BatchedGenerate:
             logits = logits / sampling.temperature
         logprobs = torch.log_softmax(logits, -1).gather(-1, new[..., None])[..., 0]
         replies = []
-        for tokens, row_logprobs in zip(new.tolist(), logprobs.tolist()):
+        for tokens, row_logprobs in zip(new[:n_contexts].tolist(), logprobs[:n_contexts].tolist()):
             end = tokens.index(self.eos_id) + 1 if self.eos_id in tokens else len(tokens)
             replies.append((tokens[:end], row_logprobs[:end]))
         return replies
@@ -249,8 +301,24 @@ class BatchedGenerate:
             self.model.train(was_training)
 
 
-GENERATION_ENGINES = ("auto", "cached", "generate")
-"""`hf_generate_fn`'s engines: `generate` (`BatchedGenerate`, the model's own engine), `cached`
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+"""The batch sizes the `compiled` engine generates with (the next one up from the live episodes;
+beyond the last, multiples of it): each size is one compiled decoding step."""
+CACHE_BUCKET_TOKENS = 1024
+"""The `compiled` engine's static KV cache is a multiple of this many positions long."""
+
+
+def _bucket(n: int) -> int:
+    """The smallest of `BATCH_BUCKETS` at least `n` (beyond them, the next multiple of the last)."""
+    for size in BATCH_BUCKETS:
+        if n <= size:
+            return size
+    return -(-n // BATCH_BUCKETS[-1]) * BATCH_BUCKETS[-1]
+
+
+GENERATION_ENGINES = ("auto", "cached", "generate", "compiled")
+"""`hf_generate_fn`'s engines: `generate` (`BatchedGenerate`, the model's own engine), `compiled`
+(the same with a static KV cache and the decoding step compiled: CUDA graphs on a GPU), `cached`
 (`CachedGenerator`, one decoding step per forward with per-episode KV caches kept between
 turns, so long contexts are not re-read), `auto` (generate on a GPU, cached on a CPU;
 `make bench-generate` compares them: see docs/training.md)."""
@@ -263,8 +331,8 @@ def hf_generate_fn(model: Any, tokenizer: Any, engine: str = "auto", *, unsloth:
         raise ValueError(f"engine must be one of {GENERATION_ENGINES}, got {engine!r}")
     if engine == "auto":
         engine = "generate" if next(model.parameters()).device.type == "cuda" else "cached"
-    if engine == "generate":
-        return BatchedGenerate(model, tokenizer, unsloth=unsloth)
+    if engine in ("generate", "compiled"):
+        return BatchedGenerate(model, tokenizer, unsloth=unsloth, compiled=engine == "compiled")
     if unsloth:
         raise ValueError(
             "the cached engine calls the model one token at a time, which Unsloth's patched "

@@ -170,6 +170,25 @@ def _lora_targets() -> list[str]:
     return ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+def four_bit_loading(config: TrainConfig) -> dict:
+    """`from_pretrained`'s arguments for `config.load_in_4bit` (none without it): bitsandbytes' NF4
+    with double quantisation, computed in the policy's dtype, on the GPU. Without a GPU, a
+    ValueError that says so (bitsandbytes' 4-bit kernels are CUDA's)."""
+    if not config.load_in_4bit:
+        return {}
+    if not torch.cuda.is_available():
+        raise ValueError("load_in_4bit needs a CUDA GPU (bitsandbytes' 4-bit kernels); on a CPU leave it false")
+    from transformers import BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=policy_dtype(),
+    )
+    return {"quantization_config": quantization, "device_map": {"": torch.cuda.current_device()}}
+
+
 def _load_transformers(config: TrainConfig, name: str) -> Policy:
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM
@@ -177,6 +196,8 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
     from lib.training.tokenizer import build_tokenizer, load_tokenizer
 
     if name == TINY_MODEL:
+        if config.load_in_4bit:
+            raise ValueError(f"load_in_4bit is for a real model on a GPU, not the {name} stand-in")
         from lib.training.policy_model import untrained_stand_in
 
         tokenizer = build_tokenizer()
@@ -186,9 +207,9 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
         if problem:  # said now, not after the Hub client's retries
             raise FileNotFoundError(problem)
         tokenizer = load_tokenizer(name)  # a saved stand-in's own tokenizer, not AutoTokenizer's rebuild
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=policy_dtype())
-    if torch.cuda.is_available():
-        model = model.to("cuda")  # from_pretrained loads on the CPU
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=policy_dtype(), **four_bit_loading(config))
+    if torch.cuda.is_available() and not config.load_in_4bit:
+        model = model.to("cuda")  # from_pretrained loads on the CPU (4-bit weights load on the GPU)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     peft_config = None
@@ -216,7 +237,7 @@ def _load_unsloth(config: TrainConfig, name: str) -> Policy:
         model_name=name,
         max_seq_length=config.max_seq_length,
         dtype=policy_dtype(),
-        load_in_4bit=False,
+        load_in_4bit=config.load_in_4bit,
         full_finetuning=config.lora_r == 0,  # lora_r=0 trains every weight, as on the trl backend
         local_files_only=Path(name).is_dir(),  # a saved folder loads without asking the Hub
         fast_inference=config.use_vllm,

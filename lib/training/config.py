@@ -38,7 +38,7 @@ POLICY_CONTEXTS = ("conversation", "turn")
 """`lib.episodes.llm_rollouts.CONTEXTS`, restated so that a configuration is checked without torch."""
 WARM_START_LOSSES = ("actions", "conversation")
 SCALE_REWARDS = ("group", "batch", "none")
-GENERATION_ENGINES = ("auto", "cached", "generate")
+GENERATION_ENGINES = ("auto", "cached", "generate", "compiled")
 """`lib.episodes.generation.GENERATION_ENGINES`, restated so that a configuration is checked without torch
 (tests/test_training_cli.py holds the two equal)."""
 REPORT_TO = (
@@ -78,7 +78,8 @@ class TrainConfig:
     """Generate with vLLM (TRL's colocated engine, which Unsloth's `fast_inference` backs); GPU only."""
     generation_engine: str = "auto"
     """How episodes are generated (`lib.episodes.generation.GENERATION_ENGINES`): `generate` (the model's own
-    `generate`, batched over live episodes; Unsloth's inference path on that backend), `cached`
+    `generate`, batched over live episodes; Unsloth's inference path on that backend), `compiled`
+    (the same with a static KV cache and its decoding step compiled: CUDA graphs on a GPU), `cached`
     (the project's KV-cached decoder), or `auto`: generate on a GPU, cached on a CPU
     (`make bench-generate` compares them). Ignored with `use_vllm`."""
     lora_r: int = 0
@@ -86,6 +87,9 @@ class TrainConfig:
     ~1M; a real model's run sets 16: configs/train/colab.yaml)."""
     lora_alpha: int = 32
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
+    load_in_4bit: bool = False
+    """QLoRA: the base weights in 4 bits (bitsandbytes' NF4, computed in the policy's 16-bit dtype),
+    the LoRA adapters trained over them; needs `lora_r` > 0 and a CUDA GPU."""
     max_seq_length: int = 8192
     """Longest prompt + episode [tokens] the model is loaded for (Unsloth) and a rollout may reach."""
     policy_context: str = "turn"
@@ -297,6 +301,8 @@ class TrainConfig:
             )
         if self.scale_rewards not in SCALE_REWARDS:
             problems.append(f"scale_rewards must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}")
+        if self.load_in_4bit and self.lora_r == 0:
+            problems.append("load_in_4bit trains LoRA adapters over 4-bit weights: set lora_r > 0 (e.g. 16)")
         if self.lora_r < 0:
             problems.append(f"lora_r must be >= 0 (0: full fine-tuning), got {self.lora_r}")
         if self.lora_alpha < 1:
