@@ -3,6 +3,7 @@
     python bench/bench_train_gpu.py                       # both backends, 3 measured steps each
     python bench/bench_train_gpu.py --backends trl --steps 5 --out results.json
     python bench/bench_train_gpu.py --shape tiny --allow-cpu --backends trl   # the plumbing, on a CPU
+    python bench/bench_train_gpu.py --parts generation four-bit colab-step backends --budget 480 --out r.json
 
 No pretrained weights reach the GPU machine this project is measured on, so the model is
 Qwen2.5-1.5B-Instruct's architecture (28 layers, hidden size 1536, 12 query and 2 key/value
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional, Sequence
 
 from lib.gpu_set import installed_torch_stack
 
@@ -126,9 +128,16 @@ def build_model(folder: Path, shape: dict) -> int:
 
 
 def run_backend(
-    backend: str, model_dir: Path, steps: int, flags: list, timeout_s: float = None, profile: Path = None
+    backend: str,
+    model_dir: Path,
+    steps: int,
+    flags: list,
+    timeout_s: float = None,
+    profile: Path = None,
+    base_flags: Sequence[str] = tuple(DEFAULT_FLAGS),
 ) -> dict:
-    """`bench/bench_train.py` for one backend in its own process; its JSON result, or the error."""
+    """`bench/bench_train.py` for one backend in its own process (`base_flags`, then `flags`); its JSON
+    result, or the error."""
     command = [
         sys.executable,
         str(ROOT / "bench" / "bench_train.py"),
@@ -138,7 +147,7 @@ def run_backend(
         backend,
         "--steps",
         str(steps),
-        *DEFAULT_FLAGS,
+        *base_flags,
         *flags,
         *(["--profile", str(profile)] if profile else []),
     ]
@@ -204,19 +213,106 @@ def summary(results: dict) -> dict:
     return {"backends": rows, "targets": targets}
 
 
+PARTS = ("generation", "backends", "four-bit", "colab-step")
+"""What one session can measure, each in its own processes, in the order given to `--parts`:
+`generation` (bench/bench_generate.py: each engine's tokens/s at each batch size, whole campaigns'
+growing contexts, LoRA on, TRL's loading), `backends` (the GRPO steps of Unsloth and TRL + PEFT
+above), `four-bit` (4-bit base weights: the generation rows, and a TRL GRPO step's peak memory
+against a 16-bit one's), `colab-step` (one GRPO step of configs/train/colab.yaml's own shape,
+profiled)."""
+GENERATION_FLAGS = [
+    "--lora_r",
+    "16",
+    "--warm_start_episodes",
+    "0",
+    "--campaign-contexts",
+    "--max_turns",
+    "5",
+    "--max_new_tokens",
+    "64",
+    "--temperature",
+    "1.0",
+]
+"""The generation table's episodes: 5 turns of 64 tokens of whole campaigns' contexts, as the GRPO bench's."""
+GENERATION_BATCH = 16
+"""The batch of the GRPO bench's step, at which the tokens/s target is read."""
+FOUR_BIT_MEMORY_RATIO_TARGET = 0.6
+COLAB_FLAGS = ["--config", "configs/train/colab.yaml", "--warm_start_episodes", "0"]
+"""configs/train/colab.yaml's shape for the random-weight model (which has nothing to warm-start from)."""
+PART_MIN_SECONDS = 30.0
+"""A part is skipped, and said so, when less than this is left of `--budget`."""
+
+
+def run_generation(
+    model_dir: Path, flags: Sequence[str], rows_path: Path, timeout_s: Optional[float], backend: str = "trl"
+) -> dict:
+    """`bench/bench_generate.py` in its own process, printing its rows as it measures them; the rows
+    it appended to `rows_path` (kept when it is stopped), and the error if it failed or was stopped."""
+    command = [
+        sys.executable,
+        str(ROOT / "bench" / "bench_generate.py"),
+        "--model_name",
+        str(model_dir),
+        "--backend",
+        backend,
+        *GENERATION_FLAGS,
+        *flags,
+        "--json-lines",
+        str(rows_path),
+    ]
+    print("$", " ".join(command), flush=True)
+    error = None
+    try:
+        done = subprocess.run(command, cwd=ROOT, timeout=timeout_s)
+        if done.returncode:
+            error = f"exit {done.returncode}"
+    except subprocess.TimeoutExpired:
+        error = f"stopped after {timeout_s:g} s"
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line] if rows_path.exists() else []
+    return {"rows": rows, **({"error": error} if error else {})}
+
+
+def generation_targets(rows: Sequence[dict]) -> dict:
+    """Per engine: its tokens/s at `GENERATION_BATCH` episodes reaches the target or not."""
+    return {
+        f"{row['engine']}{' 4-bit' if row.get('load_in_4bit') else ''}: generation at batch {GENERATION_BATCH} "
+        f">= {GENERATION_TOKENS_PER_S_TARGET:g} tokens/s": row["tokens_per_s"] >= GENERATION_TOKENS_PER_S_TARGET
+        for row in rows
+        if row["batch"] == GENERATION_BATCH
+    }
+
+
+def four_bit_targets(four_bit: dict, sixteen_bit: dict) -> dict:
+    """4-bit GRPO step's peak memory against the 16-bit TRL step's, when both were measured."""
+    peaks = [r.get("peak_gpu_memory_gib") for r in (four_bit, sixteen_bit)]
+    if None in peaks or "error" in four_bit or "error" in sixteen_bit:
+        return {}
+    return {
+        f"4-bit peak memory <= {FOUR_BIT_MEMORY_RATIO_TARGET} x 16-bit TRL's": peaks[0]
+        <= FOUR_BIT_MEMORY_RATIO_TARGET * peaks[1]
+    }
+
+
 def main(argv=None) -> int:
+    import time
+
     parser = argparse.ArgumentParser(
         allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=["backends"], help="what to measure, in order")
     parser.add_argument("--backends", nargs="+", default=["unsloth", "trl"], choices=["unsloth", "trl"])
     parser.add_argument("--steps", type=int, default=3, help="measured steps per backend (after one warm-up step)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b")
     parser.add_argument("--model-dir", type=Path, help="the model's folder: reused if it holds one, else built there")
     parser.add_argument("--backend-timeout", type=float, help="seconds a backend may take before it is stopped")
+    parser.add_argument("--budget", type=float, help="seconds for all parts: each is stopped at what is left")
+    parser.add_argument("--engines", nargs="+", default=["generate", "compiled"], help="the generation table's engines")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[GENERATION_BATCH, 64, 128])
+    parser.add_argument("--colab-backend", choices=["unsloth", "trl"], default="unsloth")
     parser.add_argument(
         "--profile-dir", type=Path, help="profile one more step per backend: profile_<backend>.txt here"
     )
-    parser.add_argument("--out", type=Path, help="write the results here as JSON")
+    parser.add_argument("--out", type=Path, help="write the results here as JSON (again after each part)")
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (to check the script)")
     args, flags = parser.parse_known_args(argv)  # the rest: TrainConfig flags for bench_train.py
     import torch
@@ -228,24 +324,16 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
+    deadline = time.monotonic() + args.budget if args.budget else None
+
+    def time_left(part_timeout: Optional[float]) -> Optional[float]:
+        if deadline is None:
+            return part_timeout
+        left = deadline - time.monotonic()
+        return left if part_timeout is None else min(left, part_timeout)
+
     if args.profile_dir:
         args.profile_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
-        model_dir = args.model_dir or Path(tmp) / "model"
-        if not (model_dir / "config.json").exists():
-            n_params = build_model(model_dir, SHAPES[args.shape])
-            print(f"built a random-weight {args.shape} model: {n_params / 1e6:.0f}M parameters", flush=True)
-        results = {
-            backend: run_backend(
-                backend,
-                model_dir,
-                args.steps,
-                flags,
-                timeout_s=args.backend_timeout,
-                profile=args.profile_dir / f"profile_{backend}.txt" if args.profile_dir else None,
-            )
-            for backend in args.backends
-        }
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     report = {
         "device": device,
@@ -253,13 +341,75 @@ def main(argv=None) -> int:
         "versions": installed_torch_stack(VERSIONED),
         "shape": args.shape,
         "steps": args.steps,
-        "flags": DEFAULT_FLAGS + flags,
-        **summary(results),
-        "raw": results,
+        "parts": args.parts,
+        "flags": flags,
+        "targets": {},
     }
+
+    def save() -> None:
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+    engine_flags = ["--engines", *args.engines, "--batch-sizes", *map(str, args.batch_sizes)]
+    with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
+        model_dir = args.model_dir or Path(tmp) / "model"
+        if not (model_dir / "config.json").exists():
+            n_params = build_model(model_dir, SHAPES[args.shape])
+            print(f"built a random-weight {args.shape} model: {n_params / 1e6:.0f}M parameters", flush=True)
+        rows_dir = args.out.parent if args.out else Path(tmp)
+        for part in args.parts:
+            timeout_s = time_left(args.backend_timeout)
+            if timeout_s is not None and timeout_s < PART_MIN_SECONDS:
+                report[part.replace("-", "_")] = {"skipped": f"{timeout_s:.0f} s of the budget left"}
+                print(f"== {part}: skipped, {timeout_s:.0f} s of the budget left", flush=True)
+                continue
+            print(f"== {part}", flush=True)
+            if part == "generation":
+                report["generation"] = run_generation(
+                    model_dir, engine_flags + flags, rows_dir / "generation.jsonl", timeout_s
+                )
+                report["targets"].update(generation_targets(report["generation"]["rows"]))
+            elif part == "backends":
+                results = {}
+                for backend in args.backends:
+                    results[backend] = run_backend(
+                        backend,
+                        model_dir,
+                        args.steps,
+                        flags,
+                        timeout_s=time_left(args.backend_timeout),
+                        profile=args.profile_dir / f"profile_{backend}.txt" if args.profile_dir else None,
+                    )
+                    report["raw"] = results
+                    save()
+                summarised = summary(results)
+                report["backends"] = summarised["backends"]
+                report["targets"].update(summarised["targets"])
+            elif part == "four-bit":
+                four_bit = ["--load_in_4bit", "true"]
+                generation = run_generation(
+                    model_dir, engine_flags + four_bit + flags, rows_dir / "generation_4bit.jsonl", timeout_s
+                )
+                steps = {
+                    label: run_backend("trl", model_dir, 1, flags + extra, timeout_s=time_left(args.backend_timeout))
+                    for label, extra in (("4-bit", ["--lora_r", "16"] + four_bit), ("16-bit", ["--lora_r", "16"]))
+                }
+                report["four_bit"] = {"generation": generation, "grpo_steps": steps}
+                report["targets"].update(generation_targets(generation["rows"]))
+                report["targets"].update(four_bit_targets(steps["4-bit"], steps["16-bit"]))
+            elif part == "colab-step":
+                report["colab_step"] = run_backend(
+                    args.colab_backend,
+                    model_dir,
+                    1,
+                    flags,
+                    timeout_s=timeout_s,
+                    profile=args.profile_dir / "profile_colab.txt" if args.profile_dir else None,
+                    base_flags=COLAB_FLAGS,
+                )
+            save()
     print(json.dumps({k: v for k, v in report.items() if k != "raw"}, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    save()
     return 0 if report["targets"] and all(report["targets"].values()) else 1
 
 

@@ -1,34 +1,41 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (no network): unpack the wheel bundle, run `bench/bench_train_gpu.py`
-# on both backends with a profiled step each, then, while the time budget allows, Unsloth with its
-# CUDA-graph decode as its own row. Everything it measures is written under OUT_DIR.
+# One call on the GPU machine (no network): unpack the wheel bundle, then `bench/bench_train_gpu.py`
+# measures, in this order, while the time budget lasts: the generation table (each engine's tokens/s
+# at 16, 64 and 128 episodes per generate call), one GRPO step of configs/train/colab.yaml's own shape
+# (profiled), 4-bit base weights (generation, and a GRPO step's peak memory against a 16-bit one's),
+# and the Unsloth / TRL + PEFT GRPO steps. Everything it measures is written under OUT_DIR as it comes
+# (results.json after each part, generation*.jsonl row by row, the profiles), so a part stopped by
+# the budget keeps what it had printed.
 #
 #   bash bench/gpu_session.sh BUNDLE_DIR OUT_DIR [SECONDS]     # BUNDLE_DIR from ../shared/gpu/make-bundle.sh
+#   bash bench/gpu_session.sh --dry-run OUT_DIR [SECONDS]      # the same parts on this CPU, tiny shape
+#   PARTS="generation colab-step" bash bench/gpu_session.sh ...  # some parts, in this order
 #
-# SECONDS (default 540) is the whole call's budget: each backend gets a share of it and is stopped,
-# with what it printed kept, if it overruns, so one slow or broken backend does not lose the other.
-# On an H100 (2026-11-26) the start and transfers took ~36 s beyond the command; unpacking 7 s; Unsloth ~90 s to load
-# and play its warm-up step, 14 s a step after (TRL ~60 s, 20 s); the profiled step 22-32 s, and
-# reading its trace longer than 45 s. Give the call's timeout_s some 60 s more than SECONDS.
+# SECONDS (default 480) is the whole call's budget. On an H100 (2026-11-26) the start and transfers
+# took ~36 s beyond the command; unpacking 7 s; Unsloth ~90 s to load and play its warm-up step,
+# 14 s a step after (TRL ~60 s, 20 s). Give the call's timeout_s some 60 s more than SECONDS.
 set -uo pipefail
-bundle=${1:?usage: gpu_session.sh BUNDLE_DIR OUT_DIR [SECONDS]}
-out=${2:?usage: gpu_session.sh BUNDLE_DIR OUT_DIR [SECONDS]}
-budget=${3:-540}
+bundle=${1:?usage: gpu_session.sh BUNDLE_DIR|--dry-run OUT_DIR [SECONDS]}
+out=${2:?usage: gpu_session.sh BUNDLE_DIR|--dry-run OUT_DIR [SECONDS]}
+budget=${3:-480}
 start=$SECONDS
-mkdir -p "$out" /tmp/site
-tar -xJf "$bundle/site.tar.xz" -C /tmp/site || exit 3
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-  HF_DATASETS_OFFLINE=1 UNSLOTH_DISABLE_STATISTICS=1 TRL_EXPERIMENTAL_SILENCE=1
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  python3 -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda)'
-  echo "unpacked the bundle in $((SECONDS - start)) s"; } 2>&1 | tee "$out/machine.txt"
-per_backend=$(( (budget - (SECONDS - start) - 30) / 2 ))
-python3 bench/bench_train_gpu.py --steps 2 --model-dir /tmp/bench-model --backend-timeout "$per_backend" \
-  --profile-dir "$out" --out "$out/bench_train_gpu.json" 2>&1 | tee "$out/bench_train_gpu.log"
-left=$(( budget - (SECONDS - start) ))
-echo "$left s of the budget left after both backends"
-if [ "$left" -gt 150 ]; then
-  UNSLOTH_DECODE_CUDA_GRAPHS=1 python3 bench/bench_train_gpu.py --backends unsloth --steps 2 \
-    --model-dir /tmp/bench-model --backend-timeout $(( left - 20 )) \
-    --out "$out/bench_train_gpu_cuda_graphs.json" 2>&1 | tee "$out/bench_train_gpu_cuda_graphs.log"
+mkdir -p "$out"
+if [ "$bundle" = "--dry-run" ]; then
+  python=${PYTHON:-.venv/bin/python}
+  shape=(--shape tiny --allow-cpu --colab-backend trl --batch-sizes 2 4 --steps 1 --max_turns 1 --max_new_tokens 8)
+else
+  python=python3
+  shape=(--model-dir /tmp/bench-model --steps 2)
+  mkdir -p /tmp/site
+  tar -xJf "$bundle/site.tar.xz" -C /tmp/site || exit 3
+  export PYTHONPATH=/tmp/site:$PWD
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee "$out/machine.txt"
 fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+  UNSLOTH_DISABLE_STATISTICS=1 TRL_EXPERIMENTAL_SILENCE=1
+{ "$python" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  echo "ready in $((SECONDS - start)) s"; } 2>&1 | tee -a "$out/machine.txt"
+"$python" bench/bench_train_gpu.py --parts ${PARTS:-generation colab-step four-bit backends} \
+  --budget $(( budget - (SECONDS - start) - 15 )) "${shape[@]}" \
+  --profile-dir "$out" --out "$out/results.json" 2>&1 | tee "$out/bench_train_gpu.log"
+echo "session done in $((SECONDS - start)) s of $budget"

@@ -366,12 +366,21 @@ def test_the_gpu_benchmark_runs_on_a_cpu_with_a_tiny_shape(tmp_path):
             "--shape",
             "tiny",
             "--allow-cpu",
+            "--parts",
+            "generation",
+            "backends",
+            "--engines",
+            "generate",
+            "--batch-sizes",
+            "2",
             "--backends",
             "trl",
             "--steps",
             "1",
             "--max_turns",
             "1",
+            "--max_new_tokens",
+            "8",
             "--profile-dir",
             str(tmp_path),
             "--out",
@@ -391,6 +400,32 @@ def test_the_gpu_benchmark_runs_on_a_cpu_with_a_tiny_shape(tmp_path):
     assert report["versions"]["trl"] and report["versions"]["torch"]
     profile = (tmp_path / "profile_trl.txt").read_text()
     assert profile.startswith("profiled step 2:") and "aten::" in profile
+    (generated,) = report["generation"]["rows"]  # the generation table, row by row in generation.jsonl too
+    assert generated["engine"] == "generate" and generated["batch"] == 2 and generated["tokens"] == 2 * 8
+    assert generated["logprob_max_abs_diff"] < 1e-4 and generated["generate_calls"] == 1
+    assert [json.loads(line) for line in (tmp_path / "generation.jsonl").read_text().splitlines()] == [generated]
+
+
+def test_the_gpu_session_skips_what_its_budget_cannot_hold_and_reads_its_targets(tmp_path):
+    bench = _bench_train_gpu()
+    out = tmp_path / "result.json"
+    code = bench.main(["--shape", "tiny", "--allow-cpu", "--parts", "generation", "colab-step", "--budget", "1"])
+    assert code == 1  # nothing measured, no target met
+    code = bench.main(["--shape", "tiny", "--allow-cpu", "--parts", "colab-step", "--budget", "1", "--out", str(out)])
+    assert json.loads(out.read_text())["colab_step"]["skipped"].endswith("of the budget left")
+    rows = [
+        {"engine": "compiled", "batch": 16, "tokens_per_s": 6100.0},
+        {"engine": "generate", "batch": 16, "tokens_per_s": 390.0, "load_in_4bit": True},
+        {"engine": "compiled", "batch": 64, "tokens_per_s": 9000.0},
+    ]
+    assert bench.generation_targets(rows) == {
+        "compiled: generation at batch 16 >= 5000 tokens/s": True,
+        "generate 4-bit: generation at batch 16 >= 5000 tokens/s": False,
+    }
+    assert bench.four_bit_targets({"peak_gpu_memory_gib": 2.9}, {"peak_gpu_memory_gib": 5.15}) == {
+        "4-bit peak memory <= 0.6 x 16-bit TRL's": True
+    }
+    assert bench.four_bit_targets({"error": "exit 1"}, {"peak_gpu_memory_gib": 5.15}) == {}
 
 
 def test_the_gpu_benchmark_keeps_a_result_printed_before_a_backend_stopped():
