@@ -1,6 +1,6 @@
 """The files of one run's evidence (`EvidencePaths`), its CSV logs written while it trains
 (`TrainingLogWriter`, `RewardComponentLogWriter`, `CheckpointEvalWriter`) and read back
-(`read_records`).
+(`read_records`), and the whole folder read once into one `Evidence` (`read_evidence`).
 
 Logs are append-only and may be written by several processes and threads at once, and
 a run may be killed at any moment. Each row is therefore one `write` of one complete line
@@ -384,10 +384,6 @@ class Evidence:
     """before_after_metrics.json as the run wrote it (`lib.measure.comparison.before_after_metrics`)."""
     baselines: Optional[Dict[str, Any]]
     """baselines.json (notebook 02's reference agents on the same suite)."""
-
-    @property
-    def has_episodes(self) -> bool:
-        return bool(self.pre or self.post)
 
 
 def read_evidence(paths: "EvidencePaths | Path | str") -> Evidence:
