@@ -1,8 +1,22 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and the thread count of the workers of `make test`."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# `make test` runs pytest-xdist workers side by side (-n 2 on the project's 2-core machines). Each
+# worker's torch would start a thread per core: with both workers in a torch run at once, 4 spinning
+# OpenMP threads on 2 cores made the tiny model's training steps ~100 times slower (measured: 30 steps
+# 0.5 s alone, 57 s each with two such processes side by side; with 1 thread each, 0.6 s). So a
+# worker takes its share of the cores, set here before torch is imported; what it starts (servers,
+# training runs, notebook kernels, benchmarks) inherits it. A variable already set is left as it is.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_variable, _THREADS)
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +45,20 @@ def tiny_model_dir(tokenizer, tmp_path_factory):
     build_tiny_model(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture
+def no_evidence_figures(monkeypatch):
+    """`lib.training.run.train` writing every evidence file but its figures (PNGs), for the runs of
+    tests that check something else (a resume, an adapter): drawing them was more than half of such a
+    run (the resumed-run test's two runs: 17.6 s with them, 7.7 s without). The figures are drawn from
+    the CSV files these tests check anyway, by the same functions whatever the run; `render_all` logs
+    a failure and never raises. The smoke run of tests/test_training.py draws them all and checks that
+    they are written, and its resumed runs draw each step's; a renamed function fails here
+    (monkeypatch), not silently."""
+    import lib.training.callbacks as callbacks
+    import lib.training.run as run
+
+    monkeypatch.setattr(run, "render_all", lambda paths: {})
+    for name in ("render_training_curve", "render_reward_components", "render_checkpoint_progression"):
+        monkeypatch.setattr(callbacks, name, lambda *args, **kwargs: None)

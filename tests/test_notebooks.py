@@ -188,6 +188,7 @@ def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
             "gradient_accumulation_steps": 2,
             "lora_r": 0,
             "max_turns": 3,
+            "max_new_tokens": 16,  # (not in the parameters cell either) as the smoke runs of test_training.py
             "warm_start_episodes": 0,
             "eval_episodes": 3,
             "eval_every_steps": 1,

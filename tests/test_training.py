@@ -235,7 +235,7 @@ def test_a_decision_slot_covers_its_stretch_of_a_long_episode():
 
 
 @pytest.mark.slow
-def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model_dir, caplog, capsys):
+def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model_dir, caplog, capsys, monkeypatch):
     # one checkpoint episode, the suite's first: the pre/post evaluations (3 episodes) cover it;
     # the metrics also go to TensorBoard, and the progress to the log
     config = smoke_config(tmp_path, tiny_model_dir, checkpoint_eval_episodes=1, report_to=["tensorboard"])
@@ -282,6 +282,12 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
     assert result.before_after["n"]["pairs"] == 3
     assert (Path(config.output_dir) / "final" / "config.json").exists()
     assert TrainConfig.load(Path(config.output_dir) / "train_config.json") == config
+    # The runs below are checked by their logs and the archive: their closing `render_all` (every
+    # figure and summary again, ~2 s a run; it logs a failure and never raises) is left out. The
+    # callback still draws each step's figures (a failure there stops the run).
+    import lib.training.run
+
+    monkeypatch.setattr(lib.training.run, "render_all", lambda paths: {})
     # resumed from the last checkpoint (a run killed after its last row): nothing is written twice
     train(smoke_config(tmp_path, tiny_model_dir, resume_from_checkpoint="latest", checkpoint_eval_episodes=1))
     rows = (evidence / "checkpoint_evals.csv").read_text().splitlines()[1:]
@@ -403,6 +409,7 @@ def test_grpo_args_carry_the_sampling_and_advantage_settings(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("no_evidence_figures")  # tests/conftest.py
 def test_lora_run_saves_the_adapter_merges_it_and_plans_the_hub_push(tmp_path, tiny_model_dir):
     """A LoRA run leaves the adapter in final/ and, with save_merged, the merged weights; the
     dry-run push checks them and sends nothing; the merged model plays exactly as the
@@ -455,6 +462,7 @@ def _rows_by_step(path: Path, drop=("wall_time_s",)) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("no_evidence_figures")  # tests/conftest.py
 def test_a_resumed_run_repeats_the_run_that_was_not_interrupted(tmp_path, tiny_model_dir, monkeypatch):
     """A run killed while saving its step-3 checkpoint, resumed with 'latest': it must skip the
     partial checkpoint, restart from step 2's, and sample and log step 3 exactly as the

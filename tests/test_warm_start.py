@@ -184,23 +184,25 @@ def test_warm_start_trains_the_lora_adapter_on_the_actions(tiny_model_dir):
     assert report["last_loss"] < report["first_loss"]
 
 
-@pytest.mark.slow  # a training run: 12 epochs of SFT on every weight
+@pytest.mark.slow  # a training run: 8 epochs of SFT on every weight
 def test_a_warm_start_of_every_weight_learns_and_is_cached(tiny_model_dir, tmp_path):
     """The stand-in's way (every weight, one example per decision, loss on all of it): it learns, is
     saved under a name that changes with its settings, and the next run loads it instead of
-    training again."""
+    training again. 8 epochs (16 steps): the loss is below 0.7 of the first from the 6th step on and
+    flat after the 8th epoch (measured: 7.66 -> 4.43 in 8 epochs, 4.38 in 12; at half the learning
+    rate 5.00, still below 0.7 x 7.66, as in 12 epochs)."""
     config = TrainConfig(
         model_name=tiny_model_dir,
         backend="trl",
         lora_r=0,
         warm_start_episodes=1,
-        warm_start_epochs=12.0,
+        warm_start_epochs=8.0,
         warm_start_learning_rate=5e-3,
     )
     policy = load_policy(config, "trl")
     report = sft_warm_start(policy, config, cache_dir=tmp_path)
     assert report["episodes"] == 1 and report["examples"] > 10, "one example per decision"
-    assert report["steps"] == 12 * -(-report["examples"] // config.warm_start_batch_size)
+    assert report["steps"] == 8 * -(-report["examples"] // config.warm_start_batch_size)
     assert report["loss_tokens"] == report["tokens"]
     assert report["last_loss"] < 0.7 * report["first_loss"], report["losses"]
     assert Path(policy.model.name_or_path) == Path(report["cached"]), "loaded back from its folder: it has a name"
@@ -213,6 +215,7 @@ def test_a_warm_start_of_every_weight_learns_and_is_cached(tiny_model_dir, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("no_evidence_figures")  # tests/conftest.py
 def test_a_run_with_a_warm_start_saves_it_and_grpo_trains_the_same_adapter(tmp_path, tiny_model_dir):
     config = TrainConfig(
         model_name=tiny_model_dir,
