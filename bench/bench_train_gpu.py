@@ -64,6 +64,10 @@ SHAPES = {"qwen2.5-1.5b": QWEN25_15B_SHAPE, "tiny": TINY_SHAPE}
 STEP_SECONDS_TARGET = 15.0
 GENERATION_TOKENS_PER_S_TARGET = 5000.0
 UNSLOTH_MEMORY_RATIO_TARGET = 0.6
+EPISODE_FLAGS = ["--max_turns", "5", "--max_new_tokens", "64", "--temperature", "1.0", "--lora_r", "16"]
+EPISODE_FLAGS += ["--warm_start_episodes", "0"]
+"""The bench's episodes, for its GRPO steps and its generation table alike: 5 turns of 64 tokens at
+temperature 1, LoRA r 16, no SFT warm start (the model is random-weight)."""
 DEFAULT_FLAGS = [
     "--num_generations",
     "8",
@@ -71,16 +75,7 @@ DEFAULT_FLAGS = [
     "4",
     "--gradient_accumulation_steps",
     "4",
-    "--max_turns",
-    "5",
-    "--max_new_tokens",
-    "64",
-    "--temperature",
-    "1.0",
-    "--lora_r",
-    "16",
-    "--warm_start_episodes",
-    "0",
+    *EPISODE_FLAGS,
     "--policy_context",
     "conversation",
     "--system_prompt",
@@ -220,19 +215,7 @@ growing contexts, LoRA on, TRL's loading), `backends` (the GRPO steps of Unsloth
 above), `four-bit` (4-bit base weights: the generation rows, and a TRL GRPO step's peak memory
 against a 16-bit one's), `colab-step` (one GRPO step of configs/train/colab.yaml's own shape,
 profiled)."""
-GENERATION_FLAGS = [
-    "--lora_r",
-    "16",
-    "--warm_start_episodes",
-    "0",
-    "--campaign-contexts",
-    "--max_turns",
-    "5",
-    "--max_new_tokens",
-    "64",
-    "--temperature",
-    "1.0",
-]
+GENERATION_FLAGS = [*EPISODE_FLAGS, "--campaign-contexts"]
 """The generation table's episodes: 5 turns of 64 tokens of whole campaigns' contexts, as the GRPO bench's."""
 GENERATION_BATCH = 16
 """The batch of the GRPO bench's step, at which the tokens/s target is read."""
