@@ -20,6 +20,32 @@ if _WORKERS > 1:
 
 
 @pytest.fixture(scope="session")
+def once_per_run(tmp_path_factory):
+    """`once_per_run(name, compute)`: `compute()`'s value, computed once in a `make test` run. Under
+    pytest-xdist the first worker to ask computes it and leaves it (pickled) beside the workers'
+    temporary folders, and the other reads it, waiting for it if need be: xdist splits a module
+    between the workers where one takes the other's last tests, and each would build that module's
+    fixtures. Only for values that are the same whichever process computes them."""
+
+    def value(name: str, compute):
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            return compute()
+        import fcntl
+        import pickle
+
+        path = tmp_path_factory.getbasetemp().parent / f"{name}.pickle"  # one folder per run
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if path.is_file():
+                return pickle.loads(path.read_bytes())
+            computed = compute()
+            path.write_bytes(pickle.dumps(computed))
+            return computed
+
+    return value
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     """The project's tokenizer (trained on the environment's text, cached in .cache/)."""
     from lib.training.tokenizer import build_tokenizer

@@ -37,6 +37,14 @@ def episodes():
     return {"won": _won_discovery(), "curated": _episode(3, scenario="z_mumu_91")}
 
 
+@pytest.fixture(scope="module")
+def prepared(episodes):
+    """The views of the two episodes that the static-browser tests show, shared by them: a view draws
+    a spectrum when a browser first shows it (~2.5 s an episode), and a browser built again from it
+    shows what it drew. The tests of how a view is prepared and drawn make their own."""
+    return {"won": prepare_episode("post", episodes["won"]), "curated": prepare_episode("pre", episodes["curated"])}
+
+
 def _action_types(episode):
     return [step["action"].get("action_type") for step in episode["steps"]]
 
@@ -102,8 +110,8 @@ def _walk(widget):
         yield from _walk(child)
 
 
-def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(episodes):
-    views = [prepare_episode("post", episodes["won"]), prepare_episode("pre", episodes["curated"])]
+def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(prepared):
+    views = [prepared["won"], prepared["curated"]]
     browser = static_trajectory_browser(views)
     show, selections, style = browser.children
     assert ".cernenv-step pre{" in style.value, "the step panels' styles, once"
@@ -139,13 +147,9 @@ def test_static_browser_links_menu_and_slider_to_the_panels_in_the_page(episodes
     assert [label for label, _ in post_menu.options] == [views[0].label] and post_stack.children[0] is stack.children[0]
 
 
-def test_static_browser_puts_before_and_after_of_a_task_side_by_side(episodes):
+def test_static_browser_puts_before_and_after_of_a_task_side_by_side(episodes, prepared):
     before = dict(json.loads(json.dumps(episodes["won"])), correct_outcome=False)
-    views = [
-        prepare_episode("post", episodes["won"]),
-        prepare_episode("pre", before),
-        prepare_episode("pre", episodes["curated"]),
-    ]
+    views = [prepared["won"], prepare_episode("pre", before), prepared["curated"]]
     show, selections, _ = static_trajectory_browser(views).children
     names = [name for name, _ in show.options]
     assert names[-1] == "pre | post, side by side"
@@ -161,10 +165,10 @@ def test_static_browser_puts_before_and_after_of_a_task_side_by_side(episodes):
     assert len({id(w) for w in images}) == len({bytes(w.value) for w in images}), "one widget per distinct image"
 
 
-def test_static_browser_falls_back_to_tabs_without_stack(episodes, monkeypatch):
+def test_static_browser_falls_back_to_tabs_without_stack(prepared, monkeypatch):
     """ipywidgets 7 (Colab) has no Stack: the panels are a Tab, switched by the same selected_index."""
     monkeypatch.delattr(widgets, "Stack")
-    browser = static_trajectory_browser([prepare_episode("pre", episodes["curated"])])
+    browser = static_trajectory_browser([prepared["curated"]])
     assert isinstance(browser.children[1], widgets.Tab)
     menu, stack = browser.children[1].children[0].children
     assert isinstance(stack, widgets.Tab) and isinstance(stack.children[0].children[2], widgets.Tab)

@@ -97,7 +97,13 @@ def _tasks(seeds: range, difficulty: str) -> Tuple[List[Dict[str, float]], List[
 
 
 @pytest.fixture(scope="module")
-def observed():
+def observed(once_per_run):
+    """Built once in a `make test` run (~7 s; tests/conftest.py): both xdist workers often run some of
+    this module's tests."""
+    return once_per_run("test_task_leak.observed", _observed)
+
+
+def _observed():
     fit_features, fit_truths, test_features, test_truths = [], [], [], []
     for level, difficulty in enumerate(DIFFICULTIES):
         start = 10_000 * level
