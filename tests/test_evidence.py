@@ -749,3 +749,18 @@ def test_checkpoint_progression_draws_exact_intervals_on_the_success_rate(tmp_pa
     # scipy.stats.binomtest(2, 4).proportion_ci() and (0, 4): Clopper–Pearson
     assert low[0] == pytest.approx(0.0676, abs=1e-4) and high[0] == pytest.approx(0.9324, abs=1e-4)
     assert low[1] == 0.0 and high[1] == pytest.approx(0.6024, abs=1e-4) and np.isnan(low[2])
+
+
+def test_a_new_training_run_moves_aside_only_what_a_training_run_writes(tmp_path):
+    """Notebook 02's baselines stay in the evidence folder when notebook 03 starts a new run."""
+    from lib.training.resume import archive_previous_evidence
+
+    paths = EvidencePaths(tmp_path / "ev")
+    paths.ensure()
+    for path in (paths.baselines_json, paths.training_log_csv, paths.before_after_metrics_json):
+        path.write_text("{}")
+    moved_to = archive_previous_evidence(paths, tmp_path / "out")
+    assert paths.baselines_json.read_text() == "{}"
+    assert sorted(p.name for p in moved_to.iterdir()) == ["before_after_metrics.json", "training_log.csv"]
+    assert "baselines_json" not in EvidencePaths.training_run_fields()
+    assert "pre_eval_jsonl" in EvidencePaths.training_run_fields()

@@ -1,6 +1,7 @@
 """The notebooks run headlessly (papermill) and are committed clean: parameters cell, no outputs."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -135,37 +136,13 @@ def test_notebook_01_runs(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.notebook
-def test_notebook_02_runs_and_writes_the_baselines(tmp_path, monkeypatch):
-    papermill = pytest.importorskip("papermill")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setenv("CERNENV_HEADLESS", "1")
-    output, evidence = tmp_path / "02_baseline_rollouts.ipynb", tmp_path / "evidence"
-    papermill.execute_notebook(
-        str(ROOT / "notebooks" / "02_baseline_rollouts.ipynb"),
-        str(output),
-        parameters={"MAX_EPISODES": 4, "EVIDENCE_DIR": str(evidence), "N_TRAJECTORIES": 2},
-        kernel_name=default_kernel_name(),
-        cwd=str(ROOT / "notebooks"),
-        progress_bar=False,
-        execution_timeout=180,
-    )
-    nb = nbformat.read(output, as_version=4)
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    import json
-
-    baselines = json.loads((evidence / "baselines.json").read_text())
-    assert set(baselines["metrics"]) == {"random", "always-null", "heuristic", "oracle"}
-    assert baselines["n_episodes"] == {"random": 4, "always-null": 4, "heuristic": 4, "oracle": 4}
-    assert "| heuristic |" in (evidence / "baselines.md").read_text()
-    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1, "reward distributions"
-
-
-@pytest.mark.slow
-@pytest.mark.notebook
-def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
-    """Two GRPO steps of a randomly initialised tiny model (no SFT, to stay fast), end to end."""
-    papermill = pytest.importorskip("papermill")
+def test_the_chain_02_03_04_keeps_the_baselines_and_makes_a_promotable_run(tmp_path, monkeypatch):
+    """Notebooks 02 -> 03 -> 04 as `make reproduce` runs them, into one evidence folder: 02 writes the
+    baselines, 03 trains (two GRPO steps of a randomly initialised tiny model, no SFT, to stay fast)
+    without moving them, 04 compares the policy with them, and `make promote-evidence` accepts the
+    run. The profile is named `full` because only a full run is promoted."""
+    pytest.importorskip("papermill")
+    from lib.notebooks.reproduce import promote_evidence, reproduce
     from lib.training.policy_model import build_tiny_model
     from lib.training.tokenizer import build_tokenizer
 
@@ -174,42 +151,71 @@ def test_notebook_03_trains_with_smoke_parameters(tmp_path, monkeypatch):
     build_tiny_model(tokenizer).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setenv("CERNENV_HEADLESS", "1")
-    output, evidence = tmp_path / "03_train_grpo.ipynb", tmp_path / "evidence"
-    papermill.execute_notebook(
-        str(ROOT / "notebooks" / "03_train_grpo.ipynb"),
-        str(output),
-        parameters={
-            "model_name": str(model_dir),
-            "backend": "trl",
-            "max_steps": 2,
-            "num_generations": 2,
-            "per_device_train_batch_size": 1,
-            "gradient_accumulation_steps": 2,
-            "lora_r": 0,
-            "max_turns": 3,
-            "max_new_tokens": 16,  # (not in the parameters cell either) as the smoke runs of test_training.py
-            "warm_start_episodes": 0,
-            "eval_episodes": 3,
-            "eval_every_steps": 1,
-            "checkpoint_eval_episodes": 2,
-            "evidence_dir": str(evidence),
-            "output_dir": str(tmp_path / "out"),
-            "curated_fraction": 1.0,
-        },  # a TrainConfig field the parameters cell does not list
-        kernel_name=default_kernel_name(),
-        cwd=str(ROOT / "notebooks"),
-        progress_bar=False,
-        execution_timeout=300,
+    build = tmp_path / "build"
+    evidence = build / "evidence"  # where `make promote-evidence` takes it from
+    train = {
+        "model_name": str(model_dir),
+        "backend": "trl",
+        "max_steps": 2,
+        "num_generations": 2,
+        "per_device_train_batch_size": 1,
+        "gradient_accumulation_steps": 2,
+        "lora_r": 0,
+        "max_turns": 3,
+        "warm_start_episodes": 0,
+        "eval_episodes": 3,
+        "eval_every_steps": 1,
+        "checkpoint_eval_episodes": 2,
+        "evidence_dir": str(evidence),
+        "output_dir": str(tmp_path / "out"),
+        "TRAIN_CONFIG": str(tmp_path / "train.yaml"),
+    }
+    # TrainConfig fields the parameters cell does not list come from a configs/train-style file
+    (tmp_path / "train.yaml").write_text("max_new_tokens: 16\ncurated_fraction: 1.0\n")
+    profile = tmp_path / "full.yaml"
+    profile.write_text(
+        json.dumps(
+            {
+                "notebooks": {
+                    "02_baseline_rollouts": {"MAX_EPISODES": 4, "EVIDENCE_DIR": str(evidence), "N_TRAJECTORIES": 2},
+                    "03_train_grpo": train,
+                    "04_evidence_analysis": {"EVIDENCE_DIR": str(evidence), "N_BROWSER_TASKS": 1},
+                }
+            }
+        )
     )
-    nb = nbformat.read(output, as_version=4)
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    markdown = "\n".join(o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
-    assert "| mean_reward |" in markdown and "3 paired episodes" in markdown
-    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3, "training curves and before/after plots"
+    executed = {path.stem: path for path in reproduce(str(profile), build_dir=build, out=open(os.devnull, "w"))}
+
+    def outputs(name):
+        nb = nbformat.read(executed[name], as_version=4)
+        found = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+        assert not [o for o in found if o.output_type == "error"], name
+        return found
+
+    def markdown(found):
+        return "\n".join(o["data"]["text/markdown"] for o in found if "text/markdown" in o.get("data", {}))
+
+    out_02, out_03, out_04 = (
+        outputs(name) for name in ("02_baseline_rollouts", "03_train_grpo", "04_evidence_analysis")
+    )
+    baselines = json.loads((evidence / "baselines.json").read_text())
+    assert set(baselines["metrics"]) == {"random", "always-null", "heuristic", "oracle"}
+    assert baselines["n_episodes"] == {"random": 4, "always-null": 4, "heuristic": 4, "oracle": 4}
+    assert "| heuristic |" in (evidence / "baselines.md").read_text()
+    assert sum("image/png" in o.get("data", {}) for o in out_02) >= 1, "reward distributions"
+
+    assert "| mean_reward |" in markdown(out_03) and "3 paired episodes" in markdown(out_03)
+    assert sum("image/png" in o.get("data", {}) for o in out_03) >= 3, "training curves and before/after plots"
     assert (evidence / "before_after_metrics.json").exists() and (evidence / "checkpoint_evals.csv").exists()
-    assert json.loads((tmp_path / "out" / "train_config.json").read_text())["curated_fraction"] == 1.0
+    saved = json.loads((tmp_path / "out" / "train_config.json").read_text())
+    assert (saved["curated_fraction"], saved["max_new_tokens"]) == (1.0, 16), "the file's values"
+
+    texts = "".join(o.get("text", "") for o in out_04 if o.output_type == "stream")
+    assert "baselines.json not found" not in texts, "notebook 03 moved notebook 02's baselines away"
+    for agent in ("heuristic", "oracle", "policy after GRPO"):
+        assert f"| {agent} |" in markdown(out_04), agent
+    promoted = promote_evidence(build, target=tmp_path / "promoted", out=open(os.devnull, "w"))
+    assert {"baselines.json", "baselines.md", "training_log.csv"} <= set(promoted)
 
 
 def test_notebook_03_parameters_are_train_config_fields_with_its_defaults():

@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -37,9 +37,15 @@ EPISODE_FILES = ("pre_eval_jsonl", "post_eval_jsonl")
 `.jsonl` files that are there."""
 
 
+BASELINES = "baselines"
+"""`EvidencePaths` field metadata `written_by`: a file notebook 02 writes (the reference agents), which a
+training run reads and never moves or rewrites."""
+
+
 @dataclass
 class EvidencePaths:
-    """Every evidence artifact of one training run, under `root` (the episode files: `EPISODE_FILES`)."""
+    """Every evidence artifact of one folder, under `root` (the episode files: `EPISODE_FILES`): a training
+    run's files, and notebook 02's baselines beside them (fields whose `written_by` is `BASELINES`)."""
 
     root: Path
     training_log_csv: Path = field(init=False)
@@ -54,7 +60,7 @@ class EvidencePaths:
     sample_trajectories_md: Path = field(init=False)
     pre_eval_jsonl: Path = field(init=False)
     post_eval_jsonl: Path = field(init=False)
-    baselines_json: Path = field(init=False)
+    baselines_json: Path = field(init=False, metadata={"written_by": BASELINES})
     """The reference agents on the same suite (notebook 02's `lib.measure.evaluation.BaselinesFile`)."""
 
     def __post_init__(self) -> None:
@@ -70,6 +76,13 @@ class EvidencePaths:
 
     def ensure(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def training_run_fields(cls) -> Tuple[str, ...]:
+        """The fields naming a file a training run writes (a new run moves these aside, and only these)."""
+        return tuple(
+            f.name for f in fields(cls) if f.name != "root" and f.metadata.get("written_by", "training") == "training"
+        )
 
 
 # ----------------------------------------------------------------------------- writing

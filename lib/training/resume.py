@@ -20,9 +20,8 @@ from lib.training.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
-RUN_FILES = tuple(name for name in EvidencePaths.__dataclass_fields__ if name != "root")
-"""`EvidencePaths` attributes that belong to one training run: every file it names (a folder's
-baselines.* are notebook 02's, not a run's, and stay)."""
+RUN_FILES = EvidencePaths.training_run_fields()
+"""`EvidencePaths` attributes that belong to one training run (notebook 02's baselines are not, and stay)."""
 
 
 def archive_previous_evidence(paths: EvidencePaths, output_dir: Path) -> Optional[Path]:
