@@ -75,6 +75,7 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 	# server, through openenv's MCP: 4.2 s -> 1.7 s without it). Nothing here checks an "iri" format.
 	$(PIP) uninstall --yes --quiet rfc3987-syntax
 	$(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()'  # numba compiles the physics kernels once
+	NUMBA_CPU_NAME=generic $(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()'  # and for a generic x86-64 (the replay test's)
 	@$(PY) -c 'import torch; cuda = torch.version.cuda; print("torch", torch.__version__, f"(a CUDA {cuda} build);" if cuda else "(a CPU build);", "a GPU is", "present" if torch.cuda.is_available() else "not present")'
 	touch $@
 
@@ -119,8 +120,8 @@ reproduce: setup ## run the notebooks headlessly into build/PROFILE/: PROFILE=sm
 promote-evidence: setup ## copy a complete full run's evidence (build/full/evidence) over the committed evidence/
 	$(PY) -m lib.notebooks.reproduce --promote --build-dir $(BUILD)/full
 
-verify-evidence: setup ## replay the committed evidence episodes: every reward and grade must come back (python -m lib.report.replay)
-	$(RUN_ENV) $(PY) -m lib.report.replay evidence/pre_eval.jsonl.gz evidence/post_eval.jsonl.gz
+verify-evidence: setup ## replay the committed evidence episodes: every reward, grade and prompt must come back (python -m lib.report.replay --strict)
+	$(RUN_ENV) $(PY) -m lib.report.replay --strict evidence/pre_eval.jsonl.gz evidence/post_eval.jsonl.gz
 
 report: setup ## export build/PROFILE/*.ipynb to offline HTML: reports/ for full, reports/PROFILE/ for the others
 	$(RUN_ENV) $(PY) -m lib.notebooks.export $(BUILD)/$(PROFILE_NAME) $(if $(filter full,$(PROFILE_NAME)),$(REPORTS),$(REPORTS)/$(PROFILE_NAME))

@@ -46,6 +46,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 from scipy.special import log_ndtr
 
+from cernenv.physics import portable
 from cernenv.physics.fitting import BackgroundFit, fit_background_only
 from cernenv.physics.scan import BumpScan, resolutions_on_grid, scan_local_significance
 from cernenv.physics.shapes import background_bin_fractions
@@ -124,10 +125,10 @@ def rice_density(spectrum, fit: BackgroundFit, masses_gev: np.ndarray) -> np.nda
     ) / (2.0 * step[:, None])
     mu, jac = _background_jacobian(tmpl, fit)
     w = 1.0 / np.maximum(mu, 1e-12)
-    info = (jac * w) @ jac.T
-    proj = np.linalg.pinv(info) @ (jac * w)  # (3, n)
-    s_perp = templ - (templ @ proj.T) @ jac
-    d_perp = deriv - (deriv @ proj.T) @ jac
+    info = portable.matmul(jac * w, jac.T)
+    proj = portable.matmul(portable.pinv(info), jac * w)  # (3, n)
+    s_perp = templ - portable.matmul(portable.matmul(templ, proj.T), jac)
+    d_perp = deriv - portable.matmul(portable.matmul(deriv, proj.T), jac)
     ss = np.einsum("kn,kn->k", s_perp * w, s_perp)
     dd = np.einsum("kn,kn->k", d_perp * w, d_perp)
     sd = np.einsum("kn,kn->k", s_perp * w, d_perp)
@@ -261,7 +262,7 @@ def _spectrum_regions(spectrum, background: BackgroundFit) -> _SpectrumRegions:
     nodes = np.linspace(edges[0], edges[-1], RICE_NODES)
     node_dense = np.interp(nodes, masses, (b_at >= LOW_COUNT_BACKGROUND).astype(float)) > 0.5
     density = np.where(node_dense, rice_density(spectrum, background, nodes), 0.0) if node_dense.any() else 0.0 * nodes
-    rice = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(nodes))) * float(np.exp(-0.5 * Z_REF**2))
+    rice = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(nodes))) * float(portable.exp(-0.5 * Z_REF**2))
     # the counting region: windows (one per bin) that expect fewer events
     windows = counting_windows(edges, spectrum.resolution_gev, PEAK_HALF_WIDTH_SIGMA)
     window_b = cum[windows.stop] - cum[windows.first]
@@ -312,16 +313,16 @@ def global_significance(
             n_ref, source = n_scan, "scan"
     log_terms = [log_p_local]
     if n_ref > 0:
-        log_terms.append(float(np.log(n_ref)) - 0.5 * (u - Z_REF**2))
-    log_p_global = min(float(np.logaddexp.reduce(log_terms)), 0.0)
+        log_terms.append(float(portable.log(n_ref)) - 0.5 * (u - Z_REF**2))
+    log_p_global = min(portable.logsumexp(log_terms), 0.0)
     z_global = min(max(z_from_log_p(log_p_global), 0.0), z_local) if log_p_global < 0 else 0.0
     return GlobalSignificance(
         z_local=z_local,
-        p_local=float(np.exp(log_p_local)),
+        p_local=float(portable.exp(log_p_local)),
         local_method=method,
         z_global=z_global,
-        p_global=float(np.exp(log_p_global)),
-        trials_factor=float(np.exp(log_p_global - log_p_local)),
+        p_global=float(portable.exp(log_p_global)),
+        trials_factor=float(portable.exp(log_p_global - log_p_local)),
         upcrossings_z1=n_ref,
         upcrossings_source=source,
     )

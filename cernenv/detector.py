@@ -6,10 +6,13 @@ choices, stated as such, that keep the campaign's trade-offs realistic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, Mapping, Tuple
 
 import numpy as np
+
+from cernenv.physics import portable
 
 REFERENCE_SQRT_S_TEV = 13.0
 
@@ -35,7 +38,10 @@ def _log_energy_table(production: str) -> Tuple[np.ndarray, np.ndarray]:
     """(ln √s, ln σ/σ(13 TeV)) of the references, in increasing √s."""
     _, points = PRODUCTION_REFERENCES[production]
     energies = sorted(points)
-    return (np.log(np.array(energies)), np.log(np.array([points[e] / points[REFERENCE_SQRT_S_TEV] for e in energies])))
+    return (
+        portable.log(np.array(energies)),
+        portable.log(np.array([points[e] / points[REFERENCE_SQRT_S_TEV] for e in energies])),
+    )
 
 
 _LOG_ENERGY_TABLES = {production: _log_energy_table(production) for production in PRODUCTION_REFERENCES}
@@ -45,10 +51,10 @@ def _reference_ratio(production: str, sqrt_s_tev: float) -> float:
     """σ(√s) / σ(13 TeV) of the production mode's reference process: a power law in √s
     between neighbouring references (log-log interpolation), the outer segments extended."""
     log_s, log_ratio = _LOG_ENERGY_TABLES[production]
-    t = float(np.log(sqrt_s_tev))
+    t = float(portable.log(sqrt_s_tev))
     i = int(np.clip(np.searchsorted(log_s, t) - 1, 0, log_s.size - 2))
     slope = (log_ratio[i + 1] - log_ratio[i]) / (log_s[i + 1] - log_s[i])
-    return float(np.exp(log_ratio[i] + slope * (t - log_s[i])))
+    return float(portable.exp(log_ratio[i] + slope * (t - log_s[i])))
 
 
 def cross_section_scale(mass_gev: float, sqrt_s_tev: float, production: str) -> float:
@@ -62,7 +68,7 @@ def cross_section_scale(mass_gev: float, sqrt_s_tev: float, production: str) -> 
     x_ref = mass_gev / (1000.0 * REFERENCE_SQRT_S_TEV)
     x0 = reference_mass_gev / (1000.0 * sqrt_s_tev)
     x0_ref = reference_mass_gev / (1000.0 * REFERENCE_SQRT_S_TEV)
-    fall_off = ((1.0 - x) * (1.0 - x0_ref) / ((1.0 - x_ref) * (1.0 - x0))) ** HIGH_X_EXPONENT
+    fall_off = math.pow((1.0 - x) * (1.0 - x0_ref) / ((1.0 - x_ref) * (1.0 - x0)), HIGH_X_EXPONENT)
     return _reference_ratio(production, sqrt_s_tev) * float(fall_off)
 
 

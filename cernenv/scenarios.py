@@ -23,6 +23,7 @@ from cernenv.detector import (
     expected_background_events,
     mass_resolution_gev,
 )
+from cernenv.physics import portable
 from cernenv.seeding import particle_rng, task_rng
 
 DIFFICULTIES = ("easy", "medium", "hard")
@@ -407,8 +408,8 @@ def mass_bands(family: str) -> Dict[str, Tuple[Tuple[float, float], ...]]:
     bands: Dict[str, List[Tuple[float, float]]] = {split: [] for split in SPLITS}
     lo, index = _BAND_RANGE_GEV[0], 0
     while lo < _BAND_RANGE_GEV[1]:
-        gap_log = float(np.log(_gap_above(family, lo) / lo))
-        hi = lo * float(np.exp(max(MIN_BAND_WIDTH_LOG, 0.7 * gap_log)))
+        gap_log = float(portable.log(_gap_above(family, lo) / lo))
+        hi = lo * float(portable.exp(max(MIN_BAND_WIDTH_LOG, 0.7 * gap_log)))
         bands[SPLITS[index % 2]].append((lo, hi))
         lo, index = _gap_above(family, hi), index + 1
     channels = set(_FAMILIES[family].channels)
@@ -551,7 +552,7 @@ def _asimov_z(sigma_br_fb: float, factors: Tuple[float, ...], background: float)
     for factor in factors:
         signal = signal * factor
     s = np.maximum(np.float64(signal), 0.0)
-    z2 = 2.0 * ((s + background) * np.log1p(s / background) - s)
+    z2 = 2.0 * ((s + background) * portable.log1p(s / background) - s)
     return float(np.sqrt(np.maximum(z2, 0.0)))
 
 

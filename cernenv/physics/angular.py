@@ -35,6 +35,8 @@ import numpy as np
 from numpy.polynomial import polynomial as P
 from scipy.optimize import brentq
 
+from . import portable
+
 # The decay channels whose angular distributions are modelled here: the detector's channels
 # (`cernenv.detector.CHANNELS`, a dict of their detector response; tests/test_physics.py checks they agree).
 ANGULAR_CHANNELS = ("diphoton", "four_lepton", "dimuon", "dielectron", "dijet")
@@ -127,7 +129,7 @@ class SpinResult:
 
 def _loglik(counts, probs):
     ok = counts > 0
-    return float(np.sum(counts[ok] * np.log(np.maximum(probs[ok], 1e-300))))
+    return float(np.sum(counts[ok] * portable.log(np.maximum(probs[ok], 1e-300))))
 
 
 def _profile_fraction(counts, sig, bkg) -> float:
@@ -178,7 +180,7 @@ def spin_likelihoods(cos_counts, channel: str, signal_fraction: float | None = N
         fractions[spin] = f
         loglik[spin] = _loglik(counts, f * sig + (1.0 - f) * bkg)
     ll = np.array([loglik[s] for s in spins])
-    w = np.exp(ll - ll.max())
+    w = portable.exp(ll - ll.max())
     rel = {s: float(v) for s, v in zip(spins, w / w.sum())}
     order = np.argsort(-ll, kind="stable")
     best = spins[int(order[0])]

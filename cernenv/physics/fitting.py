@@ -19,6 +19,7 @@ import numpy as np
 from iminuit import Minuit
 from scipy.special import chdtrc
 
+from . import portable
 from .kernels import newton_direction, newton_minimise
 from .likelihood import (
     A1,
@@ -85,13 +86,10 @@ def _start_shape(tmpl, counts):
         return None
     l1 = tmpl.log_1mx[1::2][ok]
     l2 = -tmpl.log_x[1::2][ok]
-    y = np.log(counts[ok] / np.diff(tmpl.edges)[ok])
+    y = portable.log(counts[ok] / np.diff(tmpl.edges)[ok])
     a = np.vstack([np.ones_like(l1), l1, l2]).T
     wts = np.sqrt(counts[ok])
-    try:
-        sol, *_ = np.linalg.lstsq(a * wts[:, None], y * wts, rcond=None)
-    except np.linalg.LinAlgError:
-        return None
+    sol = portable.lstsq(a * wts[:, None], y * wts)
     if not np.all(np.isfinite(sol)):
         return None
     return float(sol[1]), float(sol[2])
@@ -158,8 +156,8 @@ def _newton_loop(cost, x, free, lower, upper, max_iter=100, tol=1e-6, max_step=N
         slope, normals = cost.wall_constraint(x, free)
         on_wall = slope <= WALL_TOL
         step = newton_direction(g, h, x[free], lower, upper, bounded, normals, on_wall)
-        decrement = -float(g @ step)
-        slope_step = normals @ step
+        decrement = -float(portable.vecdot(g, step))
+        slope_step = portable.matvec(normals, step)
         t_wall = 1.0  # the longest step that keeps the shapes off the wall inside it
         for j in range(slope.size):
             if not on_wall[j] and slope_step[j] < 0.0:
@@ -206,12 +204,12 @@ def _feasible_shape(tmpl, p1, p2):
     not on them: the nearest point of that cone (Euclidean in (p1, p2)), a start for a fit."""
     p = np.array([p1, p2], dtype=float)
     c = tmpl.slope_matrix
-    if np.all(c @ p >= 0.0):
+    if np.all(portable.matvec(c, p) >= 0.0):
         return float(p1), float(p2)
     best = np.zeros(2)  # flat: both slopes 0
     for j in range(2):
-        q = p - c[j] * (c[j] @ p) / (c[j] @ c[j])
-        if np.all(c @ q >= -1e-12) and np.sum((q - p) ** 2) < np.sum((best - p) ** 2):
+        q = p - c[j] * portable.vecdot(c[j], p) / portable.vecdot(c[j], c[j])
+        if np.all(portable.matvec(c, q) >= -1e-12) and np.sum((q - p) ** 2) < np.sum((best - p) ** 2):
             best = q
     return float(best[0]), float(best[1])
 
@@ -419,7 +417,7 @@ def _signal_yield_floor(tmpl, b_exp, resolution_gev, m_lo, m_hi, width_fixed):
     lo_e, hi_e = tmpl.edges[:-1], tmpl.edges[1:]
     if width_fixed:
         dist = np.maximum.reduce([lo_e - m_hi, m_lo - hi_e, np.zeros_like(lo_e)])
-        s_max = np.minimum(1.0, (hi_e - lo_e) * np.exp(-0.5 * (dist / sigma) ** 2) / (sigma * _SQRT2PI))
+        s_max = np.minimum(1.0, (hi_e - lo_e) * portable.exp(-0.5 * (dist / sigma) ** 2) / (sigma * _SQRT2PI))
     else:
         s_max = np.minimum(1.0, (hi_e - lo_e) / (sigma * _SQRT2PI))
     return -0.5 * float(np.min(b_exp / np.maximum(s_max, 1e-300)))
@@ -479,8 +477,10 @@ def _held_on_walls(h_inv, cost, values, free):
     rows = normals[(slope <= WALL_TOL) & np.any(normals != 0.0, axis=1)]
     if rows.size == 0:
         return h_inv
-    projected = h_inv @ rows.T
-    return h_inv - projected @ np.linalg.pinv(rows @ projected) @ projected.T
+    projected = portable.matmul(h_inv, rows.T)
+    return h_inv - portable.matmul(
+        portable.matmul(projected, portable.pinv(portable.matmul(rows, projected))), projected.T
+    )
 
 
 def _parabolic_errors(m, cost):
@@ -512,12 +512,12 @@ def _parabolic_errors(m, cost):
     while free:
         h = h_full[np.ix_(free, free)]
         try:
-            np.linalg.cholesky(h)
+            portable.cholesky(h)
         except np.linalg.LinAlgError:
             break
-        unconstrained = np.linalg.inv(h)
+        unconstrained = portable.inv(h)
         h_inv = _held_on_walls(unconstrained, cost, values, free)
-        newton = values[free] - h_inv @ grad[free]
+        newton = values[free] - portable.matvec(h_inv, grad[free])
         beyond = [
             i
             for i, x in zip(free, newton)

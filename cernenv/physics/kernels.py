@@ -7,7 +7,9 @@ Written with numpy, these loops touch arrays of a few hundred numbers a few doze
 fit or mass hypothesis, and each operation costs more in the interpreter than in arithmetic.
 The same algorithms in plain loops, compiled by numba, are what runs; their numpy or Python
 descriptions are the docstrings of ``scan._profile``, ``likelihood.PoissonDeviance`` and
-``fitting._newton``, and tests/test_kernels.py holds each kernel to independent code.
+``fitting._newton``, and tests/test_kernels.py holds each kernel to independent code. Their
+products and small factorisations are ``portable``'s loops (a fixed order, no BLAS or LAPACK), so
+they make the same bits on every processor.
 
 Compiling them takes about 20 s on a 2-core machine, once per machine and source version:
 numba caches the result (``__pycache__`` beside this file, else the user's cache folder), and
@@ -18,24 +20,8 @@ function takes plain arrays and numbers (no objects).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit as _njit
 
-
-def njit(cache: bool = True):
-    """numba's ``njit``, cached on disk where numba finds a writable cache folder (beside this
-    file, ``NUMBA_CACHE_DIR``, or the user's cache folder); where none is writable (a read-only
-    install and home), compiled in each process instead of failing at import."""
-
-    def compile_(function):
-        try:
-            return _njit(cache=cache)(function)
-        except RuntimeError as error:
-            if "cannot cache" not in str(error):
-                raise
-            return _njit(cache=False)(function)
-
-    return compile_
-
+from .portable import eigh, matmul, matvec, njit, svd, vecdot
 
 WALL_GAP = 1e-9
 """A log-log slope this close to its floor is on the wall (``scan._profile``)."""
@@ -168,10 +154,10 @@ def hold_walls(solved, g, normals, on_wall):
     (``newton_direction``)."""
     p = g.size
     free_step = -solved[0]
-    decrement = -np.dot(g, free_step)
+    decrement = -vecdot(g, free_step)
     pushes_out = False
     for j in range(2):
-        if on_wall[j] and np.dot(normals[j], free_step) < 0.0:
+        if on_wall[j] and vecdot(normals[j], free_step) < 0.0:
             pushes_out = True
     if not pushes_out:
         return free_step, decrement
@@ -184,26 +170,26 @@ def hold_walls(solved, g, normals, on_wall):
             continue
         lam0 = lam1 = 0.0
         if subset < 2:
-            a = np.dot(normals[subset], solved[1 + subset])
-            lam = np.dot(normals[subset], free_step) / a if a != 0.0 else 0.0  # least squares of a lam = b
+            a = vecdot(normals[subset], solved[1 + subset])
+            lam = vecdot(normals[subset], free_step) / a if a != 0.0 else 0.0  # least squares of a lam = b
             if subset == 0:
                 lam0 = lam
             else:
                 lam1 = lam
         else:
             lam0, lam1 = _least_squares_2x2(
-                np.dot(normals[0], solved[1]),
-                np.dot(normals[0], solved[2]),
-                np.dot(normals[1], solved[1]),
-                np.dot(normals[1], solved[2]),
-                np.dot(normals[0], free_step),
-                np.dot(normals[1], free_step),
+                vecdot(normals[0], solved[1]),
+                vecdot(normals[0], solved[2]),
+                vecdot(normals[1], solved[1]),
+                vecdot(normals[1], solved[2]),
+                vecdot(normals[0], free_step),
+                vecdot(normals[1], free_step),
             )
         step = free_step - (solved[1] * lam0 + solved[2] * lam1)
         other = 1 - subset if subset < 2 else -1
-        if other >= 0 and on_wall[other] and np.dot(normals[other], step) < 0.0:
+        if other >= 0 and on_wall[other] and vecdot(normals[other], step) < 0.0:
             continue
-        dec = -np.dot(g, step)
+        dec = -vecdot(g, step)
         if dec > best_dec:  # NaN is never taken
             best, best_dec = step, dec
     return best, max(best_dec, 0.0)
@@ -444,7 +430,7 @@ def deviance(
                 r_s[k] += sig[k + 1, i] * r
     grad *= 2.0
     grad[6] += 2.0 * th
-    wall = slope_matrix @ transform  # d(slopes at the window edges)/d(a1, a2)
+    wall = matmul(slope_matrix, transform)  # d(slopes at the window edges)/d(a1, a2)
     grad[1] += 2.0 * shape_penalty * (wall[0, 0] * neg0 + wall[1, 0] * neg1)
     grad[2] += 2.0 * shape_penalty * (wall[0, 1] * neg0 + wall[1, 1] * neg1)
     # sum_i r_i d2mu_i: N_b x shape, shape x shape (T^T [[f11, f12], [f12, f22]] T), signal terms
@@ -452,7 +438,7 @@ def deviance(
     curv[0, 1] = t00 * r_b[0] + t10 * r_b[1]
     curv[0, 2] = t01 * r_b[0] + t11 * r_b[1]
     second = np.array([[r_b[2], r_b[3]], [r_b[3], r_b[4]]])
-    block = (0.5 * nb) * (transform.T @ second @ transform)
+    block = (0.5 * nb) * matmul(matmul(transform.T, second), transform)
     curv[1:3, 1:3] = block
     if signal_free:
         curv[3, 4], curv[3, 5] = r_s[0], r_s[1]
@@ -477,16 +463,16 @@ def _held_wall_step(eigval, eigvec, g, normals, on_wall):
     rhs[:, 0] = g
     rhs[:, 1] = normals[0]
     rhs[:, 2] = normals[1]
-    solved = np.ascontiguousarray((eigvec @ ((eigvec.T @ rhs) / eigval.reshape(p, 1))).T)  # H^-1 [g, c0, c1]
+    solved = np.ascontiguousarray(matmul(eigvec, matmul(eigvec.T, rhs) / eigval.reshape(p, 1)).T)  # H^-1 [g, c0, c1]
     return hold_walls(solved, g, normals, on_wall)[0]
 
 
 @njit(cache=True)
 def _least_squares_2x2(m00, m01, m10, m11, b0, b1):
-    """The minimum-norm least-squares solution of [[m00, m01], [m10, m11]] lam = b (LAPACK's
-    gelsd with its default cut: singular values below 2 eps of the largest are 0)."""
+    """The minimum-norm least-squares solution of [[m00, m01], [m10, m11]] lam = b (as LAPACK's
+    gelsd with its default cut: singular values below 2 eps of the largest are 0; ``portable.svd``)."""
     m = np.array([[m00, m01], [m10, m11]])
-    u, sv, vt = np.linalg.svd(m)
+    u, sv, vt = svd(m)
     cut = 2.0 * np.finfo(np.float64).eps * sv[0]
     lam = np.zeros(2)
     for k in range(2):
@@ -525,7 +511,7 @@ def newton_direction(g, h, xf, lo, hi, bounded, normals, on_wall):
         for a in range(move.size):
             for b in range(move.size):
                 sub[a, b] = h[move[a], move[b]]
-        eigval, eigvec = np.linalg.eigh(sub)
+        eigval, eigvec = eigh(sub)
         eigval = np.abs(eigval)
         eigval = np.maximum(eigval, 1e-12 * max(eigval.max(), 1e-300))
         sub_normals = np.empty((2, move.size))
@@ -612,12 +598,12 @@ def newton_minimise(
             return x, fval, False
         p1 = p_ref[0] + t00 * x[1] + t01 * x[2]
         p2 = p_ref[1] + t10 * x[1] + t11 * x[2]
-        slope = np.dot(slope_matrix, np.array([p1, p2]))
+        slope = matvec(slope_matrix, np.array([p1, p2]))
         for j in range(2):
             on_wall[j] = slope[j] <= wall_tol
         step = newton_direction(g, h, xf, lo, hi, bounded, normals, on_wall)
-        decrement = -np.dot(g, step)
-        slope_step = np.dot(normals, step)
+        decrement = -vecdot(g, step)
+        slope_step = matvec(normals, step)
         t_wall = 1.0  # the longest step that keeps the shapes off the wall inside it
         for j in range(2):
             if not on_wall[j] and slope_step[j] < 0.0:

@@ -47,6 +47,7 @@ import numpy as np
 from iminuit import Minuit
 from scipy.special import wofz
 
+from . import portable
 from .kernels import deviance
 
 _SQRT2 = float(np.sqrt(2.0))
@@ -94,8 +95,8 @@ class BinnedTemplate:
         self.nodes = nodes
         self.w6 = w6
         x = np.clip(nodes / (1000.0 * sqrt_s_tev), 1e-9, 1.0 - 1e-9)  # same clip as shapes
-        self.log_1mx = np.log1p(-x)
-        self.log_x = np.log(x)
+        self.log_1mx = portable.log1p(-x)
+        self.log_x = portable.log(x)
         self._logs = np.vstack([np.ones_like(x), self.log_1mx, -self.log_x])  # exp(phi) times these: d/dp1, d/dp2
         edge_x = x[[0, -1]]
         # rows: window edges; columns: d(slope)/d(p1, p2) with slope = p2 + p1·x/(1-x)
@@ -108,7 +109,7 @@ class BinnedTemplate:
     def background(self, p1: float, p2: float, grad: bool = False):
         """Normalised background fractions f_i and (if grad) df/dp1, df/dp2."""
         phi = p1 * self.log_1mx - p2 * self.log_x
-        e = np.exp(phi - phi.max())
+        e = portable.exp(phi - phi.max())
         if not grad:
             b = self.simpson(e)
             return b / b.sum(), None, None
@@ -130,7 +131,7 @@ class BinnedTemplate:
         sigma = max(float(resolution_gev), 1e-6)
         u = self.nodes - mass_gev
         if width_gev <= 0.0 and not (grad and width_grad):
-            g = np.exp(-0.5 * (u / sigma) ** 2) * (1.0 / (sigma * _SQRT2PI))
+            g = portable.exp(-0.5 * (u / sigma) ** 2) * (1.0 / (sigma * _SQRT2PI))
             if not grad:
                 return self.simpson(g), None, None
             s, ds_dm = self.simpson(np.vstack([g, g * u * (1.0 / sigma**2)]))
@@ -139,7 +140,7 @@ class BinnedTemplate:
         w = wofz(z)
         if not grad:
             return self.simpson(w.real) * (1.0 / (sigma * _SQRT2PI)), None, None
-        wp = -2.0 * z * w + _TWO_I_OVER_SQRTPI
+        wp = -2.0 * portable.cmul(z, w) + _TWO_I_OVER_SQRTPI
         scale = 1.0 / (sigma * _SQRT2 * sigma * _SQRT2PI)
         s, ds_dm, ds_dw = self.simpson(
             np.vstack([w.real * (1.0 / (sigma * _SQRT2PI)), -wp.real * scale, -0.5 * scale * wp.imag])
@@ -158,7 +159,7 @@ class BinnedTemplate:
         u = self.nodes - mass_gev
         norm = 1.0 / (sigma * _SQRT2PI)
         if width_gev <= 0.0 and not width_free:
-            g = np.exp(-0.5 * (u / sigma) ** 2) * norm
+            g = portable.exp(-0.5 * (u / sigma) ** 2) * norm
             v = u * (1.0 / sigma**2)
             gv = g * v
             rows = np.zeros((6, u.size))
@@ -166,8 +167,8 @@ class BinnedTemplate:
             return self.simpson(rows)
         z = (u + 0.5j * max(float(width_gev), 0.0)) * (1.0 / (sigma * _SQRT2))
         w = wofz(z)
-        wp = -2.0 * z * w + _TWO_I_OVER_SQRTPI
-        wpp = -2.0 * w - 2.0 * z * wp
+        wp = -2.0 * portable.cmul(z, w) + _TWO_I_OVER_SQRTPI
+        wpp = -2.0 * w - 2.0 * portable.cmul(z, wp)
         c1 = norm / (sigma * _SQRT2)
         c2 = norm / (sigma * sigma)
         return self.simpson(
@@ -216,7 +217,7 @@ class PoissonDeviance:
         self.mask = np.ones(counts.size, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
         counts = np.where(self.mask, counts, 0.0)
         self.n = counts
-        nlogn = np.where(counts > 0, counts * np.log(np.where(counts > 0, counts, 1.0)), 0.0)
+        nlogn = np.where(counts > 0, counts * portable.log(np.where(counts > 0, counts, 1.0)), 0.0)
         self.const = float(np.sum(nlogn - counts))  # deviance = 2 (sum mu - n.ln mu + const)
         self.pos = counts > 0
         self.n_pos = counts[self.pos]
@@ -228,7 +229,7 @@ class PoissonDeviance:
         self.signal_free = True  # False: background-only fit (hess skips the signal terms)
         self.mask_float = self.mask.astype(float)
         self._all_bins = bool(self.mask.all())
-        self.wall = tmpl.slope_matrix @ self.T  # d(slope at the window edges)/d(a1, a2)
+        self.wall = portable.matmul(tmpl.slope_matrix, self.T)  # d(slope at the window edges)/d(a1, a2)
         self._key_b = self._key_s = None
 
     def shape_params(self, a1, a2):
@@ -270,20 +271,20 @@ class PoissonDeviance:
         # mu < 0 anywhere, or mu = 0 in a bin with events, is outside the model: barrier
         total = float(mu.sum()) if self._all_bins else float(mu[self.mask].sum())
         if mu.min() > 0.0:  # the usual case: every bin (with or without events) has mu > 0
-            return 2.0 * (total - float(self.n @ np.log(mu)) + self.const) + th * th
+            return 2.0 * (total - portable.vecdot(self.n, portable.log(mu)) + self.const) + th * th
         mu_pos = mu[self.pos]
         if mu.min() < 0.0 or (mu_pos.size and mu_pos.min() <= 0.0):
             return BARRIER * (1.0 + float(np.sum(np.clip(-mu, 0.0, None))))
-        return 2.0 * (total - float(self.n_pos @ np.log(mu_pos)) + self.const) + th * th
+        return 2.0 * (total - portable.vecdot(self.n_pos, portable.log(mu_pos)) + self.const) + th * th
 
     def _negative_slope(self, par):
         """Negative parts of the log-log slope at the two window edges."""
-        return np.minimum(self.t.slope_matrix @ np.array(self.shape_params(par[A1], par[A2])), 0.0)
+        return np.minimum(portable.matvec(self.t.slope_matrix, np.array(self.shape_params(par[A1], par[A2]))), 0.0)
 
     def wall_constraint(self, par, free):
         """For ``fitting._newton``: the log-log slopes at the two window edges (>= 0 inside the wall) and
         their gradients with respect to the parameters ``free``: ((2,), (2, len(free)))."""
-        slope = self.t.slope_matrix @ np.array(self.shape_params(par[A1], par[A2]))
+        slope = portable.matvec(self.t.slope_matrix, np.array(self.shape_params(par[A1], par[A2])))
         rows = np.zeros((2, 7))
         rows[:, A1 : A2 + 1] = self.wall
         return slope, rows[:, free]
@@ -328,9 +329,13 @@ class PoissonDeviance:
         mu, jac = self.expected(par, grad=True)
         r = self.mask.astype(float)
         r[self.pos] -= self.n_pos / np.maximum(mu[self.pos], 1e-300)
-        g = 2.0 * (jac @ r)
+        g = 2.0 * portable.matvec(jac, r)
         g[TH] += 2.0 * par[TH]
-        g[[A1, A2]] += 2.0 * SHAPE_PENALTY * (self.T.T @ (self.t.slope_matrix.T @ self._negative_slope(par)))
+        g[[A1, A2]] += (
+            2.0
+            * SHAPE_PENALTY
+            * portable.matvec(self.T.T, portable.matvec(self.t.slope_matrix.T, self._negative_slope(par)))
+        )
         return g
 
     def value_grad_hess(self, *par):
@@ -371,10 +376,10 @@ def _cached_whitening(tmpl, nb, p1, p2):
 def _whitening_matrix(tmpl, nb, p1, p2):
     f, df1, df2 = tmpl.background(p1, p2, grad=True)
     d = np.vstack([df1, df2])
-    info = max(nb, 1.0) * (d / np.maximum(f, 1e-300)) @ d.T
+    info = portable.matmul(max(nb, 1.0) * (d / np.maximum(f, 1e-300)), d.T)
     info += 1e-12 * np.trace(info) * np.eye(2)
-    chol = np.linalg.cholesky(info)
-    return np.linalg.inv(chol.T)
+    chol = portable.cholesky(info)
+    return portable.inv(chol.T)
 
 
 def as_counts(edges, counts):

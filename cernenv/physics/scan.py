@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import portable
 from .fitting import BackgroundFit, fit_background_on_template, fit_signal_plus_background
 from .kernels import profile_rows
 from .likelihood import BinnedTemplate, as_counts, template
@@ -54,12 +55,11 @@ def gaussian_bin_fractions(tmpl: BinnedTemplate, mass_gev: np.ndarray, resolutio
     """(K, n_bins) signal fractions for K narrow-resonance hypotheses.
 
     Same numbers as shapes.signal_bin_fractions(edges, m, 0.0, sigma) (a width-0
-    Voigt is a Gaussian), vectorised over the grid (numpy's vectorised exp: compiled scalar
-    loops were no faster here, the exponentials are the work).
+    Voigt is a Gaussian), vectorised over the grid (the exponentials are the work).
     """
     m = np.asarray(mass_gev, dtype=float)[:, None]
     sig = np.maximum(np.asarray(resolution_gev, dtype=float), 1e-6)[:, None]
-    dens = np.exp(-0.5 * ((tmpl.nodes[None, :] - m) / sig) ** 2) / (sig * _SQRT2PI)
+    dens = portable.exp(-0.5 * ((tmpl.nodes[None, :] - m) / sig) ** 2) / (sig * _SQRT2PI)
     return tmpl.simpson(dens)
 
 
@@ -101,7 +101,7 @@ def _profile(
 
 def _nll(mu: np.ndarray, n: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):  # a failed row gives NaN: no excess
-        return np.sum(mu - np.where(n > 0, n * np.log(mu), 0.0), axis=-1)
+        return np.sum(mu - np.where(n > 0, n * portable.log(mu), 0.0), axis=-1)
 
 
 @lru_cache(maxsize=8)
@@ -145,21 +145,21 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
         return np.full(k, np.nan), q0
     resid = n / mu0 - 1.0
     jac = np.stack([f0[0], nb0 * df1_0[0], nb0 * df2_0[0]])  # (3, n) nuisances at the background-only fit
-    u_b, u_s = jac @ resid, s @ resid
+    u_b, u_s = portable.matvec(jac, resid), portable.matvec(s, resid)
     # Fisher information from expected counts floored at MIN_EXPECTED_EVENTS: a background fit to
     # a handful of events can put ~1e-320 events in a bin, whose 1/mu overflows; such a bin holds
     # no information either way, and the floor keeps every term finite.
     inv_mu = 1.0 / np.maximum(mu0, MIN_EXPECTED_EVENTS)
-    info_bb = (jac * inv_mu) @ jac.T
-    info_sb = (s * inv_mu) @ jac.T  # (K, 3)
+    info_bb = portable.matmul(jac * inv_mu, jac.T)
+    info_sb = portable.matmul(s * inv_mu, jac.T)  # (K, 3)
     info_ss = np.einsum("kn,kn->k", s * inv_mu, s)
     try:
-        solved = np.linalg.solve(info_bb, np.column_stack([u_b, info_sb.T]))
+        solved = portable.solve(info_bb, np.column_stack([u_b, info_sb.T]))
     except np.linalg.LinAlgError:
-        solved = np.linalg.pinv(info_bb) @ np.column_stack([u_b, info_sb.T])
+        solved = portable.matmul(portable.pinv(info_bb), np.column_stack([u_b, info_sb.T]))
     schur = info_ss - np.einsum("kp,pk->k", info_sb, solved[:, 1:])
     with np.errstate(divide="ignore", invalid="ignore"):
-        one_step = (u_s - info_sb @ solved[:, 0]) / schur
+        one_step = (u_s - portable.matvec(info_sb, solved[:, 0])) / schur
     ns = np.minimum(one_step, 0.0)
     nll1 = np.full(k, nll0)  # the best s+b NLL found per hypothesis (N_s = 0 until profiled)
     retry = np.zeros(k, dtype=bool)
@@ -177,7 +177,7 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
     # of events). Starts: N_s at the one-step estimate and at that excess (at most the events
     # in the window), N_b lowered to keep the total; the lowest minimum is kept.
     core = s > mu0 / nb0
-    b_core, n_core = core @ mu0, core @ n
+    b_core, n_core = portable.matvec(core.astype(float), mu0), portable.matvec(core.astype(float), n)
     retry |= (u_s <= 0) & (n_core - b_core > np.sqrt(b_core))
     rows = np.flatnonzero(retry)
     if rows.size:  # one batch: every retried row from its core excess, the excesses also one-step
@@ -274,7 +274,7 @@ def warm_up() -> None:
     on a machine, then ~0.3 s) on a small spectrum, so that no environment step pays for it: the
     scan's, the compiled fits' (background only) and the cost a Voigt fit calls from Python."""
     edges = np.linspace(100.0, 160.0, 31)
-    counts = np.round(400.0 * np.exp(-0.03 * (edges[:-1] - 100.0)))
+    counts = np.round(400.0 * portable.exp(-0.03 * (edges[:-1] - 100.0)))
     counts[14] += 40.0  # an excess: the signal rows are profiled too
     scan_local_significance(edges, counts, 13.0, lambda m: 0.01 * m, np.linspace(105.0, 155.0, 26))
     fit_signal_plus_background(edges, counts, 13.0, 1.3, 129.0)

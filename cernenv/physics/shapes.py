@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import voigt_profile
 
+from . import portable
+
 # Simpson's rule on each bin: weights for the left edge, centre and right edge.
 _SIMPSON_WEIGHTS = np.array([1.0, 4.0, 1.0]) / 6.0
 
@@ -26,7 +28,7 @@ def background_density(mass_gev: np.ndarray, sqrt_s_tev: float, p1: float, p2: f
     """Unnormalised background density dN/dm at `mass_gev` for a collider at `sqrt_s_tev`."""
     x = np.asarray(mass_gev, dtype=float) / (1000.0 * sqrt_s_tev)
     x = np.clip(x, 1e-9, 1.0 - 1e-9)
-    return (1.0 - x) ** p1 * x ** (-p2)
+    return portable.power(1.0 - x, p1) * portable.power(x, -p2)
 
 
 def signal_density(mass_gev: np.ndarray, mass0_gev: float, width_gev: float, resolution_gev: float) -> np.ndarray:
@@ -46,7 +48,7 @@ def simpson_nodes(edges: np.ndarray) -> np.ndarray:
 def integrate_bins(density_at_nodes: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Integral of a density over each bin, from its values at `simpson_nodes(edges)`."""
     widths = np.diff(np.asarray(edges, dtype=float))
-    return (density_at_nodes @ _SIMPSON_WEIGHTS) * widths
+    return portable.matvec(np.asarray(density_at_nodes, dtype=float), _SIMPSON_WEIGHTS) * widths
 
 
 def background_bin_fractions(edges: np.ndarray, sqrt_s_tev: float, p1: float, p2: float) -> np.ndarray:
@@ -55,8 +57,8 @@ def background_bin_fractions(edges: np.ndarray, sqrt_s_tev: float, p1: float, p2
     Evaluated in log space relative to its maximum, so fitted parameters far from the
     usual range (a background fit pulled by a huge peak) cannot overflow."""
     x = np.clip(simpson_nodes(edges) / (1000.0 * sqrt_s_tev), 1e-9, 1.0 - 1e-9)
-    log_density = p1 * np.log1p(-x) - p2 * np.log(x)
-    integrals = integrate_bins(np.exp(log_density - log_density.max()), edges)
+    log_density = p1 * portable.log1p(-x) - p2 * portable.log(x)
+    integrals = integrate_bins(portable.exp(log_density - log_density.max()), edges)
     return integrals / integrals.sum()
 
 

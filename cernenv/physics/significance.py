@@ -18,13 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammainc, gammaln, log_ndtr, ndtr, ndtri, pdtr
 
+from . import portable
 from .fitting import BackgroundFit, fit_background_on_template, fit_resonance_on_template
 from .likelihood import NS, M, as_counts, template
 from .scan import gaussian_bin_fractions, local_q0, resolutions_on_grid
 
 # The standard normal's tail functions, as scipy.stats.norm computes them (sf(z) = ndtr(-z),
 # logsf(z) = log_ndtr(-z), isf(p) = -ndtri(p)) without its per-call argument handling.
-_LOG_SQRT_2PI = float(np.log(np.sqrt(2 * np.pi)))
+_LOG_SQRT_2PI = float(portable.log(np.sqrt(2 * np.pi)))
 
 _LOG_TINY = -700.0  # below this, exp() would underflow: work with log p
 
@@ -38,11 +39,11 @@ def p_from_z(z):
 def z_from_log_p(log_p: float) -> float:
     """Z with log(1 - Phi(Z)) = log_p; Newton on norm.logsf beyond double-precision p."""
     if log_p > _LOG_TINY:
-        return float(-ndtri(np.exp(log_p)))
+        return float(-ndtri(portable.exp(log_p)))
     z = np.sqrt(-2.0 * log_p)  # start above the root; the iteration converges monotonically
     for _ in range(50):
         f = log_ndtr(-z) - log_p
-        dz = f / (-np.exp((-(z**2) / 2.0 - _LOG_SQRT_2PI) - log_ndtr(-z)))
+        dz = f / (-portable.exp((-(z**2) / 2.0 - _LOG_SQRT_2PI) - log_ndtr(-z)))
         z -= dz
         if abs(dz) < 1e-12 * z:
             break
@@ -211,14 +212,14 @@ def global_significance_from_upcrossings(z_local: float, n_upcrossings_ref: floa
         raise ValueError("n_upcrossings_ref must be >= 0")
     log_p_local = float(log_ndtr(-z_local))
     if n_up > 0:
-        log_term = np.log(n_up) - 0.5 * (z_local**2 - float(z_ref) ** 2)
-        log_p_global = float(np.logaddexp(log_p_local, log_term))
+        log_term = portable.log(n_up) - 0.5 * (z_local**2 - float(z_ref) ** 2)
+        log_p_global = float(portable.logaddexp(log_p_local, log_term))
     else:
         log_p_global = log_p_local
     log_p_global = min(log_p_global, 0.0)
-    p_global = float(np.exp(log_p_global))
+    p_global = float(portable.exp(log_p_global))
     z_global = min(max(z_from_log_p(log_p_global), 0.0), z_local) if log_p_global < 0 else 0.0
-    trials = float(np.exp(log_p_global - log_p_local))
+    trials = float(portable.exp(log_p_global - log_p_local))
     return p_global, z_global, trials
 
 
@@ -275,7 +276,7 @@ def expected_upcrossings(
         raise ValueError("resolution_gev must be > 0")
     density = upcrossing_density(masses, sigma, bin_width_gev)
     integral = float(np.sum(0.5 * (density[1:] + density[:-1]) * np.diff(masses)))
-    return integral * float(np.exp(-0.5 * float(z_ref) ** 2))
+    return integral * float(portable.exp(-0.5 * float(z_ref) ** 2))
 
 
 # Small counts: the exact Poisson counting scan ------------------------------------------
@@ -289,8 +290,8 @@ def log_poisson_tail(n, b):
     n, b = np.broadcast_arrays(np.asarray(n, dtype=float), np.asarray(b, dtype=float))
     with np.errstate(divide="ignore", invalid="ignore"):
         tail = gammainc(np.maximum(n, 1.0), b)
-        leading = n * np.log(b) - b - gammaln(n + 1.0) + np.log1p(b / (n + 1.0 - np.minimum(b, n)))
-        out = np.where(tail > 1e-280, np.log(tail), leading)
+        leading = n * portable.log(b) - b - gammaln(n + 1.0) + portable.log1p(b / (n + 1.0 - np.minimum(b, n)))
+        out = np.where(tail > 1e-280, portable.log(tail), leading)
     out = np.where(n <= 0, 0.0, np.where(b <= 0, -np.inf, out))
     return float(out) if out.ndim == 0 else out
 
@@ -358,7 +359,7 @@ def likelihood_ratio_thresholds(expected, level: float) -> np.ndarray:
     low = np.floor(b) + 1.0  # the smallest count above b
 
     def short(n):
-        return 2.0 * (n * np.log(n / b) - n + b) < level
+        return 2.0 * (n * portable.log(n / b) - n + b) < level
 
     k = np.maximum(low, np.floor(b + np.sqrt(max(level, 0.0) * b)) - 2.0)  # q0 ~ (n - b)^2 / b
     while True:
@@ -389,17 +390,17 @@ def log_p_counting_equivalent(q0: float, background_events: float) -> float:
         return 0.0
     b = max(float(background_events), 1e-300)
     n = b + np.sqrt(u * b) + u  # a start above the root, moved away from b until it is
-    while 2.0 * (n * np.log(n / b) - n + b) < u:
+    while 2.0 * (n * portable.log(n / b) - n + b) < u:
         n = b + 2.0 * (n - b)
     for _ in range(100):
-        step = (2.0 * (n * np.log(n / b) - n + b) - u) / (2.0 * np.log(n / b))
+        step = (2.0 * (n * portable.log(n / b) - n + b) - u) / (2.0 * portable.log(n / b))
         n -= step
         if step < 1e-12 * n:
             break
     tail = float(gammainc(n, b))
     if tail > 1e-280:
-        return float(np.log(tail))
-    return float(n * np.log(b) - b - gammaln(n + 1.0) + np.log1p(b / (n + 1.0 - min(b, n))))
+        return float(portable.log(tail))
+    return float(n * portable.log(b) - b - gammaln(n + 1.0) + portable.log1p(b / (n + 1.0 - min(b, n))))
 
 
 def counting_scan_upcrossings(
@@ -435,7 +436,7 @@ def counting_scan_upcrossings(
     rows = np.flatnonzero(used)
     prev = rows - 1
     starts = (prev < 0) | ~used[np.maximum(prev, 0)]
-    total = float(np.sum(np.exp(log_poisson_tail(k[rows[starts]], big[rows[starts]]))))
+    total = float(np.sum(portable.exp(log_poisson_tail(k[rows[starts]], big[rows[starts]]))))
     rows, prev = rows[~starts], prev[~starts]
     if rows.size:
         c_first = np.maximum(first[rows], first[prev])
@@ -446,11 +447,11 @@ def counting_scan_upcrossings(
         k_prev, k_now = k[prev], k[rows]
         c = np.arange(int(k_prev.max()))[None, :]
         with np.errstate(divide="ignore", invalid="ignore"):
-            log_pc = c * np.log(np.maximum(b_c[:, None], 1e-300)) - b_c[:, None] - gammaln(c + 1.0)
-        p_c = np.where(b_c[:, None] > 0, np.exp(log_pc), (c == 0).astype(float))
+            log_pc = c * portable.log(np.maximum(b_c[:, None], 1e-300)) - b_c[:, None] - gammaln(c + 1.0)
+        p_c = np.where(b_c[:, None] > 0, portable.exp(log_pc), (c == 0).astype(float))
         below = k_prev[:, None] - 1 - c  # A <= below
         p_a = np.where(below >= 0, pdtr(np.maximum(below, 0), b_a[:, None]), 0.0)
-        p_d = np.exp(log_poisson_tail(k_now[:, None] - c, b_d[:, None]))
+        p_d = portable.exp(log_poisson_tail(k_now[:, None] - c, b_d[:, None]))
         total += float(np.sum(p_c * p_a * p_d))
     return total
 
@@ -476,13 +477,13 @@ def asimov_significance(s, b, sigma_b=0.0):
     if np.any(b_arr <= 0) or np.any(sb_arr < 0):
         raise ValueError("need b > 0 and sigma_b >= 0")
     s_pos = np.maximum(s_arr, 0.0)
-    z2 = 2.0 * ((s_pos + b_arr) * np.log1p(s_pos / b_arr) - s_pos)
+    z2 = 2.0 * ((s_pos + b_arr) * portable.log1p(s_pos / b_arr) - s_pos)
     var = sb_arr**2
     has_unc = var > 0
     if np.any(has_unc):
         v = np.where(has_unc, var, 1.0)
-        t1 = (s_pos + b_arr) * np.log((s_pos + b_arr) * (b_arr + v) / (b_arr**2 + (s_pos + b_arr) * v))
-        t2 = b_arr**2 / v * np.log1p(v * s_pos / (b_arr * (b_arr + v)))
+        t1 = (s_pos + b_arr) * portable.log((s_pos + b_arr) * (b_arr + v) / (b_arr**2 + (s_pos + b_arr) * v))
+        t2 = b_arr**2 / v * portable.log1p(v * s_pos / (b_arr * (b_arr + v)))
         z2 = np.where(has_unc, 2.0 * (t1 - t2), z2)
     z = np.sqrt(np.maximum(z2, 0.0))
     return float(z) if z.ndim == 0 else z

@@ -7,11 +7,10 @@ step, by comparing the rewards (a changed environment or a record from another c
 fails loudly instead of showing someone else's physics). `check_replay` compares everything
 a record holds from the environment (`python -m lib.report.replay FILE...`, `make verify-evidence`).
 
-Deterministic per seed means on one machine: floating-point results differ in their last bits
-between processors (numpy's and BLAS's vector kernels, numba's compiled loops), and a few
-quantities amplify that, such as the error of a fit whose width ends at its limit of 0 on one
-machine and just above it on another. So a record made on another machine can show a handful
-of prompts that differ in such a digit while every reward and grade replays exactly.
+The environment computes the same bits on every x86-64 processor (`cernenv.physics.portable`),
+so a record made on any machine replays exactly, prompts included: tests/test_evidence_replay.py
+replays the committed evidence in a process that computes as a processor without AVX would
+(`BASELINE_PROCESSOR_ENVIRONMENT`).
 """
 
 from __future__ import annotations
@@ -29,6 +28,17 @@ from cernenv.scenarios import list_scenarios
 from lib.episodes.records import as_episode_dict, load_episodes_jsonl
 from lib.files import json_text
 from lib.report.plotting import analysis_snapshot
+
+BASELINE_PROCESSOR_ENVIRONMENT = {
+    "NPY_DISABLE_CPU_FEATURES": (
+        "X86_V3 X86_V4 AVX512_ICL AVX512_SPR AVX2 FMA3 F16C AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL"
+    ),
+    "NUMBA_CPU_NAME": "generic",
+    "OPENBLAS_CORETYPE": "Nehalem",
+}
+"""Environment variables under which a new Python process computes as an x86-64 processor without
+AVX would: numpy's kernels for its baseline (SSE4.2) only, numba's code for a generic x86-64, and
+OpenBLAS's kernels for Nehalem (the C library still picks its own exp and log for the processor)."""
 
 REWARD_TOLERANCE = 1e-6
 """Largest difference between a recorded and a replayed step reward that counts as equal."""
