@@ -1,5 +1,6 @@
 """`make reproduce`: profiles name real notebooks and parameters; a failing notebook stops the run clearly."""
 
+import gzip
 import json
 from pathlib import Path
 
@@ -111,6 +112,17 @@ def test_promotion_copies_a_complete_full_run_and_refuses_anything_less(tmp_path
         reproduce.promote_evidence(build, target)
     assert (target / "baselines.json").read_text() == '{"old": 1}\n', "nothing promoted"
     (build / "evidence" / "training_log.csv").write_text("step\n1\n")
+    from lib.measure.evaluation import heldout_suite, validation_suite
+
+    def episodes(specs):
+        return gzip.compress("".join(json.dumps({"seed": spec.seed}) + "\n" for spec in specs).encode())
+
+    (build / "evidence" / "pre_eval.jsonl.gz").write_bytes(episodes(heldout_suite()[:3]))
+    (build / "evidence" / "post_eval.jsonl.gz").write_bytes(episodes(validation_suite(3)))
+    with pytest.raises(ReproduceError, match="outside the held-out suite .* never promoted"):
+        reproduce.promote_evidence(build, target)
+    assert (target / "baselines.json").read_text() == '{"old": 1}\n', "nothing promoted"
+    (build / "evidence" / "post_eval.jsonl.gz").write_bytes(episodes(heldout_suite()[3:6]))
     (build / "evidence" / ".run.lock").write_text("{}")
     written = reproduce.promote_evidence(build, target)
     assert sorted(written) == sorted(reproduce.PROMOTED_REQUIRED)

@@ -310,3 +310,22 @@ def test_a_model_that_cannot_be_had_offline_is_said_at_once(tmp_path, monkeypatc
     assert backends.model_source_problem(str(tmp_path / "saved")) is None
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: socket.socket())  # the Hub answers
     assert backends.model_source_problem("some-org/a-model-nobody-has") is None
+
+
+def test_evaluations_play_the_validation_split_when_asked():
+    """`--eval_split validation`: the pre/post and checkpoint evaluations play validation campaigns,
+    none of the held-out suite, so settings can be chosen from the command line."""
+    from lib.measure.evaluation import heldout_suite, validation_suite
+    from lib.training.config import VALIDATION_EPISODES, TrainConfig
+    from lib.training.grpo import checkpoint_suite, evaluation_suite
+
+    config, _ = parse_train_config(["--eval_split", "validation", "--checkpoint_eval_episodes", "7"])
+    assert config.eval_split == "validation"
+    held_out = {spec.seed for spec in heldout_suite()}
+    assert evaluation_suite(config) == list(validation_suite(VALIDATION_EPISODES))
+    assert checkpoint_suite(config) == list(validation_suite(7))
+    assert not held_out & {spec.seed for spec in evaluation_suite(config) + checkpoint_suite(config)}
+    assert evaluation_suite(TrainConfig(eval_split="validation", eval_episodes=30)) == list(validation_suite(30))
+    assert {spec.seed for spec in evaluation_suite(TrainConfig())} == held_out, "the default: the held-out suite"
+    with pytest.raises(ValueError, match="eval_split must be one of"):
+        TrainConfig(eval_split="test")

@@ -417,6 +417,27 @@ def reproduce(
     return outputs
 
 
+def check_heldout_episodes(evidence: Path) -> None:
+    """Refuse evidence whose evaluation episodes are not the held-out suite's (a run evaluated on the
+    validation split, `eval_split: validation`, chooses settings; it is never the evidence)."""
+    from lib.episodes.records import episode_file_bytes
+    from lib.measure.evaluation import heldout_suite
+
+    suite = {spec.seed for spec in heldout_suite()}
+    for name in ("pre_eval.jsonl.gz", "post_eval.jsonl.gz"):
+        try:
+            lines = episode_file_bytes(str(evidence / name)).splitlines()
+            seeds = {json.loads(line).get("seed") for line in lines if line.strip()}
+        except (OSError, ValueError, AttributeError) as error:
+            raise ReproduceError(f"{evidence / name} cannot be read ({error}); nothing was promoted") from None
+        foreign = sorted(seed for seed in seeds if seed not in suite)
+        if foreign:
+            raise ReproduceError(
+                f"{evidence / name} holds episodes of seeds outside the held-out suite ({foreign[:3]}...): "
+                "a run evaluated on the validation split chooses settings and is never promoted"
+            )
+
+
 def promote_evidence(build_dir: Path = BUILD_DIR / "full", target: Path = EVIDENCE_DIR, out: Any = None) -> List[str]:
     """Copy a complete full run's evidence (`build_dir/evidence/`) over `target` (the git-tracked
     evidence/), each file atomically; files of `target` the run did not make are removed (git has
@@ -441,6 +462,7 @@ def promote_evidence(build_dir: Path = BUILD_DIR / "full", target: Path = EVIDEN
     ]
     if missing:
         raise ReproduceError(f"{source} lacks {missing}: the run did not finish; nothing was promoted")
+    check_heldout_episodes(source)
     dirty = [name for name, run in record["notebooks"].items() if run.get("dirty")]
     if dirty:
         print(f"note: {dirty} ran on a checkout with uncommitted changes (build/full/run.json)", file=out)

@@ -61,6 +61,11 @@ REPORT_TO = (
 """`report_to` names transformers' `TrainingArguments` knows (its integrations), and "none"."""
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 """A Hugging Face Hub repository id, "user/name"."""
+EVAL_SPLITS = ("heldout", "validation")
+"""`TrainConfig.eval_split`: the held-out suite (the evidence), or the validation split (choosing settings)."""
+VALIDATION_EPISODES = 120
+"""Episodes of the validation split a `eval_split: validation` run evaluates before and after when
+`eval_episodes` is None."""
 
 
 @dataclass
@@ -190,8 +195,13 @@ class TrainConfig:
     checkpoint_eval_episodes: int = 21
     """Episodes of the fixed subset of the held-out suite used at checkpoints."""
     eval_episodes: Optional[int] = None
-    """Episodes of the held-out suite for the pre/post evaluation, its first ones (None: the whole
-    suite, `lib.measure.evaluation.heldout_suite()`)."""
+    """Episodes of the held-out suite for the pre/post evaluation, spread evenly over it (None: the
+    whole suite, `lib.measure.evaluation.heldout_suite()`); with `eval_split: validation`, the first
+    ones of the validation split (None: `VALIDATION_EPISODES`)."""
+    eval_split: str = "heldout"
+    """What the pre/post and checkpoint evaluations play (`EVAL_SPLITS`): "heldout", the held-out suite
+    the evidence reports; "validation", campaigns of the validation split
+    (`lib.measure.evaluation.validation_suite`), where settings are chosen (a sweep), never promoted."""
     eval_batch_size: int = 40
     """Episodes played in lockstep during evaluation."""
     logging_steps: int = 1
@@ -313,6 +323,8 @@ class TrainConfig:
             problems.append(
                 f"eval_every_steps must be >= 0 (0: no checkpoint evaluations), got {self.eval_every_steps}"
             )
+        if self.eval_split not in EVAL_SPLITS:
+            problems.append(f"eval_split must be one of {EVAL_SPLITS}, got {self.eval_split!r}")
         if self.eval_episodes is not None and self.eval_episodes < 1:
             problems.append(
                 f"eval_episodes must be at least 1, or None for the whole held-out suite, got {self.eval_episodes}: "

@@ -40,10 +40,10 @@ from lib.agents.prompting import Sampling
 from lib.episodes.generation import GenerateFn, hf_generate_fn
 from lib.episodes.llm_rollouts import PlayedEpisode, play_episodes
 from lib.episodes.records import EpisodeRecord, EpisodeSpec
-from lib.measure.evaluation import assert_disjoint_from_suite, heldout_suite
+from lib.measure.evaluation import assert_disjoint_from_suite, heldout_suite, validation_suite
 from lib.report.evidence import RewardComponentLogWriter
 from lib.seeds import rollout_sampling_seed
-from lib.training.config import TrainConfig
+from lib.training.config import VALIDATION_EPISODES, TrainConfig
 from lib.training.processes import gather, process_index
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,10 @@ def slot_turn(n_turns: int, slot: int, n_slots: int, rng: np.random.Generator) -
 def checkpoint_suite(config: TrainConfig) -> List[EpisodeSpec]:
     """The fixed subset of the held-out suite evaluated at checkpoints: one episode of each curated
     scenario, the rest spread evenly over the unseen part (every difficulty), so it covers both
-    parts; a subset smaller than the curated scenarios is spread over the whole suite."""
+    parts; a subset smaller than the curated scenarios is spread over the whole suite. With
+    `eval_split: validation`, the first `checkpoint_eval_episodes` campaigns of the validation split."""
+    if config.eval_split == "validation":
+        return list(validation_suite(config.checkpoint_eval_episodes))
     suite = heldout_suite()
     n = min(config.checkpoint_eval_episodes, len(suite))
     known = list({spec.scenario: spec for spec in reversed(suite) if spec.part == "known_physics"}.values())[::-1]
@@ -115,7 +118,10 @@ def checkpoint_suite(config: TrainConfig) -> List[EpisodeSpec]:
 
 
 def evaluation_suite(config: TrainConfig) -> List[EpisodeSpec]:
-    """The held-out suite for the pre/post evaluation (all of it unless `eval_episodes`)."""
+    """The held-out suite for the pre/post evaluation (all of it unless `eval_episodes`); with
+    `eval_split: validation`, the validation split's first `eval_episodes` (`VALIDATION_EPISODES`)."""
+    if config.eval_split == "validation":
+        return list(validation_suite(config.eval_episodes or VALIDATION_EPISODES))
     suite = list(heldout_suite())
     if config.eval_episodes is None or config.eval_episodes >= len(suite):
         return suite
