@@ -3,7 +3,7 @@
 `pip install .` installs the environment (`cernenv`) and its dependencies only; `lib`'s learning
 side needs more, in named extras: `plot` (matplotlib, mplhep), `notebooks` (papermill, nbconvert,
 ipykernel, ipywidgets, and plot), `train` (torch, transformers, TRL, PEFT, accelerate, datasets,
-TensorBoard), `lab` (JupyterLab), `all`. `make setup` installs them all (requirements.txt).
+llguidance, TensorBoard), `lab` (JupyterLab), `all`. `make setup` installs them all (requirements.txt).
 `require` turns a missing one into an error that names the extra to install.
 """
 
@@ -15,7 +15,7 @@ from typing import Sequence
 EXTRAS = {
     "plot": ("matplotlib", "mplhep"),
     "notebooks": ("papermill", "nbconvert", "nbclient", "nbformat", "ipykernel", "ipywidgets", "matplotlib"),
-    "train": ("torch", "transformers", "trl", "peft", "accelerate", "datasets"),
+    "train": ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "llguidance"),
 }
 """The modules each extra brings that `lib` imports."""
 

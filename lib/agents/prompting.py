@@ -36,6 +36,10 @@ class Sampling:
     max_new_tokens: int = 96
     """Longest action [tokens]; a turn that reaches it is cut and sent to the environment as it is.
     With `lib.training.tokenizer`'s tokenizer the baselines' actions take 25-90."""
+    constrained: bool = False
+    """Hold each reply to the action grammar as it is generated (`lib.episodes.grammar`): a token that
+    would make the reply anything but one schema-valid action gets probability 0, so every reply that
+    ends within `max_new_tokens` parses. The log-probabilities returned stay the model's own."""
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,12 @@ default). `hf_generate_fn` picks one for a transformers model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
 from lib.agents.prompting import Sampling
+from lib.episodes.grammar import action_grammar
 
 GenerateFn = Callable[[List[List[int]], Sampling], List[tuple[List[int], List[float]]]]
 """Batched generation: token contexts → per context (new token ids, their log-probabilities),
@@ -34,6 +35,7 @@ class CachedGenerator:
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model = model
+        self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self._sessions: List[_Session] = []
 
@@ -92,10 +94,15 @@ class CachedGenerator:
             mask[row, width - length :] = 1
         replies: List[tuple[List[int], List[float]]] = [([], []) for _ in sessions]
         rows = list(range(len(sessions)))  # session index of each batch row
+        grammar = action_grammar(self.tokenizer, logits.shape[-1]) if sampling.constrained else None
+        matchers = [grammar.matcher() for _ in sessions] if grammar is not None else None
         while True:
             ended = []
+            allowed = grammar.restrict(logits, [matchers[row] for row in rows]) if grammar is not None else None
             for i, row in enumerate(rows):
-                token, logprob = _choose(logits[i], sampling)
+                token, logprob = _choose(logits[i], sampling, None if allowed is None else allowed[i])
+                if grammar is not None:
+                    grammar.accept(matchers[row], token)
                 replies[row][0].append(token)
                 replies[row][1].append(logprob)
                 if token == self.eos_id or len(replies[row][0]) == sampling.max_new_tokens:
@@ -151,15 +158,17 @@ class _Session:
     cache: Any
 
 
-def _choose(logits: torch.Tensor, sampling: Sampling) -> tuple[int, float]:
+def _choose(logits: torch.Tensor, sampling: Sampling, allowed: Optional[torch.Tensor] = None) -> tuple[int, float]:
     """Next token and its log-probability: argmax when greedy, else a draw from softmax(logits /
-    temperature) restricted to the top-p nucleus (torch's global generator)."""
+    temperature) restricted to the top-p nucleus (torch's global generator). `allowed`: the same
+    logits with the tokens the action grammar forbids at -inf (`ActionGrammar.restrict`), from which
+    the token is chosen; the log-probability is the model's own, over the whole vocabulary."""
     if sampling.temperature <= 0:
         logprobs = torch.log_softmax(logits, -1)
-        token = int(torch.argmax(logprobs))
+        token = int(torch.argmax(logprobs if allowed is None else allowed))
         return token, float(logprobs[token])
     logprobs = torch.log_softmax(logits / sampling.temperature, -1)
-    probs = logprobs.exp()
+    probs = logprobs.exp() if allowed is None else torch.softmax(allowed / sampling.temperature, -1)
     if sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_probs, 0) - sorted_probs < sampling.top_p
@@ -200,6 +209,7 @@ class BatchedGenerate:
         compile_backend: str = "inductor",
     ) -> None:
         self.model = model
+        self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.unsloth = unsloth
@@ -262,6 +272,8 @@ class BatchedGenerate:
         extra = {}
         if self.compiled:
             extra["past_key_values"] = self._static_cache(len(contexts), width + sampling.max_new_tokens)
+        if sampling.constrained:
+            extra["logits_processor"] = [_GrammarProcessor(self.tokenizer, width)]
         was_training = self.model.training
         # generate() fills what a passed config leaves unset from the model's own generation_config
         # (a checkpoint's top_k, repetition penalty...): swap it for ours while generating
@@ -299,6 +311,29 @@ class BatchedGenerate:
             self.model.eval()
         else:
             self.model.train(was_training)
+
+
+class _GrammarProcessor:
+    """A transformers logits processor that holds each row's reply to the action grammar
+    (`lib.episodes.grammar`): before each token, the tokens its matcher forbids are set to -inf;
+    a row whose reply has ended (its eos consumed) is left alone. `generate` returns the raw logits
+    besides, from which `BatchedGenerate` takes the model's own log-probabilities."""
+
+    def __init__(self, tokenizer: Any, prompt_width: int) -> None:
+        self.tokenizer, self.prompt_width = tokenizer, prompt_width
+        self.grammar = self.matchers = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.grammar is None:
+            self.grammar = action_grammar(self.tokenizer, scores.shape[-1])
+            self.matchers = [self.grammar.matcher() for _ in range(scores.shape[0])]
+        elif input_ids.shape[1] > self.prompt_width:
+            for row, token in enumerate(input_ids[:, -1].tolist()):
+                if self.matchers[row] is not None:
+                    self.grammar.accept(self.matchers[row], token)
+                    if token == self.tokenizer.eos_token_id:  # the reply ended: padding follows
+                        self.matchers[row] = None
+        return self.grammar.restrict(scores, self.matchers).to(scores.dtype)
 
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

@@ -157,6 +157,10 @@ class TrainConfig:
     `Sampling` of training rollouts (`sampling`), kept as separate fields for the command line."""
     top_p: float = 1.0
     """Nucleus mass of training rollouts."""
+    constrained_replies: bool = False
+    """Hold every reply, in training rollouts and evaluations alike, to the action grammar as it is
+    generated (`Sampling.constrained`, `lib.episodes.grammar`): a reply that would not parse cannot be
+    written."""
     max_new_tokens: int = 64
     """Longest action per turn [tokens] (the heuristic's longest, a claim, is under 60 on the
     stand-in's tokenizer; a reply cut here is sent as it is and usually refused)."""
@@ -233,7 +237,12 @@ class TrainConfig:
     @property
     def sampling(self) -> Sampling:
         """The `Sampling` of training rollouts (`temperature`, `top_p`, `max_new_tokens`)."""
-        return Sampling(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens)
+        return Sampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            constrained=self.constrained_replies,
+        )
 
     @property
     def observation_config(self) -> LLMAgentConfig:
@@ -244,7 +253,7 @@ class TrainConfig:
     def evaluation_sampling(self) -> Sampling:
         """The `Sampling` of held-out evaluations and of a trained policy's demo: greedy, `max_new_tokens` as in
         training."""
-        return Sampling(temperature=0.0, max_new_tokens=self.max_new_tokens)
+        return Sampling(temperature=0.0, max_new_tokens=self.max_new_tokens, constrained=self.constrained_replies)
 
     def __post_init__(self) -> None:
         problems = self._check_types()

@@ -1,0 +1,85 @@
+"""Replies held to the action grammar while they are generated: a token that would take a reply
+outside the JSON schema of an action (`lib.agents.prompting.action_json_schema`) gets probability 0
+before the next token is chosen, so a reply that is not one schema-valid action cannot be written
+(`Sampling.constrained`). The grammar engine is llguidance (Microsoft's, the one vLLM and SGLang
+also use): it compiles the JSON schema against the tokenizer's vocabulary once and answers, token by
+token, which tokens may come next, as a bitmask.
+
+The log-probability recorded with each token stays the model's own, over the whole vocabulary (as
+with top-p, the restriction picks from the distribution; it does not change the number the trainer
+scores), so what GRPO's loss recomputes from the model equals what sampling returned.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, List, Optional
+
+import torch
+
+from lib.agents.prompting import action_json_schema
+from lib.extras import require
+
+require("train", "holding generated replies to the action grammar (llguidance)")
+import llguidance  # noqa: E402
+import llguidance.hf  # noqa: E402
+import llguidance.torch  # noqa: E402
+
+COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+"""llguidance's JSON options: no whitespace between tokens, `,` and `:` as `action_to_json` writes
+replies (the demonstrations the policy learns from)."""
+
+
+def action_grammar_text() -> str:
+    """The action schema as llguidance compiles it: its references' pattern without the trailing
+    `(?!\\n)` look-ahead (which makes Python's `re` stop at the string's end, as llguidance's regular
+    expressions, matched against whole strings, always do, and which they do not support)."""
+    schema = json.loads(json.dumps(action_json_schema()).replace("$(?!\\\\n)", "$"))
+    schema["x-guidance"] = COMPACT_JSON
+    return llguidance.grammar_from("json_schema", json.dumps(schema))
+
+
+class ActionGrammar:
+    """The action grammar for one tokenizer and vocabulary size (the model's logits' width, which
+    may exceed the tokenizer's): `matcher()` starts a reply, `restrict` masks a batch of logits."""
+
+    def __init__(self, tokenizer: Any, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab)
+        self.grammar = action_grammar_text()
+        error = llguidance.LLMatcher.validate_grammar(self.grammar, self.tokenizer)
+        if error:
+            raise ValueError(f"the action grammar does not compile: {error}")
+
+    def matcher(self) -> Any:
+        """A matcher at the start of a reply."""
+        return llguidance.LLMatcher(self.tokenizer, self.grammar)
+
+    def restrict(self, logits: torch.Tensor, matchers: List[Optional[Any]]) -> torch.Tensor:
+        """`logits` (rows, vocab) with every token its row's matcher forbids at -inf (a copy); a row
+        whose matcher is None (a finished reply) is left as it is."""
+        bitmask = llguidance.torch.allocate_token_bitmask(len(matchers), self.n_vocab)
+        bitmask.fill_(-1)  # every bit set: a row without a matcher allows every token
+        for row, matcher in enumerate(matchers):
+            if matcher is not None:
+                llguidance.torch.fill_next_token_bitmask(matcher, bitmask, row)
+        restricted = logits.float().clone()
+        llguidance.torch.apply_token_bitmask_inplace(restricted, bitmask)
+        return restricted
+
+    @staticmethod
+    def accept(matcher: Any, token: int) -> None:
+        """Move `matcher` past `token` (one it allowed)."""
+        if not matcher.consume_token(token):
+            raise RuntimeError(f"the action grammar refused a token it allowed: {matcher.get_error()}")
+
+
+_GRAMMARS: dict = {}
+
+
+def action_grammar(tokenizer: Any, n_vocab: int) -> ActionGrammar:
+    """The `ActionGrammar` of `tokenizer` for `n_vocab` logits, compiled once per process."""
+    key = (id(tokenizer), n_vocab)
+    if key not in _GRAMMARS:
+        _GRAMMARS[key] = ActionGrammar(tokenizer, n_vocab)
+    return _GRAMMARS[key]

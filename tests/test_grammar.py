@@ -1,0 +1,100 @@
+"""Replies held to the action grammar (`Sampling.constrained`, lib/episodes/grammar.py): every reply
+a model ends is one schema-valid action, the demonstrations stay writable, and the log-probabilities
+returned are still what the trainer scores."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cernenv import CERNCollisionEnvironment
+from cernenv.references import REFERENCES
+from cernenv.rules import parse_action
+from lib.agents.baselines import HeuristicAgent
+from lib.agents.prompting import Sampling, _json_objects, action_to_json
+from lib.episodes.generation import hf_generate_fn
+from lib.episodes.grammar import action_grammar
+from lib.episodes.llm_rollouts import play_episodes
+
+SPECS = [(21, None, "easy"), (22, "higgs_4l_125", None), (23, None, "hard"), (24, None, "medium")]
+SHOWN = {**{name: 1.0 for name in REFERENCES}, **{f"scan.candidates[{i}]": 1.0 for i in range(1000)}}
+"""Every name a reference may quote, shown: a reply is then refused for its form or values only."""
+
+
+@pytest.mark.parametrize("engine", ["cached", "generate"])
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(1.0, marks=pytest.mark.slow)])
+def test_every_reply_a_random_model_ends_is_one_valid_action(tokenizer, model, engine, temperature):
+    """A random-weight model, held to the grammar: each reply it ends (an eos within max_new_tokens)
+    is exactly one JSON object, written compactly, that the environment's own parser accepts as an
+    action. Sampled at temperature 1 it may still run to max_new_tokens inside a string (the one way
+    a constrained reply ends unparsed); greedy, every reply ends."""
+    max_new_tokens = 64
+    sampling = Sampling(temperature=temperature, max_new_tokens=max_new_tokens, constrained=True)
+    episodes = play_episodes(
+        hf_generate_fn(model, tokenizer, engine), tokenizer, SPECS[:3], sampling=sampling, max_turns=2, seed=3
+    )
+    ended = cut = 0
+    for episode in episodes:
+        runs, previous = [], 0  # the model's replies: the runs of its own tokens between the environment's
+        for token, mine in zip(episode.completion_ids, episode.env_mask):
+            if mine and not previous:
+                runs.append([])
+            if mine:
+                runs[-1].append(token)
+            previous = mine
+        for run, step in zip(runs, episode.record.steps):
+            completion = step["completion"] if isinstance(step, dict) else step.completion
+            if run[-1] != tokenizer.eos_token_id:  # cut at max_new_tokens
+                cut += 1
+                continue
+            ended += 1
+            objects = _json_objects(completion)
+            assert len(objects) == 1, completion
+            assert json.dumps(objects[0], separators=(",", ":"), ensure_ascii=False) == completion.strip()
+            parse_action(objects[0], SHOWN)  # raises on a reply the environment would refuse for its form
+    assert ended >= 1 and (temperature > 0 or cut == 0), (ended, cut)
+
+
+def test_the_demonstrations_are_writable_under_the_grammar(tokenizer):
+    """Every reply the warm start teaches (the heuristic's actions as `action_to_json` writes them,
+    without the justification, then eos) is allowed token by token: the constraint never forbids
+    what the policy learned."""
+    grammar = action_grammar(tokenizer, len(tokenizer))
+    env, agent = CERNCollisionEnvironment(), HeuristicAgent()
+    checked = 0
+    for seed in range(100_000, 100_012):
+        obs = env.reset(seed=seed, difficulty=("easy", "medium", "hard")[seed % 3])
+        agent.reset()
+        while not obs.done:
+            action = agent.act(obs)
+            matcher = grammar.matcher()
+            ids = tokenizer(action_to_json(action, justification=False), add_special_tokens=False)["input_ids"]
+            for token in ids + [tokenizer.eos_token_id]:
+                assert matcher.consume_token(token), (action_to_json(action, justification=False), matcher.get_error())
+            assert matcher.is_stopped()
+            checked += 1
+            obs = env.step(action)
+    assert checked >= 100
+
+
+@pytest.mark.parametrize("engine", ["cached", "generate"])
+def test_constrained_sampling_returns_the_log_probabilities_the_trainer_scores(tokenizer, model, engine):
+    """TRL scores log_softmax(logits / T) over the whole vocabulary; the constraint only chooses which
+    tokens may be drawn, so the numbers returned with a constrained sample are those."""
+    temperature = 0.6
+    [episode] = play_episodes(
+        hf_generate_fn(model, tokenizer, engine),
+        tokenizer,
+        [(8, None, "hard")],
+        sampling=Sampling(temperature=temperature, max_new_tokens=24, constrained=True),
+        max_turns=1,
+        seed=5,
+    )
+    assert tokenizer.decode(episode.completion_ids).startswith('{"action_type":"'), "the grammar held the reply"
+    ids = torch.tensor([episode.prompt_ids + episode.completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(episode.prompt_ids) - 1 : -1].float() / temperature
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(episode.completion_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(episode.logprobs), expected, atol=1e-4)
