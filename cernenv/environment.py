@@ -514,9 +514,12 @@ def _check_salt(secret_salt: Optional[str]) -> Optional[str]:
 
 REFERENCES_DOC = """A parameter may quote a value the last observation showed, by name: `"@fit.mass_gev"` is the
 number its `references` field holds under `fit.mass_gev`, and `"@luminosity.affordable_fb*0.4"`
-40% of a number (`cernenv.references`). The environment replaces a reference before it validates
-the action; a reference to a value not shown yet is refused (`INVALID_PARAMETERS`) with the names
-that are shown. A fit without `mass_hint_gev` starts at the best mass of the channel's last scan."""
+40% of a number (`cernenv.references`); an index and a factor are written in ASCII digits (`[0-9]`),
+and the action schema's pattern accepts exactly what the parser does. The environment replaces a
+reference before it validates the action; a reference to a value not shown yet is refused
+(`INVALID_PARAMETERS`) with the names that are shown. A fit without `mass_hint_gev` starts at the
+best mass of the channel's last scan; a fit whose mass runs to the spectrum's edge says so (it found
+no peak inside the window), and a significance estimate at that mass is refused with why."""
 
 
 def reference_table() -> str:

@@ -47,6 +47,14 @@ LUMINOSITY_UNCERTAINTY_FRAC = 0.017  # ATLAS Run-2 luminosity, EPJC 83 (2023) 98
 _SIGNIFICANT_FIGURES = {digits: f".{digits}g" for digits in range(1, 18)}  # format specs, made once
 
 
+_NO_PEAK_INSIDE = (
+    "the fit found no peak inside the window; fit again from another mass_hint_gev inside it "
+    "(another bump-scan candidate, @scan.candidates[i]), or claim what the data show"
+)
+"""What a resonance fit whose mass ran to the spectrum's edge means, and what to do: the fit's note
+and the refusal of a significance estimate at that mass say it."""
+
+
 def _r(value: Optional[float], digits: int = 4) -> Optional[float]:
     """Round to `digits` (1-17) significant figures: compact, text-friendly and byte-stable.
     (Called some 300 times an episode, so with `math` and ready-made format specs.)"""
@@ -308,9 +316,15 @@ class ActionHandlers:
         episode.resonance_fit = fit
         episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
         episode.milestones.add("resonance_fitted")
+        mass_gev = _r(fit.mass_gev, 6)
+        edge = (
+            {}
+            if edges[0] < mass_gev < edges[-1]
+            else {"note": f"the mass ran to the spectrum's edge ({mass_gev:g} GeV): {_NO_PEAK_INSIDE}"}
+        )
         return {
             "channel": spectrum.channel,
-            "mass_gev": _r(fit.mass_gev, 6),
+            "mass_gev": mass_gev,
             "mass_err_gev": _r(fit.mass_err_gev, 3),
             "width_gev": _r(fit.width_gev, 3),
             "width_err_gev": _r(fit.width_err_gev, 3),
@@ -321,6 +335,7 @@ class ActionHandlers:
             "chi2_per_ndof": _r(fit.chi2 / max(fit.ndof, 1), 3),
             "fit_p_value": _r(fit.fit_p_value, 3),
             "converged": bool(fit.converged),
+            **edge,
         }
 
     def _do_scan_bump(self, params) -> Dict[str, Any]:
@@ -384,8 +399,16 @@ class ActionHandlers:
         spectrum = episode.spectrum
         edges = spectrum.edges_gev
         if not edges[0] < params.mass_gev < edges[-1]:
+            fit = episode.logbook.get("fit_resonance") or {}
+            quoted_fit = fit.get("channel") == spectrum.channel and fit.get("mass_gev") == params.mass_gev
             raise RuleViolation(
-                Violation.INVALID_PARAMETERS, f"mass_gev must lie in the spectrum [{edges[0]:g}, {edges[-1]:g}] GeV"
+                Violation.INVALID_PARAMETERS,
+                f"mass_gev must lie inside the spectrum ({edges[0]:g}, {edges[-1]:g}) GeV, not at {params.mass_gev:g}"
+                + (
+                    f": that is the latest fit's mass, which ran to the spectrum's edge: {_NO_PEAK_INSIDE}"
+                    if quoted_fit
+                    else ""
+                ),
             )
         self._charge_table(ActionType.ESTIMATE_SIGNIFICANCE)
         with_systematics = spectrum.channel in episode.systematics

@@ -38,7 +38,14 @@ REFERENCES: Dict[str, str] = {
 """Every name an action may quote, with what it holds: the observation's `references` field
 holds those it can show now (`scan.candidates[0]`, `scan.candidates[1]`, ... one per candidate)."""
 
-_PATTERN = re.compile(r"@(?P<name>[a-z_]+\.[a-z_]+)(?:\[(?P<index>\d{1,3})\])?(?:\*(?P<factor>\d{1,3}(?:\.\d{1,6})?))?")
+_NAME, _INDEX, _FACTOR = r"[a-z_]+\.[a-z_]+", r"[0-9]{1,3}", r"[0-9]{1,3}(?:\.[0-9]{1,6})?"
+_PATTERN = re.compile(rf"@(?P<name>{_NAME})(?:\[(?P<index>{_INDEX})\])?(?:\*(?P<factor>{_FACTOR}))?")
+SCHEMA_PATTERN = rf"^@{_NAME}(?:\[{_INDEX}\])?(?:\*{_FACTOR})?$(?!\n)"
+"""A reference's syntax as the JSON schema publishes it (`reference_json_schema`), the parser's
+(`_PATTERN`, whole string) without its group names, which ECMA-262 regular expressions write
+otherwise: ASCII digits only (`[0-9]`, never `\\d`, which Python's `re` matches in every script),
+and `$(?!\\n)` the end of the string for Python's `re` too (its `$` also matches before a final
+newline). An index is a number: `[00]` and `[0]` both name the first candidate."""
 MAX_FACTOR = 100.0
 """The largest scale factor a reference accepts: a request is a share of a shown value, or a few times it."""
 
@@ -47,7 +54,7 @@ def reference_json_schema() -> Dict[str, Any]:
     """JSON schema of a reference, the alternative every parameter accepts to a literal value."""
     return {
         "type": "string",
-        "pattern": "^" + _PATTERN.pattern + "$",
+        "pattern": SCHEMA_PATTERN,
         "description": "A value the observation shows, by name (its `references`): "
         + "; ".join(f"@{name}: {text}" for name, text in REFERENCES.items()),
     }
@@ -72,7 +79,7 @@ def resolve_reference(text: str, values: Mapping[str, Any]) -> Any:
             + ", ".join(f"@{name}" for name in REFERENCES)
             + " (optionally *factor, e.g. @luminosity.affordable_fb*0.5)"
         )
-    key = match["name"] + (f"[{match['index']}]" if match["index"] is not None else "")
+    key = match["name"] + (f"[{int(match['index'])}]" if match["index"] is not None else "")
     if key not in values:
         shown = ", ".join(f"@{name}" for name in values) or "none yet"
         raise ValueError(f"@{key} refers to nothing the observation shows now (references shown: {shown})")

@@ -114,7 +114,7 @@ def selected_tasks(selection: str) -> Tuple[SuiteTask, ...]:
     """The tasks `selection` names (see `SELECTION_HELP`); a ValueError that says what is accepted."""
     name, _, rest = selection.partition(":")
     if name == "draw":
-        if not rest.isdigit():
+        if not (rest.isascii() and rest.isdigit()):  # ASCII digits only: str.isdigit takes every script's
             raise ValueError(f"{selection!r}: a fresh draw is draw:N with N a number of tasks, e.g. draw:60")
         return drawn_tasks(int(rest))
     if name not in SUITES:

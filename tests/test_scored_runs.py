@@ -219,7 +219,12 @@ def test_a_selection_names_a_suite_a_part_or_a_fresh_draw():
     drawn = selected_tasks("draw:30")
     assert len({t.seed for t in drawn}) == 30 and min(t.seed for t in drawn) >= DRAW_SEED_START > EVALUATION_SEED_START
     assert drawn != selected_tasks("draw:30")  # nobody chose them in advance
-    for bad, match in (("v9", "names no suite"), ("v3:everything", "parts"), ("draw:x", "draw:N")):
+    for bad, match in (
+        ("v9", "names no suite"),
+        ("v3:everything", "parts"),
+        ("draw:x", "draw:N"),
+        ("draw:١٢", "draw:N"),
+    ):
         with pytest.raises(ValueError, match=match):
             selected_tasks(bad)
 
