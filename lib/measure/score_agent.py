@@ -33,10 +33,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from cernenv.server.ledger import read_ledger
+from cernenv.server.runs import reveal_path
 from cernenv.suite import SELECTION_HELP, SUITE_VERSION, selected_tasks
 from lib.files import atomic_write
-from lib.measure.scorecard import scorecard, scorecard_json, scorecard_markdown
+from lib.measure.scorecard import score_run, scorecard_json, scorecard_markdown
 from lib.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def score_agent(
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
-    card = scorecard(read_ledger(ledger))
+    card = score_run(ledger, reveal_path(ledger))  # the run's own ledger, checked, every episode replayed
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / f"scorecard-{card['run_id']}.json", scorecard_json(card))
