@@ -197,9 +197,14 @@ lab: setup ## open notebooks/ in JupyterLab (kernel python3, "Python 3 (cernenv)
 serve: setup ## serve CERNenv over OpenEnv's HTTP/WebSocket API on 127.0.0.1:8000 (SERVE_ARGS="--port 8001 ...")
 	$(RUN_ENV) $(SERVE_ENV) $(PY) -m cernenv.server $(SERVE_ARGS)
 
-evaluate: setup ## score an agent out of process on a server's scored run: AGENT=module:Class [SUITE=v3|v3:unseen|draw:N]
+# `make evaluate AGENT=my_agent:MyAgent AGENT_PATH=~/agents`: an agent kept outside the repository is
+# imported from AGENT_PATH (a folder). It exits non-zero, with one line, when the agent cannot be
+# loaded, plays no episode to its end or raises (that episode fails, the run goes on and is scored).
+AGENT_PATH ?=
+
+evaluate: setup ## score an agent out of process on a scored run: AGENT=module:Class [AGENT_PATH=dir] [SUITE=v3|v3:unseen|draw:N]
 	@test -n "$(AGENT)" || { echo 'give the agent class: make evaluate AGENT=package.module:Class (e.g. lib.agents.baselines:HeuristicAgent)'; exit 2; }
-	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent "$(AGENT)" --suite "$(or $(SUITE),v3)"
+	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent "$(AGENT)" --suite "$(or $(SUITE),v3)" $(if $(AGENT_PATH),--agent-path "$(AGENT_PATH)")
 
 bench-server: setup ## in-process vs WebSocket throughput at 1, 8, 32 sessions, fairness under spam (bench/bench_server.py)
 	$(RUN_ENV) $(SERVE_ENV) $(PY) bench/bench_server.py
