@@ -364,3 +364,19 @@ def test_a_scorecard_someone_was_sent_is_checked_field_by_field_against_a_compre
     compressed.write_bytes(gzip.compress(files["ledger"].read_bytes())[:-20])
     with pytest.raises(AuditError, match="ledger.jsonl.gz: not a whole gzip file"):
         read_run(compressed)
+
+
+def test_the_published_scored_run_is_whole_and_its_scorecard_is_the_ledgers(capsys):
+    """evidence/scored_run/ (make scored-run-example): its ledger reads whole (chain, one run, every
+    task played), its reveal is the document its commitment names, and its scorecard is the one the
+    ledger gives. `make verify-scored-run` (CI) also replays every episode: that needs this
+    machine's arithmetic, this does not."""
+    from cernenv.server.audit import check_reveal, load_reveal
+
+    folder = Path(__file__).resolve().parents[1] / "evidence" / "scored_run"
+    run = read_run(folder / "ledger.jsonl.gz")
+    document = check_reveal(run, load_reveal(folder / "reveal.json"), folder / "reveal.json")
+    assert run.ended is not None and run.ended.reason == "every task played"
+    assert len(run.episodes) == run.opened.n_tasks == 313 and document["selection"] == "v3"
+    assert scorecard_main([str(folder / "ledger.jsonl.gz"), "--expect", str(folder / "scorecard.json")]) == 0
+    assert "the scorecard this ledger gives, field by field" in capsys.readouterr().out
