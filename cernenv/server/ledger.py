@@ -398,8 +398,8 @@ def read_ledger(
                     if not skip_damaged:
                         raise LedgerError(
                             f"{problem}; the line is not a valid results-ledger record (a line cut by a full "
-                            "disk, or written by hand): read past it with skip_damaged=True (the scorer's "
-                            "--skip-damaged), which reports each line it skips"
+                            "disk, or written by hand): read past it with skip_damaged=True, which reports each "
+                            "line it skips (a scored run's ledger is never read past: cernenv.server.audit)"
                         ) from None
                     problems.append(problem)
     return (records, problems) if skip_damaged else records
