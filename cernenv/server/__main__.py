@@ -223,7 +223,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-    if config.evaluation:
+    if config.scored_run:  # the run's own ledger and secret: its line below names them
+        grading = "evaluation mode: a scored run, grades withheld and recorded in the run's own ledger"
+    elif config.evaluation:
         grading = f"evaluation mode: fresh hidden worlds, grades withheld and recorded in {config.results_ledger}; " + (
             f"evaluation secret {config.secret_fingerprint}" if config.secret_salt else "no evaluation secret"
         )
