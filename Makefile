@@ -52,7 +52,7 @@ REQUIREJS_VERSION    ?= 2.3.7
 # cernenv and lib are installed in the venv (editable, `make setup`): any directory can import them.
 RUN_ENV = MPLBACKEND=Agg
 
-.PHONY: evaluate help setup lint format test test-fast test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-pass-at-k bench-generate train lab serve clean distclean FORCE
+.PHONY: evaluate scored-run-example verify-scored-run help setup lint format test test-fast test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-pass-at-k bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -198,9 +198,35 @@ lab: setup ## open notebooks/ in JupyterLab (kernel python3, "Python 3 (cernenv)
 serve: setup ## serve CERNenv over OpenEnv's HTTP/WebSocket API on 127.0.0.1:8000 (SERVE_ARGS="--port 8001 ...")
 	$(RUN_ENV) $(SERVE_ENV) $(PY) -m cernenv.server $(SERVE_ARGS)
 
-evaluate: setup ## score an agent out of process on a server's scored run: AGENT=module:Class [SUITE=v3|v3:unseen|draw:N]
+# `make evaluate AGENT=my_agent:MyAgent AGENT_PATH=~/agents`: an agent kept outside the repository is
+# imported from AGENT_PATH (a folder). It exits non-zero, with one line, when the agent cannot be
+# loaded, plays no episode to its end or raises (that episode fails, the run goes on and is scored).
+AGENT_PATH ?=
+
+evaluate: setup ## score an agent out of process on a scored run: AGENT=module:Class [AGENT_PATH=dir] [SUITE=v3|v3:unseen|draw:N]
 	@test -n "$(AGENT)" || { echo 'give the agent class: make evaluate AGENT=package.module:Class (e.g. lib.agents.baselines:HeuristicAgent)'; exit 2; }
-	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent "$(AGENT)" --suite "$(or $(SUITE),v3)"
+	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent "$(AGENT)" --suite "$(or $(SUITE),v3)" $(if $(AGENT_PATH),--agent-path "$(AGENT_PATH)")
+
+# The published scored run (docs/reports.md, "Checking a scorecard you were sent"): the heuristic's
+# scored run of the v3 suite, its ledger (gzip-compressed), reveal and scorecard. Regenerate it
+# whenever the environment's arithmetic changes (the replay must come back), from a clean checkout
+# (the run records the commit): `make scored-run-example`, then commit evidence/scored_run/.
+SCORED_RUN_DIR   ?= evidence/scored_run
+SCORED_RUN_AGENT  = lib.agents.baselines:HeuristicAgent
+
+scored-run-example: setup ## play the heuristic's scored run of v3 into evidence/scored_run/ (ledger, reveal, scorecard), then verify it
+	rm -rf $(BUILD)/scored-run-example
+	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent $(SCORED_RUN_AGENT) --suite v3 --out $(BUILD)/scored-run-example
+	rm -rf $(SCORED_RUN_DIR) && mkdir -p $(SCORED_RUN_DIR)
+	gzip -9n < $$(ls $(BUILD)/scored-run-example/*[0-9a-f].jsonl) > $(SCORED_RUN_DIR)/ledger.jsonl.gz
+	cp $(BUILD)/scored-run-example/*.reveal.json $(SCORED_RUN_DIR)/reveal.json
+	cp $(BUILD)/scored-run-example/scorecard-*.json $(SCORED_RUN_DIR)/scorecard.json
+	cp $(BUILD)/scored-run-example/scorecard-*.md $(SCORED_RUN_DIR)/scorecard.md
+	$(MAKE) --no-print-directory verify-scored-run
+
+verify-scored-run: setup ## check evidence/scored_run/: its chain, its commitment, every episode replayed, its scorecard recomputed
+	$(RUN_ENV) $(PY) -m lib.measure.scorecard $(SCORED_RUN_DIR)/ledger.jsonl.gz --reveal $(SCORED_RUN_DIR)/reveal.json \
+	  --expect $(SCORED_RUN_DIR)/scorecard.json --agent $(SCORED_RUN_AGENT) | tail -n 2
 
 bench-server: setup ## in-process vs WebSocket throughput at 1, 8, 32 sessions, fairness under spam (bench/bench_server.py)
 	$(RUN_ENV) $(SERVE_ENV) $(PY) bench/bench_server.py

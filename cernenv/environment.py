@@ -152,6 +152,8 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
         scenario: Optional[str] = None,
         difficulty: Optional[str] = None,
         secret_salt: Optional[str] = None,
+        *,
+        world_nonce: Optional[str] = None,
         **kwargs: Any,
     ) -> CollisionObservation:
         """Start a campaign. Same `seed` (and scenario/difficulty, and secret) → same hidden world,
@@ -160,13 +162,17 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
         `secret_salt` is an evaluation secret mixed, with the environment's own (the
         constructor's), into the hidden streams: the procedural particle and the recorded
         data. With a secret, the public code and the seed no longer tell the answer; the
-        visible task stays the one the seed draws. `episode_id` is a fresh random UUID unless
+        visible task stays the one the seed draws. `world_nonce`: the nonce to mix in as well
+        (what `world_nonce()` returned for an episode, to draw its world again; default: a fresh
+        random one with `fresh_worlds`, none without). `episode_id` is a fresh random UUID unless
         given: it is no function of the seed."""
         if seed is None:
             seed = int(np.random.SeedSequence().entropy % (2**31))
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        nonce = secrets.token_hex(16) if self._fresh_worlds else ""
+        if world_nonce is not None and not isinstance(world_nonce, str):
+            raise ValueError(f"world_nonce must be a string (what world_nonce() returned), got {world_nonce!r}")
+        nonce = world_nonce if world_nonce is not None else secrets.token_hex(16) if self._fresh_worlds else ""
         salt = "\x00".join(s for s in (self._secret_salt, _check_salt(secret_salt), nonce) if s) or None
         chosen = make_scenario(int(seed), scenario=scenario, difficulty=difficulty, secret_salt=salt)
         rng = data_rng(int(seed), salt)
@@ -269,6 +275,13 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
         if self._episode is None:
             raise RuntimeError("call reset() before world_nonce()")
         return self._episode.world_nonce
+
+    def refused_actions(self) -> int:
+        """How many of this episode's actions were refused: a hard rule violation, so the action
+        did not run (a redundant action runs; a step after the end is not counted)."""
+        if self._episode is None:
+            raise RuntimeError("call reset() before refused_actions()")
+        return sum(1 for entry in self._episode.history if not entry.endswith(": ok"))
 
     def hidden_truth(self) -> Dict[str, Any]:
         """The hidden particle, for graders and evaluation code only (never for the agent)."""

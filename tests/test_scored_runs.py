@@ -17,10 +17,12 @@ from test_server import Server, call
 
 from cernenv.scenarios import EVALUATION_SEED_START
 from cernenv.server import ledger as ledger_module
-from cernenv.server.ledger import EpisodeEnded, LedgerError, ResultsLedger, RunEnded, RunOpened, read_ledger, utc_now
+from cernenv.server.audit import read_run
+from cernenv.server.ledger import LedgerError, ResultsLedger, read_ledger, utc_now
+from cernenv.server.runs import reveal_path
 from cernenv.suite import DRAW_SEED_START, selected_tasks, suite_tasks
-from lib.measure.scorecard import ScorecardError, scorecard
 from lib.measure.scorecard import main as scorecard_main
+from lib.measure.scorecard import score_run
 
 TESTS = Path(__file__).resolve().parent
 NULL_CLAIM = {"action_type": "submit_discovery_claim", "parameters": {"discovered": False, "confidence": 0.6}}
@@ -63,21 +65,6 @@ def episode_line(task_index: int = 0, *, run_id: str = "r1", correct: bool = Tru
         "run_id": run_id,
         "task_index": task_index,
         **more,
-    }
-
-
-def run_opened(n_tasks: int, run_id: str = "r1") -> Dict[str, Any]:
-    tasks = [{"seed": 902_000 + i, "scenario": None, "difficulty": "easy"} for i in range(n_tasks)]
-    return {
-        "record": "run_opened",
-        "opened_at": utc_now(),
-        "run_id": run_id,
-        "selection": "test",
-        "n_tasks": n_tasks,
-        "tasks": tasks,
-        "secret_fingerprint": "0" * 16,
-        "cernenv_version": "0",
-        "commit": None,
     }
 
 
@@ -148,13 +135,14 @@ def test_a_write_the_disk_cuts_short_leaves_no_partial_line_and_is_reported_at_a
 def test_the_ledger_rotates_by_size_and_is_read_across_its_files(tmp_path, caplog):
     path = tmp_path / "results.jsonl"
     one_line = len(json.dumps(episode_line(0), sort_keys=True)) + 1
-    ledger = ResultsLedger(path, max_bytes=3 * one_line + 10, rotated_files=2)
+    ledger = ResultsLedger(path, max_bytes=3 * one_line + 10, rotated_files=2, client_max_bytes=10**9)
     with caplog.at_level("WARNING", logger="cernenv.server"):
         for index in range(12):
             ledger.append(episode_line(index))
     ledger.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "results.jsonl.1", "results.jsonl.2"]
-    assert max(p.stat().st_size for p in tmp_path.iterdir()) <= 3 * one_line + 10
+    files = ["results.jsonl", "results.jsonl.1", "results.jsonl.2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [*files, "results.jsonl.lock"]  # the lock outlives rotations
+    assert max((tmp_path / name).stat().st_size for name in files) <= 3 * one_line + 10
     assert [r.task_index for r in read_ledger(path)] == list(range(3, 12))  # oldest first, the first 3 deleted
     assert "deleting" in caplog.text and "results.jsonl.2" in caplog.text
 
@@ -177,40 +165,21 @@ def test_ledger_lines_written_at_once_stay_whole(tmp_path):
     assert len(records) == 300 and all(r.truth["payload"] == payload for r in records)
 
 
-# The scorecard ---------------------------------------------------------------------------------
+# The scorecard (the run's ledger checked line by line, the metrics: tests/test_run_audit.py) ------
 
 
-def test_the_scorecard_counts_abandoned_and_unplayed_tasks_as_failures(tmp_path, capsys):
-    path = tmp_path / "results.jsonl"
-    ledger = ResultsLedger(path)
-    ledger.append(run_opened(4))
-    ledger.append(episode_line(0, correct=True))
-    ledger.append(episode_line(1, abandoned=True))
-    ledger.append(episode_line(2, correct=False))
-    ledger.append({"record": "run_ended", "ended_at": utc_now(), "run_id": "r1", "reason": "server shut down",
-                   "assigned": 3, "ended": 3})  # fmt: skip
-    ledger.close()
-    card = scorecard(read_ledger(path))
-    assert (card["graded"], card["abandoned"], card["unplayed"]) == (2, 1, 1)
-    assert card["groups"]["all"]["success_rate"]["mean"] == 0.25 and card["groups"]["all"]["success_rate"]["n"] == 4
-    assert card["groups"]["null"]["success_rate"]["n"] == 3  # the unplayed task's world was never drawn
-    assert card["end_reason"] == "server shut down"
-    assert scorecard_main([str(path), "--json", str(tmp_path / "card.json")]) == 0
-    assert "1 of 4" in capsys.readouterr().out and json.loads((tmp_path / "card.json").read_text())["unplayed"] == 1
+def test_a_damaged_line_in_a_run_ledger_is_refused_not_read_past(tmp_path, capsys):
+    """A run's ledger whose line is not a record is refused with its file and line: a scorer that
+    read past damaged lines would read past a line removed from the chain, too."""
+    from cernenv.server.runs import ScoredRun
 
-
-def test_the_scorecard_refuses_a_task_recorded_twice_and_a_ledger_without_its_run(tmp_path, capsys):
-    records = [RunOpened(**run_opened(2)), EpisodeEnded(**episode_line(0)), EpisodeEnded(**episode_line(0))]
-    with pytest.raises(ScorecardError, match="task 0 was recorded twice"):
-        scorecard(records)
-    with pytest.raises(ScorecardError, match="opens no run other; it opens: r1"):
-        scorecard(records, "other")
-    with pytest.raises(ScorecardError, match="--scored-run"):
-        scorecard(records[1:])
-    path = tmp_path / "results.jsonl"
-    path.write_text(json.dumps(run_opened(1)) + "\n{}\n")
-    assert scorecard_main([str(path)]) == 2 and "results.jsonl:2" in capsys.readouterr().err
-    assert scorecard_main([str(path), "--skip-damaged"]) == 0
+    run = ScoredRun("draw:2", tmp_path)
+    run.end("server shut down")
+    path = run.ledger_path
+    path.write_text(path.read_text() + "{}\n")
+    assert scorecard_main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path.name}:3: not a results-ledger record" in err and err.count("\n") == 1
 
 
 def test_a_selection_names_a_suite_a_part_or_a_fresh_draw():
@@ -234,16 +203,20 @@ def test_a_selection_names_a_suite_a_part_or_a_fresh_draw():
 
 @pytest.mark.slow
 def test_the_server_assigns_every_task_once_and_records_the_abandoned_ones(tmp_path):
-    """In a scored run a reset that names a seed, a scenario or a difficulty is refused; each bare
-    reset gets the next task, in an order that is not the suite's; every task is played once; an
-    episode cut short by a reset is recorded as abandoned, and the scorecard counts it as failed."""
+    """In a scored run a reset that names a seed, a scenario, a difficulty or a secret is refused;
+    each bare reset gets the next task, in an order that is not the suite's; every task is played
+    once; an episode cut short by a reset is recorded as abandoned, and the scorecard counts it as
+    failed. The commitment is served before the first reset, and the reveal written at the end
+    replays every episode."""
     ledger = tmp_path / "results.jsonl"
     server = Server("--scored-run", "v3:known_physics", "--results-ledger", str(ledger), mode=None)
     try:
+        before_play = server.http("GET", "/evaluation")[1]
         status, answer = server.http("POST", "/reset", {})  # HTTP's one-off environment takes no task
         assert status == 400 and "played in sessions" in answer["detail"], answer
         with server.ws() as ws:
-            for chosen in ({"seed": 902_000}, {"difficulty": "easy"}, {"scenario": "z_mumu_91"}):
+            chosen_resets = ({"seed": 902_000}, {"difficulty": "easy"}, {"scenario": "z_mumu_91"}, {"secret_salt": "x"})
+            for chosen in chosen_resets:
                 reply = call(ws, {"type": "reset", "data": chosen})
                 assert reply["type"] == "error" and "the server assigns every task" in reply["data"]["message"]
             for index in range(28):
@@ -262,15 +235,23 @@ def test_the_server_assigns_every_task_once_and_records_the_abandoned_ones(tmp_p
         )
     finally:
         server.stop()
-    records = read_ledger(ledger)
-    opened, *episodes, ended = records
-    assert isinstance(opened, RunOpened) and isinstance(ended, RunEnded) and ended.reason == "every task played"
+    run = read_run(ledger)  # the run's own file, its lines chained
+    episodes = [episode for _, episode in run.episodes]
+    assert run.ended is not None and run.ended.reason == "every task played"
+    assert before_play["scored_run"]["commitment"] == run.opened.commitment == described["commitment"]
+    assert (
+        before_play["secret_fingerprint"] == run.opened.secret_fingerprint
+        and before_play["scored_run"]["assigned"] == 0
+    )
+    assert described["last_line_sha256"] == run.last_sha256 and "last_line_sha256" not in before_play["scored_run"]
     indices = [e.task_index for e in episodes]
     assert sorted(indices) == list(range(28)) and indices != sorted(indices)
+    assert [e.assignment for e in episodes] == list(range(28))
     assert {e.seed for e in episodes} == {t.seed for t in selected_tasks("v3:known_physics")}
     abandoned = [e for e in episodes if e.abandoned]
     assert len(abandoned) == 28 - 10 and {e.ended for e in abandoned} == {"abandoned: reset"}
-    card = scorecard(records)
+    card = score_run(ledger, reveal_path(ledger))
+    assert card["verified"] == 28
     graded_correct = sum(e.grade.correct_outcome for e in episodes if not e.abandoned)
     assert card["abandoned"] == 18 and card["groups"]["all"]["success_rate"]["mean"] == pytest.approx(
         graded_correct / 28
@@ -293,13 +274,91 @@ def test_a_shutdown_records_the_open_episodes_of_every_kind_and_ends_the_run(tmp
     finally:
         if server.process.poll() is None:
             server.stop()
-    records = read_ledger(ledger)
-    episodes = [r for r in records if isinstance(r, EpisodeEnded)]
+    run = read_run(ledger)
+    episodes = [episode for _, episode in run.episodes]
     assert len(episodes) == 2 and all(e.abandoned for e in episodes)
     assert {e.ended for e in episodes} <= {"abandoned: session ended", "abandoned: server shut down"}
-    assert isinstance(records[-1], RunEnded) and records[-1].reason == "server shut down"
-    card = scorecard(records)
+    assert run.ended is not None and run.ended.reason == "server shut down"
+    card = score_run(ledger, reveal_path(ledger))
     assert (card["abandoned"], card["unplayed"], card["groups"]["all"]["success_rate"]["mean"]) == (2, 1, 0.0)
+    assert card["verified"] == 2
+
+
+# No client can erase a run ---------------------------------------------------------------------
+
+
+def test_each_client_address_writes_at_most_its_share_and_one_ledger_has_one_writer(tmp_path):
+    """Past its share (here 4 lines' worth) an address's episodes are not recorded, while another
+    address's still are; a second writer of the same ledger is refused with what to do, and once
+    the first has closed it, the file is free again."""
+    path = tmp_path / "results.jsonl"
+    one_line = len(json.dumps(episode_line(0), sort_keys=True)) + 1
+    ledger = ResultsLedger(path, client_max_bytes=4 * one_line + 10)
+    for index in range(4):
+        ledger.append(episode_line(index, client="10.0.0.1"))
+    with pytest.raises(ledger_module.LedgerShareSpent, match="client 10.0.0.1 has written .* its share"):
+        ledger.append(episode_line(4, client="10.0.0.1"))
+    assert not ledger.append_or_report(episode_line(5, client="10.0.0.1"))
+    ledger.append(episode_line(6, client="10.0.0.2"))
+    with pytest.raises(OSError, match="being written by another process .* --results-ledger PATH or CERNENV_STATE_DIR"):
+        ResultsLedger(path)
+    ledger.close()
+    ResultsLedger(path).close()
+    assert [(r.client, r.task_index) for r in read_ledger(path)] == [("10.0.0.1", i) for i in range(4)] + [
+        ("10.0.0.2", 6)
+    ]
+
+
+@pytest.mark.slow
+def test_a_flood_of_resets_erases_neither_a_finished_run_nor_another_clients_episodes(tmp_path):
+    """The flood that once rotated a finished scored run away (two servers sharing one state
+    directory, one socket resetting again and again with 255-character episode ids), with limits
+    small enough to be quick: the run has a ledger of its own, which still scores and verifies;
+    the flooder's lines stop at its share; another address's episodes stay; and a third server
+    given the flooded ledger is refused instead of sharing it."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    runs = state / "runs"
+    runs.mkdir(mode=0o700)
+    scored = Server("--scored-run", "draw:2", "--results-ledger", str(runs), mode=None)
+    try:
+        with scored.ws() as ws:
+            for _ in range(2):
+                assert call(ws, {"type": "reset", "data": {}})["type"] == "observation"
+                assert call(ws, {"type": "step", "data": NULL_CLAIM})["data"]["done"]
+    finally:
+        scored.stop()
+    (run_ledger,) = runs.glob("*.jsonl")
+    before = run_ledger.read_bytes()
+
+    ledger = state / "results.jsonl"
+    flooded = Server("--results-ledger", str(ledger), "--ledger-max-mib", "0.02", mode=None)
+    try:
+        with flooded.ws(source="127.0.0.2") as ws:
+            for index in range(2):
+                call(
+                    ws,
+                    {
+                        "type": "reset",
+                        "data": {"seed": 7 + index, "difficulty": "easy", "episode_id": f"honest-{index}"},
+                    },
+                )
+                assert call(ws, {"type": "step", "data": NULL_CLAIM})["data"]["done"]
+        with flooded.ws(source="127.0.0.1") as ws:
+            for index in range(150):
+                episode_id = f"{index:03d}" + "x" * 252
+                assert call(ws, {"type": "reset", "data": {"episode_id": episode_id}})["type"] == "observation"
+        with pytest.raises(RuntimeError, match="is being written by another process"):
+            Server("--results-ledger", str(ledger), mode=None)
+    finally:
+        flooded.stop()
+    records = read_ledger(ledger)
+    assert {r.episode_id for r in records if r.client == "127.0.0.2"} == {"honest-0", "honest-1"}
+    flood_bytes = sum(len(json.dumps(r.model_dump(), sort_keys=True)) + 1 for r in records if r.client == "127.0.0.1")
+    assert 0 < flood_bytes <= 0.02 * 2**20 and sum(r.client == "127.0.0.1" for r in records) < 150
+    assert run_ledger.read_bytes() == before
+    card = score_run(run_ledger, reveal_path(run_ledger))
+    assert card["verified"] == 2 and card["unplayed"] == 0
 
 
 # An agent scored out of process ----------------------------------------------------------------

@@ -22,7 +22,15 @@ from typing import List, Optional
 from cernenv.physics.scan import warm_up
 from cernenv.server.app import create_cernenv_app
 from cernenv.server.config import ServerConfig
-from cernenv.server.evaluation import MODES, generated_secret, ledger_path, private_dir, secret_path, state_dir
+from cernenv.server.evaluation import (
+    MODES,
+    RUNS_DIR,
+    generated_secret,
+    ledger_path,
+    private_dir,
+    secret_path,
+    state_dir,
+)
 from cernenv.server.guard import ConnectionGuard, guarded_server, listening_socket
 from cernenv.server.pacing import events
 from cernenv.suite import SELECTION_HELP, selected_tasks
@@ -90,12 +98,14 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="PATH",
         help="where ended episodes' grades are appended, one JSON line each (or set CERNENV_RESULTS_LEDGER; "
-        "default in evaluation mode: results.jsonl in the state directory)",
+        "default in evaluation mode: results.jsonl in the state directory); with --scored-run, the run's "
+        "own file, which must not exist yet, or a folder for RUN_ID.jsonl (default: runs/ in the state directory)",
     )
     parser.add_argument(
         "--ledger-max-mib",
-        type=int,
-        help="rotate the results ledger at this size (default 256; 8 rotated files are kept)",
+        type=float,
+        help="rotate the results ledger at this size, which is also each client address's share of it "
+        "(default 256; 8 rotated files are kept; a scored run's ledger is never rotated)",
     )
     parser.add_argument(
         "--scored-run",
@@ -188,8 +198,10 @@ def configure(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Serv
         except (OSError, ValueError) as error:
             parser.error(f"cannot use or make the evaluation secret {path}: {error}; give one with --secret-salt-file")
     if not config.results_ledger and config.evaluation:
-        try:
-            config = dataclasses.replace(config, results_ledger=str(ledger_path(private_dir(state_dir()))))
+        try:  # a scored run's ledger is a file of its own, runs/RUN_ID.jsonl
+            state = private_dir(state_dir())
+            default = private_dir(state / RUNS_DIR) if config.scored_run else ledger_path(state)
+            config = dataclasses.replace(config, results_ledger=str(default))
         except OSError as error:
             parser.error(f"cannot keep the results ledger in the state directory: {error}")
     if config.scored_run:
@@ -211,7 +223,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-    if config.evaluation:
+    if config.scored_run:  # the run's own ledger and secret: its line below names them
+        grading = "evaluation mode: a scored run, grades withheld and recorded in the run's own ledger"
+    elif config.evaluation:
         grading = f"evaluation mode: fresh hidden worlds, grades withheld and recorded in {config.results_ledger}; " + (
             f"evaluation secret {config.secret_fingerprint}" if config.secret_salt else "no evaluation secret"
         )
@@ -254,13 +268,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
     try:
         app = create_cernenv_app(config)
-    except OSError as error:  # the ledger's directory cannot be made or written
-        parser.error(f"cannot open the results ledger {config.results_ledger}: {error}; give another: --results-ledger")
-    if app.state.cernenv_run is not None:
-        run = app.state.cernenv_run.describe()
+    except OSError as error:  # the ledger's directory cannot be made or written, or another server holds it
+        parser.error(f"cannot open the results ledger {config.results_ledger}: {error}")
+    run = app.state.cernenv_run
+    if run is not None:
         print(
-            f"scored run {run['run_id']} open: {run['n_tasks']} tasks ({run['selection']}), each reset gets the next; "
-            f"score it with: python -m lib.measure.scorecard {config.results_ledger} --run {run['run_id']}",
+            f"scored run {run.run_id} open: {len(run.tasks)} tasks ({run.selection}), each reset gets the next; "
+            f"its worlds' secret {run.secret_fingerprint}; commitment {run.commitment} (served by GET /evaluation: "
+            f"publish it before play); its ledger {run.ledger_path}; score it with: python -m lib.measure.scorecard "
+            f"{run.ledger_path}",
             flush=True,
         )
     server = guarded_server(app, guard, config.host, config.port, config.ws_frame_limit_bytes, args.log_level)

@@ -19,13 +19,14 @@ and `/evaluation`):
 | `POST /reset` | the first observation of a fresh environment (seed, scenario, difficulty), then forgotten |
 | `POST /step`, `GET /state` | a fresh environment per request (OpenEnv 0.10): 409; the empty state |
 | `GET /sessions` | environments open now and the session limits |
-| `GET /evaluation` | the mode, the secret's fingerprint, fresh worlds, withheld grades, the scored run's progress |
+| `GET /evaluation` | the mode, the fingerprint, fresh worlds, withheld grades, a scored run's progress and commitment |
 | `GET /`, `/web` | a page: what the server is, its mode, how to play; `GET /docs` every route, offline |
 
 What the server adds to the environment (`ServedEnvironment`): in evaluation mode (the
 default) a fresh hidden world at every reset and no grade on the wire, each ended episode's
-grade and truth written to the results ledger (`cernenv.server.ledger`), and with
-`--scored-run` the tasks assigned by the server (`cernenv.server.runs`); a step before any
+grade, truth and actions written to the results ledger (`cernenv.server.ledger`), and with
+`--scored-run` the tasks assigned by the server and their worlds committed to before play, in a
+ledger of the run's own whose lines chain (`cernenv.server.runs`); a step before any
 reset is an error rather than an implicit seed-0 episode; unknown or ill-typed reset
 parameters are errors, with one rule for every transport (`cernenv.server.wire.reset_problem`);
 `hidden_truth()` is refused; any JSON value sent as an action is judged by the environment's
@@ -140,14 +141,14 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
     config = config or ServerConfig.from_env()
     count = EnvironmentCount()
     scheduler = FairScheduler()
-    ledger = (
-        ResultsLedger(Path(config.results_ledger), config.ledger_max_mib * 2**20) if config.results_ledger else None
-    )
-    run = None
+    run, ledger, secret = None, None, config.secret_salt
     if config.scored_run:
-        if ledger is None or not config.evaluation:
+        if not config.results_ledger or not config.evaluation:
             raise ValueError("a scored run needs evaluation mode and a results ledger")
-        run = ScoredRun(config.scored_run, ledger, config.secret_fingerprint)
+        run = ScoredRun(config.scored_run, Path(config.results_ledger))  # its ledger, a file of its own
+        ledger, secret = run.ledger, run.world_secret  # every session plays the run's worlds
+    elif config.results_ledger:
+        ledger = ResultsLedger(Path(config.results_ledger), int(config.ledger_max_mib * 2**20))
     concurrency = ConcurrencyConfig(
         max_concurrent_envs=config.max_sessions, session_timeout=config.session_idle_timeout_s
     )
@@ -156,7 +157,7 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
             ServedEnvironment,
             count,
             scheduler,
-            config.secret_salt,
+            secret,
             evaluation=config.evaluation,
             ledger=ledger,
             run=run,
@@ -195,7 +196,13 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
         if run is not None:
             run.end("server shut down")
 
+    def close_ledger() -> None:
+        """Last at shutdown: the ledger closed, its lock released for the next server."""
+        if ledger is not None:
+            ledger.close()
+
     app.router.on_shutdown.insert(0, record_unfinished_episodes)
+    app.router.on_shutdown.append(close_ledger)
     serve_offline_docs(app)  # /docs and /redoc without a CDN (cernenv/server/apidocs.py)
 
     async def request_error(request: Request, error: RequestError) -> JSONResponse:
@@ -226,11 +233,12 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
 
     @app.get("/evaluation", tags=["Environment Info"], summary="How this server grades")
     async def evaluation() -> Dict[str, Any]:
-        """The mode, the fingerprint of the evaluation secret (never the secret), and what the
-        mode does to worlds and grades."""
+        """The mode, the fingerprint of the secret worlds are drawn with (never the secret: a scored
+        run's own), what the mode does to worlds and grades, and the scored run: its progress and
+        its commitment, published before the first reset."""
         return {
             "mode": config.mode,
-            "secret_fingerprint": config.secret_fingerprint,
+            "secret_fingerprint": run.secret_fingerprint if run is not None else config.secret_fingerprint,
             "fresh_worlds": config.evaluation,
             "grades": "withheld: recorded for the operator when each episode ends"
             if config.evaluation
@@ -253,6 +261,7 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
     app.state.cernenv_config = config
     app.state.cernenv_sessions = sessions
     app.state.cernenv_run = run
+    app.state.cernenv_ledger = ledger
     return app
 
 

@@ -11,6 +11,8 @@ from typing import Any, Dict, Optional, Tuple
 from cernenv.server.evaluation import MODES, fingerprint
 
 ENV_PREFIX = "CERNENV_"
+MIN_LEDGER_MAX_MIB = 0.01
+"""The smallest `ServerConfig.ledger_max_mib` [MiB] (10 KiB: a few episodes' lines)."""
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
@@ -71,13 +73,16 @@ class ServerConfig:
     that rebinds its own name to 127.0.0.1 (DNS rebinding) cannot use the server."""
     results_ledger: str = ""
     """Where each ended episode's grade and truth are appended (JSON lines); "" for nowhere.
-    `python -m cernenv.server` sets it in evaluation mode (see `cernenv.server.evaluation`)."""
+    `python -m cernenv.server` sets it in evaluation mode (see `cernenv.server.evaluation`). With a
+    `scored_run`, the run's own ledger: a new file, or a folder for RUN_ID.jsonl."""
     scored_run: str = ""
     """The scored run the server opens at start (`cernenv.server.runs`): a suite version ("v3"),
     one part of it ("v3:unseen"), or a fresh draw ("draw:60"); "" for none. In a scored run every
     reset gets the run's next task, and a reset that names a seed, scenario or difficulty is refused."""
-    ledger_max_mib: int = 256
-    """Size [MiB] at which the results ledger is rotated (8 rotated files are kept beside it)."""
+    ledger_max_mib: float = 256.0
+    """Size [MiB] at which the results ledger is rotated (8 rotated files are kept beside it), and
+    each client address's share of it over the server's life (one address cannot rotate the
+    others' lines away). A scored run's ledger, a file of its own, is never rotated."""
     token: str = field(default="", repr=False)
     """Bearer token: when set, every route but /health needs `Authorization: Bearer <token>`
     (the WebSocket too, in its opening handshake). "" serves anyone who can connect: keep the
@@ -155,13 +160,13 @@ class ServerConfig:
             or not config.request_read_timeout_s > 0
             or not 1 <= config.max_connections_per_client <= config.max_connections
             or (config.scored_run and not config.evaluation)
-            or config.ledger_max_mib < 1
+            or not config.ledger_max_mib >= MIN_LEDGER_MAX_MIB
         ):
             raise ValueError(
                 f"invalid server configuration {config}: mode one of {', '.join(MODES)}, max_sessions >= 1, "
                 "0 <= max_sessions_per_client <= max_sessions, max_message_bytes >= 1024, 0 <= port < 65536, "
                 "session_idle_timeout_s > 0, request_read_timeout_s > 0, "
-                "1 <= max_connections_per_client <= max_connections, ledger_max_mib >= 1, and a scored_run in "
-                "evaluation mode only"
+                "1 <= max_connections_per_client <= max_connections, "
+                f"ledger_max_mib >= {MIN_LEDGER_MAX_MIB}, and a scored_run in evaluation mode only"
             )
         return config

@@ -33,6 +33,8 @@ from typing import Mapping, Optional
 MODES = ("evaluation", "training")
 SECRET_FILE = "evaluation.secret"
 LEDGER_FILE = "results.jsonl"
+RUNS_DIR = "runs"
+"""The state directory's folder of scored runs' ledgers (RUN_ID.jsonl) and reveals (RUN_ID.reveal.json)."""
 
 
 def state_dir(environ: Optional[Mapping[str, str]] = None) -> Path:

@@ -6,11 +6,20 @@ Every line is checked against its schema when it is written and when it is read 
 strict pydantic models): booleans are JSON booleans, numbers finite JSON numbers, nothing unknown.
 A line that fails is an error naming the file, the line and the field (`LedgerError`), never a
 silent value; `read_ledger(..., skip_damaged=True)` reads past damaged lines and says which.
+
+Two kinds of file (`ResultsLedger`): the server's ledger of episodes played outside scored runs,
+rotated by size, one writer at a time (a lock beside it), each client address's share bounded;
+and a scored run's file of its own (`run_file=True`), made new, never rotated, whose lines chain:
+each carries the SHA-256 of the run's previous line (`previous`, `line_sha256`), so a line
+changed, inserted, removed or moved breaks the chain (`cernenv.server.audit` checks it).
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
+import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -98,6 +107,15 @@ class EpisodeEnded(_Line):
     """The claim's parameters as the agent sent them (None: no claim)."""
     run_id: Optional[StrictStr] = None
     task_index: Optional[StrictInt] = None
+    assignment: Optional[StrictInt] = None
+    """In a scored run, the task's place in the order the server handed tasks out (0: the first reset's)."""
+    actions: Optional[List[Any]] = None
+    """Every action the client sent, in order, as sent (references unresolved): with the world's
+    secret and `world_nonce`, what replays the episode (`cernenv.server.audit.replay_episode`)."""
+    refused_actions: Optional[StrictInt] = None
+    """The steps whose action was refused (a rule violation)."""
+    previous: Optional[StrictStr] = None
+    """In a scored run's file, the SHA-256 of the file's previous line (`line_sha256`)."""
 
     @property
     def abandoned(self) -> bool:
@@ -117,10 +135,18 @@ class RunOpened(_Line):
     secret_fingerprint: Optional[StrictStr]
     cernenv_version: StrictStr
     commit: Optional[StrictStr]
+    commitment: Optional[StrictStr] = None
+    """The SHA-256 of the run's commitment document (`cernenv.server.runs.commitment_of`): its tasks,
+    the order they are handed out in, the secret every world is drawn with, the code. Published
+    before the first reset (`GET /evaluation`); the document itself is revealed when the run ends."""
+    previous: Optional[StrictStr] = None
+    """None: the first line of the run's chain."""
 
 
 class RunEnded(_Line):
-    """The end of a scored run: every task played, or the server stopped (`reason`)."""
+    """The end of a scored run: every task played, or the server stopped (`reason`), with its
+    counts: tasks handed out (`assigned`), episodes ended (`ended`), and of those the lines
+    written (`recorded`: `graded` + `abandoned`); `previous` is the hash of the run's last line."""
 
     record: Literal["run_ended"] = "run_ended"
     ended_at: StrictStr
@@ -128,6 +154,10 @@ class RunEnded(_Line):
     reason: StrictStr
     assigned: StrictInt
     ended: StrictInt
+    recorded: Optional[StrictInt] = None
+    graded: Optional[StrictInt] = None
+    abandoned: Optional[StrictInt] = None
+    previous: Optional[StrictStr] = None
 
 
 LedgerLine = Annotated[Union[EpisodeEnded, RunOpened, RunEnded], Field(discriminator="record")]
@@ -157,6 +187,12 @@ def parse_line(text: str) -> Union[EpisodeEnded, RunOpened, RunEnded]:
     return _LINE.validate_python(data)
 
 
+def line_sha256(text: str) -> str:
+    """The SHA-256 (hex) of one ledger line as written, without its newline: what the next line of
+    a scored run's file carries as `previous`."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 LEDGER_MAX_BYTES = 256 * 2**20
 """Size [bytes] at which the ledger file is rotated (`ResultsLedger`)."""
 LEDGER_ROTATED_FILES = 8
@@ -165,37 +201,88 @@ LEDGER_ROTATED_FILES = 8
 REPORT_EVERY_S = 10.0
 
 
+class LedgerShareSpent(OSError):
+    """A client address has written its share of the ledger (`ResultsLedger.client_max_bytes`)."""
+
+
 class ResultsLedger:
-    """The ledger file, appended one whole line per `append` (one `write` on a file opened
+    """A ledger file, appended one whole line per `append` (one `write` on a file opened
     O_APPEND, under a lock), readable by this user only.
 
     A record is validated before it is written (a ValueError, nothing written, if it is not
     valid). A write the disk cuts short is undone (the file is truncated back) and reported
-    (OSError), so no partial line is left. When the file would pass `max_bytes` it is rotated:
-    results.jsonl becomes results.jsonl.1, .1 becomes .2, ..., keeping `rotated_files` of them
-    (the oldest is deleted, with a warning); `read_ledger` reads them all, oldest first."""
+    (OSError), so no partial line is left.
+
+    The server's ledger (the default): one writer at a time, held by an exclusive lock on
+    `<path>.lock` for the life of this object (a second server given the same file is refused
+    with what to do: two writers rotating one file lose each other's lines). When the file would
+    pass `max_bytes` it is rotated: results.jsonl becomes results.jsonl.1, .1 becomes .2, ...,
+    keeping `rotated_files` of them (the oldest is deleted, with a warning); `read_ledger` reads
+    them all, oldest first. Each client address may write at most `client_max_bytes` of episode
+    lines over the object's life (default `max_bytes`, one file's worth: no one client can rotate
+    the others' lines away); beyond it that address's episodes are not recorded (`LedgerShareSpent`,
+    logged at a bounded rate).
+
+    A scored run's file (`run_file=True`): created here (an existing file is refused), never
+    rotated (a run's size is bounded by its tasks), no share per client (every line of a run
+    counts), and its lines chain: `append` sets each record's `previous` to `line_sha256` of the
+    line before (None for the first) and `last_sha256` to its own."""
 
     def __init__(
-        self, path: Path, max_bytes: int = LEDGER_MAX_BYTES, rotated_files: int = LEDGER_ROTATED_FILES
+        self,
+        path: Path,
+        max_bytes: int = LEDGER_MAX_BYTES,
+        rotated_files: int = LEDGER_ROTATED_FILES,
+        *,
+        client_max_bytes: Optional[int] = None,
+        run_file: bool = False,
     ) -> None:
         self.path = Path(path)
-        self.max_bytes, self.rotated_files = max_bytes, rotated_files
+        self.max_bytes, self.rotated_files, self.run_file = max_bytes, rotated_files, run_file
+        self.client_max_bytes = None if run_file else (client_max_bytes or max_bytes)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._fd = open_private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._lock_fd = -1
+        if run_file:
+            try:
+                self._fd = open_private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                raise OSError(
+                    f"{self.path} exists: a scored run's ledger is a file of its own, made when the run opens; "
+                    "give a new path (or none: runs/RUN_ID.jsonl in the state directory)"
+                ) from None
+        else:
+            self._lock_fd = _exclusive_lock(lock_path(self.path), self.path)
+            try:
+                self._fd = open_private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            except BaseException:
+                os.close(self._lock_fd)
+                raise
+        self.last_sha256: Optional[str] = None
         self._lock = threading.Lock()
+        self._client_bytes: Dict[str, int] = {}
         self._failed, self._last_report = 0, -REPORT_EVERY_S
 
     def append(self, record: Dict[str, Any]) -> Union[EpisodeEnded, RunOpened, RunEnded]:
-        """Validate `record` and append it; the typed record written."""
-        text = json.dumps(record, sort_keys=True, default=_plain_scalar, allow_nan=False)
-        try:
-            typed = parse_line(text)
-        except ValueError as error:
-            raise ValueError(f"not a valid results-ledger record: {_problem(error)}") from None
-        data = (text + "\n").encode("utf-8")
+        """Validate `record` (in a run's file, with `previous` set) and append it; the typed record written."""
         with self._lock:
+            if self.run_file:
+                record = {**record, "previous": self.last_sha256}
+            text = json.dumps(record, sort_keys=True, default=_plain_scalar, allow_nan=False)
+            try:
+                typed = parse_line(text)
+            except ValueError as error:
+                raise ValueError(f"not a valid results-ledger record: {_problem(error)}") from None
+            data = (text + "\n").encode("utf-8")
+            client = typed.client if isinstance(typed, EpisodeEnded) and typed.client else "unknown"
+            if self.client_max_bytes is not None and isinstance(typed, EpisodeEnded):
+                spent = self._client_bytes.get(client, 0)
+                if spent + len(data) > self.client_max_bytes:
+                    raise LedgerShareSpent(
+                        f"client {client} has written {spent} bytes of episode lines, its share of "
+                        f"{self.client_max_bytes}: its further episodes are not recorded (--ledger-max-mib sets both)"
+                    )
             size = os.fstat(self._fd).st_size
-            if size > 0 and size + len(data) > self.max_bytes:
+            if not self.run_file and size > 0 and size + len(data) > self.max_bytes:
                 self._rotate()
                 size = 0
             try:
@@ -205,6 +292,10 @@ class ResultsLedger:
             if written != len(data):
                 os.ftruncate(self._fd, size)  # no partial line: the next one starts clean
                 raise OSError(f"results ledger {self.path}: the line could not be written whole (is the disk full?)")
+            if self.run_file:
+                self.last_sha256 = line_sha256(text)
+            elif isinstance(typed, EpisodeEnded):
+                self._client_bytes[client] = self._client_bytes.get(client, 0) + len(data)
         return typed
 
     def append_or_report(self, record: Dict[str, Any]) -> bool:
@@ -241,6 +332,32 @@ class ResultsLedger:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # releases the lock
+                self._lock_fd = -1
+
+
+def lock_path(path: Path) -> Path:
+    """The file whose lock says which process writes the ledger `path` (it outlives rotations)."""
+    return Path(path).with_name(Path(path).name + ".lock")
+
+
+def _exclusive_lock(lock: Path, ledger: Path) -> int:
+    """An open descriptor of `lock` holding its exclusive lock; an OSError that says what to do when
+    another process holds it."""
+    fd = open_private_file(lock, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        os.close(fd)
+        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        raise OSError(
+            f"the results ledger {ledger} is being written by another process (another server with the same "
+            "state directory or --results-ledger?): two writers would rotate each other's lines away; give "
+            "this server a ledger of its own with --results-ledger PATH or CERNENV_STATE_DIR"
+        ) from None
+    return fd
 
 
 def rotated_path(path: Path, index: int) -> Path:
@@ -253,7 +370,7 @@ def ledger_files(path: Path) -> List[Path]:
     rotated = []
     for candidate in path.parent.glob(path.name + ".*"):
         suffix = candidate.name[len(path.name) + 1 :]
-        if suffix.isdigit():
+        if suffix.isascii() and suffix.isdigit():
             rotated.append((int(suffix), candidate))
     return [candidate for _, candidate in sorted(rotated, reverse=True)] + [path]
 
@@ -281,8 +398,8 @@ def read_ledger(
                     if not skip_damaged:
                         raise LedgerError(
                             f"{problem}; the line is not a valid results-ledger record (a line cut by a full "
-                            "disk, or written by hand): read past it with skip_damaged=True (the scorer's "
-                            "--skip-damaged), which reports each line it skips"
+                            "disk, or written by hand): read past it with skip_damaged=True, which reports each "
+                            "line it skips (a scored run's ledger is never read past: cernenv.server.audit)"
                         ) from None
                     problems.append(problem)
     return (records, problems) if skip_damaged else records

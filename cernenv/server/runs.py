@@ -1,29 +1,54 @@
-"""Scored runs: the evaluation server, not the client, decides what is played.
+"""Scored runs: the evaluation server, not the client, decides what is played, and commits to the
+worlds before anyone plays them.
 
 An operator opens a run when starting the server (`python -m cernenv.server --scored-run v3`):
 the run holds a list of tasks (`cernenv.suite.selected_tasks`), in an order the server draws and
-keeps to itself. Each client reset gets the run's next task — a reset names no seed, scenario or
-difficulty — and each task is assigned once. Every assigned episode ends in the results ledger,
-abandoned ones too (a reset, a disconnect, an idle timeout, the server's shutdown), and a run's
-scorecard (`python -m lib.measure.scorecard`) counts an abandoned or unplayed task as a failure:
-nobody can choose their tasks or drop the ones they are unsure of.
+keeps to itself. Each client reset gets the run's next task — a reset names no seed, scenario,
+difficulty or secret — and each task is assigned once. Every assigned episode ends in the run's
+ledger, abandoned ones too (a reset, a disconnect, an idle timeout, the server's shutdown), and a
+run's scorecard (`python -m lib.measure.scorecard`) counts an abandoned or unplayed task as a
+failure: nobody can choose their tasks or drop the ones they are unsure of.
 
-The run's first ledger line (`RunOpened`) names its id, its tasks, the secret's fingerprint and
-the code (cernenv's version and git commit); its last (`RunEnded`) says why it ended: every task
-played, or the server stopped.
+Commit before play, reveal after. Every world of a run is drawn with the run's own secret (32
+random bytes, `world_secret`, never the server's long-lived one) and a nonce derived from it
+for each task (`world_nonce`). Before the first reset the server publishes the SHA-256 of the
+run's commitment document (`commitment_of`): the selection, every task, the order they are
+handed out in, the world secret, cernenv's version and commit. The hash is the `RunOpened`
+line's `commitment` and is served by `GET /evaluation`; it says nothing of the secret. When the
+run ends the server writes the document itself, the reveal (`reveal_path`, readable by the
+operator alone), for the operator to publish with the ledger: anyone can then check it against
+the published hash, draw every world again and replay every recorded episode
+(`cernenv.server.audit`, `python -m lib.measure.scorecard LEDGER --reveal REVEAL`).
+
+The run's ledger is a file of its own (`ResultsLedger(run_file=True)`), never rotated, whose
+lines chain (each carries the hash of the line before): its first line (`RunOpened`) names its
+id, its tasks, the world secret's fingerprint, the code and the commitment; its last
+(`RunEnded`) says why it ended (every task played, or the server stopped), with its counts.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+import logging
+import os
 import secrets
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from cernenv._version import __version__
 from cernenv.provenance import source_revision
+from cernenv.server.evaluation import fingerprint, open_private_file
 from cernenv.server.ledger import ResultsLedger, utc_now
 from cernenv.server.wire import RequestError
 from cernenv.suite import SuiteTask, selected_tasks
+
+logger = logging.getLogger("cernenv.server")
+
+COMMITMENT_FORMAT = "cernenv scored-run commitment 1"
+"""The `format` of a commitment document: what its fields are and how it is hashed (`commitment_of`)."""
 
 
 def source_commit() -> Optional[str]:
@@ -35,36 +60,79 @@ def source_commit() -> Optional[str]:
     return revision["commit"] + ("+modified" if revision["dirty"] else "")
 
 
-class ScoredRun:
-    """One scored run over `tasks` (see the module docstring), recorded in `ledger`."""
+def canonical_json(value: Any) -> bytes:
+    """`value` as the bytes a commitment hashes: JSON with sorted keys, no spaces, ASCII only."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
-    def __init__(self, selection: str, ledger: ResultsLedger, secret_fingerprint: Optional[str]) -> None:
+
+def commitment_of(document: Mapping[str, Any]) -> str:
+    """The commitment to a run's document: the SHA-256 (hex) of its canonical JSON."""
+    return hashlib.sha256(canonical_json(document)).hexdigest()
+
+
+def world_nonce(world_secret: str, task_index: int) -> str:
+    """The nonce mixed into task `task_index`'s hidden streams, with the world secret: an HMAC-SHA-256
+    of the task's index under the secret (32 hex digits), so the secret alone rebuilds every world."""
+    message = f"world nonce of task {task_index}".encode()
+    return hmac.new(world_secret.encode("utf-8"), message, hashlib.sha256).hexdigest()[:32]
+
+
+def reveal_path(ledger: Path) -> Path:
+    """Where the server writes a run's reveal: beside its ledger, `RUN_ID.reveal.json`."""
+    return Path(ledger).with_suffix(".reveal.json")
+
+
+class ScoredRun:
+    """One scored run over `tasks` (see the module docstring). Its ledger is `ledger_path`, a new
+    file, or `RUN_ID.jsonl` inside it when it is a folder."""
+
+    def __init__(self, selection: str, ledger_path: Path) -> None:
         self.selection = selection
         self.tasks: Tuple[SuiteTask, ...] = selected_tasks(selection)
         self.run_id = secrets.token_hex(8)
-        self._ledger = ledger
+        self.world_secret = secrets.token_urlsafe(32)
+        self.secret_fingerprint = fingerprint(self.world_secret)
         self._order = list(range(len(self.tasks)))
         secrets.SystemRandom().shuffle(self._order)
+        path = Path(ledger_path)
+        self.ledger_path = path / f"{self.run_id}.jsonl" if path.is_dir() else path
+        self.ledger = ResultsLedger(self.ledger_path, run_file=True)
+        self.commit = source_commit()
+        self.document: Dict[str, Any] = {
+            "format": COMMITMENT_FORMAT,
+            "run_id": self.run_id,
+            "selection": selection,
+            "tasks": [task.to_dict() for task in self.tasks],
+            "order": list(self._order),
+            "world_secret": self.world_secret,
+            "cernenv_version": __version__,
+            "commit": self.commit,
+        }
+        self.commitment = commitment_of(self.document)
         self._lock = threading.Lock()
         self._assigned = 0
         self._ended: set = set()
+        self._recorded = {"graded": 0, "abandoned": 0}
         self.end_reason: Optional[str] = None
-        ledger.append(
+        self.reveal_file: Optional[Path] = None
+        self.ledger.append(
             {
                 "record": "run_opened",
                 "opened_at": utc_now(),
                 "run_id": self.run_id,
                 "selection": selection,
                 "n_tasks": len(self.tasks),
-                "tasks": [task.to_dict() for task in self.tasks],
-                "secret_fingerprint": secret_fingerprint,
+                "tasks": self.document["tasks"],
+                "secret_fingerprint": self.secret_fingerprint,
                 "cernenv_version": __version__,
-                "commit": source_commit(),
+                "commit": self.commit,
+                "commitment": self.commitment,
             }
         )
 
-    def next_task(self) -> Tuple[int, SuiteTask]:
-        """The next task to play and its index in `tasks`; a RequestError once none is left."""
+    def next_task(self) -> Tuple[int, int, SuiteTask]:
+        """(index in `tasks`, place in the order handed out, task) of the next task to play; a
+        RequestError once none is left."""
         with self._lock:
             if self.end_reason is not None or self._assigned >= len(self.tasks):
                 raise RequestError(
@@ -72,55 +140,113 @@ class ScoredRun:
                     + (f" and ended ({self.end_reason})" if self.end_reason else "")
                     + ": there is nothing more to play on this server"
                 )
-            index = self._order[self._assigned]
+            assignment = self._assigned
+            index = self._order[assignment]
             self._assigned += 1
-            return index, self.tasks[index]
+            return index, assignment, self.tasks[index]
 
-    def episode_ended(self, task_index: int) -> None:
-        """Task `task_index`'s episode is in the ledger; the run ends once every task's is."""
+    def world_nonce(self, task_index: int) -> str:
+        """Task `task_index`'s world nonce (`world_nonce`)."""
+        return world_nonce(self.world_secret, task_index)
+
+    def record_episode(self, record: Dict[str, Any]) -> None:
+        """Append the ended episode `record` (of task `record["task_index"]`) to the run's ledger;
+        the run ends once every task's episode has ended. After the run's end nothing is written
+        (its last line is `RunEnded`): the episode is logged instead."""
         with self._lock:
-            self._ended.add(task_index)
+            if self.end_reason is not None:
+                logger.warning(
+                    "scored run %s has ended (%s): episode of task %s not recorded",
+                    self.run_id,
+                    self.end_reason,
+                    record.get("task_index"),
+                )
+                return
+            if self.ledger.append_or_report(record):
+                self._recorded["abandoned" if record.get("grade") is None else "graded"] += 1
+            self._ended.add(record["task_index"])
             finished = len(self._ended) == len(self.tasks)
         if finished:
             self.end("every task played")
 
     def end(self, reason: str) -> None:
-        """End the run (once): its last ledger line."""
+        """End the run (once): its last ledger line, then the reveal beside the ledger."""
         with self._lock:
             if self.end_reason is not None:
                 return
             self.end_reason = reason
-            assigned, ended = self._assigned, len(self._ended)
-        self._ledger.append(
-            {
-                "record": "run_ended",
-                "ended_at": utc_now(),
-                "run_id": self.run_id,
-                "reason": reason,
-                "assigned": assigned,
-                "ended": ended,
-            }
+            self.ledger.append_or_report(
+                {
+                    "record": "run_ended",
+                    "ended_at": utc_now(),
+                    "run_id": self.run_id,
+                    "reason": reason,
+                    "assigned": self._assigned,
+                    "ended": len(self._ended),
+                    "recorded": sum(self._recorded.values()),
+                    **self._recorded,
+                }
+            )
+        self.reveal_file = reveal_path(self.ledger_path)
+        try:
+            fd = open_private_file(self.reveal_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(self.reveal(), indent=1, sort_keys=True) + "\n")
+        except OSError as error:
+            logger.error("scored run %s: could not write its reveal %s: %s", self.run_id, self.reveal_file, error)
+            self.reveal_file = None
+            return
+        logger.warning(
+            "scored run %s ended (%s); its reveal (the secret of its worlds: publish it with the ledger, and "
+            "anyone can verify the run) is %s; verify: python -m lib.measure.scorecard %s --reveal %s",
+            self.run_id,
+            reason,
+            self.reveal_file,
+            self.ledger_path,
+            self.reveal_file,
         )
 
+    def reveal(self) -> Dict[str, Any]:
+        """What the operator publishes once the run has ended: the commitment document, its hash,
+        and the hash of the ledger's last line (so the ledger published with it is the whole one)."""
+        if self.end_reason is None:
+            raise RuntimeError("a run's reveal is made once the run has ended")
+        return {
+            "commitment": self.commitment,
+            "document": self.document,
+            "last_line_sha256": self.ledger.last_sha256,
+        }
+
     def describe(self) -> Dict[str, Any]:
-        """What `/evaluation` says of the run: its id, selection, size and progress (not the order)."""
+        """What `/evaluation` says of the run: its id, selection, size, progress and commitment (not
+        the order, not the secret); once ended, the hash of its ledger's last line."""
         with self._lock:
-            return {
+            described = {
                 "run_id": self.run_id,
                 "selection": self.selection,
                 "n_tasks": len(self.tasks),
                 "assigned": self._assigned,
                 "ended": len(self._ended),
                 "open": self.end_reason is None,
+                "commitment": self.commitment,
+                "secret_fingerprint": self.secret_fingerprint,
             }
+            if self.end_reason is not None:
+                described["last_line_sha256"] = self.ledger.last_sha256
+            return described
+
+
+RUN_CHOSEN_RESET_PARAMETERS: List[str] = ["seed", "scenario", "difficulty", "secret_salt"]
+"""Reset parameters that would choose or change a scored run's world: refused in a scored run."""
 
 
 def unscored_reset_problem(arguments: Dict[str, Any], run: ScoredRun) -> Optional[str]:
-    """Why a reset that chooses its task is refused in scored run `run` (None: it chooses nothing)."""
-    chosen: List[str] = [name for name in ("seed", "scenario", "difficulty") if arguments.get(name) is not None]
+    """Why a reset that chooses its task (or mixes in a secret of its own) is refused in scored run
+    `run` (None: it chooses nothing)."""
+    chosen = [name for name in RUN_CHOSEN_RESET_PARAMETERS if arguments.get(name) is not None]
     if not chosen:
         return None
     return (
-        f"this server is playing scored run {run.run_id}: the server assigns every task, so a reset "
-        f"takes no {', '.join(chosen)}; send reset with no parameters to get the next task"
+        f"this server is playing scored run {run.run_id}: the server assigns every task and its world, so a "
+        f"reset takes no {', '.join(chosen)}; send reset with no parameters to get the next task"
     )

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 from openenv.core.env_server.types import Action
-from pydantic import ConfigDict
+from pydantic import BaseModel, ConfigDict
 
 from cernenv.client import RAW_ACTION_KEY
 from cernenv.environment import CERNCollisionEnvironment
@@ -54,6 +55,17 @@ class WireAction(Action):
         if set(data) == {RAW_ACTION_KEY}:
             return data[RAW_ACTION_KEY]
         return data
+
+
+MAX_RECORDED_ACTION_BYTES = 16 * 1024
+"""The largest action [bytes of its JSON, UTF-8] a server that records actions (a results ledger)
+takes: every action goes into the ledger, which replays the episode. The longest valid action (a
+justification of 2,000 characters of 4 bytes each) takes under 9 KiB."""
+
+
+def recordable_action(action: Any) -> Any:
+    """`action` as the ledger records it: the JSON value the client sent (a model as its JSON)."""
+    return action.model_dump(mode="json") if isinstance(action, BaseModel) else action
 
 
 class EnvironmentCount:
@@ -103,6 +115,8 @@ class ServedEnvironment(CERNCollisionEnvironment):
         self._ledger = ledger
         self._scored_run = run
         self._task_index: Optional[int] = None  # the scored run's task the episode plays
+        self._assignment: Optional[int] = None  # its place in the order the run hands tasks out
+        self._actions: List[Any] = []  # every action of the episode, as sent (the ledger replays them)
         self._record_lock = threading.Lock()  # one ledger line per episode, whichever end comes first
         self._recorded: Optional[object] = None  # the episode last recorded
         self._last_observation: Optional[CollisionObservation] = None
@@ -204,14 +218,23 @@ class ServedEnvironment(CERNCollisionEnvironment):
                     f"this server is playing scored run {self._scored_run.run_id}, whose tasks are played in "
                     "sessions: open the WebSocket /ws (cernenv.client.CERNEnvClient) or an MCP session"
                 )
-            self._task_index, task = self._scored_run.next_task()
+            self._task_index, self._assignment, task = self._scored_run.next_task()
             seed, scenario, difficulty = task.seed, task.scenario, task.difficulty
+            nonce: Optional[str] = self._scored_run.world_nonce(self._task_index)
+        else:
+            nonce = None  # a fresh one in evaluation mode, none in training mode
         try:
             observation = super().reset(
-                seed=seed, episode_id=episode_id, scenario=scenario, difficulty=difficulty, secret_salt=secret_salt
+                seed=seed,
+                episode_id=episode_id,
+                scenario=scenario,
+                difficulty=difficulty,
+                secret_salt=secret_salt,
+                world_nonce=nonce,
             )
         except ValueError as error:
             raise RequestError(str(error)) from None
+        self._actions = []
         self._steps_on_unchanged_data, self._reset_wasted_episode = 0, wasted
         self._last_observation = observation
         return observation
@@ -225,6 +248,15 @@ class ServedEnvironment(CERNCollisionEnvironment):
             )
         if isinstance(action, WireAction):
             action = action.unwrap()
+        if self._ledger is not None and not self._episode.done:
+            recorded = recordable_action(action)
+            size = len(json.dumps(recorded, ensure_ascii=False, default=str).encode("utf-8"))
+            if size > MAX_RECORDED_ACTION_BYTES:
+                raise RequestError(
+                    f"an action of {size} bytes: this server records every action and takes at most "
+                    f"{MAX_RECORDED_ACTION_BYTES} (a justification of 2,000 characters fits): send a shorter one"
+                )
+            self._actions.append(recorded)
         data_before, was_done = self._episode.data_version, self._episode.done
         observation = super().step(action, timeout_s=timeout_s, **kwargs)
         self._last_observation = observation
@@ -244,9 +276,11 @@ class ServedEnvironment(CERNCollisionEnvironment):
         the reason the campaign stopped, or how it was abandoned), at most one per episode
         whichever end comes first (a claim racing the session's close): where it was played
         (`session_id`, `client`), what it was (`episode_id`, `seed`, `scenario`, `difficulty`,
-        `world_nonce`, the `secret_fingerprint`, the scored run's `run_id` and `task_index`),
-        `steps`, the `grade` (None if abandoned), the `episode_reward`, the final `resources`,
-        the `claim` and the `truth` (`cernenv.server.ledger.EpisodeEnded`). Only a session's
+        `world_nonce`, the `secret_fingerprint`, the scored run's `run_id`, `task_index` and
+        `assignment`), `steps`, the `grade` (None if abandoned), the `episode_reward`, the final
+        `resources`, the `claim`, the `truth`, every action as sent (`actions`, what replays the
+        episode) and how many were refused (`cernenv.server.ledger.EpisodeEnded`); a scored run's
+        episode goes to the run's own ledger (`ScoredRun.record_episode`). Only a session's
         episodes are recorded (not HTTP's one-off resets)."""
         if self._ledger is None or self.session_id is None or self._episode is None:
             return
@@ -279,10 +313,14 @@ class ServedEnvironment(CERNCollisionEnvironment):
             "truth": CERNCollisionEnvironment.hidden_truth(self),
             "run_id": self._scored_run.run_id if self._scored_run else None,
             "task_index": self._task_index if self._scored_run else None,
+            "assignment": self._assignment if self._scored_run else None,
+            "actions": list(self._actions),
+            "refused_actions": self.refused_actions(),
         }
-        self._ledger.append_or_report(record)
         if self._scored_run is not None and self._task_index is not None:
-            self._scored_run.episode_ended(self._task_index)
+            self._scored_run.record_episode(record)
+        else:
+            self._ledger.append_or_report(record)
 
     def record_unfinished(self, ended: str) -> None:
         """Record the session's episode as `ended` if it is still being played."""

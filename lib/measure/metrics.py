@@ -186,13 +186,39 @@ def _fraction(episode: Mapping[str, Any], used: str, remaining: str) -> Optional
     return resources[used] / total if total > 0 else None
 
 
+UNFINISHED_VALUES: Dict[str, float] = {
+    "success_rate": 0.0,
+    "mass_accuracy": 0.0,
+    "channel_accuracy": 0.0,
+    "spin_accuracy": 0.0,
+    "false_discovery_rate": 1.0,
+}
+"""What each rate counts for an episode record marked `unfinished` (a scored run's task abandoned or
+never played, `lib.measure.scorecard`): a failure. Such a record is in the population of every
+metric its truth allows, and of all of them when its truth is unknown (never played); its steps,
+budget and time count as it recorded them, nothing when it recorded none."""
+_NOTHING_SPENT = ("mean_steps", "budget_used_fraction", "time_used_fraction")
+
+
+def metric_values(name: str, episodes: Sequence[Any]) -> List[Any]:
+    """The values metric `name` of `METRICS` averages, one per episode in its population (see
+    `UNFINISHED_VALUES` for the unfinished)."""
+    _, include, value = METRICS[name]
+    values = []
+    for episode in map(as_episode_dict, episodes):
+        if not episode.get("unfinished"):
+            if include(episode):
+                values.append(value(episode))
+        elif include(episode) or has_particle(episode) is None:
+            own = value(episode)
+            values.append(UNFINISHED_VALUES.get(name, 0.0 if own is None and name in _NOTHING_SPENT else own))
+    return values
+
+
 def agent_metrics(episodes: Sequence[Any], *, seed: int = 0) -> Dict[str, Estimate]:
     """Every metric of `METRICS` with its 95% bootstrap interval."""
     records = [as_episode_dict(e) for e in episodes]
-    return {
-        name: bootstrap_mean([value(e) for e in records if include(e)], seed=seed)
-        for name, (_, include, value) in METRICS.items()
-    }
+    return {name: bootstrap_mean(metric_values(name, records), seed=seed) for name in METRICS}
 
 
 def paired_difference(before: Sequence[Any], after: Sequence[Any], metric: str, *, seed: int = 0) -> Estimate:

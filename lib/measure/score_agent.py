@@ -1,16 +1,22 @@
 """Score an agent you did not write: it plays a scored run as a client of an evaluation server, in
-a process of its own, and the run's ledger is scored.
+a process of its own, and the run's ledger is scored and verified.
 
-    python -m lib.measure.score_agent --agent package.module:Class [--suite v3] [--out DIR]
-    make evaluate AGENT=package.module:Class [SUITE=v3]
+    python -m lib.measure.score_agent --agent package.module:Class [--agent-path DIR] [--suite v3] [--out DIR]
+    make evaluate AGENT=package.module:Class [AGENT_PATH=DIR] [SUITE=v3]
 
-Three processes: the server (`python -m cernenv.server --scored-run SUITE --ephemeral-secret`,
-on a free loopback port, its ledger in a private temporary folder), the agent
-(`python -m lib.agents.remote_player`, started without the CERNENV_* variables), and this one,
-which waits, then scores the ledger (`lib.measure.scorecard`). The agent's process holds what the
-server sends an agent and nothing else: the secret exists only in the server's memory (never in a
-file or a variable), every world is fresh, and the run's tasks come in an order the server keeps
-to itself. Introspecting its own process (frames, the garbage collector, files) finds nothing.
+Three processes: the server (`python -m cernenv.server --scored-run SUITE`, on a free loopback
+port, the run's ledger in a private temporary folder), the agent (`python -m
+lib.agents.remote_player`, started without the CERNENV_* variables, importing from the
+repository, the current folder and each `--agent-path`), and this one, which waits, then scores
+the ledger and replays every episode against the run's reveal (`lib.measure.scorecard`). The
+agent's process holds what the server sends an agent and nothing else: the secret of the run's
+worlds exists only in the server's memory until the run ends, every world is fresh, and the
+run's tasks come in an order the server keeps to itself. Introspecting its own process (frames,
+the garbage collector, files) finds nothing.
+
+It fails (`AgentRunError`: one line, a non-zero exit) when the agent cannot be loaded, plays no
+episode to its end, or raised in some (those episodes count as failures; the run went on and is
+scored). The run's ledger, reveal and scorecard are kept in `--out`.
 
 What this does not isolate: the agent runs as your user, so it could read files you can and, where
 the kernel lets one process of a user read another's memory (`kernel.yama.ptrace_scope` 0), the
@@ -24,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,12 +38,14 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
-from cernenv.server.ledger import read_ledger
+from cernenv.server.audit import AuditError
+from cernenv.server.runs import reveal_path
 from cernenv.suite import SELECTION_HELP, SUITE_VERSION, selected_tasks
+from lib.agents.remote_player import LOAD_FAILED
 from lib.files import atomic_write
-from lib.measure.scorecard import scorecard, scorecard_json, scorecard_markdown
+from lib.measure.scorecard import score_run, scorecard_json, scorecard_markdown, verified_line
 from lib.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,11 +62,16 @@ def _get(url: str) -> Optional[Dict[str, Any]]:
         return None
 
 
+class AgentRunError(RuntimeError):
+    """The agent could not be scored as asked: it cannot be loaded, played no episode to its end,
+    or raised in some. One line, saying which and what to do."""
+
+
 def agent_environment(extra_paths: Sequence[str] = ()) -> Dict[str, str]:
     """The agent process's variables: this process's, without CERNENV_* (the server's settings),
-    with the repository and the current folder importable."""
+    with the repository, the current folder and `extra_paths` importable."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("CERNENV_")}
-    paths = [str(ROOT), os.getcwd(), *extra_paths, *filter(None, [environment.get("PYTHONPATH")])]
+    paths = [str(ROOT), os.getcwd(), *map(str, extra_paths), *filter(None, [environment.get("PYTHONPATH")])]
     environment["PYTHONPATH"] = os.pathsep.join(paths)
     return environment
 
@@ -67,16 +81,23 @@ def score_agent(
     suite: str = SUITE_VERSION,
     *,
     out_dir: Optional[Path] = None,
+    agent_paths: Sequence[Path] = (),
     progress_every_s: float = 15.0,
     max_episodes: Optional[int] = None,
+    verify: bool = True,
 ) -> Dict[str, Any]:
-    """Play `suite` with the agent class `agent` ("module:Class") out of process and return its
-    scorecard (`lib.measure.scorecard.scorecard`), also written to `out_dir` as
-    scorecard-<run id>.json and .md when given. `max_episodes`: the agent stops after so many
-    (the rest of the run then counts as not played)."""
+    """Play `suite` with the agent class `agent` ("module:Class", importable from the repository,
+    the current folder or `agent_paths`) out of process and return its scorecard
+    (`lib.measure.scorecard.scorecard`, verified against the run's reveal unless `verify` is
+    False), with `agent_run`: what the player reported (`played`, `failed`, `first_error`, and
+    `error`: why the run fails, or None). The run's ledger (RUN_ID.jsonl), reveal
+    (RUN_ID.reveal.json) and scorecard (scorecard-RUN_ID.json and .md) go to `out_dir` when given.
+    `max_episodes`: the agent stops after so many (the rest of the run then counts as not
+    played). An `AgentRunError` when the agent cannot be loaded."""
     selected_tasks(suite)  # a bad selection fails here, before anything starts
     workspace = Path(tempfile.mkdtemp(prefix="cernenv-score-"))  # 0700: this user's only
-    ledger, log_path, port = workspace / "results.jsonl", workspace / "server.log", free_port()
+    ledger, log_path, port = workspace / "run.jsonl", workspace / "server.log", free_port()
+    summary_path = workspace / "player.json"
     url = f"http://127.0.0.1:{port}"
     # the server of this run alone: none of the operator's CERNENV_* settings (a token, a ledger, a run)
     server_env = {k: v for k, v in os.environ.items() if not k.startswith("CERNENV_")}
@@ -93,11 +114,16 @@ def score_agent(
                 raise RuntimeError(f"the evaluation server did not start; its log:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.5)
         run = (_get(url + "/evaluation") or {}).get("scored_run") or {}
-        print(f"scored run {run.get('run_id')}: {run.get('n_tasks')} tasks ({suite}); agent {agent}", flush=True)
+        print(
+            f"scored run {run.get('run_id')}: {run.get('n_tasks')} tasks ({suite}); agent {agent}; "
+            f"commitment {run.get('commitment')}",
+            flush=True,
+        )
         player_command = [sys.executable, "-m", "lib.agents.remote_player", "--url", url, "--agent", agent]
+        player_command += ["--summary", str(summary_path)]
         if max_episodes is not None:
             player_command += ["--max-episodes", str(max_episodes)]
-        player = subprocess.Popen(player_command, env=agent_environment())
+        player = subprocess.Popen(player_command, env=agent_environment(agent_paths))
         last = time.monotonic()
         while player.poll() is None:
             time.sleep(0.5)
@@ -105,22 +131,55 @@ def score_agent(
                 last = time.monotonic()
                 state = (_get(url + "/evaluation") or {}).get("scored_run") or {}
                 print(f"  {state.get('ended')} of {state.get('n_tasks')} tasks ended", flush=True)
-        if player.returncode != 0:
-            print(f"the agent's process exited with {player.returncode}: its unplayed tasks count as failures")
     finally:
         if player is not None and player.poll() is None:
             player.kill()
-        server.send_signal(signal.SIGTERM)  # records what is still open, then the run's end
+        server.send_signal(signal.SIGTERM)  # records what is still open, then the run's end and its reveal
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
-    card = scorecard(read_ledger(ledger))
+    report = _player_report(player, summary_path)
+    if report.get("load_error"):
+        shutil.rmtree(workspace, ignore_errors=True)
+        raise AgentRunError(f"the agent could not be loaded: {report['load_error']}")
+    reveal = reveal_path(ledger)
+    card = score_run(ledger, reveal if verify else None)
+    report["error"] = _run_error(agent, card, report)
+    card["agent_run"] = report
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ledger, out_dir / f"{card['run_id']}.jsonl")
+        shutil.copyfile(reveal, out_dir / f"{card['run_id']}.reveal.json")
         atomic_write(out_dir / f"scorecard-{card['run_id']}.json", scorecard_json(card))
         atomic_write(out_dir / f"scorecard-{card['run_id']}.md", scorecard_markdown(card, agent))
+    shutil.rmtree(workspace, ignore_errors=True)
     return card
+
+
+def _player_report(player: Optional[subprocess.Popen], summary_path: Path) -> Dict[str, Any]:
+    """What the player process reported (its --summary), or what its exit says when it wrote none."""
+    try:
+        return json.loads(summary_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        status = None if player is None else player.returncode
+        if status == LOAD_FAILED:
+            return {"load_error": "the player could not load it (its line above says why)"}
+        return {"played": 0, "failed": 0, "first_error": f"the agent's process ended with status {status}"}
+
+
+def _run_error(agent: str, card: Mapping[str, Any], report: Mapping[str, Any]) -> Optional[str]:
+    """Why the agent's run fails (one line), or None."""
+    played, failed = report.get("played", 0), report.get("failed", 0)
+    if failed:
+        return (
+            f"the agent {agent} raised in {failed} of {played + failed} episodes (first: {report['first_error']}; "
+            "its traceback is above): those count as failures"
+        )
+    if played == 0:
+        why = report.get("first_error") or f"{card['unplayed']} of {card['n_tasks']} tasks never played"
+        return f"the agent {agent} played no episode to its end ({why})"
+    return None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -129,9 +188,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Score an agent out of process, as a client of an evaluation server's scored run.",
         allow_abbrev=False,
     )
-    parser.add_argument("--agent", required=True, help="the agent class, module:Class (importable from here)")
+    parser.add_argument("--agent", required=True, help="the agent class, module:Class")
+    parser.add_argument(
+        "--agent-path",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder the agent's module is imported from, for an agent kept outside the repository (repeatable; "
+        "make evaluate: AGENT_PATH=DIR)",
+    )
     parser.add_argument("--suite", default=SUITE_VERSION, help=f"what the run plays: {SELECTION_HELP}")
-    parser.add_argument("--out", type=Path, default=ROOT / "build" / "scorecards", help="where the scorecard goes")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "build" / "scorecards", help="where the ledger, reveal and scorecard go"
+    )
     parser.add_argument("--max-episodes", type=int, help="stop the agent after this many episodes")
     args = parser.parse_args(argv)
     try:
@@ -140,9 +210,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"--suite: {error}")
     if not AGENT_SPEC.fullmatch(args.agent):  # its code is imported in its own process only
         parser.error(f"--agent {args.agent!r}: give module:Class, e.g. lib.agents.baselines:HeuristicAgent")
-    card = score_agent(args.agent, args.suite, out_dir=args.out, max_episodes=args.max_episodes)
+    args.agent_path = [folder.expanduser() for folder in args.agent_path]  # AGENT_PATH=~/agents, quoted by make
+    for folder in args.agent_path:
+        if not folder.is_dir():
+            parser.error(f"--agent-path {folder}: not a folder; give the folder that holds the agent's module")
+    try:
+        card = score_agent(
+            args.agent, args.suite, out_dir=args.out, agent_paths=[p.resolve() for p in args.agent_path],
+            max_episodes=args.max_episodes,
+        )  # fmt: skip
+    except (AgentRunError, AuditError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(scorecard_markdown(card, args.agent), end="")
-    print(f"scorecard: {args.out}/scorecard-{card['run_id']}.json and .md")
+    print(verified_line(card))
+    print(
+        f"scorecard: {args.out}/scorecard-{card['run_id']}.json and .md; the run's ledger and reveal: "
+        f"{args.out}/{card['run_id']}.jsonl and .reveal.json"
+    )
+    if card["agent_run"]["error"]:
+        print(f"error: {card['agent_run']['error']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,24 +1,42 @@
-"""A scored run's scorecard, from the evaluation server's results ledger.
+"""A scored run's scorecard, from the run's ledger, checked as anyone sent it can check it.
 
-    python -m lib.measure.scorecard LEDGER [--run RUN_ID] [--json PATH] [--markdown PATH]
+    python -m lib.measure.scorecard LEDGER [--reveal REVEAL] [--run RUN_ID] [--json PATH] [--markdown PATH]
 
-Reads the run's lines (`cernenv.server.ledger`; by default the last run the ledger opened) and
-gives the metrics `evaluate_agents` gives in process, with their 95% bootstrap intervals, for the
-whole run and each group of `lib.measure.evaluation.GROUPS` (unseen particles, unseen null tasks,
-known physics, ...). Every task of the run counts: an abandoned episode (reset, disconnect, idle
-timeout, shutdown) and a task never played are failures, so dropping the tasks one is unsure of
-gains nothing. The two metrics that need an episode's steps (`parse_rate`, `claims_quote_own_fit`)
-are in-process only: the ledger keeps the grade, not the steps.
+LEDGER is the run's own ledger (`runs/RUN_ID.jsonl` in the server's state directory, or its
+`--results-ledger`); REVEAL the document the server wrote beside it when the run ended
+(`RUN_ID.reveal.json`). The ledger is checked first (`cernenv.server.audit.read_run`: one run,
+whole, its lines chained, every episode one of its tasks, its end's counts the lines'); with the
+reveal, the commitment the run published before play is checked and every episode is replayed in
+its world (`cernenv.server.audit.verify_run`): "verified: N of N episodes replayed identically".
+A ledger or reveal that fails is refused with one line naming the file, the line and the reason.
+
+The metrics are those `evaluate_agents` gives in process, with their 95% bootstrap intervals,
+for the whole run and each group of `lib.measure.evaluation.GROUPS`, over every task the run
+assigned: coverage says how many were played to their end, and a task abandoned (reset,
+disconnect, idle timeout, shutdown) or never played is a failure in every metric
+(`lib.measure.metrics.UNFINISHED_VALUES`) with the reward of an honest give-up at most: the
+shaping it earned plus the grade of ending without a claim (`cernenv.rewards.NO_CLAIM`). A task
+never played has no known truth: it counts in its part and the whole run, in the populations of
+both particle splits' metrics (a null task not played is never a correct "nothing there", nor a
+false discovery avoided). So walking away from a task never scores better than giving up on it.
+The two metrics that need an episode's prompts (`parse_rate`, `claims_quote_own_fit`) are
+in-process only. The counts per part say how many tasks ended without a claim and how many of
+the agent's actions the environment refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from cernenv.server.ledger import EpisodeEnded, LedgerError, RunEnded, RunOpened, read_ledger
+from cernenv.rewards import NO_CLAIM
+from cernenv.server.audit import AuditError, RunLedger, read_run, verify_run
+from cernenv.server.ledger import EpisodeEnded
+from cernenv.suite import part_of
 from lib.files import atomic_write, json_text
 from lib.measure.evaluation import GROUP_WORDS, PARTS, group_metrics, split_comparison_table
 from lib.measure.metrics import CONFIDENCE, N_BOOTSTRAP, estimates_to_json
@@ -26,53 +44,19 @@ from lib.measure.metrics import CONFIDENCE, N_BOOTSTRAP, estimates_to_json
 UNPLAYED = "not played: the run ended first"
 
 
-class ScorecardError(ValueError):
-    """A ledger that holds no such run, or a run whose lines contradict each other."""
-
-
-def run_lines(
-    records: Sequence[Any], run_id: Optional[str] = None
-) -> Tuple[RunOpened, List[EpisodeEnded], Optional[RunEnded]]:
-    """The opening line, episode lines and end line (None: not ended) of run `run_id` (default:
-    the last run opened in `records`). Two episodes of one task are an error."""
-    opened = [r for r in records if isinstance(r, RunOpened) and (run_id is None or r.run_id == run_id)]
-    if not opened:
-        runs = [r.run_id for r in records if isinstance(r, RunOpened)]
-        raise ScorecardError(
-            f"the ledger opens no run {run_id}; it opens: {', '.join(runs)}"
-            if run_id and runs
-            else "the ledger opens no scored run: start the server with --scored-run (e.g. v3) and play it"
-        )
-    run = opened[-1]
-    episodes = [r for r in records if isinstance(r, EpisodeEnded) and r.run_id == run.run_id]
-    ends = [r for r in records if isinstance(r, RunEnded) and r.run_id == run.run_id]
-    seen: Dict[int, EpisodeEnded] = {}
-    for episode in episodes:
-        if episode.task_index is None or not 0 <= episode.task_index < run.n_tasks:
-            raise ScorecardError(f"run {run.run_id}: an episode names task {episode.task_index} of {run.n_tasks}")
-        if episode.task_index in seen:
-            raise ScorecardError(
-                f"run {run.run_id}: task {episode.task_index} was recorded twice (sessions "
-                f"{seen[episode.task_index].session_id} and {episode.session_id}): a run plays each task once"
-            )
-        seen[episode.task_index] = episode
-        task = run.tasks[episode.task_index]
-        if episode.seed != task.get("seed"):
-            raise ScorecardError(
-                f"run {run.run_id}: task {episode.task_index} is seed {task.get('seed')}, not {episode.seed}"
-            )
-    return run, episodes, (ends[-1] if ends else None)
-
-
 def _episode_dict(episode: EpisodeEnded) -> Dict[str, Any]:
-    """A ledger episode as the metrics read an episode record; abandoned: every check failed."""
+    """A ledger episode as the metrics read an episode record; an abandoned one is `unfinished`,
+    worth the shaping it earned plus the grade of ending without a claim."""
     grade = episode.grade
+    reward = episode.episode_reward
+    if episode.abandoned:
+        reward = (reward or 0.0) + NO_CLAIM
     return {
         "seed": episode.seed,
         "scenario": episode.scenario,
         "difficulty": episode.difficulty,
         "truth": episode.truth,
-        "cumulative_reward": episode.episode_reward,
+        "cumulative_reward": reward,
         "correct_outcome": bool(grade and grade.correct_outcome),
         "discovered": bool(grade and grade.discovered),
         "correct_mass": bool(grade and grade.correct_mass),
@@ -82,47 +66,80 @@ def _episode_dict(episode: EpisodeEnded) -> Dict[str, Any]:
         "resources": dict(episode.resources or {}),
         "steps": [],
         "ended": episode.ended,
+        "unfinished": episode.abandoned,
+        "ended_without_claim": not episode.abandoned and episode.claim is None,
+        "refused_actions": episode.refused_actions or 0,
     }
 
 
 def _unplayed_dict(task: Mapping[str, Any]) -> Dict[str, Any]:
-    """A task the run never played: a failure, in its part but in neither particle split (its
-    world was never drawn), with no reward or steps to average."""
+    """A task the run never played: `unfinished`, its truth unknown (its world was never drawn),
+    worth the grade of ending without a claim, no step taken."""
     return {
         "seed": task.get("seed"),
         "scenario": task.get("scenario"),
         "difficulty": task.get("difficulty"),
         "truth": None,
+        "cumulative_reward": NO_CLAIM,
         "correct_outcome": False,
-        "n_steps": None,
+        "n_steps": 0,
         "steps": [],
         "ended": UNPLAYED,
+        "unfinished": True,
+        "ended_without_claim": False,
+        "refused_actions": 0,
     }
 
 
-def scorecard(records: Sequence[Any], run_id: Optional[str] = None) -> Dict[str, Any]:
-    """The scorecard of run `run_id` of `records` (`read_ledger`'s): what the run was, how many of
-    its tasks ended graded, abandoned or unplayed, and every metric per group (strict JSON)."""
-    run, episodes, end = run_lines(records, run_id)
-    by_task = {episode.task_index: episode for episode in episodes}
+def _counts(rows: Sequence[Mapping[str, Any]], episodes: Mapping[int, EpisodeEnded]) -> Dict[str, Dict[str, int]]:
+    """Per part (and "all"): tasks, played to their end, abandoned, not played, ended without a
+    claim (by the campaign's rules: steps, budget, time, refusals in a row), refused actions."""
+    counts: Dict[str, Dict[str, int]] = {}
+    for part in ("all", *PARTS):
+        chosen = [i for i, row in enumerate(rows) if part == "all" or part_of(row.get("scenario")) == part]
+        played = [episodes[i] for i in chosen if i in episodes]
+        counts[part] = {
+            "tasks": len(chosen),
+            "played": sum(1 for e in played if not e.abandoned),
+            "abandoned": sum(1 for e in played if e.abandoned),
+            "unplayed": len(chosen) - len(played),
+            "ended_without_claim": sum(1 for i in chosen if rows[i]["ended_without_claim"]),
+            "refused_actions": sum(rows[i]["refused_actions"] for i in chosen),
+        }
+    return counts
+
+
+def scorecard(run: RunLedger, verified: Optional[int] = None) -> Dict[str, Any]:
+    """The scorecard of `run` (`cernenv.server.audit.read_run`'s): what the run was, how many of its
+    tasks ended graded, abandoned or unplayed, counts per part, and every metric per group over
+    every assigned task (strict JSON but for `_estimates`). `verified`: how many episodes
+    `verify_run` replayed identically (None: not verified)."""
+    opened, end = run.opened, run.ended
+    by_task = {episode.task_index: episode for _, episode in run.episodes}
     rows = [
         _episode_dict(by_task[index]) if index in by_task else _unplayed_dict(task)
-        for index, task in enumerate(run.tasks)
+        for index, task in enumerate(opened.tasks)
     ]
     groups = group_metrics(rows)
+    counts = _counts(rows, by_task)
     return {
-        "run_id": run.run_id,
-        "selection": run.selection,
-        "opened_at": run.opened_at,
+        "run_id": opened.run_id,
+        "selection": opened.selection,
+        "opened_at": opened.opened_at,
         "ended_at": end.ended_at if end else None,
         "end_reason": end.reason if end else None,
-        "secret_fingerprint": run.secret_fingerprint,
-        "cernenv_version": run.cernenv_version,
-        "commit": run.commit,
-        "n_tasks": run.n_tasks,
-        "graded": sum(1 for e in episodes if not e.abandoned),
-        "abandoned": sum(1 for e in episodes if e.abandoned),
-        "unplayed": run.n_tasks - len(episodes),
+        "secret_fingerprint": opened.secret_fingerprint,
+        "commitment": opened.commitment,
+        "last_line_sha256": run.last_sha256,
+        "cernenv_version": opened.cernenv_version,
+        "commit": opened.commit,
+        "n_tasks": opened.n_tasks,
+        "graded": counts["all"]["played"],
+        "abandoned": counts["all"]["abandoned"],
+        "unplayed": counts["all"]["unplayed"],
+        "coverage": counts["all"]["played"] / opened.n_tasks if opened.n_tasks else None,
+        "counts": counts,
+        "verified": verified,
         "confidence": CONFIDENCE,
         "bootstrap_resamples": N_BOOTSTRAP,
         "groups": {name: estimates_to_json({"agent": metrics})["agent"] for name, metrics in groups.items()},
@@ -130,17 +147,53 @@ def scorecard(records: Sequence[Any], run_id: Optional[str] = None) -> Dict[str,
     }
 
 
+def verified_line(card: Mapping[str, Any]) -> str:
+    """What the scorecard says of its verification."""
+    if card["verified"] is None:
+        return (
+            "not verified: the ledger's chain and its run were checked; give the run's reveal (--reveal "
+            "RUN_ID.reveal.json) to check its commitment and replay every episode"
+        )
+    recorded = card["graded"] + card["abandoned"]
+    return (
+        f"verified: {card['verified']} of {recorded} episodes replayed identically, in the worlds run "
+        f"{card['run_id']} committed to before play ({card['commitment']})"
+    )
+
+
+def counts_table(card: Mapping[str, Any]) -> str:
+    """The counts per part as a Markdown table."""
+    columns = ("tasks", "played", "abandoned", "unplayed", "ended_without_claim", "refused_actions")
+    header = "| part | " + " | ".join(name.replace("_", " ") for name in columns) + " |"
+    rows = [
+        f"| {'whole run' if part == 'all' else GROUP_WORDS[part]} | "
+        + " | ".join(str(counts[name]) for name in columns)
+        + " |"
+        for part, counts in card["counts"].items()
+    ]
+    return "\n".join([header, "|---|" + "---|" * len(columns), *rows])
+
+
 def scorecard_markdown(card: Mapping[str, Any], agent: str = "agent") -> str:
-    """The scorecard for a reader: what was run, then one row per group."""
+    """The scorecard for a reader: what was run, its verification, the counts, then one row per group."""
     state = f"ended ({card['end_reason']})" if card["end_reason"] else "not ended (the server may still be running it)"
+    coverage = "—" if card["coverage"] is None else f"{card['coverage']:.3f}"
     lines = [
         f"# Scorecard of run {card['run_id']} ({card['selection']})",
         "",
-        f"{card['n_tasks']} tasks: {card['graded']} graded, {card['abandoned']} abandoned, "
-        f"{card['unplayed']} not played "
-        f"(abandoned and unplayed tasks count as failures); run {state}. Secret {card['secret_fingerprint']}, "
-        f"cernenv {card['cernenv_version']}, commit {card['commit'] or 'unknown'}. "
-        f"Each cell: mean [{CONFIDENCE:.0%} bootstrap interval].",
+        f"{card['n_tasks']} tasks: {card['graded']} played to their end (coverage {coverage}), "
+        f"{card['abandoned']} abandoned, {card['unplayed']} not played; run {state}. Cernenv "
+        f"{card['cernenv_version']}, commit {card['commit'] or 'unknown'}; worlds' secret "
+        f"{card['secret_fingerprint']}, commitment {card['commitment']}; ledger's last line "
+        f"{card['last_line_sha256']}.",
+        "",
+        verified_line(card) + ".",
+        "",
+        counts_table(card),
+        "",
+        f"Every metric is over every task the run assigned: an abandoned or unplayed task is a failure in each "
+        f"(a false discovery in the false-discovery rate), with at most the reward of ending without a claim "
+        f"({NO_CLAIM:+g} plus the shaping earned). Each cell: mean [{CONFIDENCE:.0%} bootstrap interval].",
         "",
         split_comparison_table({group: {agent: metrics} for group, metrics in card["_estimates"].items()}),
         "",
@@ -154,32 +207,87 @@ def scorecard_json(card: Mapping[str, Any]) -> str:
     return json_text({k: v for k, v in card.items() if not k.startswith("_")}) + "\n"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def scorecard_difference(sent: Any, card: Any, where: str = "") -> Optional[str]:
+    """Where the scorecard someone `sent` (its JSON) differs from `card` (`scorecard_json`'s JSON, made
+    from the ledger here), or None: every field the ledger gives must be there and equal (numbers to
+    1e-9); fields it does not give (`agent_run`, what the player said) are not compared."""
+    if isinstance(card, dict):
+        if not isinstance(sent, dict):
+            return f"{where or 'the scorecard'} is not an object"
+        for key, value in card.items():
+            if key not in sent:
+                return f"{where or 'the scorecard'} has no {key}"
+            found = scorecard_difference(sent[key], value, f"{where}.{key}" if where else key)
+            if found:
+                return found
+        return None
+    if isinstance(card, list):
+        if not isinstance(sent, list) or len(sent) != len(card):
+            return f"{where} is not the ledger's list"
+        found = (scorecard_difference(a, b, f"{where}[{i}]") for i, (a, b) in enumerate(zip(sent, card)))
+        return next(filter(None, found), None)
+    if _is_number(card) and _is_number(sent):
+        if math.isclose(sent, card, rel_tol=1e-9, abs_tol=1e-12):
+            return None
+    elif sent == card:
+        return None
+    return f"{where} is {json.dumps(sent)[:60]}; the ledger gives {json.dumps(card)[:60]}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def score_run(ledger: Path, reveal: Optional[Path] = None, run_id: Optional[str] = None) -> Dict[str, Any]:
+    """The scorecard of the run in `ledger`, verified against `reveal` when given; an AuditError
+    (one line: file, line, reason) when either is not what the server wrote."""
+    run = read_run(ledger, run_id)
+    verified = verify_run(run, reveal)[0] if reveal is not None else None
+    return scorecard(run, verified)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m lib.measure.scorecard",
-        description="The scorecard of a scored run, from the evaluation server's results ledger.",
+        description="The scorecard of a scored run, from its ledger; with its reveal, every episode replayed.",
         allow_abbrev=False,
     )
-    parser.add_argument("ledger", type=Path, help="the server's results ledger (results.jsonl)")
-    parser.add_argument("--run", metavar="RUN_ID", help="which run (default: the last one the ledger opened)")
+    parser.add_argument(
+        "ledger", type=Path, help="the run's ledger (RUN_ID.jsonl; the server's start-up line names it)"
+    )
+    parser.add_argument(
+        "--reveal",
+        type=Path,
+        metavar="REVEAL",
+        help="the run's reveal (RUN_ID.reveal.json, written when the run ended): check the commitment and replay "
+        "every episode",
+    )
+    parser.add_argument("--run", metavar="RUN_ID", help="the run the ledger must hold")
+    parser.add_argument(
+        "--expect",
+        type=Path,
+        metavar="SCORECARD",
+        help="a scorecard you were sent (its .json): it must be the one the ledger gives, field by field",
+    )
     parser.add_argument("--agent", default="agent", help="the agent's name in the table")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the scorecard as JSON here")
     parser.add_argument("--markdown", type=Path, metavar="PATH", help="also write the markdown table here")
-    parser.add_argument(
-        "--skip-damaged", action="store_true", help="read past ledger lines that are not valid records (each reported)"
-    )
     args = parser.parse_args(argv)
-    if not args.ledger.is_file():
-        parser.error(f"{args.ledger} is not a file: give the server's results ledger (its start-up line names it)")
     try:
-        if args.skip_damaged:
-            records, problems = read_ledger(args.ledger, skip_damaged=True)
-            for problem in problems:
-                print(f"skipped {problem}", file=sys.stderr)
-        else:
-            records = read_ledger(args.ledger)
-        card = scorecard(records, args.run)
-    except (LedgerError, ScorecardError) as error:
+        card = score_run(args.ledger, args.reveal, args.run)
+        difference = None
+        if args.expect is not None:
+            try:
+                sent = json.loads(args.expect.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError) as error:
+                raise AuditError(f"{args.expect}: not a scorecard's JSON ({error})") from None
+            made = json.loads(scorecard_json(card))
+            if made["verified"] is None:  # without the reveal, what the sender verified is not checked here
+                del made["verified"]
+            difference = scorecard_difference(sent, made)
+        if difference:
+            raise AuditError(f"{args.expect}: not the scorecard this ledger gives: {difference}")
+    except AuditError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     text = scorecard_markdown(card, args.agent)
@@ -188,6 +296,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown:
         atomic_write(args.markdown, text)
     print(text, end="")
+    print(verified_line(card))
+    if args.expect is not None:
+        print(f"{args.expect}: the scorecard this ledger gives, field by field")
     return 0
 
 
