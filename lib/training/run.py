@@ -45,7 +45,7 @@ from lib.measure.evaluation import PUBLISHED_KEY
 from lib.report.evidence import EvidencePaths, render_all
 from lib.runtime import CPU_STAND_IN_TIMES
 from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
-from lib.training.callbacks import EvidenceCallback, trainer_progress
+from lib.training.callbacks import CpuThreads, EvidenceCallback, trainer_progress
 from lib.training.config import TINY_MODEL, TrainConfig
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
 from lib.training.processes import gather, is_main_process, main_process_first, num_processes, shard, wait_for_everyone
@@ -352,7 +352,7 @@ def _train(config: TrainConfig) -> TrainResult:
             processing_class=tokenizer,
             peft_config=policy.peft_config,
             rollout_func=rollout,
-            callbacks=[callback],
+            callbacks=[callback, CpuThreads()],
         )
     t = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)

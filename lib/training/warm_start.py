@@ -45,6 +45,7 @@ from lib.episodes.chat import ChatLayout
 from lib.episodes.llm_rollouts import CONTEXTS
 from lib.seeds import DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
+from lib.training.callbacks import CpuThreads
 from lib.training.config import WARM_START_LOSSES, TrainConfig
 from lib.training.tokenizer import PROJECT_CACHE, corpus_specs
 
@@ -149,7 +150,8 @@ def demonstration_layout(config: TrainConfig) -> Dict[str, Any]:
 def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, List[int]]], output_dir: str):
     """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
     `policy.peft_config` is given, loss on the `completion_mask` tokens, `warm_start_batch_size`
-    examples per step, cosine decay, the device's precision (float32 without autocast on a CPU)."""
+    examples per step, cosine decay, the device's precision (float32 without autocast on a CPU),
+    torch's threads the cores free before each step (`lib.training.callbacks.CpuThreads`)."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -182,6 +184,7 @@ def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, Li
         train_dataset=Dataset.from_list(examples),
         processing_class=policy.tokenizer,
         peft_config=policy.peft_config,
+        callbacks=[CpuThreads()],
     )
 
 
