@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lib.extras import require
-from lib.files import atomic_write
+from lib.files import atomic_write, read_json
 from lib.notebooks.reproduce import RUN_RECORD
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def provenance(notebook_path: Path) -> str:
     """A Markdown line saying which profile and commit produced this executed notebook (from the
     run record beside it), with a warning when that is not a clean full run."""
     try:
-        record = json.loads((notebook_path.parent / RUN_RECORD).read_text())
+        record = read_json(notebook_path.parent / RUN_RECORD)
         run = record["notebooks"][notebook_path.stem]
         profile = str(record["profile"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -41,7 +41,6 @@ import argparse
 import ast
 import datetime
 import difflib
-import json
 import logging
 import os
 import re
@@ -53,7 +52,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import yaml
 
 from lib.extras import require
-from lib.files import atomic_write, check_writable_dir, write_json
+from lib.files import atomic_write, check_writable_dir, read_json, write_json
 from lib.progress import METER_LINE
 from lib.yaml_files import YAMLRefused, load_yaml
 
@@ -261,8 +260,15 @@ def record_run(build_dir: Path, profile: str, notebook: str, seconds: float) -> 
     """Add `notebook`'s run (commit, time) to `build_dir/run.json`."""
     path = build_dir / RUN_RECORD
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = read_json(path)
+    except FileNotFoundError:
+        record = {}
+    except (OSError, ValueError) as error:  # kept aside, not overwritten: it holds the earlier notebooks' runs
+        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+        path.replace(aside)
+        print(f"warning: {error}; moved it to {aside} and started a new one", file=sys.stderr)
+        record = {}
+    if not isinstance(record, dict):
         record = {}
     record["profile"] = profile_name(profile)
     record.setdefault("notebooks", {})[notebook] = {
@@ -425,11 +431,15 @@ def promote_evidence(build_dir: Path = BUILD_DIR / "full", target: Path = EVIDEN
     out = out or sys.stderr
     source = Path(build_dir) / "evidence"
     try:
-        record = json.loads((Path(build_dir) / RUN_RECORD).read_text())
-    except (OSError, ValueError):
+        record = read_json(Path(build_dir) / RUN_RECORD, "run `make reproduce` (the full profile) again")
+    except FileNotFoundError:
         raise ReproduceError(
             f"{build_dir}/{RUN_RECORD} is missing: run `make reproduce` (the full profile) first"
         ) from None
+    except (OSError, ValueError) as error:
+        raise ReproduceError(str(error)) from None
+    if not isinstance(record, dict):
+        raise ReproduceError(f"{build_dir}/{RUN_RECORD} is not a run record: run `make reproduce` (the full profile)")
     ran = set(record.get("notebooks", {}))
     if record.get("profile") != "full" or not {"02_baseline_rollouts", TRAIN_NOTEBOOK} <= ran:
         raise ReproduceError(

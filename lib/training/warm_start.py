@@ -43,10 +43,11 @@ from lib.agents.prompting import LLMAgentConfig, action_to_json, build_chat, rou
 from lib.episodes.agent_rollouts import transitions
 from lib.episodes.chat import ChatLayout
 from lib.episodes.llm_rollouts import CONTEXTS
+from lib.files import read_json
 from lib.seeds import DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.callbacks import CpuThreads
-from lib.training.config import WARM_START_LOSSES, TrainConfig
+from lib.training.config import FINGERPRINT_CHARACTERS, WARM_START_LOSSES, TrainConfig
 from lib.training.tokenizer import PROJECT_CACHE, corpus_specs
 
 logger = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ def fingerprint(policy: Policy, config: TrainConfig) -> str:
     digest.update(json.dumps({name: getattr(config, name) for name in SETTINGS}, sort_keys=True).encode())
     probe = demonstration_examples(policy.tokenizer, 1, **demonstration_layout(config))
     digest.update(json.dumps(probe).encode())
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()[:FINGERPRINT_CHARACTERS]
 
 
 def cached_warm_start_dir(policy: Policy, config: TrainConfig, cache_dir: Optional[os.PathLike] = None) -> Path:
@@ -246,7 +247,8 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
     if target is not None and (target / "warm_start.json").is_file():
         logger.info("the warm start is cached in %s: loading it", target)
         policy.model = AutoModelForCausalLM.from_pretrained(target).to(policy.model.device)
-        return {**json.loads((target / "warm_start.json").read_text()), "cached": str(target), "loaded": True}
+        report = read_json(target / "warm_start.json", f"delete {target}: the next run builds it again")
+        return {**report, "cached": str(target), "loaded": True}
     examples = demonstration_examples(policy.tokenizer, config.warm_start_episodes, **demonstration_layout(config))
     too_long = sum(len(e["input_ids"]) > config.max_seq_length for e in examples)
     if too_long:
