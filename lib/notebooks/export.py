@@ -350,6 +350,15 @@ def check_browser(
     return check
 
 
+def unfinished_runs(build_dir: Path) -> List[str]:
+    """A line for each training run under `build_dir` that did not finish (stopped, failed, killed:
+    `lib.training.run_state.unfinished_run`), from the state each left in its output folder."""
+    from lib.training.run_state import RUN_STATE, unfinished_run
+
+    said = (unfinished_run(state.parent) for state in sorted(Path(build_dir).rglob(RUN_STATE)))
+    return [line for line in said if line]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("build_dir", nargs="?", default="build", type=Path, help="executed notebooks (default build/)")
@@ -362,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     for page in pages:
         print(f"wrote {page} ({page.stat().st_size / 1e6:.1f} MB)")
+    for line in unfinished_runs(args.build_dir):
+        print(f"note: {line}")
     browser_page = args.reports_dir / f"{BROWSER_NOTEBOOK}.html"
     if browser_page.exists():
         if find_chromium() is None:
