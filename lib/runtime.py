@@ -30,9 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+WARM_START_MINUTES = {"default": 6.0, "smoke": 2.1}
+"""How long the CPU stand-in's warm start of `configs/train/NAME.yaml` took to build [min], on 2 idle
+cores: default 2026-11-26, smoke (64 campaigns, 190 steps) 2026-11-28 (docs/training.md)."""
 CPU_STAND_IN_TIMES = (
-    "on the 2-core machine of 2026-11-26, the stand-in's warm start took 6 min and the whole default "
-    "run 29 min (the warm start, 60 GRPO steps, and the 313-episode held-out suite before and after)"
+    f"on the 2-core machine of 2026-11-26, the stand-in's warm start took {WARM_START_MINUTES['default']:g} min "
+    "and the whole default run 29 min (the warm start, 60 GRPO steps, and the 313-episode held-out suite "
+    "before and after)"
 )
 """The CPU stand-in's default run as measured (docs/training.md); a Colab CPU runtime has 2 cores too."""
 SWITCH_TO_GPU = "Runtime > Change runtime type > T4 GPU (free) > Save, then Runtime > Run all"

@@ -359,18 +359,48 @@ def unfinished_runs(build_dir: Path) -> List[str]:
     return [line for line in said if line]
 
 
+def page_to_open(pages: Sequence[Path]) -> Optional[Path]:
+    """The page a reader opens first: notebook 04's with its code (the evidence, the trajectory
+    browser), else the last notebook's."""
+    full = [page for page in pages if not page.name.endswith((f"{READERS_SUFFIX}.html", f"{STANDALONE_SUFFIX}.html"))]
+    return next((page for page in full if page.stem == BROWSER_NOTEBOOK), full[-1] if full else None)
+
+
+def summary(build_dir: Path, reports_dir: Path, pages: Sequence[Path], seconds: float) -> List[str]:
+    """What `make report` says at its end: the pages written, where, in how long, which to open."""
+    by_notebook: Dict[str, List[Path]] = {}
+    for page in pages:
+        by_notebook.setdefault(page.name.split(".", 1)[0], []).append(page)
+    lines = [
+        f"exported {len(by_notebook)} notebook(s) from {build_dir}/ to {reports_dir}/ in {seconds:.0f} s, three pages "
+        f"each: NAME.html (code and outputs), NAME{READERS_SUFFIX}.html (outputs only), NAME{STANDALONE_SUFFIX}.html "
+        "(outputs only, its scripts inside: one file to mail)"
+    ]
+    for name, written in by_notebook.items():
+        sizes = ", ".join(f"{page.stat().st_size / 1e6:.1f}" for page in written)
+        lines.append(f"  {name}: {sizes} MB")
+    opened = page_to_open(pages)
+    if opened is not None:
+        lines.append(
+            f"open {opened} in a browser (keep {ASSETS_DIR.relative_to(ROOT)}/ beside the pages, or open the "
+            f"{STANDALONE_SUFFIX[1:]} page anywhere): {opened.resolve().as_uri()}"
+        )
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("build_dir", nargs="?", default="build", type=Path, help="executed notebooks (default build/)")
     parser.add_argument("reports_dir", nargs="?", default="reports", type=Path, help="where the pages go")
     args = parser.parse_args(argv)
+    start = time.perf_counter()
     try:
         pages = export_reports(args.build_dir, args.reports_dir)
     except (FileNotFoundError, ModuleNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    for page in pages:
-        print(f"wrote {page} ({page.stat().st_size / 1e6:.1f} MB)")
+    for line in summary(args.build_dir, args.reports_dir, pages, time.perf_counter() - start):
+        print(line)
     for line in unfinished_runs(args.build_dir):
         print(f"note: {line}")
     browser_page = args.reports_dir / f"{BROWSER_NOTEBOOK}.html"

@@ -48,13 +48,13 @@ from lib.seeds import DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.callbacks import CpuThreads
 from lib.training.config import FINGERPRINT_CHARACTERS, WARM_START_LOSSES, TrainConfig
-from lib.training.tokenizer import PROJECT_CACHE, corpus_specs
+from lib.training.tokenizer import WARM_START_CACHE, corpus_specs
 
 logger = logging.getLogger(__name__)
 
 SIGNIFICANT_DIGITS = 4
 """Numbers in the demonstrated actions are rounded to this many significant digits, as prompts show them."""
-CACHE_DIR = PROJECT_CACHE / "warm_start"
+CACHE_DIR = WARM_START_CACHE
 
 
 class RoundedDemonstrator:
