@@ -52,6 +52,17 @@ REQUIREJS_VERSION    ?= 2.3.7
 # cernenv and lib are installed in the venv (editable, `make setup`): any directory can import them.
 RUN_ENV = MPLBACKEND=Agg
 
+# A variable given on the command line that is not one of this Makefile's but looks like one is
+# named, with the one meant, before anything runs: `make reproduce PROFIL=smoke` would otherwise
+# run the full profile. Names unlike any (CUDA_VISIBLE_DEVICES=0) pass to the commands as before.
+COMMAND_LINE_VARIABLES := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+ifneq ($(strip $(COMMAND_LINE_VARIABLES)),)
+MISSPELT_VARIABLES := $(shell $(PYTHON) $(dir $(firstword $(MAKEFILE_LIST)))scripts/make_variables.py $(firstword $(MAKEFILE_LIST)) $(COMMAND_LINE_VARIABLES))
+ifneq ($(MISSPELT_VARIABLES),)
+$(error $(MISSPELT_VARIABLES))
+endif
+endif
+
 .PHONY: evaluate scored-run-example verify-scored-run help setup lint format test test-fast test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-pass-at-k bench-generate train lab serve clean distclean FORCE
 
 help: ## list targets

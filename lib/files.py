@@ -11,13 +11,15 @@ Every file under an evidence folder is written here:
   raises `DiskFullError`, which says so.
 - `write_json` writes strict JSON (RFC 8259): a NaN or an infinity is written `null`, never
   the `NaN` token Python's json writes by default and other readers refuse. Readers here
-  (`json.loads`) accept both.
+  (`read_json`, `parse_json`: `json.loads`) accept both, and refuse a damaged file in one line
+  that names the file, the line and column, and what is wrong (`JsonError`), a file nested too
+  deep for Python's parser included.
 - `refuse_empty` stops a result without data (an evaluation of 0 episodes) from replacing
   one that has it.
 - `FolderLock` gives one live run a folder: a second run is refused with the owner's pid,
   host and start time; the lock of a process that died is taken over.
-- `check_writable_dir` checks an output folder (not a file, writable) before the work that
-  would fill it.
+- `check_writable_dir` checks an output folder (not a file, writable, each of its names within
+  the file system's limit: `long_name_problem`) before the work that would fill it.
 
 `lib.report.evidence`'s CSV logs are the one exception to the rename: they are appended to, one
 complete line per `write` under `fcntl.flock` (see that module).
@@ -34,6 +36,7 @@ import os
 import re
 import socket
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,7 +101,8 @@ FILE_MODE = 0o666 & ~_umask()
 """What open() would give a new file under this process's umask."""
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -117,7 +121,7 @@ def sweep_stale_temporaries(path: Path) -> int:
     removed = 0
     for candidate in path.parent.iterdir():
         match = pattern.match(candidate.name)
-        if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
+        if match and int(match.group(1)) != os.getpid() and not process_alive(int(match.group(1))):
             candidate.unlink(missing_ok=True)
             removed += 1
     return removed
@@ -173,6 +177,89 @@ def write_json(path: Union[str, Path], payload: Any, *, indent: Optional[int] = 
     return atomic_write(path, json_text(payload, indent=indent, **dumps) + "\n")
 
 
+class JsonError(ValueError):
+    """JSON text that cannot be read: where (line and column, from 1) and what is wrong; `too_deep`
+    when it nests deeper than Python's parser can follow (not a file cut short)."""
+
+    def __init__(self, problem: str, line: int, column: int, too_deep: bool = False) -> None:
+        super().__init__(f"line {line}, column {column}: {problem}")
+        self.problem, self.line, self.column, self.too_deep = problem, line, column, too_deep
+
+
+def parse_json(text: str) -> Any:
+    """`json.loads(text)`, or a `JsonError` saying where and what is wrong. Python's parser recurses
+    once per level of nesting and fails with a RecursionError somewhere under `sys.getrecursionlimit()`
+    levels; pydantic-core's parser then says where the nesting went past its own limit (200 levels)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise JsonError(f"not JSON ({error.msg})", error.lineno, error.colno) from None
+    except RecursionError:
+        pass
+    from pydantic_core import from_json
+
+    line = column = 1
+    try:
+        from_json(text)
+    except ValueError as error:
+        found = re.search(r"line (\d+) column (\d+)", str(error))
+        line, column = (int(found.group(1)), int(found.group(2))) if found else (1, 1)
+    raise JsonError(
+        f"JSON nested too deep for Python's parser (it gives up under {sys.getrecursionlimit()} levels; the "
+        "nesting passes 200 here, and the project's files nest a few)",
+        line,
+        column,
+        too_deep=True,
+    )
+
+
+def read_json(path: Union[str, Path], fix: str = "restore it from where it was copied, or rerun what writes it") -> Any:
+    """The JSON value in the file at `path` (UTF-8); a ValueError of one line naming the file, line
+    and column and what is wrong, then `fix`, for a file that is not JSON or not UTF-8."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(f"{path}:{line}: byte {error.start} is not UTF-8 text ({error.reason}); {fix}") from None
+    try:
+        return parse_json(text)
+    except JsonError as error:
+        raise ValueError(f"{path}:{error.line}:{error.column}: {error.problem}; {fix}") from None
+
+
+NAME_MAX_BYTES = 255
+"""The longest name of a file or folder, in UTF-8 bytes, where the file system does not say
+(`os.pathconf`): ext4's, XFS's, APFS's and tmpfs's."""
+
+
+def name_max_bytes(path: Union[str, Path]) -> int:
+    """The longest file or folder name the file system that holds `path` (or its nearest existing
+    folder) takes, in bytes (`os.pathconf`'s PC_NAME_MAX; `NAME_MAX_BYTES` where it cannot say)."""
+    for folder in (Path(path), *Path(path).absolute().parents):
+        try:
+            if folder.is_dir():
+                return int(os.pathconf(folder, "PC_NAME_MAX"))
+        except (OSError, ValueError):
+            continue
+    return NAME_MAX_BYTES
+
+
+def long_name_problem(path: Union[str, Path], what: str, reserve: int = 0, reserved_for: str = "") -> Optional[str]:
+    """What is wrong with `path` when one of its names is longer than its file system takes
+    (`name_max_bytes`), less `reserve` bytes that a name made from it adds (`reserved_for` says
+    what), else None."""
+    most = name_max_bytes(Path(path).parent)
+    limit = most - reserve
+    for part in Path(path).parts:
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > limit:
+            shown = part if len(part) <= 40 else part[:39] + "…"
+            why = f" ({most}, less the {reserve} bytes {reserved_for})" if reserve else ""
+            return f"{what} holds a name of {size} bytes ({shown!r}); a file or folder name holds at most {limit}{why}"
+    return None
+
+
 class EmptyResultError(ValueError):
     """A result without data that would have replaced an evidence file."""
 
@@ -193,6 +280,9 @@ def check_writable_dir(path: Union[str, Path], what: str = "output folder") -> P
     returns it. Raises `NotADirectoryError` or `PermissionError` with a message that says what
     to do, before any work that would fill the folder."""
     path = Path(path)
+    too_long = long_name_problem(path, f"the {what} {str(path)[:80]}")
+    if too_long:
+        raise OSError(errno.ENAMETOOLONG, f"{too_long}: choose a shorter path")
     blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise NotADirectoryError(
@@ -336,7 +426,7 @@ class FolderLock:
         owner = _read_owner(fd)
         if owner is None and os.fstat(fd).st_size == 0 and self._made_by_us(fd):
             return self._own(fd, None)  # this call made the file (O_EXCL): it is ours
-        if owner is None or owner.host != socket.gethostname() or _alive(owner.pid):
+        if owner is None or owner.host != socket.gethostname() or process_alive(owner.pid):
             os.close(fd)
             raise self._refuse(owner)
         token = self.path.with_name(self.path.name + ".takeover")

@@ -1,26 +1,42 @@
-"""What machine a notebook or a run is on: Colab or not, which GPU, how many cores. Nothing here
-imports torch (the GPU is asked of `nvidia-smi`), so it can run before the GPU set is installed
-and before Unsloth is imported.
+"""What machine a notebook or a run is on: Colab or not, which GPU, how many cores, and how many of
+them are free. Importing it imports no torch (the GPU is asked of `nvidia-smi`), so it can run
+before the GPU set is installed and before Unsloth is imported.
 
     runtime = detect_runtime()
     check_training_runtime(runtime, allow_cpu=False)   # notebook 03's first step on Colab
+    use_cpu_threads()                                  # torch's threads: the cores free now
 
 A Colab runtime without a GPU can only train the CPU stand-in, whose timings are stated once,
 with their date and machine, in `CPU_STAND_IN_TIMES`.
+
+`cpu_threads` is the one place that decides how many threads a process computes with: the cores it
+may run on (`available_cores`: its affinity set, less a container's CPU quota) less those other
+processes keep busy (`busy_cores_elsewhere`, from /proc/stat), at least one; `OMP_NUM_THREADS`
+where it is set (`make test`'s workers, `accelerate launch --num_cpu_threads_per_process`). torch
+otherwise starts a thread per core whatever else runs: its OpenMP threads wait for each other at
+every operation, and a thread that waits for a core stalls them all.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
-from typing import List, Optional
+from pathlib import Path
+from typing import List, Optional, Sequence
 
+WARM_START_MINUTES = {"default": 6.0, "smoke": 2.1}
+"""How long the CPU stand-in's warm start of `configs/train/NAME.yaml` took to build [min], on 2 idle
+cores: default 2026-11-26, smoke (64 campaigns, 190 steps) 2026-11-28 (docs/training.md)."""
 CPU_STAND_IN_TIMES = (
-    "on the 2-core machine of 2026-11-26, the stand-in's warm start took 6 min and the whole default "
-    "run 29 min (the warm start, 60 GRPO steps, and the 313-episode held-out suite before and after)"
+    f"on the 2-core machine of 2026-11-26, the stand-in's warm start took {WARM_START_MINUTES['default']:g} min "
+    "and the whole default run 29 min (the warm start, 60 GRPO steps, and the 313-episode held-out suite "
+    "before and after)"
 )
 """The CPU stand-in's default run as measured (docs/training.md); a Colab CPU runtime has 2 cores too."""
 SWITCH_TO_GPU = "Runtime > Change runtime type > T4 GPU (free) > Save, then Runtime > Run all"
@@ -72,7 +88,7 @@ def visible_gpus() -> List[str]:
 
 def detect_runtime() -> Runtime:
     """The `Runtime` this process runs on."""
-    return Runtime(colab="google.colab" in sys.modules, gpus=visible_gpus(), cpu_cores=os.cpu_count() or 1)
+    return Runtime(colab="google.colab" in sys.modules, gpus=visible_gpus(), cpu_cores=available_cores())
 
 
 class CpuRuntimeError(RuntimeError):
@@ -95,3 +111,132 @@ def check_training_runtime(runtime: Optional[Runtime] = None, *, allow_cpu: bool
         )
     print(f"no GPU: {stand_in}")
     return runtime
+
+
+logger = logging.getLogger(__name__)
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+"""The environment variables that fix a process's compute threads (OpenMP: torch; MKL; OpenBLAS: numpy)."""
+TAKEN_CORE_SHARE = 0.3
+"""A core counts as taken when other processes kept it busy at least this share of the time: with
+torch's threads waiting for each other, a core shared even part of the time stalls every step."""
+BUSY_WINDOW_S = 0.25
+"""How long `cpu_threads` watches the cores when it has no earlier snapshot to compare with."""
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on: its affinity set (`os.sched_getaffinity`; `taskset`,
+    a batch system's allocation), less where its cgroup's CPU quota (a container's `--cpus`) allows
+    fewer; `os.cpu_count()` where there is no affinity (macOS)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, math.ceil(quota))
+    return max(1, cores)
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> Optional[float]:
+    """The CPUs this process's cgroup may use at most (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`
+    over `cpu.cfs_period_us`); None without a quota or a cgroup file system."""
+    candidates = []
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            hierarchy, _, path = line.partition(":")[2].partition(":")
+            if hierarchy in ("", "cpu", "cpu,cpuacct", "cpuacct,cpu"):
+                candidates.append((root / path.lstrip("/"), root / "cpu" / path.lstrip("/")))
+    except OSError:
+        pass
+    candidates.append((root, root / "cpu"))
+    for v2, v1 in candidates:
+        try:
+            limit, period = (v2 / "cpu.max").read_text().split()[:2]
+            return None if limit == "max" else int(limit) / int(period)
+        except (OSError, ValueError):
+            pass
+        try:
+            limit = int((v1 / "cpu.cfs_quota_us").read_text())
+            return None if limit <= 0 else limit / int((v1 / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            pass
+    return None
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """The busy time of some cores (all processes) and this process's own CPU time, at one moment [s]."""
+
+    wall_s: float
+    busy_s: float
+    own_s: float
+
+
+def cpu_snapshot(cores: Optional[Sequence[int]] = None, stat: Path = Path("/proc/stat")) -> Optional[CpuSnapshot]:
+    """A `CpuSnapshot` of `cores` (default: this process's affinity set) from /proc/stat (user,
+    nice, system, irq, softirq and steal time: steal is a virtual machine's core lent to another);
+    None where there is no /proc/stat (macOS)."""
+    try:
+        wanted = set(os.sched_getaffinity(0) if cores is None else cores)
+        lines = stat.read_text().splitlines()
+    except (AttributeError, OSError):
+        return None
+    ticks = 0
+    for line in lines:
+        name, *values = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in wanted:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in values[:8])
+            ticks += user + nice + system + irq + softirq + steal
+    own = os.times()
+    return CpuSnapshot(time.monotonic(), ticks / os.sysconf("SC_CLK_TCK"), own.user + own.system)
+
+
+def busy_cores_elsewhere(before: Optional[CpuSnapshot] = None, after: Optional[CpuSnapshot] = None) -> float:
+    """How many of this process's cores other processes kept busy between two snapshots (by default,
+    over the next `BUSY_WINDOW_S`); where /proc/stat is missing, the 1-minute load average (which
+    counts this process too)."""
+    if before is None:
+        before = cpu_snapshot()
+        if before is None:
+            return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        time.sleep(BUSY_WINDOW_S)
+    after = after or cpu_snapshot()
+    if after is None or after.wall_s <= before.wall_s:
+        return 0.0
+    others = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
+    return max(0.0, others / (after.wall_s - before.wall_s))
+
+
+def pinned_threads() -> Optional[int]:
+    """The thread count `OMP_NUM_THREADS` fixes (a whole number of at least 1), else None."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
+def cpu_threads(processes: int = 1, busy_elsewhere: Optional[float] = None) -> int:
+    """How many compute threads each of `processes` processes side by side should run: the cores
+    free now (`available_cores` less those other processes keep busy, a core taken from
+    `TAKEN_CORE_SHARE` of its time) shared among them, at least 1; `OMP_NUM_THREADS` where it is
+    set. `busy_elsewhere`: cores busy elsewhere as measured (default: `busy_cores_elsewhere()`)."""
+    pinned = pinned_threads()
+    if pinned is not None:
+        return pinned
+    busy = busy_cores_elsewhere() if busy_elsewhere is None else busy_elsewhere
+    taken = math.floor(busy + 1.0 - TAKEN_CORE_SHARE)
+    return max(1, (available_cores() - taken) // max(1, processes))
+
+
+def use_cpu_threads(busy_elsewhere: Optional[float] = None) -> int:
+    """Set torch's compute threads to `cpu_threads()` and return them (torch is imported here: a
+    training process has it already); the log says so when the count changes."""
+    import torch
+
+    pinned = pinned_threads()
+    busy = 0.0 if pinned else busy_cores_elsewhere() if busy_elsewhere is None else busy_elsewhere
+    threads = cpu_threads(busy_elsewhere=busy)
+    if threads != torch.get_num_threads():
+        why = "OMP_NUM_THREADS" if pinned else f"{available_cores()} core(s), {busy:.1f} kept busy by other processes"
+        logger.info("torch computes with %d thread(s) (%s)", threads, why)
+        torch.set_num_threads(threads)
+    return threads

@@ -10,12 +10,15 @@ import pytest
 # worker's torch would start a thread per core: with both workers in a torch run at once, 4 spinning
 # OpenMP threads on 2 cores made the tiny model's training steps ~100 times slower (measured: 30 steps
 # 0.5 s alone, 57 s each with two such processes side by side; with 1 thread each, 0.6 s). So a
-# worker takes its share of the cores, set here before torch is imported; what it starts (servers,
+# worker takes its share of the cores (`lib.runtime.available_cores`), fixed here before torch is
+# imported, so that a test's numbers do not follow the machine's load; what it starts (servers,
 # training runs, notebook kernels, benchmarks) inherits it. A variable already set is left as it is.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
-    _THREADS = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
-    for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    from lib.runtime import THREAD_VARIABLES, available_cores
+
+    _THREADS = str(max(1, available_cores() // _WORKERS))
+    for _variable in THREAD_VARIABLES:
         os.environ.setdefault(_variable, _THREADS)
 
 

@@ -64,3 +64,19 @@ def test_the_file_schema_names_the_record_s_fields():
 
     assert set(EpisodeLine.model_fields) == {f.name for f in fields(EpisodeRecord)}
     assert set(StepLine.model_fields) == {f.name for f in fields(StepRecord)}
+
+
+@pytest.mark.parametrize("where", [2, 5], ids=["a middle line", "the last line"])
+def test_a_line_nested_too_deep_for_python_s_parser_is_refused_in_one_line_wherever_it_is(tmp_path, where):
+    """A line nested 100,000 deep raised RecursionError from json.loads; as the last line it must not
+    pass for one a writer left unfinished (it is whole: nothing was cut)."""
+    text = "".join(json.dumps(e) + "\n" for e in lines())
+    rows = text.splitlines()
+    rows[where - 1] = '{"seed": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    path = tmp_path / "pre_eval.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(ValueError) as refused:
+        load_episodes_jsonl(str(path))
+    message = str(refused.value)
+    assert f"pre_eval.jsonl:{where} is not an episode (column " in message and "nested too deep" in message
+    assert "\n" not in message

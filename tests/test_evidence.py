@@ -577,7 +577,7 @@ def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
     assert set(render_all(paths).values()) == {None}
     assert not paths.root.exists() or not any(paths.root.iterdir())
 
-    CheckpointEvalWriter(paths.checkpoint_evals_csv).append(step=10, mean_reward=-1.5)
+    CheckpointEvalWriter(paths.checkpoint_evals_csv).append(step=0, mean_reward=-1.5)  # a run that evaluated its start
     rendered = render_all(paths)  # regenerates what the data allow, skips the rest
     assert rendered["checkpoint_progression_png"] == paths.checkpoint_progression_png
     assert rendered["training_curve_png"] is None and rendered["before_after_metrics_json"] is None

@@ -218,9 +218,12 @@ def test_a_run_prints_a_line_per_notebook_and_only_the_warnings_that_matter(tmp_
     out = io.StringIO()
     (executed,) = reproduce.reproduce(profile, build_dir=tmp_path / "build", out=out)
     lines = out.getvalue().splitlines()
-    assert len(lines) == 3, lines
+    assert len(lines) == 6, lines
     assert lines[0] == "[1/1] a_first (profile) …" and lines[1].startswith("[1/1] a_first (profile): done in ")
     assert "UserWarning: the fit did not converge" in lines[2]
+    assert lines[3].startswith("done: 1 notebook(s) of the profile profile in ") and "(a_ " in lines[3]
+    assert lines[4] == f"  executed notebooks: {tmp_path / 'build'}/ (run.json: each one's commit and time)"
+    assert lines[5] == "next: make report PROFILE=profile, then open reports/profile/a_first.html in a browser"
     captured = capfd.readouterr()
     assert "without encryption" not in captured.err + captured.out and "line 199" not in captured.err + captured.out
     outputs = "".join(
@@ -262,3 +265,97 @@ def test_a_mistyped_profile_gets_a_did_you_mean_and_a_bare_report_names_the_run_
         FileNotFoundError, match=r"run `make reproduce PROFILE=full` first; .*`make report PROFILE=smoke`"
     ):
         export.export_reports(tmp_path / "full", tmp_path / "reports")
+
+
+def test_a_run_ends_with_its_time_what_it_wrote_where_and_the_next_command(tmp_path, monkeypatch):
+    """`make reproduce` ended at "[4/4] ... done": no total, no word of where the evidence went or of
+    `make report`; the full run's summary names the promotion step too."""
+    from lib.notebooks.reproduce import duration, run_summary
+
+    seconds = {"02_baseline_rollouts": 25.2, "03_train_grpo": 118.0, "04_evidence_analysis": 9.0}
+    for profile in ("smoke", "full"):
+        plan = {name: parameters for name, parameters in load_profile(profile).items() if name in seconds}
+        lines = run_summary(profile, plan, ROOT / "build" / profile, seconds)
+        each = "02 25 s, 03 1 min 58 s, 04 9 s"
+        assert lines[0] == f"done: 3 notebook(s) of the {profile} profile in 2 min 32 s ({each})"
+        assert lines[1] == f"  executed notebooks: build/{profile}/ (run.json: each one's commit and time)"
+        assert lines[2] == (
+            f"  written: build/{profile}/evidence/ (02_baseline_rollouts's EVIDENCE_DIR, 03_train_grpo's evidence_dir)"
+        )
+        assert lines[3] == f"  written: build/{profile}/outputs/ (03_train_grpo's output_dir)"
+        pages = "reports/" if profile == "full" else f"reports/{profile}/"
+        command = "make report" if profile == "full" else f"make report PROFILE={profile}"
+        assert lines[4] == f"next: {command}, then open {pages}04_evidence_analysis.html in a browser"
+    assert "make promote-evidence" in lines[5]
+    assert duration(3725) == "1 h 2 min" and duration(59.6) == "1 min 0 s"
+
+
+def test_the_summary_names_the_folder_make_report_writes(tmp_path):
+    """The Makefile maps a profile to its reports folder; the summary says the same folder."""
+    import subprocess
+
+    for profile in ("smoke", "full"):
+        dry = subprocess.run(
+            ["make", "-s", "-n", "report", f"PROFILE={profile}", "VENV=.venv"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", "MAKEFLAGS": ""},
+        )
+        command = dry.stdout.strip().splitlines()[-1]
+        assert command.endswith(f" build/{profile} {reproduce.shown_path(reproduce.reports_dir(profile))}"), command
+
+
+def test_the_first_run_says_it_builds_the_warm_start_and_how_long_that_took(tmp_path, monkeypatch):
+    """Nothing warned that the first smoke run builds the stand-in's warm start (190 steps, minutes on a
+    busy machine); once a warm start of the same campaigns is cached, nothing is said."""
+    import lib.training.tokenizer as tokenizer
+    from lib.runtime import WARM_START_MINUTES
+
+    monkeypatch.setattr(tokenizer, "WARM_START_CACHE", tmp_path / "warm_start")
+    smoke = load_profile("smoke")
+    note = reproduce.warm_start_note(smoke)
+    assert note.startswith("first run: notebook 03 builds the CPU stand-in's warm start (64 campaigns, about ")
+    assert f"about {WARM_START_MINUTES['smoke']:g} min on 2 idle cores" in note
+    cached = tmp_path / "warm_start" / "cernenv-tiny-0123456789abcdef"
+    cached.mkdir(parents=True)
+    (cached / "warm_start.json").write_text(json.dumps({"episodes": 200, "action_tokens": None}))
+    assert reproduce.warm_start_note(smoke) is not None, "the full profile's is not the smoke one's"
+    (cached / "warm_start.json").write_text(json.dumps({"episodes": 64, "action_tokens": 5000}))
+    assert reproduce.warm_start_note(smoke) is None
+    assert reproduce.warm_start_note(load_profile("committed")) is None, "no training"
+
+
+def test_a_misspelt_make_variable_is_named_with_the_one_meant_before_anything_runs():
+    """`make reproduce PROFIL=smoke` silently started the 30-minute full profile."""
+    import subprocess
+
+    def make(*arguments):
+        return subprocess.run(
+            ["make", "-s", *arguments], cwd=ROOT, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}
+        )
+
+    for given, meant in (("PROFIL=smoke", "PROFILE"), ("AGNET=my:Agent", "AGENT"), ("profile=smoke", "PROFILE")):
+        refused = make("-n", "reproduce", given)
+        name = given.split("=")[0]
+        assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+        assert f"{name} is not a variable of this Makefile: did you mean {meant}?" in refused.stderr
+    assert make("help", "CUDA_VISIBLE_DEVICES=0", "PROFILE=smoke").returncode == 0, "names unlike any pass"
+
+
+def test_make_report_ends_with_the_pages_it_wrote_and_the_one_to_open(tmp_path):
+    """`make report` wrote three pages per notebook without saying which to open."""
+    from lib.notebooks import export
+
+    pages = []
+    for name in ("01_explore_environment", "04_evidence_analysis"):
+        for suffix in ("", export.READERS_SUFFIX, export.STANDALONE_SUFFIX):
+            pages.append(tmp_path / "reports" / f"{name}{suffix}.html")
+            pages[-1].parent.mkdir(exist_ok=True)
+            pages[-1].write_bytes(b"x" * 1_200_000)
+    lines = export.summary(tmp_path / "build", tmp_path / "reports", pages, 8.6)
+    assert lines[0].startswith(f"exported 2 notebook(s) from {tmp_path / 'build'}/ to {tmp_path / 'reports'}/ in 9 s")
+    assert lines[1:3] == ["  01_explore_environment: 1.2, 1.2, 1.2 MB", "  04_evidence_analysis: 1.2, 1.2, 1.2 MB"]
+    assert lines[3].startswith(f"open {tmp_path / 'reports' / '04_evidence_analysis.html'} in a browser")
+    assert lines[3].endswith((tmp_path / "reports" / "04_evidence_analysis.html").as_uri())
+    assert export.page_to_open(pages[:3]) == pages[0], "without notebook 04: the last notebook's page"

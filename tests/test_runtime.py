@@ -48,3 +48,92 @@ def test_notebook_03_checks_the_runtime_before_it_installs_or_trains_anything():
     install = next(i for i, source in enumerate(code) if "install_gpu_set" in source)
     assert check == 1 and install > check, "the first cell after the bootstrap"
     assert "runtime.gpu" in code[install], "the GPU set only on a GPU runtime"
+
+
+def test_the_cores_are_those_of_the_affinity_set_less_a_container_s_quota(tmp_path, monkeypatch):
+    everything = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(everything)})
+        assert runtime.available_cores() == 1
+    finally:
+        os.sched_setaffinity(0, everything)
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert runtime.cgroup_cpu_quota(tmp_path) == 1.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert runtime.cgroup_cpu_quota(tmp_path) is None
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("50000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert runtime.cgroup_cpu_quota(tmp_path) == 0.5, "cgroup v1"
+    monkeypatch.setattr(runtime, "cgroup_cpu_quota", lambda: 1.5)
+    assert runtime.available_cores() == min(len(everything), 2)
+
+
+def test_busy_cores_elsewhere_are_the_cores_busy_time_less_this_process_s_own(tmp_path):
+    """Two snapshots of /proc/stat (user nice system idle iowait irq softirq steal ...) a second
+    apart: cpu0 busy 100 ticks (of which this process 0.4 s), cpu1 busy 30 ticks of steal (a virtual
+    machine's core lent elsewhere); cpu2 is not among this process's cores."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+
+    def snapshot(busy0, steal1, busy2, wall, own):
+        stat.write_text(
+            f"cpu  1 1 1 1 1 1 1 1 0 0\ncpu0 {busy0} 0 0 500 3 0 0 0 0 0\ncpu1 0 0 0 500 0 0 0 {steal1} 0 0\n"
+            f"cpu2 {busy2} 0 0 500 0 0 0 0 0 0\nintr 1 2 3\n"
+        )
+        taken = runtime.cpu_snapshot([0, 1], stat)
+        return runtime.CpuSnapshot(wall, taken.busy_s, own)
+
+    before = snapshot(0, 0, 0, wall=10.0, own=5.0)
+    after = snapshot(ticks, ticks * 30 // 100, ticks * 5, wall=11.0, own=5.4)
+    assert after.busy_s - before.busy_s == pytest.approx(1.3, abs=0.02)
+    assert runtime.busy_cores_elsewhere(before, after) == pytest.approx(0.9, abs=0.02)
+    assert runtime.busy_cores_elsewhere(after, before) == 0.0, "a clock that did not move counts nothing"
+
+
+def test_the_threads_are_the_free_cores_shared_among_the_processes(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runtime, "available_cores", lambda: 4)
+    assert runtime.cpu_threads(busy_elsewhere=0.1) == 4, "background noise takes no core"
+    assert runtime.cpu_threads(busy_elsewhere=1.0) == 3, "a busy loop takes one"
+    assert runtime.cpu_threads(busy_elsewhere=0.5) == 3, "a core shared half the time stalls every step"
+    assert runtime.cpu_threads(busy_elsewhere=6.5) == 1, "never fewer than one"
+    assert runtime.cpu_threads(processes=2, busy_elsewhere=0.0) == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert runtime.cpu_threads(busy_elsewhere=6.5) == 3, "a count fixed outside is kept"
+
+
+def test_training_sets_torch_s_threads_before_each_step_from_the_step_before(monkeypatch):
+    """`CpuThreads` (the warm start's and GRPO's trainers): the cores other processes kept busy during
+    the last step leave this many threads for the next; none of it where OMP_NUM_THREADS fixes them."""
+    import torch
+
+    from lib.training.callbacks import CpuThreads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runtime, "available_cores", lambda: 2)
+    snapshots = iter(
+        [
+            runtime.CpuSnapshot(0.0, 0.0, 0.0),
+            runtime.CpuSnapshot(1.0, 2.0, 1.0),  # a step beside a busy loop: 1 core of 2 elsewhere
+            runtime.CpuSnapshot(2.0, 3.0, 2.0),  # a step alone
+        ]
+    )
+    monkeypatch.setattr("lib.training.callbacks.cpu_snapshot", lambda: next(snapshots))
+    monkeypatch.setattr(runtime, "busy_cores_elsewhere", lambda: 0.0)  # the first step's: no wait in a test
+    threads = torch.get_num_threads()
+    try:
+        callback = CpuThreads()
+        callback.on_train_begin(None, None, None)
+        assert torch.get_num_threads() == 2
+        callback.on_step_begin(None, None, None)
+        assert torch.get_num_threads() == 1
+        callback.on_step_begin(None, None, None)
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        pinned = CpuThreads()
+        pinned.on_train_begin(None, None, None)
+        assert pinned.last is None, "off where the count is fixed"
+    finally:
+        torch.set_num_threads(threads)

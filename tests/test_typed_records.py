@@ -56,5 +56,57 @@ def test_a_log_cell_that_is_not_a_number_is_refused_on_write_and_on_read(tmp_pat
     lines = (tmp_path / "damaged.csv").read_text().splitlines()
     lines[3] = lines[3].replace(lines[3].split(",")[3], "True", 1)
     (tmp_path / "damaged.csv").write_text("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=r"damaged.csv: data row 3, column reward: 'True' is not a finite number"):
+    with pytest.raises(ValueError, match=r"damaged.csv:4: column reward: 'True' is not a finite number"):
         read_records(tmp_path / "damaged.csv")
+
+
+def _log_lines() -> list:
+    return (EVIDENCE / "training_log.csv").read_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    "damage, line, problem",
+    [
+        (lambda rows: rows[1:], 1, "has no header: its first line is a row of numbers"),
+        (
+            lambda rows: ["\ufeff" + rows[0], *rows[1:]],
+            1,
+            "starts with a byte-order mark and ends its lines CRLF: a spreadsheet program (Excel) saved it",
+        ),
+        (
+            lambda rows: [row.replace(",", ";") for row in rows],
+            1,
+            "separates its fields with ';', not ','",
+        ),
+        (lambda rows: [*rows, *rows[1:]], 62, "step 1 again (first on line 2)"),
+        (lambda rows: ["a,b,c", *rows[1:]], 1, "starts with 'a,b,c', not a training_log.csv's header"),
+    ],
+    ids=["no header", "Excel: BOM and CRLF", "semicolons", "every step twice", "another header"],
+)
+def test_a_damaged_training_log_is_refused_in_one_line_naming_the_file_line_and_what_is_wrong(
+    tmp_path, damage, line, problem
+):
+    """Each was read as rows without columns (then `KeyError: 'step'`) or, every step twice, as a
+    trend of 120 steps for 60."""
+    rows = damage(_log_lines())
+    assert len(read_records(EVIDENCE / "training_log.csv").rows) == 60
+    path = tmp_path / "training_log.csv"
+    ending = "\r\n" if "CRLF" in problem else "\n"
+    path.write_bytes((ending.join(rows) + ending).encode("utf-8"))
+    with pytest.raises(ValueError) as refused:
+        read_records(path)
+    message = str(refused.value)
+    assert message.startswith(f"{path}:{line}: {problem}"), message
+    assert "\n" not in message and "rerun what writes it" in message
+
+
+def test_a_damaged_json_file_of_a_run_is_refused_naming_the_file_and_line(tmp_path):
+    from lib.report.evidence_logs import read_evidence
+    from lib.training.config import TrainConfig
+
+    (tmp_path / "before_after_metrics.json").write_text('{"pre": {\n  "n": 3,\n  "mean": }\n}\n')
+    with pytest.raises(ValueError, match=r"before_after_metrics.json:3:11: not JSON \(Expecting value\)"):
+        read_evidence(tmp_path)
+    (tmp_path / "train_config.json").write_text('{"max_steps":\n' + "[" * 50_000 + "]" * 50_000 + "}\n")
+    with pytest.raises(ValueError, match=r"train_config.json:2:\d+: JSON nested too deep for Python's parser"):
+        TrainConfig.load(tmp_path / "train_config.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -80,3 +81,31 @@ def test_config_texts_are_bounded_and_printable_and_echoed_short(tmp_path):
     with pytest.raises(ConfigError, match="and 42 more") as error:
         read_config_file(path)
     assert len(str(error.value)) < 1000
+
+
+def test_a_path_s_names_are_bounded_by_what_the_file_system_takes_and_the_model_s_by_its_warm_start_folder(
+    tmp_path,
+):
+    """A 1,000-character model_name passed the 1,024-character check and ended in `OSError: File name
+    too long` (its cached warm start is the folder `<name>-<fingerprint>`); a folder's name longer
+    than the file system takes is refused before anything is made."""
+    from lib.files import check_writable_dir, name_max_bytes
+    from lib.training.config import FINGERPRINT_CHARACTERS, TrainConfig
+
+    most = name_max_bytes(tmp_path)
+    assert most == os.pathconf(tmp_path, "PC_NAME_MAX")
+    longest_model = most - FINGERPRINT_CHARACTERS - 1
+    TrainConfig(model_name="org/" + "m" * longest_model)
+    for fields, problem in (
+        ({"model_name": "m" * 1000}, f"model_name holds a name of 1000 bytes .* at most {longest_model} "),
+        ({"model_name": "org/" + "m" * (longest_model + 1)}, f"at most {longest_model} "),
+        ({"output_dir": "outputs/" + "o" * (most + 1)}, f"output_dir holds a name of {most + 1} bytes"),
+        ({"evidence_dir": "é" * (most // 2 + 1)}, f"evidence_dir holds a name of {2 * (most // 2 + 1)} bytes"),
+    ):
+        with pytest.raises(ValueError, match=problem) as error:
+            TrainConfig(**fields)
+        assert len(str(error.value)) < 300
+    TrainConfig(output_dir="outputs/" + "o" * most)
+    with pytest.raises(OSError, match=rf"holds a name of {most + 1} bytes .* choose a shorter path"):
+        check_writable_dir(tmp_path / ("x" * (most + 1)) / "evidence")
+    assert not any(tmp_path.iterdir()), "nothing made"

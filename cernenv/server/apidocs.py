@@ -100,12 +100,13 @@ def _paragraphs(text: str) -> str:
     return "".join(parts)
 
 
-def landing_page(title: str, version: str, mode: str) -> str:
-    """`GET /`: what the server is, how to play on it, and where its documentation is."""
+def landing_page(title: str, version: str, mode: str, base_url: str = "http://127.0.0.1:8000") -> str:
+    """`GET /`: what the server is, how to play on it from `base_url` (the address the page was
+    asked for), and where its documentation is."""
     snippet = (
         "from cernenv.client import CERNEnvClient\n"
         "from cernenv.models import ExperimentAction\n\n"
-        'with CERNEnvClient(base_url="http://127.0.0.1:8000").sync() as env:\n'
+        f"with CERNEnvClient(base_url={json.dumps(base_url)}).sync() as env:\n"
         "    result = env.reset()\n"
         '    result = env.step(ExperimentAction(action_type="configure_beam", '
         'parameters={"beam_energy_tev": 13.6}))'
@@ -150,8 +151,9 @@ def offline_docs(openapi: Mapping[str, Any]) -> str:
 
 def serve_offline_docs(app: Any) -> None:
     """Replace FastAPI's `/docs` and `/redoc` (CDN pages) with `offline_docs` of the app's OpenAPI,
-    made on first request (every route is then in place) and kept."""
-    from fastapi.responses import HTMLResponse
+    made on first request (every route is then in place) and kept; serve `landing_page` at `/`, with
+    the address it was asked for, and send `/web` there unless OpenEnv's web UI holds it."""
+    from fastapi.responses import HTMLResponse, RedirectResponse
 
     app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) not in DOCS_PATHS]
     page: list = []
@@ -164,9 +166,15 @@ def serve_offline_docs(app: Any) -> None:
     for path in ("/docs", "/redoc"):
         app.add_api_route(path, docs, methods=["GET"], include_in_schema=False)
 
-    async def landing() -> HTMLResponse:
+    async def landing(request: Any) -> HTMLResponse:  # a Starlette endpoint: handed the request
         config = getattr(app.state, "cernenv_config", None)
-        return HTMLResponse(landing_page(app.title, app.version, getattr(config, "mode", "?")))
+        base_url = str(request.base_url).rstrip("/")
+        return HTMLResponse(landing_page(app.title, app.version, getattr(config, "mode", "?"), base_url))
 
-    for path in ("/", "/web"):
-        app.add_api_route(path, landing, methods=["GET"], include_in_schema=False)
+    async def to_landing(request: Any) -> RedirectResponse:
+        return RedirectResponse("/")
+
+    app.add_route("/", landing, methods=["GET"], include_in_schema=False)
+    if not any(getattr(route, "path", None) == "/web" for route in app.router.routes):
+        # OpenEnv's web UI lives at /web when ENABLE_WEB_INTERFACE is set; without it, /web is this page
+        app.add_route("/web", to_landing, methods=["GET"], include_in_schema=False)

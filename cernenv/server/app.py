@@ -20,7 +20,8 @@ and `/evaluation`):
 | `POST /step`, `GET /state` | a fresh environment per request (OpenEnv 0.10): 409; the empty state |
 | `GET /sessions` | environments open now and the session limits |
 | `GET /evaluation` | the mode, the fingerprint, fresh worlds, withheld grades, a scored run's progress and commitment |
-| `GET /`, `/web` | a page: what the server is, its mode, how to play; `GET /docs` every route, offline |
+| `GET /` | a page: the server, its version and mode, how to play on it at its address; `GET /docs`: every route |
+| `GET /web` | OpenEnv's web UI where `ENABLE_WEB_INTERFACE` is set, else a redirect to `/` |
 
 What the server adds to the environment (`ServedEnvironment`): in evaluation mode (the
 default) a fresh hidden world at every reset and no grade on the wire, each ended episode's
@@ -57,6 +58,7 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import ConcurrencyConfig
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from cernenv._version import __version__
 from cernenv.models import CernState, CollisionObservation
 from cernenv.server.apidocs import SERVER_DESCRIPTION, serve_offline_docs
 from cernenv.server.config import ServerConfig
@@ -180,6 +182,7 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
     ]
     _serve_schema_once(app)
     app.title, app.description = "CERNenv", SERVER_DESCRIPTION  # OpenEnv's says to loop over POST /step
+    app.version = __version__  # OpenEnv's create_app says 1.0.0, whatever the environment
     for route in app.router.routes:
         if getattr(route, "path", None) == "/step":
             route.description = (

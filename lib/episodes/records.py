@@ -21,7 +21,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tupl
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from cernenv.suite import SuiteTask
-from lib.files import atomic_write, json_text, refuse_empty
+from lib.files import JsonError, atomic_write, json_text, parse_json, refuse_empty
 
 PAIR_KEY = ("seed", "scenario", "difficulty")
 """The fields that identify a task: two records with the same values played the same world."""
@@ -258,19 +258,26 @@ def read_episodes_jsonl(path: str) -> Tuple[List[Dict[str, Any]], int]:
     (bytes that are not UTF-8, invalid JSON, a value that is not an object, an object that is not an
     `EpisodeLine`: a boolean written as a string, a NaN reward, an empty object) is an error that
     names the line, because skipping it would lose an episode and reading it would count a wrong
-    one; so are two lines of one agent on the same task. Summary keys renamed since the file was
-    written are read under their current names."""
+    one; so are a line nested too deep for Python's parser (anywhere: it is whole, not cut short) and
+    two lines of one agent on the same task. Summary keys renamed since the file was written are read
+    under their current names."""
     lines = [line for line in episode_file_bytes(path).split(b"\n") if line.strip()]
     episodes, skipped = [], 0
     for number, raw in enumerate(lines, start=1):
         try:
-            episode = json.loads(raw.decode("utf-8"))
+            episode = parse_json(raw.decode("utf-8"))
             if not isinstance(episode, dict):
                 raise ValueError(f"a JSON {type(episode).__name__}, not an episode object")
-        except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        except ValueError as error:  # UnicodeDecodeError and JsonError are ValueErrors
+            what = f"column {error.column}: {error.problem}" if isinstance(error, JsonError) else str(error)
+            if isinstance(error, JsonError) and error.too_deep:  # whole, not cut short: wherever it is
+                raise ValueError(
+                    f"{path}:{number} is not an episode ({what}): restore the file from where it was copied, "
+                    "or delete the line to drop it"
+                ) from None
             if number < len(lines):
                 raise ValueError(
-                    f"{path}:{number} is not an episode ({error}); only the last line may be unfinished: "
+                    f"{path}:{number} is not an episode ({what}); only the last line may be unfinished: "
                     "restore the file from where it was copied, or delete the line to drop that episode"
                 ) from None
             skipped += 1

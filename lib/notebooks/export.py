@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lib.extras import require
-from lib.files import atomic_write
+from lib.files import atomic_write, read_json
 from lib.notebooks.reproduce import RUN_RECORD
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def provenance(notebook_path: Path) -> str:
     """A Markdown line saying which profile and commit produced this executed notebook (from the
     run record beside it), with a warning when that is not a clean full run."""
     try:
-        record = json.loads((notebook_path.parent / RUN_RECORD).read_text())
+        record = read_json(notebook_path.parent / RUN_RECORD)
         run = record["notebooks"][notebook_path.stem]
         profile = str(record["profile"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -350,18 +350,59 @@ def check_browser(
     return check
 
 
+def unfinished_runs(build_dir: Path) -> List[str]:
+    """A line for each training run under `build_dir` that did not finish (stopped, failed, killed:
+    `lib.training.run_state.unfinished_run`), from the state each left in its output folder."""
+    from lib.training.run_state import RUN_STATE, unfinished_run
+
+    said = (unfinished_run(state.parent) for state in sorted(Path(build_dir).rglob(RUN_STATE)))
+    return [line for line in said if line]
+
+
+def page_to_open(pages: Sequence[Path]) -> Optional[Path]:
+    """The page a reader opens first: notebook 04's with its code (the evidence, the trajectory
+    browser), else the last notebook's."""
+    full = [page for page in pages if not page.name.endswith((f"{READERS_SUFFIX}.html", f"{STANDALONE_SUFFIX}.html"))]
+    return next((page for page in full if page.stem == BROWSER_NOTEBOOK), full[-1] if full else None)
+
+
+def summary(build_dir: Path, reports_dir: Path, pages: Sequence[Path], seconds: float) -> List[str]:
+    """What `make report` says at its end: the pages written, where, in how long, which to open."""
+    by_notebook: Dict[str, List[Path]] = {}
+    for page in pages:
+        by_notebook.setdefault(page.name.split(".", 1)[0], []).append(page)
+    lines = [
+        f"exported {len(by_notebook)} notebook(s) from {build_dir}/ to {reports_dir}/ in {seconds:.0f} s, three pages "
+        f"each: NAME.html (code and outputs), NAME{READERS_SUFFIX}.html (outputs only), NAME{STANDALONE_SUFFIX}.html "
+        "(outputs only, its scripts inside: one file to mail)"
+    ]
+    for name, written in by_notebook.items():
+        sizes = ", ".join(f"{page.stat().st_size / 1e6:.1f}" for page in written)
+        lines.append(f"  {name}: {sizes} MB")
+    opened = page_to_open(pages)
+    if opened is not None:
+        lines.append(
+            f"open {opened} in a browser (keep {ASSETS_DIR.relative_to(ROOT)}/ beside the pages, or open the "
+            f"{STANDALONE_SUFFIX[1:]} page anywhere): {opened.resolve().as_uri()}"
+        )
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("build_dir", nargs="?", default="build", type=Path, help="executed notebooks (default build/)")
     parser.add_argument("reports_dir", nargs="?", default="reports", type=Path, help="where the pages go")
     args = parser.parse_args(argv)
+    start = time.perf_counter()
     try:
         pages = export_reports(args.build_dir, args.reports_dir)
     except (FileNotFoundError, ModuleNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    for page in pages:
-        print(f"wrote {page} ({page.stat().st_size / 1e6:.1f} MB)")
+    for line in summary(args.build_dir, args.reports_dir, pages, time.perf_counter() - start):
+        print(line)
+    for line in unfinished_runs(args.build_dir):
+        print(f"note: {line}")
     browser_page = args.reports_dir / f"{BROWSER_NOTEBOOK}.html"
     if browser_page.exists():
         if find_chromium() is None:

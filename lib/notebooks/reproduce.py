@@ -41,19 +41,18 @@ import argparse
 import ast
 import datetime
 import difflib
-import json
 import logging
 import os
 import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
 from lib.extras import require
-from lib.files import atomic_write, check_writable_dir, write_json
+from lib.files import atomic_write, check_writable_dir, read_json, write_json
 from lib.progress import METER_LINE
 from lib.yaml_files import YAMLRefused, load_yaml
 
@@ -62,6 +61,7 @@ NOTEBOOKS_DIR = ROOT / "notebooks"
 CONFIGS_DIR = ROOT / "configs"
 BUILD_DIR = ROOT / "build"
 EVIDENCE_DIR = ROOT / "evidence"
+REPORTS_DIR = ROOT / "reports"
 DEFAULT_KERNEL = "python3"
 """The notebooks' kernel: Colab's name, and the venv's kernel locally (`make setup` registers it
 under this name inside the venv, where Jupyter looks first)."""
@@ -230,23 +230,117 @@ def profile_build_dir(profile: str) -> Path:
     return BUILD_DIR / profile_name(profile)
 
 
+def training_config(parameters: Mapping[str, Any]) -> Any:
+    """The `TrainConfig` notebook 03 makes of its profile `parameters` (on a CPU)."""
+    from lib.training.cli import notebook_config
+
+    return notebook_config(dict(parameters), parameters.get(TRAIN_CONFIG_PARAMETER), root=ROOT, gpu=False)
+
+
+def written_folders(plan: Mapping[str, Mapping[str, Any]]) -> List[Tuple[str, Path]]:
+    """The folders the notebooks of `plan` write (their evidence and output folders), each with the
+    parameter that names it ("03_train_grpo's output_dir"), in the order of the plan."""
+    written = []
+    for name, parameters in plan.items():
+        folders = {key: parameters.get(key) for key in WRITTEN_FOLDERS.get(name, ())}
+        if name == TRAIN_NOTEBOOK:
+            config = training_config(parameters)
+            folders = {"evidence_dir": config.evidence_dir, "output_dir": config.output_dir}
+        for key, value in folders.items():
+            if isinstance(value, str) and value:
+                written.append((f"{name}'s {key}", Path(value) if Path(value).is_absolute() else ROOT / value))
+    return written
+
+
 def check_written_folders(plan: Mapping[str, Mapping[str, Any]], build_dir: Path) -> None:
     """Every folder the run writes (its build folder, the notebooks' evidence and output folders),
     writable and not a file, before any notebook runs."""
     try:
         check_writable_dir(build_dir, "build folder")
-        for name, parameters in plan.items():
-            folders = {key: parameters.get(key) for key in WRITTEN_FOLDERS.get(name, ())}
-            if name == TRAIN_NOTEBOOK:
-                from lib.training.cli import notebook_config
-
-                config = notebook_config(dict(parameters), parameters.get(TRAIN_CONFIG_PARAMETER), root=ROOT, gpu=False)
-                folders = {"evidence_dir": config.evidence_dir, "output_dir": config.output_dir}
-            for key, value in folders.items():
-                if isinstance(value, str) and value:
-                    check_writable_dir(Path(value) if Path(value).is_absolute() else ROOT / value, f"{name}'s {key}")
+        for what, folder in written_folders(plan):
+            check_writable_dir(folder, what)
     except OSError as error:
         raise ReproduceError(str(error)) from None
+
+
+def shown_path(path: Path) -> str:
+    """`path` from the repository root where it lies under it (as the commands take it), else whole."""
+    path = Path(path)
+    return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else str(path)
+
+
+def reports_dir(profile: str) -> Path:
+    """Where `make report` writes a profile's pages: reports/ for the full run, reports/PROFILE/ for
+    the others (the Makefile's `report` target; a test holds the two equal)."""
+    name = profile_name(profile)
+    return REPORTS_DIR if name == "full" else REPORTS_DIR / name
+
+
+def warm_start_note(plan: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
+    """What a run says before it starts when its notebook 03 builds the CPU stand-in's warm start:
+    none in .cache/warm_start/ was built from as many campaigns with the same loss (a guess, from
+    each cached warm start's report, that errs towards saying it), and how long it took where it was
+    measured (`lib.runtime.WARM_START_MINUTES`); None otherwise."""
+    if TRAIN_NOTEBOOK not in plan:
+        return None
+    from lib.runtime import WARM_START_MINUTES
+    from lib.training.config import TINY_MODEL
+    from lib.training.tokenizer import WARM_START_CACHE
+
+    parameters = plan[TRAIN_NOTEBOOK]
+    config = training_config(parameters)
+    if config.model_name not in (None, TINY_MODEL) or not config.warm_start_episodes or config.lora_r:
+        return None
+    for report in WARM_START_CACHE.glob(f"{TINY_MODEL}-*/warm_start.json"):
+        try:
+            built = read_json(report)
+        except (OSError, ValueError):
+            continue
+        same_loss = (built.get("action_tokens") is None) == (config.warm_start_loss == "conversation")
+        if built.get("episodes") == config.warm_start_episodes and same_loss:
+            return None
+    train_config = parameters.get(TRAIN_CONFIG_PARAMETER)
+    minutes = WARM_START_MINUTES.get(Path(train_config).stem) if isinstance(train_config, str) else None
+    took = f"about {minutes:g} min on 2 idle cores; longer on a busy machine" if minutes else "minutes"
+    return (
+        f"first run: notebook 03 builds the CPU stand-in's warm start ({config.warm_start_episodes} campaigns, "
+        f"{took}) and keeps it in {shown_path(WARM_START_CACHE)}/, which later runs load in seconds"
+    )
+
+
+def duration(seconds: float) -> str:
+    """`2 min 41 s`, `9 s`, `1 h 3 min`."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def run_summary(
+    profile: str, plan: Mapping[str, Mapping[str, Any]], build_dir: Path, seconds: Mapping[str, float]
+) -> List[str]:
+    """What a run says at its end: how long it took (each notebook's seconds), what it wrote where,
+    the next command and the page to open."""
+    name = profile_name(profile)
+    each = ", ".join(f"{notebook[:2]} {duration(s)}" for notebook, s in seconds.items())
+    lines = [f"done: {len(seconds)} notebook(s) of the {name} profile in {duration(sum(seconds.values()))} ({each})"]
+    lines.append(f"  executed notebooks: {shown_path(build_dir)}/ (run.json: each one's commit and time)")
+    folders: Dict[str, List[str]] = {}
+    for what, folder in written_folders(plan):
+        folders.setdefault(shown_path(folder), []).append(what)
+    for folder, whats in folders.items():
+        lines.append(f"  written: {folder}/ ({', '.join(whats)})")
+    report = "make report" + ("" if name == "full" else f" PROFILE={name}")
+    page = reports_dir(profile) / f"{list(plan)[-1]}.html"
+    lines.append(f"next: {report}, then open {shown_path(page)} in a browser")
+    if name == "full" and TRAIN_NOTEBOOK in plan:
+        lines.append(
+            "then: `make promote-evidence` copies build/full/evidence/ over the committed evidence/ "
+            "(`git diff --stat evidence/` shows the change)"
+        )
+    return lines
 
 
 def source_revision() -> Dict[str, Any]:
@@ -261,8 +355,15 @@ def record_run(build_dir: Path, profile: str, notebook: str, seconds: float) -> 
     """Add `notebook`'s run (commit, time) to `build_dir/run.json`."""
     path = build_dir / RUN_RECORD
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = read_json(path)
+    except FileNotFoundError:
+        record = {}
+    except (OSError, ValueError) as error:  # kept aside, not overwritten: it holds the earlier notebooks' runs
+        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+        path.replace(aside)
+        print(f"warning: {error}; moved it to {aside} and started a new one", file=sys.stderr)
+        record = {}
+    if not isinstance(record, dict):
         record = {}
     record["profile"] = profile_name(profile)
     record.setdefault("notebooks", {})[notebook] = {
@@ -376,7 +477,9 @@ def reproduce(
 ) -> List[Path]:
     """Run the profile's notebooks in order (or just those in `only`); returns the executed copies.
     Prints a line as each notebook starts and ends to `out` (default stderr), and the progress
-    lines the notebooks print between (the warm start's, the evaluations', the GRPO steps')."""
+    lines the notebooks print between (the warm start's, the evaluations', the GRPO steps'); first,
+    that notebook 03 builds the stand-in's warm start where none is cached (`warm_start_note`); at
+    the end, the total time, what was written where, and the next command (`run_summary`)."""
     out = out or sys.stderr
     plan = load_profile(profile)
     missing = sorted(set(only) - set(plan))
@@ -387,13 +490,16 @@ def reproduce(
     check_written_folders(chosen, target)
     if profile_name(profile) == "full" and TRAIN_NOTEBOOK in chosen:
         print(
-            "the full run: it regenerates the evidence into build/full/evidence/ (~30 min on 2 cores: README, "
-            "Quick start); `make promote-evidence` then copies it over evidence/. `make reproduce PROFILE=smoke` "
-            "runs every notebook in minutes.",
+            "the full run: it regenerates the evidence into build/full/evidence/ (~30 min on 2 idle cores: "
+            "README, Quick start; Ctrl-C stops it, and evidence/ is never touched); `make promote-evidence` then "
+            "copies it over evidence/. `make reproduce PROFILE=smoke` runs every notebook in minutes.",
             file=out,
             flush=True,
         )
-    outputs = []
+    note = warm_start_note(chosen)
+    if note:
+        print(note, file=out, flush=True)
+    outputs, seconds = [], {}
     for index, (name, parameters) in enumerate(chosen.items(), start=1):
         start = time.perf_counter()
         label = f"[{index}/{len(chosen)}] {name} ({profile_name(profile)})"
@@ -408,12 +514,13 @@ def reproduce(
                 echo=out,
             )
         )
-        seconds = time.perf_counter() - start
-        record_run(outputs[-1].parent, profile, name, seconds)
-        shown = outputs[-1].relative_to(ROOT) if outputs[-1].is_relative_to(ROOT) else outputs[-1]
-        print(f"{label}: done in {seconds:.0f} s → {shown}", file=out, flush=True)
+        seconds[name] = time.perf_counter() - start
+        record_run(outputs[-1].parent, profile, name, seconds[name])
+        print(f"{label}: done in {seconds[name]:.0f} s → {shown_path(outputs[-1])}", file=out, flush=True)
         for line in notable_warnings(outputs[-1]):
             print(f"    {line}", file=out, flush=True)
+    for line in run_summary(profile, chosen, target, seconds):
+        print(line, file=out, flush=True)
     return outputs
 
 
@@ -446,11 +553,15 @@ def promote_evidence(build_dir: Path = BUILD_DIR / "full", target: Path = EVIDEN
     out = out or sys.stderr
     source = Path(build_dir) / "evidence"
     try:
-        record = json.loads((Path(build_dir) / RUN_RECORD).read_text())
-    except (OSError, ValueError):
+        record = read_json(Path(build_dir) / RUN_RECORD, "run `make reproduce` (the full profile) again")
+    except FileNotFoundError:
         raise ReproduceError(
             f"{build_dir}/{RUN_RECORD} is missing: run `make reproduce` (the full profile) first"
         ) from None
+    except (OSError, ValueError) as error:
+        raise ReproduceError(str(error)) from None
+    if not isinstance(record, dict):
+        raise ReproduceError(f"{build_dir}/{RUN_RECORD} is not a run record: run `make reproduce` (the full profile)")
     ran = set(record.get("notebooks", {}))
     if record.get("profile") != "full" or not {"02_baseline_rollouts", TRAIN_NOTEBOOK} <= ran:
         raise ReproduceError(

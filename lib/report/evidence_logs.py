@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from lib.episodes.records import COMPRESSED_SUFFIX, read_episodes_jsonl
+from lib.files import read_json
 from lib.measure.metrics import as_number
 
 logger = logging.getLogger("lib.report.evidence")
@@ -268,6 +269,8 @@ class Records:
     """The CSV header (empty for JSONL)."""
     source: str = ""
     """The name of the file read ("" for rows that were not read from one)."""
+    lines: List[int] = field(default_factory=list)
+    """The line of the file each CSV row was read from (from 1; empty for JSONL)."""
 
 
 def read_records(path: Path) -> Records:
@@ -279,7 +282,10 @@ def read_records(path: Path) -> Records:
     is skipped and counted, damage anywhere else is an error (an evaluation file that lost an
     episode must not be summarised as if whole). A CSV log skips, counts and warns about lines
     that are not rows: undecodable bytes (a crash can leave NULs), wrong field counts, and an
-    unterminated last line (a prefix of a row can look like a row).
+    unterminated last line (a prefix of a row can look like a row). A run's own logs (`LOG_HEADERS`)
+    are refused, in one line that names the file and line, where what is wrong is the whole file:
+    no header or another one, a byte-order mark or semicolons (a spreadsheet program saved it), a
+    step logged twice (a file appended to itself: every step would count twice in a trend).
     """
     path = Path(path)
     if not path.exists():
@@ -288,17 +294,79 @@ def read_records(path: Path) -> Records:
         episodes, skipped = read_episodes_jsonl(str(path))
         records = Records(episodes, skipped)
     else:
-        records = _read_csv(path.read_bytes())
+        data = path.read_bytes()
+        _check_log_header(path, data)
+        records = _read_csv(data)
         _typed_numbers(path, records)
+        _check_steps_once(path, records)
     if records.n_skipped:
         logger.warning("%s: skipped %d malformed or unfinished line(s)", path, records.n_skipped)
     records.source = path.name
     return records
 
 
-NUMERIC_LOGS = {cls.COLUMNS for cls in (TrainingLogWriter, RewardComponentLogWriter, CheckpointEvalWriter)}
-NUMERIC_LOGS |= {TrainingLogWriter.COLUMNS[:-1]}  # logs written before the zero-spread column
+LOG_HEADERS = {
+    "training_log.csv": (TrainingLogWriter.COLUMNS, TrainingLogWriter.COLUMNS[:-1]),  # before the zero-spread column
+    "reward_components.csv": (RewardComponentLogWriter.COLUMNS,),
+    "checkpoint_evals.csv": (CheckpointEvalWriter.COLUMNS,),
+}
+"""A run's logs by file name, each with the headers its writer wrote (today's first)."""
+NUMERIC_LOGS = {header for headers in LOG_HEADERS.values() for header in headers}
 """The headers of the logs whose every cell is a number or empty (`_CsvLog` writes nothing else)."""
+DAMAGED_LOG_FIX = "move it aside and rerun what writes it, or restore the file the run wrote"
+
+
+def _check_log_header(path: Path, data: bytes) -> None:
+    """A ValueError of one line where a run's log (`LOG_HEADERS`, by its name) does not start with
+    its writer's header: a byte-order mark, fields split by semicolons, a first line of numbers (no
+    header), or another header."""
+    headers = LOG_HEADERS.get(path.name)
+    if headers is None or not data.strip():
+        return
+    columns = ",".join(headers[0])
+    first = data.split(b"\n", 1)[0]
+    if data.startswith(b"\xef\xbb\xbf"):
+        endings = " and ends its lines CRLF" if first.endswith(b"\r") else ""
+        raise ValueError(
+            f"{path}:1: starts with a byte-order mark{endings}: a spreadsheet program (Excel) saved it; a run "
+            f"writes plain UTF-8 CSV, comma-separated: {DAMAGED_LOG_FIX}"
+        )
+    text = first.decode("utf-8", "replace").rstrip("\r")
+    fields = tuple(_csv_fields(text) or ())
+    if fields in headers:
+        return
+    if tuple(text.split(";")) in headers or (";" in text and "," not in text):
+        problem = "separates its fields with ';', not ',' (a spreadsheet program with a decimal comma saved it)"
+    elif fields and all(_is_number(cell) or not cell for cell in fields):
+        problem = f"has no header: its first line is a row of numbers ({text[:40]!r})"
+    else:
+        problem = f"starts with {text[:60]!r}, not a {path.name}'s header"
+    raise ValueError(f"{path}:1: {problem}; a {path.name} starts with the line {columns!r}: {DAMAGED_LOG_FIX}")
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_steps_once(path: Path, records: Records) -> None:
+    """A ValueError naming the two lines where a run's log (`LOG_HEADERS`) holds a step twice: each
+    step is logged once (a resumed run first cuts the rows after its checkpoint), so a repeat is a
+    file appended to itself or two runs' logs joined, which would count each step twice."""
+    if path.name not in LOG_HEADERS:
+        return
+    seen: Dict[Any, int] = {}
+    for row, line in zip(records.rows, records.lines):
+        step = row.get("step")
+        if step is not None and step in seen:
+            raise ValueError(
+                f"{path}:{line}: step {step} again (first on line {seen[step]}): a run logs each step once, so "
+                f"this file was appended to itself or joined with another run's: {DAMAGED_LOG_FIX}"
+            )
+        seen.setdefault(step, line)
 
 
 LogCell = Union[int, float, None]
@@ -311,7 +379,7 @@ def _typed_numbers(path: Path, records: Records) -> None:
     such a file was not written by its writer."""
     if records.columns not in NUMERIC_LOGS:
         return
-    for number, row in enumerate(records.rows, start=1):
+    for number, row in zip(records.lines, records.rows):
         for column, cell in row.items():
             try:
                 value: LogCell = None if cell == "" else int(cell) if cell.lstrip("-").isdigit() else float(cell)
@@ -320,7 +388,7 @@ def _typed_numbers(path: Path, records: Records) -> None:
                 ok = False
             if not ok:
                 raise ValueError(
-                    f"{path}: data row {number}, column {column}: {cell[:40]!r} is not a finite number; "
+                    f"{path}:{number}: column {column}: {cell[:40]!r} is not a finite number; "
                     "every cell of this log is a number or empty (move the file aside and rerun what writes it)"
                 )
             row[column] = value
@@ -330,8 +398,8 @@ def _read_csv(data: bytes) -> Records:
     raw_lines = data.split(b"\n")
     complete, tail = raw_lines[:-1], raw_lines[-1]
     skipped = 1 if tail.strip() else 0
-    lines: List[str] = []
-    for raw in complete:
+    lines: List[Tuple[int, str]] = []
+    for number, raw in enumerate(complete, start=1):
         try:
             text = raw.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError:
@@ -340,24 +408,25 @@ def _read_csv(data: bytes) -> Records:
         if "\x00" in text:
             skipped += 1
         elif text.strip():
-            lines.append(text)
+            lines.append((number, text))
     records = _parse_csv(lines)
     records.n_skipped += skipped
     return records
 
 
-def _parse_csv(lines: List[str]) -> Records:
+def _parse_csv(lines: List[Tuple[int, str]]) -> Records:
     if not lines:
         return Records([])
-    header = tuple(_csv_fields(lines[0]) or ())
-    rows, skipped = [], 0
-    for text in lines[1:]:
+    header = tuple(_csv_fields(lines[0][1]) or ())
+    rows, numbers, skipped = [], [], 0
+    for number, text in lines[1:]:
         fields = _csv_fields(text)  # line by line: a stray quote must not swallow the next row
         if fields is None or len(fields) != len(header) or tuple(fields) == header:
             skipped += 1
         else:
             rows.append(dict(zip(header, fields)))
-    return Records(rows, skipped, header)
+            numbers.append(number)
+    return Records(rows, skipped, header, lines=numbers)
 
 
 def _csv_fields(text: str) -> Optional[List[str]]:
@@ -401,8 +470,6 @@ class Evidence:
 
 def read_evidence(paths: "EvidencePaths | Path | str") -> Evidence:
     """Every data file of a run's evidence folder (`EvidencePaths`, or its root), each read once."""
-    import json
-
     from lib.measure.evaluation import read_baselines
 
     paths = paths if isinstance(paths, EvidencePaths) else EvidencePaths(Path(paths))
@@ -414,6 +481,8 @@ def read_evidence(paths: "EvidencePaths | Path | str") -> Evidence:
         training_log=read_records(paths.training_log_csv),
         reward_components=read_records(paths.reward_components_csv),
         checkpoint_evals=read_records(paths.checkpoint_evals_csv),
-        before_after=json.loads(metrics.read_text(encoding="utf-8")) if metrics.exists() else None,
+        before_after=read_json(metrics, "rerun what writes it (the run's end: make train)")
+        if metrics.exists()
+        else None,
         baselines=read_baselines(paths.baselines_json) if paths.baselines_json.exists() else None,
     )

@@ -11,6 +11,9 @@ when headless) and one compact line of the metrics that matter at each log, in p
 transformers' `PrinterCallback`, which `disable_tqdm=True` adds and which prints each log as a
 dict of ~47 entries. `trainer_progress(label)` puts it into every Trainer made inside it (the
 warm start's SFT trainer, the GRPO trainer).
+
+`CpuThreads`: before each optimisation step, torch's compute threads set to the cores other
+processes left free during the step before (`lib.runtime.cpu_threads`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from lib.report.evidence import (
     render_reward_components,
     render_training_curve,
 )
+from lib.runtime import busy_cores_elsewhere, cpu_snapshot, pinned_threads, use_cpu_threads
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +151,31 @@ METRICS_LINE = (
 )
 """The metrics of a Trainer's log shown on its one line, in order (key, label, format); the
 rest stay in the evidence CSVs and TensorBoard."""
+
+
+class CpuThreads(TrainerCallback):
+    """torch's compute threads, set before each optimisation step to the cores free while the step
+    before ran (`lib.runtime.use_cpu_threads`; measured over that step, so it costs no wait): a
+    machine that other work fills as a run goes on costs the run its share, not every step's
+    threads waiting on each other. Off on a GPU and where `OMP_NUM_THREADS` fixes the count."""
+
+    def __init__(self) -> None:
+        self.last = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import torch
+
+        if torch.cuda.is_available() or pinned_threads() is not None:
+            return
+        use_cpu_threads()
+        self.last = cpu_snapshot()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.last is None:
+            return
+        now = cpu_snapshot()
+        use_cpu_threads(busy_cores_elsewhere(self.last, now))
+        self.last = now
 
 
 def metrics_line(logs: Dict[str, Any]) -> str:

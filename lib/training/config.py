@@ -6,7 +6,6 @@ and `TrainConfig.load(path)` reads it back (unknown keys are an error, not ignor
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -15,6 +14,7 @@ from typing import Any, Dict, List, Optional, Union, get_args, get_origin, get_t
 
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
 from lib.agents.prompting import LLMAgentConfig, Sampling
+from lib.files import long_name_problem
 
 TINY_MODEL = "cernenv-tiny"
 """`model_name` of the CPU stand-in: the project's own tokenizer and a tiny Qwen2 network with
@@ -25,6 +25,12 @@ GPU_DEFAULT_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
 """`model_name` used on a CUDA machine (Colab) when none is given."""
 MAX_TEXT_CHARACTERS = 1024
 """The longest text a config field holds (a model id, a path)."""
+PATH_FIELDS = ("model_name", "evidence_dir", "output_dir", "resume_from_checkpoint")
+"""The fields that name files or folders: each name in them within the file system's limit
+(`lib.files.long_name_problem`)."""
+FINGERPRINT_CHARACTERS = 16
+"""The hex digits of a cached warm start's fingerprint (`lib.training.warm_start.fingerprint`): its
+folder is named `<model name>-<fingerprint>`."""
 
 
 def shown(value: Any, limit: int = 80) -> str:
@@ -369,7 +375,8 @@ class TrainConfig:
 
     def _check_texts(self) -> List[str]:
         """Every text field (and list of texts) at most `MAX_TEXT_CHARACTERS` long and free of
-        control characters: a path or a model id, never a pasted file; shown cut short."""
+        control characters: a path or a model id, never a pasted file; shown cut short. A path's
+        names (`PATH_FIELDS`) within what the file system takes, which is the limit that holds."""
         problems = []
         for spec in fields(self):
             value = getattr(self, spec.name)
@@ -382,6 +389,11 @@ class TrainConfig:
                     )
                 elif any(ord(c) < 32 or ord(c) == 127 for c in text):
                     problems.append(f"{spec.name} holds a control character: {shown(text)}")
+                elif spec.name in PATH_FIELDS:
+                    reserve = FINGERPRINT_CHARACTERS + 1 if spec.name == "model_name" else 0
+                    problem = long_name_problem(text, spec.name, reserve, "its cached warm start's folder adds")
+                    if problem:
+                        problems.append(problem)
         return problems
 
     def _check_numbers(self) -> List[str]:
@@ -464,7 +476,13 @@ class TrainConfig:
 
     @classmethod
     def load(cls, path: Any) -> "TrainConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The config `save` wrote to `path` (a ValueError naming the file and line where it is not JSON)."""
+        from lib.files import read_json
+
+        values = read_json(path, "write it again (a run writes its train_config.json), or give the settings as flags")
+        if not isinstance(values, dict):
+            raise ValueError(f"{path} holds a JSON {type(values).__name__}, not a TrainConfig's fields")
+        return cls.from_dict(values)
 
 
 _TYPES = get_type_hints(TrainConfig)

@@ -19,7 +19,10 @@ the previous run's evidence files (not baselines.*) to `<output_dir>/previous_ev
 time>/` (`lib.training.resume`), so logs of two runs never mix and nothing is deleted. A resumed run keeps them, minus
 rows logged after the checkpoint it resumes (and the last step's checkpoint row, which it
 writes again from its own post-training evaluation). A run stopped by a full disk (a
-checkpoint, a log) says so (`lib.files.DiskFullError`), whatever the library that failed.
+checkpoint, a log) says so (`lib.files.DiskFullError`), whatever the library that failed. The
+run's state is kept in `<output_dir>/run_state.json` (`lib.training.run_state`): a run stopped
+by SIGTERM, Ctrl-C or an error, or killed, is named by the next run in the folder and by
+`make report`, with the checkpoint it can resume from.
 """
 
 from __future__ import annotations
@@ -45,12 +48,13 @@ from lib.measure.evaluation import PUBLISHED_KEY
 from lib.report.evidence import EvidencePaths, render_all
 from lib.runtime import CPU_STAND_IN_TIMES
 from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
-from lib.training.callbacks import EvidenceCallback, trainer_progress
+from lib.training.callbacks import CpuThreads, EvidenceCallback, trainer_progress
 from lib.training.config import TINY_MODEL, TrainConfig
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
 from lib.training.processes import gather, is_main_process, main_process_first, num_processes, shard, wait_for_everyone
 from lib.training.publish import push_to_hub, save_merged
 from lib.training.resume import archive_previous_evidence, drop_rows_after, resolve_resume
+from lib.training.run_state import RunState, unfinished_run
 from lib.training.warm_start import cached_warm_start_dir, sft_warm_start
 
 logger = logging.getLogger(__name__)
@@ -211,14 +215,27 @@ def train(config: TrainConfig) -> TrainResult:
     """Run `config` end to end (see the module docstring); returns the measured result.
 
     The main process checks and locks the output folders first (`check_run_outputs`,
-    `lib.files.FolderLock`) and holds them until the run ends, however it ends."""
+    `lib.files.FolderLock`) and holds them until the run ends, however it ends; it says how the
+    folder's last run ended where it did not finish, and keeps this run's state in the output
+    folder (`lib.training.run_state`: a run stopped by SIGTERM says where)."""
     check_run_outputs(config)
     with contextlib.ExitStack() as locks:
+        state = None
         if is_main_process():
             for folder, what in output_folders(config).items():
                 locks.enter_context(FolderLock(folder, what))
+            previous = unfinished_run(config.output_dir)
+            if previous:
+                logger.warning(
+                    "%s. This run %s",
+                    previous,
+                    f"resumes from {config.resume_from_checkpoint}"
+                    if config.resume_from_checkpoint
+                    else "starts afresh (the folder's evidence is kept aside)",
+                )
+            state = locks.enter_context(RunState(config.output_dir))
         try:
-            return _train(config)
+            return _train(config, state)
         except Exception as error:
             if isinstance(error, DiskFullError):
                 raise
@@ -246,8 +263,9 @@ def reload_warm_start_for_reference(policy: Any, config: TrainConfig, output_dir
     policy.model = AutoModelForCausalLM.from_pretrained(saved).to(policy.model.device)
 
 
-def _train(config: TrainConfig) -> TrainResult:
+def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult:
     seconds: Dict[str, float] = {}
+    phase = state.phase if state is not None else lambda text: None
     start = time.perf_counter()
     backend = resolve_backend(config)  # imports unsloth (when used) before trl
     from trl import GRPOTrainer
@@ -289,6 +307,7 @@ def _train(config: TrainConfig) -> TrainResult:
     if resume is not None:
         reload_warm_start_for_reference(policy, config, output_dir)
     if warm_start:
+        phase("the SFT warm start")
         t = time.perf_counter()
         with trainer_progress("SFT warm start"):
             warm = sft_warm_start(policy, config)
@@ -312,6 +331,7 @@ def _train(config: TrainConfig) -> TrainResult:
     if resume is not None and paths.pre_eval_jsonl.exists():
         pre = load_episodes_jsonl(str(paths.pre_eval_jsonl))
     else:
+        phase("the held-out evaluation before training")
         pre = evaluate_policy(policy.model, tokenizer, eval_specs, config, agent_name="pre", backend=backend)
         if main:
             save_episodes_jsonl(pre, str(paths.pre_eval_jsonl))
@@ -352,8 +372,11 @@ def _train(config: TrainConfig) -> TrainResult:
             processing_class=tokenizer,
             peft_config=policy.peft_config,
             rollout_func=rollout,
-            callbacks=[callback],
+            callbacks=[callback, CpuThreads()],
         )
+    phase("GRPO")
+    if state is not None:
+        state.step = lambda: f"step {trainer.state.global_step + 1} of {config.max_steps}"
     t = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
     seconds["grpo"] = time.perf_counter() - t
@@ -363,6 +386,7 @@ def _train(config: TrainConfig) -> TrainResult:
     if main:
         tokenizer.save_pretrained(str(final_dir))
 
+    phase("the held-out evaluation after training")
     t = time.perf_counter()
     post = evaluate_policy(trainer.model, tokenizer, eval_specs, config, agent_name="post", backend=backend)
     if main:

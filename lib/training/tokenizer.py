@@ -37,6 +37,8 @@ SPECIAL_TOKENS = [PAD, SYSTEM, USER, ASSISTANT, END]
 PROJECT_CACHE = Path(__file__).resolve().parents[2] / ".cache"
 """Where the built tokenizer and stand-in model are cached (git-ignored): at the repository root,
 whatever the working directory (notebooks run in notebooks/, `make train` at the root)."""
+WARM_START_CACHE = PROJECT_CACHE / "warm_start"
+"""Where `lib.training.warm_start` keeps the warm starts it built, one folder each."""
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}"

@@ -43,16 +43,18 @@ from lib.agents.prompting import LLMAgentConfig, action_to_json, build_chat, rou
 from lib.episodes.agent_rollouts import transitions
 from lib.episodes.chat import ChatLayout
 from lib.episodes.llm_rollouts import CONTEXTS
+from lib.files import read_json
 from lib.seeds import DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
-from lib.training.config import WARM_START_LOSSES, TrainConfig
-from lib.training.tokenizer import PROJECT_CACHE, corpus_specs
+from lib.training.callbacks import CpuThreads
+from lib.training.config import FINGERPRINT_CHARACTERS, WARM_START_LOSSES, TrainConfig
+from lib.training.tokenizer import WARM_START_CACHE, corpus_specs
 
 logger = logging.getLogger(__name__)
 
 SIGNIFICANT_DIGITS = 4
 """Numbers in the demonstrated actions are rounded to this many significant digits, as prompts show them."""
-CACHE_DIR = PROJECT_CACHE / "warm_start"
+CACHE_DIR = WARM_START_CACHE
 
 
 class RoundedDemonstrator:
@@ -149,7 +151,8 @@ def demonstration_layout(config: TrainConfig) -> Dict[str, Any]:
 def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, List[int]]], output_dir: str):
     """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
     `policy.peft_config` is given, loss on the `completion_mask` tokens, `warm_start_batch_size`
-    examples per step, cosine decay, the device's precision (float32 without autocast on a CPU)."""
+    examples per step, cosine decay, the device's precision (float32 without autocast on a CPU),
+    torch's threads the cores free before each step (`lib.training.callbacks.CpuThreads`)."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -182,6 +185,7 @@ def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, Li
         train_dataset=Dataset.from_list(examples),
         processing_class=policy.tokenizer,
         peft_config=policy.peft_config,
+        callbacks=[CpuThreads()],
     )
 
 
@@ -223,7 +227,7 @@ def fingerprint(policy: Policy, config: TrainConfig) -> str:
     digest.update(json.dumps({name: getattr(config, name) for name in SETTINGS}, sort_keys=True).encode())
     probe = demonstration_examples(policy.tokenizer, 1, **demonstration_layout(config))
     digest.update(json.dumps(probe).encode())
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()[:FINGERPRINT_CHARACTERS]
 
 
 def cached_warm_start_dir(policy: Policy, config: TrainConfig, cache_dir: Optional[os.PathLike] = None) -> Path:
@@ -243,7 +247,8 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
     if target is not None and (target / "warm_start.json").is_file():
         logger.info("the warm start is cached in %s: loading it", target)
         policy.model = AutoModelForCausalLM.from_pretrained(target).to(policy.model.device)
-        return {**json.loads((target / "warm_start.json").read_text()), "cached": str(target), "loaded": True}
+        report = read_json(target / "warm_start.json", f"delete {target}: the next run builds it again")
+        return {**report, "cached": str(target), "loaded": True}
     examples = demonstration_examples(policy.tokenizer, config.warm_start_episodes, **demonstration_layout(config))
     too_long = sum(len(e["input_ids"]) > config.max_seq_length for e in examples)
     if too_long:
