@@ -41,6 +41,7 @@ import argparse
 import ast
 import datetime
 import difflib
+import json
 import logging
 import os
 import re
