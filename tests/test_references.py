@@ -252,6 +252,7 @@ def test_a_fit_that_ran_to_the_edge_says_so_and_the_heuristic_claims_rather_than
     assert after.action_type.value == "submit_discovery_claim" and after.parameters["discovered"] is False
 
 
+@pytest.mark.slow
 def test_the_heuristic_never_ends_a_campaign_on_refusals_in_a_row():
     """150 procedural campaigns on evaluation-split seeds, in hidden worlds: at most one ends
     on refused actions in a row (3 of 150 did before the heuristic stopped repeating a refused

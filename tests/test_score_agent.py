@@ -71,11 +71,10 @@ def test_an_agent_that_raises_fails_its_episode_the_run_goes_on_and_the_exit_say
     assert len(list(out.glob("*.reveal.json"))) == 1 and len(list(out.glob("*.jsonl"))) == 1
 
 
-@pytest.mark.slow
-def test_an_agent_that_cannot_be_imported_is_one_line_and_a_failed_exit(tmp_path, capfd):
+def test_an_agent_that_cannot_be_imported_is_one_line_and_a_failed_exit_before_any_server_starts(tmp_path, capfd):
     status = score_agent_main(["--agent", "no_such_module:Thing", "--suite", "draw:1", "--out", str(tmp_path)])
     captured = capfd.readouterr()
     assert status == 2
     (line,) = captured.err.strip().splitlines()
     assert line.startswith("error: the agent could not be loaded: --agent 'no_such_module:Thing': cannot import")
-    assert "Scorecard" not in captured.out and not list(tmp_path.glob("scorecard-*"))
+    assert "Scorecard" not in captured.out and "scored run" not in captured.out and not list(tmp_path.glob("*"))

@@ -13,7 +13,7 @@ and the run goes on. The process holds only what the server sends its agent;
 
 Exit status: 0 when every episode was played to its end, 1 when the agent raised in some, 3 when
 the agent cannot be loaded (one line saying why). `--summary PATH` writes what happened as JSON
-(`played`, `failed`, `first_error`, `load_error`).
+(`played`, `failed`, `first_error`, `load_error`); `--load-only` loads the agent and stops.
 """
 
 from __future__ import annotations
@@ -116,11 +116,16 @@ def play_run(url: str, agent: Any, *, headers: Optional[dict] = None, max_episod
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lib.agents.remote_player", description=__doc__, allow_abbrev=False)
-    parser.add_argument("--url", required=True, help="the evaluation server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--url", help="the evaluation server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--agent", required=True, help="the agent class, module:Class")
     parser.add_argument("--max-episodes", type=int, help="stop after this many episodes (default: the whole run)")
     parser.add_argument("--summary", type=Path, metavar="PATH", help="write what happened here, as JSON")
+    parser.add_argument(
+        "--load-only", action="store_true", help="load the agent and stop (exit 3 if it cannot be loaded): a check"
+    )
     args = parser.parse_args(argv)
+    if args.url is None and not args.load_only:
+        parser.error("--url: give the evaluation server, e.g. http://127.0.0.1:8000")
     try:
         agent = load_agent(args.agent)
     except ValueError as error:
@@ -129,6 +134,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.summary is None:  # with a summary, whoever reads it says it (score_agent: one line)
             print(f"error: {error}", file=sys.stderr, flush=True)
     else:
+        if args.load_only:
+            return 0
         report = play_run(args.url, agent, max_episodes=args.max_episodes)
         status = 1 if report.failed else 0
         print(

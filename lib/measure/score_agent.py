@@ -14,9 +14,10 @@ worlds exists only in the server's memory until the run ends, every world is fre
 run's tasks come in an order the server keeps to itself. Introspecting its own process (frames,
 the garbage collector, files) finds nothing.
 
-It fails (`AgentRunError`: one line, a non-zero exit) when the agent cannot be loaded, plays no
-episode to its end, or raised in some (those episodes count as failures; the run went on and is
-scored). The run's ledger, reveal and scorecard are kept in `--out`.
+It fails (`AgentRunError`: one line, a non-zero exit) when the agent cannot be loaded (checked in
+a process of its own before any server starts), plays no episode to its end, or raised in some
+(those episodes count as failures; the run went on and is scored). The run's ledger, reveal and
+scorecard are kept in `--out`.
 
 What this does not isolate: the agent runs as your user, so it could read files you can and, where
 the kernel lets one process of a user read another's memory (`kernel.yama.ptrace_scope` 0), the
@@ -98,6 +99,13 @@ def score_agent(
     workspace = Path(tempfile.mkdtemp(prefix="cernenv-score-"))  # 0700: this user's only
     ledger, log_path, port = workspace / "run.jsonl", workspace / "server.log", free_port()
     summary_path = workspace / "player.json"
+    player_base = [sys.executable, "-m", "lib.agents.remote_player", "--agent", agent, "--summary", str(summary_path)]
+    # the agent loaded once in a process of its own first: one that cannot be fails before any server starts
+    check = subprocess.run([*player_base, "--load-only"], env=agent_environment(agent_paths))
+    if check.returncode != 0:
+        report = _player_report(check, summary_path)
+        shutil.rmtree(workspace, ignore_errors=True)
+        raise AgentRunError(f"the agent could not be loaded: {report.get('load_error') or check.returncode}")
     url = f"http://127.0.0.1:{port}"
     # the server of this run alone: none of the operator's CERNENV_* settings (a token, a ledger, a run)
     server_env = {k: v for k, v in os.environ.items() if not k.startswith("CERNENV_")}
@@ -119,8 +127,7 @@ def score_agent(
             f"commitment {run.get('commitment')}",
             flush=True,
         )
-        player_command = [sys.executable, "-m", "lib.agents.remote_player", "--url", url, "--agent", agent]
-        player_command += ["--summary", str(summary_path)]
+        player_command = [*player_base, "--url", url]
         if max_episodes is not None:
             player_command += ["--max-episodes", str(max_episodes)]
         player = subprocess.Popen(player_command, env=agent_environment(agent_paths))
@@ -157,7 +164,7 @@ def score_agent(
     return card
 
 
-def _player_report(player: Optional[subprocess.Popen], summary_path: Path) -> Dict[str, Any]:
+def _player_report(player: Any, summary_path: Path) -> Dict[str, Any]:
     """What the player process reported (its --summary), or what its exit says when it wrote none."""
     try:
         return json.loads(summary_path.read_text(encoding="utf-8"))
