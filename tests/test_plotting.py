@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.container import ErrorbarContainer  # noqa: E402
 
-from cernenv import CERNCollisionEnvironment, ExperimentAction  # noqa: E402
+from cernenv import CERNCollisionEnvironment, ExperimentAction, analysis  # noqa: E402
 from cernenv.physics.angular import spin_likelihoods  # noqa: E402
 from cernenv.physics.fitting import fit_background_only, fit_signal_plus_background  # noqa: E402
 from cernenv.physics.scan import scan_local_significance  # noqa: E402
@@ -157,18 +157,63 @@ def test_a_steeply_falling_spectrum_is_drawn_on_a_log_scale_and_a_flat_one_on_a_
 
 
 def _covered(ax, draw: bool = True) -> int:
-    """How many drawn data points (line vertices, patches' corners) lie under `ax`'s legend
-    (`draw`: lay the figure out first; False where it was just drawn)."""
+    """How many drawn data points lie under `ax`'s legend: markers, and points every few pixels
+    along each drawn line, bar outline and error bar (collections), so that a line crossing the
+    legend between two vertices counts; lines drawn across the whole axes for reference (3σ, 5σ)
+    do not (`draw`: lay the figure out first; False where it was just drawn)."""
     fig = ax.figure
     if draw:
         fig.canvas.draw()
     box = ax.get_legend().get_window_extent(fig.canvas.get_renderer())
     count = 0
-    for artist in [*ax.get_lines(), *ax.patches]:
-        vertices = artist.get_xydata() if hasattr(artist, "get_xydata") else artist.get_path().vertices
-        for x, y in artist.get_transform().transform(vertices):
-            count += box.x0 < x < box.x1 and box.y0 < y < box.y1
+    for artist in [*ax.get_lines(), *ax.patches, *ax.collections]:
+        if not artist.get_visible() or artist.get_gid() == plotting.REFERENCE:
+            continue
+        if hasattr(artist, "get_xydata"):
+            pieces = [artist.get_transform().transform(artist.get_xydata())]
+            drawn_line = artist.get_linestyle() not in ("None", "none", "", " ")
+        elif hasattr(artist, "get_paths"):
+            pieces = [artist.get_transform().transform(path.vertices) for path in artist.get_paths()]
+            drawn_line = True
+        else:
+            pieces = [artist.get_transform().transform(artist.get_path().vertices)]
+            drawn_line = True
+        for xy in pieces:
+            xy = xy[np.isfinite(xy).all(axis=1)]
+            if drawn_line and len(xy) > 1:  # every ~2 pixels along each segment
+                steps = [np.linspace(a, b, max(2, int(np.hypot(*(b - a)) // 2) + 2)) for a, b in zip(xy[:-1], xy[1:])]
+                xy = np.concatenate(steps)
+            count += int(np.sum((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0) & (xy[:, 1] < box.y1)))
     return count
+
+
+def _clipped(fig) -> list:
+    """The texts and legends of `fig` (labels, tick labels, annotations, legends) that reach past its
+    edges, and the annotations that cross their axes' frame."""
+    from matplotlib.text import Annotation, Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    edge = fig.bbox.padded(1)
+    undrawn = set()  # the labels of ticks outside the view, which matplotlib keeps but does not draw
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+                if not low - 1e-9 * (high - low) <= tick.get_loc() <= high + 1e-9 * (high - low):
+                    undrawn |= {id(tick.label1), id(tick.label2)}
+    out = []
+    for artist in [*fig.findobj(Text), *(ax.get_legend() for ax in fig.axes if ax.get_legend())]:
+        if not artist.get_visible() or (isinstance(artist, Text) and not artist.get_text()) or id(artist) in undrawn:
+            continue
+        extent = artist.get_window_extent(renderer)
+        if not (edge.x0 <= extent.x0 and extent.x1 <= edge.x1 and edge.y0 <= extent.y0 and extent.y1 <= edge.y1):
+            out.append(artist.get_text() if isinstance(artist, Text) else "legend")
+        elif isinstance(artist, Annotation) and artist.axes is not None:
+            frame = artist.axes.get_window_extent(renderer)
+            if not (frame.x0 <= extent.x0 and extent.x1 <= frame.x1):
+                out.append(artist.get_text())
+    return out
 
 
 def test_the_spin_figure_shows_what_measure_angular_measured_and_changes_with_the_events(env):
@@ -230,13 +275,13 @@ def test_the_checkpoint_figure_shows_equal_series_apart_on_whole_steps_with_its_
 
 
 def test_the_evidence_figures_keep_their_legends_off_the_data(monkeypatch, tmp_path):
-    """The committed evidence's figures drawn from its logs and summary (the reward distribution,
-    whose legend sits in its own headroom, is left out: it needs the 25 MB of episode files),
-    again: no legend lies over a data point, a bar or a curve of its panel."""
+    """The committed evidence's figures drawn from its logs, summary and episodes, again: no legend
+    lies over a data point, a bar or a curve of its panel, and no text runs off its figure."""
     import json
     from pathlib import Path
 
     import lib.report.evidence_figures as figures
+    from lib.report.evidence_logs import read_records
 
     evidence = Path(__file__).resolve().parents[1] / "evidence"
     drawn: list = []
@@ -246,8 +291,119 @@ def test_the_evidence_figures_keep_their_legends_off_the_data(monkeypatch, tmp_p
     figures.render_training_curve(evidence / "training_log.csv", tmp_path / "curve.png")
     figures.render_reward_components(evidence / "reward_components.csv", tmp_path / "components.png")
     figures.render_checkpoint_progression(evidence / "checkpoint_evals.csv", tmp_path / "checkpoints.png")
+    pre, post = (read_records(evidence / f"{phase}_eval.jsonl.gz").rows for phase in ("pre", "post"))
+    figures.render_distribution(pre, post, tmp_path / "distribution.png")
     for fig in drawn:
         fig.canvas.draw()  # once per figure: the legends' places
     covered = {ax.get_title()[:40]: _covered(ax, draw=False) for fig in drawn for ax in fig.axes if ax.get_legend()}
-    assert len(drawn) == 4 and len(covered) >= 8
+    assert len(drawn) == 5 and len(covered) >= 9
     assert {title: points for title, points in covered.items() if points} == {}
+    assert {str(i): _clipped(fig) for i, fig in enumerate(drawn) if _clipped(fig)} == {}
+
+
+def _notebook_01_episode():
+    """Notebook 01's step-by-step episode (its default SEED and SCENARIO), played by the heuristic:
+    its analysis then is a four-lepton spectrum and spin measurement."""
+    from lib.agents.baselines import HeuristicAgent
+
+    env, agent = CERNCollisionEnvironment(), HeuristicAgent()
+    agent.reset()
+    observation, results = env.reset(seed=7, scenario="higgs_diphoton_125"), []
+    while not observation.done:
+        observation = env.step(agent.act(observation))
+        results.append(observation.latest_result)
+    return plotting.analysis_snapshot(env), results
+
+
+def test_every_figure_the_notebooks_draw_keeps_its_legend_off_the_data_and_all_of_its_text_in_the_figure():
+    """Notebook 01's spectrum and scan and its spin figure, notebook 02's reward histograms (four agents,
+    as many episodes as the smoke run plays) and notebook 04's comparison: the spin legend covered the
+    tallest bin (|cos θ*| 0.8-0.9, the one that decides spin 1), the histogram's legend ran off its
+    figure, the comparison's numbers ran into the frame."""
+    from lib.measure.metrics import Estimate
+
+    snapshot, results = _notebook_01_episode()
+    angular = snapshot["angular"]
+    z_local = next(r["z_local"] for r in reversed(results) if r.get("action") == "estimate_significance")
+    figures = {}
+    figures["01 spectrum"], (left, right) = plotting.subplots(1, 2)
+    plotting.plot_spectrum(snapshot["spectrum"], snapshot["resonance_fit"], ax=left, z_local=z_local)
+    plotting.plot_scan(snapshot["scan"] or analysis.default_bump_scan(snapshot["spectrum"]), ax=right)  # as 01 does
+    figures["01 spin"], ax = plotting.subplots()
+    plotting.plot_spin(angular.result, angular.cos_counts, angular.channel, ax=ax)
+    rng = np.random.default_rng(2)
+    rewards = {
+        name: rng.normal(mean, 0.8, 6) for name, mean in (("random", -1.9), ("always-null", 0.6), ("heuristic", 5.31))
+    }
+    figures["02 rewards"], ax = plotting.subplots()
+    plotting.plot_reward_distributions({**rewards, "oracle": rng.normal(5.5, 0.5, 6)}, ax=ax)
+    figures["04 comparison"], (left, right) = plotting.subplots(1, 2, figsize=(20, 6))
+    estimates = {
+        agent: {"mean_reward": Estimate(-0.05, -0.117, 0.0167, 6), "success_rate": Estimate(0.0, 0.0, 0.0, 6)}
+        for agent in ("random", "always-null", "heuristic", "oracle", "policy before GRPO", "policy after GRPO")
+    }
+    plotting.plot_agent_comparison(estimates, "mean_reward", ax=left, label="mean episode reward (95% CI)")
+    plotting.plot_agent_comparison(estimates, "success_rate", ax=right, label="success rate (95% CI)")
+    covered = {
+        f"{name}: {ax.get_xlabel()}": _covered(ax)
+        for name, fig in figures.items()
+        for ax in fig.axes
+        if ax.get_legend()
+    }
+    assert len(covered) == 4 and {axes: points for axes, points in covered.items() if points} == {}
+    assert {name: _clipped(fig) for name, fig in figures.items() if _clipped(fig)} == {}
+    rewards_axes = figures["02 rewards"].axes[0]
+    assert rewards_axes.get_window_extent().width > 0.7 * figures["02 rewards"].bbox.width, "the axes keep their width"
+
+
+def test_data_points_carry_their_poisson_error_bars_and_every_point_of_the_spin_figure_shows(spectrum):
+    """The legend's symbol and notebook 01's text promised Poisson error bars that were not drawn."""
+    from scipy import stats
+
+    ax = plotting.plot_spectrum(spectrum)
+    (data,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    bars = data.lines[2][0].get_segments()
+    counts = spectrum.counts
+    assert len(bars) == counts.size
+    for n, bar in zip(counts[:12], bars[:12]):
+        low = stats.chi2.ppf(stats.norm.cdf(-1), 2 * n) / 2 if n else 0.0  # Garwood's 68% interval
+        high = stats.chi2.ppf(stats.norm.cdf(1), 2 * (n + 1)) / 2
+        assert bar[:, 1].min() == pytest.approx(low, rel=1e-6) and bar[:, 1].max() == pytest.approx(high, rel=1e-6)
+
+    snapshot, _ = _notebook_01_episode()
+    angular = snapshot["angular"]
+    fig, ax = plotting.subplots()
+    plotting.plot_spin(angular.result, angular.cos_counts, angular.channel, ax=ax)
+    (points,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    shown = points.lines[0].get_ydata()
+    assert list(shown) == list(angular.cos_counts) and sum(shown) == angular.cos_counts.sum() == 39
+    assert angular.channel == "four_lepton" and _covered(ax) == 0, "the tallest bin decides spin 1: it shows"
+    assert ax.get_ylim()[1] > max(points.lines[2][0].get_segments()[i][:, 1].max() for i in range(10))
+
+
+def test_a_comparison_of_zeros_is_drawn_on_the_rate_s_range_with_no_offset_and_its_numbers_in_the_frame():
+    from lib.measure.metrics import Estimate
+
+    zeros = {agent: {"success_rate": Estimate(0.0, 0.0, 0.0, 6)} for agent in ("random", "heuristic")}
+    fig, ax = plotting.subplots()
+    plotting.plot_agent_comparison(zeros, "success_rate", ax=ax)
+    fig.canvas.draw()
+    low, high = ax.get_xlim()
+    assert low < 0 < 1 <= high < 1.5, "a rate: 0 to 1, the points at 0"
+    assert ax.xaxis.get_offset_text().get_text() == "", "no 1e-10 offset"
+    assert _clipped(fig) == []
+    same = {agent: {"mean_reward": Estimate(-2.0, -2.0, -2.0, 6)} for agent in ("random", "heuristic")}
+    fig, ax = plotting.subplots()
+    plotting.plot_agent_comparison(same, "mean_reward", ax=ax)
+    low, high = ax.get_xlim()
+    assert low < -2.0 < high and high - low >= plotting.MIN_SPAN_SHARE * 2.0
+    assert ax.xaxis.get_offset_text().get_text() == "" and _clipped(fig) == []
+
+
+def test_the_spin_figure_s_caption_speaks_of_the_channel_it_shows():
+    """Notebook 01's text spoke of diphoton and Landau-Yang beside a four-lepton figure."""
+    four_lepton = plotting.spin_caption("four_lepton", 39, "±2.6 GeV of 125.1 GeV")
+    assert four_lepton.startswith("**four_lepton**: the 39 events within ±2.6 GeV of 125.1 GeV, against spin 0, 1, 2")
+    assert "Landau" not in four_lepton and "diphoton" not in four_lepton and "1 + 1.5 cos²θ*" in four_lepton
+    diphoton = plotting.spin_caption("diphoton", 120, "±3 GeV of 125 GeV")
+    assert "against spin 0, 2." in diphoton and "Landau–Yang" in diphoton and "pass for spin 1" not in diphoton

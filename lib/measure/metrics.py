@@ -142,6 +142,21 @@ def _quotes_own_fit(episode: Mapping[str, Any]) -> Optional[float]:
     return float(float(format(float(claim["mass_gev"]), ".4g")) in fitted)
 
 
+PROPORTIONS = frozenset(
+    {
+        "success_rate",
+        "mass_accuracy",
+        "channel_accuracy",
+        "spin_accuracy",
+        "false_discovery_rate",
+        "parse_rate",
+        "claims_quote_own_fit",
+        "budget_used_fraction",
+        "time_used_fraction",
+    }
+)
+"""The metrics of `METRICS` whose values lie between 0 and 1 (a share of episodes, actions or budget)."""
+
 # Metric name → (what it means, which episodes it averages over, value per episode).
 METRICS: Dict[str, Tuple[str, Callable[[Mapping[str, Any]], bool], Callable[[Mapping[str, Any]], Any]]] = {
     "mean_reward": ("episode reward", lambda e: True, lambda e: e.get("cumulative_reward")),

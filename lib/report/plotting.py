@@ -1,7 +1,9 @@
 """Plots of a CERNenv analysis in the style physicists read (mplhep).
 
-Data are points with Poisson error bars, fitted models are lines, significances sit
-in the legend. Each function builds its artists inside `plt.style.context(STYLE)`
+Data are points with Poisson error bars (mplhep's, `yerr=True`: Garwood intervals, so an
+empty bin has its upper bar), fitted models are lines, significances sit in the legend, and
+the legend sits over no point, bar or curve (`keep_legend_off_data` makes room above the
+data until it does). Each function builds its artists inside `plt.style.context(STYLE)`
 (mplhep's CMS style), so importing this module leaves matplotlib's global style alone.
 Every plot function takes an optional `ax` and returns the axes it drew on.
 
@@ -12,7 +14,7 @@ inside the style, and in a notebook call `use_style()` once so inline figures ma
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -27,7 +29,13 @@ except ModuleNotFoundError as missing:  # pragma: no cover - depends on the inst
         name=missing.name,
     ) from None
 
-from cernenv.physics.angular import SpinResult, angular_bin_probabilities, background_angular_probabilities
+from cernenv.physics.angular import (
+    BACKGROUND_B2,
+    SpinResult,
+    allowed_spins,
+    angular_bin_probabilities,
+    background_angular_probabilities,
+)
 from cernenv.physics.fitting import BackgroundFit, ResonanceFit
 from cernenv.physics.scan import BumpScan
 from cernenv.physics.shapes import background_bin_fractions, signal_bin_fractions
@@ -42,6 +50,71 @@ LOG_Y_ABOVE = 30.0
 on a logarithmic count axis, as physicists draw steeply falling spectra (a dijet spectrum falls by
 orders of magnitude: on a linear axis its tail, and a bump there, are flat on zero)."""
 DISCOVERY_LINES_SIGMA = (3.0, 5.0)
+REFERENCE = "reference"
+"""The `gid` of lines drawn for reference across a whole axes (3σ, 5σ): not data a legend must avoid."""
+LEGEND_MARGIN = 0.03
+"""Room kept between the legend and the highest data under it [axes fraction]."""
+
+
+def _display_paths(artist: Any) -> List[Any]:
+    """The paths `artist` draws, in display coordinates: a line's (its markers' centres where it has
+    no line), a patch's outline, each path of a collection (error bars, bands)."""
+    from matplotlib.collections import Collection
+    from matplotlib.lines import Line2D
+    from matplotlib.path import Path as MplPath
+
+    if isinstance(artist, Line2D):
+        xy = artist.get_transform().transform(artist.get_xydata())
+        if artist.get_linestyle() in ("None", "none", "", " ") or len(xy) < 2:
+            return [MplPath(point[None, :]) for point in xy]  # each marker alone
+        return [MplPath(xy)]
+    if isinstance(artist, Collection):
+        transform = artist.get_transform()
+        return [transform.transform_path(path) for path in artist.get_paths()]
+    return [artist.get_transform().transform_path(artist.get_path())]
+
+
+def data_under_legend(ax: plt.Axes) -> List[Any]:
+    """The artists of `ax` (lines, markers, bars, error bars; not `REFERENCE` lines) that its legend,
+    as last drawn, lies over."""
+    legend = ax.get_legend()
+    if legend is None:
+        return []
+    box = legend.get_window_extent(ax.figure.canvas.get_renderer())
+    covered = []
+    for artist in [*ax.lines, *ax.patches, *ax.collections]:
+        if not artist.get_visible() or artist.get_gid() == REFERENCE:
+            continue
+        for path in _display_paths(artist):
+            vertices = path.vertices
+            if box.contains(*vertices[0]) if len(vertices) == 1 else path.intersects_bbox(box, filled=False):
+                covered.append(artist)
+                break
+    return covered
+
+
+def keep_legend_off_data(ax: plt.Axes, tries: int = 8) -> plt.Axes:
+    """Raise the top of `ax`'s count axis until its legend (placed where it covers least, as
+    matplotlib places it) lies over no data (`data_under_legend`): each try makes the room the
+    covered data need below the legend's lower edge. The axes are measured where they stand before
+    the figure's layout moves them (laying it out each time doubled the time a spectrum takes to
+    draw); `LEGEND_MARGIN` keeps room for that move."""
+    if ax.get_legend() is None:
+        return ax
+    fig = ax.figure
+    for _ in range(tries):
+        if not data_under_legend(ax):
+            break
+        legend_bottom = ax.transAxes.inverted().transform(
+            ax.get_legend().get_window_extent(fig.canvas.get_renderer()).p0
+        )[1]
+        room = max(legend_bottom - LEGEND_MARGIN, 0.2)  # of the axes' height, below the legend
+        low, high = ax.get_ylim()
+        if ax.get_yscale() == "log":
+            ax.set_ylim(low, low * (high / low) ** (1.0 / room))
+        else:
+            ax.set_ylim(low, low + (high - low) / room)
+    return ax
 
 
 def analysis_snapshot(env: Any) -> Dict[str, Any]:
@@ -148,7 +221,7 @@ def plot_spectrum(
         ax = _new_axes(ax)
         edges, counts = spectrum.edges_gev, spectrum.counts
         title = spectrum.channel
-        mplhep.histplot(counts, edges, histtype="errorbar", color="black", label="Data", ax=ax, markersize=5)
+        mplhep.histplot(counts, edges, yerr=True, histtype="errorbar", color="black", label="Data", ax=ax, markersize=5)
         if fit is not None:
             curves = model_curves(spectrum, fit)
             if isinstance(fit, ResonanceFit):
@@ -175,6 +248,7 @@ def plot_spectrum(
             ax.set_ylim(bottom=0, top=1.6 * highest)
         ax.legend(loc="best", fontsize="small", title=title, title_fontsize="small", alignment="left")
         _label(ax, spectrum.luminosity_fb, spectrum.sqrt_s_tev, plain=not experiment_label)
+        keep_legend_off_data(ax)
     return ax
 
 
@@ -204,7 +278,7 @@ def plot_scan(scan: BumpScan, ax: Optional[plt.Axes] = None) -> plt.Axes:
                 candidates, np.interp(candidates, mass, z), "v", color="tab:red", ms=12, ls="none", label="Candidates"
             )
         for level, colour in zip(DISCOVERY_LINES_SIGMA, ("tab:orange", "tab:red")):
-            ax.axhline(level, color=colour, ls=":", lw=1.5, label=f"{level:g}σ")
+            ax.axhline(level, color=colour, ls=":", lw=1.5, label=f"{level:g}σ", gid=REFERENCE)
         ax.set_xlabel("Mass hypothesis [GeV]")
         ax.set_ylabel("Local significance $Z_{local}$ [σ]")
         ax.set_xlim(mass[0], mass[-1])
@@ -212,6 +286,7 @@ def plot_scan(scan: BumpScan, ax: Optional[plt.Axes] = None) -> plt.Axes:
         ax.set_ylim(0, 1.6 * max(z_max, DISCOVERY_LINES_SIGMA[-1] + 0.5))
         ax.legend(loc="upper right", fontsize="small")
         _label(ax)
+        keep_legend_off_data(ax)
     return ax
 
 
@@ -232,7 +307,14 @@ def plot_spin(result: SpinResult, cos_counts: Sequence[float], channel: str, ax:
     with plt.style.context(STYLE):
         ax = _new_axes(ax)
         mplhep.histplot(
-            counts, edges, histtype="errorbar", color="black", label="Data (signal region)", ax=ax, markersize=5
+            counts,
+            edges,
+            yerr=True,
+            histtype="errorbar",
+            color="black",
+            label="Data (signal region)",
+            ax=ax,
+            markersize=5,
         )
         background = background_angular_probabilities(channel, counts.size)
         for spin, relative in result.relative_likelihood.items():
@@ -252,9 +334,42 @@ def plot_spin(result: SpinResult, cos_counts: Sequence[float], channel: str, ax:
             if result.separation >= SPIN_PREFERENCE_2DLNL
             else f"no spin preferred ($2\\Delta\\ln L$ = {result.separation:.2f})"
         )
-        ax.legend(loc="upper right", fontsize="small", title=title, title_fontsize="small")
+        ax.legend(loc="best", fontsize="small", title=title, title_fontsize="small")
         _label(ax)
+        keep_legend_off_data(ax)
     return ax
+
+
+def spin_caption(channel: str, n_events: int, window: str) -> str:
+    """What a reader of `plot_spin`'s figure for `channel` needs (Markdown): the events it shows,
+    the spins tested there and why (Landau–Yang in γγ), their shapes and the background's in that
+    channel, and whether spin 0 on that background can pass for spin 1 (`cernenv.physics.angular`)."""
+    spins = allowed_spins(channel)
+    b2 = BACKGROUND_B2[channel]
+    parts = [f"**{channel}**: the {n_events} events within {window}, against spin {', '.join(map(str, spins))}."]
+    if 1 not in spins:
+        parts.append(
+            "Spin 1 is not tested: a spin-1 particle cannot decay to two photons (Landau–Yang). Spin 2 goes "
+            "as 1 + 6 cos²θ* + cos⁴θ* in two photons."
+        )
+    else:
+        simplified = (
+            " (a decay to two fermions' shapes, taken here for this channel too)"
+            if channel
+            in (
+                "four_lepton",
+                "dijet",
+            )
+            else ""
+        )
+        parts.append(f"Spin 1 goes as 1 + cos²θ*, spin 2 as 1 − cos⁴θ*{simplified}.")
+    parts.append(f"The background here goes as 1 + {b2:g} cos²θ*, rising towards |cos θ*| = 1.")
+    if 1 in spins and b2 > 1:
+        parts.append(
+            "Steeper than spin 1's 1 + cos²θ*: spin 0 on this background can pass for spin 1 unless the signal "
+            "fraction comes from the mass fit, so read a preference for spin 1 with care."
+        )
+    return " ".join(parts)
 
 
 def plot_reward_distributions(
@@ -277,49 +392,86 @@ def plot_reward_distributions(
                     bins=edges,
                     histtype="step",
                     lw=2,
-                    label=f"{name} (mean {rewards.mean():+.2f}, n={rewards.size})",
+                    label=f"{name}: mean {rewards.mean():+.2f}, n = {rewards.size}",
                 )
                 tallest = max(tallest, int(np.max(counts)))
         ax.set_xlabel("episode reward")
         ax.set_ylabel("episodes")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        rows = len(values)  # the legend's lines sit in headroom above the tallest bar
-        ax.set_ylim(0, tallest * (1.25 + 0.12 * rows) + 1)
-        ax.legend(fontsize="small", loc="upper left", ncols=2 if rows > 3 else 1)
+        ax.set_ylim(0, tallest * 1.1 + 1)
+        ax.legend(fontsize="x-small", loc="best")  # one column: two ran off the figure
+        keep_legend_off_data(ax)  # the legend's lines sit in headroom above the tallest bar
     return ax
 
 
 def plot_agent_comparison(
     results: Mapping[str, Mapping[str, Any]], metric: str, ax: Optional[plt.Axes] = None, label: Optional[str] = None
 ) -> plt.Axes:
-    """One row per agent: the mean of `metric` with its 95% interval as an error bar.
+    """One row per agent: the mean of `metric` with its 95% interval as an error bar, and its value
+    written beside it, inside the frame.
 
     `results` maps agent → metric name → an estimate with `mean`, `low`, `high` and `n`
     (`lib.measure.evaluation.Estimate`); agents without that metric, or with n = 0, are skipped.
+    A proportion (`lib.measure.metrics.PROPORTIONS`) is drawn on its whole range, 0 to 1, so that
+    rates of 0 everywhere are a column of points at 0; another metric on its values' range, at
+    least `MIN_SPAN_SHARE` of their size wide (equal values had an axis 1e-9 wide, offset by 1e-10).
     """
+    from lib.measure.metrics import PROPORTIONS
+
     rows = [
         (agent, metrics[metric]) for agent, metrics in results.items() if metric in metrics and metrics[metric].n > 0
     ]
     with plt.style.context(STYLE):
         ax = _new_axes(ax)
         positions = np.arange(len(rows))[::-1]
+        texts = []
         for y, (agent, est) in zip(positions, rows):
             ax.errorbar(
                 [est.mean], [y], xerr=[[est.mean - est.low], [est.high - est.mean]], fmt="o", ms=9, capsize=6, lw=2
             )
-            ax.annotate(
-                f"{est.mean:.3g} [{est.low:.3g}, {est.high:.3g}]",
-                (est.high, y),
-                xytext=(8, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize="x-small",
+            texts.append(
+                ax.annotate(
+                    f"{est.mean:.3g} [{est.low:.3g}, {est.high:.3g}]",
+                    (est.high, y),
+                    xytext=(8, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize="x-small",
+                )
             )
         ax.set_yticks(positions, [agent for agent, _ in rows])
         ax.set_ylim(-0.7, len(rows) - 0.3)
         ax.set_xlabel(label or f"{metric} (95% bootstrap interval)")
+        ax.ticklabel_format(axis="x", useOffset=False)
         low = min((est.low for _, est in rows), default=0.0)
         high = max((est.high for _, est in rows), default=1.0)
-        span = max(high - low, 1e-9)
-        ax.set_xlim(low - 0.08 * span, high + 0.45 * span)
+        if metric in PROPORTIONS:
+            low, high = min(low, 0.0), max(high, 1.0)
+        span = max(high - low, MIN_SPAN_SHARE * max(abs(low), abs(high)), MIN_SPAN)
+        middle = 0.5 * (low + high)
+        ax.set_xlim(middle - 0.55 * span, middle + 0.55 * span)
+        _fit_texts_in_frame(ax, texts)
     return ax
+
+
+MIN_SPAN_SHARE = 0.2
+"""`plot_agent_comparison`'s narrowest axis, as a share of its values' size."""
+MIN_SPAN = 0.1
+"""`plot_agent_comparison`'s narrowest axis where every value is 0."""
+
+
+def _fit_texts_in_frame(ax: plt.Axes, texts: Sequence[Any], tries: int = 4) -> None:
+    """Widen `ax`'s x axis to the right until every one of `texts` (written right of a point) ends
+    inside the frame."""
+    fig = ax.figure
+    for _ in range(tries):
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        frame = ax.get_window_extent(renderer)
+        right = max((text.get_window_extent(renderer).x1 for text in texts), default=frame.x0)
+        over = right + 0.02 * frame.width - frame.x1
+        if over <= 0:
+            return
+        low, high = ax.get_xlim()
+        # the texts stay the same size on screen: the axis grows so that the frame's last `over` pixels hold them
+        ax.set_xlim(low, high + (high - low) * over / max(frame.width - over, 0.3 * frame.width))

@@ -46,7 +46,7 @@ from lib.files import DiskFullError, FolderLock, check_writable_dir, disk_full_e
 from lib.measure.comparison import before_after_metrics
 from lib.measure.evaluation import PUBLISHED_KEY
 from lib.report.evidence import EvidencePaths, render_all
-from lib.runtime import CPU_STAND_IN_TIMES
+from lib.runtime import CPU_STAND_IN_TIMES, pinned_threads, use_cpu_threads
 from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import CpuThreads, EvidenceCallback, trainer_progress
 from lib.training.config import TINY_MODEL, TrainConfig
@@ -94,7 +94,10 @@ def evaluate_policy(
     in the order of `specs`, drawn with the published evaluation key (`lib.measure.evaluation.PUBLISHED_KEY`:
     the project's own evidence, which a fresh clone replays). With several processes each plays
     its shard and every process gets all the records. `sampling` and `seed` (default: the
-    configuration's evaluation sampling and its seed) play sampled episodes instead."""
+    configuration's evaluation sampling and its seed) play sampled episodes instead. On a CPU,
+    torch's threads are first set to the cores free now (`lib.runtime.use_cpu_threads`)."""
+    if not torch.cuda.is_available() and pinned_threads() is None:
+        use_cpu_threads()
     generate = hf_generate_fn(model, tokenizer, config.generation_engine, unsloth=backend == "unsloth")
     key = PUBLISHED_KEY
     played = play_episodes(
