@@ -241,7 +241,4 @@ def test_several_processes_refuse_to_build_a_warm_start_of_every_weight(tmp_path
     with pytest.raises(RuntimeError, match="python -m lib.training.warm_start"):
         run.train(config)
     for folder in (tmp_path / "out", tmp_path / "evidence"):  # the run's lock, taken first, and nothing else
-        kept = sorted(p.name for p in folder.rglob("*"))  # but the output folder's record of how the run ended
-        assert kept in ([], [".run.lock"], [".run.lock", "run_state.json"], ["run_state.json"]), kept
-    state = json.loads((tmp_path / "out" / "run_state.json").read_text())
-    assert state["state"] == "failed" and "lib.training.warm_start" in json.dumps(state), state
+        assert [p.name for p in folder.rglob("*")] in ([], [".run.lock"]), list(folder.rglob("*"))
