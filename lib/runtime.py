@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 WARM_START_MINUTES = {"default": 6.0, "smoke": 2.1}
-"""How long the CPU stand-in's warm start of `configs/train/NAME.yaml` took to build [min], on 2 idle
-cores: default 2026-11-26, smoke (64 campaigns, 190 steps) 2026-11-28 (docs/training.md)."""
+"""How long the CPU stand-in's warm start of `configs/train/NAME.yaml` took to build [min], on the 2
+idle cores of the machine the project is developed on: default 2026-11-26, smoke (64 campaigns,
+190 steps) 2026-11-28 (docs/training.md; on a shared 2-core AMD EPYC at load 4-10 the smoke one
+took 8.5 min, 2026-11-28)."""
 CPU_STAND_IN_TIMES = (
     f"on the 2-core machine of 2026-11-26, the stand-in's warm start took {WARM_START_MINUTES['default']:g} min "
     "and the whole default run 29 min (the warm start, 60 GRPO steps, and the 313-episode held-out suite "

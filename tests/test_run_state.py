@@ -57,6 +57,10 @@ def test_a_failed_a_killed_and_a_finished_run_are_told_apart(tmp_path):
     said = unfinished_run(tmp_path)
     assert "failed on" in said and "in the SFT warm start: ValueError: the disk was fine" in said
     assert said.endswith("it saved no checkpoint: run it again")
+    with pytest.raises(ValueError):
+        with RunState(tmp_path):  # refused before its first phase: it wrote nothing, the last state stays
+            raise ValueError("gradient_accumulation_steps must be a multiple of the number of processes")
+    assert unfinished_run(tmp_path) == said
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     with RunState(tmp_path) as state:

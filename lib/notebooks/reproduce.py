@@ -302,7 +302,11 @@ def warm_start_note(plan: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
             return None
     train_config = parameters.get(TRAIN_CONFIG_PARAMETER)
     minutes = WARM_START_MINUTES.get(Path(train_config).stem) if isinstance(train_config, str) else None
-    took = f"about {minutes:g} min on 2 idle cores; longer on a busy machine" if minutes else "minutes"
+    took = (
+        f"about {minutes:g} min on 2 idle cores of the development machine; longer on a busy one"
+        if minutes
+        else "minutes"
+    )
     return (
         f"first run: notebook 03 builds the CPU stand-in's warm start ({config.warm_start_episodes} campaigns, "
         f"{took}) and keeps it in {shown_path(WARM_START_CACHE)}/, which later runs load in seconds"

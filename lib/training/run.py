@@ -299,6 +299,7 @@ def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult
                 "collectives): run `python -m lib.training.warm_start` with this run's flags once (it is "
                 "cached), then launch again"
             )
+    phase("preparing the folders")  # the run's state is written from here, with its first files
     if main:
         if resume is None:
             archive_previous_evidence(paths, output_dir)

@@ -34,16 +34,18 @@ def _now() -> str:
 
 
 class RunState:
-    """The state of the run writing to `output_dir`, kept in `output_dir/run_state.json` from the
-    moment it is entered: "running", then "finished", "failed" (an exception) or "stopped" (a stop
-    signal or Ctrl-C). While it runs, SIGTERM and SIGHUP (in the main thread) first record where the
-    run stopped and then do what they did before (end the process). `step` (set by the caller) says
-    the optimisation step a stop came in."""
+    """The state of the run writing to `output_dir`, kept in `output_dir/run_state.json` from its
+    first `phase` (when it starts to write; a run refused before that leaves nothing, and the last
+    run's state stays): "running", then "finished", "failed" (an exception) or "stopped" (a stop
+    signal or Ctrl-C, whenever it comes). While it runs, SIGTERM and SIGHUP (in the main thread)
+    first record where the run stopped and then do what they did before (end the process). `step`
+    (set by the caller) says the optimisation step a stop came in."""
 
     def __init__(self, output_dir: Union[str, Path]) -> None:
         self.path = Path(output_dir) / RUN_STATE
         self.record: Dict[str, Any] = {}
         self.step: Optional[Callable[[], str]] = None
+        self.started = False
         self._previous: Dict[int, Any] = {}
 
     def _write(self, **changes: Any) -> None:
@@ -51,8 +53,8 @@ class RunState:
         write_json(self.path, self.record)
 
     def phase(self, text: str) -> None:
-        """The run now does `text` ("warm start", "GRPO", ...)."""
-        self.step = None
+        """The run now does `text` ("warm start", "GRPO", ...); the first call writes the state."""
+        self.step, self.started = None, True
         self._write(phase=text)
 
     def _where(self) -> str:
@@ -79,7 +81,7 @@ class RunState:
 
     def __enter__(self) -> "RunState":
         self.record = {"state": "running", "pid": os.getpid(), "host": socket.gethostname(), "started": _now()}
-        self._write(phase="starting")
+        self.record["phase"] = "starting"
         try:
             for signum in STOP_SIGNALS:
                 previous = signal.getsignal(signum)
@@ -95,7 +97,7 @@ class RunState:
             self._write(state="finished", at=_now())
         elif issubclass(kind, KeyboardInterrupt):
             self.stopped("Ctrl-C")
-        else:
+        elif self.started:  # refused before it wrote anything: the refusal says it all
             self._write(state="failed", at=_now(), phase=self._where(), error=f"{kind.__name__}: {str(error)[:300]}")
 
 
