@@ -256,8 +256,10 @@ def _race_without_flock(folder: str, start_at: float, results: Any) -> None:
 
 
 def test_without_flock_one_of_eight_racers_holds_the_lock_and_a_dead_owners_lock_goes_to_one(tmp_path):
-    """Eight processes race for a folder on a file system without flock: exactly one holds it.
-    They race again for the lock it left when it died: exactly one takes it over."""
+    """Eight processes race for a folder on a file system without flock: one holds it, and never two
+    at once. They race again for the lock it left when it died: one takes it over. (On a loaded
+    machine a racer scheduled late can find the first holder already dead and take its lock over in
+    turn, which is the takeover working; two holders whose times overlap would be the failure.)"""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
@@ -272,9 +274,11 @@ def test_without_flock_one_of_eight_racers_holds_the_lock_and_a_dead_owners_lock
         outcomes = [results.get(timeout=60) for _ in racers]
         for racer in racers:
             racer.join(timeout=60)
-        winners = [outcome for outcome in outcomes if outcome[1]]
-        assert len(winners) == 1, (round_, outcomes)
-        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == winners[0][0]
+        winners = sorted((outcome for outcome in outcomes if outcome[1]), key=lambda outcome: outcome[2])
+        assert winners, (round_, outcomes)
+        for before, after in zip(winners, winners[1:]):
+            assert after[2] >= before[3], ("two holders at once", round_, winners)
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == winners[-1][0]
 
 
 def test_a_lock_file_planted_as_a_link_is_never_followed(tmp_path):
