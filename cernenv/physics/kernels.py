@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .portable import eigh, matmul, matvec, njit, svd, vecdot
+from .portable import _solve_columns, eigh, matmul, matvec, njit, svd, vecdot
 
 WALL_GAP = 1e-9
 """A log-log slope this close to its floor is on the wall (``scan._profile``)."""
@@ -67,33 +67,10 @@ def background_grid(log_1mx, log_x, w6, p1, p2, f, df1, df2):
 
 @njit(cache=True)
 def _solve(a, b):
-    """x with a x = b (small square a) by Gaussian elimination with partial pivoting, as LAPACK's
-    gesv; (x, False) where a pivot is exactly 0 (singular)."""
-    n = b.size
-    m = a.copy()
-    x = b.copy()
-    for col in range(n):
-        pivot = col
-        for row in range(col + 1, n):
-            if abs(m[row, col]) > abs(m[pivot, col]):
-                pivot = row
-        if m[pivot, col] == 0.0:
-            return x, False
-        if pivot != col:
-            for k in range(n):
-                m[col, k], m[pivot, k] = m[pivot, k], m[col, k]
-            x[col], x[pivot] = x[pivot], x[col]
-        for row in range(col + 1, n):
-            factor = m[row, col] / m[col, col]
-            for k in range(col, n):
-                m[row, k] -= factor * m[col, k]
-            x[row] -= factor * x[col]
-    for col in range(n - 1, -1, -1):
-        acc = x[col]
-        for k in range(col + 1, n):
-            acc -= m[col, k] * x[k]
-        x[col] = acc / m[col, col]
-    return x, True
+    """x with a x = b (small square a, vector b) by Gaussian elimination with partial pivoting, as
+    LAPACK's gesv (``portable``'s); (x, False) where a pivot is exactly 0 (singular)."""
+    x, ok = _solve_columns(a, b.copy().reshape(b.size, 1))
+    return x[:, 0].copy(), ok
 
 
 @njit(cache=True)
