@@ -22,7 +22,7 @@ from lib.notebooks.reproduce import default_kernel_name
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "04_evidence_analysis"
-N_BROWSER_TASKS = 6  # the notebook's default: the page sizes checked are those of `make report`
+N_BROWSER_TASKS = 5  # the notebook's default: the page sizes checked are those of `make report`
 PAGE_LIMIT_BYTES = 3_000_000
 
 

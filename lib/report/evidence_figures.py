@@ -444,4 +444,7 @@ def render_distribution(
     )
     ax.grid(alpha=0.25)
     ax.legend(fontsize=8)
+    from lib.report.legends import keep_legend_off_data
+
+    keep_legend_off_data(ax)
     return _save_figure(fig, png_path)
