@@ -3,7 +3,8 @@
 `pip install .` installs the environment (`cernenv`) and its dependencies only; `lib`'s learning
 side needs more, in named extras: `plot` (matplotlib, mplhep), `notebooks` (papermill, nbconvert,
 ipykernel, ipywidgets, and plot), `train` (torch, transformers, TRL, PEFT, accelerate, datasets,
-llguidance, TensorBoard), `lab` (JupyterLab), `all`. `make setup` installs them all (requirements.txt).
+TensorBoard, llguidance for replies held to the action grammar), `lab` (JupyterLab),
+`all`. `make setup` installs them all (requirements.txt).
 `require` turns a missing one into an error that names the extra to install.
 """
 
@@ -15,7 +16,7 @@ from typing import Sequence
 EXTRAS = {
     "plot": ("matplotlib", "mplhep"),
     "notebooks": ("papermill", "nbconvert", "nbclient", "nbformat", "ipykernel", "ipywidgets", "matplotlib"),
-    "train": ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "llguidance"),
+    "train": ("torch", "transformers", "trl", "peft", "accelerate", "datasets"),
 }
 """The modules each extra brings that `lib` imports."""
 

@@ -14,7 +14,6 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from lib.agents.prompting import Sampling
-from lib.episodes.grammar import action_grammar
 
 GenerateFn = Callable[[List[List[int]], Sampling], List[tuple[List[int], List[float]]]]
 """Batched generation: token contexts → per context (new token ids, their log-probabilities),
@@ -94,7 +93,7 @@ class CachedGenerator:
             mask[row, width - length :] = 1
         replies: List[tuple[List[int], List[float]]] = [([], []) for _ in sessions]
         rows = list(range(len(sessions)))  # session index of each batch row
-        grammar = action_grammar(self.tokenizer, logits.shape[-1]) if sampling.constrained else None
+        grammar = _action_grammar(self.tokenizer, logits.shape[-1]) if sampling.constrained else None
         matchers = [grammar.matcher() for _ in sessions] if grammar is not None else None
         while True:
             ended = []
@@ -313,6 +312,14 @@ class BatchedGenerate:
             self.model.train(was_training)
 
 
+def _action_grammar(tokenizer: Any, n_vocab: int) -> Any:
+    """`lib.episodes.grammar.action_grammar`, imported when a reply is first held to the grammar (only
+    such a run needs llguidance)."""
+    from lib.episodes.grammar import action_grammar
+
+    return action_grammar(tokenizer, n_vocab)
+
+
 class _GrammarProcessor:
     """A transformers logits processor that holds each row's reply to the action grammar
     (`lib.episodes.grammar`): before each token, the tokens its matcher forbids are set to -inf;
@@ -325,7 +332,7 @@ class _GrammarProcessor:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.grammar is None:
-            self.grammar = action_grammar(self.tokenizer, scores.shape[-1])
+            self.grammar = _action_grammar(self.tokenizer, scores.shape[-1])
             self.matchers = [self.grammar.matcher() for _ in range(scores.shape[0])]
         elif input_ids.shape[1] > self.prompt_width:
             for row, token in enumerate(input_ids[:, -1].tolist()):

@@ -18,9 +18,14 @@ from typing import Any, List, Optional
 import torch
 
 from lib.agents.prompting import action_json_schema
-from lib.extras import require
+from lib.extras import missing_modules
 
-require("train", "holding generated replies to the action grammar (llguidance)")
+if missing_modules(["llguidance"]):  # only a run that holds its replies to the grammar needs it
+    raise ModuleNotFoundError(
+        "replies held to the action grammar (constrained_replies) need llguidance, which the 'train' extra "
+        "installs: pip install llguidance==1.9.1, or `make setup`",
+        name="llguidance",
+    )
 import llguidance  # noqa: E402
 import llguidance.hf  # noqa: E402
 import llguidance.torch  # noqa: E402
