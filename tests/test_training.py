@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from cernenv import CERNCollisionEnvironment
 from cernenv.rewards import COMPONENT_NAMES
 from cernenv.scenarios import list_scenarios
+from lib.agents.prompting import LLMAgentConfig, build_chat
+from lib.episodes.chat import ChatLayout
 from lib.episodes.records import load_episodes_jsonl
 from lib.files import DiskFullError, FolderLockedError
 from lib.measure.evaluation import HELDOUT_SEED_START, heldout_suite
@@ -563,13 +566,15 @@ def test_the_model_card_names_a_hub_base_model(tmp_path):
     assert "stand-in" in model_card(adapter, "someone/x", base_model="cernenv-tiny")
 
 
-def _scripted_group_step(tiny_model_dir, tmp_path, replies, context):
+def _scripted_group_step(tiny_model_dir, tmp_path, replies, context, credit="episode"):
     """One GRPO step of the stand-in on one group of `len(replies)` one-turn episodes whose
     replies are scripted (episode i writes `replies[i]`), scored by the model as if it had
-    sampled them. Returns the parameters before, after, and the step's logged metrics."""
+    sampled them, each decision credited as `credit` says. Returns the parameters before,
+    after, and the step's logged metrics."""
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
 
+    from lib.training.credit import decision_credit_trainer
     from lib.training.run import grpo_args
     from lib.training.tokenizer import load_tokenizer
 
@@ -585,6 +590,7 @@ def _scripted_group_step(tiny_model_dir, tmp_path, replies, context):
         max_turns=1,
         policy_context=context,
         turn_samples=3,
+        credit=credit,
         output_dir=str(tmp_path / "out"),
         evidence_dir=str(tmp_path / "evidence"),
     )
@@ -605,7 +611,8 @@ def _scripted_group_step(tiny_model_dir, tmp_path, replies, context):
         return generate
 
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    trainer = GRPOTrainer(
+    trainer_class = decision_credit_trainer(GRPOTrainer) if credit == "decision" else GRPOTrainer
+    trainer = trainer_class(
         model=model,
         reward_funcs=REWARD_FUNCS,
         args=grpo_args(config, save_strategy="no", logging_steps=1),
@@ -639,3 +646,39 @@ def test_grpo_moves_the_policy_when_outcomes_differ_and_only_then(tiny_model_dir
     before, after, logged = _scripted_group_step(tiny_model_dir, tmp_path / "alike", ["not json", "not json"], context)
     assert logged["frac_reward_zero_std"] == 1.0 and logged["grad_norm"] == 0.0
     assert all(torch.equal(p.detach(), before[name]) for name, p in after.items()), "no advantage, no update"
+
+
+@pytest.mark.slow  # two GRPO steps
+def test_decision_credit_pushes_a_refused_reply_down_where_grpo_sees_no_difference(tiny_model_dir, tmp_path):
+    """A group whose episodes all end alike (two unparsable replies, refused) gives GRPO's
+    episode credit nothing to learn; credit for each decision charges each refused reply its own
+    penalty, through TRL's loss: the parameters move, and the refused reply becomes less likely."""
+    from transformers import AutoModelForCausalLM
+
+    from lib.training.tokenizer import load_tokenizer
+
+    before, after, logged = _scripted_group_step(
+        tiny_model_dir, tmp_path / "episode", ["not json", "not json"], "turn", credit="episode"
+    )
+    assert logged["grad_norm"] == 0.0
+    before, after, logged = _scripted_group_step(
+        tiny_model_dir, tmp_path / "decision", ["not json", "not json"], "turn", credit="decision"
+    )
+    assert logged["frac_reward_zero_std"] == 1.0, "the episodes scored alike"
+    assert logged["grad_norm"] > 0
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    env = CERNCollisionEnvironment()
+    context = ChatLayout(tokenizer, LLMAgentConfig()).prompt_ids(
+        build_chat(env.reset(**training_tasks(TrainConfig(), 1)[0]), LLMAgentConfig())
+    )
+    reply = tokenizer("not json", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    def reply_logprob(parameters):
+        with torch.no_grad():
+            logits = torch.func.functional_call(model, parameters, (torch.tensor([context + reply]),)).logits
+        logprobs = torch.log_softmax(logits[0, len(context) - 1 : -1], -1)
+        return float(logprobs.gather(1, torch.tensor(reply)[:, None]).sum())
+
+    assert reply_logprob({k: v.detach() for k, v in after.items()}) < reply_logprob(before)

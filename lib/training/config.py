@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Union, get_args, get_origin, get_t
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
 from lib.agents.prompting import LLMAgentConfig, Sampling
 from lib.files import long_name_problem
+from lib.training.credit import CREDIT_MODES
 
 TINY_MODEL = "cernenv-tiny"
 """`model_name` of the CPU stand-in: the project's own tokenizer and a tiny Qwen2 network with
@@ -125,6 +126,12 @@ class TrainConfig:
     """Examples per warm-start step: decisions in the `turn` context (a few hundred tokens each),
     whole campaigns in the `conversation` one (where 1 avoids padding, which on a CPU keeps
     attention on PyTorch's fast causal path)."""
+    warm_start_dagger_rounds: int = 0
+    """Rounds of DAgger after the warm start's imitation (`lib.training.dagger`): the learner plays
+    training campaigns, the demonstrator labels every state it reached, and it trains on those
+    labels with as many demonstrated decisions; 0: plain imitation. Needs the `turn` context."""
+    warm_start_dagger_episodes: int = 50
+    """Campaigns the learner plays per DAgger round."""
     warm_start_loss: str = "conversation"
     """Which tokens the warm start's loss covers: "conversation" (every one: the stand-in learns to
     copy channels and numbers by predicting the environment's messages too) or "actions" (the
@@ -179,6 +186,18 @@ class TrainConfig:
     episode (the environment's step limit, 30, trains all of them, at ~4 times the cost of the
     default). Unused slots train nothing. Ignored in the `conversation` context (one sample
     per episode)."""
+    credit: str = "episode"
+    """How each decision is credited (`lib.training.credit`): "episode", GRPO's own (every decision
+    of an episode gets the episode's advantage); "decision", each its own: the episode's advantage,
+    plus GiGPO's step advantage where other episodes of the group read the same observation, plus
+    its own refused or redundant action's penalty. "decision" needs the `turn` context."""
+    credit_discount: float = 0.95
+    """`credit: decision`: the discount of the return from a decision on (GiGPO's γ)."""
+    credit_step_weight: float = 1.0
+    """`credit: decision`: the weight of the step advantage (GiGPO's ω)."""
+    credit_penalty_weight: float = 10.0
+    """`credit: decision`: advantage per unit of a decision's own penalty (10: a refused action, -0.1,
+    costs its decision 1.0; a redundant repeat, -0.05, 0.5)."""
     rollout_batch_size: Optional[int] = None
     """Training episodes a process plays in lockstep (one `generate` call per turn for the batch);
     None: all of its share of the step at once. Sampling is seeded per batch, so a run on N
@@ -273,6 +292,13 @@ class TrainConfig:
             problems.append(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.policy_context not in POLICY_CONTEXTS:
             problems.append(f"policy_context must be one of {POLICY_CONTEXTS}, got {self.policy_context!r}")
+        if self.credit not in CREDIT_MODES:
+            problems.append(f"credit must be one of {CREDIT_MODES}, got {self.credit!r}")
+        elif self.credit == "decision" and self.policy_context != "turn":
+            problems.append(
+                "credit 'decision' needs policy_context 'turn' (each decision its own sample); "
+                f"policy_context is {self.policy_context!r}: set --policy_context turn or --credit episode"
+            )
         if self.generation_engine not in GENERATION_ENGINES:
             problems.append(f"generation_engine must be one of {GENERATION_ENGINES}, got {self.generation_engine!r}")
         for name in (
@@ -301,6 +327,15 @@ class TrainConfig:
             )
         if self.warm_start_episodes < 0:
             problems.append(f"warm_start_episodes must be >= 0, got {self.warm_start_episodes}")
+        if self.warm_start_dagger_rounds < 0 or self.warm_start_dagger_episodes < 1:
+            problems.append(
+                "warm_start_dagger_rounds must be >= 0 and warm_start_dagger_episodes >= 1, got "
+                f"{self.warm_start_dagger_rounds} and {self.warm_start_dagger_episodes}"
+            )
+        elif self.warm_start_dagger_rounds and self.policy_context != "turn":
+            problems.append(
+                "DAgger (warm_start_dagger_rounds > 0) labels single decisions: it needs policy_context 'turn'"
+            )
         if self.warm_start_loss not in WARM_START_LOSSES:
             problems.append(f"warm_start_loss must be one of {WARM_START_LOSSES}, got {self.warm_start_loss!r}")
         if self.warm_start_episodes and self.beta and self.lora_r:
@@ -409,6 +444,9 @@ class TrainConfig:
             "top_p": (0.0, False, 1.0, True, "a nucleus mass; 1.0: no truncation"),
             "max_grad_norm": (0.0, False, math.inf, False, "the gradient clipping norm"),
             "curated_fraction": (0.0, True, 1.0, True, "a share of the training tasks"),
+            "credit_discount": (0.0, True, 1.0, True, "a discount; 1.0: none"),
+            "credit_step_weight": (0.0, True, math.inf, False, "0: no step advantage"),
+            "credit_penalty_weight": (0.0, True, math.inf, False, "0: no penalty advantage"),
         }
         problems = []
         for name, (low, low_ok, high, high_ok, why) in ranges.items():

@@ -19,7 +19,10 @@ What one optimisation step does:
    says (by default by the standard deviation over the step's episodes); every action token
    of the episode gets it (in the `turn` context: of the decision slot's group, which holds
    the same episodes), environment tokens are masked (`env_mask`), and the clipped
-   policy-gradient loss is minimised.
+   policy-gradient loss is minimised. With `credit: decision` (`turn` context) each decision
+   gets its own advantage instead (`lib.training.credit`: the episode's, GiGPO's step
+   advantage where episodes of the group read the same observation, its own penalty), which
+   the rollout returns per sample and `decision_credit_trainer` hands to TRL.
 
 The dataset's `prompt` column holds the task as JSON, not text for the model: the
 environment writes the model's actual prompt (its first observation) at reset.
@@ -31,7 +34,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -44,6 +47,7 @@ from lib.measure.evaluation import assert_disjoint_from_suite, heldout_suite, va
 from lib.report.evidence import RewardComponentLogWriter
 from lib.seeds import rollout_sampling_seed
 from lib.training.config import VALIDATION_EPISODES, TrainConfig
+from lib.training.credit import ADVANTAGE_FIELD, credit_settings, decision_credit, episode_decisions
 from lib.training.processes import gather, process_index
 
 logger = logging.getLogger(__name__)
@@ -201,6 +205,8 @@ class CampaignRollout:
         self.last_episodes: List[PlayedEpisode] = []
         self.timings: List[Dict[str, float]] = []
         """Per call: seconds in generation, in the environment, and tokens generated."""
+        self.credit_summaries: List[Dict[str, float]] = []
+        """Per call with `credit: decision`: `Credit.summary()` of the step's decisions."""
 
     def _generate_fn(self, trainer: Any) -> GenerateFn:
         if self.generate_fn_factory is not None:
@@ -267,7 +273,36 @@ class CampaignRollout:
         if self.config.policy_context == "turn":
             rng = np.random.default_rng(rollout_sampling_seed(self.config.seed, completed_steps, first))
             played = [episodes[episode_of[key]] for key in keys]
-            return turn_samples(played, slots, self.config.turn_samples, rng, self.tokenizer.eos_token_id)
+            advantages = None
+            if self.config.credit == "decision":
+                local = [
+                    decision
+                    for key, index in episode_of.items()
+                    for decision in episode_decisions(
+                        key[0], _episode_name(key), episodes[index].turns, episodes[index].record.steps
+                    )
+                ]
+                credit = decision_credit(gather(local), **credit_settings(self.config))  # the whole step's
+                summary = credit.summary()
+                self.credit_summaries.append(summary)
+                logger.info(
+                    "decision credit, step %d: %d decisions, %.0f%% in an anchor state, %.0f%% penalised; "
+                    "mean |term| episode %.3f, step %.3f, penalty %.3f",
+                    step,
+                    summary["decisions"],
+                    100 * summary["anchored"],
+                    100 * summary["penalised"],
+                    summary["mean_abs_episode_term"],
+                    summary["mean_abs_step_term"],
+                    summary["mean_abs_penalty_term"],
+                )
+                by_episode: Dict[str, Dict[int, float]] = {}
+                for (name, turn), value in credit.advantage.items():
+                    by_episode.setdefault(name, {})[turn] = value
+                advantages = [by_episode[_episode_name(key)] for key in keys]
+            return turn_samples(
+                played, slots, self.config.turn_samples, rng, self.tokenizer.eos_token_id, advantages=advantages
+            )
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],
@@ -282,17 +317,35 @@ def reward_components(episode: PlayedEpisode) -> Dict[str, float]:
     return {name: float(episode.record.reward_components.get(name, 0.0)) for name in COMPONENT_NAMES}
 
 
+def _episode_name(key: Any) -> str:
+    """An episode's name in the step for `lib.training.credit` ("<task JSON>#<place in its group>"):
+    the same on every process."""
+    task, place = key
+    return f"{task}#{place}"
+
+
 def turn_samples(
-    episodes: Sequence[PlayedEpisode], slots: Sequence[int], n_slots: int, rng: np.random.Generator, eos_token_id: int
+    episodes: Sequence[PlayedEpisode],
+    slots: Sequence[int],
+    n_slots: int,
+    rng: np.random.Generator,
+    eos_token_id: int,
+    advantages: Optional[Sequence[Mapping[int, float]]] = None,
 ) -> Dict[str, Any]:
     """The `rollout_func` output of the `turn` context: sample i is decision `slot_turn(...)` of
     `episodes[i]` (its prompt, its reply with the reply's sampling log-probabilities, all of it
     the model's), rewarded with the episode's return. A slot past an episode's last decision is
-    an eos-only sample whose mask trains nothing."""
+    an eos-only sample whose mask trains nothing. `advantages[i]` (`credit: decision`): sample i's
+    episode's advantage per decision (`lib.training.credit`), written to each sample as
+    `ADVANTAGE_FIELD` (0 for an unused slot)."""
     out: Dict[str, List[Any]] = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
     out["reward_components"] = []
-    for episode, slot in zip(episodes, slots):
+    if advantages is not None:
+        out[ADVANTAGE_FIELD] = []
+    for i, (episode, slot) in enumerate(zip(episodes, slots)):
         turn = slot_turn(len(episode.turns), slot, n_slots, rng)
+        if advantages is not None:
+            out[ADVANTAGE_FIELD].append(0.0 if turn is None else float(advantages[i][turn]))
         if turn is None:
             out["prompt_ids"].append([eos_token_id])
             out["completion_ids"].append([eos_token_id])

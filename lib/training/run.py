@@ -50,6 +50,7 @@ from lib.runtime import CPU_STAND_IN_TIMES, pinned_threads, use_cpu_threads
 from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import CpuThreads, EvidenceCallback, trainer_progress
 from lib.training.config import TINY_MODEL, TrainConfig
+from lib.training.credit import decision_credit_trainer
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
 from lib.training.processes import gather, is_main_process, main_process_first, num_processes, shard, wait_for_everyone
 from lib.training.publish import push_to_hub, save_merged
@@ -368,7 +369,8 @@ def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult
 
     rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root if main else None, backend=backend)
     with trainer_progress("GRPO"):  # a bar over the steps and a line of metrics per step (lib.progress)
-        trainer = GRPOTrainer(
+        trainer_class = decision_credit_trainer(GRPOTrainer) if config.credit == "decision" else GRPOTrainer
+        trainer = trainer_class(
             model=policy.model,
             reward_funcs=REWARD_FUNCS,
             args=grpo_args(config),
