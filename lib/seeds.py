@@ -6,6 +6,8 @@ drawn from an episode's seed, are in `cernenv.seeding`).
 | `CORPUS_SEED` + i                  | the campaigns whose text trains the stand-in | `lib.training.tokenizer` |
 |                                    | tokenizer                                    |                          |
 | `DEMONSTRATION_SEED` + i           | the warm start's heuristic campaigns         | `lib.training.warm_start`|
+| `DAGGER_SEED` + i                  | the campaigns the warm-started learner plays | `lib.training.dagger`    |
+|                                    | for the demonstrator to label (DAgger)       |                          |
 | `IMITATION_PROBE_SEED` + i         | the demonstrations a warm start is scored on | `bench/bench_imitation.py`|
 |                                    | (never trained on)                           |                          |
 | `TrainConfig.train_seed_start` + i | GRPO's training tasks (their order shuffled  | `lib.training.grpo`      |
@@ -28,6 +30,8 @@ CORPUS_SEED = 20_000
 """First seed of the tokenizer corpus's campaigns."""
 DEMONSTRATION_SEED = 40_000
 """First seed of the warm start's demonstration campaigns."""
+DAGGER_SEED = 50_000
+"""First seed of the campaigns the learner plays in DAgger's rounds (`lib.training.dagger`)."""
 IMITATION_PROBE_SEED = 70_000
 """First seed of the held-out demonstrations `bench/bench_imitation.py` scores a warm start on."""
 VALIDATION_SEED = 905_000

@@ -354,6 +354,7 @@ def test_before_after_metrics_on_a_hand_made_sample(tmp_path):
         f.write('{"seed": 9, "cumulative_re')  # an evaluation killed mid-write
     payload = render_before_after(**kwargs)
     assert payload == json.loads(kwargs["metrics_json"].read_text())
+    assert payload["pre"].pop("endings") == {"no claim: stopped before the end": 4}
     assert payload["pre"] == pytest.approx(
         {
             "n": 4,
@@ -367,6 +368,7 @@ def test_before_after_metrics_on_a_hand_made_sample(tmp_path):
             "spin_acc": 0.5,
         }
     )
+    assert payload["post"].pop("endings") == {"no claim: stopped before the end": 4}
     assert payload["post"]["mean_reward"] == pytest.approx(3.25) and payload["post"]["success_rate"] == 1.0
     assert payload["post"]["mass_acc"] == 1.0 and payload["post"]["spin_acc"] == 1.0
     assert payload["delta"]["mean_reward"] == pytest.approx(2.75)

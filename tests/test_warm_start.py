@@ -251,3 +251,64 @@ def test_a_run_with_a_warm_start_saves_it_and_grpo_trains_the_same_adapter(tmp_p
     final_weights = load_file(final / "adapter_model.safetensors")
     assert set(warm_weights) == set(final_weights), "GRPO trained the warm-started adapter, not a new one"
     assert any(torch.any(w != 0) for name, w in warm_weights.items() if "lora_B" in name)
+
+
+class _Stuck:
+    """A learner that sends the first configuration again and again."""
+
+    def reset(self):
+        pass
+
+    def act(self, obs):
+        return {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6, "pileup": "nominal"}}
+
+
+def test_dagger_labels_the_states_the_learner_reached(tiny_model_dir):
+    """The demonstrator's labels follow the learner: a learner stuck on its first action is told,
+    at every state it reached, what the demonstrator would do there (the same correction each
+    time), where the demonstrator's own campaign moves on to a new action at every step."""
+    from cernenv import CERNCollisionEnvironment
+    from lib.episodes.agent_rollouts import collect_agent_episode
+    from lib.training.dagger import label_decisions
+    from lib.training.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    spec = corpus_specs(2)[1]
+    stuck = collect_agent_episode(env=CERNCollisionEnvironment(), agent=_Stuck(), max_steps=4, **spec)
+    examples, agreed, refused = label_decisions([stuck], tokenizer, TrainConfig(warm_start_loss="actions"))
+    replies = [
+        tokenizer.decode([t for t, m in zip(e["input_ids"], e["completion_mask"]) if m], skip_special_tokens=True)
+        for e in examples
+    ]
+    labels = [json.loads(reply)["action_type"] for reply in replies]
+    assert len(examples) == 4 and labels[0] == "configure_beam"
+    assert labels[1] != "configure_beam" and labels[1:] == [labels[1]] * 3, labels
+    assert refused == 0 and agreed == 0, "redundant repeats are not refusals; scripted steps have no completion text"
+    own = demonstration_examples(tokenizer, 1, loss="actions", context="turn", specs=[spec])[:4]
+    own_labels = [
+        json.loads(
+            tokenizer.decode([t for t, m in zip(e["input_ids"], e["completion_mask"]) if m], skip_special_tokens=True)
+        )["action_type"]
+        for e in own
+    ]
+    assert len(set(own_labels)) == 4, own_labels
+
+
+@pytest.mark.slow  # a DAgger round: the stand-in plays, is labelled and trains
+def test_a_dagger_round_trains_on_the_learner_s_labelled_decisions(tiny_model_dir, tmp_path):
+    config = TrainConfig(
+        model_name=tiny_model_dir,
+        lora_r=0,
+        warm_start_episodes=1,
+        warm_start_epochs=1.0,
+        warm_start_dagger_rounds=1,
+        warm_start_dagger_episodes=2,
+        max_turns=3,
+    )
+    report = sft_warm_start(load_policy(config, "trl"), config, cache_dir=tmp_path)
+    (round_report,) = report["dagger"]
+    assert round_report["campaigns"] == 2 and round_report["decisions"] == 6, "3 decisions per campaign"
+    assert round_report["examples"] == 12, "each labelled decision with one demonstrated decision"
+    assert round_report["steps"] == 1 and round_report["losses"]
+    plain = TrainConfig(**{**config.to_dict(), "warm_start_dagger_rounds": 0})
+    assert cached_warm_start_dir(load_policy(plain, "trl"), plain, tmp_path) != Path(report["cached"])

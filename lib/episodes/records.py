@@ -20,6 +20,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tupl
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from cernenv.rules import MAX_CONSECUTIVE_REFUSALS
 from cernenv.suite import SuiteTask
 from lib.files import JsonError, atomic_write, json_text, parse_json, refuse_empty
 
@@ -179,6 +180,51 @@ def as_episode_dict(episode: Any) -> Dict[str, Any]:
     if isinstance(episode, Mapping):
         return dict(episode)
     raise TypeError(f"an episode is an EpisodeRecord or a dict read from a JSONL file, got {type(episode).__name__}")
+
+
+ENDINGS = (
+    "claimed a discovery",
+    "claimed nothing there",
+    "no claim: refusals in a row",
+    "no claim: budget or time spent",
+    "no claim: step limit",
+    "no claim: stopped before the end",
+    "not played",
+)
+"""How an episode ended (`episode_ending`): with one of the two claims, or without a claim for
+one of the campaign's reasons (`MAX_CONSECUTIVE_REFUSALS` refused actions in a row, the budget or
+the time spent, the step limit), stopped by the rollout before the environment ended it (a turn
+or context limit), or never played to its end (a scored run's abandoned or unplayed task)."""
+NO_CLAIM_ENDINGS = tuple(ending for ending in ENDINGS if ending.startswith("no claim"))
+
+
+def episode_ending(episode: Any) -> str:
+    """Which of `ENDINGS` `episode` (a record or its dict) had, read from its steps: a claim is a
+    last step that submitted one and was not refused. An episode without a claim ended on refusals
+    when its last `MAX_CONSECUTIVE_REFUSALS` steps were refused, else on its budget or time when
+    one is spent, else on the step limit; its last step not `done`: stopped before the end."""
+    episode = as_episode_dict(episode)
+    steps = episode.get("steps") or []
+    if episode.get("unfinished") or not steps:
+        return "not played"
+    last = steps[-1]
+    if not last.get("done"):
+        return "no claim: stopped before the end"
+    action = last.get("action")
+    if isinstance(action, Mapping) and action.get("action_type") == "submit_discovery_claim" and not _refused(last):
+        return "claimed a discovery" if episode.get("discovered") else "claimed nothing there"
+    recent = steps[-MAX_CONSECUTIVE_REFUSALS:]
+    if len(recent) == MAX_CONSECUTIVE_REFUSALS and all(_refused(step) for step in recent):
+        return "no claim: refusals in a row"
+    resources = episode.get("resources") or {}
+    if any(resources.get(name, 1.0) <= 1e-9 for name in ("budget_remaining_musd", "time_remaining_days")):
+        return "no claim: budget or time spent"
+    return "no claim: step limit"
+
+
+def _refused(step: Mapping[str, Any]) -> bool:
+    """Whether the environment refused the step's action (a rule it breaks: the `violations` penalty)."""
+    return float((step.get("reward_breakdown") or {}).get("violations", 0.0)) < 0
 
 
 COMPRESSED_SUFFIX = ".gz"

@@ -11,11 +11,12 @@ the suite as well; `before_after_markdown` and `group_table` write it for a read
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lib.episodes.records import PAIR_KEY, pair_key
+from lib.episodes.records import ENDINGS, PAIR_KEY, episode_ending, pair_key
 from lib.measure.evaluation import GROUPS, PARTS, episode_groups, group_label
 from lib.measure.metrics import (
     CONFIDENCE,
@@ -69,7 +70,19 @@ def summarise_episodes(episodes: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     }
     for key in SUMMARY_METRICS:
         summary[key] = _mean([v for _, v in episode_values(episodes, key)])
+    endings = Counter(episode_ending(e) for e in episodes)
+    summary["endings"] = {ending: endings[ending] for ending in ENDINGS if endings[ending]}
     return summary
+
+
+def endings_line(payload: Mapping[str, Any]) -> str:
+    """How the episodes ended, before → after ("claimed nothing there 60 → 71; no claim: ..."),
+    every ending either side had; "" for a payload written before endings were counted."""
+    pre, post = payload["pre"].get("endings"), payload["post"].get("endings")
+    if pre is None or post is None:
+        return ""
+    shown = [ending for ending in ENDINGS if ending in pre or ending in post]
+    return "; ".join(f"{ending} {pre.get(ending, 0)} → {post.get(ending, 0)}" for ending in shown)
 
 
 def checkpoint_row(
@@ -193,6 +206,8 @@ def before_after_markdown(payload: Mapping[str, Any], keys: Sequence[str] = DIFF
             f"| {_format_stat(payload['delta'][key], signed=True)} {ci} |"
         )
     text = f"{payload['n']['pairs']} paired episodes.\n\n" + "\n".join(rows)
+    if endings_line(payload):
+        text += "\n\nHow the episodes ended, before → after: " + endings_line(payload) + "."
     if payload.get("groups"):
         text += (
             "\n\nBy part of the suite ("

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from scipy import stats
 
-from lib.episodes.records import as_episode_dict, pair_key
+from lib.episodes.records import NO_CLAIM_ENDINGS, as_episode_dict, episode_ending, pair_key
 
 CONFIDENCE = 0.95
 N_BOOTSTRAP = 2000
@@ -153,6 +153,8 @@ PROPORTIONS = frozenset(
         "claims_quote_own_fit",
         "budget_used_fraction",
         "time_used_fraction",
+        "no_claim_rate",
+        "null_claim_rate",
     }
 )
 """The metrics of `METRICS` whose values lie between 0 and 1 (a share of episodes, actions or budget)."""
@@ -172,6 +174,16 @@ METRICS: Dict[str, Tuple[str, Callable[[Mapping[str, Any]], bool], Callable[[Map
         "discovery claimed, nothing there",
         lambda e: not _exists(e),
         lambda e: float(bool(e.get("discovered"))),
+    ),
+    "no_claim_rate": (
+        "ended without a claim (refusals in a row, budget, time or step limit)",
+        lambda e: True,
+        lambda e: float(episode_ending(e) in NO_CLAIM_ENDINGS),
+    ),
+    "null_claim_rate": (
+        "claimed nothing there",
+        lambda e: True,
+        lambda e: float(episode_ending(e) == "claimed nothing there"),
     ),
     "parse_rate": ("actions that parsed", lambda e: True, _parse_rate),
     "claims_quote_own_fit": (
@@ -207,6 +219,8 @@ UNFINISHED_VALUES: Dict[str, float] = {
     "channel_accuracy": 0.0,
     "spin_accuracy": 0.0,
     "false_discovery_rate": 1.0,
+    "no_claim_rate": 1.0,
+    "null_claim_rate": 0.0,
 }
 """What each rate counts for an episode record marked `unfinished` (a scored run's task abandoned or
 never played, `lib.measure.scorecard`): a failure. Such a record is in the population of every

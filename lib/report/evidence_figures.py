@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from lib.episodes.records import ENDINGS
 from lib.files import atomic_write
 from lib.measure.comparison import (
     SUMMARY_METRICS,
@@ -375,11 +376,38 @@ def _draw_bars(ax, keys: Sequence[str], payload: Mapping[str, Any]) -> None:
     ax.grid(axis="y", alpha=0.25)
 
 
+def _draw_endings(ax, payload: Mapping[str, Any]) -> None:
+    """How the episodes ended (`lib.episodes.records.ENDINGS`), before and after: a claim of either
+    kind, or no claim and why; every ending either side had, counts on the bars."""
+    pre, post = payload["pre"].get("endings") or {}, payload["post"].get("endings") or {}
+    shown = [ending for ending in ENDINGS if ending in pre or ending in post]
+    y = np.arange(len(shown))
+    height = 0.38
+    for offset, counts, color in ((-height / 2, pre, "#94a3b8"), (height / 2, post, "#1d4ed8")):
+        values = [counts.get(ending, 0) for ending in shown]
+        bars = ax.barh(y + offset, values, height, color=color)
+        ax.bar_label(bars, fontsize=7, padding=2)
+    ax.set_yticks(y, [ending.replace(": ", ":\n") for ending in shown], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.2 * max([1, *pre.values(), *post.values()]))
+    ax.set_xlabel("episodes")
+    ax.set_title("How the episodes ended")
+    ax.grid(axis="x", alpha=0.25)
+
+
 def render_summary(payload: Mapping[str, Any], png_path: Path) -> Optional[Path]:
-    fig, axes = _new_figure(1, 2, (11, 4.8), width_ratios=[1, 3])
+    with_endings = "endings" in payload["pre"] and "endings" in payload["post"]
+    fig, axes = _new_figure(
+        1,
+        3 if with_endings else 2,
+        (15 if with_endings else 11, 4.8),
+        width_ratios=[1, 3, 2][: 3 if with_endings else 2],
+    )
     if fig is None:
         return None
-    reward_ax, rate_ax = axes[0]
+    reward_ax, rate_ax = axes[0][:2]
+    if with_endings:
+        _draw_endings(axes[0][2], payload)
     _draw_bars(reward_ax, ["mean_reward"], payload)
     reward_ax.set_ylabel("mean episode reward")
     reward_ax.set_title("Mean episode reward")

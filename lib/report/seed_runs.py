@@ -34,14 +34,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from cernenv.suite import part_of
-from lib.episodes.records import PAIR_KEY, load_episodes_jsonl, pair_key
+from lib.episodes.records import ENDINGS, PAIR_KEY, episode_ending, load_episodes_jsonl, pair_key
 from lib.measure.evaluation import GROUPS, PARTICLE_SPLITS, group_label
 from lib.measure.metrics import Estimate, bootstrap_mean, has_particle
 from lib.report.evidence_logs import EvidencePaths, read_records
 from lib.seeds import BOOTSTRAP_SEED
 
-OUTCOME_COLUMNS = ("run", "side", *PAIR_KEY, "part", "has_particle", "success", "reward")
-"""The columns of outcomes.csv: the run's label, pre or post, the task, and what it scored."""
+OUTCOME_COLUMNS = ("run", "side", *PAIR_KEY, "part", "has_particle", "success", "reward", "ending")
+"""The columns of outcomes.csv: the run's label, pre or post, the task, what it scored, and how it
+ended (`lib.episodes.records.ENDINGS`). A file written before endings were recorded has every
+column but the last, and reads with `ending` None."""
 REPORTED_GROUPS = ("all", "unseen_with_particle", "unseen_null", "known_physics")
 """The groups seeds.json and seeds.png report."""
 
@@ -57,6 +59,7 @@ def outcome_rows(run: str, side: str, episodes: Sequence[Mapping[str, Any]]) -> 
             has_particle=particle,
             success=int(episode.get("correct_outcome") is True),
             reward=float(episode.get("cumulative_reward") or 0.0),
+            ending=episode_ending(episode),
         )
         rows.append(row)
     return rows
@@ -76,7 +79,7 @@ def read_outcomes_csv(path: Path) -> List[Dict[str, Any]]:
     rows = []
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        if tuple(reader.fieldnames or ()) != OUTCOME_COLUMNS:
+        if tuple(reader.fieldnames or ()) not in (OUTCOME_COLUMNS, OUTCOME_COLUMNS[:-1]):
             raise ValueError(f"{path}: the header is {reader.fieldnames}, not {list(OUTCOME_COLUMNS)}")
         for line, row in enumerate(reader, start=2):
             try:
@@ -89,6 +92,7 @@ def read_outcomes_csv(path: Path) -> List[Dict[str, Any]]:
                         "has_particle": None if row["has_particle"] == "" else bool(int(row["has_particle"])),
                         "success": int(row["success"]),
                         "reward": float(row["reward"]),
+                        "ending": _ending(row.get("ending")),
                     }
                 )
             except (TypeError, ValueError) as error:
@@ -96,6 +100,15 @@ def read_outcomes_csv(path: Path) -> List[Dict[str, Any]]:
             if row["side"] not in ("pre", "post") or rows[-1]["success"] not in (0, 1):
                 raise ValueError(f"{path}, line {line}: side must be pre or post and success 0 or 1")
     return rows
+
+
+def _ending(text: Optional[str]) -> Optional[str]:
+    """An outcomes.csv `ending` cell: one of `ENDINGS`, or None in a file written without them."""
+    if text is None:
+        return None
+    if text not in ENDINGS:
+        raise ValueError(f"ending must be one of {list(ENDINGS)}, got {text!r}")
+    return text
 
 
 def in_group(row: Mapping[str, Any], group: str) -> bool:

@@ -48,6 +48,7 @@ from lib.seeds import DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.callbacks import CpuThreads
 from lib.training.config import FINGERPRINT_CHARACTERS, WARM_START_LOSSES, TrainConfig
+from lib.training.dagger import dagger_rounds
 from lib.training.tokenizer import WARM_START_CACHE, corpus_specs
 
 logger = logging.getLogger(__name__)
@@ -148,20 +149,29 @@ def demonstration_layout(config: TrainConfig) -> Dict[str, Any]:
     }
 
 
-def sft_trainer(policy: Policy, config: TrainConfig, examples: List[Dict[str, List[int]]], output_dir: str):
+def sft_trainer(
+    policy: Policy,
+    config: TrainConfig,
+    examples: List[Dict[str, List[int]]],
+    output_dir: str,
+    *,
+    epochs: Optional[float] = None,
+):
     """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
     `policy.peft_config` is given, loss on the `completion_mask` tokens, `warm_start_batch_size`
-    examples per step, cosine decay, the device's precision (float32 without autocast on a CPU),
-    torch's threads the cores free before each step (`lib.training.callbacks.CpuThreads`)."""
+    examples per step, `epochs` passes (default `warm_start_epochs`), cosine decay, the device's
+    precision (float32 without autocast on a CPU), torch's threads the cores free before each step
+    (`lib.training.callbacks.CpuThreads`)."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     cuda = torch.cuda.is_available()
-    steps = math.ceil(len(examples) / config.warm_start_batch_size * config.warm_start_epochs)
+    epochs = config.warm_start_epochs if epochs is None else epochs
+    steps = math.ceil(len(examples) / config.warm_start_batch_size * epochs)
     args = SFTConfig(
         output_dir=output_dir,
-        num_train_epochs=config.warm_start_epochs,
+        num_train_epochs=epochs,
         per_device_train_batch_size=config.warm_start_batch_size,
         learning_rate=config.warm_start_learning_rate,
         lr_scheduler_type="cosine",
@@ -210,6 +220,8 @@ SETTINGS = (
     "seed",
 )
 """The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
+DAGGER_SETTINGS = ("warm_start_dagger_rounds", "warm_start_dagger_episodes")
+"""The fields a warm start with DAgger rounds also depends on (one without keeps its fingerprint)."""
 
 
 def fingerprint(policy: Policy, config: TrainConfig) -> str:
@@ -224,7 +236,8 @@ def fingerprint(policy: Policy, config: TrainConfig) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().to("cpu", torch.float32).numpy().tobytes())
     digest.update(json.dumps(policy.tokenizer.get_vocab(), sort_keys=True).encode())
-    digest.update(json.dumps({name: getattr(config, name) for name in SETTINGS}, sort_keys=True).encode())
+    settings = SETTINGS + (DAGGER_SETTINGS if config.warm_start_dagger_rounds else ())
+    digest.update(json.dumps({name: getattr(config, name) for name in settings}, sort_keys=True).encode())
     probe = demonstration_examples(policy.tokenizer, 1, **demonstration_layout(config))
     digest.update(json.dumps(probe).encode())
     return digest.hexdigest()[:FINGERPRINT_CHARACTERS]
@@ -265,6 +278,7 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
     policy.model = trainer.model
     policy.peft_config = None
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    dagger = dagger_rounds(policy, config, examples) if config.warm_start_dagger_rounds else None
     report = {
         "episodes": config.warm_start_episodes,
         "examples": len(examples),
@@ -278,6 +292,8 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
         "last_loss": losses[-1] if losses else None,
         "losses": losses,
     }
+    if dagger is not None:
+        report["dagger"] = dagger
     if target is not None:
         _save_atomically(policy, report, target)
         # loaded back from its folder, as a cache hit is: a model trained in memory has no name,
