@@ -37,6 +37,7 @@ from cernenv.rewards import (
     render_reward_table_markdown,
 )
 from cernenv.rules import (
+    END_WITHOUT_CLAIM,
     MAX_CONSECUTIVE_REFUSALS,
     RuleViolation,
     Violation,
@@ -320,14 +321,14 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
     def _end_reason(self) -> Optional[str]:
         episode = self._episode
         if self._state.step_count >= self.max_steps:
-            return "max_steps reached without a claim"
+            return END_WITHOUT_CLAIM["step limit"]
         recent = episode.history[-MAX_CONSECUTIVE_REFUSALS:]  # "<verb>: ok" for each action that ran
         if len(recent) == MAX_CONSECUTIVE_REFUSALS and not any(entry.endswith(": ok") for entry in recent):
-            return f"{MAX_CONSECUTIVE_REFUSALS} refused actions in a row without a claim"
+            return END_WITHOUT_CLAIM["refusals"]
         if episode.scenario.budget_musd - episode.budget_used_musd <= 1e-9:
-            return "budget exhausted without a claim"
+            return END_WITHOUT_CLAIM["budget"]
         if episode.scenario.time_days - episode.time_used_days <= 1e-9:
-            return "time exhausted without a claim"
+            return END_WITHOUT_CLAIM["time"]
         return None
 
     def _affordable_luminosity(self) -> Optional[float]:

@@ -40,6 +40,15 @@ MAX_CONSECUTIVE_REFUSALS = 5
 meets it, and it grades the same as running out of steps without a claim, so it cannot
 be used to dodge a grade; it spares a derailed policy 20 turns of refusals."""
 
+END_WITHOUT_CLAIM = {
+    "step limit": "max_steps reached without a claim",
+    "refusals": f"{MAX_CONSECUTIVE_REFUSALS} refused actions in a row without a claim",
+    "budget": "budget exhausted without a claim",
+    "time": "time exhausted without a claim",
+}
+"""Why a campaign ended without a claim, as its last result's `episode_end` (and a ledger's
+`ended`) says it, by cause; checked in the order listed."""
+
 # What each violation code means (the messages themselves are written where they are raised).
 VIOLATION_MEANINGS: Dict[Violation, str] = {
     Violation.INVALID_ACTION: "The input is not an action: unknown `action_type` or a malformed object.",

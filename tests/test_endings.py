@@ -66,3 +66,39 @@ def test_a_refused_claim_is_no_claim():
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_every_ending_is_a_short_phrase(ending):
     assert ending == ending.strip() and len(ending) <= 40
+
+
+@pytest.mark.parametrize(
+    "agent, env_kwargs",
+    [
+        (Scripted({"action_type": "fit_resonance", "parameters": {}}), {}),
+        (Scripted({"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}), {"default_max_steps": 3}),
+        (AlwaysNullAgent(), {}),
+        (HeuristicAgent(), {}),
+    ],
+)
+def test_a_server_s_record_and_the_steps_tell_the_same_ending(agent, env_kwargs):
+    """A scored run names an ending from the environment's end reason and the claim sent
+    (`ending_of_end`, what a ledger holds); an episode record from its steps: the same ending."""
+    from cernenv.rules import END_WITHOUT_CLAIM
+    from lib.episodes.agent_rollouts import transitions
+    from lib.episodes.records import ending_of_end
+
+    env = CERNCollisionEnvironment(**env_kwargs)
+    last = None
+    for _, payload, next_obs in transitions(env, agent, seed=3, difficulty="easy"):
+        last = (payload, next_obs)
+    payload, final = last
+    claimed = final.latest_result.get("episode_end") is None
+    claim = (payload if isinstance(payload, dict) else payload.model_dump())["parameters"] if claimed else None
+    ended = "claim" if claimed else final.latest_result["episode_end"]
+    assert claimed or ended in END_WITHOUT_CLAIM.values()
+    assert ending_of_end(ended, claim, abandoned=False) == episode_ending(play(agent, **env_kwargs))
+
+
+def test_an_unknown_end_reason_is_refused():
+    from lib.episodes.records import ending_of_end
+
+    assert ending_of_end("abandoned: reset", None, abandoned=True) == "not played"
+    with pytest.raises(ValueError, match="none of"):
+        ending_of_end("the cat ate it", None, abandoned=False)

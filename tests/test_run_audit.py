@@ -297,7 +297,7 @@ def test_the_reckless_early_quitter_is_reported_at_least_its_true_false_discover
 def test_an_abandoned_task_counts_as_a_give_up_and_the_counts_say_what_happened(played):
     """The abandoned episode is worth its shaping plus the grade of ending without a claim, never
     more than giving up; the counts per part say what was played, abandoned, never played, ended
-    without a claim, and how many actions were refused."""
+    without a claim or claiming that nothing is there, and how many actions were refused."""
     run = read_run(played["ledger"])
     card = scorecard(run)
     (abandoned,) = [e for _, e in run.episodes if e.abandoned]
@@ -308,6 +308,9 @@ def test_an_abandoned_task_counts_as_a_give_up_and_the_counts_say_what_happened(
         "abandoned": 1,
         "unplayed": 1,
         "ended_without_claim": sum(1 for _, e in run.episodes if not e.abandoned and e.claim is None),
+        "claimed_nothing_there": sum(
+            1 for _, e in run.episodes if not e.abandoned and e.claim is not None and not e.claim.get("discovered")
+        ),
         "refused_actions": sum(e.refused_actions for _, e in run.episodes),
     }
     rewards = [e.episode_reward for _, e in run.episodes if not e.abandoned]

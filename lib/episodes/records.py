@@ -20,7 +20,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Sequence, Tupl
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from cernenv.rules import MAX_CONSECUTIVE_REFUSALS
+from cernenv.rules import END_WITHOUT_CLAIM, MAX_CONSECUTIVE_REFUSALS
 from cernenv.suite import SuiteTask
 from lib.files import JsonError, atomic_write, json_text, parse_json, refuse_empty
 
@@ -198,12 +198,36 @@ or context limit), or never played to its end (a scored run's abandoned or unpla
 NO_CLAIM_ENDINGS = tuple(ending for ending in ENDINGS if ending.startswith("no claim"))
 
 
+_NO_CLAIM_BY_CAUSE = {
+    "step limit": "no claim: step limit",
+    "refusals": "no claim: refusals in a row",
+    "budget": "no claim: budget or time spent",
+    "time": "no claim: budget or time spent",
+}
+
+
+def ending_of_end(ended: str, claim: Optional[Mapping[str, Any]], abandoned: bool) -> str:
+    """Which of `ENDINGS` an episode a server recorded had: its `ended` (the campaign's end reason,
+    `cernenv.rules.END_WITHOUT_CLAIM`, or "claim"), the claim it sent, whether it was abandoned."""
+    if abandoned:
+        return "not played"
+    if claim is not None:
+        return "claimed a discovery" if claim.get("discovered") else "claimed nothing there"
+    for cause, reason in END_WITHOUT_CLAIM.items():
+        if ended == reason:
+            return _NO_CLAIM_BY_CAUSE[cause]
+    raise ValueError(f"an episode without a claim ended {ended!r}, none of {list(END_WITHOUT_CLAIM.values())}")
+
+
 def episode_ending(episode: Any) -> str:
-    """Which of `ENDINGS` `episode` (a record or its dict) had, read from its steps: a claim is a
-    last step that submitted one and was not refused. An episode without a claim ended on refusals
-    when its last `MAX_CONSECUTIVE_REFUSALS` steps were refused, else on its budget or time when
-    one is spent, else on the step limit; its last step not `done`: stopped before the end."""
+    """Which of `ENDINGS` `episode` (a record or its dict) had: its `ending` when it says (a scored
+    run's row, `ending_of_end`), else read from its steps. A claim is a last step that submitted
+    one and was not refused. An episode without a claim ended on refusals when its last
+    `MAX_CONSECUTIVE_REFUSALS` steps were refused, else on its budget or time when one is spent,
+    else on the step limit; its last step not `done`: stopped before the end."""
     episode = as_episode_dict(episode)
+    if episode.get("ending") in ENDINGS:
+        return episode["ending"]
     steps = episode.get("steps") or []
     if episode.get("unfinished") or not steps:
         return "not played"

@@ -37,6 +37,7 @@ from cernenv.rewards import NO_CLAIM
 from cernenv.server.audit import AuditError, RunLedger, read_run, verify_run
 from cernenv.server.ledger import EpisodeEnded
 from cernenv.suite import part_of
+from lib.episodes.records import ending_of_end
 from lib.files import atomic_write, json_text
 from lib.measure.evaluation import GROUP_WORDS, PARTS, group_metrics, split_comparison_table
 from lib.measure.metrics import CONFIDENCE, N_BOOTSTRAP, estimates_to_json
@@ -68,6 +69,7 @@ def _episode_dict(episode: EpisodeEnded) -> Dict[str, Any]:
         "ended": episode.ended,
         "unfinished": episode.abandoned,
         "ended_without_claim": not episode.abandoned and episode.claim is None,
+        "ending": ending_of_end(episode.ended, episode.claim, episode.abandoned),
         "refused_actions": episode.refused_actions or 0,
     }
 
@@ -87,13 +89,15 @@ def _unplayed_dict(task: Mapping[str, Any]) -> Dict[str, Any]:
         "ended": UNPLAYED,
         "unfinished": True,
         "ended_without_claim": False,
+        "ending": "not played",
         "refused_actions": 0,
     }
 
 
 def _counts(rows: Sequence[Mapping[str, Any]], episodes: Mapping[int, EpisodeEnded]) -> Dict[str, Dict[str, int]]:
     """Per part (and "all"): tasks, played to their end, abandoned, not played, ended without a
-    claim (by the campaign's rules: steps, budget, time, refusals in a row), refused actions."""
+    claim (by the campaign's rules: steps, budget, time, refusals in a row), ended claiming that
+    nothing is there, refused actions."""
     counts: Dict[str, Dict[str, int]] = {}
     for part in ("all", *PARTS):
         chosen = [i for i, row in enumerate(rows) if part == "all" or part_of(row.get("scenario")) == part]
@@ -104,6 +108,7 @@ def _counts(rows: Sequence[Mapping[str, Any]], episodes: Mapping[int, EpisodeEnd
             "abandoned": sum(1 for e in played if e.abandoned),
             "unplayed": len(chosen) - len(played),
             "ended_without_claim": sum(1 for i in chosen if rows[i]["ended_without_claim"]),
+            "claimed_nothing_there": sum(1 for i in chosen if rows[i]["ending"] == "claimed nothing there"),
             "refused_actions": sum(rows[i]["refused_actions"] for i in chosen),
         }
     return counts
@@ -163,7 +168,15 @@ def verified_line(card: Mapping[str, Any]) -> str:
 
 def counts_table(card: Mapping[str, Any]) -> str:
     """The counts per part as a Markdown table."""
-    columns = ("tasks", "played", "abandoned", "unplayed", "ended_without_claim", "refused_actions")
+    columns = (
+        "tasks",
+        "played",
+        "abandoned",
+        "unplayed",
+        "ended_without_claim",
+        "claimed_nothing_there",
+        "refused_actions",
+    )
     header = "| part | " + " | ".join(name.replace("_", " ") for name in columns) + " |"
     rows = [
         f"| {'whole run' if part == 'all' else GROUP_WORDS[part]} | "
