@@ -11,6 +11,9 @@ from lib.episodes.records import ENDINGS, episode_ending
 from lib.measure.metrics import metric_values
 
 
+CONFIGURE_BEAM = {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}
+
+
 class Scripted:
     """Sends the same payload every step."""
 
@@ -44,7 +47,7 @@ def test_a_claim_of_either_kind_is_told_from_no_claim():
 
 
 def test_the_step_limit_and_a_rollout_that_stopped_early():
-    stalling = Scripted({"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}})
+    stalling = Scripted(CONFIGURE_BEAM)
     capped = play(stalling, default_max_steps=3)  # runs, then is redundant: never five refusals
     assert episode_ending(capped) == "no claim: step limit"
     stopped = capped.to_dict()
@@ -72,7 +75,7 @@ def test_every_ending_is_a_short_phrase(ending):
     "agent, env_kwargs",
     [
         (Scripted({"action_type": "fit_resonance", "parameters": {}}), {}),
-        (Scripted({"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}), {"default_max_steps": 3}),
+        (Scripted(CONFIGURE_BEAM), {"default_max_steps": 3}),
         (AlwaysNullAgent(), {}),
         (HeuristicAgent(), {}),
     ],
