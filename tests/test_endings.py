@@ -10,7 +10,6 @@ from lib.episodes.agent_rollouts import collect_agent_episode
 from lib.episodes.records import ENDINGS, episode_ending
 from lib.measure.metrics import metric_values
 
-
 CONFIGURE_BEAM = {"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}
 
 
