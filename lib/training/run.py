@@ -80,6 +80,11 @@ class TrainResult:
     """What the SFT warm start did (`lib.training.warm_start.sft_warm_start`), if it ran."""
 
 
+def split_name(config: TrainConfig) -> str:
+    """What a run's evaluations play, as its progress lines say it: "held-out" or "validation"."""
+    return "validation" if config.eval_split == "validation" else "held-out"
+
+
 def evaluate_policy(
     model: Any,
     tokenizer: Any,
@@ -114,7 +119,7 @@ def evaluate_policy(
         agent_name=agent_name,
         seed=config.seed if seed is None else seed,
         make_env=key.make_env,
-        progress=f"held-out evaluation ({agent_name})" if is_main_process() else None,
+        progress=f"{split_name(config)} evaluation ({agent_name})" if is_main_process() else None,
     )
     return gather([{**episode.record.to_dict(), "evaluation_key": key.record_fields()} for episode in played])
 
@@ -336,7 +341,7 @@ def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult
     if resume is not None and paths.pre_eval_jsonl.exists():
         pre = load_episodes_jsonl(str(paths.pre_eval_jsonl))
     else:
-        phase("the held-out evaluation before training")
+        phase(f"the {split_name(config)} evaluation before training")
         pre = evaluate_policy(policy.model, tokenizer, eval_specs, config, agent_name="pre", backend=backend)
         if main:
             save_episodes_jsonl(pre, str(paths.pre_eval_jsonl))
@@ -392,7 +397,7 @@ def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult
     if main:
         tokenizer.save_pretrained(str(final_dir))
 
-    phase("the held-out evaluation after training")
+    phase(f"the {split_name(config)} evaluation after training")
     t = time.perf_counter()
     post = evaluate_policy(trainer.model, tokenizer, eval_specs, config, agent_name="post", backend=backend)
     if main:
