@@ -1,0 +1,124 @@
+"""Does DAgger lift the warm start beyond plain imitation for the same training? On the validation split.
+
+    make bench-dagger                                   # the default configuration's warm start
+    python bench/bench_dagger.py --campaigns 50 --episodes 120
+
+From the cached default warm start (built first if it is not), two continuations of the same
+size, each one pass of SFT (`lib.training.warm_start.sft_trainer`) on as many examples:
+
+* **imitation**: the decisions of `--campaigns` fresh heuristic campaigns (seeds after the warm
+  start's), with as many of the warm start's own demonstrated decisions;
+* **DAgger**: one round (`lib.training.dagger`): the learner plays `--campaigns` training
+  campaigns, the demonstrator labels every decision it made, with as many demonstrated decisions.
+
+Each policy, the warm start included, then plays the validation split's first `--episodes`
+campaigns greedily (`lib.measure.evaluation.validation_suite`, never the held-out suite). Prints
+successes, unseen particles found, how the episodes ended, and each arm's seconds (DAgger's
+include the learner's campaigns); `--json PATH` writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any, Dict, List
+
+
+def outcome(episodes: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Successes, particles found (of the episodes with one) and endings of a validation evaluation."""
+    from lib.episodes.records import episode_ending
+
+    with_particle = [e for e in episodes if (e.get("truth") or {}).get("exists")]
+    return {
+        "episodes": len(episodes),
+        "correct": sum(bool(e.get("correct_outcome")) for e in episodes),
+        "particles_found": sum(bool(e.get("correct_outcome")) for e in with_particle),
+        "with_particle": len(with_particle),
+        "mean_reward": sum(e["cumulative_reward"] for e in episodes) / max(1, len(episodes)),
+        "endings": dict(Counter(episode_ending(e) for e in episodes)),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--campaigns", type=int, default=50, help="campaigns per continuation")
+    parser.add_argument("--episodes", type=int, default=120, help="validation campaigns each policy plays")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+
+    import numpy as np
+
+    from lib.measure.evaluation import validation_suite
+    from lib.seeds import DAGGER_SEED, DEMONSTRATION_SEED
+    from lib.training.backends import load_policy
+    from lib.training.config import TrainConfig
+    from lib.training.dagger import labelled_learner_decisions
+    from lib.training.run import evaluate_policy
+    from lib.training.tokenizer import corpus_specs
+    from lib.training.warm_start import demonstration_examples, demonstration_layout, sft_trainer, sft_warm_start
+
+    config = TrainConfig()
+    policy = load_policy(config, "trl")
+    report = sft_warm_start(policy, config)
+    print(f"warm start: {report.get('cached')} ({config.warm_start_episodes} campaigns)", flush=True)
+    layout = demonstration_layout(config)
+    demonstrations = demonstration_examples(policy.tokenizer, config.warm_start_episodes, **layout)
+    suite = list(validation_suite(args.episodes))
+    results: Dict[str, Any] = {"campaigns": args.campaigns, "episodes": len(suite)}
+
+    start = time.perf_counter()
+    results["warm start"] = outcome(evaluate_policy(policy.model, policy.tokenizer, suite, config, agent_name="warm"))
+    results["warm start"]["evaluation_s"] = time.perf_counter() - start
+    print("warm start:", json.dumps(results["warm start"]), flush=True)
+
+    rng = np.random.default_rng(config.seed)
+    fresh_specs = corpus_specs(config.warm_start_episodes + args.campaigns, DEMONSTRATION_SEED)
+    for arm in ("imitation", "DAgger"):
+        learner = copy.copy(policy)
+        learner.model = copy.deepcopy(policy.model)
+        start = time.perf_counter()
+        if arm == "imitation":
+            new = demonstration_examples(
+                policy.tokenizer, args.campaigns, specs=fresh_specs[config.warm_start_episodes :], **layout
+            )
+            stats: Dict[str, Any] = {}
+        else:
+            new, stats = labelled_learner_decisions(learner, config, args.campaigns, first_seed=DAGGER_SEED)
+        replayed = rng.choice(len(demonstrations), size=min(len(new), len(demonstrations)), replace=False)
+        examples = new + [demonstrations[i] for i in replayed]
+        with tempfile.TemporaryDirectory(prefix="bench-dagger-") as work:
+            trainer = sft_trainer(learner, config, examples, work, epochs=1.0)
+            trainer.train()
+        seconds = time.perf_counter() - start
+        played = evaluate_policy(trainer.model, policy.tokenizer, suite, config, agent_name=arm)
+        results[arm] = {
+            **outcome(played),
+            "training_s": seconds,
+            "examples": len(examples),
+            "steps": trainer.state.global_step,
+            **{f"round_{k}": v for k, v in stats.items()},
+        }
+        print(f"{arm}:", json.dumps(results[arm]), flush=True)
+
+    print()
+    print("| policy | correct | unseen particles found | mean reward | seconds of training |")
+    print("|---|---|---|---|---|")
+    for name in ("warm start", "imitation", "DAgger"):
+        r = results[name]
+        print(
+            f"| {name} | {r['correct']} of {r['episodes']} | {r['particles_found']} of {r['with_particle']} "
+            f"| {r['mean_reward']:+.2f} | {r.get('training_s', 0):.0f} |"
+        )
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
