@@ -45,7 +45,7 @@ def outcome(episodes: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--campaigns", type=int, default=50, help="campaigns per continuation")
     parser.add_argument("--episodes", type=int, default=120, help="validation campaigns each policy plays")
     parser.add_argument("--json", help="write the results here")

@@ -273,6 +273,29 @@ def _shown(value: Any) -> float:
     return float(round_significant(float(value))) if isinstance(value, (int, float)) else 0.0
 
 
+SIGNIFICANT_DIGITS = 4
+"""Numbers in the demonstrated actions are rounded to this many significant digits, as prompts show them."""
+
+
+class RoundedDemonstrator:
+    """An agent whose actions are another agent's with their literal numbers written as a policy
+    can copy them: rounded to `digits` significant digits, as the prompts show numbers (`0.2111`
+    where the heuristic computed 0.21110827456039238: the digits past the fourth carry no
+    information a model could learn). Numbers the heuristic read from an observation it quotes by
+    reference (`"@fit.mass_gev"`), which stay as written. The environment plays the action as
+    written, so each demonstration is consistent."""
+
+    def __init__(self, agent: Any, digits: int = SIGNIFICANT_DIGITS) -> None:
+        self.agent, self.digits = agent, digits
+
+    def reset(self) -> None:
+        self.agent.reset()
+
+    def act(self, obs: Any) -> ExperimentAction:
+        action = self.agent.act(obs)
+        return action.model_copy(update={"parameters": round_significant(action.parameters, self.digits)})
+
+
 class AlwaysNullAgent:
     """The trivial policy a reward must not favour: take just enough data for a null claim to be
     graded (`luminosity_fraction` of the cap, in the first offered channel), scan it once, and

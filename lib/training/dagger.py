@@ -12,7 +12,8 @@ can label any state. Each round:
    the demonstrator (`RoundedDemonstrator(HeuristicAgent())`) writes what it would have done;
 3. the learner trains (TRL's `SFTTrainer`, as the warm start, one pass) on those labelled
    decisions together with as many of the demonstrations' own decisions (the aggregation of
-   DAgger: it keeps the demonstrator's states too).
+   DAgger: it keeps the demonstrator's states too). `lib.training.warm_start.dagger_rounds` runs
+   the rounds after the warm start's imitation (`TrainConfig.warm_start_dagger_rounds`).
 
 Only the `turn` context is supported: a decision's prompt is its own observation, so a label is
 one example. The report says how often the learner already did what the demonstrator would have
@@ -21,24 +22,19 @@ one example. The report says how often the learner already did what the demonstr
 
 from __future__ import annotations
 
-import logging
-import tempfile
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from lib.agents.baselines import HeuristicAgent
+from lib.agents.baselines import HeuristicAgent, RoundedDemonstrator
 from lib.agents.prompting import action_to_json, build_chat
 from lib.episodes.chat import ChatLayout
 from lib.episodes.generation import hf_generate_fn
 from lib.episodes.llm_rollouts import play_episodes
 from lib.episodes.records import as_episode_dict
 from lib.report.replay import environment_for, reset_for
-from lib.seeds import DAGGER_SEED
 from lib.training.config import TrainConfig
 from lib.training.tokenizer import corpus_specs
-
-logger = logging.getLogger(__name__)
 
 
 def labelled_learner_decisions(
@@ -89,8 +85,6 @@ def label_decisions(
     player read (the episode replayed from its seed with its own actions) and the demonstrator's
     action there. Returns the examples, how many of the player's replies were the label already,
     and how many of its actions were refused."""
-    from lib.training.warm_start import RoundedDemonstrator
-
     layout = ChatLayout(tokenizer, config.observation_config)
     demonstrator = RoundedDemonstrator(HeuristicAgent())
     eos = tokenizer.eos_token_id
@@ -114,37 +108,3 @@ def label_decisions(
             )
             obs = env.step(step["action"])
     return examples, agreed, refused
-
-
-def dagger_rounds(policy: Any, config: TrainConfig, demonstrations: List[Dict[str, List[int]]]) -> List[Dict[str, Any]]:
-    """`config.warm_start_dagger_rounds` rounds of DAgger on `policy` (trained in place), each on the
-    learner's labelled decisions and as many of `demonstrations` (drawn without replacement, with
-    the run's seed); returns each round's stats with its SFT steps and losses."""
-    from lib.training.warm_start import sft_trainer
-
-    rng = np.random.default_rng(config.seed)
-    reports = []
-    for round_index in range(config.warm_start_dagger_rounds):
-        first_seed = DAGGER_SEED + round_index * config.warm_start_dagger_episodes
-        labelled, stats = labelled_learner_decisions(policy, config, config.warm_start_dagger_episodes, first_seed)
-        replayed = rng.choice(len(demonstrations), size=min(len(labelled), len(demonstrations)), replace=False)
-        examples = labelled + [demonstrations[i] for i in replayed]
-        with tempfile.TemporaryDirectory(prefix="dagger-") as work:
-            trainer = sft_trainer(policy, config, examples, work, epochs=1.0)
-            trainer.train()
-        policy.model = trainer.model
-        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-        stats.update(round=round_index, examples=len(examples), steps=trainer.state.global_step, losses=losses)
-        logger.info(
-            "DAgger round %d: the learner agreed with the demonstrator on %.0f%% of %d decisions "
-            "(%.0f%% refused, %.0f%% of its campaigns won); trained %d steps on %d examples",
-            round_index + 1,
-            100 * stats["agreement"],
-            stats["decisions"],
-            100 * stats["refused"],
-            100 * stats["success"],
-            trainer.state.global_step,
-            len(examples),
-        )
-        reports.append(stats)
-    return reports

@@ -37,44 +37,25 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from cernenv import CERNCollisionEnvironment, ExperimentAction
-from lib.agents.baselines import HeuristicAgent
-from lib.agents.prompting import LLMAgentConfig, action_to_json, build_chat, round_significant
+import numpy as np
+
+from cernenv import CERNCollisionEnvironment
+from lib.agents.baselines import HeuristicAgent, RoundedDemonstrator
+from lib.agents.prompting import LLMAgentConfig, action_to_json, build_chat
 from lib.episodes.agent_rollouts import transitions
 from lib.episodes.chat import ChatLayout
 from lib.episodes.llm_rollouts import CONTEXTS
 from lib.files import read_json
-from lib.seeds import DEMONSTRATION_SEED
+from lib.seeds import DAGGER_SEED, DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.callbacks import CpuThreads
 from lib.training.config import FINGERPRINT_CHARACTERS, WARM_START_LOSSES, TrainConfig
-from lib.training.dagger import dagger_rounds
+from lib.training.dagger import labelled_learner_decisions
 from lib.training.tokenizer import WARM_START_CACHE, corpus_specs
 
 logger = logging.getLogger(__name__)
 
-SIGNIFICANT_DIGITS = 4
-"""Numbers in the demonstrated actions are rounded to this many significant digits, as prompts show them."""
 CACHE_DIR = WARM_START_CACHE
-
-
-class RoundedDemonstrator:
-    """An agent whose actions are another agent's with their literal numbers written as a policy
-    can copy them: rounded to `digits` significant digits, as the prompts show numbers (`0.2111`
-    where the heuristic computed 0.21110827456039238: the digits past the fourth carry no
-    information a model could learn). Numbers the heuristic read from an observation it quotes by
-    reference (`"@fit.mass_gev"`), which stay as written. The environment plays the action as
-    written, so each demonstration is consistent."""
-
-    def __init__(self, agent: Any, digits: int = SIGNIFICANT_DIGITS) -> None:
-        self.agent, self.digits = agent, digits
-
-    def reset(self) -> None:
-        self.agent.reset()
-
-    def act(self, obs: Any) -> ExperimentAction:
-        action = self.agent.act(obs)
-        return action.model_copy(update={"parameters": round_significant(action.parameters, self.digits)})
 
 
 def demonstration_examples(
@@ -301,6 +282,38 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
         policy.model = AutoModelForCausalLM.from_pretrained(target).to(policy.model.device)
         report["cached"] = str(target)
     return report
+
+
+def dagger_rounds(policy: Any, config: TrainConfig, demonstrations: List[Dict[str, List[int]]]) -> List[Dict[str, Any]]:
+    """`config.warm_start_dagger_rounds` rounds of DAgger on `policy` (trained in place), each on the
+    learner's labelled decisions and as many of `demonstrations` (drawn without replacement, with
+    the run's seed); returns each round's stats with its SFT steps and losses."""
+    rng = np.random.default_rng(config.seed)
+    reports = []
+    for round_index in range(config.warm_start_dagger_rounds):
+        first_seed = DAGGER_SEED + round_index * config.warm_start_dagger_episodes
+        labelled, stats = labelled_learner_decisions(policy, config, config.warm_start_dagger_episodes, first_seed)
+        replayed = rng.choice(len(demonstrations), size=min(len(labelled), len(demonstrations)), replace=False)
+        examples = labelled + [demonstrations[i] for i in replayed]
+        with tempfile.TemporaryDirectory(prefix="dagger-") as work:
+            trainer = sft_trainer(policy, config, examples, work, epochs=1.0)
+            trainer.train()
+        policy.model = trainer.model
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        stats.update(round=round_index, examples=len(examples), steps=trainer.state.global_step, losses=losses)
+        logger.info(
+            "DAgger round %d: the learner agreed with the demonstrator on %.0f%% of %d decisions "
+            "(%.0f%% refused, %.0f%% of its campaigns won); trained %d steps on %d examples",
+            round_index + 1,
+            100 * stats["agreement"],
+            stats["decisions"],
+            100 * stats["refused"],
+            100 * stats["success"],
+            trainer.state.global_step,
+            len(examples),
+        )
+        reports.append(stats)
+    return reports
 
 
 def _save_atomically(policy: Policy, report: Dict[str, Any], target: Path) -> None:
