@@ -98,3 +98,56 @@ def test_constrained_sampling_returns_the_log_probabilities_the_trainer_scores(t
         logits = model(ids).logits[0, len(episode.prompt_ids) - 1 : -1].float() / temperature
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(episode.completion_ids)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(episode.logprobs), expected, atol=1e-4)
+
+
+def test_the_tokens_the_grammar_forced_are_told_from_the_chosen_ones(tokenizer):
+    """In a reply written under the grammar, the opening and the keys the schema fixes had no
+    alternative; the verb and the numbers were chosen."""
+    from lib.episodes.grammar import train_chosen_tokens_only
+
+    reply = '{"action_type":"configure_beam","parameters":{"beam_energy_tev":13.6,"pileup":"nominal"}}'
+    ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    forced = action_grammar(tokenizer, len(tokenizer)).forced(ids)
+    pieces = [tokenizer.decode([token]) for token in ids]
+    assert forced[0] and not forced[pieces.index("configure_beam")]
+    assert not any(f for f, piece in zip(forced, pieces) if any(c.isdigit() for c in piece)), "numbers are chosen"
+    assert 0 < sum(forced) < len(ids)
+    # env_mask runs: two replies with environment text between them; only the replies' chosen tokens stay
+    env = tokenizer("observation", add_special_tokens=False)["input_ids"]
+    mask = train_chosen_tokens_only(tokenizer, ids + env + ids, [1] * len(ids) + [0] * len(env) + [1] * len(ids))
+    chosen = [int(not f) for f in forced]
+    assert mask == chosen + [0] * len(env) + chosen
+    # a reply the grammar refuses part-way counts as chosen from there on
+    bad = tokenizer('{"x', add_special_tokens=False)["input_ids"]
+    assert action_grammar(tokenizer, len(tokenizer)).forced(bad)[1:] == [False] * (len(bad) - 1)
+
+
+def test_a_constrained_training_rollout_trains_only_the_chosen_tokens(tokenizer, tmp_path):
+    """GRPO's samples from replies held to the grammar carry the forced tokens with env_mask 0."""
+    from lib.episodes.grammar import train_chosen_tokens_only
+    from lib.training import TrainConfig
+    from lib.training.grpo import CampaignRollout, training_dataset
+
+    config = TrainConfig(
+        warm_start_episodes=0,
+        max_steps=1,
+        num_generations=2,
+        gradient_accumulation_steps=2,
+        max_turns=1,
+        turn_samples=1,
+        constrained_replies=True,
+    )
+    reply = tokenizer(
+        '{"action_type":"configure_beam","parameters":{"beam_energy_tev":13.6}}', add_special_tokens=False
+    )
+    ids = reply["input_ids"] + [tokenizer.eos_token_id]
+
+    def scripted(trainer):
+        return lambda contexts, sampling: [(list(ids), [-0.5] * len(ids)) for _ in contexts]
+
+    rollout = CampaignRollout(config, tokenizer, generate_fn_factory=scripted)
+    prompts = [row["prompt"] for row in training_dataset(config)] * 2
+    out = rollout(prompts, trainer=None)
+    assert out["completion_ids"] == [ids, ids]
+    assert out["env_mask"] == [train_chosen_tokens_only(tokenizer, ids, [1] * len(ids))] * 2
+    assert 0 < sum(out["env_mask"][0]) < len(ids)

@@ -13,8 +13,9 @@ scores), so what GRPO's loss recomputes from the model equals what sampling retu
 from __future__ import annotations
 
 import json
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
+import numpy as np
 import torch
 
 from lib.agents.prompting import action_json_schema
@@ -72,11 +73,53 @@ class ActionGrammar:
         llguidance.torch.apply_token_bitmask_inplace(restricted, bitmask)
         return restricted
 
+    def forced(self, tokens: Sequence[int]) -> List[bool]:
+        """For each token of a reply written under the grammar, whether the grammar allowed that
+        token alone there (`{` to open, a key's quotes, the eos after the closing brace): a token
+        the policy did not choose. Stops at the first token the grammar refuses (a reply written
+        without it); the rest count as chosen."""
+        matcher = self.matcher()
+        bitmask = llguidance.torch.allocate_token_bitmask(1, self.n_vocab)
+        flags: List[bool] = []
+        for token in tokens:
+            if matcher.is_stopped() or matcher.is_error():
+                break
+            llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
+            allowed = int(np.unpackbits(bitmask.numpy().view(np.uint8)).sum())
+            flags.append(allowed == 1)
+            if not matcher.consume_token(token):
+                flags[-1] = False
+                break
+        return flags + [False] * (len(tokens) - len(flags))
+
     @staticmethod
     def accept(matcher: Any, token: int) -> None:
         """Move `matcher` past `token` (one it allowed)."""
         if not matcher.consume_token(token):
             raise RuntimeError(f"the action grammar refused a token it allowed: {matcher.get_error()}")
+
+
+def train_chosen_tokens_only(tokenizer: Any, completion_ids: Sequence[int], env_mask: Sequence[int]) -> List[int]:
+    """`env_mask` (1: a token the model wrote) with the tokens the grammar forced set to 0: each run
+    of 1s is one reply, read from its start (`ActionGrammar.forced`). Under the grammar a forced
+    token had probability 1 whatever the model's, so it carries no gradient of the policy that
+    sampled it; left in GRPO's loss, its advantage pushes the model's own probability of it around
+    (and its KL term with it), which changes nothing the policy does."""
+    grammar = action_grammar(tokenizer, len(tokenizer))
+    mask = list(env_mask)
+    start = 0
+    while start < len(mask):
+        if not mask[start]:
+            start += 1
+            continue
+        end = start
+        while end < len(mask) and mask[end]:
+            end += 1
+        for offset, forced in enumerate(grammar.forced(completion_ids[start:end])):
+            if forced:
+                mask[start + offset] = 0
+        start = end
+    return mask
 
 
 _GRAMMARS: dict = {}

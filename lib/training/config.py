@@ -173,7 +173,8 @@ class TrainConfig:
     constrained_replies: bool = False
     """Hold every reply, in training rollouts and evaluations alike, to the action grammar as it is
     generated (`Sampling.constrained`, `lib.episodes.grammar`): a reply that would not parse cannot be
-    written."""
+    written. GRPO then trains only the tokens the policy chose: those the grammar forced (a reply's
+    opening, the keys the schema fixes) are masked out of its loss (`train_chosen_tokens_only`)."""
     max_new_tokens: int = 64
     """Longest action per turn [tokens] (the heuristic's longest, a claim, is under 60 on the
     stand-in's tokenizer; a reply cut here is sent as it is and usually refused)."""

@@ -300,16 +300,25 @@ class CampaignRollout:
                 for (name, turn), value in credit.advantage.items():
                     by_episode.setdefault(name, {})[turn] = value
                 advantages = [by_episode[_episode_name(key)] for key in keys]
-            return turn_samples(
+            out = turn_samples(
                 played, slots, self.config.turn_samples, rng, self.tokenizer.eos_token_id, advantages=advantages
             )
-        return {
-            "prompt_ids": [e.prompt_ids for e in episodes],
-            "completion_ids": [e.completion_ids for e in episodes],
-            "logprobs": [e.logprobs for e in episodes],
-            "env_mask": [e.env_mask for e in episodes],
-            "reward_components": [reward_components(e) for e in episodes],
-        }
+        else:
+            out = {
+                "prompt_ids": [e.prompt_ids for e in episodes],
+                "completion_ids": [e.completion_ids for e in episodes],
+                "logprobs": [e.logprobs for e in episodes],
+                "env_mask": [e.env_mask for e in episodes],
+                "reward_components": [reward_components(e) for e in episodes],
+            }
+        if self.config.constrained_replies:  # the tokens the grammar forced were not the policy's choice
+            from lib.episodes.grammar import train_chosen_tokens_only
+
+            out["env_mask"] = [
+                train_chosen_tokens_only(self.tokenizer, ids, mask)
+                for ids, mask in zip(out["completion_ids"], out["env_mask"])
+            ]
+        return out
 
 
 def reward_components(episode: PlayedEpisode) -> Dict[str, float]:
