@@ -327,10 +327,11 @@ def reward_components(episode: PlayedEpisode) -> Dict[str, float]:
 
 
 def _episode_name(key: Any) -> str:
-    """An episode's name in the step for `lib.training.credit` ("<task JSON>#<place in its group>"):
-    the same on every process."""
+    """An episode's name in the step for `lib.training.credit`: "<task JSON>#<place in its
+    group>@<process>". With several processes, two may each play the same place of a group for
+    the decision slots they hold: two episodes of that task, told apart by the process."""
     task, place = key
-    return f"{task}#{place}"
+    return f"{task}#{place}@{process_index()}"
 
 
 def turn_samples(
