@@ -4,7 +4,8 @@
     python bench/bench_dagger.py --campaigns 50 --episodes 120
 
 From the cached default warm start (built first if it is not), two continuations of the same
-size, each one pass of SFT (`lib.training.warm_start.sft_trainer`) on as many examples:
+size, each one pass of SFT (`lib.training.warm_start.sft_trainer`) on as many examples, from
+`--learning_rate` (default `TrainConfig.warm_start_dagger_learning_rate`):
 
 * **imitation**: the decisions of `--campaigns` fresh heuristic campaigns (seeds after the warm
   start's), with as many of the warm start's own demonstrated decisions;
@@ -49,6 +50,7 @@ def main(argv=None) -> int:
     parser.add_argument("--campaigns", type=int, default=50, help="campaigns per continuation")
     parser.add_argument("--episodes", type=int, default=120, help="validation campaigns each policy plays")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--learning_rate", type=float, help="each continuation's peak learning rate")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -63,13 +65,19 @@ def main(argv=None) -> int:
     from lib.training.warm_start import demonstration_examples, demonstration_layout, sft_trainer, sft_warm_start
 
     config = TrainConfig()
+    if args.learning_rate is not None:
+        config = TrainConfig(**{**config.to_dict(), "warm_start_dagger_learning_rate": args.learning_rate})
     policy = load_policy(config, "trl")
     report = sft_warm_start(policy, config)
     print(f"warm start: {report.get('cached')} ({config.warm_start_episodes} campaigns)", flush=True)
     layout = demonstration_layout(config)
     demonstrations = demonstration_examples(policy.tokenizer, config.warm_start_episodes, **layout)
     suite = list(validation_suite(args.episodes))
-    results: Dict[str, Any] = {"campaigns": args.campaigns, "episodes": len(suite)}
+    results: Dict[str, Any] = {
+        "campaigns": args.campaigns,
+        "episodes": len(suite),
+        "learning_rate": config.warm_start_dagger_learning_rate,
+    }
 
     start = time.perf_counter()
     results["warm start"] = outcome(evaluate_policy(policy.model, policy.tokenizer, suite, config, agent_name="warm"))
@@ -92,7 +100,9 @@ def main(argv=None) -> int:
         replayed = rng.choice(len(demonstrations), size=min(len(new), len(demonstrations)), replace=False)
         examples = new + [demonstrations[i] for i in replayed]
         with tempfile.TemporaryDirectory(prefix="bench-dagger-") as work:
-            trainer = sft_trainer(learner, config, examples, work, epochs=1.0)
+            trainer = sft_trainer(
+                learner, config, examples, work, epochs=1.0, learning_rate=config.warm_start_dagger_learning_rate
+            )
             trainer.train()
         seconds = time.perf_counter() - start
         played = evaluate_policy(trainer.model, policy.tokenizer, suite, config, agent_name=arm)

@@ -132,6 +132,11 @@ class TrainConfig:
     labels with as many demonstrated decisions; 0: plain imitation. Needs the `turn` context."""
     warm_start_dagger_episodes: int = 50
     """Campaigns the learner plays per DAgger round."""
+    warm_start_dagger_learning_rate: float = 2e-4
+    """The peak learning rate of each DAgger round's pass (cosine decay as the warm start's). A tenth of
+    the warm start's: a pass that restarts at 2e-3 undoes part of what the warm start learned (from
+    the default warm start, one pass at 2e-3 on 50 fresh campaigns' decisions and as many of its own
+    took it from 63 to 46 of 120 validation campaigns; docs/training.md)."""
     warm_start_loss: str = "conversation"
     """Which tokens the warm start's loss covers: "conversation" (every one: the stand-in learns to
     copy channels and numbers by predicting the environment's messages too) or "actions" (the
@@ -439,6 +444,7 @@ class TrainConfig:
             "learning_rate": (0.0, False, math.inf, False, "AdamW's step size"),
             "warm_start_learning_rate": (0.0, False, math.inf, False, "the warm start's step size"),
             "warm_start_epochs": (0.0, False, math.inf, False, "passes over the warm start's campaigns"),
+            "warm_start_dagger_learning_rate": (0.0, False, math.inf, False, "a DAgger round's step size"),
             "beta": (0.0, True, math.inf, False, "0: no KL penalty"),
             "epsilon": (0.0, False, math.inf, False, "the clipping range of the probability ratio"),
             "temperature": (0.0, False, math.inf, False, "GRPO needs sampled, differing episodes in a group"),

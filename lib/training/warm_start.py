@@ -137,10 +137,12 @@ def sft_trainer(
     output_dir: str,
     *,
     epochs: Optional[float] = None,
+    learning_rate: Optional[float] = None,
 ):
     """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
     `policy.peft_config` is given, loss on the `completion_mask` tokens, `warm_start_batch_size`
-    examples per step, `epochs` passes (default `warm_start_epochs`), cosine decay, the device's
+    examples per step, `epochs` passes (default `warm_start_epochs`) from `learning_rate` (default
+    `warm_start_learning_rate`) with cosine decay, the device's
     precision (float32 without autocast on a CPU), torch's threads the cores free before each step
     (`lib.training.callbacks.CpuThreads`)."""
     import torch
@@ -154,7 +156,7 @@ def sft_trainer(
         output_dir=output_dir,
         num_train_epochs=epochs,
         per_device_train_batch_size=config.warm_start_batch_size,
-        learning_rate=config.warm_start_learning_rate,
+        learning_rate=config.warm_start_learning_rate if learning_rate is None else learning_rate,
         lr_scheduler_type="cosine",
         warmup_steps=0.05,
         seed=config.seed,
@@ -201,7 +203,7 @@ SETTINGS = (
     "seed",
 )
 """The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
-DAGGER_SETTINGS = ("warm_start_dagger_rounds", "warm_start_dagger_episodes")
+DAGGER_SETTINGS = ("warm_start_dagger_rounds", "warm_start_dagger_episodes", "warm_start_dagger_learning_rate")
 """The fields a warm start with DAgger rounds also depends on (one without keeps its fingerprint)."""
 
 
@@ -296,7 +298,9 @@ def dagger_rounds(policy: Any, config: TrainConfig, demonstrations: List[Dict[st
         replayed = rng.choice(len(demonstrations), size=min(len(labelled), len(demonstrations)), replace=False)
         examples = labelled + [demonstrations[i] for i in replayed]
         with tempfile.TemporaryDirectory(prefix="dagger-") as work:
-            trainer = sft_trainer(policy, config, examples, work, epochs=1.0)
+            trainer = sft_trainer(
+                policy, config, examples, work, epochs=1.0, learning_rate=config.warm_start_dagger_learning_rate
+            )
             trainer.train()
         policy.model = trainer.model
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
