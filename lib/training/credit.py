@@ -19,7 +19,9 @@ no harder than the rest. `credit: decision` gives each decision its own advantag
 
 The scale is the one `scale_rewards` names for GRPO ("batch": the standard deviation of the
 step's episode returns; "group": each group's; "none": 1), so `credit: decision` with
-`step_weight=0` and `penalty_weight=0` is GRPO's advantage exactly. Everything here is plain
+`step_weight=0` and `penalty_weight=0` is GRPO's advantage (with "batch", up to the standard
+deviation being taken over the step's episodes where TRL takes it over its samples, each episode
+once per decision slot). Everything here is plain
 arithmetic on what the rollout recorded; `DecisionCreditTrainer` hands the result to TRL's
 `GRPOTrainer` in place of its own advantage, and TRL does the rest (the clipped loss, the KL
 term, the optimiser).
