@@ -176,7 +176,7 @@ METRICS: Dict[str, Tuple[str, Callable[[Mapping[str, Any]], bool], Callable[[Map
         lambda e: float(bool(e.get("discovered"))),
     ),
     "no_claim_rate": (
-        "ended without a claim (refusals in a row, budget, time or step limit)",
+        "ended without a claim (refusals in a row, budget, time, step limit, or cut short by the rollout)",
         lambda e: True,
         lambda e: float(episode_ending(e) in NO_CLAIM_ENDINGS),
     ),
