@@ -4,7 +4,7 @@
     python bench/bench_dagger.py --campaigns 50 --episodes 120
 
 From the cached default warm start (built first if it is not), two continuations of the same
-size, each one pass of SFT (`lib.training.warm_start.sft_trainer`) on as many examples, from
+size, each one pass of SFT (`lib.training.warm_start.continuation_pass`) on as many examples, from
 `--learning_rate` (default `TrainConfig.warm_start_dagger_learning_rate`):
 
 * **imitation**: the decisions of `--campaigns` fresh heuristic campaigns (seeds after the warm
@@ -24,7 +24,6 @@ import argparse
 import copy
 import json
 import sys
-import tempfile
 import time
 from collections import Counter
 from typing import Any, Dict, List
@@ -62,7 +61,7 @@ def main(argv=None) -> int:
     from lib.training.dagger import labelled_learner_decisions
     from lib.training.run import evaluate_policy
     from lib.training.tokenizer import corpus_specs
-    from lib.training.warm_start import demonstration_examples, demonstration_layout, sft_trainer, sft_warm_start
+    from lib.training.warm_start import continuation_pass, demonstration_examples, demonstration_layout, sft_warm_start
 
     config = TrainConfig()
     if args.learning_rate is not None:
@@ -97,13 +96,7 @@ def main(argv=None) -> int:
             stats: Dict[str, Any] = {}
         else:
             new, stats = labelled_learner_decisions(learner, config, args.campaigns, first_seed=DAGGER_SEED)
-        replayed = rng.choice(len(demonstrations), size=min(len(new), len(demonstrations)), replace=False)
-        examples = new + [demonstrations[i] for i in replayed]
-        with tempfile.TemporaryDirectory(prefix="bench-dagger-") as work:
-            trainer = sft_trainer(
-                learner, config, examples, work, epochs=1.0, learning_rate=config.warm_start_dagger_learning_rate
-            )
-            trainer.train()
+        trainer, examples = continuation_pass(learner, config, new, demonstrations, rng)
         seconds = time.perf_counter() - start
         played = evaluate_policy(trainer.model, policy.tokenizer, suite, config, agent_name=arm)
         results[arm] = {

@@ -29,12 +29,14 @@ def imitated_actions(model: Any, tokenizer: Any, examples) -> Dict[str, Tuple[in
     loss="actions")`: the mask marks each action's tokens and its eos)."""
     import torch
 
+    from lib.episodes.chat import model_spans
+
     counts: Dict[str, list] = collections.defaultdict(lambda: [0, 0])
     with torch.no_grad():
         for example in examples:
             ids, mask = example["input_ids"], example["completion_mask"]
             predicted = model(torch.tensor([ids])).logits[0].argmax(-1).tolist()
-            for start, end in _action_spans(mask):
+            for start, end in model_spans(mask):
                 action_type = json.loads(tokenizer.decode(ids[start : end - 1]))["action_type"]
                 counts[action_type][0] += all(predicted[k - 1] == ids[k] for k in range(start, end))
                 counts[action_type][1] += 1
@@ -47,13 +49,14 @@ def quoted_values(model: Any, tokenizer: Any, examples) -> Tuple[int, int]:
     import torch
 
     from cernenv.references import is_reference
+    from lib.episodes.chat import model_spans
 
     copied = quoted = 0
     with torch.no_grad():
         for example in examples:
             ids, mask = example["input_ids"], example["completion_mask"]
             predicted = model(torch.tensor([ids])).logits[0].argmax(-1).tolist()
-            for start, end in _action_spans(mask):
+            for start, end in model_spans(mask):
                 text = tokenizer.decode(ids[start : end - 1])
                 encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
                 if encoding["input_ids"] != ids[start : end - 1]:
@@ -70,20 +73,6 @@ def quoted_values(model: Any, tokenizer: Any, examples) -> Tuple[int, int]:
                     quoted += 1
                     copied += all(predicted[k - 1] == ids[k] for k in positions)
     return copied, quoted
-
-
-def _action_spans(mask):
-    """(start, end) of each run of 1s in `mask`: one action and its eos."""
-    start = 0
-    while start < len(mask):
-        if not mask[start]:
-            start += 1
-            continue
-        end = start
-        while end < len(mask) and mask[end]:
-            end += 1
-        yield start, end
-        start = end
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ opening of its next turn, found by rendering the chat with and without the new u
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from cernenv import CollisionObservation
 from lib.agents.prompting import LLMAgentConfig, build_chat, render_observation
@@ -80,3 +80,18 @@ class ChatLayout:
         if reply_ended and tail.startswith(self.eos_text):
             tail = tail[len(self.eos_text) :]
         return self._ids(tail + after[len(before) :])
+
+
+def model_spans(mask: Sequence[int]) -> Iterator[Tuple[int, int]]:
+    """(start, end) of each run of 1s in `mask` (an `env_mask` or a loss mask): one reply of the
+    model, eos included, between the environment's texts."""
+    start = 0
+    while start < len(mask):
+        if not mask[start]:
+            start += 1
+            continue
+        end = start
+        while end < len(mask) and mask[end]:
+            end += 1
+        yield start, end
+        start = end

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lib.agents.prompting import action_json_schema
+from lib.episodes.chat import model_spans
 from lib.extras import missing_modules
 
 if missing_modules(["llguidance"]):  # only a run that holds its replies to the grammar needs it
@@ -107,18 +108,10 @@ def train_chosen_tokens_only(tokenizer: Any, completion_ids: Sequence[int], env_
     (and its KL term with it), which changes nothing the policy does."""
     grammar = action_grammar(tokenizer, len(tokenizer))
     mask = list(env_mask)
-    start = 0
-    while start < len(mask):
-        if not mask[start]:
-            start += 1
-            continue
-        end = start
-        while end < len(mask) and mask[end]:
-            end += 1
+    for start, end in model_spans(env_mask):
         for offset, forced in enumerate(grammar.forced(completion_ids[start:end])):
             if forced:
                 mask[start + offset] = 0
-        start = end
     return mask
 
 

@@ -235,10 +235,10 @@ def episode_ending(episode: Any) -> str:
     if not last.get("done"):
         return "no claim: stopped before the end"
     action = last.get("action")
-    if isinstance(action, Mapping) and action.get("action_type") == "submit_discovery_claim" and not _refused(last):
+    if isinstance(action, Mapping) and action.get("action_type") == "submit_discovery_claim" and not step_refused(last):
         return "claimed a discovery" if episode.get("discovered") else "claimed nothing there"
     recent = steps[-MAX_CONSECUTIVE_REFUSALS:]
-    if len(recent) == MAX_CONSECUTIVE_REFUSALS and all(_refused(step) for step in recent):
+    if len(recent) == MAX_CONSECUTIVE_REFUSALS and all(step_refused(step) for step in recent):
         return "no claim: refusals in a row"
     resources = episode.get("resources") or {}
     if any(resources.get(name, 1.0) <= 1e-9 for name in ("budget_remaining_musd", "time_remaining_days")):
@@ -246,7 +246,7 @@ def episode_ending(episode: Any) -> str:
     return "no claim: step limit"
 
 
-def _refused(step: Mapping[str, Any]) -> bool:
+def step_refused(step: Mapping[str, Any]) -> bool:
     """Whether the environment refused the step's action (a rule it breaks: the `violations` penalty)."""
     return float((step.get("reward_breakdown") or {}).get("violations", 0.0)) < 0
 

@@ -37,7 +37,7 @@ from cernenv.rewards import NO_CLAIM
 from cernenv.server.audit import AuditError, RunLedger, read_run, verify_run
 from cernenv.server.ledger import EpisodeEnded
 from cernenv.suite import part_of
-from lib.episodes.records import ending_of_end
+from lib.episodes.records import NO_CLAIM_ENDINGS, ending_of_end
 from lib.files import atomic_write, json_text
 from lib.measure.evaluation import GROUP_WORDS, PARTS, group_metrics, split_comparison_table
 from lib.measure.metrics import CONFIDENCE, N_BOOTSTRAP, estimates_to_json
@@ -68,7 +68,6 @@ def _episode_dict(episode: EpisodeEnded) -> Dict[str, Any]:
         "steps": [],
         "ended": episode.ended,
         "unfinished": episode.abandoned,
-        "ended_without_claim": not episode.abandoned and episode.claim is None,
         "ending": ending_of_end(episode.ended, episode.claim, episode.abandoned),
         "refused_actions": episode.refused_actions or 0,
     }
@@ -88,7 +87,6 @@ def _unplayed_dict(task: Mapping[str, Any]) -> Dict[str, Any]:
         "steps": [],
         "ended": UNPLAYED,
         "unfinished": True,
-        "ended_without_claim": False,
         "ending": "not played",
         "refused_actions": 0,
     }
@@ -107,7 +105,7 @@ def _counts(rows: Sequence[Mapping[str, Any]], episodes: Mapping[int, EpisodeEnd
             "played": sum(1 for e in played if not e.abandoned),
             "abandoned": sum(1 for e in played if e.abandoned),
             "unplayed": len(chosen) - len(played),
-            "ended_without_claim": sum(1 for i in chosen if rows[i]["ended_without_claim"]),
+            "ended_without_claim": sum(1 for i in chosen if rows[i]["ending"] in NO_CLAIM_ENDINGS),
             "claimed_nothing_there": sum(1 for i in chosen if rows[i]["ending"] == "claimed nothing there"),
             "refused_actions": sum(rows[i]["refused_actions"] for i in chosen),
         }

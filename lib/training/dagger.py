@@ -31,7 +31,7 @@ from lib.agents.prompting import action_to_json, build_chat
 from lib.episodes.chat import ChatLayout
 from lib.episodes.generation import hf_generate_fn
 from lib.episodes.llm_rollouts import play_episodes
-from lib.episodes.records import as_episode_dict
+from lib.episodes.records import as_episode_dict, step_refused
 from lib.report.replay import environment_for, reset_for
 from lib.training.config import TrainConfig
 from lib.training.tokenizer import corpus_specs
@@ -97,7 +97,7 @@ def label_decisions(
         for step in record["steps"]:
             label = action_to_json(demonstrator.act(obs), justification=False)
             agreed += step["completion"].strip() == label
-            refused += float((step.get("reward_breakdown") or {}).get("violations", 0.0)) < 0
+            refused += step_refused(step)
             prompt_ids = layout.prompt_ids(build_chat(obs, config.observation_config))
             reply_ids = tokenizer(label, add_special_tokens=False)["input_ids"] + [eos]
             examples.append(

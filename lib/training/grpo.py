@@ -205,8 +205,6 @@ class CampaignRollout:
         self.last_episodes: List[PlayedEpisode] = []
         self.timings: List[Dict[str, float]] = []
         """Per call: seconds in generation, in the environment, and tokens generated."""
-        self.credit_summaries: List[Dict[str, float]] = []
-        """Per call with `credit: decision`: `Credit.summary()` of the step's decisions."""
 
     def _generate_fn(self, trainer: Any) -> GenerateFn:
         if self.generate_fn_factory is not None:
@@ -284,7 +282,6 @@ class CampaignRollout:
                 ]
                 credit = decision_credit(gather(local), **credit_settings(self.config))  # the whole step's
                 summary = credit.summary()
-                self.credit_summaries.append(summary)
                 logger.info(
                     "decision credit, step %d: %d decisions, %.0f%% in an anchor state, %.0f%% penalised; "
                     "mean |term| episode %.3f, step %.3f, penalty %.3f",

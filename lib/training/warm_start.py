@@ -35,7 +35,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -286,6 +286,27 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
     return report
 
 
+def continuation_pass(
+    policy: Policy,
+    config: TrainConfig,
+    new: List[Dict[str, List[int]]],
+    demonstrations: List[Dict[str, List[int]]],
+    rng: np.random.Generator,
+) -> Tuple[Any, List[Dict[str, List[int]]]]:
+    """One pass of SFT on `policy` (in its trainer; `policy.model` is left as it was) over `new`
+    examples and as many of `demonstrations` (drawn by `rng` without replacement), from
+    `warm_start_dagger_learning_rate`: a DAgger round's training, or plain imitation's for the same
+    steps. Returns the trained trainer and the examples it trained on."""
+    replayed = rng.choice(len(demonstrations), size=min(len(new), len(demonstrations)), replace=False)
+    examples = new + [demonstrations[i] for i in replayed]
+    with tempfile.TemporaryDirectory(prefix="continuation-") as work:
+        trainer = sft_trainer(
+            policy, config, examples, work, epochs=1.0, learning_rate=config.warm_start_dagger_learning_rate
+        )
+        trainer.train()
+    return trainer, examples
+
+
 def dagger_rounds(policy: Any, config: TrainConfig, demonstrations: List[Dict[str, List[int]]]) -> List[Dict[str, Any]]:
     """`config.warm_start_dagger_rounds` rounds of DAgger on `policy` (trained in place), each on the
     learner's labelled decisions and as many of `demonstrations` (drawn without replacement, with
@@ -295,13 +316,7 @@ def dagger_rounds(policy: Any, config: TrainConfig, demonstrations: List[Dict[st
     for round_index in range(config.warm_start_dagger_rounds):
         first_seed = DAGGER_SEED + round_index * config.warm_start_dagger_episodes
         labelled, stats = labelled_learner_decisions(policy, config, config.warm_start_dagger_episodes, first_seed)
-        replayed = rng.choice(len(demonstrations), size=min(len(labelled), len(demonstrations)), replace=False)
-        examples = labelled + [demonstrations[i] for i in replayed]
-        with tempfile.TemporaryDirectory(prefix="dagger-") as work:
-            trainer = sft_trainer(
-                policy, config, examples, work, epochs=1.0, learning_rate=config.warm_start_dagger_learning_rate
-            )
-            trainer.train()
+        trainer, examples = continuation_pass(policy, config, labelled, demonstrations, rng)
         policy.model = trainer.model
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
         stats.update(round=round_index, examples=len(examples), steps=trainer.state.global_step, losses=losses)
