@@ -63,7 +63,7 @@ $(error $(MISSPELT_VARIABLES))
 endif
 endif
 
-.PHONY: evaluate scored-run-example verify-scored-run help setup lint format test test-fast test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-dagger bench-pass-at-k bench-generate train lab serve clean distclean FORCE
+.PHONY: evaluate scored-run-example verify-scored-run help setup lint format test test-fast test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-dagger bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -179,6 +179,11 @@ else
 	  --multi_gpu $$($(PY) -c 'import torch; torch.cuda.is_available() or print("--num_cpu_threads_per_process 1")') \
 	  $(ACCELERATE_ARGS) -m lib.training $(TRAIN_ARGS)
 endif
+
+SEEDS_ARGS ?=
+
+evidence-seeds: setup ## three seeds of the default config + the imitation-only policy for the same time, read together into build/seeds/report (python -m lib.training.seeds; SEEDS_ARGS="--seeds 0 1")
+	$(RUN_ENV) $(PY) -m lib.training.seeds $(SEEDS_ARGS)
 
 bench-train: setup ## time one GRPO step: generation vs environment vs optimisation (bench/bench_train.py)
 	$(RUN_ENV) $(PY) bench/bench_train.py $(TRAIN_ARGS)

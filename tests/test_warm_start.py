@@ -205,6 +205,7 @@ def test_a_warm_start_of_every_weight_learns_and_is_cached(tiny_model_dir, tmp_p
     assert report["steps"] == 8 * -(-report["examples"] // config.warm_start_batch_size)
     assert report["loss_tokens"] == report["tokens"]
     assert report["last_loss"] < 0.7 * report["first_loss"], report["losses"]
+    assert report["train_seconds"] > 0, "its training time is kept: an imitation-only policy is sized by it"
     assert Path(policy.model.name_or_path) == Path(report["cached"]), "loaded back from its folder: it has a name"
     again = load_policy(config, "trl")
     reloaded = sft_warm_start(again, config, cache_dir=tmp_path)
@@ -212,6 +213,22 @@ def test_a_warm_start_of_every_weight_learns_and_is_cached(tiny_model_dir, tmp_p
     assert all(torch.equal(x, y) for x, y in zip(policy.model.state_dict().values(), again.model.state_dict().values()))
     other = TrainConfig(**{**config.to_dict(), "warm_start_learning_rate": 4e-3})
     assert cached_warm_start_dir(load_policy(other, "trl"), other, tmp_path) != Path(report["cached"])
+
+
+def test_a_warm_start_evaluated_on_the_validation_split_writes_its_episodes(tiny_model_dir, tmp_path):
+    """`python -m lib.training.warm_start --evaluate DIR`'s second half: the configuration's evaluation
+    split played greedily into DIR/pre_eval.jsonl.gz, the file `lib.report.seed_runs --sft` reads."""
+    from lib.episodes.records import load_episodes_jsonl
+    from lib.measure.evaluation import validation_suite
+    from lib.training.warm_start import evaluate_warm_start
+
+    config = TrainConfig(
+        model_name=tiny_model_dir, backend="trl", lora_r=0, eval_split="validation", eval_episodes=3, max_turns=2
+    )
+    line = evaluate_warm_start(load_policy(config, "trl"), config, tmp_path / "sft")
+    episodes = load_episodes_jsonl(str(tmp_path / "sft" / "pre_eval.jsonl.gz"))
+    assert [episode["seed"] for episode in episodes] == [spec.seed for spec in validation_suite(3)]
+    assert line.startswith("validation evaluation: ") and " of 3 correct" in line
 
 
 @pytest.mark.slow

@@ -258,6 +258,7 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
         trainer = sft_trainer(policy, config, examples, work)
         loss_tokens = sum(sum(mask) for mask in loss_mask(trainer))
         trainer.train()
+    train_seconds = trainer.state.log_history[-1].get("train_runtime") if trainer.state.log_history else None
     policy.model = trainer.model
     policy.peft_config = None
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -274,6 +275,7 @@ def sft_warm_start(policy: Policy, config: TrainConfig, *, cache_dir: Optional[o
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "losses": losses,
+        "train_seconds": train_seconds,
     }
     if dagger is not None:
         report["dagger"] = dagger
@@ -350,20 +352,55 @@ def _save_atomically(policy: Policy, report: Dict[str, Any], target: Path) -> No
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """`python -m lib.training.warm_start [--field value ...]`: build the warm start of a config
-    (the default: the CPU stand-in's) in this one process, or find it cached, and print its
-    folder. A run in several processes needs it built first: a Trainer in the main process alone
-    falls out of step with the other processes' collectives."""
+    """`python -m lib.training.warm_start [--field value ...] [--evaluate DIR]`: build the warm start
+    of a config (the default: the CPU stand-in's) in this one process, or find it cached, and print
+    its folder. A run in several processes needs it built first: a Trainer in the main process alone
+    falls out of step with the other processes' collectives. With `--evaluate DIR`, then play the
+    configuration's evaluation split greedily (`eval_split`, `eval_episodes`: the held-out suite, or
+    the validation split where the warm start's size is chosen) and write the episodes to
+    `DIR/pre_eval.jsonl.gz`: an imitation-only policy as `python -m lib.report.seed_runs --sft DIR` reads it."""
     from lib.training.backends import load_policy
-    from lib.training.cli import parse_train_config
+    from lib.training.cli import parse_train_config, train_config_parser
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    config, _ = parse_train_config(argv)
+    parser = train_config_parser("python -m lib.training.warm_start", description=main.__doc__)
+    parser.add_argument(
+        "--evaluate",
+        metavar="DIR",
+        default=None,
+        help="then play the evaluation split (eval_split, eval_episodes) greedily into DIR/pre_eval.jsonl.gz",
+    )
+    config, extra = parse_train_config(argv, parser)
     if not config.warm_start_episodes:
         raise SystemExit("warm_start_episodes is 0: there is no warm start to build")
-    report = sft_warm_start(load_policy(config, "trl"), config)
-    print(report.get("cached") or "built (not cached: a LoRA warm start is trained with its run)")
+    policy = load_policy(config, "trl")
+    report = sft_warm_start(policy, config)
+    print(report.get("cached") or "built (not cached: a LoRA warm start is trained with its run)", flush=True)
+    if extra.evaluate:
+        print(evaluate_warm_start(policy, config, Path(extra.evaluate)), flush=True)
     return 0
+
+
+def evaluate_warm_start(policy: Policy, config: TrainConfig, folder: Path) -> str:
+    """Play `config`'s evaluation split greedily with `policy` (a warm start), write the episodes to
+    `folder/pre_eval.jsonl.gz` and say in a line how many succeeded and the mean reward."""
+    from lib.episodes.records import save_episodes_jsonl
+    from lib.report.evidence_logs import EvidencePaths
+    from lib.training.grpo import evaluation_suite
+    from lib.training.run import evaluate_policy, split_name
+
+    paths = EvidencePaths(folder)
+    paths.ensure()
+    episodes = evaluate_policy(
+        policy.model, policy.tokenizer, evaluation_suite(config), config, agent_name="warm_start"
+    )
+    save_episodes_jsonl(episodes, str(paths.pre_eval_jsonl))
+    correct = sum(episode.get("correct_outcome") is True for episode in episodes)
+    reward = float(np.mean([episode.get("total_reward", 0.0) for episode in episodes])) if episodes else float("nan")
+    return (
+        f"{split_name(config)} evaluation: {correct} of {len(episodes)} correct, mean reward {reward:+.3f}; "
+        f"episodes in {paths.pre_eval_jsonl}"
+    )
 
 
 if __name__ == "__main__":

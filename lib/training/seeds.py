@@ -1,0 +1,202 @@
+"""The three-seed evidence of one configuration at one commit, in one command:
+
+    python -m lib.training.seeds --config configs/train/default.yaml --out build/seeds   # make evidence-seeds
+
+1. Each seed (`--seeds`, default 0 1 2) runs `python -m lib.training --config C --seed N` into
+   `OUT/seedN/` (its evidence, outputs and `run.log`), `--jobs` at a time (default 2: on a 2-core
+   machine two runs of one thread each do more work than one of two).
+2. Once the first seed is done, the imitation-only policy given that seed's time for its warm start
+   and GRPO together (`imitation_campaigns`: the warm start's campaigns scaled by that time over the
+   warm start's) is built and played on the same suite
+   (`python -m lib.training.warm_start --evaluate OUT/sft/evidence`).
+3. `python -m lib.report.seed_runs` reads them together into `OUT/report/` (each seed's and the pooled
+   interval). The committed `evidence/seeds/` is that folder, copied once it has been read.
+
+`OUT/seeds_run.json` records the commit, whether the tree had uncommitted changes (the evidence of a
+dirty tree is not the commit's), every command, its exit status and its seconds. Extra flags after
+`--` go to every training run (`-- --max_steps 2` for a quick look).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from lib.files import atomic_write
+
+logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+
+Runner = Callable[[List[str], Path], int]
+"""Runs a command with its output in a log file; returns its exit status."""
+
+
+def run_logged(command: List[str], log: Path) -> int:
+    """Run `command` in the repository with stdout and stderr in `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as handle:
+        return subprocess.run(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT).returncode
+
+
+def seed_command(config: str, seed: int, out: Path, extra: Sequence[str]) -> List[str]:
+    """The training run of `seed` into `out/seed<seed>/`."""
+    folder = out / f"seed{seed}"
+    return [
+        sys.executable,
+        "-m",
+        "lib.training",
+        "--config",
+        config,
+        "--seed",
+        str(seed),
+        "--evidence_dir",
+        str(folder / "evidence"),
+        "--output_dir",
+        str(folder / "outputs"),
+        *extra,
+    ]
+
+
+def imitation_campaigns(result: Mapping[str, Any], warm_start_episodes: int) -> int:
+    """How many campaigns an imitation-only warm start gets for the time a run (its
+    `train_result.json`) spent on its warm start and GRPO together: `warm_start_episodes` scaled by
+    that time over the warm start's (the warm start's steps, and so its time, grow with its
+    campaigns). A warm start loaded from `.cache/` counts the training time it recorded when it was
+    built (`train_seconds`); one cached before that was recorded is refused."""
+    seconds = result.get("seconds") or {}
+    report = result.get("warm_start") or {}
+    warm = (
+        float(report.get("train_seconds") or 0.0) if report.get("loaded") else float(seconds.get("warm_start") or 0.0)
+    )
+    if warm <= 0.0:
+        raise ValueError(
+            "the run's warm start took no measured time (loaded from a .cache/warm_start/ folder that does "
+            "not record it, or none at all): remove that folder and run again"
+        )
+    grpo = float(seconds.get("grpo") or 0.0)
+    return max(warm_start_episodes, math.ceil(warm_start_episodes * (warm + grpo) / warm))
+
+
+def git_state() -> Dict[str, Any]:
+    """The commit the runs are made at and whether tracked files differ from it."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {
+        "commit": git("rev-parse", "HEAD") or None,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
+def run_seeds(
+    config: str,
+    seeds: Sequence[int],
+    out: Path,
+    *,
+    jobs: int = 2,
+    extra: Sequence[str] = (),
+    runner: Runner = run_logged,
+) -> Dict[str, Any]:
+    """Steps 1-3 of the module's docstring; returns what `OUT/seeds_run.json` holds. Stops (RuntimeError)
+    when a command fails, after the others running with it have finished."""
+    from lib.training.cli import parse_train_config
+
+    warm_start_episodes = parse_train_config(["--config", config, *extra])[0].warm_start_episodes
+    if not warm_start_episodes:
+        raise ValueError("the configuration has no warm start (warm_start_episodes 0): nothing to compare GRPO with")
+    out.mkdir(parents=True, exist_ok=True)
+    record: Dict[str, Any] = {**git_state(), "config": config, "seeds": list(seeds), "jobs": jobs, "commands": []}
+    lock = threading.Lock()
+
+    def job(name: str, command: List[str]) -> int:
+        start = time.perf_counter()
+        logger.info("%s: %s", name, " ".join(command))
+        status = runner(command, out / name / "run.log")
+        with lock:
+            record["commands"].append(
+                {"name": name, "command": command, "status": status, "seconds": round(time.perf_counter() - start, 1)}
+            )
+        logger.info("%s: exit status %d", name, status)
+        return status
+
+    first = f"seed{seeds[0]}"
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        runs = {
+            f"seed{seed}": pool.submit(job, f"seed{seed}", seed_command(config, seed, out, extra)) for seed in seeds
+        }
+        if runs[first].result() != 0:
+            raise RuntimeError(f"{first} failed: see {out / first / 'run.log'}")
+        result = json.loads((out / first / "outputs" / "train_result.json").read_text())
+        campaigns = imitation_campaigns(result, warm_start_episodes)
+        record["imitation_campaigns"] = campaigns
+        sft = pool.submit(
+            job,
+            "sft",
+            [
+                sys.executable,
+                "-m",
+                "lib.training.warm_start",
+                "--config",
+                config,
+                "--seed",
+                str(seeds[0]),
+                "--warm_start_episodes",
+                str(campaigns),
+                "--evaluate",
+                str(out / "sft" / "evidence"),
+                *extra,
+            ],
+        )
+        failed = [name for name, future in {**runs, "sft": sft}.items() if future.result() != 0]
+    atomic_write(out / "seeds_run.json", json.dumps(record, indent=1) + "\n")
+    if failed:
+        raise RuntimeError(f"{', '.join(failed)} failed: see their run.log under {out}")
+    report = [sys.executable, "-m", "lib.report.seed_runs"]
+    for seed in seeds:
+        report += ["--run", f"{seed}={out / f'seed{seed}' / 'evidence'}"]
+    report += ["--sft", str(out / "sft" / "evidence"), "--out", str(out / "report")]
+    if job("report", report) != 0:
+        raise RuntimeError(f"lib.report.seed_runs failed: see {out / 'report' / 'run.log'}")
+    atomic_write(out / "seeds_run.json", json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: List[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, extra = argv[:at], argv[at + 1 :]
+    parser = argparse.ArgumentParser(prog="python -m lib.training.seeds", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/train/default.yaml", help="the training configuration")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the training seeds")
+    parser.add_argument("--out", default="build/seeds", help="the folder of every run and the report")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    args = parser.parse_args(argv)
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds names a seed twice: {args.seeds}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        record = run_seeds(args.config, args.seeds, Path(args.out), jobs=args.jobs, extra=extra)
+    except (RuntimeError, ValueError) as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    if record["dirty"]:
+        print("note: the tree had uncommitted changes: this evidence is not its commit's alone")
+    print(f"wrote {args.out}/report (seeds.md) and {args.out}/seeds_run.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""The three-seed evidence driver (`python -m lib.training.seeds`, `make evidence-seeds`): which runs
+it starts, in what order, and how long the imitation-only policy trains. The runs themselves are
+replaced by a recorder here: each is the ordinary `python -m lib.training` run tested elsewhere."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from lib.training.seeds import imitation_campaigns, run_seeds
+
+
+def result(warm_s: float, grpo_s: float, *, loaded: bool = False, train_seconds=None) -> dict:
+    warm_start = {"episodes": 200, "steps": 590, "loaded": loaded}
+    if train_seconds is not None:
+        warm_start["train_seconds"] = train_seconds
+    return {"seconds": {"warm_start": warm_s, "grpo": grpo_s}, "warm_start": warm_start}
+
+
+def test_the_imitation_only_policy_gets_the_warm_start_and_grpo_time_in_campaigns():
+    assert imitation_campaigns(result(600.0, 300.0), 200) == 300
+    assert imitation_campaigns(result(600.0, 1.0), 200) == 201, "rounded up: never less time than GRPO had"
+    # a warm start loaded from .cache/ counts the training time it recorded when it was built
+    assert imitation_campaigns(result(0.1, 300.0, loaded=True, train_seconds=300.0), 200) == 400
+    with pytest.raises(ValueError, match="remove that folder"):
+        imitation_campaigns(result(0.1, 300.0, loaded=True), 200)
+
+
+class Recorder:
+    """Stands in for the runs: writes what each leaves behind and remembers the order."""
+
+    def __init__(self, fail: str = ""):
+        self.commands, self.events, self.fail, self.lock = [], [], fail, threading.Lock()
+
+    def __call__(self, command, log: Path) -> int:
+        name = log.parent.name
+        with self.lock:
+            self.commands.append((name, command))
+            self.events.append(("start", name))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        if name.startswith("seed"):
+            outputs = Path(command[command.index("--output_dir") + 1])
+            outputs.mkdir(parents=True, exist_ok=True)
+            (outputs / "train_result.json").write_text(json.dumps(result(400.0, 100.0)))
+        with self.lock:
+            self.events.append(("end", name))
+        return 1 if name == self.fail else 0
+
+
+def test_every_seed_runs_then_the_imitation_only_policy_then_the_report(tmp_path):
+    recorder = Recorder()
+    record = run_seeds(
+        "configs/train/smoke.yaml", [0, 1, 2], tmp_path, jobs=2, extra=["--max_steps", "2"], runner=recorder
+    )
+    names = [name for name, _ in recorder.commands]
+    events = recorder.events
+    assert events.index(("start", "sft")) > events.index(("end", "seed0")), "sized by the first seed's times"
+    assert events.index(("start", "report")) > max(events.index(("end", name)) for name in names if name != "report")
+    assert set(names) == {"seed0", "seed1", "seed2", "sft", "report"}
+    by_name = dict(recorder.commands)
+    for seed in (0, 1, 2):
+        command = by_name[f"seed{seed}"]
+        assert command[command.index("--seed") + 1] == str(seed)
+        assert command[command.index("--evidence_dir") + 1] == str(tmp_path / f"seed{seed}" / "evidence")
+        assert command[-2:] == ["--max_steps", "2"], "the extra flags go to every run"
+    smoke_campaigns = 64  # configs/train/smoke.yaml's warm_start_episodes
+    sft = by_name["sft"]
+    assert sft[sft.index("--warm_start_episodes") + 1] == str(smoke_campaigns * 500 // 400)
+    assert sft[sft.index("--evaluate") + 1] == str(tmp_path / "sft" / "evidence")
+    report = by_name["report"]
+    assert report.count("--run") == 3 and report[report.index("--out") + 1] == str(tmp_path / "report")
+    saved = json.loads((tmp_path / "seeds_run.json").read_text())
+    assert saved["imitation_campaigns"] == record["imitation_campaigns"] == 80
+    assert saved["commit"] and {entry["name"] for entry in saved["commands"]} == set(names)
+
+
+def test_a_failed_seed_stops_before_the_report_and_says_where_to_look(tmp_path):
+    recorder = Recorder(fail="seed1")
+    with pytest.raises(RuntimeError, match="seed1 failed"):
+        run_seeds("configs/train/smoke.yaml", [0, 1], tmp_path, runner=recorder)
+    assert "report" not in [name for name, _ in recorder.commands]
+    saved = json.loads((tmp_path / "seeds_run.json").read_text())
+    assert [entry["status"] for entry in saved["commands"] if entry["name"] == "seed1"] == [1]
