@@ -2,6 +2,7 @@
 
     make bench-dagger                                   # the default configuration's warm start
     python bench/bench_dagger.py --campaigns 50 --episodes 120
+    python bench/bench_dagger.py --warm_start_episodes 600 --campaigns 100   # from a larger warm start
 
 From the cached default warm start (built first if it is not), two continuations of the same
 size, each one pass of SFT (`lib.training.warm_start.continuation_pass`) on as many examples, from
@@ -26,6 +27,7 @@ import json
 import sys
 import time
 from collections import Counter
+from dataclasses import astuple
 from typing import Any, Dict, List
 
 
@@ -50,12 +52,16 @@ def main(argv=None) -> int:
     parser.add_argument("--episodes", type=int, default=120, help="validation campaigns each policy plays")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--learning_rate", type=float, help="each continuation's peak learning rate")
+    parser.add_argument(
+        "--warm_start_episodes", type=int, help="the warm start continued from (default: the configuration's)"
+    )
     args = parser.parse_args(argv)
 
     import numpy as np
 
     from lib.measure.evaluation import validation_suite
-    from lib.seeds import DAGGER_SEED, DEMONSTRATION_SEED
+    from lib.measure.metrics import paired_difference
+    from lib.seeds import BOOTSTRAP_SEED, DAGGER_SEED, DEMONSTRATION_SEED
     from lib.training.backends import load_policy
     from lib.training.config import TrainConfig
     from lib.training.dagger import labelled_learner_decisions
@@ -66,6 +72,8 @@ def main(argv=None) -> int:
     config = TrainConfig()
     if args.learning_rate is not None:
         config = TrainConfig(**{**config.to_dict(), "warm_start_dagger_learning_rate": args.learning_rate})
+    if args.warm_start_episodes is not None:
+        config = TrainConfig(**{**config.to_dict(), "warm_start_episodes": args.warm_start_episodes})
     policy = load_policy(config, "trl")
     report = sft_warm_start(policy, config)
     print(f"warm start: {report.get('cached')} ({config.warm_start_episodes} campaigns)", flush=True)
@@ -79,7 +87,8 @@ def main(argv=None) -> int:
     }
 
     start = time.perf_counter()
-    results["warm start"] = outcome(evaluate_policy(policy.model, policy.tokenizer, suite, config, agent_name="warm"))
+    warm = evaluate_policy(policy.model, policy.tokenizer, suite, config, agent_name="warm")
+    results["warm start"] = outcome(warm)
     results["warm start"]["evaluation_s"] = time.perf_counter() - start
     print("warm start:", json.dumps(results["warm start"]), flush=True)
 
@@ -101,6 +110,10 @@ def main(argv=None) -> int:
         played = evaluate_policy(trainer.model, policy.tokenizer, suite, config, agent_name=arm)
         results[arm] = {
             **outcome(played),
+            **{
+                f"delta_{metric}": list(astuple(paired_difference(warm, played, metric, seed=BOOTSTRAP_SEED))[:3])
+                for metric in ("success_rate", "mean_reward")
+            },
             "training_s": seconds,
             "examples": len(examples),
             "steps": trainer.state.global_step,
@@ -109,12 +122,13 @@ def main(argv=None) -> int:
         print(f"{arm}:", json.dumps(results[arm]), flush=True)
 
     print()
-    print("| policy | correct | unseen particles found | mean reward | seconds of training |")
-    print("|---|---|---|---|---|")
+    print("| policy | correct | Δ success [95%] | unseen particles found | mean reward | seconds of training |")
+    print("|---|---|---|---|---|---|")
     for name in ("warm start", "imitation", "DAgger"):
         r = results[name]
+        delta = "{:+.3f} [{:+.3f}, {:+.3f}]".format(*r["delta_success_rate"]) if "delta_success_rate" in r else "—"
         print(
-            f"| {name} | {r['correct']} of {r['episodes']} | {r['particles_found']} of {r['with_particle']} "
+            f"| {name} | {r['correct']} of {r['episodes']} | {delta} | {r['particles_found']} of {r['with_particle']} "
             f"| {r['mean_reward']:+.2f} | {r.get('training_s', 0):.0f} |"
         )
     if args.json:
