@@ -289,6 +289,9 @@ def test_the_command_ends_with_a_summary_that_says_the_result_and_where_things_w
     assert "held-out success: 0.500 before GRPO -> 0.560 after (313 episodes, difference [+0.010, +0.110])" in lines
     assert f"TensorBoard: tensorboard --logdir {tmp_path / 'out' / 'runs'}" in lines
     assert lines[-1] == f"everything measured: {tmp_path / 'out' / 'train_result.json'}" and len(lines) <= 8
+    validation = TrainConfig(**{**config.to_dict(), "eval_split": "validation", "eval_episodes": 120})
+    lines = run_summary(result, validation, tmp_path / "out" / "train_result.json").splitlines()
+    assert "validation success: 0.500 before GRPO -> 0.560 after (313 episodes, difference [+0.010, +0.110])" in lines
 
 
 def test_a_model_that_cannot_be_had_offline_is_said_at_once(tmp_path, monkeypatch):

@@ -74,9 +74,11 @@ def _minutes(seconds: float) -> str:
 
 
 def run_summary(result, config, result_path: Path) -> str:
-    """The end of a run in a few lines: how long its parts took, the held-out result before and
-    after GRPO (paired difference with its 95% interval), and where the policy, the evidence, the
-    TensorBoard log and the whole result went."""
+    """The end of a run in a few lines: how long its parts took, the result before and after GRPO on
+    the split it was evaluated on (held-out or validation; paired difference with its 95% interval),
+    and where the policy, the evidence, the TensorBoard log and the whole result went."""
+    from lib.training.run import split_name
+
     seconds = result.seconds
     parts = ", ".join(
         f"{name.replace('_', ' ')} {_minutes(seconds[name])}"
@@ -84,6 +86,7 @@ def run_summary(result, config, result_path: Path) -> str:
         if seconds.get(name)
     )
     lines = [f"done in {_minutes(seconds.get('total', 0.0))} ({parts})"]
+    split = split_name(config)
     metrics = result.before_after or {}
     pre, post, interval = metrics.get("pre") or {}, metrics.get("post") or {}, metrics.get("delta_ci95") or {}
     if pre and post:
@@ -92,7 +95,7 @@ def run_summary(result, config, result_path: Path) -> str:
             ci = f", difference [{low:+.3f}, {high:+.3f}]" if low is not None and high is not None else ""
             before, after = pre.get(name, float("nan")), post.get(name, float("nan"))
             lines.append(
-                f"held-out {label}: {before:.3f} before GRPO -> {after:.3f} after ({post.get('n', '?')} episodes{ci})"
+                f"{split} {label}: {before:.3f} before GRPO -> {after:.3f} after ({post.get('n', '?')} episodes{ci})"
             )
     lines.append(f"policy: {result.final_model_dir}")
     evidence = next((path for path in (result.evidence or {}).values() if path), None)
