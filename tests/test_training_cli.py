@@ -66,7 +66,7 @@ def test_help_imports_nothing_heavy_and_lists_types_and_the_config_flag():
     assert "--max_turns INT|None" in result.stdout and "Optimisation steps" in result.stdout
 
 
-@pytest.mark.parametrize("name", ["smoke", "default", "colab"])
+@pytest.mark.parametrize("name", ["smoke", "default", "colab", "plateau"])
 def test_the_ready_made_training_configs_load(name):
     config, _ = parse_train_config(["--config", str(ROOT / "configs" / "train" / f"{name}.yaml")])
     assert not config.evidence_dir.startswith("evidence"), "a ready-made run never writes the committed evidence"
@@ -80,6 +80,10 @@ def test_the_ready_made_training_configs_load(name):
             < config.warm_start_episodes * config.warm_start_epochs
             < (default.warm_start_episodes * default.warm_start_epochs)
         )
+    if name == "plateau":  # the default recipe with more campaigns, then fewer, larger GRPO steps
+        default = TrainConfig()
+        assert config.warm_start_episodes > default.warm_start_episodes and config.constrained_replies
+        assert config.episodes_per_step == 64 and config.max_steps * config.episodes_per_step == 512
     if name == "colab":  # a real model: LoRA, a warm start on its actions with a pretrained model's schedule
         assert (config.lora_r, config.warm_start_episodes, config.warm_start_loss) == (16, 200, "actions")
         assert (config.warm_start_learning_rate, config.warm_start_epochs) == (2e-4, 1.0)
