@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     from lib.training.backends import load_policy
     from lib.training.config import TrainConfig
     from lib.training.dagger import labelled_learner_decisions
-    from lib.training.run import evaluate_policy
+    from lib.training.policy_evaluation import evaluate_policy
     from lib.training.tokenizer import corpus_specs
     from lib.training.warm_start import continuation_pass, demonstration_examples, demonstration_layout, sft_warm_start
 

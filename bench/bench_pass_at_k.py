@@ -52,7 +52,7 @@ def main(argv: Any = None) -> int:
     from lib.measure.evaluation import GROUPS, episode_groups, heldout_suite, validation_suite
     from lib.training import TrainConfig
     from lib.training.backends import load_policy
-    from lib.training.run import evaluate_policy
+    from lib.training.policy_evaluation import evaluate_policy
     from lib.training.warm_start import sft_warm_start
 
     if args.part not in GROUPS:

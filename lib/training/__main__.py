@@ -77,7 +77,7 @@ def run_summary(result, config, result_path: Path) -> str:
     """The end of a run in a few lines: how long its parts took, the result before and after GRPO on
     the split it was evaluated on (held-out or validation; paired difference with its 95% interval),
     and where the policy, the evidence, the TensorBoard log and the whole result went."""
-    from lib.training.run import split_name
+    from lib.training.policy_evaluation import split_name
 
     seconds = result.seconds
     parts = ", ".join(

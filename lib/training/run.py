@@ -33,26 +33,23 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from cernenv.scenarios import list_scenarios
-from lib.agents.prompting import Sampling
-from lib.episodes.generation import hf_generate_fn
-from lib.episodes.llm_rollouts import play_episodes
-from lib.episodes.records import EpisodeSpec, load_episodes_jsonl, save_episodes_jsonl
+from lib.episodes.records import load_episodes_jsonl, save_episodes_jsonl
 from lib.files import DiskFullError, FolderLock, check_writable_dir, disk_full_error, is_disk_full
 from lib.measure.comparison import before_after_metrics
-from lib.measure.evaluation import PUBLISHED_KEY
 from lib.report.evidence import EvidencePaths, render_all
-from lib.runtime import CPU_STAND_IN_TIMES, pinned_threads, use_cpu_threads
+from lib.runtime import CPU_STAND_IN_TIMES
 from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import CpuThreads, EvidenceCallback, trainer_progress
 from lib.training.config import TINY_MODEL, TrainConfig
 from lib.training.credit import decision_credit_trainer
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
-from lib.training.processes import gather, is_main_process, main_process_first, num_processes, shard, wait_for_everyone
+from lib.training.policy_evaluation import evaluate_policy, split_name
+from lib.training.processes import is_main_process, main_process_first, num_processes, wait_for_everyone
 from lib.training.publish import push_to_hub, save_merged
 from lib.training.resume import archive_previous_evidence, drop_rows_after, resolve_resume
 from lib.training.run_state import RunState, unfinished_run
@@ -78,50 +75,6 @@ class TrainResult:
     checkpoint_evals: List[Dict[str, Any]] = field(default_factory=list)
     warm_start: Optional[Dict[str, Any]] = None
     """What the SFT warm start did (`lib.training.warm_start.sft_warm_start`), if it ran."""
-
-
-def split_name(config: TrainConfig) -> str:
-    """What a run's evaluations play, as its progress lines say it: "held-out" or "validation"."""
-    return "validation" if config.eval_split == "validation" else "held-out"
-
-
-def evaluate_policy(
-    model: Any,
-    tokenizer: Any,
-    specs: Sequence[EpisodeSpec],
-    config: TrainConfig,
-    *,
-    agent_name: str,
-    backend: str = "trl",
-    sampling: Optional[Sampling] = None,
-    seed: Optional[int] = None,
-) -> List[Dict[str, Any]]:
-    """Greedy episodes of `model` on `specs` (records as dicts, as the evidence files hold them),
-    in the order of `specs`, drawn with the published evaluation key (`lib.measure.evaluation.PUBLISHED_KEY`:
-    the project's own evidence, which a fresh clone replays). With several processes each plays
-    its shard and every process gets all the records. `sampling` and `seed` (default: the
-    configuration's evaluation sampling and its seed) play sampled episodes instead. On a CPU,
-    torch's threads are first set to the cores free now (`lib.runtime.use_cpu_threads`)."""
-    if not torch.cuda.is_available() and pinned_threads() is None:
-        use_cpu_threads()
-    generate = hf_generate_fn(model, tokenizer, config.generation_engine, unsloth=backend == "unsloth")
-    key = PUBLISHED_KEY
-    played = play_episodes(
-        generate,
-        tokenizer,
-        shard(specs),
-        sampling=sampling or config.evaluation_sampling,
-        context=config.policy_context,
-        observation_config=config.observation_config,
-        max_turns=config.max_turns,
-        max_context_tokens=config.max_seq_length,
-        batch_size=config.eval_batch_size,
-        agent_name=agent_name,
-        seed=config.seed if seed is None else seed,
-        make_env=key.make_env,
-        progress=f"{split_name(config)} evaluation ({agent_name})" if is_main_process() else None,
-    )
-    return gather([{**episode.record.to_dict(), "evaluation_key": key.record_fields()} for episode in played])
 
 
 def task_key(seed: int, scenario: Optional[str], difficulty: Optional[str]) -> tuple:

@@ -179,7 +179,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "--" in argv:
         at = argv.index("--")
         argv, extra = argv[:at], argv[at + 1 :]
-    parser = argparse.ArgumentParser(prog="python -m lib.training.seeds", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m lib.training.seeds", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("--config", default="configs/train/default.yaml", help="the training configuration")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the training seeds")
     parser.add_argument("--out", default="build/seeds", help="the folder of every run and the report")

@@ -387,7 +387,7 @@ def evaluate_warm_start(policy: Policy, config: TrainConfig, folder: Path) -> st
     from lib.episodes.records import save_episodes_jsonl
     from lib.report.evidence_logs import EvidencePaths
     from lib.training.grpo import evaluation_suite
-    from lib.training.run import evaluate_policy, split_name
+    from lib.training.policy_evaluation import evaluate_policy, split_name
 
     paths = EvidencePaths(folder)
     paths.ensure()
