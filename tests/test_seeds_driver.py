@@ -84,3 +84,14 @@ def test_a_failed_seed_stops_before_the_report_and_says_where_to_look(tmp_path):
     assert "report" not in [name for name, _ in recorder.commands]
     saved = json.loads((tmp_path / "seeds_run.json").read_text())
     assert [entry["status"] for entry in saved["commands"] if entry["name"] == "seed1"] == [1]
+
+
+def test_a_failed_first_seed_starts_no_other_run(tmp_path):
+    """The imitation-only policy is sized by the first seed: when it fails, the seeds still waiting
+    are not started (an hour each), and the record says what ran."""
+    recorder = Recorder(fail="seed0")
+    with pytest.raises(RuntimeError, match="seed0 failed"):
+        run_seeds("configs/train/smoke.yaml", [0, 1, 2], tmp_path, jobs=1, runner=recorder)
+    assert [name for name, _ in recorder.commands] == ["seed0"]
+    saved = json.loads((tmp_path / "seeds_run.json").read_text())
+    assert [(entry["name"], entry["status"]) for entry in saved["commands"]] == [("seed0", 1)]

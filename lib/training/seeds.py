@@ -132,35 +132,42 @@ def run_seeds(
         return status
 
     first = f"seed{seeds[0]}"
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        runs = {
-            f"seed{seed}": pool.submit(job, f"seed{seed}", seed_command(config, seed, out, extra)) for seed in seeds
-        }
-        if runs[first].result() != 0:
-            raise RuntimeError(f"{first} failed: see {out / first / 'run.log'}")
-        result = json.loads((out / first / "outputs" / "train_result.json").read_text())
-        campaigns = imitation_campaigns(result, warm_start_episodes)
-        record["imitation_campaigns"] = campaigns
-        sft = pool.submit(
-            job,
-            "sft",
-            [
-                sys.executable,
-                "-m",
-                "lib.training.warm_start",
-                "--config",
-                config,
-                "--seed",
-                str(seeds[0]),
-                "--warm_start_episodes",
-                str(campaigns),
-                "--evaluate",
-                str(out / "sft" / "evidence"),
-                *extra,
-            ],
-        )
-        failed = [name for name, future in {**runs, "sft": sft}.items() if future.result() != 0]
-    atomic_write(out / "seeds_run.json", json.dumps(record, indent=1) + "\n")
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            runs = {
+                f"seed{seed}": pool.submit(job, f"seed{seed}", seed_command(config, seed, out, extra)) for seed in seeds
+            }
+            try:
+                if runs[first].result() != 0:
+                    raise RuntimeError(f"{first} failed: see {out / first / 'run.log'}")
+                result = json.loads((out / first / "outputs" / "train_result.json").read_text())
+                campaigns = imitation_campaigns(result, warm_start_episodes)
+            except (RuntimeError, ValueError, OSError):
+                for future in runs.values():  # the seeds not started yet: no hour of work for a run already lost
+                    future.cancel()
+                raise
+            record["imitation_campaigns"] = campaigns
+            sft = pool.submit(
+                job,
+                "sft",
+                [
+                    sys.executable,
+                    "-m",
+                    "lib.training.warm_start",
+                    "--config",
+                    config,
+                    "--seed",
+                    str(seeds[0]),
+                    "--warm_start_episodes",
+                    str(campaigns),
+                    "--evaluate",
+                    str(out / "sft" / "evidence"),
+                    *extra,
+                ],
+            )
+            failed = [name for name, future in {**runs, "sft": sft}.items() if future.result() != 0]
+    finally:
+        atomic_write(out / "seeds_run.json", json.dumps(record, indent=1) + "\n")
     if failed:
         raise RuntimeError(f"{', '.join(failed)} failed: see their run.log under {out}")
     report = [sys.executable, "-m", "lib.report.seed_runs"]
