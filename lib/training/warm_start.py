@@ -385,6 +385,7 @@ def evaluate_warm_start(policy: Policy, config: TrainConfig, folder: Path) -> st
     """Play `config`'s evaluation split greedily with `policy` (a warm start), write the episodes to
     `folder/pre_eval.jsonl.gz` and say in a line how many succeeded and the mean reward."""
     from lib.episodes.records import save_episodes_jsonl
+    from lib.measure.comparison import summarise_episodes
     from lib.report.evidence_logs import EvidencePaths
     from lib.training.grpo import evaluation_suite
     from lib.training.policy_evaluation import evaluate_policy, split_name
@@ -395,11 +396,10 @@ def evaluate_warm_start(policy: Policy, config: TrainConfig, folder: Path) -> st
         policy.model, policy.tokenizer, evaluation_suite(config), config, agent_name="warm_start"
     )
     save_episodes_jsonl(episodes, str(paths.pre_eval_jsonl))
-    correct = sum(episode.get("correct_outcome") is True for episode in episodes)
-    reward = float(np.mean([episode.get("total_reward", 0.0) for episode in episodes])) if episodes else float("nan")
+    summary = summarise_episodes(episodes)
     return (
-        f"{split_name(config)} evaluation: {correct} of {len(episodes)} correct, mean reward {reward:+.3f}; "
-        f"episodes in {paths.pre_eval_jsonl}"
+        f"{split_name(config)} evaluation: {summary['n_correct']} of {summary['n']} correct, "
+        f"mean reward {summary['mean_reward'] or 0.0:+.3f}; episodes in {paths.pre_eval_jsonl}"
     )
 
 
