@@ -120,10 +120,17 @@ def run_seeds(
     record: Dict[str, Any] = {**git_state(), "config": config, "seeds": list(seeds), "jobs": jobs, "commands": []}
     lock = threading.Lock()
 
+    first = f"seed{seeds[0]}"
+    first_failed = threading.Event()  # set by the worker that ran the first seed, before it takes the next job
+
     def job(name: str, command: List[str]) -> int:
+        if first_failed.is_set():
+            return -1  # not started: the first seed, which sizes the comparison, failed
         start = time.perf_counter()
         logger.info("%s: %s", name, " ".join(command))
         status = runner(command, out / name / "run.log")
+        if name == first and status != 0:
+            first_failed.set()
         with lock:
             record["commands"].append(
                 {"name": name, "command": command, "status": status, "seconds": round(time.perf_counter() - start, 1)}
@@ -131,7 +138,6 @@ def run_seeds(
         logger.info("%s: exit status %d", name, status)
         return status
 
-    first = f"seed{seeds[0]}"
     try:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             runs = {
