@@ -82,17 +82,22 @@ def main(argv=None) -> int:
     parser.add_argument("--policy", help="a saved policy folder (default: the default configuration's warm start)")
     parser.add_argument("--campaigns", type=int, default=30, help="held-out demonstrations to score, per band")
     parser.add_argument(
-        "--config", help="a run's train_config.json: its context and prompt (default: TrainConfig's defaults)"
+        "--config",
+        help="a configs/train/*.yaml or a run's train_config.json: its context and prompt (default: TrainConfig's)",
     )
     args = parser.parse_args(argv)
     from lib.measure.evaluation import validation_suite
     from lib.seeds import IMITATION_PROBE_SEED
     from lib.training import TrainConfig
     from lib.training.backends import load_policy
+    from lib.training.cli import load_config_file
     from lib.training.tokenizer import corpus_specs
     from lib.training.warm_start import demonstration_examples, sft_warm_start
 
-    config = TrainConfig.load(args.config) if args.config else TrainConfig()
+    try:
+        config = load_config_file(args.config) if args.config else TrainConfig()
+    except ValueError as error:
+        parser.error(str(error))
     if args.policy:
         from transformers import AutoModelForCausalLM
 

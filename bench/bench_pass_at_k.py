@@ -52,12 +52,16 @@ def main(argv: Any = None) -> int:
     from lib.measure.evaluation import GROUPS, episode_groups, heldout_suite, validation_suite
     from lib.training import TrainConfig
     from lib.training.backends import load_policy
+    from lib.training.cli import load_config_file
     from lib.training.policy_evaluation import evaluate_policy
     from lib.training.warm_start import sft_warm_start
 
     if args.part not in GROUPS:
         parser.error(f"--part must be one of {', '.join(GROUPS)}")
-    config = TrainConfig.load(args.config) if args.config else TrainConfig()
+    try:
+        config = load_config_file(args.config) if args.config else TrainConfig()
+    except ValueError as error:
+        parser.error(str(error))
     if args.policy:
         from transformers import AutoModelForCausalLM
 

@@ -10,7 +10,7 @@ from typing import Union, get_args, get_origin
 
 import pytest
 
-from lib.training.cli import config_fields, field_docs, parse_train_config, train_config_parser
+from lib.training.cli import config_fields, field_docs, load_config_file, parse_train_config, train_config_parser
 from lib.training.config import _TYPES, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +88,16 @@ def test_the_ready_made_training_configs_load(name):
         assert (config.lora_r, config.warm_start_episodes, config.warm_start_loss) == (16, 200, "actions")
         assert (config.warm_start_learning_rate, config.warm_start_epochs) == (2e-4, 1.0)
         assert config.save_steps <= config.max_steps and "tensorboard" in config.report_to
+
+
+def test_a_benchmark_reads_a_ready_made_yaml_and_a_runs_train_config_json(tmp_path):
+    plateau = ROOT / "configs" / "train" / "plateau.yaml"
+    config = load_config_file(plateau)
+    assert config == parse_train_config(["--config", str(plateau)])[0] and config != TrainConfig()
+    assert load_config_file(config.save(tmp_path / "train_config.json")) == config
+    (tmp_path / "bad.yaml").write_text("max_step: 3\n")
+    with pytest.raises(ValueError, match="did you mean max_steps"):
+        load_config_file(tmp_path / "bad.yaml")
 
 
 def test_flags_and_a_yaml_file_make_the_config_flags_winning(tmp_path):

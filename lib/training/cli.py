@@ -269,6 +269,15 @@ def read_config_file(path: Union[str, Path]) -> Dict[str, Any]:
     return {key: _coerce(key, value) for key, value in values.items()}
 
 
+def load_config_file(path: Union[str, Path]) -> Any:
+    """The `TrainConfig` a file sets over the defaults: a configs/train/*.yaml, or the
+    train_config.json a run wrote (JSON reads as YAML); `ConfigError` (`read_config_file`'s) or
+    TrainConfig's own ValueError for one it cannot be."""
+    from lib.training.config import TrainConfig
+
+    return TrainConfig.from_dict(read_config_file(path))
+
+
 def _one_line(error: ValueError) -> str:
     """TrainConfig's problems (one per line after a heading) as one line."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
