@@ -10,7 +10,8 @@ validation` plays the validation split instead, `lib.measure.evaluation.validati
 played greedily once and `k` times at the configuration's training temperature (GRPO's
 sampling), with the published evaluation key. pass@1 is the mean success of the samples; pass@k
 the share of episodes with at least one success among its k samples: an episode GRPO can learn
-from is one a group of k samples sometimes solves. Success is the grade's `correct_outcome`.
+from is one a group of k samples sometimes solves; "mixed" the share whose samples both succeed and
+fail. Success is the grade's `correct_outcome`.
 `--greedy-from` reads the greedy play from an evaluation file of the same policy on the suite (a
 run's `pre_eval.jsonl.gz` for its warm start) instead of playing it again.
 """
@@ -24,12 +25,14 @@ from typing import Any, Dict, List, Sequence
 
 
 def pass_at_k(successes: Sequence[Sequence[bool]]) -> Dict[str, float]:
-    """{"pass@1", "pass@k"} from each episode's k sampled outcomes."""
+    """{"pass@1", "pass@k", "mixed"} from each episode's k sampled outcomes; "mixed" is the share of
+    episodes whose samples both succeed and fail: the groups in which GRPO sees winning against losing."""
     if not successes or not all(successes):
         raise ValueError("pass_at_k needs at least one episode with at least one sample")
     return {
         "pass@1": sum(sum(s) / len(s) for s in successes) / len(successes),
         "pass@k": sum(any(s) for s in successes) / len(successes),
+        "mixed": sum(any(s) and not all(s) for s in successes) / len(successes),
     }
 
 
