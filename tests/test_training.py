@@ -42,7 +42,7 @@ def smoke_config(tmp_path, model_dir, **overrides):
         model_name=model_dir,
         backend="trl",
         lora_r=0,
-        warm_start_episodes=0,  # TrainConfig's 200-campaign warm start would take ten minutes here
+        warm_start_episodes=0,  # TrainConfig's 600-campaign warm start would take half an hour here
         max_steps=2,
         num_generations=2,
         per_device_train_batch_size=1,
@@ -175,7 +175,12 @@ def test_rollout_func_plays_each_group_on_one_task(tiny_model_dir):
 
     FakeTrainer.model = model
     config = TrainConfig(
-        max_turns=2, max_new_tokens=8, num_generations=2, per_device_train_batch_size=4, policy_context="conversation"
+        max_turns=2,
+        max_new_tokens=8,
+        num_generations=2,
+        per_device_train_batch_size=4,
+        policy_context="conversation",
+        constrained_replies=False,  # free replies: every generated token is trained (mask[0] == 1)
     )
     rollout = CampaignRollout(config, tokenizer)
     prompts = [json.dumps({"seed": 7, "scenario": None, "difficulty": "easy"})] * 2 + [
@@ -212,7 +217,8 @@ def test_in_the_turn_context_each_sample_is_one_decision_of_its_group_s_episodes
         class accelerator:
             unwrap_model = staticmethod(lambda m: m)
 
-    config = TrainConfig(max_turns=3, max_new_tokens=8, num_generations=2, turn_samples=4)
+    # free replies: every token of a decision is trained (held to the grammar, the forced ones are not)
+    config = TrainConfig(max_turns=3, max_new_tokens=8, num_generations=2, turn_samples=4, constrained_replies=False)
     task = {"seed": 7, "scenario": None, "difficulty": "easy"}
     prompts = [json.dumps({**task, "turn_slot": slot}) for slot in range(4) for _ in range(2)]
     rollout = CampaignRollout(config, tokenizer)

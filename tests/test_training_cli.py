@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Union, get_args, get_origin
 
@@ -36,7 +36,7 @@ def test_every_field_has_a_documented_typed_flag():
     for f in fields(TrainConfig):
         assert helps.get(f.name), f"--{f.name} has no help"
         assert " ".join(docs[f.name].split())[:40] in helps[f.name]
-    assert helps["max_steps"].startswith("[int] ") and "(default: 60)" in helps["max_steps"]
+    assert helps["max_steps"].startswith("[int] ") and "(default: 8)" in helps["max_steps"]
     assert helps["max_turns"].startswith("[int or None] ") and helps["report_to"].startswith("[list of str] ")
 
 
@@ -80,10 +80,14 @@ def test_the_ready_made_training_configs_load(name):
             < config.warm_start_episodes * config.warm_start_epochs
             < (default.warm_start_episodes * default.warm_start_epochs)
         )
-    if name == "plateau":  # the default recipe with more campaigns, then fewer, larger GRPO steps
-        default = TrainConfig()
-        assert config.warm_start_episodes > default.warm_start_episodes and config.constrained_replies
+    if name == "plateau":  # the seeds' recipe, pinned: the default's training, evaluated as they were
+        assert config.warm_start_episodes == 600 and config.constrained_replies
         assert config.episodes_per_step == 64 and config.max_steps * config.episodes_per_step == 512
+        assert (config.eval_every_steps, config.save_steps) == (20, 20)
+        as_default = replace(
+            config, evidence_dir="build/evidence", output_dir="outputs/grpo", eval_every_steps=4, save_steps=4
+        )
+        assert as_default == TrainConfig(), "the default pipeline trains as evidence/seeds did"
     if name == "colab":  # a real model: LoRA, a warm start on its actions with a pretrained model's schedule
         assert (config.lora_r, config.warm_start_episodes, config.warm_start_loss) == (16, 200, "actions")
         assert (config.warm_start_learning_rate, config.warm_start_epochs) == (2e-4, 1.0)

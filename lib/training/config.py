@@ -113,10 +113,12 @@ class TrainConfig:
     """Open each chat with the system prompt (the rules, verbs and costs in prose): a real model
     reads it (configs/train/colab.yaml sets it); the stand-in learns the environment from its
     warm start's demonstrations instead, and the prompt would be ~60% of each decision's tokens."""
-    warm_start_episodes: int = 200
+    warm_start_episodes: int = 600
     """Before GRPO, fine-tune the model (every weight, or its LoRA adapter) on this many
     HeuristicAgent campaigns laid out as GRPO plays them (`lib.training.warm_start`); 0: none.
-    The stand-in learns the environment from scratch here; a real model needs a few hundred."""
+    The stand-in learns the environment from scratch here, and 600 × 2 passes is where its play
+    on the validation split stops improving (docs/training.md, "From the imitation plateau"); a
+    real model needs a few hundred."""
     warm_start_epochs: float = 2.0
     """Passes over the warm start's campaigns."""
     warm_start_learning_rate: float = 2e-3
@@ -143,19 +145,19 @@ class TrainConfig:
     model's replies only, as GRPO's loss: a model that already reads)."""
 
     # -- GRPO
-    max_steps: int = 60
-    """Optimisation steps (docs/training.md: why 60 on a CPU)."""
+    max_steps: int = 8
+    """Optimisation steps (docs/training.md, "From the imitation plateau": why 8 of 64 episodes)."""
     num_generations: int = 8
     """Episodes per group: they play the same seed and scenario, and each one's advantage is
     its return minus the group mean (then scaled, see `scale_rewards`)."""
     per_device_train_batch_size: int = 1
     """Episodes per forward/backward pass. One avoids padding, which on a CPU keeps attention
     on PyTorch's fast causal path; raise it on a GPU."""
-    gradient_accumulation_steps: int = 16
+    gradient_accumulation_steps: int = 64
     """Passes per optimisation step. Episodes per step = per_device_train_batch_size ×
     gradient_accumulation_steps, a multiple of num_generations (whole groups); all of a
     step's episodes are played by one rollout call, before the step's first pass."""
-    learning_rate: float = 3e-5
+    learning_rate: float = 1e-4
     """AdamW learning rate (constant after TRL's default warm-up of 0 steps)."""
     beta: float = 0.04
     """KL penalty towards the initial policy (TRL's default is 0: no reference model). TRL's
@@ -175,7 +177,7 @@ class TrainConfig:
     `Sampling` of training rollouts (`sampling`), kept as separate fields for the command line."""
     top_p: float = 1.0
     """Nucleus mass of training rollouts."""
-    constrained_replies: bool = False
+    constrained_replies: bool = True
     """Hold every reply, in training rollouts and evaluations alike, to the action grammar as it is
     generated (`Sampling.constrained`, `lib.episodes.grammar`): a reply that would not parse cannot be
     written. GRPO then trains only the tokens the policy chose: those the grammar forced (a reply's
@@ -224,7 +226,7 @@ class TrainConfig:
     """First seed of the training tasks (the held-out suite's seeds are never used)."""
 
     # -- evaluation and evidence
-    eval_every_steps: int = 20
+    eval_every_steps: int = 4
     """Steps between held-out checkpoint evaluations (0: none). Step 0 and the last step are
     read from the pre- and post-training evaluations, which cover the checkpoint subset."""
     checkpoint_eval_episodes: int = 21
@@ -251,8 +253,8 @@ class TrainConfig:
     The committed `evidence/` is written only when named here (or by `make promote-evidence`)."""
     output_dir: str = "outputs/grpo"
     """Checkpoints, the final model and train_config.json, locked while the run lives."""
-    save_steps: int = 20
-    """Steps between checkpoints: the default run's 60 steps leave checkpoints at steps 20, 40 and 60."""
+    save_steps: int = 4
+    """Steps between checkpoints: the default run's 8 steps leave checkpoints at steps 4 and 8."""
     save_merged: bool = False
     """Also save the policy with its LoRA adapter merged into the base weights, to `<output_dir>/merged`."""
     hub_repo_id: Optional[str] = None
