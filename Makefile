@@ -35,7 +35,7 @@ PYTEST_ARGS ?=
 
 # `make reproduce` runs the notebooks listed in configs/$(PROFILE).yaml, in order, with
 # their parameters (lib/notebooks/reproduce.py), writing under build/PROFILE/ only: smoke runs them all with
-# small numbers (minutes); full (the default) is the run that regenerates the evidence (~30 min), into
+# small numbers (minutes); full (the default) is the run that regenerates the evidence (~45 min), into
 # build/full/evidence/, which `make promote-evidence` then copies over the committed evidence/;
 # committed runs notebook 04 alone on evidence/. Reports go to reports/ (full) or reports/PROFILE/.
 # ONLY="04_evidence_analysis" runs some of a profile's notebooks; VERBOSE=1 echoes what they print.
@@ -125,7 +125,7 @@ test-gpu-set: $(GPU_SET_STAMP) ## the GPU training set's CPU-checkable tests (in
 	$(GPU_SET_VENV)/bin/python -c 'import transformers, trl, datasets; print("GPU set: transformers", transformers.__version__, "trl", trl.__version__, "datasets", datasets.__version__)'
 	$(GPU_SET_VENV)/bin/python -m pytest -p no:cacheprovider -n $(JOBS) -m "not slow" $(GPU_SET_TESTS)
 
-reproduce: setup ## run the notebooks headlessly into build/PROFILE/: PROFILE=smoke (minutes), full (the evidence run, ~30 min), committed
+reproduce: setup ## run the notebooks headlessly into build/PROFILE/: PROFILE=smoke (minutes), full (the evidence run, ~45 min), committed
 	$(RUN_ENV) $(PY) -m lib.notebooks.reproduce --profile $(PROFILE) --build-dir $(BUILD)/$(PROFILE_NAME) $(if $(ONLY),--only $(ONLY)) $(if $(VERBOSE),--verbose)
 
 promote-evidence: setup ## copy a complete full run's evidence (build/full/evidence) over the committed evidence/

@@ -30,15 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-WARM_START_MINUTES = {"default": 6.0, "smoke": 2.1}
-"""How long the CPU stand-in's warm start of `configs/train/NAME.yaml` took to build [min], on the 2
-idle cores of the machine the project is developed on: default 2026-11-26, smoke (64 campaigns,
-190 steps) 2026-11-28 (docs/training.md; on a shared 2-core AMD EPYC at load 4-10 the smoke one
-took 8.5 min, 2026-11-28)."""
+WARM_START_MINUTES = {"default": 21.4, "smoke": 2.1}
+"""How long the CPU stand-in's warm start of `configs/train/NAME.yaml` took to build [min] on 2 idle
+cores: default (600 campaigns, 1,776 steps) on the AMD EPYC, 2026-11-29; smoke (64 campaigns, 190
+steps) on the development machine, 2026-11-28 (docs/training.md; on the AMD EPYC shared at load
+4-10 the smoke one took 8.5 min, 2026-11-28)."""
 CPU_STAND_IN_TIMES = (
-    f"on the 2-core machine of 2026-11-26, the stand-in's warm start took {WARM_START_MINUTES['default']:g} min "
-    "and the whole default run 29 min (the warm start, 60 GRPO steps, and the 313-episode held-out suite "
-    "before and after)"
+    f"on 2 idle cores of an AMD EPYC (2026-11-29), the stand-in's warm start took {WARM_START_MINUTES['default']:g} "
+    "min and the whole default run 45 min (the warm start, 8 GRPO steps of 64 episodes, and the 313-episode "
+    "held-out suite before and after)"
 )
 """The CPU stand-in's default run as measured (docs/training.md); a Colab CPU runtime has 2 cores too."""
 SWITCH_TO_GPU = "Runtime > Change runtime type > T4 GPU (free) > Save, then Runtime > Run all"

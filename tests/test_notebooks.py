@@ -243,18 +243,20 @@ def test_notebook_03_parameters_are_train_config_fields_with_its_defaults():
 
 def test_notebook_03_takes_the_file_then_the_parameters_that_differ_from_the_defaults(tmp_path):
     from lib.training.cli import notebook_config
+    from lib.training.config import TrainConfig
 
     root = tmp_path
     (root / "configs" / "train").mkdir(parents=True)
     (root / "configs" / "train" / "colab.yaml").write_text(
         "lora_r: 16\nbeta: 0.0\nmax_steps: 30\nevidence_dir: build/colab\n"
     )
-    namespace = {"max_steps": 60, "temperature": 0.9, "lora_r": 0, "unrelated": 1}  # max_steps, lora_r: defaults
+    default_steps = TrainConfig.max_steps  # max_steps and lora_r below are the defaults
+    namespace = {"max_steps": default_steps, "temperature": 0.9, "lora_r": 0, "unrelated": 1}
     on_gpu = notebook_config(namespace, None, root=root, gpu=True)
     assert (on_gpu.lora_r, on_gpu.max_steps, on_gpu.temperature) == (16, 30, 0.9)
     assert on_gpu.evidence_dir == str(root / "build" / "colab"), "relative folders from the repository root"
     on_cpu = notebook_config(namespace, None, root=root, gpu=False)
-    assert (on_cpu.lora_r, on_cpu.max_steps, on_cpu.temperature) == (0, 60, 0.9), "no file on a CPU"
+    assert (on_cpu.lora_r, on_cpu.max_steps, on_cpu.temperature) == (0, default_steps, 0.9), "no file on a CPU"
 
 
 def test_every_notebook_names_the_repository_pyproject_names():

@@ -316,7 +316,7 @@ def test_the_first_run_says_it_builds_the_warm_start_and_how_long_that_took(tmp_
     smoke = load_profile("smoke")
     note = reproduce.warm_start_note(smoke)
     assert note.startswith("first run: notebook 03 builds the CPU stand-in's warm start (64 campaigns, about ")
-    assert f"about {WARM_START_MINUTES['smoke']:g} min on 2 idle cores of the development machine" in note
+    assert f"about {WARM_START_MINUTES['smoke']:g} min on 2 idle cores where it was measured" in note
     cached = tmp_path / "warm_start" / "cernenv-tiny-0123456789abcdef"
     cached.mkdir(parents=True)
     (cached / "warm_start.json").write_text(json.dumps({"episodes": 200, "action_tokens": None}))

@@ -303,7 +303,7 @@ def warm_start_note(plan: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
     train_config = parameters.get(TRAIN_CONFIG_PARAMETER)
     minutes = WARM_START_MINUTES.get(Path(train_config).stem) if isinstance(train_config, str) else None
     took = (
-        f"about {minutes:g} min on 2 idle cores of the development machine; longer on a busy one"
+        f"about {minutes:g} min on 2 idle cores where it was measured; longer on a busy machine"
         if minutes
         else "minutes"
     )
@@ -495,7 +495,7 @@ def reproduce(
     check_written_folders(chosen, target)
     if profile_name(profile) == "full" and TRAIN_NOTEBOOK in chosen:
         print(
-            "the full run: it regenerates the evidence into build/full/evidence/ (~30 min on 2 idle cores: "
+            "the full run: it regenerates the evidence into build/full/evidence/ (~45 min on 2 idle cores: "
             "README, Quick start; Ctrl-C stops it, and evidence/ is never touched); `make promote-evidence` then "
             "copies it over evidence/. `make reproduce PROFILE=smoke` runs every notebook in minutes.",
             file=out,
