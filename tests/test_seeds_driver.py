@@ -95,3 +95,51 @@ def test_a_failed_first_seed_starts_no_other_run(tmp_path):
     assert [name for name, _ in recorder.commands] == ["seed0"]
     saved = json.loads((tmp_path / "seeds_run.json").read_text())
     assert [(entry["name"], entry["status"]) for entry in saved["commands"]] == [("seed0", 1)]
+
+
+class Checkout:
+    """Stands in for `git_state`: the checkout moves (a commit) once `after` runs have started."""
+
+    def __init__(self, recorder: Recorder, after: int):
+        self.recorder, self.after = recorder, after
+
+    def __call__(self) -> dict:
+        moved = len(recorder_starts(self.recorder)) >= self.after
+        return {"commit": "b" * 40 if moved else "a" * 40, "dirty": False, "changes_sha256": None}
+
+
+def recorder_starts(recorder: Recorder) -> list:
+    return [name for kind, name in recorder.events if kind == "start"]
+
+
+def test_a_run_whose_checkout_moves_starts_nothing_more_and_says_to_use_a_clone(tmp_path):
+    """The seeds' evidence must come from one commit: a commit made while seed 0 runs fails seed 0
+    (its evidence could mix two trees) and no other run starts; the record says why."""
+    recorder = Recorder()
+    with pytest.raises(
+        RuntimeError, match=r"seed0 failed: HEAD moved from a+ to b+ while it ran.*git clone \. /tmp/seeds"
+    ):
+        run_seeds("configs/train/smoke.yaml", [0, 1, 2], tmp_path, jobs=1, runner=recorder, state=Checkout(recorder, 1))
+    assert recorder_starts(recorder) == ["seed0"]
+    saved = json.loads((tmp_path / "seeds_run.json").read_text())
+    assert saved["commit"] == "a" * 40 and [(e["name"], e["status"]) for e in saved["commands"]] == [("seed0", 0)]
+    assert "while it ran" in saved["commands"][0]["moved"]
+
+
+def test_a_later_run_is_not_started_once_the_checkout_moved(tmp_path):
+    """Uncommitted changes made while seed 1 runs: seed 1 counts as failed, the imitation-only run
+    still waiting is not started (status null, and why), seed 0 keeps its status, no report is written."""
+    recorder = Recorder()
+    states = iter([None] * 4)  # the start, before and after seed0, before seed1: unchanged; then changed
+
+    def state() -> dict:
+        changed = next(states, "changed") is not None
+        return {"commit": "a" * 40, "dirty": changed, "changes_sha256": "c" * 64 if changed else None}
+
+    with pytest.raises(RuntimeError, match="uncommitted changes to tracked files changed"):
+        run_seeds("configs/train/smoke.yaml", [0, 1], tmp_path, jobs=1, runner=recorder, state=state)
+    assert recorder_starts(recorder) == ["seed0", "seed1"] and "report" not in recorder_starts(recorder)
+    saved = {e["name"]: e for e in json.loads((tmp_path / "seeds_run.json").read_text())["commands"]}
+    assert saved["seed0"]["status"] == 0 and "moved" not in saved["seed0"]
+    assert saved["seed1"]["status"] == 0 and "while it ran" in saved["seed1"]["moved"]
+    assert saved["sft"]["status"] is None and saved["sft"]["moved"].startswith("not started:")

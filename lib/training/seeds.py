@@ -13,13 +13,17 @@
    interval). The committed `evidence/seeds/` is that folder, copied once it has been read.
 
 `OUT/seeds_run.json` records the commit, whether the tree had uncommitted changes (the evidence of a
-dirty tree is not the commit's), every command, its exit status and its seconds. Extra flags after
-`--` go to every training run (`-- --max_steps 2` for a quick look).
+dirty tree is not the commit's), every command, its exit status and its seconds. Every command
+starts and ends on the checkout the driver started on: one that would start after HEAD or the
+uncommitted changes moved is not started, and one during which they moved counts as failed (its
+evidence could mix two trees); run the seeds from a clone of their own to keep working meanwhile.
+Extra flags after `--` go to every training run (`-- --max_steps 2` for a quick look).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
@@ -88,16 +92,39 @@ def imitation_campaigns(result: Mapping[str, Any], warm_start_episodes: int) -> 
 
 
 def git_state() -> Dict[str, Any]:
-    """The commit the runs are made at and whether tracked files differ from it."""
+    """The commit the runs are made at, whether tracked files differ from it, and a hash of how
+    (`git diff HEAD`: None when they do not)."""
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else ""
 
+    changes = git("diff", "HEAD", "--binary")
     return {
         "commit": git("rev-parse", "HEAD") or None,
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "changes_sha256": hashlib.sha256(changes.encode()).hexdigest() if changes else None,
     }
+
+
+def checkout_moved(before: Mapping[str, Any], now: Mapping[str, Any]) -> Optional[str]:
+    """How the checkout moved from `before` to `now` (two `git_state`s), in words; None if it did not."""
+    if before.get("commit") != now.get("commit"):
+        return f"HEAD moved from {before.get('commit')} to {now.get('commit')}"
+    if before.get("changes_sha256") != now.get("changes_sha256") or before.get("dirty") != now.get("dirty"):
+        return "the uncommitted changes to tracked files changed"
+    return None
+
+
+def failure_note(record: Mapping[str, Any], out: Path, name: Optional[str] = None) -> str:
+    """Where to look, or what to do, after a failed command (`name`, else any) of a seeds run."""
+    moved = [e["moved"] for e in record["commands"] if e.get("moved") and name in (None, e["name"])]
+    if moved:
+        return (
+            f"{moved[0]}. The seeds must come from one checkout: run them again from a clone of their own "
+            "(git clone . /tmp/seeds) to keep working here meanwhile"
+        )
+    return f"see {out / name / 'run.log'}" if name else f"see their run.log under {out}"
 
 
 def run_seeds(
@@ -108,16 +135,19 @@ def run_seeds(
     jobs: int = 2,
     extra: Sequence[str] = (),
     runner: Runner = run_logged,
+    state: Callable[[], Dict[str, Any]] = git_state,
 ) -> Dict[str, Any]:
     """Steps 1-3 of the module's docstring; returns what `OUT/seeds_run.json` holds. Stops (RuntimeError)
-    when a command fails, after the others running with it have finished."""
+    when a command fails, after the others running with it have finished. `state` is the checkout's
+    (`git_state`), read at the start and around every command."""
     from lib.training.cli import parse_train_config
 
     warm_start_episodes = parse_train_config(["--config", config, *extra])[0].warm_start_episodes
     if not warm_start_episodes:
         raise ValueError("the configuration has no warm start (warm_start_episodes 0): nothing to compare GRPO with")
     out.mkdir(parents=True, exist_ok=True)
-    record: Dict[str, Any] = {**git_state(), "config": config, "seeds": list(seeds), "jobs": jobs, "commands": []}
+    started_on = state()
+    record: Dict[str, Any] = {**started_on, "config": config, "seeds": list(seeds), "jobs": jobs, "commands": []}
     lock = threading.Lock()
 
     first = f"seed{seeds[0]}"
@@ -126,16 +156,25 @@ def run_seeds(
     def job(name: str, command: List[str]) -> int:
         if first_failed.is_set():
             return -1  # not started: the first seed, which sizes the comparison, failed
-        start = time.perf_counter()
-        logger.info("%s: %s", name, " ".join(command))
-        status = runner(command, out / name / "run.log")
+        entry: Dict[str, Any] = {"name": name, "command": command}
+        moved = checkout_moved(started_on, state())
+        if moved:
+            entry.update(status=None, moved=f"not started: {moved} since the seeds started")
+            status = -2
+        else:
+            start = time.perf_counter()
+            logger.info("%s: %s", name, " ".join(command))
+            status = runner(command, out / name / "run.log")
+            entry.update(status=status, seconds=round(time.perf_counter() - start, 1))
+            moved = checkout_moved(started_on, state())
+            if moved:
+                entry["moved"] = f"{moved} while it ran: its evidence may mix two trees"
+                status = status or -3
         if name == first and status != 0:
             first_failed.set()
         with lock:
-            record["commands"].append(
-                {"name": name, "command": command, "status": status, "seconds": round(time.perf_counter() - start, 1)}
-            )
-        logger.info("%s: exit status %d", name, status)
+            record["commands"].append(entry)
+        logger.info("%s: exit status %s%s", name, entry["status"], f" ({entry['moved']})" if moved else "")
         return status
 
     try:
@@ -145,7 +184,7 @@ def run_seeds(
             }
             try:
                 if runs[first].result() != 0:
-                    raise RuntimeError(f"{first} failed: see {out / first / 'run.log'}")
+                    raise RuntimeError(f"{first} failed: {failure_note(record, out, first)}")
                 result = json.loads((out / first / "outputs" / "train_result.json").read_text())
                 campaigns = imitation_campaigns(result, warm_start_episodes)
             except (RuntimeError, ValueError, OSError):
@@ -175,13 +214,14 @@ def run_seeds(
     finally:
         atomic_write(out / "seeds_run.json", json.dumps(record, indent=1) + "\n")
     if failed:
-        raise RuntimeError(f"{', '.join(failed)} failed: see their run.log under {out}")
+        raise RuntimeError(f"{', '.join(failed)} failed: {failure_note(record, out)}")
     report = [sys.executable, "-m", "lib.report.seed_runs"]
     for seed in seeds:
         report += ["--run", f"{seed}={out / f'seed{seed}' / 'evidence'}"]
     report += ["--sft", str(out / "sft" / "evidence"), "--out", str(out / "report")]
     if job("report", report) != 0:
-        raise RuntimeError(f"lib.report.seed_runs failed: see {out / 'report' / 'run.log'}")
+        atomic_write(out / "seeds_run.json", json.dumps(record, indent=1) + "\n")
+        raise RuntimeError(f"lib.report.seed_runs failed: {failure_note(record, out, 'report')}")
     atomic_write(out / "seeds_run.json", json.dumps(record, indent=1) + "\n")
     return record
 
