@@ -599,6 +599,10 @@ def test_render_all_on_an_empty_a_partial_and_a_full_folder(tmp_path, caplog):
         assert path == getattr(paths, key)
         if path.suffix == ".png":
             assert_real_png(path)
+    sources = json.loads(paths.before_after_metrics_json.read_text())["sources"]
+    assert sources == {"pre": "pre_eval.jsonl.gz", "post": "post_eval.jsonl.gz"}, (
+        "the files beside it, no machine's path"
+    )
     assert "ERROR" not in caplog.text
 
 

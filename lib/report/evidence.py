@@ -277,7 +277,9 @@ def render_all(evidence: Union[Evidence, EvidencePaths]) -> Dict[str, Optional[P
         except Exception:
             logger.exception("rendering %s failed; the other evidence is still rendered", key)
     try:
-        sources = {"pre": str(paths.pre_eval_jsonl), "post": str(paths.post_eval_jsonl)}
+        # the episode files beside the metrics, by name: no path of the machine that wrote them, which
+        # would be wrong once the folder is copied (make promote-evidence) and says nothing to a reader
+        sources = {"pre": paths.pre_eval_jsonl.name, "post": paths.post_eval_jsonl.name}
         written = _before_after(
             evidence.pre,
             evidence.post,
