@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     from lib.training.processes import is_main_process
 
     if is_main_process():  # under `accelerate launch`, one process reports
-        payload = json_text(asdict(result), default=str)
+        payload = json_text(asdict(result))
         result_path = Path(config.output_dir) / "train_result.json"
         atomic_write(result_path, payload + "\n")
         print(run_summary(result, config, result_path))
