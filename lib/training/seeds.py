@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from lib.files import atomic_write
+from lib.files import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def git_state() -> Dict[str, Any]:
     changes = git("diff", "HEAD", "--binary")
     return {
         "commit": git("rev-parse", "HEAD") or None,
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "dirty": bool(changes),
         "changes_sha256": hashlib.sha256(changes.encode()).hexdigest() if changes else None,
     }
 
@@ -111,7 +111,7 @@ def checkout_moved(before: Mapping[str, Any], now: Mapping[str, Any]) -> Optiona
     """How the checkout moved from `before` to `now` (two `git_state`s), in words; None if it did not."""
     if before.get("commit") != now.get("commit"):
         return f"HEAD moved from {before.get('commit')} to {now.get('commit')}"
-    if before.get("changes_sha256") != now.get("changes_sha256") or before.get("dirty") != now.get("dirty"):
+    if before.get("changes_sha256") != now.get("changes_sha256"):
         return "the uncommitted changes to tracked files changed"
     return None
 
@@ -149,6 +149,9 @@ def run_seeds(
     started_on = state()
     record: Dict[str, Any] = {**started_on, "config": config, "seeds": list(seeds), "jobs": jobs, "commands": []}
     lock = threading.Lock()
+
+    def save_record() -> None:
+        write_json(out / "seeds_run.json", record, indent=1)
 
     first = f"seed{seeds[0]}"
     first_failed = threading.Event()  # set by the worker that ran the first seed, before it takes the next job
@@ -212,7 +215,7 @@ def run_seeds(
             )
             failed = [name for name, future in {**runs, "sft": sft}.items() if future.result() != 0]
     finally:
-        atomic_write(out / "seeds_run.json", json.dumps(record, indent=1) + "\n")
+        save_record()
     if failed:
         raise RuntimeError(f"{', '.join(failed)} failed: {failure_note(record, out)}")
     report = [sys.executable, "-m", "lib.report.seed_runs"]
@@ -220,9 +223,9 @@ def run_seeds(
         report += ["--run", f"{seed}={out / f'seed{seed}' / 'evidence'}"]
     report += ["--sft", str(out / "sft" / "evidence"), "--out", str(out / "report")]
     if job("report", report) != 0:
-        atomic_write(out / "seeds_run.json", json.dumps(record, indent=1) + "\n")
+        save_record()
         raise RuntimeError(f"lib.report.seed_runs failed: {failure_note(record, out, 'report')}")
-    atomic_write(out / "seeds_run.json", json.dumps(record, indent=1) + "\n")
+    save_record()
     return record
 
 
