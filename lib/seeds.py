@@ -12,6 +12,8 @@ drawn from an episode's seed, are in `cernenv.seeding`).
 |                                    | (never trained on)                           |                          |
 | `TrainConfig.train_seed_start` + i | GRPO's training tasks (their order shuffled  | `lib.training.grpo`      |
 |                                    | with the run seed)                           |                          |
+| `TrainConfig.train_seed_start` +   | the fresh tasks dynamic sampling plays in    | `lib.training.grpo`      |
+| `replacement_seed_offset(...)`     | place of groups whose episodes scored alike  |                          |
 | `rollout_sampling_seed(...)`       | torch's sampling of a GRPO step's rollouts   | `lib.training.grpo`      |
 | `TrainConfig.seed`                 | the stand-in's initial weights, the trainers'| `lib.training`           |
 |                                    | data order                                   |                          |
@@ -53,3 +55,24 @@ def rollout_sampling_seed(run_seed: int, step: int, first_task: int) -> int:
     has its own seed while a step has fewer than `_STEP_STRIDE` episodes; the seeds of two
     neighbouring run seeds meet only past step 126."""
     return run_seed * _RUN_SEED_STRIDE + _STEP_STRIDE * step + first_task
+
+
+REPLACEMENT_SEED_OFFSET = 500_000
+"""Dynamic sampling's replacement tasks take seeds from `train_seed_start` + this on: past every
+training dataset's seeds (`lib.training.grpo.training_tasks`, one per group) and below the
+evaluation seeds."""
+REPLACEMENT_STEP_STRIDE = 1_024
+"""Replacement seeds each (step, process) may use: more than a step's groups times its rounds."""
+REPLACEMENT_PROCESSES = 8
+"""Processes whose replacement seeds a step's stretch holds."""
+
+
+def replacement_seed_offset(step: int, index: int, process: int = 0) -> int:
+    """The seed (past `train_seed_start`) of the `index`-th replacement task of GRPO step `step` on
+    process `process`: the same in a resumed run as in the run that was not interrupted."""
+    if not (0 <= index < REPLACEMENT_STEP_STRIDE and 0 <= process < REPLACEMENT_PROCESSES):
+        raise ValueError(
+            f"replacement task {index} on process {process}: a step reserves {REPLACEMENT_STEP_STRIDE} "
+            f"per process for {REPLACEMENT_PROCESSES} processes"
+        )
+    return REPLACEMENT_SEED_OFFSET + (step * REPLACEMENT_PROCESSES + process) * REPLACEMENT_STEP_STRIDE + index

@@ -7,7 +7,7 @@ Every agent follows one protocol (`Agent`): `reset()` at the start of an episode
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -88,6 +88,9 @@ class RandomAgent:
         return _action(action_type, "random", **parameters)
 
 
+SURVEY_QUALITY_REASON = {"tight": "tight selection for purity", "standard": "standard selection for efficiency"}
+"""The heuristic's justification for the survey's reconstruction quality."""
+
 CLAIM_CONFIDENCE = {"observation": 0.9, "evidence": 0.6, "no evidence": 0.8}
 """The heuristic's confidence in its claim, by what the logbook calls the global significance: a
 discovery at 5σ or more, one at 3-5σ, a null claim."""
@@ -109,12 +112,42 @@ class HeuristicAgent:
     significance. Short of an observation (5σ global), book what is affordable once more in that
     channel and refit. Measure the spin of a discovery; claim a discovery when the global significance
     (with systematics) reaches `discovery_z_global`, else claim that nothing is there.
+
+    The plan's choices are its parameters, the defaults being the plan above: `pileup` (the beam's),
+    `first_block_fraction`, `survey_quality` (the survey's reconstruction), `calibration_passes`
+    (before the fit, 1 or 2), `second_booking` (book the rest when short of an observation) and
+    `discovery_z_global`. `HEURISTIC_FAMILY` gives the ranges a physicist would vary them over.
     """
 
-    def __init__(self, discovery_z_global: float = 3.0, first_block_fraction: float = 0.4) -> None:
+    def __init__(
+        self,
+        discovery_z_global: float = 3.0,
+        first_block_fraction: float = 0.4,
+        *,
+        pileup: str = "nominal",
+        survey_quality: str = "tight",
+        calibration_passes: int = 2,
+        second_booking: bool = True,
+    ) -> None:
+        if pileup not in PILEUP_SETTINGS:
+            raise ValueError(f"pileup must be one of {sorted(PILEUP_SETTINGS)}, got {pileup!r}")
+        if survey_quality not in RECONSTRUCTIONS:
+            raise ValueError(f"survey_quality must be one of {sorted(RECONSTRUCTIONS)}, got {survey_quality!r}")
+        if calibration_passes not in (1, 2):
+            raise ValueError(f"calibration_passes must be 1 or 2, got {calibration_passes!r}")
+        if not 0.0 < first_block_fraction <= 1.0:
+            raise ValueError(f"first_block_fraction must be in (0, 1], got {first_block_fraction!r}")
         self.discovery_z_global = discovery_z_global
         self.first_block_fraction = first_block_fraction
+        self.pileup = pileup
+        self.survey_quality = survey_quality
+        self.calibration_passes = calibration_passes
+        self.second_booking = second_booking
         self.survey_channels: Optional[List[str]] = None  # None: every offered channel
+
+    def plan_parameters(self) -> Dict[str, Any]:
+        """The plan's parameters, by name (`HEURISTIC_FAMILY`'s keys): what makes this member of the family."""
+        return {name: getattr(self, name) for name in HEURISTIC_FAMILY}
 
     def reset(self) -> None:
         """Nothing to forget: every decision is read from the observation."""
@@ -151,7 +184,7 @@ class HeuristicAgent:
                 ActionType.CONFIGURE_BEAM,
                 "highest energy maximises the signal cross-section",
                 beam_energy_tev=max(task.available_beam_energies_tev),
-                pileup="nominal",
+                pileup=self.pileup,
             )
         if obs.selected_trigger is None:
             return _action(ActionType.SET_TRIGGER, "record the channels to survey", trigger=triggers[0])
@@ -186,9 +219,12 @@ class HeuristicAgent:
         for channel in recorded[position:] if surveying else []:
             if channel in scanned or (refused_scan and channel == obs.selected_channel):
                 continue
-            if obs.data_collected[channel].reconstruction != "tight":
+            if obs.data_collected[channel].reconstruction != self.survey_quality:
                 return _action(
-                    ActionType.RECONSTRUCT_TRACKS, "tight selection for purity", channel=channel, quality="tight"
+                    ActionType.RECONSTRUCT_TRACKS,
+                    SURVEY_QUALITY_REASON.get(self.survey_quality, "the survey's selection"),
+                    channel=channel,
+                    quality=self.survey_quality,
                 )
             if obs.selected_channel != channel:
                 return _action(ActionType.SELECT_CHANNEL, "survey the channel", channel=channel)
@@ -199,7 +235,7 @@ class HeuristicAgent:
             return self._claim(obs)
         strength = {channel: _shown(entry.get("best_z_local")) for channel, entry in scanned.items()}
         channel = max((c for c in channels if c in scanned), key=lambda c: strength[c])
-        if obs.data_collected[channel].calibration_level < 2:
+        if obs.data_collected[channel].calibration_level < self.calibration_passes:
             return _action(ActionType.CALIBRATE_DETECTOR, "fix the energy scale", channel=channel)
         if obs.selected_channel != channel:
             return _action(ActionType.SELECT_CHANNEL, "analyse the strongest excess", channel=channel)
@@ -229,7 +265,7 @@ class HeuristicAgent:
         z_global = _shown(obs.references.get("significance.significance_sigma"))
         used = _shown(task.luminosity_total_fb) - _shown(usage.luminosity_remaining_fb)
         affordable = _shown(obs.references.get("luminosity.affordable_fb"))
-        if z_global < 5.0 and usage.luminosity_bookings < 2 and affordable > 0.05 * used:
+        if self.second_booking and z_global < 5.0 and usage.luminosity_bookings < 2 and affordable > 0.05 * used:
             return _action(
                 ActionType.ALLOCATE_LUMINOSITY,
                 "evidence short of 5σ: book the rest",
@@ -266,6 +302,58 @@ class HeuristicAgent:
             significance_sigma=0.0,
             confidence=CLAIM_CONFIDENCE["no evidence"],
         )
+
+
+HEURISTIC_FAMILY: Dict[str, Tuple[Any, ...]] = {
+    "discovery_z_global": (2.5, 3.0, 3.5),
+    "first_block_fraction": (0.25, 0.4, 0.55, 0.7, 1.0),
+    "calibration_passes": (1, 2),
+    "survey_quality": ("tight", "standard"),
+    "second_booking": (True, False),
+    "pileup": ("nominal", "low"),
+}
+"""The family of scripted physicists: each `HeuristicAgent` parameter with the values a physicist
+would vary it over, the default (`HeuristicAgent()`) among them. The discovery threshold from 2.5σ
+to 3.5σ global (the grade asks for 3σ); the first booking from a quarter of what is affordable to
+all of it; one or two calibration passes before the fit; a tight or a standard survey selection;
+a second booking or none; nominal or low pileup (a cleaner beam, half the luminosity rate).
+`bench/bench_family.py` plays members directly."""
+
+FAMILY_SEED = 0x5EED_FA
+"""Seeds the draw of a campaign's family member (`family_member`), apart from every other stream."""
+
+
+def family_member(seed: int, family: Mapping[str, Sequence[Any]] = HEURISTIC_FAMILY) -> Dict[str, Any]:
+    """The family member that demonstrates the campaign of `seed`: each parameter drawn uniformly
+    from its values, by a generator of its own seeded by (`FAMILY_SEED`, `seed`), so a campaign's
+    member is the same in every run and on every machine."""
+    rng = np.random.default_rng([FAMILY_SEED, int(seed)])
+    return {name: _plain(values[int(rng.integers(len(values)))]) for name, values in family.items()}
+
+
+def family_grid(family: Mapping[str, Sequence[Any]] = HEURISTIC_FAMILY) -> List[Dict[str, Any]]:
+    """Every member of `family`, one dict of parameters each (the product of its values)."""
+    import itertools
+
+    names = list(family)
+    return [dict(zip(names, map(_plain, values))) for values in itertools.product(*(family[n] for n in names))]
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value it holds (a member is written to JSON)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def member_name(parameters: Mapping[str, Any]) -> str:
+    """A family member as a short name: the parameters that differ from `HeuristicAgent()`'s, or
+    "default" (e.g. "first_block_fraction=0.7,discovery_z_global=2.5")."""
+    defaults = HeuristicAgent().plan_parameters()
+    changed = [
+        f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+        for name, value in parameters.items()
+        if defaults.get(name) != value
+    ]
+    return ",".join(changed) or "default"
 
 
 def _shown(value: Any) -> float:

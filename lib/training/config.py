@@ -44,6 +44,8 @@ BACKENDS = ("auto", "unsloth", "trl")
 POLICY_CONTEXTS = ("conversation", "turn")
 """`lib.episodes.llm_rollouts.CONTEXTS`, restated so that a configuration is checked without torch."""
 WARM_START_LOSSES = ("actions", "conversation")
+WARM_START_DEMONSTRATORS = ("heuristic", "family")
+"""`TrainConfig.warm_start_demonstrators`: who demonstrates the warm start's campaigns."""
 SCALE_REWARDS = ("group", "batch", "none")
 GENERATION_ENGINES = ("auto", "cached", "generate", "compiled")
 """`lib.episodes.generation.GENERATION_ENGINES`, restated so that a configuration is checked without torch
@@ -119,6 +121,12 @@ class TrainConfig:
     The stand-in learns the environment from scratch here, and 600 × 2 passes is where its play
     on the validation split stops improving (docs/training.md, "From the imitation plateau"); a
     real model needs a few hundred."""
+    warm_start_demonstrators: str = "heuristic"
+    """Who demonstrates the warm start's campaigns (`WARM_START_DEMONSTRATORS`): "heuristic",
+    `HeuristicAgent()` in every campaign (a policy that copies one strategy); "family", each campaign
+    a member of the heuristic family drawn by its seed (`lib.agents.baselines.HEURISTIC_FAMILY`:
+    discovery threshold, first booking, calibration passes, survey selection, second booking,
+    pileup), so the policy's samples span strategies that GRPO can choose between from reward."""
     warm_start_epochs: float = 2.0
     """Passes over the warm start's campaigns."""
     warm_start_learning_rate: float = 2e-3
@@ -165,6 +173,33 @@ class TrainConfig:
     cache folder); with LoRA the base weights without the adapter, hence refused with a LoRA warm start."""
     epsilon: float = 0.2
     """PPO-style clipping of the probability ratio."""
+    epsilon_high: Optional[float] = None
+    """The upper clipping bound of the ratio (DAPO's clip-higher, TRL's `epsilon_high`): a token the
+    update makes likelier may grow to 1 + epsilon_high, so rare choices that won can rise faster
+    than the lower bound lets others fall; None: `epsilon` (DAPO recommends 0.28)."""
+    entropy_coef: float = 0.0
+    """Weight of the mean per-token entropy bonus in the loss (TRL's `entropy_coef`): > 0 keeps the
+    policy sampling several strategies; 0: none."""
+    use_adaptive_entropy: bool = False
+    """Adapt `entropy_coef` to hold the entropy near `entropy_target` (TRL's adaptive entropy control,
+    Skywork-OR1): raised while the entropy is below the target, lowered otherwise."""
+    entropy_target: float = 0.2
+    """The per-token entropy [nats] adaptive entropy control aims for."""
+    top_entropy_quantile: float = 1.0
+    """Train only the top share of each step's tokens by entropy (TRL's `top_entropy_quantile`, "Beyond
+    the 80/20 rule"): the forks where the policy hesitates; 1.0: every token."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: a group whose episodes all score alike carries no gradient, so after
+    the step's episodes are played, each group whose returns span less than
+    `dynamic_sampling_min_spread` is replaced by a group of a fresh training task (same kind:
+    curated scenario or difficulty), up to `dynamic_sampling_rounds` times; the step then trains on
+    as many samples as without, more of them from groups that set a win against a loss."""
+    dynamic_sampling_rounds: int = 2
+    """With `dynamic_sampling`: rounds of replacement groups played at most per step."""
+    dynamic_sampling_min_spread: float = 1.0
+    """With `dynamic_sampling`: the least spread (highest minus lowest return) of a group that
+    counts as differing [reward units]; 1.0 separates outcomes (an observation from a discovery, a
+    success from a miss) from the shaping terms (a refused action costs 0.1)."""
     scale_rewards: str = "batch"
     """How advantages are scaled (TRL's `scale_rewards`): "group" divides by each group's
     standard deviation, which blows a group whose returns differ by one refused action up
@@ -322,6 +357,7 @@ class TrainConfig:
             "max_seq_length",
             "warm_start_batch_size",
             "turn_samples",
+            "dynamic_sampling_rounds",
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -344,6 +380,11 @@ class TrainConfig:
             problems.append(
                 "DAgger (warm_start_dagger_rounds > 0) labels single decisions: it needs policy_context 'turn'"
             )
+        if self.warm_start_demonstrators not in WARM_START_DEMONSTRATORS:
+            problems.append(
+                f"warm_start_demonstrators must be one of {WARM_START_DEMONSTRATORS}, "
+                f"got {self.warm_start_demonstrators!r}"
+            )
         if self.warm_start_loss not in WARM_START_LOSSES:
             problems.append(f"warm_start_loss must be one of {WARM_START_LOSSES}, got {self.warm_start_loss!r}")
         if self.warm_start_episodes and self.beta and self.lora_r:
@@ -353,6 +394,21 @@ class TrainConfig:
                 "taught it; use beta=0 with a LoRA warm start, or lora_r=0 (a warm start of every weight is "
                 "loaded from its cache folder, the reference TRL loads by that name)"
             )
+        high = self.epsilon_high
+        if high is not None and not (math.isfinite(high) and high >= self.epsilon):
+            problems.append(
+                f"epsilon_high must be None or a finite number >= epsilon ({self.epsilon:g}): the upper "
+                f"clipping bound is at least the lower one, got {self.epsilon_high!r}"
+            )
+        if self.dynamic_sampling:
+            from lib.seeds import replacement_seed_offset
+
+            last = self.train_seed_start + replacement_seed_offset(self.max_steps, 0)
+            if last >= EVALUATION_SEED_START:
+                problems.append(
+                    f"dynamic sampling's replacement tasks of {self.max_steps} steps would reach seed {last}, an "
+                    f"evaluation seed (from {EVALUATION_SEED_START}): lower train_seed_start or max_steps"
+                )
         if self.rollout_batch_size is not None and self.rollout_batch_size < 1:
             problems.append(f"rollout_batch_size must be at least 1 or None, got {self.rollout_batch_size}")
         if self.max_turns is not None and self.max_turns < 1:
@@ -449,6 +505,10 @@ class TrainConfig:
             "warm_start_dagger_learning_rate": (0.0, False, math.inf, False, "a DAgger round's step size"),
             "beta": (0.0, True, math.inf, False, "0: no KL penalty"),
             "epsilon": (0.0, False, math.inf, False, "the clipping range of the probability ratio"),
+            "entropy_coef": (0.0, True, math.inf, False, "0: no entropy bonus"),
+            "entropy_target": (0.0, False, math.inf, False, "a per-token entropy in nats"),
+            "top_entropy_quantile": (0.0, True, 1.0, True, "a share of the tokens; 1.0: every token"),
+            "dynamic_sampling_min_spread": (0.0, False, math.inf, False, "a spread of returns"),
             "temperature": (0.0, False, math.inf, False, "GRPO needs sampled, differing episodes in a group"),
             "top_p": (0.0, False, 1.0, True, "a nucleus mass; 1.0: no truncation"),
             "max_grad_norm": (0.0, False, math.inf, False, "the gradient clipping norm"),

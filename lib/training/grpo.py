@@ -45,7 +45,7 @@ from lib.episodes.llm_rollouts import PlayedEpisode, play_episodes
 from lib.episodes.records import EpisodeRecord, EpisodeSpec
 from lib.measure.evaluation import assert_disjoint_from_suite, heldout_suite, validation_suite
 from lib.report.evidence import RewardComponentLogWriter
-from lib.seeds import rollout_sampling_seed
+from lib.seeds import replacement_seed_offset, rollout_sampling_seed
 from lib.training.config import VALIDATION_EPISODES, TrainConfig
 from lib.training.credit import ADVANTAGE_FIELD, credit_settings, decision_credit, episode_decisions
 from lib.training.processes import gather, process_index
@@ -202,6 +202,8 @@ class CampaignRollout:
         self.writer = RewardComponentLogWriter(Path(evidence_dir) / "reward_components.csv") if evidence_dir else None
         self.generate_fn_factory = generate_fn_factory
         self.calls = 0
+        self.sampling_stats: List[Dict[str, int]] = []
+        """Per call with dynamic sampling: groups, those alike before and after, groups played again."""
         self.last_episodes: List[PlayedEpisode] = []
         self.timings: List[Dict[str, float]] = []
         """Per call: seconds in generation, in the environment, and tokens generated."""
@@ -240,19 +242,9 @@ class CampaignRollout:
         # sampling in batches of `rollout_batch_size` = the share does.
         completed_steps = int(getattr(getattr(trainer, "state", None), "global_step", self.calls))
         first = process_index() * len(tasks)
-        episodes = play_episodes(
-            timed,
-            self.tokenizer,
-            tasks,
-            sampling=self.sampling,
-            context=self.config.policy_context,
-            observation_config=self.config.observation_config,
-            max_turns=self.config.max_turns,
-            max_context_tokens=self.config.max_seq_length,
-            batch_size=self.config.rollout_batch_size or len(tasks),
-            agent_name="policy",
-            seed=rollout_sampling_seed(self.config.seed, completed_steps, first),
-        )
+        episodes = self._play(timed, tasks, rollout_sampling_seed(self.config.seed, completed_steps, first))
+        if self.config.dynamic_sampling:
+            tasks, episodes = self._resample_alike_groups(timed, tasks, episodes, completed_steps, first)
         total = time.perf_counter() - start
         self.calls += 1
         self.last_episodes = episodes
@@ -273,11 +265,14 @@ class CampaignRollout:
             played = [episodes[episode_of[key]] for key in keys]
             advantages = None
             if self.config.credit == "decision":
-                local = [
+                local = [  # grouped by the task each episode played (dynamic sampling may have replaced it)
                     decision
                     for key, index in episode_of.items()
                     for decision in episode_decisions(
-                        key[0], _episode_name(key), episodes[index].turns, episodes[index].record.steps
+                        json.dumps(tasks[index], sort_keys=True),
+                        _episode_name(key),
+                        episodes[index].turns,
+                        episodes[index].record.steps,
                     )
                 ]
                 credit = decision_credit(gather(local), **credit_settings(self.config))  # the whole step's
@@ -316,6 +311,102 @@ class CampaignRollout:
                 for ids, mask in zip(out["completion_ids"], out["env_mask"])
             ]
         return out
+
+    def _play(self, timed: "_TimedGenerate", tasks: List[Dict[str, Any]], seed: int) -> List[PlayedEpisode]:
+        """Play `tasks` (one episode each) with the current policy, sampling seeded by `seed`."""
+        return play_episodes(
+            timed,
+            self.tokenizer,
+            tasks,
+            sampling=self.sampling,
+            context=self.config.policy_context,
+            observation_config=self.config.observation_config,
+            max_turns=self.config.max_turns,
+            max_context_tokens=self.config.max_seq_length,
+            batch_size=self.config.rollout_batch_size or len(tasks),
+            agent_name="policy",
+            seed=seed,
+        )
+
+    def _resample_alike_groups(
+        self,
+        timed: "_TimedGenerate",
+        tasks: List[Dict[str, Any]],
+        episodes: List[PlayedEpisode],
+        completed_steps: int,
+        first: int,
+    ) -> tuple:
+        """Dynamic sampling (`TrainConfig.dynamic_sampling`): each group (the episodes of one task)
+        whose returns span less than `dynamic_sampling_min_spread` is played again on a fresh task
+        of the same kind (`replacement_task`), up to `dynamic_sampling_rounds` rounds, all of a
+        round's groups in one lockstep call. Returns the tasks and episodes the step trains on, in
+        the same places; a group still alike after the last round is kept as played."""
+        tasks, episodes = list(tasks), list(episodes)
+        stats = {"step": completed_steps + 1, "groups": 0, "alike_before": 0, "alike_after": 0, "replayed_groups": 0}
+        played = len(tasks)
+        for round_index in range(self.config.dynamic_sampling_rounds + 1):
+            groups = task_groups(tasks)
+            alike = [
+                places
+                for places in groups.values()
+                if not group_differs(
+                    [episodes[i].record.total_reward for i in places], self.config.dynamic_sampling_min_spread
+                )
+            ]
+            if round_index == 0:
+                stats["groups"], stats["alike_before"] = len(groups), len(alike)
+            stats["alike_after"] = len(alike)
+            if not alike or round_index == self.config.dynamic_sampling_rounds:
+                break
+            places = [i for group in alike for i in group]
+            drawn = stats["replayed_groups"]
+            fresh = [
+                replacement_task(self.config, tasks[group[0]], completed_steps, drawn + k, process_index())
+                for k, group in enumerate(alike)
+            ]
+            replay = [task for task, group in zip(fresh, alike) for _ in group]
+            new = self._play(timed, replay, rollout_sampling_seed(self.config.seed, completed_steps, first + played))
+            played += len(replay)
+            for i, task, episode in zip(places, replay, new):
+                tasks[i], episodes[i] = task, episode
+            stats["replayed_groups"] += len(alike)
+        self.sampling_stats.append(stats)
+        logger.info(
+            "dynamic sampling, step %d: %d of %d groups alike (returns spread < %g); %d groups played again; "
+            "%d alike after",
+            stats["step"],
+            stats["alike_before"],
+            stats["groups"],
+            self.config.dynamic_sampling_min_spread,
+            stats["replayed_groups"],
+            stats["alike_after"],
+        )
+        return tasks, episodes
+
+
+def task_groups(tasks: Sequence[Mapping[str, Any]]) -> Dict[str, List[int]]:
+    """The places of each task's episodes (a GRPO group), by the task's JSON, in order."""
+    groups: Dict[str, List[int]] = {}
+    for i, task in enumerate(tasks):
+        groups.setdefault(json.dumps(task, sort_keys=True), []).append(i)
+    return groups
+
+
+def group_differs(returns: Sequence[float], min_spread: float) -> bool:
+    """Whether a group's returns span at least `min_spread`: a group that sets a better episode
+    against a worse one, which GRPO's advantage can learn from."""
+    return len(returns) > 1 and max(returns) - min(returns) >= min_spread
+
+
+def replacement_task(
+    config: TrainConfig, task: Mapping[str, Any], step: int, index: int, process: int = 0
+) -> Dict[str, Any]:
+    """The fresh task that replaces `task`'s group in dynamic sampling: the same kind (curated
+    scenario, or procedural difficulty) on a seed of its own, the `index`-th replacement of
+    `step` on `process`; never a seed of the training dataset or of any evaluation."""
+    seed = config.train_seed_start + replacement_seed_offset(step, index, process)
+    assert_disjoint_from_suite([seed])
+    return {**{k: v for k, v in task.items() if k != "seed"}, "seed": seed}
 
 
 def reward_components(episode: PlayedEpisode) -> Dict[str, float]:

@@ -105,6 +105,11 @@ def grpo_args(config: TrainConfig, **overrides: Any):
         warmup_steps=0,
         beta=config.beta,
         epsilon=config.epsilon,
+        epsilon_high=config.epsilon_high,
+        entropy_coef=config.entropy_coef,
+        use_adaptive_entropy=config.use_adaptive_entropy,
+        entropy_target=config.entropy_target,
+        top_entropy_quantile=config.top_entropy_quantile,
         scale_rewards=config.scale_rewards,
         # TRL divides logits by this temperature when it scores completions: it must be the sampling one.
         temperature=config.temperature,

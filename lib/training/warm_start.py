@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from cernenv import CERNCollisionEnvironment
-from lib.agents.baselines import HeuristicAgent, RoundedDemonstrator
+from lib.agents.baselines import HeuristicAgent, RoundedDemonstrator, family_member
 from lib.agents.prompting import LLMAgentConfig, action_to_json, build_chat
 from lib.episodes.agent_rollouts import transitions
 from lib.episodes.chat import ChatLayout
@@ -49,7 +49,7 @@ from lib.files import read_json
 from lib.seeds import DAGGER_SEED, DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.callbacks import CpuThreads
-from lib.training.config import FINGERPRINT_CHARACTERS, WARM_START_LOSSES, TrainConfig
+from lib.training.config import FINGERPRINT_CHARACTERS, WARM_START_DEMONSTRATORS, WARM_START_LOSSES, TrainConfig
 from lib.training.dagger import labelled_learner_decisions
 from lib.training.tokenizer import WARM_START_CACHE, corpus_specs
 
@@ -67,6 +67,7 @@ def demonstration_examples(
     observation_config: LLMAgentConfig = LLMAgentConfig(),
     first_seed: int = DEMONSTRATION_SEED,
     specs: Optional[Sequence[Dict[str, Any]]] = None,
+    demonstrators: str = "heuristic",
 ) -> List[Dict[str, List[int]]]:
     """`n_episodes` HeuristicAgent campaigns as {"input_ids", "completion_mask"} for `tokenizer`, laid
     out as `play_episodes` plays in `context` (`lib.episodes.llm_rollouts.CONTEXTS`): one example
@@ -75,7 +76,12 @@ def demonstration_examples(
     would write (its replies and their eos) and 0 on the prompt and the environment's text, as
     GRPO's env_mask; `loss="conversation"`: 1 on every token, the prompt's and the environment's too.
     `specs` (seed, scenario or difficulty per campaign) replace the training seeds from `first_seed`:
-    how a benchmark lays out campaigns it only scores."""
+    how a benchmark lays out campaigns it only scores. `demonstrators` (`WARM_START_DEMONSTRATORS`):
+    "heuristic", every campaign by `HeuristicAgent()`; "family", each campaign by the member of the
+    heuristic family its seed draws (`lib.agents.baselines.family_member`), so the demonstrations
+    span the family's strategies."""
+    if demonstrators not in WARM_START_DEMONSTRATORS:
+        raise ValueError(f"demonstrators must be one of {WARM_START_DEMONSTRATORS}, got {demonstrators!r}")
     if loss not in WARM_START_LOSSES:
         raise ValueError(f"loss must be one of {WARM_START_LOSSES}, got {loss!r}")
     if context not in CONTEXTS:
@@ -86,6 +92,8 @@ def demonstration_examples(
     eos = tokenizer.eos_token_id
     examples = []
     for spec in specs if specs is not None else corpus_specs(n_episodes, first_seed):
+        if demonstrators == "family":
+            agent = RoundedDemonstrator(HeuristicAgent(**family_member(spec["seed"])))
         if context == "turn":
             for obs, action, next_obs in transitions(env, agent, **spec):
                 prompt_ids = layout.prompt_ids(build_chat(obs, observation_config))
@@ -127,6 +135,7 @@ def demonstration_layout(config: TrainConfig) -> Dict[str, Any]:
         "loss": config.warm_start_loss,
         "context": config.policy_context,
         "observation_config": config.observation_config,
+        "demonstrators": config.warm_start_demonstrators,
     }
 
 
@@ -204,7 +213,8 @@ SETTINGS = (
 )
 """The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
 DAGGER_SETTINGS = ("warm_start_dagger_rounds", "warm_start_dagger_episodes", "warm_start_dagger_learning_rate")
-"""The fields a warm start with DAgger rounds also depends on (one without keeps its fingerprint)."""
+"""The fields a warm start with DAgger rounds also depends on (one without keeps its fingerprint);
+likewise `warm_start_demonstrators` when it is not "heuristic"."""
 
 
 def fingerprint(policy: Policy, config: TrainConfig) -> str:
@@ -220,6 +230,7 @@ def fingerprint(policy: Policy, config: TrainConfig) -> str:
         digest.update(tensor.detach().to("cpu", torch.float32).numpy().tobytes())
     digest.update(json.dumps(policy.tokenizer.get_vocab(), sort_keys=True).encode())
     settings = SETTINGS + (DAGGER_SETTINGS if config.warm_start_dagger_rounds else ())
+    settings += ("warm_start_demonstrators",) if config.warm_start_demonstrators != "heuristic" else ()
     digest.update(json.dumps({name: getattr(config, name) for name in settings}, sort_keys=True).encode())
     probe = demonstration_examples(policy.tokenizer, 1, **demonstration_layout(config))
     digest.update(json.dumps(probe).encode())

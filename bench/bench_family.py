@@ -1,0 +1,161 @@
+"""The heuristic family played directly: how well each scripted physicist of `HEURISTIC_FAMILY` does.
+
+    make bench-family                                        # validation split and training mix, 240 each
+    python bench/bench_family.py --episodes 120 --members axes --json build/family.json
+
+Each member (`lib.agents.baselines.HEURISTIC_FAMILY`: the heuristic's plan parameters) plays every
+task greedily with the published evaluation key: the validation split
+(`lib.measure.evaluation.validation_suite`) and GRPO's training mix (`lib.training.grpo.training_tasks`
+of the default configuration). `--members`: `axes` (the default heuristic, each parameter varied
+alone, and the threshold × first-block grid), `grid` (every member: slow), or `draw` (the
+members a warm start's campaigns are demonstrated by, `family_member`, one per task). Printed per
+member and split: the tasks won (the grade's `correct_outcome`), the success rate and the mean
+reward with their 95% bootstrap intervals; then "contrast", the share of tasks some members win
+and others lose: the tasks on which a policy whose samples spanned those members would set a win
+against a loss in a GRPO group. The oracle (handed the truth) is the upper bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Dict, List, Sequence
+
+
+def axes_members() -> List[Dict[str, Any]]:
+    """The default heuristic, each parameter of the family varied alone, and the threshold ×
+    first-block grid (no member twice)."""
+    from lib.agents.baselines import HEURISTIC_FAMILY, HeuristicAgent
+
+    default = HeuristicAgent().plan_parameters()
+    members = [dict(default)]
+    for name, values in HEURISTIC_FAMILY.items():
+        members += [{**default, name: value} for value in values if value != default[name]]
+    for z in HEURISTIC_FAMILY["discovery_z_global"]:
+        for fraction in HEURISTIC_FAMILY["first_block_fraction"]:
+            members.append({**default, "discovery_z_global": z, "first_block_fraction": fraction})
+    unique = {json.dumps(m, sort_keys=True): m for m in members}
+    return list(unique.values())
+
+
+def split_tasks(split: str, n_episodes: int) -> List[Any]:
+    """The tasks of `split`: "validation" or "training" (the default configuration's mix)."""
+    from lib.episodes.records import EpisodeSpec
+    from lib.measure.evaluation import validation_suite
+
+    if split == "validation":
+        return list(validation_suite(n_episodes))
+    from lib.training.config import TrainConfig
+    from lib.training.grpo import training_tasks
+
+    return [
+        EpisodeSpec(t["seed"], scenario=t["scenario"], difficulty=t["difficulty"])
+        for t in training_tasks(TrainConfig(), n_episodes)
+    ]
+
+
+def play(job: Dict[str, Any]) -> Dict[str, Any]:
+    """One member (or the oracle, or the per-task draw) on one split: its outcome per task."""
+    from lib.agents.baselines import HeuristicAgent, OracleAgent, family_member
+    from lib.episodes.agent_rollouts import collect_agent_episode
+    from lib.measure.evaluation import PUBLISHED_KEY
+
+    env = PUBLISHED_KEY.make_env()
+    outcomes, rewards = [], []
+    for spec in split_tasks(job["split"], job["episodes"]):
+        if job["member"] == "oracle":
+            agent, reveal = OracleAgent(), True
+        elif job["member"] == "draw":
+            agent, reveal = HeuristicAgent(**family_member(spec.seed)), False
+        else:
+            agent, reveal = HeuristicAgent(**job["member"]), False
+        record = collect_agent_episode(
+            env=env,
+            agent=agent,
+            seed=spec.seed,
+            scenario=spec.scenario,
+            difficulty=spec.difficulty,
+            reveal_truth=reveal,
+            evaluation_key=PUBLISHED_KEY.record_fields(),
+        )
+        outcomes.append(bool(record.correct_outcome))
+        rewards.append(float(record.total_reward))
+    return {**job, "outcomes": outcomes, "rewards": rewards}
+
+
+def contrast(outcomes_by_member: Sequence[Sequence[bool]]) -> float:
+    """The share of tasks that some members win and others lose."""
+    per_task = list(zip(*outcomes_by_member))
+    return sum(any(t) and not all(t) for t in per_task) / len(per_task)
+
+
+def main(argv: Any = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench/bench_family.py", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
+    parser.add_argument("--episodes", type=int, default=240, help="tasks per split")
+    parser.add_argument("--splits", nargs="+", choices=("validation", "training"), default=["validation", "training"])
+    parser.add_argument("--members", choices=("axes", "grid", "draw"), default="axes")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
+    parser.add_argument("--json", help="also write the result here")
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error("--episodes must be at least 1")
+
+    from lib.agents.baselines import family_grid, member_name
+    from lib.measure.comparison import bootstrap_interval
+
+    members: List[Any] = {"axes": axes_members, "grid": family_grid, "draw": lambda: ["draw"]}[args.members]()
+    jobs = [
+        {"split": split, "episodes": args.episodes, "member": member}
+        for split in args.splits
+        for member in [*members, "oracle"]
+    ]
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        results = list(pool.map(play, jobs))
+
+    report: Dict[str, Any] = {"episodes": args.episodes, "splits": {}}
+    for split in args.splits:
+        rows = [r for r in results if r["split"] == split]
+        played = [r for r in rows if r["member"] != "oracle"]
+        print(f"\n{split}: {args.episodes} tasks, greedy, the published key")
+        print("| member | won | success [95%] | mean reward [95%] |\n|---|---|---|---|")
+        entries = []
+        for r in sorted(rows, key=lambda r: -sum(r["outcomes"])):
+            name = r["member"] if isinstance(r["member"], str) else member_name(r["member"])
+            success = [float(o) for o in r["outcomes"]]
+            s_lo, s_hi = bootstrap_interval(success)
+            w_lo, w_hi = bootstrap_interval(r["rewards"])
+            mean_s, mean_r = sum(success) / len(success), sum(r["rewards"]) / len(r["rewards"])
+            print(
+                f"| {name} | {sum(r['outcomes'])} | {mean_s:.3f} [{s_lo:.3f}, {s_hi:.3f}] | "
+                f"{mean_r:+.2f} [{w_lo:+.2f}, {w_hi:+.2f}] |"
+            )
+            entries.append(
+                {
+                    "member": r["member"],
+                    "name": name,
+                    "won": sum(r["outcomes"]),
+                    "success": [mean_s, s_lo, s_hi],
+                    "mean_reward": [mean_r, w_lo, w_hi],
+                }
+            )
+        share = contrast([r["outcomes"] for r in played]) if len(played) > 1 else None
+        if share is not None:
+            print(
+                f"contrast: {share:.3f} of tasks are won by some members and lost by others "
+                f"({round(share * args.episodes)} of {args.episodes})"
+            )
+        report["splits"][split] = {"members": entries, "contrast": share}
+    if args.json:
+        from lib.files import write_json
+
+        write_json(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
