@@ -28,12 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECS = [(21, None, "easy"), (22, "higgs_4l_125", None), (23, None, "hard")]
 
 
-def test_generate_engine_plays_what_the_cached_decoder_plays(tokenizer, model):
+@pytest.mark.parametrize("context", ["conversation", "turn"])
+def test_generate_engine_plays_what_the_cached_decoder_plays(tokenizer, model, context):
     """Greedy, three episodes of different context lengths (left padding): the same tokens and
-    log-probabilities from the model's own `generate` as from the hand-written decoder."""
+    log-probabilities from the model's own `generate` as from the hand-written decoder, which reads
+    contexts with nothing cached together (every turn of the `turn` context, a conversation's first)."""
     greedy = Sampling(temperature=0.0, max_new_tokens=12)
-    engine = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS, sampling=greedy, max_turns=3)
-    cached = play_episodes(hf_generate_fn(model, tokenizer, "cached"), tokenizer, SPECS, sampling=greedy, max_turns=3)
+    kwargs = dict(sampling=greedy, max_turns=3, context=context)
+    engine = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS, **kwargs)
+    cached = play_episodes(hf_generate_fn(model, tokenizer, "cached"), tokenizer, SPECS, **kwargs)
     for a, b in zip(engine, cached):
         assert a.completion_ids == b.completion_ids and a.env_mask == b.env_mask
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
