@@ -225,3 +225,50 @@ def test_dynamic_sampling_stops_after_its_rounds():
         "alike_after": 1,
         "replayed_groups": 2,
     }
+
+
+def test_dynamic_sampling_in_the_real_rollout_keeps_every_sample_in_its_place(tiny_model_dir):
+    """The turn context, played by a model: with a spread no group reaches, every group is played
+    again `dynamic_sampling_rounds` times on fresh tasks; the step still returns one sample per
+    row, each from an episode of its row's replacement task, and the reward log counts the
+    episodes trained on."""
+    from transformers import AutoModelForCausalLM
+
+    from lib.training.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+
+    class FakeTrainer:
+        use_vllm = False
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+        class accelerator:
+            unwrap_model = staticmethod(lambda m: m)
+
+    config = TrainConfig(
+        max_turns=2,
+        max_new_tokens=8,
+        num_generations=2,
+        turn_samples=2,
+        dynamic_sampling=True,
+        dynamic_sampling_rounds=1,
+        dynamic_sampling_min_spread=1e6,
+    )
+    tasks = [{"seed": 7, "scenario": None, "difficulty": "easy"}, {"seed": 8, "scenario": None, "difficulty": "hard"}]
+    prompts = [json.dumps({**task, "turn_slot": slot}) for task in tasks for slot in range(2) for _ in range(2)]
+    rollout = CampaignRollout(config, tokenizer)
+    out = rollout(prompts, FakeTrainer())
+    assert len(out["prompt_ids"]) == len(prompts) == 8
+    assert rollout.sampling_stats == [
+        {"step": 1, "groups": 2, "alike_before": 2, "alike_after": 2, "replayed_groups": 2}
+    ]
+    seeds = [e.record.seed for e in rollout.last_episodes]
+    assert (
+        seeds
+        == [replacement_task(config, tasks[0], 0, 0)["seed"]] * 2
+        + [replacement_task(config, tasks[1], 0, 1)["seed"]] * 2
+    )
+    assert [e.record.difficulty for e in rollout.last_episodes] == ["easy", "easy", "hard", "hard"]
+    for i in range(8):  # sample i: decision slot (i // 2) % 2 of episode i % 2 of its task's group
+        episode = rollout.last_episodes[2 * (i // 4) + i % 2]
+        assert sum(out["reward_components"][i].values()) == pytest.approx(episode.record.total_reward)
