@@ -189,3 +189,16 @@ def test_the_readme_s_training_figures_are_the_committed_seeds():
         pooled = seeds[group][comparison]["pooled"]
         shown = f"{pooled['mean']:+.3f} [{pooled['low']:+.3f}, {pooled['high']:+.3f}]"
         assert shown in text, f"the README should quote {group} {comparison} pooled as {shown}"
+
+
+def test_the_pages_quote_the_published_scored_run_as_its_scorecard_says():
+    card = json.loads((ROOT / "evidence" / "scored_run" / "scorecard.json").read_text())
+    whole = card["groups"]["all"]
+    correct = f"{round(whole['success_rate']['mean'] * card['n_tasks'])} of {card['n_tasks']}"
+    success = "{mean:.3f} [{low:.3f}, {high:.3f}]".format(**whole["success_rate"])
+    for page in ("docs/getting-started.md", "docs/agents.md", "docs/reports.md"):
+        text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+        assert correct in text, f"{page} should quote the published scored run as {correct}"
+    for page in ("docs/getting-started.md", "docs/reports.md"):
+        text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+        assert success in text, f"{page} should quote its success as {success}"
