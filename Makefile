@@ -166,7 +166,7 @@ bench-lee: setup ## global significance on background-only toys, 2,000 per famil
 # NPROC=2 runs the same GRPO in 2 processes through `accelerate launch --multi_gpu` (its torchrun
 # launcher; lib/training/processes.py): one process per GPU with NCCL, or on a machine without CUDA
 # CPU processes over gloo, one thread each (ACCELERATE_ARGS="--num_cpu_threads_per_process 4" to
-# change). ACCELERATE_ARGS="--config_file my.yaml" for DeepSpeed/FSDP (docs/training.md).
+# change). ACCELERATE_ARGS="--config_file my.yaml" for DeepSpeed/FSDP (docs/gpu.md).
 TRAIN_ARGS ?=
 NPROC ?= 1
 ACCELERATE_ARGS ?=

@@ -7,11 +7,11 @@
 # (results.json after each part, generation*.jsonl row by row, the profiles), so a part stopped by
 # the budget keeps what it had printed.
 #
-#   bash bench/gpu_session.sh BUNDLE_DIR OUT_DIR [SECONDS]     # BUNDLE_DIR from ../shared/gpu/make-bundle.sh
-#     (the team's wheel bundle for its GPU machine, which has no network; outside this repository. On a
-#     CUDA machine with network, `pip install -e .` and `python -m lib.gpu_set` (requirements-gpu.txt)
-#     install what it holds, and `python3 bench/bench_train_gpu.py --steps 2 --model-dir /tmp/bench-model`
-#     runs the measurements)
+#   bash bench/gpu_session.sh BUNDLE_DIR OUT_DIR [SECONDS]     # BUNDLE_DIR from bench/make_gpu_bundle.sh
+#     (the wheels of bench/gpu_bundle_wheels.txt, packed where pip reaches an index, for a GPU machine
+#     without network. On a CUDA machine with network there is no bundle: `pip install -e .` and
+#     `python -m lib.gpu_set` (requirements-gpu.txt) install what it holds, and
+#     `python3 bench/bench_train_gpu.py --steps 2 --model-dir DIR` runs the measurements)
 #   bash bench/gpu_session.sh --dry-run OUT_DIR [SECONDS]      # the same parts on this CPU, tiny shape
 #   PARTS="generation colab-step" bash bench/gpu_session.sh ...  # some parts, in this order
 #

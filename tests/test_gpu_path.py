@@ -2,7 +2,7 @@
 Unsloth must be imported in, and the precision chosen for the device.
 
 What needs a GPU (Unsloth's kernels and inference mode, bf16/fp16 training, the
-measurements of `bench/bench_train.py` there) is not run here: see docs/training.md.
+measurements of `bench/bench_train.py` there) is not run here: see docs/gpu.md.
 """
 
 from __future__ import annotations

@@ -75,6 +75,17 @@ def test_every_seed_runs_then_the_imitation_only_policy_then_the_report(tmp_path
     saved = json.loads((tmp_path / "seeds_run.json").read_text())
     assert saved["imitation_campaigns"] == record["imitation_campaigns"] == 80
     assert saved["commit"] and {entry["name"] for entry in saved["commands"]} == set(names)
+    assert {entry["command"][0] for entry in saved["commands"]} == {"python"}, "no machine's Python path"
+
+
+def test_the_record_names_the_python_and_the_repository_s_folders_neutrally():
+    import sys
+
+    from lib.training.seeds import REPO, recorded_command
+
+    command = [sys.executable, "-m", "lib.training", "--evidence_dir", str(REPO / "build" / "s" / "evidence")]
+    assert recorded_command(command) == ["python", "-m", "lib.training", "--evidence_dir", "build/s/evidence"]
+    assert recorded_command(["python3", "-m", "x"]) == ["python3", "-m", "x"], "another program is kept as given"
 
 
 def test_a_failed_seed_stops_before_the_report_and_says_where_to_look(tmp_path):
@@ -116,9 +127,7 @@ def test_a_run_whose_checkout_moves_starts_nothing_more_and_says_to_use_a_clone(
     """The seeds' evidence must come from one commit: a commit made while seed 0 runs fails seed 0
     (its evidence could mix two trees) and no other run starts; the record says why."""
     recorder = Recorder()
-    with pytest.raises(
-        RuntimeError, match=r"seed0 failed: HEAD moved from a+ to b+ while it ran.*git clone \. /tmp/seeds"
-    ):
+    with pytest.raises(RuntimeError, match=r"seed0 failed: HEAD moved from a+ to b+ while it ran.*git clone \. DIR"):
         run_seeds("configs/train/smoke.yaml", [0, 1, 2], tmp_path, jobs=1, runner=recorder, state=Checkout(recorder, 1))
     assert recorder_starts(recorder) == ["seed0"]
     saved = json.loads((tmp_path / "seeds_run.json").read_text())

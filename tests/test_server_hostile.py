@@ -2,7 +2,7 @@
 
 Each test is one class of attack, run against a live server with small limits (bounded in size
 and time; no assertion on wall-clock time; what each got before the rule that stops it, in
-docs/openenv.md's attack table):
+docs/studies/2026-11-26-attacks-tried-and-what-each-gets.md):
 a WebSocket ping flood, X-Forwarded-For rotated to escape the per-address limits, JSON nested
 hundreds deep, half-open requests from many addresses filling the connection cap, one address
 holding every session, floods of invalid requests and frames in the log, foreign Origins,

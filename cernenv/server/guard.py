@@ -2,7 +2,8 @@
 
 What the ASGI app cannot see: connections that never finish a request, WebSocket control
 frames, what a connection sends that is not HTTP or WebSocket, the peer a connection really
-comes from. (The attacks each rule answers, with their figures: docs/openenv.md.)
+comes from. (The attacks each rule answers, with their figures:
+docs/studies/2026-11-26-attacks-tried-and-what-each-gets.md.)
 
 `ConnectionGuard` bounds the open connections, in all and per client address, and gives each
 request `request_read_timeout_s` to arrive whole (headers and body), from the connection's

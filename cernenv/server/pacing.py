@@ -32,13 +32,13 @@ FREE_STEPS_ON_UNCHANGED_DATA = 6
 # a session that only wastes work sends at most 10 requests a second, and the server's event
 # loop, which the scheduler does not order, is spared their traffic. An agent's occasional
 # refused action costs it 0.1 s, little beside the time a language model takes to answer
-# (why 0.1 s and not 50 ms: docs/openenv.md, "How the scheduler's rules came about").
+# (why 0.1 s and not 50 ms: docs/studies/2026-11-25-how-the-scheduler-s-rules-came-about.md).
 WASTED_WORK_PAUSE_S = 0.1
 # The same pause for what a connection sends that runs no physics (refused frames, `state`
 # requests, WebSocket pings and pongs, MCP calls that neither reset nor step) beyond this many
 # in a row without a reset or step (`MessageBudget`): 8 clients sending them as fast as they
 # were answered raised 4 honest clients' median latency x1.6-2.1 (bench/server_load.py
-# `garbage`, `state`; pings: `ping`, docs/openenv.md).
+# `garbage`, `state`; pings: `ping`, docs/studies/2026-11-26-attacks-tried-and-what-each-gets.md).
 FREE_MESSAGES_WITHOUT_WORK = 10
 # A connection that sends more control frames in one read than this many seconds of pauses
 # would cover (50 past the free ones) is closed (1008): no client needs that many pings.
@@ -48,8 +48,9 @@ MAX_CONTROL_FRAME_DEBT_S = 5.0
 # a second; beyond, the address's new connections are read only after its debt, at most
 # OFFENCE_DELAY_MAX_S. Each such connection costs the server its handshake and a read before it
 # is closed, and reconnecting is free for the client (bench/server_load.py `bad-http`,
-# `bad-utf8`, `ping`; docs/openenv.md). Refusing the address instead (503) cost an honest client
-# on the same address half its requests beside one sending TLS to the plain port twice a second.
+# `bad-utf8`, `ping`; docs/studies/2026-11-26-attacks-tried-and-what-each-gets.md). Refusing the
+# address instead (503) cost an honest client on the same address half its requests beside one
+# sending TLS to the plain port twice a second.
 OFFENCE_BURST = 8
 OFFENCES_PER_S = 1.0
 OFFENCE_DELAY_MAX_S = 1.0

@@ -24,8 +24,8 @@ action on unchanged data, any step beyond the 6th in a row without new data (Heu
 takes at most 5), a claim made before any data, a reset that abandons an unfinished episode or
 follows one without data.
 
-The measurements behind these rules, and the rules tried and not kept, are in docs/openenv.md
-("How the scheduler's rules came about").
+The measurements behind these rules, and the rules tried and not kept, are in
+docs/studies/2026-11-25-how-the-scheduler-s-rules-came-about.md.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class TrainConfig:
     """Before GRPO, fine-tune the model (every weight, or its LoRA adapter) on this many
     HeuristicAgent campaigns laid out as GRPO plays them (`lib.training.warm_start`); 0: none.
     The stand-in learns the environment from scratch here, and 600 × 2 passes is where its play
-    on the validation split stops improving (docs/training.md, "From the imitation plateau"); a
+    on the validation split stops improving (docs/studies/2026-11-29-the-imitation-plateau.md); a
     real model needs a few hundred."""
     warm_start_demonstrators: str = "heuristic"
     """Who demonstrates the warm start's campaigns (`WARM_START_DEMONSTRATORS`): "heuristic",
@@ -146,7 +146,8 @@ class TrainConfig:
     """The peak learning rate of each DAgger round's pass (cosine decay as the warm start's). A tenth of
     the warm start's: a pass that restarts at 2e-3 undoes part of what the warm start learned (from
     the default warm start, one pass at 2e-3 on 50 fresh campaigns' decisions and as many of its own
-    took it from 63 to 46 of 120 validation campaigns; docs/training.md)."""
+    took it from 63 to 46 of 120 validation campaigns;
+    docs/studies/2026-11-28-dagger-against-imitation.md)."""
     warm_start_loss: str = "conversation"
     """Which tokens the warm start's loss covers: "conversation" (every one: the stand-in learns to
     copy channels and numbers by predicting the environment's messages too) or "actions" (the
@@ -154,7 +155,7 @@ class TrainConfig:
 
     # -- GRPO
     max_steps: int = 8
-    """Optimisation steps (docs/training.md, "From the imitation plateau": why 8 of 64 episodes)."""
+    """Optimisation steps (docs/studies/2026-11-29-the-imitation-plateau.md: why 8 of 64 episodes)."""
     num_generations: int = 8
     """Episodes per group: they play the same seed and scenario, and each one's advantage is
     its return minus the group mean (then scaled, see `scale_rewards`)."""
@@ -208,8 +209,9 @@ class TrainConfig:
     "none" does not scale (Dr. GRPO)."""
     temperature: float = 0.6
     """Sampling temperature of training rollouts (TRL scores the completions at the same one;
-    docs/training.md: why 0.6 for the CPU stand-in). With `top_p` and `max_new_tokens`, the
-    `Sampling` of training rollouts (`sampling`), kept as separate fields for the command line."""
+    docs/studies/2026-11-29-the-imitation-plateau.md: T 1.0 played no better). With `top_p` and
+    `max_new_tokens`, the `Sampling` of training rollouts (`sampling`), kept as separate fields for the
+    command line."""
     top_p: float = 1.0
     """Nucleus mass of training rollouts."""
     constrained_replies: bool = True

@@ -71,6 +71,17 @@ def seed_command(config: str, seed: int, out: Path, extra: Sequence[str]) -> Lis
     ]
 
 
+def recorded_command(command: Sequence[str]) -> List[str]:
+    """`command` as `seeds_run.json` keeps it: the running Python as `python` and paths inside the
+    repository relative to it, so the record names no machine's folders."""
+    words = ["python" if i == 0 and word == sys.executable else word for i, word in enumerate(command)]
+    for i, word in enumerate(words):
+        path = Path(word)
+        if path.is_absolute() and path.is_relative_to(REPO):
+            words[i] = str(path.relative_to(REPO))
+    return words
+
+
 def imitation_campaigns(result: Mapping[str, Any], warm_start_episodes: int) -> int:
     """How many campaigns an imitation-only warm start gets for the time a run (its
     `train_result.json`) spent on its warm start and GRPO together: `warm_start_episodes` scaled by
@@ -122,7 +133,7 @@ def failure_note(record: Mapping[str, Any], out: Path, name: Optional[str] = Non
     if moved:
         return (
             f"{moved[0]}. The seeds must come from one checkout: run them again from a clone of their own "
-            "(git clone . /tmp/seeds) to keep working here meanwhile"
+            "(git clone . DIR, DIR a folder outside this checkout) to keep working here meanwhile"
         )
     return f"see {out / name / 'run.log'}" if name else f"see their run.log under {out}"
 
@@ -159,7 +170,7 @@ def run_seeds(
     def job(name: str, command: List[str]) -> int:
         if first_failed.is_set():
             return -1  # not started: the first seed, which sizes the comparison, failed
-        entry: Dict[str, Any] = {"name": name, "command": command}
+        entry: Dict[str, Any] = {"name": name, "command": recorded_command(command)}
         moved = checkout_moved(started_on, state())
         if moved:
             entry.update(status=None, moved=f"not started: {moved} since the seeds started")

@@ -1,0 +1,1 @@
+"""Examples to copy: a template agent (`examples.template_agent`)."""
