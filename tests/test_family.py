@@ -272,3 +272,15 @@ def test_dynamic_sampling_in_the_real_rollout_keeps_every_sample_in_its_place(ti
     for i in range(8):  # sample i: decision slot (i // 2) % 2 of episode i % 2 of its task's group
         episode = rollout.last_episodes[2 * (i // 4) + i % 2]
         assert sum(out["reward_components"][i].values()) == pytest.approx(episode.record.total_reward)
+
+
+def test_the_family_bench_varies_each_parameter_alone_and_counts_contrast():
+    from bench.bench_family import axes_members, contrast
+
+    members = axes_members()
+    default = HeuristicAgent().plan_parameters()
+    assert members[0] == default and len({json.dumps(m, sort_keys=True) for m in members}) == len(members)
+    for member in members[1:]:
+        changed = {name for name in member if member[name] != default[name]}
+        assert changed and (len(changed) == 1 or changed == {"discovery_z_global", "first_block_fraction"})
+    assert contrast([[True, True, False], [True, False, False]]) == pytest.approx(1 / 3)
