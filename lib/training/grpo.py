@@ -12,7 +12,8 @@ What one optimisation step does:
    masked by `env_mask`); in the `turn` context each decision is its own sample (the chat it
    read and its reply), the dataset holding each task once per decision slot
    (`TrainConfig.turn_samples`), so GRPO's sample count per step stays fixed however long
-   the episodes are.
+   the episodes are. With `dynamic_sampling` (DAPO), a group whose returns all but agree is
+   played again on a fresh task of the same kind before the step trains (`replacement_task`).
 3. Each reward component (`cernenv.rewards.COMPONENT_NAMES`) is its own reward function;
    their sum is the episode's return. TRL logs each as `rewards/<component>/mean`.
 4. GRPO's advantage is the return minus its group's mean, scaled as `scale_rewards`
