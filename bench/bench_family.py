@@ -21,7 +21,7 @@ import argparse
 import json
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Dict, List, Sequence
 
 
@@ -114,8 +114,13 @@ def main(argv: Any = None) -> int:
         for split in args.splits
         for member in [*members, "oracle"]
     ]
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        results = list(pool.map(play, jobs))
+    results = []
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:  # each member's line as it ends
+        for future in as_completed([pool.submit(play, job) for job in jobs]):
+            result = future.result()
+            results.append(result)
+            name = result["member"] if isinstance(result["member"], str) else member_name(result["member"])
+            print(f"{result['split']}: {name} won {sum(result['outcomes'])} of {args.episodes}", flush=True)
 
     report: Dict[str, Any] = {"episodes": args.episodes, "splits": {}}
     for split in args.splits:
