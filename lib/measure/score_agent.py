@@ -9,15 +9,15 @@ port, the run's ledger in a private temporary folder), the agent (`python -m
 lib.agents.remote_player`, started without the CERNENV_* variables, importing from the
 repository, the current folder and each `--agent-path`), and this one, the entrant's client: it
 reads the run's commitment, sends the entrant's nonce (`POST /evaluation/nonce`: a fresh random
-one, or `--entrant-nonce`), starts the agent, keeps a receipt of the ledger's signed head after
-each episode (`GET /evaluation`, RUN_ID.receipts.json), then scores the ledger, checks it holds
-every receipt and replays every episode against the run's reveal (`lib.measure.scorecard`). What
-the run came to (`agent_run`: episodes played to their end, abandoned, never played) is read from
-the run's ledger, never from the agent's process, whose own report is kept as `player_said`. The
-agent's process holds what the server sends an agent and nothing else: the secret of the run's
-worlds exists only in the server's memory until the run ends, every world is fresh, and the
-run's tasks come in an order the server keeps to itself. Introspecting its own process (frames,
-the garbage collector, files) finds nothing.
+one, or `--entrant-nonce`), starts the agent, keeps a receipt of each signed head of the ledger
+it sees (`GET /evaluation` every 0.2 s and once the agent is done, RUN_ID.receipts.json), then
+scores the ledger, checks it holds every receipt and replays every episode against the run's
+reveal (`lib.measure.scorecard`). What the run came to (`agent_run`: episodes played to their
+end, abandoned, never played) is read from the run's ledger, never from the agent's process,
+whose own report is kept as `player_said`. The agent's process holds what the server sends an
+agent and nothing else: the secret of the run's worlds exists only in the server's memory until
+the run ends, every world is fresh, and the run's tasks come in an order the server keeps to
+itself. Introspecting its own process (frames, the garbage collector, files) finds nothing.
 
 It fails (`AgentRunError`: one line, a non-zero exit) when the agent cannot be loaded (checked in
 a process of its own before any server starts), plays no episode to its end, left some
