@@ -232,24 +232,20 @@ evaluate: setup ## score an agent out of process on a scored run: AGENT=module:C
 	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent "$(AGENT)" --suite "$(or $(SUITE),v3)" $(if $(AGENT_PATH),--agent-path "$(AGENT_PATH)")
 
 # The published scored run (docs/reports.md, "Checking a scorecard you were sent"): the heuristic's
-# scored run of the v3 suite, its ledger (gzip-compressed), reveal and scorecard. Regenerate it
-# whenever the environment's arithmetic changes (the replay must come back), from a clean checkout
-# (the run records the commit): `make scored-run-example`, then commit evidence/scored_run/.
+# scored run of the v3 suite, its commitment (committed to git before play: the script commits it,
+# and the commit's hash is the run's entrant's nonce), ledger (gzip-compressed), reveal, receipts and
+# scorecard. Regenerate it whenever the environment's arithmetic changes (the replay must come back),
+# from a clean checkout: `make scored-run-example`, then commit evidence/scored_run/.
 SCORED_RUN_DIR   ?= evidence/scored_run
 SCORED_RUN_AGENT  = lib.agents.baselines:HeuristicAgent
 
-scored-run-example: setup ## play the heuristic's scored run of v3 into evidence/scored_run/ (ledger, reveal, scorecard), then verify it
-	rm -rf $(BUILD)/scored-run-example
-	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent $(SCORED_RUN_AGENT) --suite v3 --out $(BUILD)/scored-run-example
-	rm -rf $(SCORED_RUN_DIR) && mkdir -p $(SCORED_RUN_DIR)
-	gzip -9n < $$(ls $(BUILD)/scored-run-example/*[0-9a-f].jsonl) > $(SCORED_RUN_DIR)/ledger.jsonl.gz
-	cp $(BUILD)/scored-run-example/*.reveal.json $(SCORED_RUN_DIR)/reveal.json
-	cp $(BUILD)/scored-run-example/scorecard-*.json $(SCORED_RUN_DIR)/scorecard.json
-	cp $(BUILD)/scored-run-example/scorecard-*.md $(SCORED_RUN_DIR)/scorecard.md
+scored-run-example: setup ## play the heuristic's scored run of v3 into evidence/scored_run/ (its commitment committed to git first), then verify it
+	$(RUN_ENV) bash scripts/scored_run_example.sh $(PY) $(BUILD)/scored-run-example $(SCORED_RUN_DIR) $(SCORED_RUN_AGENT)
 	$(MAKE) --no-print-directory verify-scored-run
 
-verify-scored-run: setup ## check evidence/scored_run/: its chain, its commitment, every episode replayed, its scorecard recomputed
+verify-scored-run: setup ## check evidence/scored_run/: its signed chain, its commitment, receipts, every episode replayed, its scorecard recomputed
 	$(RUN_ENV) $(PY) -m lib.measure.scorecard $(SCORED_RUN_DIR)/ledger.jsonl.gz --reveal $(SCORED_RUN_DIR)/reveal.json \
+	  --receipts $(SCORED_RUN_DIR)/receipts.json --commitment $(SCORED_RUN_DIR)/commitment.json \
 	  --expect $(SCORED_RUN_DIR)/scorecard.json --agent $(SCORED_RUN_AGENT) | tail -n 2
 
 bench-server: setup ## in-process vs WebSocket throughput at 1, 8, 32 sessions, fairness under spam (bench/bench_server.py)

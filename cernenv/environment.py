@@ -270,6 +270,12 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
             return None
         return dict(self._episode.grade)
 
+    def episode_claim(self) -> Optional[Dict[str, Any]]:
+        """The claim that ended the episode, as JSON (None: no claim, or no episode)."""
+        if self._episode is None or self._episode.claim is None:
+            return None
+        return self._episode.claim.model_dump(mode="json")
+
     def world_nonce(self) -> str:
         """The random nonce `fresh_worlds` mixed into this episode's hidden streams ("" without
         it): with the secret, what an auditor needs to replay the episode. Never for the agent."""

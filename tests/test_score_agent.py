@@ -78,3 +78,84 @@ def test_an_agent_that_cannot_be_imported_is_one_line_and_a_failed_exit_before_a
     (line,) = captured.err.strip().splitlines()
     assert line.startswith("error: the agent could not be loaded: --agent 'no_such_module:Thing': cannot import")
     assert "Scorecard" not in captured.out and "scored run" not in captured.out and not list(tmp_path.glob("*"))
+
+
+LYING_AGENT = textwrap.dedent(
+    '''
+    """An agent that writes its player's summary itself (the path is on its command line) claiming
+    a perfect run, then leaves before playing anything."""
+    import json
+    import sys
+
+
+    class Liar:
+        def reset(self):
+            path = sys.argv[sys.argv.index("--summary") + 1]
+            with open(path, "w") as handle:
+                json.dump({"played": 28, "failed": 0, "first_error": None, "load_error": None}, handle)
+            sys.exit(0)
+
+        def act(self, observation):
+            raise AssertionError("never reached")
+    '''
+)
+
+QUITTER_AGENT = textwrap.dedent(
+    '''
+    """The heuristic for one episode; its process ends at the start of the second."""
+    import os
+
+    from lib.agents.baselines import HeuristicAgent
+
+
+    class Quitter:
+        def __init__(self):
+            self.episodes = 0
+
+        def reset(self):
+            self.episodes += 1
+            if self.episodes == 2:
+                os._exit(0)
+            self.inner = HeuristicAgent()
+
+        def act(self, observation):
+            return self.inner.act(observation)
+    '''
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "source, name, counts, error",
+    [
+        (LYING_AGENT, "liar_agent:Liar", (0, 1, 2), "played no episode to its end"),
+        (QUITTER_AGENT, "quitter_agent:Quitter", (1, 1, 1), r"left 1 of 2 episodes unfinished \(its process ended"),
+    ],
+    ids=["overwrites its summary", "exits after one episode"],
+)
+def test_what_an_agent_played_is_read_from_the_runs_ledger_not_from_its_process(
+    tmp_path, capfd, source, name, counts, error
+):
+    """The agent's process can write anything as its player's summary, or end at any moment: the
+    scorecard's `agent_run` and the exit say what the run's ledger holds (played to the end,
+    abandoned, never played), and what the process said is kept apart as `player_said`."""
+    import re
+
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / f"{name.split(':')[0]}.py").write_text(source)
+    out = tmp_path / "out"
+    status = score_agent_main(["--agent", name, "--agent-path", str(folder), "--suite", "draw:3", "--out", str(out)])
+    captured = capfd.readouterr()
+    assert status == 1
+    assert re.search(error, captured.err.strip().splitlines()[-1]), captured.err[-2000:]
+    (card_file,) = out.glob("scorecard-*.json")
+    card = json.loads(card_file.read_text())
+    assert (card["graded"], card["abandoned"], card["unplayed"]) == counts
+    run = card["agent_run"]
+    assert (run["played"], run["failed"], run["unplayed"]) == counts and run["exit_status"] == 0
+    if name.startswith("liar"):
+        assert run["player_said"]["played"] == 28  # kept, not believed
+    assert "incomplete" not in captured.out and f"verified: {counts[0] + counts[1]} of" in captured.out
+    (receipts,) = out.glob("*.receipts.json")
+    assert json.loads(receipts.read_text())["receipts"], "the entrant's client kept no receipt"

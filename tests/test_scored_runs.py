@@ -25,6 +25,7 @@ from lib.measure.scorecard import main as scorecard_main
 from lib.measure.scorecard import score_run
 
 TESTS = Path(__file__).resolve().parent
+ENTRANT_NONCE = "entrant-nonce-sent-after-the-commitment"
 NULL_CLAIM = {"action_type": "submit_discovery_claim", "parameters": {"discovered": False, "confidence": 0.6}}
 
 
@@ -132,19 +133,62 @@ def test_a_write_the_disk_cuts_short_leaves_no_partial_line_and_is_reported_at_a
     assert [r.task_index for r in read_ledger(path)] == [0, 3]  # nothing cut, nothing merged
 
 
-def test_the_ledger_rotates_by_size_and_is_read_across_its_files(tmp_path, caplog):
+def test_the_ledger_rotates_by_size_is_read_across_its_files_and_once_full_refuses_rather_than_delete(tmp_path, caplog):
+    """3 lines a file, 2 rotated files kept: 9 lines fill it; the 10th and every one after are
+    refused with one line that says what to do (nothing deleted), and a reset is refused too."""
     path = tmp_path / "results.jsonl"
     one_line = len(json.dumps(episode_line(0), sort_keys=True)) + 1
     ledger = ResultsLedger(path, max_bytes=3 * one_line + 10, rotated_files=2, client_max_bytes=10**9)
-    with caplog.at_level("WARNING", logger="cernenv.server"):
-        for index in range(12):
-            ledger.append(episode_line(index))
+    for index in range(9):
+        ledger.append(episode_line(index))
+    with pytest.raises(
+        ledger_module.LedgerFull, match=r"results.jsonl is full \(3 files of up to [0-9]+ bytes\): .*move"
+    ):
+        ledger.append(episode_line(9))
+    with caplog.at_level("ERROR", logger="cernenv.server"):
+        assert not any(ledger.append_or_report(episode_line(10 + k)) for k in range(50))
+    assert len([r for r in caplog.records if "is full" in r.getMessage()]) == 1
+    from cernenv.server.scheduler import FairScheduler
+    from cernenv.server.served import EnvironmentCount, ServedEnvironment
+    from cernenv.server.wire import RequestError
+
+    env = ServedEnvironment(EnvironmentCount(), FairScheduler(), "secret", evaluation=True, ledger=ledger)
+    with pytest.raises(RequestError, match="results ledger is full"):
+        env.reset(seed=902_000, difficulty="easy")
     ledger.close()
     files = ["results.jsonl", "results.jsonl.1", "results.jsonl.2"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [*files, "results.jsonl.lock"]  # the lock outlives rotations
     assert max((tmp_path / name).stat().st_size for name in files) <= 3 * one_line + 10
-    assert [r.task_index for r in read_ledger(path)] == list(range(3, 12))  # oldest first, the first 3 deleted
-    assert "deleting" in caplog.text and "results.jsonl.2" in caplog.text
+    assert [r.task_index for r in read_ledger(path)] == list(range(9))  # oldest first, nothing deleted
+
+
+def test_a_clients_episodes_without_a_step_are_counted_past_their_bound_and_a_run_file_is_nobody_elses(tmp_path):
+    """A reset storm's episodes (abandoned without a step) write at most `stepless_lines` lines per
+    address, then are counted; an episode with a step still goes in, and another address's
+    stepless ones too. A scored run's ledger is locked while its run is open (a second server on
+    the path is refused at start) and refused to a plain server after it closed."""
+    from cernenv.server.runs import ScoredRun
+
+    path = tmp_path / "results.jsonl"
+    ledger = ResultsLedger(path, stepless_lines=3)
+    stepless = dict(abandoned=True, steps=0, client="10.0.0.1")
+    assert [ledger.append_or_report(episode_line(i, **stepless)) for i in range(5)] == [True] * 3 + [False] * 2
+    assert ledger.stepless_unrecorded == {"10.0.0.1": 2}
+    ledger.append(episode_line(5, abandoned=True, steps=1, client="10.0.0.1"))
+    ledger.append(episode_line(6, abandoned=True, steps=0, client="10.0.0.2"))
+    ledger.close()
+    assert [r.task_index for r in read_ledger(path)] == [0, 1, 2, 5, 6]
+
+    run = ScoredRun("draw:2", tmp_path / "run.jsonl")
+    for plain in (lambda: ResultsLedger(run.ledger_path), lambda: ScoredRun("draw:2", run.ledger_path)):
+        with pytest.raises(OSError, match="being written by another process"):
+            plain()
+    run.end("server shut down")
+    run.ledger.close()
+    before = run.ledger_path.read_bytes()
+    with pytest.raises(OSError, match="is a scored run's ledger, which no other server writes or rotates"):
+        ResultsLedger(run.ledger_path)
+    assert run.ledger_path.read_bytes() == before and read_run(run.ledger_path).ended is not None
 
 
 def test_ledger_lines_written_at_once_stay_whole(tmp_path):
@@ -212,6 +256,12 @@ def test_the_server_assigns_every_task_once_and_records_the_abandoned_ones(tmp_p
     server = Server("--scored-run", "v3:known_physics", "--results-ledger", str(ledger), mode=None)
     try:
         before_play = server.http("GET", "/evaluation")[1]
+        with server.ws() as ws:  # no task before the entrant's nonce
+            reply = call(ws, {"type": "reset", "data": {}})
+            assert reply["type"] == "error" and "waits for the entrant's nonce" in reply["data"]["message"]
+        assert server.http("POST", "/evaluation/nonce", {"nonce": "short"})[0] == 400
+        assert server.http("POST", "/evaluation/nonce", {"nonce": ENTRANT_NONCE})[0] == 200
+        assert server.http("POST", "/evaluation/nonce", {"nonce": ENTRANT_NONCE + "2"})[0] == 409
         status, answer = server.http("POST", "/reset", {})  # HTTP's one-off environment takes no task
         assert status == 400 and "played in sessions" in answer["detail"], answer
         with server.ws() as ws:
@@ -265,6 +315,7 @@ def test_a_shutdown_records_the_open_episodes_of_every_kind_and_ends_the_run(tmp
     ledger = tmp_path / "results.jsonl"
     server = Server("--scored-run", "draw:3", "--results-ledger", str(ledger), mode=None)
     try:
+        assert server.http("POST", "/evaluation/nonce", {"nonce": ENTRANT_NONCE})[0] == 200
         with server.ws() as ws:
             assert call(ws, {"type": "reset", "data": {}})["type"] == "observation"
             session = server.mcp("openenv/session/create")["result"]["session_id"]
@@ -322,6 +373,7 @@ def test_a_flood_of_resets_erases_neither_a_finished_run_nor_another_clients_epi
     runs.mkdir(mode=0o700)
     scored = Server("--scored-run", "draw:2", "--results-ledger", str(runs), mode=None)
     try:
+        assert scored.http("POST", "/evaluation/nonce", {"nonce": ENTRANT_NONCE})[0] == 200
         with scored.ws() as ws:
             for _ in range(2):
                 assert call(ws, {"type": "reset", "data": {}})["type"] == "observation"
@@ -447,7 +499,7 @@ def test_an_episode_ends_once_when_close_races_its_claim_and_nothing_keeps_the_e
     from cernenv.server.served import EnvironmentCount, ServedEnvironment
 
     scheduler, count = FairScheduler(), EnvironmentCount()
-    ledger = ResultsLedger(tmp_path / "results.jsonl")
+    ledger = ResultsLedger(tmp_path / "results.jsonl", stepless_lines=40)  # a close may beat the claim's step
     alive: List[weakref.ref] = []
 
     async def one_round(index: int) -> None:

@@ -273,9 +273,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     run = app.state.cernenv_run
     if run is not None:
         print(
-            f"scored run {run.run_id} open: {len(run.tasks)} tasks ({run.selection}), each reset gets the next; "
-            f"its worlds' secret {run.secret_fingerprint}; commitment {run.commitment} (served by GET /evaluation: "
-            f"publish it before play); its ledger {run.ledger_path}; score it with: python -m lib.measure.scorecard "
+            f"scored run {run.run_id} open: {len(run.tasks)} tasks ({run.selection}), each reset gets the next once "
+            f"the entrant sent its nonce (POST /evaluation/nonce); the operator's secret {run.secret_fingerprint}; "
+            f"commitment {run.commitment} (served by GET /evaluation: publish it before play); its lines signed by "
+            f"key {run.public_key}; its ledger {run.ledger_path}; score it with: python -m lib.measure.scorecard "
             f"{run.ledger_path}",
             flush=True,
         )

@@ -19,7 +19,8 @@ and `/evaluation`):
 | `POST /reset` | the first observation of a fresh environment (seed, scenario, difficulty), then forgotten |
 | `POST /step`, `GET /state` | a fresh environment per request (OpenEnv 0.10): 409; the empty state |
 | `GET /sessions` | environments open now and the session limits |
-| `GET /evaluation` | the mode, the fingerprint, fresh worlds, withheld grades, a scored run's progress and commitment |
+| `GET /evaluation` | the mode, the fingerprint, fresh worlds, withheld grades, a scored run's progress, its head |
+| `POST /evaluation/nonce` | a scored run's entrant's nonce, once, before its first reset |
 | `GET /` | a page: the server, its version and mode, how to play on it at its address; `GET /docs`: every route |
 | `GET /web` | OpenEnv's web UI where `ENABLE_WEB_INTERFACE` is set, else a redirect to `/` |
 
@@ -56,6 +57,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.types import ConcurrencyConfig
+from pydantic import BaseModel, ConfigDict
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from cernenv._version import __version__
@@ -76,7 +78,7 @@ from cernenv.server.pacing import (
     WASTED_WORK_PAUSE_S,
     AddressPacer,
 )
-from cernenv.server.runs import ScoredRun
+from cernenv.server.runs import RUN_END_REASONS, ScoredRun
 from cernenv.server.scheduler import FairScheduler
 from cernenv.server.served import EnvironmentCount, ServedEnvironment, WireAction
 from cernenv.server.sessions import adopt_env_server
@@ -148,7 +150,7 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
         if not config.results_ledger or not config.evaluation:
             raise ValueError("a scored run needs evaluation mode and a results ledger")
         run = ScoredRun(config.scored_run, Path(config.results_ledger))  # its ledger, a file of its own
-        ledger, secret = run.ledger, run.world_secret  # every session plays the run's worlds
+        ledger, secret = run.ledger, ""  # every session plays the run's worlds, drawn with the run's secret
     elif config.results_ledger:
         ledger = ResultsLedger(Path(config.results_ledger), int(config.ledger_max_mib * 2**20))
     concurrency = ConcurrencyConfig(
@@ -197,7 +199,7 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
             if env is not None:
                 env.record_unfinished("abandoned: server shut down")
         if run is not None:
-            run.end("server shut down")
+            run.end(RUN_END_REASONS[1])
 
     def close_ledger() -> None:
         """Last at shutdown: the ledger closed, its lock released for the next server."""
@@ -249,6 +251,20 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
             "scored_run": run.describe() if run is not None else None,
         }
 
+    @app.post(
+        "/evaluation/nonce", tags=["Environment Info"], summary="The entrant's nonce, mixed into a scored run's worlds"
+    )
+    async def entrant_nonce(body: EntrantNonce) -> Dict[str, Any]:
+        """Once per scored run, after reading its commitment (`GET /evaluation`) and before the first
+        reset: the entrant's nonce, mixed with the operator's committed secret into the secret every
+        world of the run is drawn with (neither side chooses the worlds alone). Answers what
+        `/evaluation` says of the run; 409 when the run already has its nonce, 404 without a run."""
+        if run is None:
+            error = RequestError("this server plays no scored run: it takes no entrant's nonce")
+            error.status_code = 404
+            raise error
+        return run.seed(body.nonce)
+
     app.add_middleware(
         MessageLimit,
         max_bytes=config.max_message_bytes,
@@ -266,6 +282,13 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
     app.state.cernenv_run = run
     app.state.cernenv_ledger = ledger
     return app
+
+
+class EntrantNonce(BaseModel):
+    """The body of `POST /evaluation/nonce`."""
+
+    model_config = ConfigDict(extra="forbid")
+    nonce: str
 
 
 async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:

@@ -1,27 +1,35 @@
 """A scored run's ledger checked as anyone sent it can check it (`python -m lib.measure.scorecard`).
 
 Without the reveal (`read_run`): the file is a regular file of its own, with nothing rotated
-beside it; its first line opens the run (`RunOpened`, with the commitment) and its lines after
-that are the run's episodes, then at most its end (`RunEnded`), as the last line; each line
-carries the hash of the line before it (`previous`: a line changed, inserted, removed or moved
-breaks the chain at the next one); every episode is the run's (its id, the evaluation mode, the
-secret's fingerprint), of one of its tasks (index, seed, scenario or difficulty), each task and
-each place in the order once; the end's counts are the lines'.
+beside it; its first line opens the run (`RunOpened`, with the commitment and the run's public
+key), its second takes the entrant's nonce (`RunSeeded`), the lines after that are the run's
+episodes, then its end (`RunEnded`), as the last line; each line carries the hash of the line
+before it (`previous`: a line changed, inserted, removed or moved breaks the chain at the next
+one) and the run's Ed25519 signature of itself (a line changed by anyone without the run's key
+fails it); every episode is the run's (its id, the evaluation mode, the worlds' secret's
+fingerprint), of one of its tasks (index, seed, scenario or difficulty), each task and each place
+in the order once, its claim, end and timestamps consistent; the end's counts are the lines'.
 
 With the reveal (`verify_run`), the document the run committed to before play: its hash is the
-published commitment, it describes the run the ledger opens, the ledger's last line is the one
-the server wrote last, each episode's task is the one the committed order handed out at its
-place, its world nonce the one derived from the committed secret; and every episode replays
-(`replay_episode`): its world drawn again, its recorded actions sent again, its grade, reward,
-truth, steps and refusals come back as recorded.
+published commitment, it describes the run the ledger opens (its tasks, its key, the operator's
+secret), the run ended and its last line is the one the server wrote last, each episode's task is
+the one the committed order handed out at its place, its world nonce the one derived from the
+worlds' secret (the operator's committed secret mixed with the entrant's nonce); and every episode
+replays (`replay_episode`): its world drawn again, its recorded actions sent again, its grade,
+reward, truth, steps, refusals, end, claim, final resources, scenario and difficulty come back as
+recorded.
+
+With the entrant's receipts (`check_receipts`: the signed heads the server served while the run
+was played): every receipt is the run's signature, and the ledger holds, at each receipt's line,
+the very line the server signed then. What each party can forge: docs/reports.md.
 
 Every failure is an `AuditError` whose message is one line naming the file, the line and what is
-wrong. The operator may still lie about everything; once the commitment was published before play,
-not without being caught.
+wrong.
 """
 
 from __future__ import annotations
 
+import datetime
 import gzip
 import json
 import math
@@ -29,13 +37,26 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from cernenv.environment import CERNCollisionEnvironment
+from cernenv.rules import END_WITHOUT_CLAIM
 from cernenv.scenarios import list_scenarios
 from cernenv.server.evaluation import fingerprint
-from cernenv.server.ledger import EpisodeEnded, RunEnded, RunOpened, _problem, ledger_files, line_sha256, parse_line
-from cernenv.server.runs import COMMITMENT_FORMAT, commitment_of, world_nonce
+from cernenv.server.ledger import (
+    EpisodeEnded,
+    Record,
+    RunEnded,
+    RunOpened,
+    RunSeeded,
+    _problem,
+    ledger_files,
+    line_digest,
+    line_sha256,
+    parse_line,
+    signature_holds,
+)
+from cernenv.server.runs import COMMITMENT_FORMAT, RUN_END_REASONS, commitment_of, world_nonce, worlds_secret
 
 REPLAY_TOLERANCE = 1e-6
 """Largest difference between a recorded and a replayed number (a reward) that counts as equal."""
@@ -48,14 +69,18 @@ class AuditError(ValueError):
 
 @dataclass
 class RunLedger:
-    """A scored run's ledger as `read_run` checked it: its opening, its episodes with their line
-    numbers, its end (None: not ended), and the hash of its last line."""
+    """A scored run's ledger as `read_run` checked it: its opening, the entrant's nonce (None: no
+    task was handed out), its episodes with their line numbers, its end (None: not ended, an
+    incomplete ledger), the hash of its last line, and each line's (`line_sha256`, `line_digest`,
+    signature), line 1 first."""
 
     path: Path
     opened: RunOpened
+    seeded: Optional[RunSeeded]
     episodes: List[Tuple[int, EpisodeEnded]]
     ended: Optional[RunEnded]
     last_sha256: str
+    heads: List[Tuple[str, str, Optional[str]]]
 
 
 def _where(path: Path, line: Optional[int] = None) -> str:
@@ -90,6 +115,15 @@ def _task_problem(episode: EpisodeEnded, task: Mapping[str, Any]) -> Optional[st
     return None
 
 
+def _when(text: str) -> Optional[datetime.datetime]:
+    """The UTC time an ISO 8601 timestamp with its offset names (`cernenv.server.ledger.utc_now`), or None."""
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else None
+
+
 def read_run(path: Path, run_id: Optional[str] = None) -> RunLedger:
     """The scored run in the ledger file `path`, checked line by line (see the module docstring);
     `run_id`: the run it must be. An AuditError naming file, line and reason at the first problem."""
@@ -113,31 +147,46 @@ def read_run(path: Path, run_id: Optional[str] = None) -> RunLedger:
     lines = lines[:-1]
     if not lines:
         raise AuditError(f"{path}: empty: a scored run's ledger starts with the line that opens the run")
-    records: List[Union[EpisodeEnded, RunOpened, RunEnded]] = []
+    records: List[Record] = []
+    texts: List[str] = []
     for number, raw in enumerate(lines, start=1):
         try:
-            records.append(parse_line(raw.decode("utf-8")))
+            texts.append(raw.decode("utf-8"))
+            records.append(parse_line(texts[-1]))
         except (UnicodeDecodeError, ValueError) as error:
             raise AuditError(f"{_where(path, number)}: not a results-ledger record: {_problem(error)}") from None
     opened = records[0]
     if not isinstance(opened, RunOpened):
         raise AuditError(f"{_where(path, 1)}: not the run's opening (RunOpened): a scored run's ledger starts with it")
-    if opened.commitment is None:
+    if opened.commitment is None or opened.public_key is None:
         raise AuditError(
-            f"{_where(path, 1)}: run {opened.run_id} published no commitment (a ledger written before scored runs "
-            "committed to their worlds and chained their lines): it cannot be checked"
+            f"{_where(path, 1)}: run {opened.run_id} published no commitment or signing key (a ledger written before "
+            "scored runs committed to their worlds and signed their lines): it cannot be checked"
         )
     if opened.previous is not None:
         raise AuditError(f"{_where(path, 1)}: the run's first line carries a previous line's hash")
     if run_id is not None and opened.run_id != run_id:
         raise AuditError(f"{_where(path, 1)}: this ledger holds run {opened.run_id}, not {run_id}")
+    heads: List[Tuple[str, str, Optional[str]]] = []
+    for number, (text, record) in enumerate(zip(texts, records), start=1):
+        digest = line_digest(text)
+        if not signature_holds(opened.public_key, digest, record.signature):
+            raise AuditError(
+                f"{_where(path, number)}: its signature does not verify under the run's key (line 1's public_key): "
+                "the line was changed after the server signed it, or written without the run's key"
+            )
+        heads.append((line_sha256(text), digest, record.signature))
+    opened_at = _when(opened.opened_at)
+    if opened_at is None:
+        raise AuditError(f"{_where(path, 1)}: opened_at {opened.opened_at!r} is not an ISO 8601 time with its offset")
     episodes: List[Tuple[int, EpisodeEnded]] = []
+    seeded: Optional[RunSeeded] = None
     ended: Optional[RunEnded] = None
     tasks_seen: Dict[int, int] = {}
     places_seen: Dict[int, int] = {}
     for number, record in enumerate(records[1:], start=2):
         where = _where(path, number)
-        if record.previous != line_sha256(lines[number - 2].decode("utf-8")):
+        if record.previous != heads[number - 2][0]:
             raise AuditError(
                 f"{where}: the hash it carries is not line {number - 1}'s: line {number - 1} was changed, or lines "
                 "were inserted, removed or moved there"
@@ -148,10 +197,24 @@ def read_run(path: Path, run_id: Optional[str] = None) -> RunLedger:
             raise AuditError(f"{where}: a line of run {record.run_id} in the ledger of run {opened.run_id}")
         if isinstance(record, RunOpened):
             raise AuditError(f"{where}: the run opened a second time: a scored run's ledger holds one run")
+        stamp = {RunSeeded: "seeded_at", RunEnded: "ended_at", EpisodeEnded: "ended_at"}[type(record)]
+        when = _when(getattr(record, stamp))
+        if when is None or when < opened_at:
+            raise AuditError(
+                f"{where}: {stamp} {getattr(record, stamp)!r} is not an ISO 8601 time with its offset at or after "
+                f"the run's opening ({opened.opened_at})"
+            )
+        if isinstance(record, RunSeeded):
+            if number != 2:
+                raise AuditError(f"{where}: the entrant's nonce on line {number}: it is the run's second line, once")
+            seeded = record
+            continue
         if isinstance(record, RunEnded):
             ended = record
             continue
-        problem = _episode_problem(record, opened, tasks_seen, places_seen, number)
+        if seeded is None:
+            raise AuditError(f"{where}: an episode before the entrant's nonce (RunSeeded, the run's second line)")
+        problem = _episode_problem(record, opened, seeded, tasks_seen, places_seen, number)
         if problem:
             raise AuditError(f"{where}: {problem}")
         episodes.append((number, record))
@@ -160,24 +223,37 @@ def read_run(path: Path, run_id: Optional[str] = None) -> RunLedger:
         counts = {"recorded": len(episodes), "graded": graded, "abandoned": len(episodes) - graded}
         wrong = [f"{name} {getattr(ended, name)} (the ledger holds {value})" for name, value in counts.items()
                  if getattr(ended, name) != value]  # fmt: skip
+        if ended.reason not in RUN_END_REASONS:
+            wrong.append(f"the reason {ended.reason!r}, which the server never writes (it writes {RUN_END_REASONS})")
         if ended.reason == "every task played" and ended.ended != opened.n_tasks:
             wrong.append(f"ended {ended.ended} of {opened.n_tasks} tasks, yet 'every task played'")
-        if not ended.assigned >= ended.ended >= len(episodes):
-            wrong.append(f"assigned {ended.assigned} >= ended {ended.ended} >= recorded {len(episodes)} fails")
+        if not opened.n_tasks >= ended.assigned >= ended.ended >= len(episodes):
+            wrong.append(
+                f"tasks {opened.n_tasks} >= assigned {ended.assigned} >= ended {ended.ended} >= recorded "
+                f"{len(episodes)} fails"
+            )
+        late = [n for n, e in episodes if _when(e.ended_at) > _when(ended.ended_at)]
+        if late:
+            wrong.append(f"it ended at {ended.ended_at}, before the episode of line {late[0]} ended")
         if wrong:
             raise AuditError(f"{_where(path, len(lines))}: the run's end says {'; '.join(wrong)}")
-    return RunLedger(path, opened, episodes, ended, line_sha256(lines[-1].decode("utf-8")))
+    return RunLedger(path, opened, seeded, episodes, ended, heads[-1][0], heads)
 
 
 def _episode_problem(
-    episode: EpisodeEnded, opened: RunOpened, tasks_seen: Dict[int, int], places_seen: Dict[int, int], number: int
+    episode: EpisodeEnded,
+    opened: RunOpened,
+    seeded: RunSeeded,
+    tasks_seen: Dict[int, int],
+    places_seen: Dict[int, int],
+    number: int,
 ) -> Optional[str]:
     """Why the episode line `number` is not one of the run `opened`'s, or None (and it is noted in
     `tasks_seen` and `places_seen`)."""
     if episode.mode != "evaluation":
         return f"an episode played in {episode.mode} mode: a scored run is played in evaluation mode"
-    if episode.secret_fingerprint != opened.secret_fingerprint:
-        return f"an episode drawn with secret {episode.secret_fingerprint}, not the run's {opened.secret_fingerprint}"
+    if episode.secret_fingerprint != seeded.secret_fingerprint:
+        return f"an episode drawn with secret {episode.secret_fingerprint}, not the run's {seeded.secret_fingerprint}"
     index, place = episode.task_index, episode.assignment
     if index is None or not 0 <= index < opened.n_tasks:
         return f"an episode of task {index}: the run has tasks 0 to {opened.n_tasks - 1}"
@@ -192,7 +268,34 @@ def _episode_problem(
         return f"place {place} of the run's order again (line {places_seen[place]})"
     if episode.actions is None or episode.refused_actions is None:
         return "an episode without its actions: it cannot be replayed"
+    problem = _graded_fields_problem(episode)
+    if problem:
+        return problem
     tasks_seen[index], places_seen[place] = number, number
+    return None
+
+
+def _graded_fields_problem(episode: EpisodeEnded) -> Optional[str]:
+    """Why the fields of `episode` a scorecard grades by cannot be what the server wrote, or None."""
+    if episode.resources is None:
+        return "an episode without its final resources (resources: null): the budget and time metrics read them"
+    if episode.episode_reward is None:
+        return "an episode without its reward (episode_reward: null)"
+    if episode.steps < 0 or episode.refused_actions < 0 or episode.refused_actions > len(episode.actions or []):
+        return f"steps {episode.steps} and refused_actions {episode.refused_actions} of {len(episode.actions)} actions"
+    if episode.abandoned:
+        if episode.claim is not None:
+            return "an abandoned episode with a claim: a claim ends an episode, graded"
+        if not episode.ended.startswith("abandoned"):
+            return f"an episode without a grade that ended {episode.ended!r}, not abandoned"
+        return None
+    if episode.ended == "claim" and episode.claim is None:
+        return "claim: null, yet the episode ended by its claim (ended 'claim')"
+    if episode.ended != "claim" and episode.claim is not None:
+        return f"a claim, yet the episode ended {episode.ended!r}"
+    if episode.ended != "claim" and episode.ended not in END_WITHOUT_CLAIM.values():
+        ends = list(END_WITHOUT_CLAIM.values())
+        return f"ended {episode.ended!r}: neither a claim nor one of the campaign's ends {ends}"
     return None
 
 
@@ -211,38 +314,67 @@ def load_reveal(path: Path) -> Dict[str, Any]:
     return reveal
 
 
-def check_reveal(run: RunLedger, reveal: Mapping[str, Any], reveal_file: Path) -> Dict[str, Any]:
-    """The committed document of `reveal` once it is checked against `run` (its hash, its run, the
-    ledger's last line); an AuditError naming what disagrees."""
+def check_reveal(
+    run: RunLedger, reveal: Mapping[str, Any], reveal_file: Path, commitment: Optional[str] = None
+) -> Dict[str, Any]:
+    """The committed document of `reveal` once it is checked against `run` (its hash, its run, its
+    key, the operator's secret, the entrant's nonce, the ledger's end and last line), with
+    `world_secret`, the worlds' secret they give; `commitment`: the one published before play,
+    which the run's must be. An AuditError naming what disagrees."""
     document = reveal["document"]
     opened, where = run.opened, _where(run.path, 1)
+    if commitment is not None and opened.commitment != commitment:
+        raise AuditError(
+            f"{where}: run {opened.run_id} opened with the commitment {opened.commitment}, not the one published "
+            f"before play ({commitment}): this is not the run that was committed to"
+        )
     committed = commitment_of(document)
     if committed != opened.commitment:
         raise AuditError(
             f"{reveal_file}: its document hashes to {committed}, not to the commitment run {opened.run_id} "
             f"published ({where}: {opened.commitment})"
         )
-    secret = document.get("world_secret")
+    secret = document.get("operator_secret")
     described = {
         "run_id": opened.run_id,
         "selection": opened.selection,
         "tasks": opened.tasks,
+        "public_key": opened.public_key,
         "cernenv_version": opened.cernenv_version,
         "commit": opened.commit,
     }
     differ = [name for name, value in described.items() if document.get(name) != value]
     if not isinstance(secret, str) or fingerprint(secret) != opened.secret_fingerprint:
-        differ.append("world_secret (its fingerprint)")
+        differ.append("operator_secret (its fingerprint)")
     if sorted(document.get("order") or []) != list(range(opened.n_tasks)):
         differ.append("order (not an order of the run's tasks)")
     if differ:
         raise AuditError(f"{where}: the run's opening and the committed document differ in {', '.join(differ)}")
-    if run.ended is not None and reveal.get("last_line_sha256") != run.last_sha256:
+    if run.ended is None:
+        raise AuditError(
+            f"{_where(run.path, len(run.heads))}: incomplete: the ledger has no end (RunEnded) after its last line: "
+            "its tail was cut off, or the server had not ended the run; a run is verified whole or not at all"
+        )
+    if reveal.get("last_line_sha256") != run.last_sha256:
         raise AuditError(
             f"{_where(run.path)}: its last line is not the one the server wrote last (the reveal names "
             f"{reveal.get('last_line_sha256')}): lines were removed from its end, or written after it"
         )
-    return dict(document)
+    result = dict(document)
+    if run.seeded is not None:
+        if reveal.get("entrant_nonce") != run.seeded.entrant_nonce:
+            raise AuditError(
+                f"{reveal_file}: its entrant_nonce is not the one the ledger's RunSeeded line took "
+                f"({_where(run.path, 2)})"
+            )
+        mixed = worlds_secret(secret, opened.run_id, run.seeded.entrant_nonce)
+        if fingerprint(mixed) != run.seeded.secret_fingerprint:
+            raise AuditError(
+                f"{_where(run.path, 2)}: the worlds' secret the committed secret and the entrant's nonce give is not "
+                f"the one it names ({run.seeded.secret_fingerprint})"
+            )
+        result["world_secret"] = mixed
+    return result
 
 
 def _differs(recorded: Any, replayed: Any) -> bool:
@@ -262,7 +394,7 @@ def replay_episode(episode: EpisodeEnded, task: Mapping[str, Any], world_secret:
     """Replay `episode` of `task`: its world drawn with `world_secret` and its `world_nonce`, its
     recorded actions sent again; what does not come back as recorded, or None."""
     env = CERNCollisionEnvironment(secret_salt=world_secret)
-    env.reset(
+    last = env.reset(
         seed=int(task["seed"]),
         scenario=task.get("scenario"),
         difficulty=None if task.get("scenario") else task.get("difficulty"),
@@ -272,7 +404,7 @@ def replay_episode(episode: EpisodeEnded, task: Mapping[str, Any], world_secret:
     for count, action in enumerate(episode.actions or []):
         if obs is not None and obs.done:
             return f"the replay ended after {count} actions; the record has {len(episode.actions)}"
-        obs = env.step(action)
+        obs = last = env.step(action)
     done = obs is not None and obs.done
     if done and episode.abandoned:
         return (
@@ -290,6 +422,14 @@ def replay_episode(episode: EpisodeEnded, task: Mapping[str, Any], world_secret:
         "steps": state.step_count,
         "refused_actions": env.refused_actions(),
         "ended": (obs.latest_result.get("episode_end") or "claim") if done else episode.ended,
+        "claim": env.episode_claim(),
+        "resources": {
+            k: v
+            for k, v in last.resource_usage.model_dump().items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        },
+        "scenario": state.scenario_name,
+        "difficulty": state.difficulty,
     }
     recorded = {
         "grade": episode.grade.model_dump() if episode.grade is not None else None,
@@ -298,6 +438,10 @@ def replay_episode(episode: EpisodeEnded, task: Mapping[str, Any], world_secret:
         "steps": episode.steps,
         "refused_actions": episode.refused_actions,
         "ended": episode.ended,
+        "claim": episode.claim,
+        "resources": episode.resources,
+        "scenario": episode.scenario,
+        "difficulty": episode.difficulty,
     }
     differ = [name for name in recorded if _differs(recorded[name], replayed[name])]
     if not differ:
@@ -312,14 +456,20 @@ def _short(value: Any, limit: int = 120) -> str:
 
 
 def verify_run(
-    run: RunLedger, reveal_file: Path, progress: Optional[Callable[[int, int], None]] = None
+    run: RunLedger,
+    reveal_file: Path,
+    progress: Optional[Callable[[int, int], None]] = None,
+    *,
+    commitment: Optional[str] = None,
 ) -> Tuple[int, Dict[str, Any]]:
-    """Check `run` against the reveal in `reveal_file` (`check_reveal`) and replay every episode
-    (`replay_episode`): (the number of episodes replayed identically, the committed document); an
-    AuditError naming the first line that does not. `progress(done, total)` after each episode."""
+    """Check `run` against the reveal in `reveal_file` (`check_reveal`; `commitment`: the one
+    published before play) and replay every episode (`replay_episode`): (the number of episodes
+    replayed identically, the committed document); an AuditError naming the first line that does
+    not. `progress(done, total)` after each episode."""
     reveal = load_reveal(reveal_file)
-    document = check_reveal(run, reveal, Path(reveal_file))
-    secret, order = document["world_secret"], document["order"]
+    document = check_reveal(run, reveal, Path(reveal_file), commitment)
+    order = document["order"]
+    secret = document.get("world_secret")
     for done, (number, episode) in enumerate(run.episodes, start=1):
         where = _where(run.path, number)
         if order[episode.assignment] != episode.task_index:
@@ -329,7 +479,7 @@ def verify_run(
             )
         if episode.world_nonce != world_nonce(secret, episode.task_index):
             raise AuditError(
-                f"{where}: task {episode.task_index}'s world nonce is not the one the committed secret gives"
+                f"{where}: task {episode.task_index}'s world nonce is not the one the worlds' secret gives"
             )
         problem = replay_episode(episode, run.opened.tasks[episode.task_index], secret)
         if problem:
@@ -337,3 +487,68 @@ def verify_run(
         if progress is not None:
             progress(done, len(run.episodes))
     return len(run.episodes), document
+
+
+RECEIPTS_FORMAT = "cernenv scored-run receipts 1"
+"""The `format` of an entrant's receipts file (`check_receipts`)."""
+
+
+def check_receipts(run: RunLedger, receipts_file: Path) -> int:
+    """Check `run` against the entrant's receipts in `receipts_file` (JSON: `format`, `run_id`,
+    `commitment`, `public_key`, `entrant_nonce`, `receipts`: the heads `GET /evaluation` served, each
+    `line`, `line_sha256`, `digest`, `signature`): each receipt must carry the run's signature, and
+    the ledger must hold at its line the line the server signed then. The number of receipts; an
+    AuditError (one line: file, line, receipt) at the first that does not hold."""
+    receipts_file = Path(receipts_file)
+    _regular_file(receipts_file, "entrant's receipts (receipts.json)")
+    try:
+        kept = json.loads(receipts_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise AuditError(f"{receipts_file}: not JSON ({error}): give the receipts your client kept") from None
+    if (
+        not isinstance(kept, dict)
+        or kept.get("format") != RECEIPTS_FORMAT
+        or not isinstance(kept.get("receipts"), list)
+    ):
+        raise AuditError(f"{receipts_file}: not an entrant's receipts (no format {RECEIPTS_FORMAT!r} with receipts)")
+    opened = run.opened
+    for name, value in (
+        ("run_id", opened.run_id),
+        ("commitment", opened.commitment),
+        ("public_key", opened.public_key),
+    ):
+        if kept.get(name) != value:
+            raise AuditError(
+                f"{receipts_file}: its {name} {kept.get(name)} is not the ledger's {value} ({_where(run.path, 1)}): "
+                "the ledger is not the run the entrant played"
+            )
+    nonce = run.seeded.entrant_nonce if run.seeded is not None else None
+    if kept.get("entrant_nonce") is not None and kept.get("entrant_nonce") != nonce:
+        raise AuditError(
+            f"{_where(run.path, 2)}: the run's entrant's nonce {nonce!r} is not the one the entrant sent "
+            f"({kept.get('entrant_nonce')!r}, {receipts_file})"
+        )
+    for count, receipt in enumerate(kept["receipts"], start=1):
+        fields = ("line", "line_sha256", "digest", "signature")
+        if not isinstance(receipt, dict) or not all(isinstance(receipt.get(k), (str, int)) for k in fields):
+            raise AuditError(f"{receipts_file}: receipt {count} is not a receipt ({', '.join(fields)})")
+        line = receipt["line"]
+        if not isinstance(line, int) or isinstance(line, bool) or line < 1:
+            raise AuditError(f"{receipts_file}: receipt {count} names line {line!r}")
+        if not signature_holds(opened.public_key, str(receipt["digest"]), str(receipt["signature"])):
+            raise AuditError(
+                f"{receipts_file}: receipt {count} (line {line}) is not signed by the run's key: not a receipt the "
+                "server gave"
+            )
+        if line > len(run.heads):
+            raise AuditError(
+                f"{_where(run.path, len(run.heads))}: the ledger ends before line {line}, which the server signed for "
+                f"the entrant (receipt {count} of {receipts_file}): lines were removed after the fact"
+            )
+        sha, digest, _signature = run.heads[line - 1]
+        if (sha, digest) != (receipt["line_sha256"], receipt["digest"]):
+            raise AuditError(
+                f"{_where(run.path, line)}: not the line the server signed for the entrant while the run was played "
+                f"(receipt {count} of {receipts_file}): the ledger was changed after the fact"
+            )
+    return len(kept["receipts"])

@@ -8,10 +8,13 @@ A line that fails is an error naming the file, the line and the field (`LedgerEr
 silent value; `read_ledger(..., skip_damaged=True)` reads past damaged lines and says which.
 
 Two kinds of file (`ResultsLedger`): the server's ledger of episodes played outside scored runs,
-rotated by size, one writer at a time (a lock beside it), each client address's share bounded;
-and a scored run's file of its own (`run_file=True`), made new, never rotated, whose lines chain:
-each carries the SHA-256 of the run's previous line (`previous`, `line_sha256`), so a line
-changed, inserted, removed or moved breaks the chain (`cernenv.server.audit` checks it).
+rotated by size into a bounded number of files and refused once they are full (never deleted),
+one writer at a time (a lock beside it), each client address's share bounded and its episodes
+that never took a step bounded in number; and a scored run's file of its own (`run_file=True`),
+made new, locked for its server's life, never rotated, whose lines chain and are signed: each
+carries the SHA-256 of the run's previous line (`previous`, `line_sha256`), so a line changed,
+inserted, removed or moved breaks the chain, and an Ed25519 signature (`signature`) under the
+run's key, whose public half the run committed to (`cernenv.server.audit` checks both).
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
 
 from cernenv.server.evaluation import open_private_file
@@ -116,6 +121,8 @@ class EpisodeEnded(_Line):
     """The steps whose action was refused (a rule violation)."""
     previous: Optional[StrictStr] = None
     """In a scored run's file, the SHA-256 of the file's previous line (`line_sha256`)."""
+    signature: Optional[StrictStr] = None
+    """In a scored run's file, the run's Ed25519 signature of the line (`line_digest`)."""
 
     @property
     def abandoned(self) -> bool:
@@ -139,8 +146,27 @@ class RunOpened(_Line):
     """The SHA-256 of the run's commitment document (`cernenv.server.runs.commitment_of`): its tasks,
     the order they are handed out in, the secret every world is drawn with, the code. Published
     before the first reset (`GET /evaluation`); the document itself is revealed when the run ends."""
+    public_key: Optional[StrictStr] = None
+    """The run's Ed25519 public key (32 bytes, hex), which every line's `signature` verifies under;
+    committed to in the commitment document."""
     previous: Optional[StrictStr] = None
     """None: the first line of the run's chain."""
+    signature: Optional[StrictStr] = None
+
+
+class RunSeeded(_Line):
+    """The entrant's nonce, sent after the commitment was published and before the first reset:
+    the run's worlds are drawn with a secret mixed from the committed operator's secret and this
+    nonce (`cernenv.server.runs.worlds_secret`), so neither side chose them alone.
+    `secret_fingerprint` is the mixed secret's."""
+
+    record: Literal["run_seeded"] = "run_seeded"
+    seeded_at: StrictStr
+    run_id: StrictStr
+    entrant_nonce: StrictStr
+    secret_fingerprint: StrictStr
+    previous: Optional[StrictStr] = None
+    signature: Optional[StrictStr] = None
 
 
 class RunEnded(_Line):
@@ -158,9 +184,11 @@ class RunEnded(_Line):
     graded: Optional[StrictInt] = None
     abandoned: Optional[StrictInt] = None
     previous: Optional[StrictStr] = None
+    signature: Optional[StrictStr] = None
 
 
-LedgerLine = Annotated[Union[EpisodeEnded, RunOpened, RunEnded], Field(discriminator="record")]
+Record = Union[EpisodeEnded, RunOpened, RunSeeded, RunEnded]
+LedgerLine = Annotated[Record, Field(discriminator="record")]
 _LINE = TypeAdapter(LedgerLine)
 
 
@@ -177,7 +205,7 @@ def _problem(error: Exception) -> str:
     return str(error)
 
 
-def parse_line(text: str) -> Union[EpisodeEnded, RunOpened, RunEnded]:
+def parse_line(text: str) -> Record:
     """One ledger line's record (a line written before records were typed is an episode's);
     a ValueError (pydantic's or JSON's) when it is not a valid record."""
     data = json.loads(text)
@@ -193,16 +221,69 @@ def line_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+SIGNED_LINE_CONTEXT = b"cernenv scored-run ledger line\x00"
+"""What a scored run's signature signs, before the line's digest (a signature of a line is never
+one of anything else)."""
+
+
+def record_text(record: Mapping[str, Any]) -> str:
+    """A record as a ledger line's text: JSON with sorted keys, finite numbers only."""
+    return json.dumps(record, sort_keys=True, default=_plain_scalar, allow_nan=False)
+
+
+def line_digest(text: str) -> str:
+    """The digest (SHA-256, hex) a scored run's line is signed by: of the line's text without its
+    `signature` field (`record_text` of the rest, which is the text the server signed)."""
+    data = json.loads(text)
+    if isinstance(data, dict):
+        data.pop("signature", None)
+    return hashlib.sha256(record_text(data).encode("utf-8")).hexdigest()
+
+
+def sign_digest(key: Ed25519PrivateKey, digest: str) -> str:
+    """The Ed25519 signature (hex) of a line's `line_digest`."""
+    return key.sign(SIGNED_LINE_CONTEXT + bytes.fromhex(digest)).hex()
+
+
+def public_key_hex(key: Ed25519PrivateKey) -> str:
+    """The raw public half of `key` (32 bytes), as hex: what a run commits to."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def signature_holds(public_key: str, digest: str, signature: Optional[str]) -> bool:
+    """Whether `signature` is the Ed25519 signature of `digest` under `public_key` (both hex)."""
+    if not isinstance(signature, str):
+        return False
+    try:
+        key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key))
+        key.verify(bytes.fromhex(signature), SIGNED_LINE_CONTEXT + bytes.fromhex(digest))
+        return True
+    except (ValueError, InvalidSignature):
+        return False
+
+
 LEDGER_MAX_BYTES = 256 * 2**20
 """Size [bytes] at which the ledger file is rotated (`ResultsLedger`)."""
 LEDGER_ROTATED_FILES = 8
 """Rotated files kept beside it (results.jsonl.1 the newest): the ledger holds at most
-(1 + LEDGER_ROTATED_FILES) x LEDGER_MAX_BYTES on disk."""
+(1 + LEDGER_ROTATED_FILES) x LEDGER_MAX_BYTES on disk, and once they are all full it refuses
+further lines (`LedgerFull`) rather than delete any."""
+STEPLESS_LINES_PER_CLIENT = 16
+"""Lines a client address may write, over a ledger's life, for episodes it abandoned without a
+single step (a reset after a reset): past them such episodes are counted, not written
+(`ResultsLedger.stepless_unrecorded`). A scored run records every one of its episodes."""
 REPORT_EVERY_S = 10.0
 
 
 class LedgerShareSpent(OSError):
-    """A client address has written its share of the ledger (`ResultsLedger.client_max_bytes`)."""
+    """A client address has written its share of the ledger (`ResultsLedger.client_max_bytes`), or
+    its share of lines for episodes without a step (`STEPLESS_LINES_PER_CLIENT`)."""
+
+
+class LedgerFull(OSError):
+    """The ledger and all its rotated files are full: nothing more is written (nothing is deleted)."""
 
 
 class ResultsLedger:
@@ -215,18 +296,24 @@ class ResultsLedger:
 
     The server's ledger (the default): one writer at a time, held by an exclusive lock on
     `<path>.lock` for the life of this object (a second server given the same file is refused
-    with what to do: two writers rotating one file lose each other's lines). When the file would
+    with what to do: two writers rotating one file lose each other's lines); a scored run's
+    ledger is refused outright (it is never anyone else's to write or rotate). When the file would
     pass `max_bytes` it is rotated: results.jsonl becomes results.jsonl.1, .1 becomes .2, ...,
-    keeping `rotated_files` of them (the oldest is deleted, with a warning); `read_ledger` reads
-    them all, oldest first. Each client address may write at most `client_max_bytes` of episode
-    lines over the object's life (default `max_bytes`, one file's worth: no one client can rotate
-    the others' lines away); beyond it that address's episodes are not recorded (`LedgerShareSpent`,
-    logged at a bounded rate).
+    up to `rotated_files` of them; once those are all full the ledger is `full`: every further line
+    is refused (`LedgerFull`, logged at a bounded rate, and the server refuses resets) until the
+    operator moves the files away. `read_ledger` reads them all, oldest first. Each client address
+    may write at most `client_max_bytes` of episode lines over the object's life (default
+    `max_bytes`, one file's worth), and at most `stepless_lines` lines of episodes it abandoned
+    without a step (past them those are counted per address, `stepless_unrecorded`): beyond either,
+    that address's episodes are not recorded (`LedgerShareSpent`, logged at a bounded rate).
 
-    A scored run's file (`run_file=True`): created here (an existing file is refused), never
-    rotated (a run's size is bounded by its tasks), no share per client (every line of a run
-    counts), and its lines chain: `append` sets each record's `previous` to `line_sha256` of the
-    line before (None for the first) and `last_sha256` to its own."""
+    A scored run's file (`run_file=True`): created here (an existing file is refused), held by the
+    same exclusive lock on `<path>.lock` while it is open (a second server on the path is refused
+    at start), never rotated (a run's size is bounded by its tasks), no share per client (every
+    line of a run counts), and its lines chain: `append` sets each record's `previous` to
+    `line_sha256` of the line before (None for the first) and, given `signing_key`, its
+    `signature` to the key's Ed25519 signature of the line's `line_digest`; `head()` is the
+    receipt of the last line written."""
 
     def __init__(
         self,
@@ -235,46 +322,77 @@ class ResultsLedger:
         rotated_files: int = LEDGER_ROTATED_FILES,
         *,
         client_max_bytes: Optional[int] = None,
+        stepless_lines: int = STEPLESS_LINES_PER_CLIENT,
         run_file: bool = False,
+        signing_key: Optional[Ed25519PrivateKey] = None,
     ) -> None:
         self.path = Path(path)
         self.max_bytes, self.rotated_files, self.run_file = max_bytes, rotated_files, run_file
         self.client_max_bytes = None if run_file else (client_max_bytes or max_bytes)
+        self.stepless_lines = None if run_file else stepless_lines
+        self._signing_key = signing_key
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock_fd = -1
-        if run_file:
-            try:
-                self._fd = open_private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
-            except FileExistsError:
-                raise OSError(
-                    f"{self.path} exists: a scored run's ledger is a file of its own, made when the run opens; "
-                    "give a new path (or none: runs/RUN_ID.jsonl in the state directory)"
-                ) from None
-        else:
-            self._lock_fd = _exclusive_lock(lock_path(self.path), self.path)
-            try:
+        self._lock_fd = _exclusive_lock(lock_path(self.path), self.path)
+        try:
+            if run_file:
+                try:
+                    self._fd = open_private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
+                except FileExistsError:
+                    raise OSError(
+                        f"{self.path} exists: a scored run's ledger is a file of its own, made when the run opens; "
+                        "give a new path (or none: runs/RUN_ID.jsonl in the state directory)"
+                    ) from None
+            else:
                 self._fd = open_private_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            except BaseException:
-                os.close(self._lock_fd)
-                raise
+                if _opens_a_run(self.path):
+                    os.close(self._fd)
+                    raise OSError(
+                        f"{self.path} is a scored run's ledger, which no other server writes or rotates: give this "
+                        "server a results ledger of its own with --results-ledger PATH or CERNENV_STATE_DIR"
+                    )
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self.last_sha256: Optional[str] = None
+        self.lines = 0
+        self._head: Optional[Dict[str, Any]] = None
         self._lock = threading.Lock()
         self._client_bytes: Dict[str, int] = {}
+        self._client_stepless: Dict[str, int] = {}
+        self.stepless_unrecorded: Dict[str, int] = {}
+        """Per client address, episodes abandoned without a step that were counted, not written."""
+        self.full = False
         self._failed, self._last_report = 0, -REPORT_EVERY_S
 
-    def append(self, record: Dict[str, Any]) -> Union[EpisodeEnded, RunOpened, RunEnded]:
-        """Validate `record` (in a run's file, with `previous` set) and append it; the typed record written."""
+    def append(self, record: Dict[str, Any]) -> Record:
+        """Validate `record` (in a run's file, with `previous` and `signature` set) and append it;
+        the typed record written."""
         with self._lock:
+            signature = None
             if self.run_file:
-                record = {**record, "previous": self.last_sha256}
-            text = json.dumps(record, sort_keys=True, default=_plain_scalar, allow_nan=False)
+                record = json.loads(record_text({**record, "previous": self.last_sha256}))
+                record.pop("signature", None)
+                if self._signing_key is not None:
+                    digest = hashlib.sha256(record_text(record).encode("utf-8")).hexdigest()
+                    signature = sign_digest(self._signing_key, digest)
+                    record["signature"] = signature
+            text = record_text(record)
             try:
                 typed = parse_line(text)
             except ValueError as error:
                 raise ValueError(f"not a valid results-ledger record: {_problem(error)}") from None
             data = (text + "\n").encode("utf-8")
             client = typed.client if isinstance(typed, EpisodeEnded) and typed.client else "unknown"
+            stepless = isinstance(typed, EpisodeEnded) and typed.abandoned and typed.steps == 0
+            if self.full:
+                raise LedgerFull(self._full_message())
             if self.client_max_bytes is not None and isinstance(typed, EpisodeEnded):
+                if stepless and self._client_stepless.get(client, 0) >= self.stepless_lines:
+                    self.stepless_unrecorded[client] = self.stepless_unrecorded.get(client, 0) + 1
+                    raise LedgerShareSpent(
+                        f"client {client} has written {self.stepless_lines} lines of episodes abandoned without a "
+                        f"step: its further ones are counted, not written ({self.stepless_unrecorded[client]} so far)"
+                    )
                 spent = self._client_bytes.get(client, 0)
                 if spent + len(data) > self.client_max_bytes:
                     raise LedgerShareSpent(
@@ -283,6 +401,9 @@ class ResultsLedger:
                     )
             size = os.fstat(self._fd).st_size
             if not self.run_file and size > 0 and size + len(data) > self.max_bytes:
+                if rotated_path(self.path, self.rotated_files).exists():
+                    self.full = True
+                    raise LedgerFull(self._full_message())
                 self._rotate()
                 size = 0
             try:
@@ -292,11 +413,32 @@ class ResultsLedger:
             if written != len(data):
                 os.ftruncate(self._fd, size)  # no partial line: the next one starts clean
                 raise OSError(f"results ledger {self.path}: the line could not be written whole (is the disk full?)")
+            self.lines += 1
             if self.run_file:
                 self.last_sha256 = line_sha256(text)
+                self._head = {
+                    "line": self.lines,
+                    "line_sha256": self.last_sha256,
+                    "digest": line_digest(text),
+                    "signature": signature,
+                }
             elif isinstance(typed, EpisodeEnded):
                 self._client_bytes[client] = self._client_bytes.get(client, 0) + len(data)
+                if stepless:
+                    self._client_stepless[client] = self._client_stepless.get(client, 0) + 1
         return typed
+
+    def head(self) -> Optional[Dict[str, Any]]:
+        """The receipt of a run file's last line: its number, its `line_sha256`, its `line_digest`
+        and the run's signature of that digest (None before the first line)."""
+        with self._lock:
+            return dict(self._head) if self._head is not None else None
+
+    def _full_message(self) -> str:
+        return (
+            f"the results ledger {self.path} is full ({1 + self.rotated_files} files of up to {self.max_bytes} "
+            "bytes): nothing more is recorded; move its files away (or raise --ledger-max-mib) and restart the server"
+        )
 
     def append_or_report(self, record: Dict[str, Any]) -> bool:
         """`append`, for the server: a record that cannot be written is logged, at most one line
@@ -316,10 +458,7 @@ class ResultsLedger:
             return False
 
     def _rotate(self) -> None:
-        """results.jsonl → .1 → .2 ... (the oldest past `rotated_files` deleted), and a new file."""
-        oldest = rotated_path(self.path, self.rotated_files)
-        if oldest.exists():
-            logger.warning("results ledger: deleting %s, the oldest of %d rotated files", oldest, self.rotated_files)
+        """results.jsonl → .1 → .2 ... (`append` never rotates when .`rotated_files` exists), and a new file."""
         for index in range(self.rotated_files, 0, -1):
             source = self.path if index == 1 else rotated_path(self.path, index - 1)
             if source.exists():
@@ -335,6 +474,20 @@ class ResultsLedger:
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)  # releases the lock
                 self._lock_fd = -1
+
+
+def _opens_a_run(path: Path) -> bool:
+    """Whether the regular file `path` starts with a scored run's first line (`RunOpened`)."""
+    fd = open_private_file(path, os.O_RDONLY)
+    try:
+        first = os.pread(fd, 1 << 20, 0).split(b"\n", 1)[0]
+    finally:
+        os.close(fd)
+    try:
+        data = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("record") == "run_opened"
 
 
 def lock_path(path: Path) -> Path:
@@ -375,13 +528,11 @@ def ledger_files(path: Path) -> List[Path]:
     return [candidate for _, candidate in sorted(rotated, reverse=True)] + [path]
 
 
-def read_ledger(
-    path: Path, *, skip_damaged: bool = False
-) -> Union[List[Union[EpisodeEnded, RunOpened, RunEnded]], Tuple[List[Any], List[str]]]:
+def read_ledger(path: Path, *, skip_damaged: bool = False) -> Union[List[Record], Tuple[List[Any], List[str]]]:
     """The ledger's typed records, in order, its rotated files first (`ledger_files`). A line
     that is not a valid record raises `LedgerError` naming the file, line and field; with
     `skip_damaged`, (records, problems): the valid records and one line per damaged one."""
-    records: List[Union[EpisodeEnded, RunOpened, RunEnded]] = []
+    records: List[Record] = []
     problems: List[str] = []
     files = ledger_files(path)
     if not Path(path).exists():

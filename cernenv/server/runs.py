@@ -9,21 +9,30 @@ ledger, abandoned ones too (a reset, a disconnect, an idle timeout, the server's
 run's scorecard (`python -m lib.measure.scorecard`) counts an abandoned or unplayed task as a
 failure: nobody can choose their tasks or drop the ones they are unsure of.
 
-Commit before play, reveal after. Every world of a run is drawn with the run's own secret (32
-random bytes, `world_secret`, never the server's long-lived one) and a nonce derived from it
-for each task (`world_nonce`). Before the first reset the server publishes the SHA-256 of the
-run's commitment document (`commitment_of`): the selection, every task, the order they are
-handed out in, the world secret, cernenv's version and commit. The hash is the `RunOpened`
-line's `commitment` and is served by `GET /evaluation`; it says nothing of the secret. When the
-run ends the server writes the document itself, the reveal (`reveal_path`, readable by the
+Commit before play, mix in the entrant's nonce, reveal after. A run holds an operator's secret
+(32 random bytes, never the server's long-lived one) and an Ed25519 signing key, both made when it
+opens. Before the first reset the server publishes the SHA-256 of the run's commitment document
+(`commitment_of`): the selection, every task, the order they are handed out in, the operator's
+secret, the signing key's public half, cernenv's version and commit. The hash is the `RunOpened`
+line's `commitment` and is served by `GET /evaluation`; it says nothing of the secret. The
+entrant, having seen it, sends a nonce of its own (`POST /evaluation/nonce`, `ScoredRun.seed`):
+no task is handed out before it. Every world of the run is drawn with the secret mixed from both
+(`worlds_secret`: an HMAC-SHA-256 of the nonce under the operator's secret) and a nonce derived
+from that for each task (`world_nonce`): the operator cannot choose worlds (its secret is
+committed before the nonce is known), and the entrant cannot (it does not know the secret). When
+the run ends the server writes the document itself, the reveal (`reveal_path`, readable by the
 operator alone), for the operator to publish with the ledger: anyone can then check it against
 the published hash, draw every world again and replay every recorded episode
 (`cernenv.server.audit`, `python -m lib.measure.scorecard LEDGER --reveal REVEAL`).
 
-The run's ledger is a file of its own (`ResultsLedger(run_file=True)`), never rotated, whose
-lines chain (each carries the hash of the line before): its first line (`RunOpened`) names its
-id, its tasks, the world secret's fingerprint, the code and the commitment; its last
-(`RunEnded`) says why it ended (every task played, or the server stopped), with its counts.
+The run's ledger is a file of its own (`ResultsLedger(run_file=True)`), locked while the server
+runs, never rotated, whose lines chain (each carries the hash of the line before) and are signed
+with the run's key: its first line (`RunOpened`) names its id, its tasks, the operator's secret's
+fingerprint, the public key, the code and the commitment; its second (`RunSeeded`) the entrant's
+nonce; its last (`RunEnded`) says why it ended (every task played, or the server stopped), with
+its counts. `describe()` serves the receipt of the ledger's last line (its hash and signature):
+an entrant that keeps one after each of its episodes can later show that a published ledger is
+not the one the server signed while it played (`python -m lib.measure.scorecard --receipts`).
 """
 
 from __future__ import annotations
@@ -38,16 +47,18 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from cernenv._version import __version__
 from cernenv.provenance import source_revision
 from cernenv.server.evaluation import fingerprint, open_private_file
-from cernenv.server.ledger import ResultsLedger, utc_now
+from cernenv.server.ledger import ResultsLedger, public_key_hex, utc_now
 from cernenv.server.wire import RequestError
 from cernenv.suite import SuiteTask, selected_tasks
 
 logger = logging.getLogger("cernenv.server")
 
-COMMITMENT_FORMAT = "cernenv scored-run commitment 1"
+COMMITMENT_FORMAT = "cernenv scored-run commitment 2"
 """The `format` of a commitment document: what its fields are and how it is hashed (`commitment_of`)."""
 
 
@@ -77,6 +88,31 @@ def world_nonce(world_secret: str, task_index: int) -> str:
     return hmac.new(world_secret.encode("utf-8"), message, hashlib.sha256).hexdigest()[:32]
 
 
+RUN_END_REASONS = ("every task played", "server shut down")
+"""Why a run ends, as its `RunEnded` line says: every task's episode ended, or the server stopped."""
+
+ENTRANT_NONCE_CHARACTERS = (16, 256)
+"""The shortest and longest entrant's nonce [characters, printable ASCII]: 16 is 64 bits as hex."""
+
+
+def worlds_secret(operator_secret: str, run_id: str, entrant_nonce: str) -> str:
+    """The secret every world of run `run_id` is drawn with: an HMAC-SHA-256 (hex) of the entrant's
+    nonce under the operator's committed secret."""
+    message = f"cernenv worlds of run {run_id}\x00{entrant_nonce}".encode("utf-8")
+    return hmac.new(operator_secret.encode("utf-8"), message, hashlib.sha256).hexdigest()
+
+
+def nonce_problem(nonce: Any) -> Optional[str]:
+    """Why `nonce` cannot be an entrant's nonce, or None."""
+    low, high = ENTRANT_NONCE_CHARACTERS
+    if not isinstance(nonce, str) or not low <= len(nonce) <= high or not all(" " < c <= "~" for c in nonce):
+        return (
+            f"an entrant's nonce is {low} to {high} printable ASCII characters without spaces, chosen by the entrant "
+            "after reading the commitment (e.g. 32 random hex digits)"
+        )
+    return None
+
+
 def reveal_path(ledger: Path) -> Path:
     """Where the server writes a run's reveal: beside its ledger, `RUN_ID.reveal.json`."""
     return Path(ledger).with_suffix(".reveal.json")
@@ -90,13 +126,19 @@ class ScoredRun:
         self.selection = selection
         self.tasks: Tuple[SuiteTask, ...] = selected_tasks(selection)
         self.run_id = secrets.token_hex(8)
-        self.world_secret = secrets.token_urlsafe(32)
-        self.secret_fingerprint = fingerprint(self.world_secret)
+        self.operator_secret = secrets.token_urlsafe(32)
+        self.secret_fingerprint = fingerprint(self.operator_secret)
+        self._signing_key = Ed25519PrivateKey.generate()
+        self.public_key = public_key_hex(self._signing_key)
+        self.entrant_nonce: Optional[str] = None
+        self.world_secret: Optional[str] = None
+        """The worlds' secret (`worlds_secret`), once the entrant's nonce came (`seed`)."""
+        self.worlds_fingerprint: Optional[str] = None
         self._order = list(range(len(self.tasks)))
         secrets.SystemRandom().shuffle(self._order)
         path = Path(ledger_path)
         self.ledger_path = path / f"{self.run_id}.jsonl" if path.is_dir() else path
-        self.ledger = ResultsLedger(self.ledger_path, run_file=True)
+        self.ledger = ResultsLedger(self.ledger_path, run_file=True, signing_key=self._signing_key)
         self.commit = source_commit()
         self.document: Dict[str, Any] = {
             "format": COMMITMENT_FORMAT,
@@ -104,7 +146,8 @@ class ScoredRun:
             "selection": selection,
             "tasks": [task.to_dict() for task in self.tasks],
             "order": list(self._order),
-            "world_secret": self.world_secret,
+            "operator_secret": self.operator_secret,
+            "public_key": self.public_key,
             "cernenv_version": __version__,
             "commit": self.commit,
         }
@@ -127,13 +170,47 @@ class ScoredRun:
                 "cernenv_version": __version__,
                 "commit": self.commit,
                 "commitment": self.commitment,
+                "public_key": self.public_key,
             }
         )
+
+    def seed(self, entrant_nonce: Any) -> Dict[str, Any]:
+        """Take the entrant's nonce (once, before any task is handed out): the worlds' secret is
+        mixed from it and the operator's (`worlds_secret`), and the ledger's `RunSeeded` line records
+        it; what `describe` says then. A RequestError when it is not a nonce or the run has one."""
+        problem = nonce_problem(entrant_nonce)
+        if problem:
+            raise RequestError(problem)
+        with self._lock:
+            if self.entrant_nonce is not None:
+                error = RequestError(
+                    f"scored run {self.run_id} already has its entrant's nonce ({self.entrant_nonce}): a run takes one"
+                )
+                error.status_code = 409
+                raise error
+            secret = worlds_secret(self.operator_secret, self.run_id, entrant_nonce)
+            self.ledger.append(
+                {
+                    "record": "run_seeded",
+                    "seeded_at": utc_now(),
+                    "run_id": self.run_id,
+                    "entrant_nonce": entrant_nonce,
+                    "secret_fingerprint": fingerprint(secret),
+                }
+            )
+            self.entrant_nonce, self.world_secret, self.worlds_fingerprint = entrant_nonce, secret, fingerprint(secret)
+        return self.describe()
 
     def next_task(self) -> Tuple[int, int, SuiteTask]:
         """(index in `tasks`, place in the order handed out, task) of the next task to play; a
         RequestError once none is left."""
         with self._lock:
+            if self.world_secret is None and self.end_reason is None:
+                raise RequestError(
+                    f"scored run {self.run_id} waits for the entrant's nonce: read its commitment (GET /evaluation), "
+                    'then send POST /evaluation/nonce {"nonce": "..."} (16 to 256 characters of your choosing); '
+                    "its worlds are drawn with it"
+                )
             if self.end_reason is not None or self._assigned >= len(self.tasks):
                 raise RequestError(
                     f"scored run {self.run_id} has assigned all {len(self.tasks)} of its tasks"
@@ -147,6 +224,8 @@ class ScoredRun:
 
     def world_nonce(self, task_index: int) -> str:
         """Task `task_index`'s world nonce (`world_nonce`)."""
+        if self.world_secret is None:
+            raise RuntimeError("a run's worlds are drawn once the entrant's nonce came (seed)")
         return world_nonce(self.world_secret, task_index)
 
     def record_episode(self, record: Dict[str, Any]) -> None:
@@ -167,7 +246,7 @@ class ScoredRun:
             self._ended.add(record["task_index"])
             finished = len(self._ended) == len(self.tasks)
         if finished:
-            self.end("every task played")
+            self.end(RUN_END_REASONS[0])
 
     def end(self, reason: str) -> None:
         """End the run (once): its last ledger line, then the reveal beside the ledger."""
@@ -208,18 +287,21 @@ class ScoredRun:
 
     def reveal(self) -> Dict[str, Any]:
         """What the operator publishes once the run has ended: the commitment document, its hash,
-        and the hash of the ledger's last line (so the ledger published with it is the whole one)."""
+        the entrant's nonce, and the hash of the ledger's last line (so the ledger published with it
+        is the whole one)."""
         if self.end_reason is None:
             raise RuntimeError("a run's reveal is made once the run has ended")
         return {
             "commitment": self.commitment,
             "document": self.document,
+            "entrant_nonce": self.entrant_nonce,
             "last_line_sha256": self.ledger.last_sha256,
         }
 
     def describe(self) -> Dict[str, Any]:
-        """What `/evaluation` says of the run: its id, selection, size, progress and commitment (not
-        the order, not the secret); once ended, the hash of its ledger's last line."""
+        """What `/evaluation` says of the run: its id, selection, size, progress, commitment, public
+        key and entrant's nonce (not the order, not a secret), and `head`, the receipt of its
+        ledger's last line (`ResultsLedger.head`); once ended, the hash of that line."""
         with self._lock:
             described = {
                 "run_id": self.run_id,
@@ -229,7 +311,11 @@ class ScoredRun:
                 "ended": len(self._ended),
                 "open": self.end_reason is None,
                 "commitment": self.commitment,
+                "public_key": self.public_key,
                 "secret_fingerprint": self.secret_fingerprint,
+                "awaits_nonce": self.entrant_nonce is None and self.end_reason is None,
+                "entrant_nonce": self.entrant_nonce,
+                "head": self.ledger.head(),
             }
             if self.end_reason is not None:
                 described["last_line_sha256"] = self.ledger.last_sha256

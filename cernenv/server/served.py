@@ -107,6 +107,8 @@ class ServedEnvironment(CERNCollisionEnvironment):
         ledger: Optional[ResultsLedger] = None,
         run: Optional[ScoredRun] = None,
     ) -> None:
+        if run is not None:  # a scored run's worlds are drawn with its own secret, given at each reset
+            secret_salt = ""
         super().__init__(secret_salt=secret_salt or None, fresh_worlds=evaluation, withhold_grades=evaluation)
         self._count = count
         self._scheduler = scheduler
@@ -208,6 +210,11 @@ class ServedEnvironment(CERNCollisionEnvironment):
             problem = unscored_reset_problem(arguments, self._scored_run)
         if problem is not None:
             raise RequestError(problem)
+        if self._ledger is not None and self._ledger.full and self._scored_run is None:
+            raise RequestError(
+                "this server's results ledger is full: nothing more it grades can be recorded, so it plays no "
+                "more episodes; its operator must move the ledger's files away and restart it"
+            )
         previous = self._episode
         wasted = previous is not None and (not previous.done or previous.data_version == 0)
         if previous is not None and not previous.done:
@@ -221,6 +228,7 @@ class ServedEnvironment(CERNCollisionEnvironment):
             self._task_index, self._assignment, task = self._scored_run.next_task()
             seed, scenario, difficulty = task.seed, task.scenario, task.difficulty
             nonce: Optional[str] = self._scored_run.world_nonce(self._task_index)
+            secret_salt = self._scored_run.world_secret
         else:
             nonce = None  # a fresh one in evaluation mode, none in training mode
         try:
@@ -296,7 +304,7 @@ class ServedEnvironment(CERNCollisionEnvironment):
             "record": "episode",
             "ended_at": utc_now(),
             "mode": "evaluation" if self._evaluation else "training",
-            "secret_fingerprint": self._secret_fingerprint,
+            "secret_fingerprint": self._scored_run.worlds_fingerprint if self._scored_run else self._secret_fingerprint,
             "session_id": self.session_id,
             "client": self.client,
             "episode_id": state.episode_id,
@@ -309,7 +317,7 @@ class ServedEnvironment(CERNCollisionEnvironment):
             "grade": grade,
             "episode_reward": state.cumulative_reward + (withheld_reward if self._evaluation else 0.0),
             "resources": {k: v for k, v in usage.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
-            "claim": episode.claim.model_dump(mode="json") if episode.claim is not None else None,
+            "claim": self.episode_claim(),
             "truth": CERNCollisionEnvironment.hidden_truth(self),
             "run_id": self._scored_run.run_id if self._scored_run else None,
             "task_index": self._task_index if self._scored_run else None,

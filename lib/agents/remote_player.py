@@ -4,11 +4,14 @@
 
 Loads the agent class (`load_agent`: any class with `reset()` and `act(observation)`, as
 `lib.agents.baselines` defines them), then plays the server's scored run on one WebSocket
-session: reset (no seed: the server assigns the task), act until the episode is done, again,
-until the server says the run has nothing more. An exception the agent raises (or an action it
-returns that cannot be sent) fails that episode only: its traceback is printed the first time
-(a line each time after), the episode is left (the server records it as abandoned: a failure),
-and the run goes on. The process holds only what the server sends its agent;
+session: sends the entrant's nonce if the run still waits for one (a fresh random one: see
+`cernenv.server.runs`), then reset (no seed: the server assigns the task), act until the episode
+is done, again, until the server says the run has nothing more; with `--receipts PATH` it keeps
+the run's signed ledger head after each episode there (`Receipts`), for
+`python -m lib.measure.scorecard --receipts` to check the published ledger against. An exception
+the agent raises (or an action it returns that cannot be sent) fails that episode only: its
+traceback is printed the first time (a line each time after), the episode is left (the server
+records it as abandoned: a failure), and the run goes on. The process holds only what the server sends its agent;
 `lib.measure.score_agent` starts it beside the server and scores the run.
 
 Exit status: 0 when every episode was played to its end, 1 when the agent raised in some, 3 when
@@ -21,13 +24,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import secrets
 import sys
 import traceback
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from cernenv.client import CERNEnvClient, action_payload
+from cernenv.server.audit import RECEIPTS_FORMAT
+from lib.files import atomic_write
 
 RUN_OVER = "there is nothing more to play on this server"
 LOAD_FAILED = 3
@@ -62,6 +70,60 @@ def load_agent(spec: str) -> Any:
     return agent
 
 
+def get_json(url: str, headers: Optional[Mapping[str, str]] = None) -> Optional[Dict[str, Any]]:
+    """The JSON a GET of `url` answers, or None when it cannot be had."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=5) as answer:
+            return json.loads(answer.read())
+    except (OSError, ValueError):
+        return None
+
+
+def send_nonce(url: str, nonce: str, headers: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """POST the entrant's `nonce` to the scored run of the server at `url`; what `/evaluation` then
+    says of the run. A RuntimeError with the server's reason when it refuses."""
+    request = urllib.request.Request(
+        url + "/evaluation/nonce",
+        data=json.dumps({"nonce": nonce}).encode(),
+        headers={"Content-Type": "application/json", **dict(headers or {})},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        raise RuntimeError(f"the server refused the entrant's nonce: {error.read().decode()[:300]}") from None
+
+
+class Receipts:
+    """An entrant's receipts of one scored run: the signed heads of its ledger as `GET /evaluation`
+    served them (`cernenv.server.runs.ScoredRun.describe`), one per new head; `write` saves them in
+    the form `python -m lib.measure.scorecard --receipts` checks (`cernenv.server.audit.check_receipts`)."""
+
+    def __init__(self, run: Mapping[str, Any], nonce: Optional[str]) -> None:
+        self.header = {
+            "format": RECEIPTS_FORMAT,
+            "run_id": run.get("run_id"),
+            "commitment": run.get("commitment"),
+            "public_key": run.get("public_key"),
+            "entrant_nonce": nonce,
+        }
+        self.receipts: List[Dict[str, Any]] = []
+
+    def keep(self, state: Optional[Mapping[str, Any]]) -> None:
+        """Keep the head `state` (a scored run as `/evaluation` describes it) names, when it is new."""
+        head = (state or {}).get("head")
+        if (
+            isinstance(head, dict)
+            and head.get("signature")
+            and (not self.receipts or self.receipts[-1]["line"] != head.get("line"))
+        ):
+            self.receipts.append({k: head.get(k) for k in ("line", "line_sha256", "digest", "signature")})
+
+    def write(self, path: Path) -> None:
+        atomic_write(path, json.dumps({**self.header, "receipts": self.receipts}, indent=1) + "\n")
+
+
 @dataclass
 class PlayReport:
     """What a player's run came to: episodes played to their end, episodes the agent failed (it
@@ -88,11 +150,32 @@ def _agent_failed(report: PlayReport, episode: int, error: BaseException) -> Non
     sys.stderr.flush()
 
 
-def play_run(url: str, agent: Any, *, headers: Optional[dict] = None, max_episodes: Optional[int] = None) -> PlayReport:
+def play_run(
+    url: str,
+    agent: Any,
+    *,
+    headers: Optional[dict] = None,
+    max_episodes: Optional[int] = None,
+    receipts_path: Optional[Path] = None,
+) -> PlayReport:
     """Play the server's scored run with `agent` until the run has no task left (or
-    `max_episodes` episodes were started); what happened (`PlayReport`)."""
+    `max_episodes` episodes were started), sending the entrant's nonce first if the run waits
+    for one, and keeping the receipts in `receipts_path`; what happened (`PlayReport`)."""
     report = PlayReport()
     started = 0
+    run = (get_json(url + "/evaluation", headers) or {}).get("scored_run") or {}
+    nonce = None
+    if run.get("awaits_nonce"):
+        nonce = secrets.token_hex(16)
+        run = send_nonce(url, nonce, headers)
+    receipts = Receipts(run, nonce or run.get("entrant_nonce"))
+    receipts.keep(run)
+
+    def keep_receipt() -> None:
+        if receipts_path is not None:
+            receipts.keep((get_json(url + "/evaluation", headers) or {}).get("scored_run"))
+            receipts.write(receipts_path)
+
     with CERNEnvClient(base_url=url, headers=headers or {}).sync() as env:
         while max_episodes is None or started < max_episodes:
             try:
@@ -111,6 +194,8 @@ def play_run(url: str, agent: Any, *, headers: Optional[dict] = None, max_episod
                 _agent_failed(report, started, error)
                 continue
             report.played += 1
+            keep_receipt()
+    keep_receipt()
     return report
 
 
@@ -120,6 +205,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--agent", required=True, help="the agent class, module:Class")
     parser.add_argument("--max-episodes", type=int, help="stop after this many episodes (default: the whole run)")
     parser.add_argument("--summary", type=Path, metavar="PATH", help="write what happened here, as JSON")
+    parser.add_argument(
+        "--receipts", type=Path, metavar="PATH", help="keep the run's signed ledger head after each episode here"
+    )
     parser.add_argument(
         "--load-only", action="store_true", help="load the agent and stop (exit 3 if it cannot be loaded): a check"
     )
@@ -136,7 +224,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         if args.load_only:
             return 0
-        report = play_run(args.url, agent, max_episodes=args.max_episodes)
+        report = play_run(args.url, agent, max_episodes=args.max_episodes, receipts_path=args.receipts)
         status = 1 if report.failed else 0
         print(
             f"played {report.played} episodes to their end"

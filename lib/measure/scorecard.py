@@ -1,14 +1,19 @@
 """A scored run's scorecard, from the run's ledger, checked as anyone sent it can check it.
 
-    python -m lib.measure.scorecard LEDGER [--reveal REVEAL] [--run RUN_ID] [--json PATH] [--markdown PATH]
+    python -m lib.measure.scorecard LEDGER [--reveal REVEAL] [--receipts RECEIPTS] [--commitment HEX]
+        [--run RUN_ID] [--expect SCORECARD] [--json PATH] [--markdown PATH]
 
 LEDGER is the run's own ledger (`runs/RUN_ID.jsonl` in the server's state directory, or its
 `--results-ledger`); REVEAL the document the server wrote beside it when the run ended
-(`RUN_ID.reveal.json`). The ledger is checked first (`cernenv.server.audit.read_run`: one run,
-whole, its lines chained, every episode one of its tasks, its end's counts the lines'); with the
-reveal, the commitment the run published before play is checked and every episode is replayed in
-its world (`cernenv.server.audit.verify_run`): "verified: N of N episodes replayed identically".
-A ledger or reveal that fails is refused with one line naming the file, the line and the reason.
+(`RUN_ID.reveal.json`); RECEIPTS the signed heads the entrant's client kept while it played
+(`lib.measure.score_agent` writes them); HEX the commitment published before play. The ledger is
+checked first (`cernenv.server.audit.read_run`: one run, its lines chained and signed by the run's
+key, every episode one of its tasks, its end's counts the lines'); with the receipts, the ledger
+holds the lines the server signed for the entrant (`check_receipts`); with the reveal, the
+commitment the run published before play is checked, the run must have ended, and every episode
+is replayed in its world (`cernenv.server.audit.verify_run`): "verified: N of N episodes replayed
+identically". A ledger, reveal or receipts file that fails is refused with one line naming the
+file, the line and the reason.
 
 The metrics are those `evaluate_agents` gives in process, with their 95% bootstrap intervals,
 for the whole run and each group of `lib.measure.evaluation.GROUPS`, over every task the run
@@ -34,7 +39,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from cernenv.rewards import NO_CLAIM
-from cernenv.server.audit import AuditError, RunLedger, read_run, verify_run
+from cernenv.server.audit import AuditError, RunLedger, check_receipts, read_run, verify_run
 from cernenv.server.ledger import EpisodeEnded
 from cernenv.suite import part_of
 from lib.episodes.records import NO_CLAIM_ENDINGS, ending_of_end
@@ -112,11 +117,12 @@ def _counts(rows: Sequence[Mapping[str, Any]], episodes: Mapping[int, EpisodeEnd
     return counts
 
 
-def scorecard(run: RunLedger, verified: Optional[int] = None) -> Dict[str, Any]:
+def scorecard(run: RunLedger, verified: Optional[int] = None, receipts: Optional[int] = None) -> Dict[str, Any]:
     """The scorecard of `run` (`cernenv.server.audit.read_run`'s): what the run was, how many of its
     tasks ended graded, abandoned or unplayed, counts per part, and every metric per group over
     every assigned task (strict JSON but for `_estimates`). `verified`: how many episodes
-    `verify_run` replayed identically (None: not verified)."""
+    `verify_run` replayed identically (None: not verified); `receipts`: how many of the entrant's
+    receipts the ledger holds (None: none given)."""
     opened, end = run.opened, run.ended
     by_task = {episode.task_index: episode for _, episode in run.episodes}
     rows = [
@@ -133,6 +139,8 @@ def scorecard(run: RunLedger, verified: Optional[int] = None) -> Dict[str, Any]:
         "end_reason": end.reason if end else None,
         "secret_fingerprint": opened.secret_fingerprint,
         "commitment": opened.commitment,
+        "public_key": opened.public_key,
+        "entrant_nonce": run.seeded.entrant_nonce if run.seeded is not None else None,
         "last_line_sha256": run.last_sha256,
         "cernenv_version": opened.cernenv_version,
         "commit": opened.commit,
@@ -143,6 +151,7 @@ def scorecard(run: RunLedger, verified: Optional[int] = None) -> Dict[str, Any]:
         "coverage": counts["all"]["played"] / opened.n_tasks if opened.n_tasks else None,
         "counts": counts,
         "verified": verified,
+        "receipts_checked": receipts,
         "confidence": CONFIDENCE,
         "bootstrap_resamples": N_BOOTSTRAP,
         "groups": {name: estimates_to_json({"agent": metrics})["agent"] for name, metrics in groups.items()},
@@ -152,15 +161,22 @@ def scorecard(run: RunLedger, verified: Optional[int] = None) -> Dict[str, Any]:
 
 def verified_line(card: Mapping[str, Any]) -> str:
     """What the scorecard says of its verification."""
+    if card["end_reason"] is None:
+        return (
+            "incomplete: the ledger has no end (RunEnded): the run is still being played, or its tail was cut off; "
+            "not verified"
+        )
     if card["verified"] is None:
         return (
             "not verified: the ledger's chain and its run were checked; give the run's reveal (--reveal "
             "RUN_ID.reveal.json) to check its commitment and replay every episode"
         )
     recorded = card["graded"] + card["abandoned"]
+    receipts = card.get("receipts_checked")
     return (
         f"verified: {card['verified']} of {recorded} episodes replayed identically, in the worlds run "
-        f"{card['run_id']} committed to before play ({card['commitment']})"
+        f"{card['run_id']} committed to before play ({card['commitment']}) and its entrant's nonce"
+        + (f"; the ledger holds all {receipts} of the entrant's receipts" if receipts else "")
     )
 
 
@@ -249,12 +265,37 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def score_run(ledger: Path, reveal: Optional[Path] = None, run_id: Optional[str] = None) -> Dict[str, Any]:
-    """The scorecard of the run in `ledger`, verified against `reveal` when given; an AuditError
-    (one line: file, line, reason) when either is not what the server wrote."""
+def score_run(
+    ledger: Path,
+    reveal: Optional[Path] = None,
+    run_id: Optional[str] = None,
+    *,
+    receipts: Optional[Path] = None,
+    commitment: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The scorecard of the run in `ledger`, checked against the entrant's `receipts` and verified
+    against `reveal` (and the `commitment` published before play) when given; an AuditError (one
+    line: file, line, reason) when any is not what the server wrote."""
     run = read_run(ledger, run_id)
-    verified = verify_run(run, reveal)[0] if reveal is not None else None
-    return scorecard(run, verified)
+    checked = check_receipts(run, receipts) if receipts is not None else None
+    if commitment is not None and reveal is None and run.opened.commitment != commitment:
+        raise AuditError(
+            f"{ledger}:1: run {run.opened.run_id} opened with the commitment {run.opened.commitment}, not the one "
+            f"published before play ({commitment})"
+        )
+    verified = verify_run(run, reveal, commitment=commitment)[0] if reveal is not None else None
+    return scorecard(run, verified, checked)
+
+
+def _commitment_in(path: Path) -> str:
+    """The commitment a published `commitment.json` names (its `commitment`)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("commitment")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as error:
+        raise AuditError(f"{path}: not a published commitment's JSON ({error})") from None
+    if not isinstance(value, str):
+        raise AuditError(f"{path}: names no commitment")
+    return value
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -273,6 +314,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="the run's reveal (RUN_ID.reveal.json, written when the run ended): check the commitment and replay "
         "every episode",
     )
+    parser.add_argument(
+        "--receipts",
+        type=Path,
+        metavar="RECEIPTS",
+        help="the receipts the entrant's client kept (the signed ledger heads served while it played): the ledger "
+        "must hold every line they name, as signed",
+    )
+    parser.add_argument(
+        "--commitment", metavar="HEX", help="the commitment published before play: the run's must be this one"
+    )
     parser.add_argument("--run", metavar="RUN_ID", help="the run the ledger must hold")
     parser.add_argument(
         "--expect",
@@ -285,7 +336,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--markdown", type=Path, metavar="PATH", help="also write the markdown table here")
     args = parser.parse_args(argv)
     try:
-        card = score_run(args.ledger, args.reveal, args.run)
+        commitment = args.commitment
+        if commitment is not None and Path(commitment).is_file():  # a published commitment.json
+            commitment = _commitment_in(Path(commitment))
+        card = score_run(args.ledger, args.reveal, args.run, receipts=args.receipts, commitment=commitment)
         difference = None
         if args.expect is not None:
             try:
@@ -295,6 +349,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             made = json.loads(scorecard_json(card))
             if made["verified"] is None:  # without the reveal, what the sender verified is not checked here
                 del made["verified"]
+            if made["receipts_checked"] is None:  # nor, without receipts, what receipts the sender checked
+                del made["receipts_checked"]
             difference = scorecard_difference(sent, made)
         if difference:
             raise AuditError(f"{args.expect}: not the scorecard this ledger gives: {difference}")
