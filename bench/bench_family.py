@@ -141,6 +141,7 @@ def main(argv: Any = None) -> int:
             )
             entries.append(
                 {
+                    "outcomes": r["outcomes"],
                     "member": r["member"],
                     "name": name,
                     "won": sum(r["outcomes"]),
