@@ -114,3 +114,31 @@ def test_lib_is_reached_through_the_install_alone(tmp_path):
         f"{path.relative_to(ROOT)}: {marker}" for path in files for marker in workarounds if marker in path.read_text()
     ]
     assert not offenders, offenders
+
+
+NOTICE_PROBE = """
+import cernenv.physics.portable as portable
+import numpy as np
+portable.exp(np.zeros(3))
+print(portable.COMPILING_NOTICE)
+"""
+
+
+@pytest.mark.slow
+def test_the_first_compilation_of_the_physics_kernels_is_said_once_and_a_cached_load_is_not(tmp_path):
+    """The first episode after `pip install .` took 75 s without a word while numba compiled the
+    kernels: a process that compiles them says so once, on stderr; one that loads them from numba's
+    cache says nothing."""
+    environment = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}  # an empty cache: it compiles
+
+    def run():
+        result = subprocess.run(
+            [sys.executable, "-c", NOTICE_PROBE], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout.strip().splitlines()[-1], result.stderr
+
+    notice, first = run()
+    assert "compiling the physics kernels once" in notice and first.count(notice) == 1, first
+    _, cached = run()
+    assert notice not in cached, cached
