@@ -50,12 +50,12 @@ def warm_start_estimate_minutes(campaigns: int, passes: float) -> float:
 
 
 def warm_start_estimate(campaigns: int, passes: float) -> str:
-    """`warm_start_estimate_minutes` for a reader: "about 2.3 min on 2 idle cores (an estimate;
-    longer on a busy machine)", with the load now when it is above 1."""
+    """`warm_start_estimate_minutes` for a reader: "about 2.3 min on 2 idle cores, an estimate;
+    longer on a busy machine", with the load now when it is above 1."""
     minutes = warm_start_estimate_minutes(campaigns, passes)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     busy = f"; the load here is {load:.1f} now, so expect longer" if load > 1.0 else "; longer on a busy machine"
-    return f"about {minutes:.2g} min on 2 idle cores (an estimate{busy})"
+    return f"about {minutes:.2g} min on 2 idle cores, an estimate{busy}"
 
 
 CPU_STAND_IN_TIMES = (

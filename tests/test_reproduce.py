@@ -319,7 +319,7 @@ def test_the_first_run_says_it_builds_the_warm_start_and_how_long_that_took(tmp_
     smoke = load_profile("smoke")
     note = reproduce.warm_start_note(smoke)
     assert note.startswith("first run: notebook 03 builds the CPU stand-in's warm start (64 campaigns, about ")
-    assert "about 2.3 min on 2 idle cores (an estimate; longer on a busy machine)" in note
+    assert "about 2.3 min on 2 idle cores, an estimate; longer on a busy machine" in note
     assert f"{WARM_START_MINUTES['default']:g}" not in note
     cached = tmp_path / "warm_start" / "cernenv-tiny-0123456789abcdef"
     cached.mkdir(parents=True)

@@ -43,10 +43,10 @@ def test_the_warm_start_estimate_scales_with_its_campaigns_and_says_it_is_one(mo
     assert runtime.warm_start_estimate_minutes(128, 2.0) == pytest.approx(2 * smoke)
     assert runtime.warm_start_estimate_minutes(64, 1.0) == pytest.approx(smoke / 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.3, 0.3, 0.3))
-    idle = "about 2.3 min on 2 idle cores (an estimate; longer on a busy machine)"
+    idle = "about 2.3 min on 2 idle cores, an estimate; longer on a busy machine"
     assert runtime.warm_start_estimate(64, 2.0) == idle
     monkeypatch.setattr(os, "getloadavg", lambda: (3.46, 2.0, 1.0))
-    assert runtime.warm_start_estimate(64, 2.0).endswith("(an estimate; the load here is 3.5 now, so expect longer)")
+    assert runtime.warm_start_estimate(64, 2.0).endswith(", an estimate; the load here is 3.5 now, so expect longer")
 
 
 def test_gpus_are_read_from_nvidia_smi_without_torch(tmp_path, monkeypatch):
