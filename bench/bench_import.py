@@ -39,7 +39,7 @@ def one_run() -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--runs", type=int, default=5, help="fresh interpreters to time (default 5)")
     args = parser.parse_args(argv)
     if args.runs < 1:
