@@ -87,9 +87,19 @@ def test_a_clear_gain_is_said_as_one_and_no_change_as_none():
     assert "No change is clear: every interval holds zero." in same and "Clearly" not in same
 
 
+def test_a_smoke_run_of_a_few_episodes_concludes_nothing():
+    """A smoke run's 6 episodes, each 0.1 better: the bootstrap interval is [+0.1, +0.1], which
+    would read as a clear gain; with so few episodes the conclusion says it cannot tell."""
+    before = _suite(3, 3, particle_right=0.0, null_right=0.0, reward=-1.0)
+    after = [dict(e, cumulative_reward=e["cumulative_reward"] + 0.1) for e in before]
+    text = conclusion_markdown(before, after)
+    assert "Too few episodes to conclude anything (fewer than 30)" in text
+    assert "Clearly" not in text and "- Too few to tell: mean reward" in text
+
+
 def test_different_episodes_are_compared_unpaired_and_said_so():
     before = _suite(20, 20, particle_right=0.5, null_right=0.5, reward=1.0)
-    after = [dict(e, seed=e["seed"] + 1000) for e in before]
+    after = [dict(e, seed=e["seed"] + 1000) for e in before]  # 40 a side: enough to conclude
     text = conclusion_markdown(before, after)
     assert "not the same ones (unpaired)" in text and all(not c.paired for c in run_changes(before, after))
     assert conclusion_markdown([], []).startswith("**What this run shows:** nothing yet")

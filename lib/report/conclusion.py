@@ -131,6 +131,9 @@ def run_changes(pre: Sequence[Any], post: Sequence[Any]) -> List[Change]:
 
 
 VERDICT_WORDS = {"harm": "**Clearly worse**", "gain": "**Clearly better**", "unclear": "No clear change"}
+MIN_EPISODES_TO_CONCLUDE = 30
+"""Below this many episodes a side, the conclusion names no effect: a bootstrap interval of a few
+episodes (a smoke run's 6, whose differences may all be equal) says little about the policy."""
 
 
 def _summary(harms: int, gains: int) -> str:
@@ -145,9 +148,10 @@ def _summary(harms: int, gains: int) -> str:
 
 def conclusion_markdown(pre: Sequence[Any], post: Sequence[Any]) -> str:
     """The run's conclusion in plain words, from its episodes before and after GRPO: a sentence
-    saying whether its clear effects are gains, harms or none, then each headline metric, clear
-    harms first, then clear gains, then what did not clearly change: before → after with the
-    difference and its 95% interval, and what a clear change means."""
+    saying whether its clear effects are gains, harms or none (or that a side has fewer than
+    `MIN_EPISODES_TO_CONCLUDE` episodes to tell), then each headline metric, clear harms first, then
+    clear gains, then what did not clearly change: before → after with the difference and its 95%
+    interval, and what a clear change means."""
     changes = run_changes(pre, post)
     if not changes:
         return "**What this run shows:** nothing yet: the evaluations hold no episodes."
@@ -160,14 +164,18 @@ def conclusion_markdown(pre: Sequence[Any], post: Sequence[Any]) -> str:
         else f"{len(pre)} and {len(post)} held-out episodes before and after GRPO, not the same ones (unpaired)"
     )
     verdicts = [c.verdict for c in changes]
-    lines = [
-        f"**What this run shows** ({how}; Δ is after − before, with its 95% bootstrap interval). "
-        + _summary(verdicts.count("harm"), verdicts.count("gain")),
-        "",
-    ]
+    too_few = min(len(pre), len(post)) < MIN_EPISODES_TO_CONCLUDE
+    summary = (
+        f"Too few episodes to conclude anything (fewer than {MIN_EPISODES_TO_CONCLUDE}): "
+        "the figures check the pipeline."
+        if too_few
+        else _summary(verdicts.count("harm"), verdicts.count("gain"))
+    )
+    lines = [f"**What this run shows** ({how}; Δ is after − before, with its 95% bootstrap interval). {summary}", ""]
     for c in changes:
-        meaning = f": {c.meaning()}" if c.clear else ""
-        lines.append(f"- {VERDICT_WORDS[c.verdict]}: {c.metric.label} {c.figures()}{meaning}.")
+        meaning = f": {c.meaning()}" if c.clear and not too_few else ""
+        words = "Too few to tell" if too_few else VERDICT_WORDS[c.verdict]
+        lines.append(f"- {words}: {c.metric.label} {c.figures()}{meaning}.")
     return "\n".join(lines)
 
 
