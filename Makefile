@@ -63,7 +63,7 @@ $(error $(MISSPELT_VARIABLES))
 endif
 endif
 
-.PHONY: evaluate scored-run-example verify-scored-run help setup lint format test test-fast test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-dagger bench-family bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
+.PHONY: evaluate scored-run-example verify-scored-run help setup lint format test test-fast test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-dagger bench-family bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -155,6 +155,9 @@ bench: setup ## run the environment and physics-kernel benchmarks (bench/bench_e
 
 # `make bench-lee LEE_ARGS="--toys 500"`: another number of toys per family (bench/bench_lee.py --help).
 LEE_ARGS ?=
+
+bench-import: setup ## how long `import cernenv` takes: the median of 5 fresh interpreters, and the heavy modules it loads (bench/bench_import.py)
+	$(RUN_ENV) $(PY) bench/bench_import.py
 
 bench-report: setup ## notebook 04's report pages (sizes) and the live trajectory browser (latency) on 40 tasks (bench/bench_report.py)
 	$(RUN_ENV) $(PY) bench/bench_report.py

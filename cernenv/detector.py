@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Dict, Mapping, Tuple
 
 import numpy as np
-
-from cernenv.physics import portable
 
 REFERENCE_SQRT_S_TEV = 13.0
 
@@ -34,8 +33,12 @@ PRODUCTION_REFERENCES: Dict[str, Tuple[float, Dict[float, float]]] = {
 HIGH_X_EXPONENT = 10.0
 
 
+@lru_cache(maxsize=None)
 def _log_energy_table(production: str) -> Tuple[np.ndarray, np.ndarray]:
-    """(ln √s, ln σ/σ(13 TeV)) of the references, in increasing √s."""
+    """(ln √s, ln σ/σ(13 TeV)) of the references, in increasing √s (made on first use: the
+    portable logarithm is compiled by numba, which `import cernenv` does not load)."""
+    from cernenv.physics import portable
+
     _, points = PRODUCTION_REFERENCES[production]
     energies = sorted(points)
     return (
@@ -44,13 +47,12 @@ def _log_energy_table(production: str) -> Tuple[np.ndarray, np.ndarray]:
     )
 
 
-_LOG_ENERGY_TABLES = {production: _log_energy_table(production) for production in PRODUCTION_REFERENCES}
-
-
 def _reference_ratio(production: str, sqrt_s_tev: float) -> float:
     """σ(√s) / σ(13 TeV) of the production mode's reference process: a power law in √s
     between neighbouring references (log-log interpolation), the outer segments extended."""
-    log_s, log_ratio = _LOG_ENERGY_TABLES[production]
+    from cernenv.physics import portable
+
+    log_s, log_ratio = _log_energy_table(production)
     t = float(portable.log(sqrt_s_tev))
     i = int(np.clip(np.searchsorted(log_s, t) - 1, 0, log_s.size - 2))
     slope = (log_ratio[i + 1] - log_ratio[i]) / (log_s[i + 1] - log_s[i])

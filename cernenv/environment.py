@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from openenv.core.env_server.interfaces import Environment
@@ -15,18 +14,17 @@ from openenv.core.env_server.types import EnvironmentMetadata
 from cernenv._version import __version__
 from cernenv.actions import Prerequisite, markdown_cell, render_action_table_markdown, type_label
 from cernenv.detector import BEAM_ENERGIES, PILEUP_SETTINGS
+from cernenv.episode import Episode, observe
 from cernenv.handlers import ActionHandlers, _r
 from cernenv.models import (
     ActionType,
     CernState,
-    ChannelData,
     CollisionObservation,
     DiscoveryClaim,
     ExperimentAction,
-    ResourceUsage,
     TaskInfo,
 )
-from cernenv.references import REFERENCES, observation_references
+from cernenv.references import REFERENCES
 from cernenv.rewards import (
     COMPONENT_NAMES,
     MILESTONE_REWARD,
@@ -44,11 +42,10 @@ from cernenv.rules import (
     check_resources,
     parse_action,
 )
-from cernenv.scenarios import Scenario, make_scenario
+from cernenv.scenarios import make_scenario
 from cernenv.seeding import data_rng
-from cernenv.simulation import CollisionRecorder, Spectrum
+from cernenv.simulation import CollisionRecorder
 
-HISTORY_LENGTH = 12
 ANALYSIS_RESERVE = (25.0, 0.2, 40.0, 0.2)
 """(M$, fraction of the budget, days, fraction of the time): `luminosity_affordable_fb` keeps back the
 smaller of each pair for the analysis after the data are in (calibrations, fits, systematics: a
@@ -65,47 +62,6 @@ LOGBOOK_VERBS = (
 """The analysis verbs whose latest result the observation's `logbook` keeps."""
 PER_CHANNEL_LOGBOOK_VERBS = (ActionType.SCAN_BUMP,)
 """Logbook verbs kept per channel ("scan_bump/diphoton"): a survey scans every channel."""
-
-
-@dataclass
-class _Episode:
-    scenario: Scenario
-    seed: int
-    recorder: CollisionRecorder
-    episode_id: str
-    beam_energy_tev: Optional[float] = None
-    pileup: Optional[str] = None
-    trigger: Optional[str] = None
-    channel: Optional[str] = None
-    booked_fb: float = 0.0
-    luminosity_fb: float = 0.0
-    budget_used_musd: float = 0.0
-    time_used_days: float = 0.0
-    spectrum: Optional[Spectrum] = None
-    fits: Dict[tuple, Any] = field(default_factory=dict)  # fits by (kind, Spectrum.fit_key, ...): each made once
-    background_fit: Any = None  # from subtract_background (possibly a sideband fit)
-    resonance_fit: Any = None
-    scan: Any = None
-    angular: Any = None  # the last `measure_angular`'s `AngularMeasurement`
-    systematics: Dict[str, Dict[str, float]] = field(default_factory=dict)
-    analysed_luminosity_fb: float = 0.0
-    candidates_gev: List[float] = field(default_factory=list)
-    best_significance: float = 0.0
-    world_nonce: str = ""  # mixed into the hidden streams by `fresh_worlds` (empty: the seed's world)
-    grade: Optional[Dict[str, Any]] = None  # `episode_grade()`, once graded
-    claim: Any = None  # the `DiscoveryClaim` graded (None: ended without one)
-    milestones: Set[str] = field(default_factory=set)
-    paid_milestones: Set[str] = field(default_factory=set)
-    terminal_components: Dict[str, float] = field(default_factory=dict)
-    seen_actions: Set[str] = field(default_factory=set)
-    data_version: int = 0
-    history: List[str] = field(default_factory=list)
-    latest_result: Dict[str, Any] = field(default_factory=dict)
-    logbook: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    logbook_versions: Dict[str, int] = field(default_factory=dict)  # data_version each entry was made on
-    bookings: int = 0
-    references: Dict[str, Any] = field(default_factory=dict)  # what the last observation showed by name
-    done: bool = False
 
 
 class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, CollisionObservation, CernState]):
@@ -131,7 +87,7 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
         self._secret_salt = _check_salt(secret_salt)
         self._fresh_worlds = bool(fresh_worlds)
         self._withhold_grades = bool(withhold_grades)
-        self._episode: Optional[_Episode] = None
+        self._episode: Optional[Episode] = None
         self._state = CernState()
 
     # OpenEnv API -----------------------------------------------------------------------
@@ -181,7 +137,7 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
             chosen.search_window_gev, chosen.channels, chosen.truth, rng, chosen.signal_capacity_per_fb
         )
         episode_id = episode_id or str(uuid.uuid4())
-        self._episode = _Episode(
+        self._episode = Episode(
             scenario=chosen, seed=int(seed), recorder=recorder, episode_id=episode_id, world_nonce=nonce
         )
         self._state = CernState(
@@ -447,76 +403,18 @@ class CERNCollisionEnvironment(ActionHandlers, Environment[ExperimentAction, Col
     # Observation -----------------------------------------------------------------------
 
     def _observation(self, reward: float, breakdown: Dict[str, float], violations: List[str]) -> CollisionObservation:
-        episode = self._episode
-        scenario = episode.scenario
         if breakdown:
             self._state.cumulative_reward += reward
             for name, value in breakdown.items():
                 self._state.reward_components[name] = self._state.reward_components.get(name, 0.0) + value
-        task = TaskInfo(
-            campaign_type="curated" if scenario.curated else "procedural",
-            difficulty=scenario.difficulty,
-            problem_statement=scenario.summary,
-            search_window_gev=scenario.search_window_gev,
-            available_channels=list(scenario.channels),
-            available_triggers=list(scenario.triggers),
-            available_beam_energies_tev=list(scenario.beam_energies_tev),
-            budget_total_musd=scenario.budget_musd,
-            luminosity_total_fb=scenario.luminosity_fb,
-            time_total_days=scenario.time_days,
-            max_steps=self.max_steps,
-        )
-        affordable = self._affordable_luminosity()
-        usage = ResourceUsage(
-            budget_used_musd=_r(episode.budget_used_musd, 6),
-            budget_remaining_musd=_r(scenario.budget_musd - episode.budget_used_musd, 6),
-            luminosity_used_fb=_r(episode.luminosity_fb, 6),
-            luminosity_remaining_fb=_r(scenario.luminosity_fb - episode.luminosity_fb, 6),
-            luminosity_allocated_fb=_r(episode.booked_fb, 6),
-            luminosity_bookings=episode.bookings,
-            luminosity_affordable_fb=_r(affordable or 0.0, 4),
-            time_used_days=_r(episode.time_used_days, 6),
-            time_remaining_days=_r(scenario.time_days - episode.time_used_days, 6),
-        )
-        data = {
-            name: ChannelData(
-                luminosity_fb=_r(rec.luminosity_fb, 6),
-                recorded_events=rec.recorded_events,
-                calibration_level=rec.calibration_level,
-                reconstruction=rec.reconstruction,
-            )
-            for name, rec in episode.recorder.records.items()
-            if rec.luminosity_fb > 0
-        }
-        episode.references = observation_references(
-            episode.logbook,
-            episode.channel,
-            episode.candidates_gev,
-            booked_fb=episode.booked_fb,
-            affordable_fb=affordable,
-        )
-        return CollisionObservation(
-            task=task,
+        return observe(
+            self._episode,
             step_index=self._state.step_count,
-            resource_usage=usage,
-            selected_beam_energy_tev=episode.beam_energy_tev,
-            selected_pileup=episode.pileup,
-            selected_trigger=episode.trigger,
-            selected_channel=episode.channel,
-            data_collected=data,
-            latest_result=dict(episode.latest_result),
-            candidate_masses_gev=list(episode.candidates_gev),
-            logbook={key: dict(entry) for key, entry in episode.logbook.items()},
-            outdated_logbook_entries=[
-                key for key, version in episode.logbook_versions.items() if version < episode.data_version
-            ],
-            references=dict(episode.references),
-            cumulative_significance=_r(episode.best_significance, 3) or 0.0,
-            pipeline_history=episode.history[-HISTORY_LENGTH:],
-            rule_violations=violations,
-            reward_breakdown=dict(breakdown),
-            done=episode.done,
-            reward=float(reward),
+            max_steps=self.max_steps,
+            affordable_fb=self._affordable_luminosity(),
+            reward=reward,
+            breakdown=breakdown,
+            violations=violations,
         )
 
 

@@ -7,6 +7,9 @@ A mixin of `cernenv.environment.CERNCollisionEnvironment`: the handlers read and
 episode the environment holds (`self._episode`) and use its charging and rule checks
 (`_charge`, `_require_option`, `_satisfied`); the environment's API (reset, step, the state, the
 grade and the observation) is in environment.py.
+
+The physics (`cernenv.analysis`, `cernenv.physics`: numba's compiled kernels, scipy) is imported by
+the handlers that compute with it, when one first runs: `import cernenv` does not load it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
-from cernenv import analysis
 from cernenv.actions import ACTION_TABLE
 from cernenv.detector import (
     BEAM_ENERGIES,
@@ -31,10 +33,6 @@ from cernenv.models import (
     ActionType,
     DiscoveryClaim,
 )
-from cernenv.physics.angular import AngularMeasurement, allowed_spins, spin_likelihoods
-from cernenv.physics.fitting import fit_background_only, fit_signal_plus_background
-from cernenv.physics.shapes import signal_bin_fractions
-from cernenv.physics.significance import asimov_significance, count_upcrossings
 from cernenv.rules import (
     RuleViolation,
     Violation,
@@ -242,6 +240,9 @@ class ActionHandlers:
         }
 
     def _do_subtract_background(self, params) -> Dict[str, Any]:
+        from cernenv import analysis
+        from cernenv.physics.fitting import fit_background_only
+
         episode = self._episode
         spectrum = episode.spectrum
         edges, counts = spectrum.edges_gev, spectrum.counts
@@ -283,6 +284,9 @@ class ActionHandlers:
         return result
 
     def _do_fit_resonance(self, params) -> Dict[str, Any]:
+        from cernenv import analysis
+        from cernenv.physics.fitting import fit_signal_plus_background
+
         episode = self._episode
         spectrum = episode.spectrum
         edges = spectrum.edges_gev
@@ -339,6 +343,9 @@ class ActionHandlers:
         }
 
     def _do_scan_bump(self, params) -> Dict[str, Any]:
+        from cernenv import analysis
+        from cernenv.physics.significance import count_upcrossings
+
         episode = self._episode
         spectrum = episode.spectrum
         edges = spectrum.edges_gev
@@ -366,6 +373,8 @@ class ActionHandlers:
         }
 
     def _do_measure_angular(self, params) -> Dict[str, Any]:
+        from cernenv.physics.angular import AngularMeasurement, allowed_spins, spin_likelihoods
+
         episode = self._episode
         spectrum = episode.spectrum
         sigma = float(spectrum.resolution_gev(params.mass_gev))
@@ -419,6 +428,8 @@ class ActionHandlers:
         return result
 
     def _do_request_systematics(self, params) -> Dict[str, Any]:
+        from cernenv import analysis
+
         episode = self._episode
         self._charge_table(ActionType.REQUEST_SYSTEMATICS)
         channel = episode.spectrum.channel
@@ -435,6 +446,9 @@ class ActionHandlers:
         return {"channel": channel, **systematics, "note": "estimate_significance now includes systematics"}
 
     def _do_request_theory_review(self, params) -> Dict[str, Any]:
+        from cernenv.physics.angular import allowed_spins
+        from cernenv.physics.significance import asimov_significance
+
         episode = self._episode
         spectrum, fit = episode.spectrum, episode.resonance_fit
         self._charge_table(ActionType.REQUEST_THEORY_REVIEW)
@@ -501,6 +515,8 @@ class ActionHandlers:
         """Signal fraction in [m − half, m + half] from the resonance fit, when one was made near
         `mass_gev`; None lets the spin fit profile it (less powerful: spin 0 + background can
         mimic spin 1)."""
+        from cernenv.physics.shapes import signal_bin_fractions
+
         fit = self._episode.resonance_fit
         if fit is None or abs(fit.mass_gev - mass_gev) > half_width_gev or events <= 0:
             return None
@@ -526,9 +542,13 @@ class ActionHandlers:
 
     def _background_only(self, spectrum: Spectrum):
         """The background-only fit of `spectrum`, fitted once and reused by every action."""
+        from cernenv import analysis
+
         return self._cached_fit(("background_only", spectrum.fit_key), lambda: analysis.background_fit(spectrum))
 
     def _background_under_peak(self, spectrum: Spectrum, mass_gev: float, sigma_gev: float, background=None) -> float:
+        from cernenv import analysis
+
         return analysis.background_under_peak(
             spectrum, mass_gev, sigma_gev, background or self._background_only(spectrum)
         )
@@ -538,6 +558,8 @@ class ActionHandlers:
     ) -> Dict[str, Any]:
         """`cernenv.analysis.significance` at `mass_gev`, with the episode's cached fits; `scan`: a
         bump scan of this spectrum (its upcrossings), or None (the analytic count)."""
+        from cernenv import analysis
+
         background = self._background_only(spectrum)
         spurious = analysis.spurious_signal_events(spectrum, mass_gev, background) if with_systematics else 0.0
         local = self._cached_fit(

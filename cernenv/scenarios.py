@@ -23,7 +23,6 @@ from cernenv.detector import (
     expected_background_events,
     mass_resolution_gev,
 )
-from cernenv.physics import portable
 from cernenv.seeding import particle_rng, task_rng
 
 DIFFICULTIES = ("easy", "medium", "hard")
@@ -405,6 +404,8 @@ def mass_bands(family: str) -> Dict[str, Tuple[Tuple[float, float], ...]]:
     `SPLIT_GAP_SIGMA` resolutions; the evaluation bands also keep that distance from every
     curated particle decaying to the family's channels (curated campaigns are played in
     training). So no evaluation particle lies within 2σ_m of any particle training can produce."""
+    from cernenv.physics import portable
+
     bands: Dict[str, List[Tuple[float, float]]] = {split: [] for split in SPLITS}
     lo, index = _BAND_RANGE_GEV[0], 0
     while lo < _BAND_RANGE_GEV[1]:
@@ -452,15 +453,12 @@ def _production(spin: int) -> str:
     return "qq" if spin == 1 else "gg"
 
 
-SPLIT_CONFIGURATIONS: Dict[str, Dict[str, Tuple[TaskConfiguration, ...]]] = {
-    split: {
-        difficulty: tuple(config for config in configurations if split_mass_intervals(config, split))
-        for difficulty, configurations in PROCEDURAL_CONFIGURATIONS.items()
-    }
-    for split in SPLITS
-}
-"""The configurations whose window holds masses of each split (`split_mass_intervals`): the
-task stream of a training or evaluation seed picks among these."""
+@functools.lru_cache(maxsize=None)
+def split_configurations(split: str, difficulty: str) -> Tuple[TaskConfiguration, ...]:
+    """The configurations of `difficulty` whose window holds masses of `split`
+    (`split_mass_intervals`): the task stream of a training or evaluation seed picks among these
+    (worked out on first use: the mass bands take the portable logarithm, compiled by numba)."""
+    return tuple(config for config in PROCEDURAL_CONFIGURATIONS[difficulty] if split_mass_intervals(config, split))
 
 
 def procedural_scenario(seed: int, difficulty: str, secret_salt: Optional[str] = None) -> Scenario:
@@ -473,7 +471,7 @@ def procedural_scenario(seed: int, difficulty: str, secret_salt: Optional[str] =
         raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
     level = DIFFICULTIES.index(difficulty)
     split = seed_split(seed)
-    configurations = SPLIT_CONFIGURATIONS[split][difficulty]
+    configurations = split_configurations(split, difficulty)
     config = configurations[int(task_rng(seed, level).integers(len(configurations)))]
     settings = _DIFFICULTY[difficulty]
     rng = particle_rng(seed, level, secret_salt)
@@ -548,6 +546,8 @@ def _standard_analysis(
 def _asimov_z(sigma_br_fb: float, factors: Tuple[float, ...], background: float) -> float:
     """`asimov_significance(s, b)` (σ_b = 0) for s = σ·B times `factors`, in scalar arithmetic
     (the same operations, so the same value, without the array overhead)."""
+    from cernenv.physics import portable
+
     signal = sigma_br_fb
     for factor in factors:
         signal = signal * factor

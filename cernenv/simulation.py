@@ -36,7 +36,6 @@ from cernenv.detector import (
     expected_background_events,
     mass_resolution_gev,
 )
-from cernenv.physics.angular import angular_bin_probabilities, background_angular_probabilities
 from cernenv.scenarios import ParticleTruth
 
 N_FINE_BINS = 1200
@@ -179,6 +178,8 @@ class CollisionRecorder:
         self, luminosity_fb: float, sqrt_s_tev: float, pileup: str, trigger_efficiency: Dict[str, float]
     ) -> Dict[str, int]:
         """Record `luminosity_fb` of collisions; returns the events recorded per channel."""
+        from cernenv.physics.angular import background_angular_probabilities
+
         recorded: Dict[str, int] = {}
         pileup_factor = PILEUP_SETTINGS[pileup].trigger_efficiency_factor
         for name, record in self.records.items():
@@ -211,6 +212,8 @@ class CollisionRecorder:
         with a 6σ Poisson margin; a count beyond it, below 1e-9 of blocks, enlarges the block),
         with the same operations whether or not the channel holds a signal (no particle, or one
         that does not decay here: a mean of 0 events); its first n are the events."""
+        from cernenv.physics.angular import angular_bin_probabilities
+
         name = record.channel.name
         particle = self.truth if self.truth is not None else self._no_signal
         source = particle if particle.sigma_br_fb.get(name, 0.0) > 0.0 else self._no_signal

@@ -35,6 +35,29 @@ WARM_START_MINUTES = {"default": 21.4, "smoke": 2.1}
 cores: default (600 campaigns, 1,776 steps) on the AMD EPYC, 2026-11-29; smoke (64 campaigns, 190
 steps) on the development machine, 2026-11-28 (docs/training.md; on the AMD EPYC shared at load
 4-10 the smoke one took 8.5 min, 2026-11-28)."""
+WARM_START_MEASURED = ("default", 600, 2.0)
+"""The measured warm start `warm_start_estimate_minutes` scales: (`WARM_START_MINUTES`' name, its
+campaigns, its passes over them)."""
+
+
+def warm_start_estimate_minutes(campaigns: int, passes: float) -> float:
+    """About how long the CPU stand-in's warm start on `campaigns` heuristic campaigns, `passes`
+    passes over them, takes to build on 2 idle cores [min]: the measured default warm start's time
+    (`WARM_START_MEASURED`) in proportion to campaigns × passes (its SFT steps grow with both; the
+    64-campaign smoke one, measured at 2.1 min, comes out at 2.3)."""
+    name, measured_campaigns, measured_passes = WARM_START_MEASURED
+    return WARM_START_MINUTES[name] * (campaigns * passes) / (measured_campaigns * measured_passes)
+
+
+def warm_start_estimate(campaigns: int, passes: float) -> str:
+    """`warm_start_estimate_minutes` for a reader: "about 2.3 min on 2 idle cores, an estimate;
+    longer on a busy machine", with the load now when it is above 1."""
+    minutes = warm_start_estimate_minutes(campaigns, passes)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    busy = f"; the load here is {load:.1f} now, so expect longer" if load > 1.0 else "; longer on a busy machine"
+    return f"about {minutes:.2g} min on 2 idle cores, an estimate{busy}"
+
+
 CPU_STAND_IN_TIMES = (
     f"on 2 idle cores of an AMD EPYC (2026-11-29), the stand-in's warm start took {WARM_START_MINUTES['default']:g} "
     "min and the whole default run 45 min (the warm start, 8 GRPO steps of 64 episodes, and the 313-episode "

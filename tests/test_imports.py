@@ -58,6 +58,34 @@ def test_the_web_ui_asked_for_at_start_up_comes_with_the_app():
     assert probe["gradio_with_the_app"] is True and "/web" in probe["web_routes"]
 
 
+LAZY_PROBE = """
+import json, sys
+from cernenv import CERNCollisionEnvironment, ExperimentAction
+def physics():
+    return sorted(
+        name for name in sys.modules
+        if name.split(".")[0] in ("numba", "llvmlite", "iminuit")
+        or name.startswith("scipy.optimize")
+        or name in ("cernenv.analysis", "cernenv.physics.portable", "cernenv.physics.kernels")
+    )
+at_import = physics()
+env = CERNCollisionEnvironment()
+env.reset(seed=3, difficulty="easy")  # a procedural campaign: its mass bands take the portable logarithm
+print(json.dumps({"at_import": at_import, "after_a_reset": physics()}))
+"""
+
+
+def test_import_cernenv_loads_neither_the_compiled_kernels_nor_scipys_optimiser():
+    """`import cernenv` took 2.7-4.8 s, most of it numba's kernels (loaded from its cache) and
+    scipy.optimize, which an OpenEnv user paid before the first reset: they load when a reset or a
+    step first computes with them. The probe sees them once a procedural campaign is drawn."""
+    result = subprocess.run([sys.executable, "-c", LAZY_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    probe = json.loads(result.stdout.strip().splitlines()[-1])
+    assert probe["at_import"] == [], probe["at_import"]
+    assert "numba" in probe["after_a_reset"] and "cernenv.physics.portable" in probe["after_a_reset"]
+
+
 def test_lib_is_reached_through_the_install_alone(tmp_path):
     """One way to reach lib/: the editable install (`make setup`, the Colab cell). From a folder
     outside the repository, with no PYTHONPATH, lib is this checkout's; and nothing in the
@@ -86,3 +114,31 @@ def test_lib_is_reached_through_the_install_alone(tmp_path):
         f"{path.relative_to(ROOT)}: {marker}" for path in files for marker in workarounds if marker in path.read_text()
     ]
     assert not offenders, offenders
+
+
+NOTICE_PROBE = """
+import cernenv.physics.portable as portable
+import numpy as np
+portable.exp(np.zeros(3))
+print(portable.COMPILING_NOTICE)
+"""
+
+
+@pytest.mark.slow
+def test_the_first_compilation_of_the_physics_kernels_is_said_once_and_a_cached_load_is_not(tmp_path):
+    """The first episode after `pip install .` took 75 s without a word while numba compiled the
+    kernels: a process that compiles them says so once, on stderr; one that loads them from numba's
+    cache says nothing."""
+    environment = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}  # an empty cache: it compiles
+
+    def run():
+        result = subprocess.run(
+            [sys.executable, "-c", NOTICE_PROBE], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout.strip().splitlines()[-1], result.stderr
+
+    notice, first = run()
+    assert "compiling the physics kernels once" in notice and first.count(notice) == 1, first
+    _, cached = run()
+    assert notice not in cached, cached

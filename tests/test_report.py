@@ -182,6 +182,9 @@ def test_every_page_says_which_profile_and_commit_made_it(tmp_path):
     )
     line = provenance(build / "x.ipynb")
     assert "PROFILE=full" in line and "uncommitted" not in line and "not the full run" not in line
+    (build / "run.json").write_text((build / "run.json").read_text().replace('"full"', '"committed"'))
+    line = provenance(build / "x.ipynb")  # notebook 04 on evidence/ alone: the committed evidence, said so
+    assert "PROFILE=committed" in line and "**The committed evidence**" in line and "not the full run" not in line
 
 
 def test_export_says_what_to_do_without_build_or_assets(tmp_path):
@@ -234,3 +237,39 @@ def test_a_table_wider_than_the_page_scrolls_in_its_box(tmp_path):
         "<table>" in page
         and ".jp-RenderedHTMLCommon table { display: block; max-width: 100%; overflow-x: auto; }" in page
     )
+
+
+@pytest.mark.skipif(
+    find_chromium() is None, reason="no Chromium on this machine (apt-get install chromium; .ci/run installs it)"
+)
+def test_the_browsers_prompts_wrap_at_spaces_on_the_exported_page(tmp_path):
+    """JupyterLab's style, which the exported report carries, breaks an output's `pre` anywhere
+    (`word-break: break-all`): the browser's prompts wrapped mid-word. On the page as exported,
+    every text of a step keeps its line breaks and wraps at spaces."""
+    pytest.importorskip("playwright", reason="the playwright package drives Chromium (requirements.txt)")
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+    from playwright.sync_api import sync_playwright
+
+    from lib.report.browser import STYLE_SHEET, step_html
+
+    words = " ".join(f"word{i:03d}" for i in range(60))
+    episode = {"steps": [{"prompt": f"Task: {words}\n{words}", "completion": words, "parsed_ok": False}]}
+    cell = new_code_cell(
+        "step", outputs=[new_output("display_data", {"text/html": STYLE_SHEET + step_html(episode, 0)})]
+    )
+    path = tmp_path / "step.ipynb"
+    nbformat.write(new_notebook(cells=[cell]), path)
+    page = export_html(path, tmp_path / "step.html", no_input=True)
+    assert "word-break: break-all" in page.read_text(), "JupyterLab's rule is on the page"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=find_chromium(), args=["--no-proxy-server"])
+        try:
+            tab = browser.new_page(viewport={"width": 700, "height": 900})
+            tab.goto(page.as_uri())
+            styles = tab.eval_on_selector_all(
+                ".cernenv-step pre",
+                "els => els.map(e => [getComputedStyle(e).wordBreak, getComputedStyle(e).whiteSpace])",
+            )
+        finally:
+            browser.close()
+    assert len(styles) == 4 and set(map(tuple, styles)) == {("normal", "pre-wrap")}, styles

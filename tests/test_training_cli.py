@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import fields, replace
@@ -330,6 +331,40 @@ def test_a_model_that_cannot_be_had_offline_is_said_at_once(tmp_path, monkeypatc
     assert backends.model_source_problem(str(tmp_path / "saved")) is None
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: socket.socket())  # the Hub answers
     assert backends.model_source_problem("some-org/a-model-nobody-has") is None
+
+
+REFUSAL_PROBE = """
+import json, sys
+from lib.training.__main__ import main
+try:
+    main(["--model_name", "nonsense/xyz", "--output_dir", sys.argv[1], "--evidence_dir", sys.argv[2]])
+    code = 0
+except SystemExit as stop:
+    code = stop.code
+print(json.dumps({"code": code, "loaded": [m for m in ("torch", "transformers", "trl", "peft") if m in sys.modules]}))
+"""
+
+
+def test_an_unknown_model_name_is_refused_before_torch_and_transformers_are_imported(tmp_path):
+    """`python -m lib.training --model_name nonsense/xyz` offline was refused after 20 s, the heavy
+    imports first: the check needs neither torch nor transformers, so it comes before them."""
+    import os
+
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = subprocess.run(
+        [sys.executable, "-c", REFUSAL_PROBE, str(tmp_path / "out"), str(tmp_path / "evidence")],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    probe = json.loads(result.stdout.strip().splitlines()[-1])
+    assert probe["code"] == 1 and "'nonsense/xyz'" in result.stderr and "cannot be reached" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # one line, no traceback
+    assert probe["loaded"] == [], probe["loaded"]
+    assert not (tmp_path / "out").exists(), "refused before anything was written"
 
 
 def test_evaluations_play_the_validation_split_when_asked():

@@ -33,7 +33,6 @@ from functools import lru_cache
 
 import numpy as np
 from numpy.polynomial import polynomial as P
-from scipy.optimize import brentq
 
 from . import portable
 
@@ -144,6 +143,8 @@ def _profile_fraction(counts, sig, bkg) -> float:
         return 0.0
     if score(1.0) >= 0.0:
         return 1.0
+    from scipy.optimize import brentq  # here, not at import: scipy's optimiser is slow to load
+
     return float(brentq(score, 0.0, 1.0, xtol=1e-12))
 
 

@@ -35,13 +35,42 @@ OpenBLAS's processor-specific kernels turned off.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
 from numba import njit as _njit
 from numba import vectorize as _vectorize
+from numba.core import event as _numba_event
 
 # ----------------------------------------------------------------------------- compiling
+
+COMPILING_NOTICE = "compiling the physics kernels once (about a minute); later runs load them from the cache"
+"""Said (a warning of the `cernenv.physics` logger: on stderr where logging is not set up) when numba
+first compiles one of the environment's kernels in a process, which only a cache miss does: the
+first episode on a fresh install, or after the kernels' source changed."""
+
+
+class _FirstCompileNotice(_numba_event.Listener):
+    """Says `COMPILING_NOTICE` once, when numba first runs a compiler pass on a function of this
+    package (numba's "numba:run_pass" event: it comes for a compilation, a `vectorize` ufunc's too,
+    never for a function loaded from numba's cache)."""
+
+    said = False
+
+    def on_start(self, event) -> None:
+        if self.said:
+            return
+        module = str((event.data or {}).get("module") or "")
+        if module.startswith(__package__ or "cernenv.physics"):
+            type(self).said = True
+            logging.getLogger(__package__ or "cernenv.physics").warning(COMPILING_NOTICE)
+
+    def on_end(self, event) -> None:
+        pass
+
+
+_numba_event.register("numba:run_pass", _FirstCompileNotice())
 
 
 def njit(cache: bool = True):

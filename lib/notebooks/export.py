@@ -19,7 +19,8 @@ by the browser's own `DecompressionStream`.
 
 Every page opens with where it came from: the profile and the commit that ran the notebook
 (`build/PROFILE/run.json`, written by `make reproduce`), flagged when the tree had
-uncommitted changes or the profile is not the full one.
+uncommitted changes, and named the committed evidence when the profile reads evidence/ alone
+(`reads_committed_evidence`) or else flagged when it is not the full one.
 
     python -m lib.notebooks.export [BUILD_DIR] [REPORTS_DIR]      # make report PROFILE=full|smoke
 """
@@ -41,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lib.extras import require
 from lib.files import atomic_write, read_json
-from lib.notebooks.reproduce import RUN_RECORD
+from lib.notebooks.reproduce import RUN_RECORD, reads_committed_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES_DIR = Path(__file__).resolve().parent / "report_templates"
@@ -86,7 +87,12 @@ def provenance(notebook_path: Path) -> str:
     )
     if run.get("dirty"):
         line += " **The checkout had uncommitted changes**: the commit alone does not reproduce it."
-    if profile != "full":
+    if profile != "full" and reads_committed_evidence(profile):
+        line += (
+            " **The committed evidence**: this report reads `evidence/`, the full run's evidence as committed "
+            "(it trains and plays nothing); its numbers are the published ones."
+        )
+    elif profile != "full":
         line += (
             f" **Profile `{profile}`, not the full run**: its numbers check the pipeline and are not "
             "the published evidence."

@@ -277,14 +277,30 @@ def reports_dir(profile: str) -> Path:
     return REPORTS_DIR if name == "full" else REPORTS_DIR / name
 
 
+def reads_committed_evidence(profile: str) -> bool:
+    """Whether `profile` runs on the committed evidence alone: none of its notebooks trains or plays
+    (notebooks 02 and 03 are not in it) and every one that names an `EVIDENCE_DIR` names evidence/
+    (configs/committed.yaml). False for a profile that cannot be loaded."""
+    try:
+        plan = load_profile(profile)
+    except ReproduceError:
+        return False
+    if TRAIN_NOTEBOOK in plan or any(notebook in plan for notebook in WRITTEN_FOLDERS):
+        return False
+    folders = [parameters.get("EVIDENCE_DIR") for parameters in plan.values()]
+    return bool(folders) and all(
+        isinstance(folder, str) and (ROOT / folder).resolve() == EVIDENCE_DIR.resolve() for folder in folders
+    )
+
+
 def warm_start_note(plan: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
     """What a run says before it starts when its notebook 03 builds the CPU stand-in's warm start:
     none in .cache/warm_start/ was built from as many campaigns with the same loss (a guess, from
-    each cached warm start's report, that errs towards saying it), and how long it took where it was
-    measured (`lib.runtime.WARM_START_MINUTES`); None otherwise."""
+    each cached warm start's report, that errs towards saying it), and about how long it takes on 2 idle
+    cores for its number of campaigns (`lib.runtime.warm_start_estimate`); None otherwise."""
     if TRAIN_NOTEBOOK not in plan:
         return None
-    from lib.runtime import WARM_START_MINUTES
+    from lib.runtime import warm_start_estimate
     from lib.training.config import TINY_MODEL
     from lib.training.tokenizer import WARM_START_CACHE
 
@@ -300,13 +316,7 @@ def warm_start_note(plan: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
         same_loss = (built.get("action_tokens") is None) == (config.warm_start_loss == "conversation")
         if built.get("episodes") == config.warm_start_episodes and same_loss:
             return None
-    train_config = parameters.get(TRAIN_CONFIG_PARAMETER)
-    minutes = WARM_START_MINUTES.get(Path(train_config).stem) if isinstance(train_config, str) else None
-    took = (
-        f"about {minutes:g} min on 2 idle cores where it was measured; longer on a busy machine"
-        if minutes
-        else "minutes"
-    )
+    took = warm_start_estimate(config.warm_start_episodes, config.warm_start_epochs)
     return (
         f"first run: notebook 03 builds the CPU stand-in's warm start ({config.warm_start_episodes} campaigns, "
         f"{took}) and keeps it in {shown_path(WARM_START_CACHE)}/, which later runs load in seconds"

@@ -65,11 +65,15 @@ PANEL_WIDTH = "620px"
 """Step text above its spectrum, 620 px wide: a prompt line of 80 monospace characters fits
 (12 px type), and the side-by-side view shows the very panels the single view does."""
 NO_TEXT = "(none recorded: a scripted agent reads the observation object and writes no text)"
-TEXT_STYLE = "white-space:pre-wrap;font-family:monospace;font-size:12px;line-height:1.3;margin:2px 0 8px 0"
+WRAP_AT_SPACES = "white-space:pre-wrap;word-break:normal;overflow-wrap:break-word"
+"""Long lines wrap at spaces (a word longer than the line alone is broken): JupyterLab's own style,
+which the exported report carries, breaks every `pre` of an output anywhere (`word-break: break-all`),
+mid-word."""
+TEXT_STYLE = f"{WRAP_AT_SPACES};font-family:monospace;font-size:12px;line-height:1.3;margin:2px 0 8px 0"
 BLOCK_STYLE = "line-height:1.4"
 STYLE_SHEET = (
     "<style>"
-    f".cernenv-step pre{{{TEXT_STYLE}}}"
+    f"div.cernenv-step pre{{{TEXT_STYLE}}}"  # more specific than JupyterLab's `.jp-OutputArea-output pre`
     ".cernenv-step table{font-size:12px}.cernenv-step td:first-child{padding-right:12px}"
     f".cernenv-step{{{BLOCK_STYLE}}}"
     "</style>"
@@ -99,7 +103,7 @@ def episode_label(phase: str, episode: Mapping[str, Any]) -> str:
     )
 
 
-PROMPT_STYLE = "font-family:monospace;font-size:12px;white-space:pre-wrap;min-width:80ch"
+PROMPT_STYLE = f"font-family:monospace;font-size:12px;{WRAP_AT_SPACES};min-width:80ch"
 """The prompt's own style, inline as well as in `STYLE_SHEET`: a report page that drops the style
 sheet still shows the prompt as the model read it, 80 characters to a line."""
 

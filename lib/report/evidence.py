@@ -33,6 +33,7 @@ from lib.measure.comparison import (
     training_reward_trend,
 )
 from lib.measure.evaluation import PARTS, group_label
+from lib.report.conclusion import run_changes
 from lib.report.episode_markdown import correct_by_part, episode_markdown_lines, sample_pairs, spread_by_reward
 from lib.report.evidence_figures import (
     figure_png,
@@ -78,7 +79,8 @@ def _before_after(
         payload["training_reward_trend"] = training_reward_trend(training_log.rows)
     payload["sources"] = dict(sources)
     written["metrics_json"] = write_json(metrics_json, payload)
-    written["summary_png"] = render_summary(payload, summary_png)
+    null_changes = [change for change in run_changes(pre, post) if change.metric.group == "null"]
+    written["summary_png"] = render_summary(payload, summary_png, null_changes)
     written["distribution_png"] = render_distribution(pre, post, distribution_png)
     return payload, written
 

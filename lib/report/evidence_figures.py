@@ -395,19 +395,70 @@ def _draw_endings(ax, payload: Mapping[str, Any]) -> None:
     ax.grid(axis="x", alpha=0.25)
 
 
-def render_summary(payload: Mapping[str, Any], png_path: Path) -> Optional[Path]:
+def _draw_null_tasks(ax, changes: Sequence[Any]) -> None:
+    """The null tasks before and after (`lib.report.conclusion.Change`s of the null group): the
+    right "nothing there" and the discoveries claimed where there was nothing, each side's mean with
+    its 95% bootstrap interval, and the difference with its interval above the pair."""
+    width = 0.38
+    x = np.arange(len(changes))
+    for offset, side, color, label in (
+        (-width / 2, "before", "#94a3b8", "before training"),
+        (width / 2, "after", "#1d4ed8", "after training"),
+    ):
+        for i, change in enumerate(changes):
+            estimate = getattr(change, side)
+            ax.bar(
+                x[i] + offset,
+                estimate.mean,
+                width,
+                color=color,
+                yerr=[[estimate.mean - estimate.low], [estimate.high - estimate.mean]],
+                capsize=4,
+                ecolor="#0f172a",
+                label=f"{label} (n={estimate.n})" if i == 0 else None,
+            )
+    for i, change in enumerate(changes):
+        delta = change.delta
+        verdict = {"harm": "\nclearly worse", "gain": "\nclearly better"}.get(change.verdict, "")
+        ax.annotate(
+            f"Δ {delta.mean:+.2f}\n95% CI [{delta.low:+.2f}, {delta.high:+.2f}]{verdict}",
+            xy=(x[i], 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, -4),
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            fontsize=8,
+            color="#b91c1c" if change.verdict == "harm" else "black",
+        )
+    labels = {
+        "success_rate": 'right "nothing there"\n(null-task success)',
+        "false_discovery_rate": "discovery claimed,\nnothing there",
+    }
+    ax.set_xticks(x, [labels.get(c.metric.metric, c.metric.label) for c in changes])
+    ax.set_ylim(0, 1.4)
+    ax.set_ylabel("fraction of null tasks")
+    ax.set_title("Null tasks (no particle)")
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.grid(axis="y", alpha=0.25)
+    ax.legend(loc="center right", fontsize=8)
+
+
+def render_summary(payload: Mapping[str, Any], png_path: Path, null_changes: Sequence[Any] = ()) -> Optional[Path]:
+    """The before/after summary figure of `payload` (`lib.measure.comparison.before_after_metrics`):
+    mean reward, the outcome rates, how the episodes ended (when the payload counts endings), and,
+    given `null_changes` (`lib.report.conclusion.run_changes`' changes on the null tasks), a panel
+    of the null tasks: success there and the false discoveries."""
     with_endings = "endings" in payload["pre"] and "endings" in payload["post"]
-    fig, axes = _new_figure(
-        1,
-        3 if with_endings else 2,
-        (15 if with_endings else 11, 4.8),
-        width_ratios=[1, 3, 2][: 3 if with_endings else 2],
-    )
+    ratios = [1, 3, *([2] if with_endings else []), *([1.6] if null_changes else [])]
+    fig, axes = _new_figure(1, len(ratios), (2.5 * sum(ratios) + (0 if with_endings else 1), 4.8), width_ratios=ratios)
     if fig is None:
         return None
     reward_ax, rate_ax = axes[0][:2]
     if with_endings:
         _draw_endings(axes[0][2], payload)
+    if null_changes:
+        _draw_null_tasks(axes[0][-1], null_changes)
     _draw_bars(reward_ax, ["mean_reward"], payload)
     reward_ax.set_ylabel("mean episode reward")
     reward_ax.set_title("Mean episode reward")

@@ -22,9 +22,14 @@ def __getattr__(name: str) -> Any:
 
 def train(config):
     """See `lib.training.run.train` (imported on first use, after unsloth: it imports transformers,
-    peft and trl, which Unsloth must patch first)."""
+    peft and trl, which Unsloth must patch first). A `model_name` that cannot be had here is
+    refused first (`lib.training.model_source`), before any of them is imported."""
     from lib.extras import require
+    from lib.training.model_source import model_source_problem
 
+    problem = model_source_problem(config.model_name) if config.model_name else None
+    if problem:  # said in seconds, before torch and transformers are imported
+        raise FileNotFoundError(problem)
     require("train", "training")
     from lib.training.backends import import_unsloth_first
 

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
             require("train", "training")
         except ModuleNotFoundError as error:
             parser.exit(1, f"{parser.prog}: error: {error}\n")
-    config, _ = parse_train_config(argv, parser)
+    config, _ = parse_train_config(argv, parser, check_model_source=True)  # a model it cannot have: refused now
     # the project's own messages (progress, evidence) at INFO; the libraries' warnings only (their INFO,
     # matplotlib's font substitutions among them, is noise here)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")

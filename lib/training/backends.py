@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from lib.training.config import GPU_DEFAULT_MODEL, TINY_MODEL, TrainConfig
+from lib.training.model_source import model_source_problem
 
 logger = logging.getLogger(__name__)
 
@@ -126,35 +125,6 @@ def resolve_model_name(config: TrainConfig) -> str:
     if config.model_name:
         return config.model_name
     return GPU_DEFAULT_MODEL if torch.cuda.is_available() else TINY_MODEL
-
-
-HUB_HOST = "huggingface.co"
-
-
-def model_source_problem(name: str) -> Optional[str]:
-    """Why the model `name` cannot be loaded here, said at once (None: it can, or may): not the
-    stand-in, not a folder on disk, not in the Hugging Face cache, and the Hub not reachable.
-    Without this check an offline machine spent ~75 s in the Hub client's retries before its error."""
-    if name == TINY_MODEL or Path(name).expanduser().exists():
-        return None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        if isinstance(try_to_load_from_cache(name, "config.json"), str):
-            return None
-    except Exception:  # not a valid repository id either: the Hub would refuse it too
-        pass
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes"):
-        try:
-            socket.create_connection((HUB_HOST, 443), timeout=3).close()
-            return None
-        except OSError:
-            pass
-    return (
-        f"model_name {name[:120]!r} is not the CPU stand-in ({TINY_MODEL}), not a folder on this disk and not "
-        f"in the Hugging Face cache, and {HUB_HOST} cannot be reached: give a saved policy's folder "
-        f"(e.g. outputs/grpo/final), {TINY_MODEL}, or a model id on a machine that reaches the Hub"
-    )
 
 
 def load_policy(config: TrainConfig, backend: Optional[str] = None) -> Policy:

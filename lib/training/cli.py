@@ -287,12 +287,18 @@ def _one_line(error: ValueError) -> str:
 
 
 def parse_train_config(
-    argv: Optional[Sequence[str]] = None, parser: Optional[argparse.ArgumentParser] = None, **fixed: Any
+    argv: Optional[Sequence[str]] = None,
+    parser: Optional[argparse.ArgumentParser] = None,
+    *,
+    check_model_source: bool = False,
+    **fixed: Any,
 ) -> Tuple[Any, argparse.Namespace]:
     """(TrainConfig, the script's other flags) from a command line: the defaults, then `--config`'s
     file, then the flags, then `fixed`. Exits (status 2) with one line naming the field, or the
-    file, on a bad name or value. Once the configuration is known, imports Unsloth when the run
-    may use it (before anything imports transformers)."""
+    file, on a bad name or value; with `check_model_source` (a run about to train), also (status 1)
+    on a `model_name` that cannot be had here (`lib.training.model_source`), before torch is
+    imported. Once the configuration is known, imports Unsloth when the run may use it (before
+    anything imports transformers)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = parser or train_config_parser()
     namespace = parser.parse_args(argv)
@@ -311,6 +317,11 @@ def parse_train_config(
     for action in parser._actions:  # the script's own flags not given: their defaults
         if action.dest not in names and action.dest not in ("help", "config") and not hasattr(extra, action.dest):
             setattr(extra, action.dest, None if action.default is argparse.SUPPRESS else action.default)
+    from lib.training.model_source import model_source_problem
+
+    problem = model_source_problem(config.model_name) if check_model_source and config.model_name else None
+    if problem:  # said in seconds, before torch and transformers are imported
+        parser.exit(1, f"{parser.prog}: error: {problem}\n")
     from lib.training.backends import import_unsloth_first
 
     import_unsloth_first(config)

@@ -42,7 +42,7 @@ from lib.episodes.records import load_episodes_jsonl, save_episodes_jsonl
 from lib.files import DiskFullError, FolderLock, check_writable_dir, disk_full_error, is_disk_full
 from lib.measure.comparison import before_after_metrics
 from lib.report.evidence import EvidencePaths, render_all
-from lib.runtime import CPU_STAND_IN_TIMES
+from lib.runtime import warm_start_estimate
 from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import CpuThreads, EvidenceCallback, trainer_progress
 from lib.training.config import TINY_MODEL, TrainConfig
@@ -248,11 +248,11 @@ def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult
     warm_start = bool(config.warm_start_episodes) and resume is None  # a resumed run's checkpoint holds it
     if warm_start and policy.model_name == TINY_MODEL and main:
         logger.warning(
-            "no GPU model: the CPU stand-in %s trains, warm-started first on %d campaigns unless .cache/ "
-            "holds that warm start already (%s)",
+            "no GPU model: the CPU stand-in %s trains, warm-started first on %d campaigns (%s) unless .cache/ "
+            "holds that warm start already",
             TINY_MODEL,
             config.warm_start_episodes,
-            CPU_STAND_IN_TIMES,
+            warm_start_estimate(config.warm_start_episodes, config.warm_start_epochs),
         )
     if warm_start and num_processes() > 1 and policy.peft_config is None:
         cached = cached_warm_start_dir(policy, config)
