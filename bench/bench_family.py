@@ -69,7 +69,7 @@ def play(job: Dict[str, Any]) -> Dict[str, Any]:
         if job["member"] == "oracle":
             agent, reveal = OracleAgent(), True
         elif job["member"] == "draw":
-            agent, reveal = HeuristicAgent(**family_member(spec.seed)), False
+            agent, reveal = HeuristicAgent(**family_member(spec.seed, draw=job.get("draw", 0))), False
         else:
             agent, reveal = HeuristicAgent(**job["member"]), False
         record = collect_agent_episode(
@@ -86,6 +86,15 @@ def play(job: Dict[str, Any]) -> Dict[str, Any]:
     return {**job, "outcomes": outcomes, "rewards": rewards}
 
 
+def member_label(result: Dict[str, Any]) -> str:
+    """A result's member as a table shows it: its name, "oracle", or "draw k" (the k-th draw per task)."""
+    from lib.agents.baselines import member_name
+
+    if result["member"] == "draw":
+        return f"draw {result.get('draw', 0)}"
+    return result["member"] if isinstance(result["member"], str) else member_name(result["member"])
+
+
 def contrast(outcomes_by_member: Sequence[Sequence[bool]]) -> float:
     """The share of tasks that some members win and others lose."""
     per_task = list(zip(*outcomes_by_member))
@@ -100,12 +109,19 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--splits", nargs="+", choices=("validation", "training"), default=["validation", "training"])
     parser.add_argument("--members", choices=("axes", "grid", "draw"), default="axes")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
+    parser.add_argument(
+        "--draws",
+        type=int,
+        default=0,
+        help="with --members draw: this many members drawn per task (pass@1, pass@k and the share of tasks "
+        "whose draws both win and lose: a prior that imitated the family exactly)",
+    )
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error("--episodes must be at least 1")
 
-    from lib.agents.baselines import family_grid, member_name
+    from lib.agents.baselines import family_grid
     from lib.measure.comparison import bootstrap_interval
 
     members: List[Any] = {"axes": axes_members, "grid": family_grid, "draw": lambda: ["draw"]}[args.members]()
@@ -114,12 +130,20 @@ def main(argv: Any = None) -> int:
         for split in args.splits
         for member in [*members, "oracle"]
     ]
+    if args.draws:
+        if args.members != "draw":
+            parser.error("--draws needs --members draw")
+        jobs = [
+            {"split": s, "episodes": args.episodes, "member": "draw", "draw": k}
+            for s in args.splits
+            for k in range(args.draws)
+        ] + [{"split": s, "episodes": args.episodes, "member": "oracle"} for s in args.splits]
     results = []
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:  # each member's line as it ends
         for future in as_completed([pool.submit(play, job) for job in jobs]):
             result = future.result()
             results.append(result)
-            name = result["member"] if isinstance(result["member"], str) else member_name(result["member"])
+            name = member_label(result)
             print(f"{result['split']}: {name} won {sum(result['outcomes'])} of {args.episodes}", flush=True)
 
     report: Dict[str, Any] = {"episodes": args.episodes, "splits": {}}
@@ -130,7 +154,7 @@ def main(argv: Any = None) -> int:
         print("| member | won | success [95%] | mean reward [95%] |\n|---|---|---|---|")
         entries = []
         for r in sorted(rows, key=lambda r: -sum(r["outcomes"])):
-            name = r["member"] if isinstance(r["member"], str) else member_name(r["member"])
+            name = member_label(r)
             success = [float(o) for o in r["outcomes"]]
             s_lo, s_hi = bootstrap_interval(success)
             w_lo, w_hi = bootstrap_interval(r["rewards"])
@@ -156,6 +180,15 @@ def main(argv: Any = None) -> int:
                 f"({round(share * args.episodes)} of {args.episodes})"
             )
         report["splits"][split] = {"members": entries, "contrast": share}
+        if args.draws:
+            from bench_pass_at_k import pass_at_k  # beside this script (bench/ is the script's folder)
+
+            spread = pass_at_k(list(zip(*[r["outcomes"] for r in played])))
+            print(
+                f"{args.draws} family members drawn per task: pass@1 {spread['pass@1']:.3f}, "
+                f"pass@{args.draws} {spread['pass@k']:.3f}, both won and lost {spread['mixed']:.3f}"
+            )
+            report["splits"][split]["draws"] = {"k": args.draws, **spread}
     if args.json:
         from lib.files import write_json
 

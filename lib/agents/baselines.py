@@ -323,11 +323,12 @@ FAMILY_SEED = 0x5EED_FA
 """Seeds the draw of a campaign's family member (`family_member`), apart from every other stream."""
 
 
-def family_member(seed: int, family: Mapping[str, Sequence[Any]] = HEURISTIC_FAMILY) -> Dict[str, Any]:
+def family_member(seed: int, family: Mapping[str, Sequence[Any]] = HEURISTIC_FAMILY, draw: int = 0) -> Dict[str, Any]:
     """The family member that demonstrates the campaign of `seed`: each parameter drawn uniformly
     from its values, by a generator of its own seeded by (`FAMILY_SEED`, `seed`), so a campaign's
-    member is the same in every run and on every machine."""
-    rng = np.random.default_rng([FAMILY_SEED, int(seed)])
+    member is the same in every run and on every machine. `draw` > 0: the campaign's `draw`-th
+    other draw (`bench/bench_family.py --draws`: several members on one task)."""
+    rng = np.random.default_rng([FAMILY_SEED, int(seed)] + ([int(draw)] if draw else []))
     return {name: _plain(values[int(rng.integers(len(values)))]) for name, values in family.items()}
 
 
