@@ -112,7 +112,7 @@ def demonstration_examples(
             if next_obs.done:
                 break
             env_ids = layout.environment_ids(messages, next_obs, reply_ended=True)
-            messages.append(layout.followup_message(next_obs))
+            messages.append(layout.followup_message(next_obs, messages))
             input_ids += env_ids
             mask += [0] * len(env_ids)
         if loss == "conversation":
