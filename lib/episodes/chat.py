@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from cernenv import CollisionObservation
-from lib.agents.prompting import LLMAgentConfig, build_chat, render_observation
+from lib.agents.prompting import LLMAgentConfig, build_chat, compact_followup, render_observation
 
 
 def first_messages(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> List[Dict[str, str]]:
@@ -22,11 +22,18 @@ def first_messages(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentC
     return build_chat(obs, config)
 
 
-def followup_message(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> Dict[str, str]:
+def followup_message(
+    obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig(), messages: Sequence[Dict[str, str]] = ()
+) -> Dict[str, str]:
     """A later observation: what changed (resources, data, the last result) and the logbook's key
     numbers, without the task the first message stated, so a conversation grows by ~100 tokens a
-    turn and the numbers a claim quotes are always in its last message."""
-    return {"role": "user", "content": render_observation(obs, config, include_task=False)}
+    turn and the numbers a claim quotes are always in its last message. With
+    `config.compact_followups`, the logbook and references lines are left out where they repeat
+    what the conversation so far (`messages`) last said (`lib.agents.prompting.compact_followup`)."""
+    text = render_observation(obs, config, include_task=False)
+    if config.compact_followups:
+        text = compact_followup(text, [m["content"] for m in messages if m["role"] == "user"])
+    return {"role": "user", "content": text}
 
 
 _PROBE = "\u2063probe-reply\u2063"
@@ -54,8 +61,8 @@ class ChatLayout:
     def first_messages(self, obs: CollisionObservation) -> List[Dict[str, str]]:
         return first_messages(obs, self.observation_config)
 
-    def followup_message(self, obs: CollisionObservation) -> Dict[str, str]:
-        return followup_message(obs, self.observation_config)
+    def followup_message(self, obs: CollisionObservation, messages: Sequence[Dict[str, str]] = ()) -> Dict[str, str]:
+        return followup_message(obs, self.observation_config, messages)
 
     def prompt_ids(self, messages: List[Dict[str, str]]) -> List[int]:
         return self._ids(self._render(messages, add_generation_prompt=True))
@@ -67,7 +74,7 @@ class ChatLayout:
         next turn: what the template closes the reply with (less the eos the model already
         wrote, when it did), the user message showing `obs`, and the next assistant header."""
         before = self._render(messages, add_generation_prompt=False)
-        user = self.followup_message(obs)
+        user = self.followup_message(obs, messages)
         after = self._render(messages + [user], add_generation_prompt=True)
         if not after.startswith(before):
             raise ValueError(

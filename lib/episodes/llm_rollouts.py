@@ -192,7 +192,7 @@ def _play_batch(
             else:
                 messages[i].append({"role": "assistant", "content": text})
                 env_ids = layout.environment_ids(messages[i], next_obs, reply_ended=ended)
-                messages[i].append(layout.followup_message(next_obs))
+                messages[i].append(layout.followup_message(next_obs, messages[i]))
                 episode.completion_ids += env_ids
                 episode.env_mask += [0] * len(env_ids)
                 episode.logprobs += [0.0] * len(env_ids)

@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from lib.training.config import GPU_DEFAULT_MODEL, TINY_MODEL, TrainConfig
-from lib.training.model_source import model_source_problem
+from lib.training.model_source import model_source, model_source_problem
 
 logger = logging.getLogger(__name__)
 
@@ -173,11 +173,12 @@ def _load_transformers(config: TrainConfig, name: str) -> Policy:
         tokenizer = build_tokenizer()
         model = untrained_stand_in(tokenizer)
     else:
-        problem = model_source_problem(name)
+        source = model_source(name)
+        problem = model_source_problem(source)
         if problem:  # said now, not after the Hub client's retries
             raise FileNotFoundError(problem)
-        tokenizer = load_tokenizer(name)  # a saved stand-in's own tokenizer, not AutoTokenizer's rebuild
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=policy_dtype(), **four_bit_loading(config))
+        tokenizer = load_tokenizer(source)  # a saved stand-in's own tokenizer, not AutoTokenizer's rebuild
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=policy_dtype(), **four_bit_loading(config))
     if torch.cuda.is_available() and not config.load_in_4bit:
         model = model.to("cuda")  # from_pretrained loads on the CPU (4-bit weights load on the GPU)
     if tokenizer.pad_token is None:
@@ -203,17 +204,18 @@ def _load_unsloth(config: TrainConfig, name: str) -> Policy:
         raise ValueError(
             f"the {name} stand-in is a CPU model; on a GPU give a real model_name (e.g. {GPU_DEFAULT_MODEL})"
         )
+    source = model_source(name)
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=name,
+        model_name=source,
         max_seq_length=config.max_seq_length,
         dtype=policy_dtype(),
         load_in_4bit=config.load_in_4bit,
         full_finetuning=config.lora_r == 0,  # lora_r=0 trains every weight, as on the trl backend
-        local_files_only=Path(name).is_dir(),  # a saved folder loads without asking the Hub
+        local_files_only=Path(source).is_dir(),  # a saved folder loads without asking the Hub
         fast_inference=config.use_vllm,
         max_lora_rank=max(config.lora_r, 1),
     )
-    if saves_its_own_pipeline(name):
+    if saves_its_own_pipeline(source):
         # Unsloth loads the tokenizer with AutoTokenizer, which rebuilds a saved project
         # tokenizer's pre-tokenizer as Qwen2's: the policy would read text split otherwise
         tokenizer = load_tokenizer(name)

