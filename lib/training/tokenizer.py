@@ -29,14 +29,12 @@ from cernenv.scenarios import DIFFICULTIES, list_scenarios
 from lib.agents.baselines import HeuristicAgent, RandomAgent
 from lib.agents.prompting import SYSTEM_PROMPT, action_to_json, render_observation
 from lib.episodes.agent_rollouts import transitions
+from lib.files import PROJECT_CACHE
 from lib.measure.evaluation import assert_disjoint_from_suite
 from lib.seeds import CORPUS_SEED
 
 SYSTEM, USER, ASSISTANT, END, PAD = "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>"
 SPECIAL_TOKENS = [PAD, SYSTEM, USER, ASSISTANT, END]
-PROJECT_CACHE = Path(__file__).resolve().parents[2] / ".cache"
-"""Where the built tokenizer and stand-in model are cached (git-ignored): at the repository root,
-whatever the working directory (notebooks run in notebooks/, `make train` at the root)."""
 WARM_START_CACHE = PROJECT_CACHE / "warm_start"
 """Where `lib.training.warm_start` keeps the warm starts it built, one folder each."""
 CHAT_TEMPLATE = (
