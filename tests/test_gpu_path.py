@@ -31,8 +31,8 @@ SPECS = [(21, None, "easy"), (22, "higgs_4l_125", None), (23, None, "hard")]
 @pytest.mark.parametrize("context", ["conversation", "turn"])
 def test_generate_engine_plays_what_the_cached_decoder_plays(tokenizer, model, context):
     """Greedy, three episodes of different context lengths (left padding): the same tokens and
-    log-probabilities from the model's own `generate` as from the hand-written decoder, which reads
-    contexts with nothing cached together (every turn of the `turn` context, a conversation's first)."""
+    log-probabilities from the model's own `generate` as from the hand-written decoder, whether a
+    turn's context is read afresh (the `turn` context) or continues a cached conversation."""
     greedy = Sampling(temperature=0.0, max_new_tokens=12)
     kwargs = dict(sampling=greedy, max_turns=3, context=context)
     engine = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS, **kwargs)

@@ -15,9 +15,6 @@ import torch
 
 from lib.agents.prompting import Sampling
 
-PREFILL_BATCH = 16
-"""Contexts `CachedGenerator` reads in one forward pass when nothing of them is cached (sorted by
-length first, so that little of a batch is padding)."""
 GenerateFn = Callable[[List[List[int]], Sampling], List[tuple[List[int], List[float]]]]
 """Batched generation: token contexts → per context (new token ids, their log-probabilities),
 each stopped after the eos token (included) or at `max_new_tokens`."""
@@ -57,35 +54,6 @@ class CachedGenerator:
         session.tokens += tokens
         return out.logits[0, -1].float()
 
-    def _prefill_together(
-        self, sessions: List["_Session"], contexts: List[List[int]], device: Any
-    ) -> List[torch.Tensor]:
-        """Read whole `contexts` into empty `sessions` in one forward pass, left-padded (each row's
-        positions count from its first token), and give each session its own slice of the cache:
-        what `_prefill` does one session at a time, in one pass. Returns each row's last logits."""
-        from transformers import DynamicCache
-
-        width = max(len(context) for context in contexts)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
-        ids = torch.full((len(contexts), width), pad, dtype=torch.long, device=device)
-        mask = torch.zeros((len(contexts), width), dtype=torch.long, device=device)
-        for row, context in enumerate(contexts):
-            ids[row, width - len(context) :] = torch.tensor(context, device=device)
-            mask[row, width - len(context) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        for row, (session, context) in enumerate(zip(sessions, contexts)):
-            cache = DynamicCache()
-            for layer, cached in enumerate(out.past_key_values.layers):
-                start = width - len(context)
-                cache.update(
-                    cached.keys[row : row + 1, :, start:].clone(),
-                    cached.values[row : row + 1, :, start:].clone(),
-                    layer,
-                )
-            session.cache, session.tokens = cache, list(context)
-        return list(out.logits[:, -1].float())
-
     @torch.no_grad()
     def __call__(self, contexts: List[List[int]], sampling: Sampling) -> List[tuple[List[int], List[float]]]:
         device = next(self.model.parameters()).device
@@ -95,22 +63,13 @@ class CachedGenerator:
             torch.set_num_threads(1)  # small sequential forwards: more threads only add synchronisation
         try:
             sessions = [self._session_for(context) for context in contexts]
-            logits: List[Optional[torch.Tensor]] = [None] * len(sessions)
-            fresh = [i for i, session in enumerate(sessions) if not session.tokens]
-            for i, session in enumerate(sessions):  # a cached episode feeds the tokens added since its last turn
-                if session.tokens:
-                    logits[i] = self._prefill(session, contexts[i][len(session.tokens) :], device)
-            if fresh:  # episodes with nothing cached (every turn of the `turn` context) are read together
-                torch.set_num_threads(threads)
-                fresh.sort(key=lambda i: len(contexts[i]))
-                for start in range(0, len(fresh), PREFILL_BATCH):
-                    rows = fresh[start : start + PREFILL_BATCH]
-                    batch = self._prefill_together([sessions[i] for i in rows], [contexts[i] for i in rows], device)
-                    for i, row_logits in zip(rows, batch):
-                        logits[i] = row_logits
-                if device.type == "cpu":
-                    torch.set_num_threads(1)
-            replies = self._decode(sessions, torch.stack(logits), sampling, device)
+            logits = torch.stack(
+                [
+                    self._prefill(session, context[len(session.tokens) :], device)
+                    for session, context in zip(sessions, contexts)
+                ]
+            )
+            replies = self._decode(sessions, logits, sampling, device)
         finally:
             self.model.train(was_training)
             torch.set_num_threads(threads)
@@ -296,35 +255,6 @@ class BatchedGenerate:
         else:
             cache.reset()
         return cache
-
-    def _prefill_together(
-        self, sessions: List["_Session"], contexts: List[List[int]], device: Any
-    ) -> List[torch.Tensor]:
-        """Read whole `contexts` into empty `sessions` in one forward pass, left-padded (each row's
-        positions count from its first token), and give each session its own slice of the cache:
-        what `_prefill` does one session at a time, in one pass. Returns each row's last logits."""
-        from transformers import DynamicCache
-
-        width = max(len(context) for context in contexts)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
-        ids = torch.full((len(contexts), width), pad, dtype=torch.long, device=device)
-        mask = torch.zeros((len(contexts), width), dtype=torch.long, device=device)
-        for row, context in enumerate(contexts):
-            ids[row, width - len(context) :] = torch.tensor(context, device=device)
-            mask[row, width - len(context) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        for row, (session, context) in enumerate(zip(sessions, contexts)):
-            cache = DynamicCache()
-            for layer, cached in enumerate(out.past_key_values.layers):
-                start = width - len(context)
-                cache.update(
-                    cached.keys[row : row + 1, :, start:].clone(),
-                    cached.values[row : row + 1, :, start:].clone(),
-                    layer,
-                )
-            session.cache, session.tokens = cache, list(context)
-        return list(out.logits[:, -1].float())
 
     @torch.no_grad()
     def __call__(self, contexts: List[List[int]], sampling: Sampling) -> List[tuple[List[int], List[float]]]:
