@@ -361,16 +361,7 @@ def _draw_bars(ax, keys: Sequence[str], payload: Mapping[str, Any]) -> None:
         ci = payload["delta_ci95"].get(key)
         if ci is not None:
             text += f"\n95% CI [{ci[0]:+.2f}, {ci[1]:+.2f}]"
-        ax.annotate(
-            text,
-            xy=(x[i], 1.0),
-            xycoords=("data", "axes fraction"),
-            xytext=(0, -4),
-            textcoords="offset points",
-            ha="center",
-            va="top",
-            fontsize=8,
-        )
+        _annotate_top(ax, x[i], text)
     ax.set_xticks(x, [_RATE_LABELS.get(k, k.replace("_", " ")) for k in keys])
     ax.axhline(0, color="0.3", lw=0.8)
     ax.grid(axis="y", alpha=0.25)
@@ -420,15 +411,10 @@ def _draw_null_tasks(ax, changes: Sequence[Any]) -> None:
     for i, change in enumerate(changes):
         delta = change.delta
         verdict = {"harm": "\nclearly worse", "gain": "\nclearly better"}.get(change.verdict, "")
-        ax.annotate(
+        _annotate_top(
+            ax,
+            x[i],
             f"Δ {delta.mean:+.2f}\n95% CI [{delta.low:+.2f}, {delta.high:+.2f}]{verdict}",
-            xy=(x[i], 1.0),
-            xycoords=("data", "axes fraction"),
-            xytext=(0, -4),
-            textcoords="offset points",
-            ha="center",
-            va="top",
-            fontsize=8,
             color="#b91c1c" if change.verdict == "harm" else "black",
         )
     labels = {
@@ -527,3 +513,18 @@ def render_distribution(
 
     keep_legend_off_data(ax)
     return _save_figure(fig, png_path)
+
+
+def _annotate_top(ax: Any, x: float, text: str, color: str = "black") -> None:
+    """`text` at the top of `ax`, centred over the group of bars at `x` (a difference and its interval)."""
+    ax.annotate(
+        text,
+        xy=(x, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(0, -4),
+        textcoords="offset points",
+        ha="center",
+        va="top",
+        fontsize=8,
+        color=color,
+    )
