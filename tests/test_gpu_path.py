@@ -28,12 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECS = [(21, None, "easy"), (22, "higgs_4l_125", None), (23, None, "hard")]
 
 
+@pytest.mark.parametrize("constrained", [False, True])
 @pytest.mark.parametrize("context", ["conversation", "turn"])
-def test_generate_engine_plays_what_the_cached_decoder_plays(tokenizer, model, context):
+def test_generate_engine_plays_what_the_cached_decoder_plays(tokenizer, model, context, constrained):
     """Greedy, three episodes of different context lengths (left padding): the same tokens and
     log-probabilities from the model's own `generate` as from the hand-written decoder, whether a
-    turn's context is read afresh (the `turn` context) or continues a cached conversation."""
-    greedy = Sampling(temperature=0.0, max_new_tokens=12)
+    turn's context is read afresh (the `turn` context) or continues a cached conversation. Held to
+    the grammar, `generate` feeds one token per pass where the cached decoder feeds each chosen
+    token with the run the grammar forces after it (padded runs, the padding cut from the caches
+    the next turns continue)."""
+    greedy = Sampling(temperature=0.0, max_new_tokens=48 if constrained else 12, constrained=constrained)
     kwargs = dict(sampling=greedy, max_turns=3, context=context)
     engine = play_episodes(hf_generate_fn(model, tokenizer, "generate"), tokenizer, SPECS, **kwargs)
     cached = play_episodes(hf_generate_fn(model, tokenizer, "cached"), tokenizer, SPECS, **kwargs)

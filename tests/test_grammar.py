@@ -100,6 +100,31 @@ def test_constrained_sampling_returns_the_log_probabilities_the_trainer_scores(t
     assert torch.allclose(torch.tensor(episode.logprobs), expected, atol=1e-4)
 
 
+def test_the_cached_decoder_feeds_the_forced_tokens_with_the_chosen_ones(tokenizer, model):
+    """Held to the grammar, the cached decoder's forward passes per reply are the tokens the model
+    chose, not all it wrote: the runs the grammar forces ride along with the token before them."""
+    passes = []
+    hook = model.register_forward_hook(
+        lambda module, args, kwargs, out: passes.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        [episode] = play_episodes(
+            hf_generate_fn(model, tokenizer, "cached"),
+            tokenizer,
+            [(8, None, "hard")],
+            sampling=Sampling(temperature=0.0, max_new_tokens=48, constrained=True),
+            max_turns=1,
+        )
+    finally:
+        hook.remove()
+    decode_passes = len(passes) - 1  # the first pass reads the prompt
+    written = len(episode.completion_ids)
+    chosen = written - sum(action_grammar(tokenizer, len(tokenizer)).forced(episode.completion_ids))
+    assert decode_passes < written - 1, (decode_passes, written)  # token by token: written - 1 passes
+    assert decode_passes <= chosen, (decode_passes, chosen)
+    assert any(shape[1] > 1 for shape in passes[1:]), "a pass fed a forced run"
+
+
 def test_the_tokens_the_grammar_forced_are_told_from_the_chosen_ones(tokenizer):
     """In a reply written under the grammar, the opening and the keys the schema fixes had no
     alternative; the verb and the numbers were chosen."""

@@ -80,7 +80,14 @@ class CachedGenerator:
         self, sessions: List["_Session"], logits: torch.Tensor, sampling: Sampling, device: Any
     ) -> List[tuple[List[int], List[float]]]:
         """Decode one reply per session; leaves in each cache the reply's tokens but its last.
-        A row leaves the batch as soon as its reply ends, taking its slice of the cache."""
+
+        Each forward pass feeds every live reply the token it chose and, held to the grammar, the run
+        of tokens the grammar then forces (`ActionGrammar.only_token`: a reply's opening, the keys its
+        schema fixes, the eos after its closing brace), so a reply costs one pass per token the model
+        chose rather than one per token (jump-forward decoding): the runs differ in length, so each
+        pass's rows are left-padded and the padding masked out of the cache. A forced token's
+        log-probability is read from that pass, the model's own as for a chosen one. A row leaves
+        the batch as soon as its reply ends, taking its slice of the cache without the padding."""
         from transformers import DynamicCache
 
         lengths = [len(s.tokens) for s in sessions]
@@ -93,27 +100,68 @@ class CachedGenerator:
             mask[row, width - length :] = 1
         replies: List[tuple[List[int], List[float]]] = [([], []) for _ in sessions]
         rows = list(range(len(sessions)))  # session index of each batch row
+        fed = list(lengths)  # per session: the tokens in its cache (its context and the reply's fed tokens)
         grammar = _action_grammar(self.tokenizer, logits.shape[-1]) if sampling.constrained else None
         matchers = [grammar.matcher() for _ in sessions] if grammar is not None else None
-        while True:
-            ended = []
+        while rows:
             allowed = grammar.restrict(logits, [matchers[row] for row in rows]) if grammar is not None else None
+            chunks, reads, ended = [], [], []
             for i, row in enumerate(rows):
+                tokens, logprobs = replies[row]
                 token, logprob = _choose(logits[i], sampling, None if allowed is None else allowed[i])
-                if grammar is not None:
-                    grammar.accept(matchers[row], token)
-                replies[row][0].append(token)
-                replies[row][1].append(logprob)
-                if token == self.eos_id or len(replies[row][0]) == sampling.max_new_tokens:
-                    ended.append(i)
+                chunk, read = [], []  # the tokens this pass feeds; (forced token's place, its logits' offset)
+                while True:
+                    if grammar is not None:
+                        grammar.accept(matchers[row], token)
+                    tokens.append(token)
+                    logprobs.append(logprob)
+                    if token == self.eos_id or len(tokens) == sampling.max_new_tokens:
+                        ended.append(i)  # a reply's last token is not fed
+                        break
+                    chunk.append(token)
+                    token = grammar.only_token(matchers[row]) if grammar is not None else None
+                    if token is None:
+                        break
+                    logprob = None  # the model's, from the logits after the token before it
+                    read.append((len(tokens), len(chunk) - 1))
+                chunks.append(chunk)
+                reads.append(read)
+            step = max(len(chunk) for chunk in chunks)
+            if step:
+                input_ids = torch.zeros((len(rows), step), dtype=torch.long, device=device)
+                new_mask = torch.zeros_like(input_ids)
+                positions = torch.zeros_like(input_ids)
+                for i, (row, chunk) in enumerate(zip(rows, chunks)):
+                    if chunk:
+                        input_ids[i, step - len(chunk) :] = torch.tensor(chunk, device=device)
+                        new_mask[i, step - len(chunk) :] = 1
+                        positions[i, step - len(chunk) :] = torch.arange(fed[row], fed[row] + len(chunk))
+                        fed[row] += len(chunk)
+                batched = DynamicCache()
+                for layer in range(n_layers):
+                    batched.update(keys[layer], values[layer], layer)
+                mask = torch.cat([mask, new_mask], dim=1)
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=batched,
+                    use_cache=True,
+                )
+                keys = [out.past_key_values.layers[layer].keys for layer in range(n_layers)]
+                values = [out.past_key_values.layers[layer].values for layer in range(n_layers)]
+                step_logits = out.logits.float()
+                for i, (row, chunk) in enumerate(zip(rows, chunks)):
+                    tokens, logprobs = replies[row]
+                    for place, offset in reads[i]:
+                        logprobs[place] = _logprob(step_logits[i, step - len(chunk) + offset], tokens[place], sampling)
+                logits = step_logits[:, -1]
             for i in ended:  # the reply's tokens but the last are in the cache: hand the row its slice
                 row = rows[i]
-                start = width - lengths[row]
+                kept = mask[i].nonzero()[:, 0]
                 cache = DynamicCache()
                 for layer in range(n_layers):
-                    cache.update(
-                        keys[layer][i : i + 1, :, start:].clone(), values[layer][i : i + 1, :, start:].clone(), layer
-                    )
+                    cache.update(keys[layer][i : i + 1, :, kept], values[layer][i : i + 1, :, kept], layer)
                 sessions[row].cache = cache
                 sessions[row].tokens = sessions[row].tokens + replies[row][0][:-1]
             if ended:
@@ -124,20 +172,6 @@ class CachedGenerator:
                 keys = [k.index_select(0, index) for k in keys]
                 values = [v.index_select(0, index) for v in values]
                 mask, logits, rows = mask.index_select(0, index), logits.index_select(0, index), [rows[i] for i in keep]
-            batched = DynamicCache()
-            for layer in range(n_layers):
-                batched.update(keys[layer], values[layer], layer)
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=1)
-            positions = torch.tensor(
-                [[len(sessions[row].tokens) + len(replies[row][0]) - 1] for row in rows], device=device
-            )
-            last = torch.tensor([replies[row][0][-1] for row in rows], device=device)[:, None]
-            out = self.model(
-                input_ids=last, attention_mask=mask, position_ids=positions, past_key_values=batched, use_cache=True
-            )
-            keys = [out.past_key_values.layers[layer].keys for layer in range(n_layers)]
-            values = [out.past_key_values.layers[layer].values for layer in range(n_layers)]
-            logits = out.logits[:, -1].float()
         return replies
 
 
@@ -174,6 +208,13 @@ def _choose(logits: torch.Tensor, sampling: Sampling, allowed: Optional[torch.Te
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
     token = int(torch.multinomial(probs, 1))
     return token, float(logprobs[token])
+
+
+def _logprob(logits: torch.Tensor, token: int, sampling: Sampling) -> float:
+    """The log-probability `_choose` returns with `token` from these logits: log_softmax(logits /
+    temperature) over the whole vocabulary (of the raw logits when greedy)."""
+    scale = sampling.temperature if sampling.temperature > 0 else 1.0
+    return float(torch.log_softmax(logits / scale, -1)[token])
 
 
 class BatchedGenerate:

@@ -74,20 +74,27 @@ class ActionGrammar:
         llguidance.torch.apply_token_bitmask_inplace(restricted, bitmask)
         return restricted
 
+    def only_token(self, matcher: Any) -> Optional[int]:
+        """The one token `matcher` allows next, where it allows a single one (`{` to open a reply, a
+        key's quotes, the eos after the closing brace): a token the policy cannot but write. None
+        where it allows several, or none (a stopped or failed matcher)."""
+        if matcher.is_stopped() or matcher.is_error():
+            return None
+        bitmask = llguidance.torch.allocate_token_bitmask(1, self.n_vocab)
+        llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
+        allowed = np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[: self.n_vocab])
+        return int(allowed[0]) if len(allowed) == 1 else None
+
     def forced(self, tokens: Sequence[int]) -> List[bool]:
         """For each token of a reply written under the grammar, whether the grammar allowed that
-        token alone there (`{` to open, a key's quotes, the eos after the closing brace): a token
-        the policy did not choose. Stops at the first token the grammar refuses (a reply written
-        without it); the rest count as chosen."""
+        token alone there (`only_token`): a token the policy did not choose. Stops at the first
+        token the grammar refuses (a reply written without it); the rest count as chosen."""
         matcher = self.matcher()
-        bitmask = llguidance.torch.allocate_token_bitmask(1, self.n_vocab)
         flags: List[bool] = []
         for token in tokens:
             if matcher.is_stopped() or matcher.is_error():
                 break
-            llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
-            allowed = int(np.unpackbits(bitmask.numpy().view(np.uint8)).sum())
-            flags.append(allowed == 1)
+            flags.append(self.only_token(matcher) == token)
             if not matcher.consume_token(token):
                 flags[-1] = False
                 break
