@@ -13,7 +13,7 @@ from lib.episodes.agent_rollouts import collect_agent_episode
 from lib.report.browser import TrajectoryBrowser, browser_pairs, prepare_episode, static_trajectory_browser
 from lib.report.replay import ReplayMismatch, replay
 
-pytestmark = pytest.mark.slow  # a real Chromium per test (`make test` runs them)
+pytestmark = pytest.mark.slow  # a real Chromium per test (`make test-slow` runs them)
 
 
 def _episode(seed, **reset):

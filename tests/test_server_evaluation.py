@@ -31,7 +31,7 @@ from cernenv.server.ledger import read_ledger
 
 from truth_leaks import blank_random_ids
 
-pytestmark = pytest.mark.slow  # a server in its own process, attacked (`make test` runs them)
+pytestmark = pytest.mark.slow  # a server in its own process, attacked (`make test-slow` runs them)
 
 SEEDS = range(902_000, 902_005)
 QUERIES = 29

@@ -56,7 +56,7 @@ from cernenv.server.pacing import FREE_MESSAGES_WITHOUT_WORK, MAX_CONTROL_FRAME_
 from cernenv.server.wire import MAX_JSON_DEPTH
 from lib.agents.baselines import HeuristicAgent
 
-pytestmark = pytest.mark.slow  # servers started in subprocesses and attacked (`make test` runs them)
+pytestmark = pytest.mark.slow  # servers started in subprocesses and attacked (`make test-slow` runs them)
 
 SESSIONS, SESSIONS_PER_CLIENT = 8, 2
 CONNECTIONS, CONNECTIONS_PER_CLIENT = 64, 8
@@ -84,7 +84,7 @@ LIMITS = [
 
 def make_serve_command() -> List[str]:
     """What `make serve` runs (its recipe, from `make -n`), as an argument list. Run from inside
-    another make (`make test`), make prints its "Entering/Leaving directory" lines too: the
+    another make (`make test-slow`), make prints its "Entering/Leaving directory" lines too: the
     sub-make gets neither the outer make's flags nor that chatter, and the recipe line is the
     one that starts the server."""
     outer = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"}
