@@ -91,7 +91,7 @@ def main(argv=None) -> int:
             }
         )
         backend = resolve_backend(config)
-        from trl import GRPOTrainer
+        from lib.training.trainer_class import grpo_trainer_class
 
         policy = load_policy(config, backend)
         if config.warm_start_episodes:  # the run's policy: warm-started (cached after its first build)
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         rollout = CampaignRollout(config, policy.tokenizer, backend=backend)
         timer = StepTimer()
         profiler = StepProfiler(args.steps + 1) if args.profile else None
-        trainer = GRPOTrainer(
+        trainer = grpo_trainer_class(config, backend)(
             model=policy.model,
             reward_funcs=REWARD_FUNCS,
             args=grpo_args(config, save_strategy="no", logging_steps=1000),

@@ -578,11 +578,10 @@ def _scripted_group_step(tiny_model_dir, tmp_path, replies, context, credit="epi
     sampled them, each decision credited as `credit` says. Returns the parameters before,
     after, and the step's logged metrics."""
     from transformers import AutoModelForCausalLM
-    from trl import GRPOTrainer
 
-    from lib.training.credit import decision_credit_trainer
     from lib.training.run import grpo_args
     from lib.training.tokenizer import load_tokenizer
+    from lib.training.trainer_class import grpo_trainer_class
 
     tokenizer = load_tokenizer(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -617,8 +616,7 @@ def _scripted_group_step(tiny_model_dir, tmp_path, replies, context, credit="epi
         return generate
 
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    trainer_class = decision_credit_trainer(GRPOTrainer) if credit == "decision" else GRPOTrainer
-    trainer = trainer_class(
+    trainer = grpo_trainer_class(config)(
         model=model,
         reward_funcs=REWARD_FUNCS,
         args=grpo_args(config, save_strategy="no", logging_steps=1),

@@ -46,13 +46,13 @@ from lib.runtime import warm_start_estimate
 from lib.training.backends import OPTIMISER_ARGS, load_policy, precision_flags, resolve_backend
 from lib.training.callbacks import CpuThreads, EvidenceCallback, trainer_progress
 from lib.training.config import TINY_MODEL, TrainConfig
-from lib.training.credit import decision_credit_trainer
 from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, evaluation_suite, training_dataset
 from lib.training.policy_evaluation import evaluate_policy, split_name
 from lib.training.processes import is_main_process, main_process_first, num_processes, wait_for_everyone
 from lib.training.publish import push_to_hub, save_merged
 from lib.training.resume import archive_previous_evidence, drop_rows_after, resolve_resume
 from lib.training.run_state import RunState, unfinished_run
+from lib.training.trainer_class import grpo_trainer_class
 from lib.training.warm_start import cached_warm_start_dir, sft_warm_start
 
 logger = logging.getLogger(__name__)
@@ -235,7 +235,6 @@ def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult
     phase = state.phase if state is not None else lambda text: None
     start = time.perf_counter()
     backend = resolve_backend(config)  # imports unsloth (when used) before trl
-    from trl import GRPOTrainer
 
     accumulation_per_process(config, num_processes())  # fails before anything is loaded or moved
     resume = resolve_resume(config)
@@ -332,7 +331,7 @@ def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult
 
     rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root if main else None, backend=backend)
     with trainer_progress("GRPO"):  # a bar over the steps and a line of metrics per step (lib.progress)
-        trainer_class = decision_credit_trainer(GRPOTrainer) if config.credit == "decision" else GRPOTrainer
+        trainer_class = grpo_trainer_class(config, backend)
         trainer = trainer_class(
             model=policy.model,
             reward_funcs=REWARD_FUNCS,

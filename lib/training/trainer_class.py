@@ -1,0 +1,94 @@
+"""The GRPO trainer class a run uses: TRL's `GRPOTrainer`, scoring each batch without the padding
+its rows share (`padding_trimmed_trainer`), with decision credit where the config asks for it
+(`lib.training.credit.decision_credit_trainer`).
+
+TRL pads every sample of a step to the step's longest prompt (on the left) and longest completion
+(on the right), then scores the samples `per_device_train_batch_size` at a time (the reference
+model's log-probabilities, then each optimisation pass's forward and backward). A batch whose own
+samples are shorter still carries the step's longest widths: columns where none of its rows holds
+a token. Cutting those columns changes no log-probability (every row's positions move by the same
+number, and rotary position embeddings see only differences of positions) and saves their compute.
+"""
+
+from __future__ import annotations
+
+from lib.training.config import TrainConfig
+from lib.training.credit import decision_credit_trainer
+
+
+def padding_trimmed_trainer(base: type) -> type:
+    """`base` (TRL's `GRPOTrainer`) whose per-token log-probabilities are computed batch by batch on
+    the columns some row of the batch uses: the left padding all of a batch's prompts share and the
+    right padding all of its completions share are cut before the forward pass, and the
+    log-probabilities (and entropies) padded back with zeros to the completion width TRL expects,
+    where its completion mask is 0. Batches with images are TRL's own."""
+    import torch.nn.functional as F
+
+    class PaddingTrimmed(base):
+        def _get_per_token_logps_and_entropies(
+            self,
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=None,
+            compute_entropy=False,
+            compute_aux_loss=False,
+            **multimodal,
+        ):
+            parent = super()._get_per_token_logps_and_entropies
+            if any(value is not None for value in multimodal.values()):
+                return parent(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch_size=batch_size,
+                    compute_entropy=compute_entropy,
+                    compute_aux_loss=compute_aux_loss,
+                    **multimodal,
+                )
+            import torch
+
+            width = input_ids.size(1)
+            batch_size = batch_size or input_ids.size(0)
+            logps, entropies, aux_losses = [], [], []
+            for start in range(0, input_ids.size(0), batch_size):
+                ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
+                used = mask.any(dim=0).nonzero()[:, 0]
+                # every prompt holds a token in the prompt's last column and every completion one in the
+                # completion's first, so the cut stays within each part's padding
+                first, end = int(used[0]), int(used[-1]) + 1
+                keep = logits_to_keep - (width - end)
+                lp, entropy, aux = parent(
+                    model,
+                    ids[:, first:end],
+                    mask[:, first:end],
+                    keep,
+                    batch_size=None,
+                    compute_entropy=compute_entropy,
+                    compute_aux_loss=compute_aux_loss,
+                )
+                logps.append(F.pad(lp, (0, logits_to_keep - keep)))
+                if entropy is not None:
+                    entropies.append(F.pad(entropy, (0, logits_to_keep - keep)))
+                if aux is not None:
+                    aux_losses.append(aux)
+            return (
+                torch.cat(logps, dim=0),
+                torch.cat(entropies, dim=0) if entropies else None,
+                torch.stack(aux_losses).mean() if aux_losses else None,
+            )
+
+    PaddingTrimmed.__name__ = PaddingTrimmed.__qualname__ = f"PaddingTrimmed{base.__name__}"
+    return PaddingTrimmed
+
+
+def grpo_trainer_class(config: TrainConfig, backend: str = "trl") -> type:
+    """The trainer class for `config` on `backend`: TRL's `GRPOTrainer` (Unsloth's patched one when
+    `backend` is "unsloth", left as Unsloth made it), padding trimmed on the TRL backend, with
+    decision credit when `config.credit` is "decision"."""
+    from trl import GRPOTrainer
+
+    trainer_class = padding_trimmed_trainer(GRPOTrainer) if backend == "trl" else GRPOTrainer
+    return decision_credit_trainer(trainer_class) if config.credit == "decision" else trainer_class

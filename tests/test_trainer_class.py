@@ -1,0 +1,90 @@
+"""The GRPO trainer class (lib/training/trainer_class.py): scoring a batch without the padding its
+rows share gives TRL's log-probabilities and entropies, from narrower forward passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lib.training import TrainConfig
+from lib.training.trainer_class import grpo_trainer_class, padding_trimmed_trainer
+
+
+def _trainer(trainer_class, model, tokenizer, tmp_path):
+    from lib.training.grpo import REWARD_FUNCS, CampaignRollout, training_dataset
+    from lib.training.run import grpo_args
+
+    config = TrainConfig(
+        warm_start_episodes=0,
+        max_steps=1,
+        num_generations=2,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=2,
+        output_dir=str(tmp_path),
+    )
+    return trainer_class(
+        model=model,
+        reward_funcs=REWARD_FUNCS,
+        args=grpo_args(config, save_strategy="no"),
+        train_dataset=training_dataset(config),
+        processing_class=tokenizer,
+        rollout_func=CampaignRollout(config, tokenizer),
+    )
+
+
+def _padded_batch(prompt_lengths, completion_lengths, pad_id, seed=0):
+    """TRL's layout: prompts left-padded to the longest, completions right-padded to the longest,
+    concatenated; the attention mask 1 on tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    width_p, width_c = max(prompt_lengths), max(completion_lengths)
+    ids = torch.full((len(prompt_lengths), width_p + width_c), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, (p, c) in enumerate(zip(prompt_lengths, completion_lengths)):
+        ids[row, width_p - p : width_p + c] = torch.randint(5, 2000, (p + c,), generator=generator)
+        mask[row, width_p - p : width_p + c] = 1
+    return ids, mask, width_c
+
+
+def test_a_batch_scored_without_its_shared_padding_gets_trl_s_numbers(tiny_model_dir, tmp_path):
+    """Two batches of two rows: the first's prompts and completions much shorter than the step's
+    longest, the second holding the longest. Log-probabilities and entropies on every completion
+    token agree with TRL's to float rounding, the padding stays 0, and the first batch's forward
+    pass reads only the columns its rows use."""
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    from lib.training.tokenizer import load_tokenizer
+
+    tokenizer, model = load_tokenizer(tiny_model_dir), AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    ids, mask, keep = _padded_batch([12, 9, 60, 41], [3, 5, 20, 8], tokenizer.pad_token_id)
+    plain = _trainer(GRPOTrainer, model, tokenizer, tmp_path / "plain")
+    trimmed = _trainer(padding_trimmed_trainer(GRPOTrainer), model, tokenizer, tmp_path / "trimmed")
+    widths = []
+    hook = model.register_forward_hook(
+        lambda module, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        with torch.no_grad():
+            expected = plain._get_per_token_logps_and_entropies(model, ids, mask, keep, 2, compute_entropy=True)
+            widths.clear()
+            got = trimmed._get_per_token_logps_and_entropies(model, ids, mask, keep, 2, compute_entropy=True)
+    finally:
+        hook.remove()
+    completion_mask = mask[:, -keep:].bool()
+    for a, b in zip(got[:2], expected[:2]):
+        assert a.shape == b.shape
+        assert torch.allclose(a[completion_mask], b[completion_mask], atol=1e-4)
+        assert torch.all(a[~completion_mask] == 0)
+    assert widths == [12 + 5, 60 + 20], widths  # the first batch's own widths; the second holds the longest
+
+
+@pytest.mark.parametrize("backend, credit", [("trl", "episode"), ("trl", "decision"), ("unsloth", "episode")])
+def test_the_trainer_class_follows_the_backend_and_the_credit(backend, credit):
+    """Padding trimmed on TRL's trainer (Unsloth's patched one is left as Unsloth made it), decision
+    credit where the config asks for it, and always a GRPOTrainer."""
+    from trl import GRPOTrainer
+
+    trainer_class = grpo_trainer_class(TrainConfig(credit=credit), backend)
+    assert issubclass(trainer_class, GRPOTrainer)
+    assert ("PaddingTrimmed" in trainer_class.__name__) == (backend == "trl")
+    assert trainer_class.__name__.startswith("DecisionCredit") == (credit == "decision")
