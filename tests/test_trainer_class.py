@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lib.training import TrainConfig
-from lib.training.trainer_class import grpo_trainer_class, padding_trimmed_trainer
+from lib.training.trainer_class import grouped_by_length, grpo_trainer_class, padding_trimmed_trainer
 
 
 def _trainer(trainer_class, model, tokenizer, tmp_path):
@@ -88,3 +88,34 @@ def test_the_trainer_class_follows_the_backend_and_the_credit(backend, credit):
     assert issubclass(trainer_class, GRPOTrainer)
     assert ("PaddingTrimmed" in trainer_class.__name__) == (backend == "trl")
     assert trainer_class.__name__.startswith("DecisionCredit") == (credit == "decision")
+
+
+def test_a_step_s_passes_are_dealt_its_samples_by_length_each_sample_whole():
+    """Three passes of two samples: afterwards the passes hold the samples shortest first, each
+    sample's tensors and list entries still together, the per-step number kept, the sizes kept."""
+    prompt_lengths, completion_lengths = [5, 1, 4, 2, 6, 3], [1, 1, 1, 1, 1, 2]
+    mask = torch.tensor([[0] * (6 - n) + [1] * n for n in prompt_lengths])
+    completion = torch.tensor([[1] * n + [0] * (2 - n) for n in completion_lengths])
+    names = list("abcdef")
+    batches = [
+        {
+            "prompt_ids": mask[i : i + 2] * (torch.arange(i, i + 2)[:, None] + 10),
+            "prompt_mask": mask[i : i + 2],
+            "completion_mask": completion[i : i + 2],
+            "advantages": torch.arange(i, i + 2, dtype=torch.float),
+            "names": names[i : i + 2],
+            "num_items_in_batch": torch.tensor(9),
+            "old_per_token_logps": None,
+        }
+        for i in (0, 2, 4)
+    ]
+    out = grouped_by_length(batches)
+    assert [len(batch["prompt_ids"]) for batch in out] == [2, 2, 2]
+    order = [name for batch in out for name in batch["names"]]
+    assert order == ["b", "d", "c", "f", "a", "e"]  # lengths 2, 3, 5, 5 (4 + 1, 3 + 2: as they came), 6, 7
+    for batch in out:
+        for row, name in enumerate(batch["names"]):
+            i = names.index(name)
+            assert batch["advantages"][row] == i and batch["prompt_ids"][row].max() == i + 10
+            assert torch.equal(batch["prompt_mask"][row], mask[i])
+        assert batch["num_items_in_batch"] == 9 and batch["old_per_token_logps"] is None

@@ -572,11 +572,11 @@ def test_the_model_card_names_a_hub_base_model(tmp_path):
     assert "stand-in" in model_card(adapter, "someone/x", base_model="cernenv-tiny")
 
 
-def _scripted_group_step(tiny_model_dir, tmp_path, replies, context, credit="episode"):
+def _scripted_group_step(tiny_model_dir, tmp_path, replies, context, credit="episode", trainer_class=None):
     """One GRPO step of the stand-in on one group of `len(replies)` one-turn episodes whose
     replies are scripted (episode i writes `replies[i]`), scored by the model as if it had
-    sampled them, each decision credited as `credit` says. Returns the parameters before,
-    after, and the step's logged metrics."""
+    sampled them, each decision credited as `credit` says, by `trainer_class` (default: the run's,
+    `grpo_trainer_class`). Returns the parameters before, after, and the step's logged metrics."""
     from transformers import AutoModelForCausalLM
 
     from lib.training.run import grpo_args
@@ -616,7 +616,7 @@ def _scripted_group_step(tiny_model_dir, tmp_path, replies, context, credit="epi
         return generate
 
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    trainer = grpo_trainer_class(config)(
+    trainer = (trainer_class or grpo_trainer_class(config))(
         model=model,
         reward_funcs=REWARD_FUNCS,
         args=grpo_args(config, save_strategy="no", logging_steps=1),
@@ -650,6 +650,22 @@ def test_grpo_moves_the_policy_when_outcomes_differ_and_only_then(tiny_model_dir
     before, after, logged = _scripted_group_step(tiny_model_dir, tmp_path / "alike", ["not json", "not json"], context)
     assert logged["frac_reward_zero_std"] == 1.0 and logged["grad_norm"] == 0.0
     assert all(torch.equal(p.detach(), before[name]) for name, p in after.items()), "no advantage, no update"
+
+
+@pytest.mark.slow  # two GRPO steps
+def test_the_run_s_trainer_takes_trl_s_step_from_regrouped_trimmed_passes(tiny_model_dir, tmp_path):
+    """The run's trainer deals a step's samples into its passes by length and cuts each pass's
+    shared padding; the step it takes is TRL's own: the same loss and gradient norm as TRL's
+    `GRPOTrainer` from the same start on the same episodes (four replies of different lengths, three
+    decision slots each: passes of three samples)."""
+    from trl import GRPOTrainer
+
+    replies = [VALID_FIRST_ACTION, "not json", '{"action_type":"configure_beam"}', VALID_FIRST_ACTION + " ok"]
+    *_, ours = _scripted_group_step(tiny_model_dir, tmp_path / "ours", replies, "turn")
+    *_, trl_s = _scripted_group_step(tiny_model_dir, tmp_path / "trl", replies, "turn", trainer_class=GRPOTrainer)
+    assert ours["grad_norm"] > 0
+    assert ours["loss"] == pytest.approx(trl_s["loss"], rel=1e-4, abs=1e-6)
+    assert ours["grad_norm"] == pytest.approx(trl_s["grad_norm"], rel=1e-4)
 
 
 @pytest.mark.slow  # two GRPO steps

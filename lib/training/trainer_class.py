@@ -8,12 +8,22 @@ model's log-probabilities, then each optimisation pass's forward and backward). 
 samples are shorter still carries the step's longest widths: columns where none of its rows holds
 a token. Cutting those columns changes no log-probability (every row's positions move by the same
 number, and rotary position embeddings see only differences of positions) and saves their compute.
+The passes of a step are dealt its samples sorted by length, so that each pass's own padding is
+small too: all of a step's passes add up to one update, and the loss (TRL's default, DAPO's,
+normalised by the step's token count) does not depend on which pass holds which sample.
 """
 
 from __future__ import annotations
 
+from typing import Any, Dict, List
+
 from lib.training.config import TrainConfig
 from lib.training.credit import decision_credit_trainer
+
+PARTITION_FREE_LOSSES = ("dapo", "cispo", "vespo", "grpo", "sapo", "dr_grpo", "luspo")
+"""TRL's loss types whose step loss is the same however a step's samples are dealt into its passes
+(of equal sizes): normalised by the step's tokens, or a mean over sequences; not "bnpo", which
+normalises each pass by its own tokens."""
 
 
 def padding_trimmed_trainer(base: type) -> type:
@@ -21,10 +31,25 @@ def padding_trimmed_trainer(base: type) -> type:
     the columns some row of the batch uses: the left padding all of a batch's prompts share and the
     right padding all of its completions share are cut before the forward pass, and the
     log-probabilities (and entropies) padded back with zeros to the completion width TRL expects,
-    where its completion mask is 0. Batches with images are TRL's own."""
+    where its completion mask is 0; a step's passes are dealt its samples by length
+    (`grouped_by_length`) where that changes nothing but speed. Batches with images are TRL's own."""
     import torch.nn.functional as F
 
     class PaddingTrimmed(base):
+        def _prepare_inputs(self, generation_batch):
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            fresh = self.model.training and (self._step % generate_every == 0 or self._buffered_inputs is None)
+            inputs = super()._prepare_inputs(generation_batch)
+            # Regroup only where the passes' partition changes nothing but speed: they all belong to one
+            # optimisation step (one generation, one pass over it) and no per-pass statistic is taken
+            # (the entropy quantile is a pass's own).
+            one_step = self.args.steps_per_generation == self.args.gradient_accumulation_steps
+            unchanged = self.loss_type in PARTITION_FREE_LOSSES and self.top_entropy_quantile >= 1.0
+            if fresh and one_step and self.num_iterations == 1 and unchanged:
+                self._buffered_inputs = grouped_by_length(self._buffered_inputs)
+                inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+            return inputs
+
         def _get_per_token_logps_and_entropies(
             self,
             model,
@@ -82,6 +107,42 @@ def padding_trimmed_trainer(base: type) -> type:
 
     PaddingTrimmed.__name__ = PaddingTrimmed.__qualname__ = f"PaddingTrimmed{base.__name__}"
     return PaddingTrimmed
+
+
+def grouped_by_length(batches: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The samples of `batches` (a step's passes, TRL's buffered inputs: dicts of per-sample tensors
+    and lists, and per-step scalars) sorted by length (prompt and completion tokens) and dealt back
+    into as many passes of the same sizes, so that each pass's samples are alike in length and its
+    shared padding is most of its padding."""
+    import torch
+
+    sizes = [len(batch["prompt_ids"]) for batch in batches]
+    merged: Dict[str, Any] = {}
+    for key, first in batches[0].items():
+        values = [batch[key] for batch in batches]
+        if isinstance(first, torch.Tensor) and first.ndim >= 1:
+            merged[key] = torch.cat(values)
+        elif isinstance(first, list):
+            merged[key] = [item for value in values for item in value]
+        else:  # None, or one number for the whole step
+            merged[key] = first
+    lengths = merged["prompt_mask"].sum(1) + merged["completion_mask"].sum(1)
+    order = torch.argsort(lengths, stable=True)
+    out, start = [], 0
+    for size in sizes:
+        index = order[start : start + size]
+        out.append(
+            {
+                key: value[index]
+                if isinstance(value, torch.Tensor) and value.ndim >= 1
+                else [value[i] for i in index.tolist()]
+                if isinstance(value, list)
+                else value
+                for key, value in merged.items()
+            }
+        )
+        start += size
+    return out
 
 
 def grpo_trainer_class(config: TrainConfig, backend: str = "trl") -> type:
