@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from lib.training.cli import read_config_file
 from lib.training.seeds import imitation_campaigns, run_seeds
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def result(warm_s: float, grpo_s: float, *, loaded: bool = False, train_seconds=None) -> dict:
@@ -66,14 +69,14 @@ def test_every_seed_runs_then_the_imitation_only_policy_then_the_report(tmp_path
         assert command[command.index("--seed") + 1] == str(seed)
         assert command[command.index("--evidence_dir") + 1] == str(tmp_path / f"seed{seed}" / "evidence")
         assert command[-2:] == ["--max_steps", "2"], "the extra flags go to every run"
-    smoke_campaigns = 64  # configs/train/smoke.yaml's warm_start_episodes
+    smoke_campaigns = read_config_file(ROOT / "configs" / "train" / "smoke.yaml")["warm_start_episodes"]
     sft = by_name["sft"]
     assert sft[sft.index("--warm_start_episodes") + 1] == str(smoke_campaigns * 500 // 400)
     assert sft[sft.index("--evaluate") + 1] == str(tmp_path / "sft" / "evidence")
     report = by_name["report"]
     assert report.count("--run") == 3 and report[report.index("--out") + 1] == str(tmp_path / "report")
     saved = json.loads((tmp_path / "seeds_run.json").read_text())
-    assert saved["imitation_campaigns"] == record["imitation_campaigns"] == 80
+    assert saved["imitation_campaigns"] == record["imitation_campaigns"] == smoke_campaigns * 500 // 400
     assert saved["commit"] and {entry["name"] for entry in saved["commands"]} == set(names)
     assert {entry["command"][0] for entry in saved["commands"]} == {"python"}, "no machine's Python path"
 
