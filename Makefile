@@ -196,8 +196,14 @@ SEEDS_ARGS ?=
 evidence-seeds: setup ## three seeds of the default config + the imitation-only policy for the same time, read together into build/seeds/report (python -m lib.training.seeds; SEEDS_ARGS="--seeds 0 1")
 	$(RUN_ENV) $(PY) -m lib.training.seeds $(SEEDS_ARGS)
 
-bench-train: setup ## time one GRPO step: generation vs environment vs optimisation (bench/bench_train.py)
+bench-train: setup ## time one GRPO step: generation vs environment vs optimisation (bench/bench_train.py; NPROC=2 as `make train`)
+ifeq ($(NPROC),1)
 	$(RUN_ENV) $(PY) bench/bench_train.py $(TRAIN_ARGS)
+else
+	$(RUN_ENV) $(PY) -m accelerate.commands.launch --num_processes $(NPROC) \
+	  --multi_gpu $$($(PY) -c 'import torch; torch.cuda.is_available() or print("--num_cpu_threads_per_process 1")') \
+	  $(ACCELERATE_ARGS) bench/bench_train.py $(TRAIN_ARGS)
+endif
 
 bench-train-gpu: setup ## on a GPU: Unsloth vs TRL+PEFT GRPO steps of a Qwen2.5-1.5B-shaped model (bench/bench_train_gpu.py)
 	$(RUN_ENV) $(PY) bench/bench_train_gpu.py $(TRAIN_ARGS)

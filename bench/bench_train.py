@@ -1,6 +1,7 @@
 """Where the time of a GRPO step goes: generation, environment, optimisation.
 
     make bench-train                       # default CPU config, 3 measured steps
+    make bench-train NPROC=2               # the same in 2 processes (accelerate launch, one thread each)
     python bench/bench_train.py --steps 5 --num_generations 4 --per_device_train_batch_size 4
 
 A step = the rollout (the policy plays every episode of the batch: `generate` calls, and
@@ -110,6 +111,10 @@ def main(argv=None) -> int:
             callbacks=[timer] + ([profiler] if profiler else []),
         )
         trainer.train()
+    from lib.training.processes import is_main_process, num_processes
+
+    if not is_main_process():  # under `accelerate launch` the main process reports (its share's timings)
+        return 0
     rows = []
     measured_timings = rollout.timings[: len(rollout.timings) - profiled_steps]
     for step, (total, timing) in enumerate(zip(timer.durations, measured_timings)):
@@ -128,9 +133,11 @@ def main(argv=None) -> int:
     measured = rows[1:] or rows
     mean = {key: statistics.fmean(r[key] for r in measured) for key in rows[0] if key != "step"}
     share = {key: mean[key] / mean["total_s"] for key in ("generation_s", "environment_s", "optimisation_s")}
+    processes = num_processes()
     print(
         f"backend {backend}, model {policy.model_name}, {config.episodes_per_step} episodes per step "
-        f"({config.num_generations} per group)"
+        f"({config.num_generations} per group), {processes} process{'es' if processes > 1 else ''}"
+        + (" (generation and environment: the main process's share)" if processes > 1 else "")
     )
     print(f"{'step':>4} {'total s':>8} {'generate':>9} {'environment':>11} {'optimise':>9} {'tok/s':>7}")
     for r in rows:
@@ -142,7 +149,8 @@ def main(argv=None) -> int:
     print(
         "mean of measured steps: "
         + ", ".join(f"{k.removesuffix('_s')} {v:.1%}" for k, v in share.items())
-        + f"; {mean['generation_tokens_per_s']:.1f} generated tokens/s"
+        + f"; {mean['generation_tokens_per_s']:.1f} generated tokens/s; "
+        + f"{config.episodes_per_step / mean['total_s']:.2f} episodes/s"
     )
     import torch
 
@@ -155,6 +163,8 @@ def main(argv=None) -> int:
                 "backend": backend,
                 "model": policy.model_name,
                 "episodes_per_step": config.episodes_per_step,
+                "processes": processes,
+                "episodes_per_s": config.episodes_per_step / mean["total_s"],
                 "mean": mean,
                 "share": share,
                 "steps": rows,
