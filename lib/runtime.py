@@ -30,38 +30,46 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-WARM_START_MINUTES = {"default": 21.4, "smoke": 2.1}
-"""How long the CPU stand-in's warm start of `configs/train/NAME.yaml` took to build [min] on 2 idle
-cores: default (600 campaigns, 1,776 steps) on the AMD EPYC, 2026-11-29; smoke (64 campaigns, 190
-steps) on the development machine, 2026-11-28 (docs/training.md; on the AMD EPYC shared at load
-4-10 the smoke one took 8.5 min, 2026-11-28)."""
-WARM_START_MEASURED = ("default", 600, 2.0)
-"""The measured warm start `warm_start_estimate_minutes` scales: (`WARM_START_MINUTES`' name, its
-campaigns, its passes over them)."""
+WARM_START_DECISIONS_PER_CAMPAIGN = 23.7
+"""A warm start's examples per campaign in the `turn` context, one per decision: 14,200 of the default's
+600 `HeuristicAgent()` campaigns (the heuristic family's 600 give 12,575: its members book less)."""
+WARM_START_SECONDS_PER_STEP = (0.72, 2.1)
+"""The fastest and slowest a warm-start step (16 decisions, forward and backward) has run on 2 cores
+of the AMD EPYC the project measures on [s]: 0.72 idle (2026-11-29, the default's 1,776 steps in
+21.4 min), 1.46 idle (2026-12-01, the smoke one's 190 steps), 2.1 at load ~2 (2026-12-02, the
+heuristic family's 1,572 steps). That virtual machine's speed drifts within a day: a range holds
+where one figure did not."""
 
 
-def warm_start_estimate_minutes(campaigns: int, passes: float) -> float:
-    """About how long the CPU stand-in's warm start on `campaigns` heuristic campaigns, `passes`
-    passes over them, takes to build on 2 idle cores [min]: the measured default warm start's time
-    (`WARM_START_MEASURED`) in proportion to campaigns × passes (its SFT steps grow with both; the
-    64-campaign smoke one, measured at 2.1 min, comes out at 2.3)."""
-    name, measured_campaigns, measured_passes = WARM_START_MEASURED
-    return WARM_START_MINUTES[name] * (campaigns * passes) / (measured_campaigns * measured_passes)
+def warm_start_steps(campaigns: int, passes: float, batch_size: int = 16) -> int:
+    """About how many optimisation steps a warm start on `campaigns` heuristic campaigns takes:
+    their decisions (`WARM_START_DECISIONS_PER_CAMPAIGN` each), `passes` times, `batch_size` a step."""
+    return math.ceil(campaigns * WARM_START_DECISIONS_PER_CAMPAIGN * passes / batch_size)
 
 
-def warm_start_estimate(campaigns: int, passes: float) -> str:
-    """`warm_start_estimate_minutes` for a reader: "about 2.3 min on 2 idle cores, an estimate;
-    longer on a busy machine", with the load now when it is above 1."""
-    minutes = warm_start_estimate_minutes(campaigns, passes)
+def warm_start_estimate_minutes(campaigns: int, passes: float, batch_size: int = 16) -> tuple:
+    """(least, most) minutes the CPU stand-in's warm start takes on 2 cores: its steps
+    (`warm_start_steps`) at the fastest and the slowest step measured (`WARM_START_SECONDS_PER_STEP`)."""
+    steps = warm_start_steps(campaigns, passes, batch_size)
+    return tuple(steps * seconds / 60 for seconds in WARM_START_SECONDS_PER_STEP)
+
+
+def warm_start_estimate(campaigns: int, passes: float, batch_size: int = 16) -> str:
+    """`warm_start_estimate_minutes` for a reader: "about 190 steps, 2.3-6.7 min on 2 cores, an
+    estimate (its progress bar gives the time left as it goes)", with the load now when it is above 1."""
+    low, high = warm_start_estimate_minutes(campaigns, passes, batch_size)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    busy = f"; the load here is {load:.1f} now, so expect longer" if load > 1.0 else "; longer on a busy machine"
-    return f"about {minutes:.2g} min on 2 idle cores, an estimate{busy}"
+    busy = f"; the load here is {load:.1f} now, so expect longer" if load > 1.0 else ""
+    return (
+        f"about {warm_start_steps(campaigns, passes, batch_size)} steps, {low:.2g}-{high:.2g} min on 2 cores, "
+        f"an estimate (its progress bar gives the time left as it goes){busy}"
+    )
 
 
 CPU_STAND_IN_TIMES = (
-    f"on 2 idle cores of an AMD EPYC (2026-11-29), the stand-in's warm start took {WARM_START_MINUTES['default']:g} "
-    "min and the whole default run 45 min (the warm start, 8 GRPO steps of 64 episodes, and the 313-episode "
-    "held-out suite before and after)"
+    "on 2 idle cores of an AMD EPYC (2026-11-29), the stand-in's warm start took 21.4 min and the whole default "
+    "run 45 min (the warm start, 8 GRPO steps of 64 episodes, and the 313-episode held-out suite before and "
+    "after); the warm start has taken up to 55 min on the same machine since (2026-12-02, load ~2)"
 )
 """The CPU stand-in's default run as measured (docs/training.md); a Colab CPU runtime has 2 cores too."""
 SWITCH_TO_GPU = "Runtime > Change runtime type > T4 GPU (free) > Save, then Runtime > Run all"

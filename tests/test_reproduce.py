@@ -9,6 +9,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
+from lib import runtime
 from lib.notebooks import reproduce
 from lib.notebooks.reproduce import ReproduceError, load_profile
 
@@ -312,20 +313,22 @@ def test_the_first_run_says_it_builds_the_warm_start_and_how_long_that_took(tmp_
     busy machine); once a warm start of the same campaigns is cached, nothing is said. The time it
     gives is its own campaigns' estimate, not the 600-campaign default's."""
     import lib.training.tokenizer as tokenizer
-    from lib.runtime import WARM_START_MINUTES
 
     monkeypatch.setattr(tokenizer, "WARM_START_CACHE", tmp_path / "warm_start")
     monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
     smoke = load_profile("smoke")
+    config = reproduce.training_config(smoke[reproduce.TRAIN_NOTEBOOK])
+    campaigns = config.warm_start_episodes
     note = reproduce.warm_start_note(smoke)
-    assert note.startswith("first run: notebook 03 builds the CPU stand-in's warm start (64 campaigns, about ")
-    assert "about 2.3 min on 2 idle cores, an estimate; longer on a busy machine" in note
-    assert f"{WARM_START_MINUTES['default']:g}" not in note
+    assert note.startswith(f"first run: notebook 03 builds the CPU stand-in's warm start ({campaigns} campaigns, ")
+    steps = runtime.warm_start_steps(campaigns, config.warm_start_epochs, config.warm_start_batch_size)
+    assert f"about {steps} steps, " in note and "an estimate (its progress bar gives the time left as it goes)" in note
+    assert "1778" not in note and "21.4" not in note, "not the 600-campaign default's"
     cached = tmp_path / "warm_start" / "cernenv-tiny-0123456789abcdef"
     cached.mkdir(parents=True)
     (cached / "warm_start.json").write_text(json.dumps({"episodes": 200, "action_tokens": None}))
     assert reproduce.warm_start_note(smoke) is not None, "the full profile's is not the smoke one's"
-    (cached / "warm_start.json").write_text(json.dumps({"episodes": 64, "action_tokens": 5000}))
+    (cached / "warm_start.json").write_text(json.dumps({"episodes": campaigns, "action_tokens": 5000}))
     assert reproduce.warm_start_note(smoke) is None
     assert reproduce.warm_start_note(load_profile("committed")) is None, "no training"
 

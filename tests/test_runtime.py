@@ -31,22 +31,23 @@ def test_a_colab_cpu_runtime_stops_and_says_how_to_switch_or_how_long_the_stand_
     assert gpu.gpu and "Tesla T4 (15 GiB)" in capsys.readouterr().out
 
 
-def test_the_warm_start_estimate_scales_with_its_campaigns_and_says_it_is_one(monkeypatch):
-    """The smoke run's warning once gave the 600-campaign default's 21.4 min next to "64 campaigns":
-    the estimate is the measured warm start's time in proportion to campaigns x passes, for 2 idle
-    cores, and says the load when the machine is busy."""
-    measured_name, measured_campaigns, measured_passes = runtime.WARM_START_MEASURED
-    measured = runtime.WARM_START_MINUTES[measured_name]
-    assert runtime.warm_start_estimate_minutes(measured_campaigns, measured_passes) == pytest.approx(measured)
-    smoke = runtime.warm_start_estimate_minutes(64, 2.0)
-    assert smoke == pytest.approx(measured * 64 / 600) and 1.5 < smoke < 3.0  # 2.1 min measured
-    assert runtime.warm_start_estimate_minutes(128, 2.0) == pytest.approx(2 * smoke)
-    assert runtime.warm_start_estimate_minutes(64, 1.0) == pytest.approx(smoke / 2)
+def test_the_warm_start_estimate_counts_its_steps_and_spans_the_measured_speeds(monkeypatch):
+    """The smoke run's warning once gave the 600-campaign default's 21.4 min next to "64 campaigns",
+    then 2.3 min where the warm start took 4.6: the estimate counts the warm start's steps (the
+    smoke one's 190, the default's 1,776 as built) and gives the range the measured steps span, says
+    it is an estimate, and says the load when the machine is busy."""
+    assert runtime.warm_start_steps(64, 2.0) == 190 and runtime.warm_start_steps(600, 2.0) == 1778
+    assert runtime.warm_start_steps(64, 2.0, batch_size=32) == 95
+    fastest, slowest = runtime.WARM_START_SECONDS_PER_STEP
+    low, high = runtime.warm_start_estimate_minutes(64, 2.0)
+    assert (low, high) == (pytest.approx(190 * fastest / 60), pytest.approx(190 * slowest / 60))
+    assert low <= 190 * 1.46 / 60 <= high, "the smoke warm start measured on 2026-12-01 falls inside"
+    assert runtime.warm_start_estimate_minutes(128, 2.0)[1] == pytest.approx(2 * high, rel=0.01)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.3, 0.3, 0.3))
-    idle = "about 2.3 min on 2 idle cores, an estimate; longer on a busy machine"
+    idle = "about 190 steps, 2.3-6.7 min on 2 cores, an estimate (its progress bar gives the time left as it goes)"
     assert runtime.warm_start_estimate(64, 2.0) == idle
     monkeypatch.setattr(os, "getloadavg", lambda: (3.46, 2.0, 1.0))
-    assert runtime.warm_start_estimate(64, 2.0).endswith(", an estimate; the load here is 3.5 now, so expect longer")
+    assert runtime.warm_start_estimate(64, 2.0).endswith("as it goes); the load here is 3.5 now, so expect longer")
 
 
 def test_gpus_are_read_from_nvidia_smi_without_torch(tmp_path, monkeypatch):

@@ -316,7 +316,7 @@ def warm_start_note(plan: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
         same_loss = (built.get("action_tokens") is None) == (config.warm_start_loss == "conversation")
         if built.get("episodes") == config.warm_start_episodes and same_loss:
             return None
-    took = warm_start_estimate(config.warm_start_episodes, config.warm_start_epochs)
+    took = warm_start_estimate(config.warm_start_episodes, config.warm_start_epochs, config.warm_start_batch_size)
     return (
         f"first run: notebook 03 builds the CPU stand-in's warm start ({config.warm_start_episodes} campaigns, "
         f"{took}) and keeps it in {shown_path(WARM_START_CACHE)}/, which later runs load in seconds"

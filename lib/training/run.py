@@ -251,7 +251,7 @@ def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult
             "holds that warm start already",
             TINY_MODEL,
             config.warm_start_episodes,
-            warm_start_estimate(config.warm_start_episodes, config.warm_start_epochs),
+            warm_start_estimate(config.warm_start_episodes, config.warm_start_epochs, config.warm_start_batch_size),
         )
     if warm_start and num_processes() > 1 and policy.peft_config is None:
         cached = cached_warm_start_dir(policy, config)
