@@ -48,8 +48,8 @@ def _padded_batch(prompt_lengths, completion_lengths, pad_id, seed=0):
 def test_a_batch_scored_without_its_shared_padding_gets_trl_s_numbers(tiny_model_dir, tmp_path):
     """Two batches of two rows: the first's prompts and completions much shorter than the step's
     longest, the second holding the longest. Log-probabilities and entropies on every completion
-    token agree with TRL's to float rounding, the padding stays 0, and the first batch's forward
-    pass reads only the columns its rows use."""
+    token agree with TRL's to float rounding, the padding stays 0, the first batch's forward pass
+    reads only the columns its rows use, and the LM head projects only the completions' positions."""
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
 
@@ -59,23 +59,28 @@ def test_a_batch_scored_without_its_shared_padding_gets_trl_s_numbers(tiny_model
     ids, mask, keep = _padded_batch([12, 9, 60, 41], [3, 5, 20, 8], tokenizer.pad_token_id)
     plain = _trainer(GRPOTrainer, model, tokenizer, tmp_path / "plain")
     trimmed = _trainer(padding_trimmed_trainer(GRPOTrainer), model, tokenizer, tmp_path / "trimmed")
-    widths = []
-    hook = model.register_forward_hook(
-        lambda module, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
-    )
+    widths, projected = [], []
+    hooks = [
+        model.register_forward_hook(
+            lambda module, args, kwargs, out: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+        ),
+        model.get_output_embeddings().register_forward_hook(lambda module, args, out: projected.append(out.shape[1])),
+    ]
     try:
         with torch.no_grad():
             expected = plain._get_per_token_logps_and_entropies(model, ids, mask, keep, 2, compute_entropy=True)
             widths.clear()
             got = trimmed._get_per_token_logps_and_entropies(model, ids, mask, keep, 2, compute_entropy=True)
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     completion_mask = mask[:, -keep:].bool()
     for a, b in zip(got[:2], expected[:2]):
         assert a.shape == b.shape
         assert torch.allclose(a[completion_mask], b[completion_mask], atol=1e-4)
         assert torch.all(a[~completion_mask] == 0)
     assert widths == [12 + 5, 60 + 20], widths  # the first batch's own widths; the second holds the longest
+    assert projected == [5 + 1, 20 + 1], "on a CPU the LM head projects the completions' positions alone"
 
 
 @pytest.mark.parametrize("backend, credit", [("trl", "episode"), ("trl", "decision"), ("unsloth", "episode")])

@@ -11,6 +11,8 @@ number, and rotary position embeddings see only differences of positions) and sa
 The passes of a step are dealt its samples sorted by length, so that each pass's own padding is
 small too: all of a step's passes add up to one update, and the loss (TRL's default, DAPO's,
 normalised by the step's token count) does not depend on which pass holds which sample.
+On a CPU, the LM head projects the completions' positions alone: TRL's fused head does that only
+where Triton runs, and elsewhere projects every position, the prompt's too.
 """
 
 from __future__ import annotations
@@ -85,15 +87,20 @@ def padding_trimmed_trainer(base: type) -> type:
                 # completion's first, so the cut stays within each part's padding
                 first, end = int(used[0]), int(used[-1]) + 1
                 keep = logits_to_keep - (width - end)
-                lp, entropy, aux = parent(
-                    model,
-                    ids[:, first:end],
-                    mask[:, first:end],
-                    keep,
-                    batch_size=None,
-                    compute_entropy=compute_entropy,
-                    compute_aux_loss=compute_aux_loss,
-                )
+                if ids.device.type == "cpu" and not compute_aux_loss:
+                    lp, entropy, aux = self._completion_logps(
+                        model, ids[:, first:end], mask[:, first:end], keep, compute_entropy
+                    )
+                else:
+                    lp, entropy, aux = parent(
+                        model,
+                        ids[:, first:end],
+                        mask[:, first:end],
+                        keep,
+                        batch_size=None,
+                        compute_entropy=compute_entropy,
+                        compute_aux_loss=compute_aux_loss,
+                    )
                 logps.append(F.pad(lp, (0, logits_to_keep - keep)))
                 if entropy is not None:
                     entropies.append(F.pad(entropy, (0, logits_to_keep - keep)))
@@ -104,6 +111,23 @@ def padding_trimmed_trainer(base: type) -> type:
                 torch.cat(entropies, dim=0) if entropies else None,
                 torch.stack(aux_losses).mean() if aux_losses else None,
             )
+
+        def _completion_logps(self, model, ids, mask, keep, compute_entropy):
+            """On a CPU, the log-probabilities (and entropies) of the last `keep` tokens from the model's
+            own forward with its LM head on those positions alone (`logits_to_keep`): TRL's fused head
+            projects every position off a GPU (its compact path needs Triton), the prompt's too, which
+            here is most of a sample. The numbers are TRL's (`selective_log_softmax`, at the trainer's
+            temperature)."""
+            from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
+
+            with self.accelerator.autocast():
+                logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep + 1).logits[:, :-1]
+            targets, padding = ids[:, -keep:], mask[:, -keep:] == 0  # TRL's numbers are 0 on the padding
+            if compute_entropy:
+                logps, entropy = selective_log_softmax_and_entropy(logits, targets, temperature=self.temperature)
+                return logps.masked_fill(padding, 0.0), entropy.masked_fill(padding, 0.0), None
+            logps = selective_log_softmax(logits, targets, temperature=self.temperature)
+            return logps.masked_fill(padding, 0.0), None, None
 
     PaddingTrimmed.__name__ = PaddingTrimmed.__qualname__ = f"PaddingTrimmed{base.__name__}"
     return PaddingTrimmed
