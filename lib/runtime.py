@@ -33,12 +33,12 @@ from typing import List, Optional, Sequence
 WARM_START_DECISIONS_PER_CAMPAIGN = 23.7
 """A warm start's examples per campaign in the `turn` context, one per decision: 14,200 of the default's
 600 `HeuristicAgent()` campaigns (the heuristic family's 600 give 12,575: its members book less)."""
-WARM_START_SECONDS_PER_STEP = (0.72, 2.1)
+WARM_START_SECONDS_PER_STEP = (0.72, 1.76)
 """The fastest and slowest a warm-start step (16 decisions, forward and backward) has run on 2 cores
 of the AMD EPYC the project measures on [s]: 0.72 idle (2026-11-29, the default's 1,776 steps in
-21.4 min), 1.46 idle (2026-12-01, the smoke one's 190 steps), 2.1 at load ~2 (2026-12-02, the
-heuristic family's 1,572 steps). That virtual machine's speed drifts within a day: a range holds
-where one figure did not."""
+21.4 min), 1.46 idle (2026-12-01, the smoke one's 190 steps), 1.76 at load ~2 (2026-12-02, the
+heuristic family's 1,572 steps in 46 min, tests running beside it for a while). That virtual
+machine's speed drifts within a day: a range holds where one figure did not."""
 
 
 def warm_start_steps(campaigns: int, passes: float, batch_size: int = 16) -> int:
@@ -55,7 +55,7 @@ def warm_start_estimate_minutes(campaigns: int, passes: float, batch_size: int =
 
 
 def warm_start_estimate(campaigns: int, passes: float, batch_size: int = 16) -> str:
-    """`warm_start_estimate_minutes` for a reader: "about 190 steps, 2.3-6.7 min on 2 cores, an
+    """`warm_start_estimate_minutes` for a reader: "about 190 steps, 2.3-5.6 min on 2 cores, an
     estimate (its progress bar gives the time left as it goes)", with the load now when it is above 1."""
     low, high = warm_start_estimate_minutes(campaigns, passes, batch_size)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
@@ -69,7 +69,7 @@ def warm_start_estimate(campaigns: int, passes: float, batch_size: int = 16) -> 
 CPU_STAND_IN_TIMES = (
     "on 2 idle cores of an AMD EPYC (2026-11-29), the stand-in's warm start took 21.4 min and the whole default "
     "run 45 min (the warm start, 8 GRPO steps of 64 episodes, and the 313-episode held-out suite before and "
-    "after); the warm start has taken up to 55 min on the same machine since (2026-12-02, load ~2)"
+    "after); a warm start of as many campaigns has taken 46 min on the same machine since (2026-12-02, load ~2)"
 )
 """The CPU stand-in's default run as measured (docs/training.md); a Colab CPU runtime has 2 cores too."""
 SWITCH_TO_GPU = "Runtime > Change runtime type > T4 GPU (free) > Save, then Runtime > Run all"

@@ -44,7 +44,7 @@ def test_the_warm_start_estimate_counts_its_steps_and_spans_the_measured_speeds(
     assert low <= 190 * 1.46 / 60 <= high, "the smoke warm start measured on 2026-12-01 falls inside"
     assert runtime.warm_start_estimate_minutes(128, 2.0)[1] == pytest.approx(2 * high, rel=0.01)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.3, 0.3, 0.3))
-    idle = "about 190 steps, 2.3-6.7 min on 2 cores, an estimate (its progress bar gives the time left as it goes)"
+    idle = "about 190 steps, 2.3-5.6 min on 2 cores, an estimate (its progress bar gives the time left as it goes)"
     assert runtime.warm_start_estimate(64, 2.0) == idle
     monkeypatch.setattr(os, "getloadavg", lambda: (3.46, 2.0, 1.0))
     assert runtime.warm_start_estimate(64, 2.0).endswith("as it goes); the load here is 3.5 now, so expect longer")
