@@ -57,10 +57,13 @@ class ActionGrammar:
         error = llguidance.LLMatcher.validate_grammar(self.grammar, self.tokenizer)
         if error:
             raise ValueError(f"the action grammar does not compile: {error}")
+        self._start = llguidance.LLMatcher(self.tokenizer, self.grammar)
+        """A matcher at the start of a reply, never moved: each reply's is a copy of it."""
 
     def matcher(self) -> Any:
-        """A matcher at the start of a reply."""
-        return llguidance.LLMatcher(self.tokenizer, self.grammar)
+        """A matcher at the start of a reply: a copy of one made once (making one compiles the
+        grammar again; a copy does not)."""
+        return self._start.deep_copy()
 
     def restrict(self, logits: torch.Tensor, matchers: List[Optional[Any]]) -> torch.Tensor:
         """`logits` (rows, vocab) with every token its row's matcher forbids at -inf (a copy); a row
