@@ -87,8 +87,13 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 	# parser when jsonschema is imported: 2.5 s at the start of every process that imports jsonschema (the
 	# server, through openenv's MCP: 4.2 s -> 1.7 s without it). Nothing here checks an "iri" format.
 	$(PIP) uninstall --yes --quiet rfc3987-syntax
-	$(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()'  # numba compiles the physics kernels once
-	NUMBA_CPU_NAME=generic $(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()'  # and for a generic x86-64 (the replay test's)
+	# numba compiles the physics kernels once, for this processor and for a generic x86-64 (the replay
+	# test's), side by side: each takes ~1.5 min of one core (numba compiles on one). Both write their
+	# entries into the same cache index files; should one entry be lost to the other's write, that
+	# kernel compiles again on first use (and says so), nothing worse.
+	$(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()' & native=$$!; \
+	  NUMBA_CPU_NAME=generic $(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()'; \
+	  wait $$native
 	@$(PY) -c 'import torch; cuda = torch.version.cuda; print("torch", torch.__version__, f"(a CUDA {cuda} build);" if cuda else "(a CPU build);", "a GPU is", "present" if torch.cuda.is_available() else "not present")'
 	touch $@
 
