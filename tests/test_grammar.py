@@ -100,6 +100,31 @@ def test_constrained_sampling_returns_the_log_probabilities_the_trainer_scores(t
     assert torch.allclose(torch.tensor(episode.logprobs), expected, atol=1e-4)
 
 
+def test_restrict_masks_what_llguidance_masks(tokenizer):
+    """`ActionGrammar.restrict` unpacks the matchers' bitmasks itself: the same -inf entries as
+    llguidance's own `apply_token_bitmask_inplace`, row by row, a finished reply's row untouched."""
+    import llguidance.torch
+
+    grammar = action_grammar(tokenizer, len(tokenizer))
+    reply = tokenizer('{"action_type":"configure_beam","parameters":{"beam_energy_tev":13', add_special_tokens=False)
+    matchers = [grammar.matcher() for _ in range(3)] + [None]
+    for token in reply["input_ids"][:5]:
+        grammar.accept(matchers[1], token)
+    for token in reply["input_ids"]:
+        grammar.accept(matchers[2], token)
+    logits = torch.randn(4, len(tokenizer), generator=torch.Generator().manual_seed(0))
+    ours = grammar.restrict(logits, matchers)
+    bitmask = llguidance.torch.allocate_token_bitmask(4, len(tokenizer))
+    for row, matcher in enumerate(matchers[:3]):
+        llguidance.torch.fill_next_token_bitmask(matcher, bitmask, row)
+    theirs = logits.clone()
+    llguidance.torch.apply_token_bitmask_inplace(theirs, bitmask)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs)) and torch.equal(
+        ours[~torch.isinf(ours)], logits[~torch.isinf(ours)]
+    )
+    assert not torch.isinf(ours[3]).any() and 0 < int((~torch.isinf(ours[1])).sum()) < len(tokenizer)
+
+
 def test_the_cached_decoder_feeds_the_forced_tokens_with_the_chosen_ones(tokenizer, model):
     """Held to the grammar, the cached decoder's forward passes per reply are the tokens the model
     chose, not all it wrote: the runs the grammar forces ride along with the token before them."""

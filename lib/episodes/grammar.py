@@ -73,8 +73,11 @@ class ActionGrammar:
         for row, matcher in enumerate(matchers):
             if matcher is not None:
                 llguidance.torch.fill_next_token_bitmask(matcher, bitmask, row)
+        # the bitmask's bits unpacked, token order (llguidance's own apply_token_bitmask_inplace does the
+        # same through torch.compile, which compiles it again in every process, for each batch size)
+        allowed = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]]
         restricted = logits.float().clone()
-        llguidance.torch.apply_token_bitmask_inplace(restricted, bitmask)
+        restricted[torch.from_numpy(allowed == 0).to(restricted.device)] = float("-inf")
         return restricted
 
     def only_token(self, matcher: Any) -> Optional[int]:
