@@ -22,10 +22,10 @@ from typing import Any, Dict, List
 from lib.training.config import TrainConfig
 from lib.training.credit import decision_credit_trainer
 
-PARTITION_FREE_LOSSES = ("dapo", "cispo", "vespo", "grpo", "sapo", "dr_grpo", "luspo")
+PARTITION_FREE_LOSSES = ("dapo", "cispo", "grpo", "sapo", "dr_grpo", "luspo")
 """TRL's loss types whose step loss is the same however a step's samples are dealt into its passes
-(of equal sizes): normalised by the step's tokens, or a mean over sequences; not "bnpo", which
-normalises each pass by its own tokens."""
+(of equal sizes): token terms normalised by the step's tokens, or a mean over sequences. Not
+"bnpo", which normalises each pass by its own tokens, nor the others, left as TRL deals them."""
 
 
 def padding_trimmed_trainer(base: type) -> type:
