@@ -186,14 +186,15 @@ bench-lee: setup ## global significance on background-only toys, 2,000 per famil
 TRAIN_ARGS ?=
 NPROC ?= 1
 ACCELERATE_ARGS ?=
+ACCELERATE_LAUNCH = $(PY) -m accelerate.commands.launch --num_processes $(NPROC) \
+  --multi_gpu $$($(PY) -c 'import torch; torch.cuda.is_available() or print("--num_cpu_threads_per_process 1")') \
+  $(ACCELERATE_ARGS)
 
 train: setup ## GRPO-train the policy, default CPU config (TRAIN_ARGS="--config configs/train/smoke.yaml": minutes); evidence → build/evidence/
 ifeq ($(NPROC),1)
 	$(RUN_ENV) $(PY) -m lib.training $(TRAIN_ARGS)
 else
-	$(RUN_ENV) $(PY) -m accelerate.commands.launch --num_processes $(NPROC) \
-	  --multi_gpu $$($(PY) -c 'import torch; torch.cuda.is_available() or print("--num_cpu_threads_per_process 1")') \
-	  $(ACCELERATE_ARGS) -m lib.training $(TRAIN_ARGS)
+	$(RUN_ENV) $(ACCELERATE_LAUNCH) -m lib.training $(TRAIN_ARGS)
 endif
 
 SEEDS_ARGS ?=
@@ -205,9 +206,7 @@ bench-train: setup ## time one GRPO step: generation vs environment vs optimisat
 ifeq ($(NPROC),1)
 	$(RUN_ENV) $(PY) bench/bench_train.py $(TRAIN_ARGS)
 else
-	$(RUN_ENV) $(PY) -m accelerate.commands.launch --num_processes $(NPROC) \
-	  --multi_gpu $$($(PY) -c 'import torch; torch.cuda.is_available() or print("--num_cpu_threads_per_process 1")') \
-	  $(ACCELERATE_ARGS) bench/bench_train.py $(TRAIN_ARGS)
+	$(RUN_ENV) $(ACCELERATE_LAUNCH) bench/bench_train.py $(TRAIN_ARGS)
 endif
 
 bench-train-gpu: setup ## on a GPU: Unsloth vs TRL+PEFT GRPO steps of a Qwen2.5-1.5B-shaped model (bench/bench_train_gpu.py)
