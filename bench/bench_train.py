@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     measured = rows[1:] or rows
     mean = {key: statistics.fmean(r[key] for r in measured) for key in rows[0] if key != "step"}
     share = {key: mean[key] / mean["total_s"] for key in ("generation_s", "environment_s", "optimisation_s")}
+    episodes_per_s = config.episodes_per_step / mean["total_s"]
     processes = num_processes()
     print(
         f"backend {backend}, model {policy.model_name}, {config.episodes_per_step} episodes per step "
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
         "mean of measured steps: "
         + ", ".join(f"{k.removesuffix('_s')} {v:.1%}" for k, v in share.items())
         + f"; {mean['generation_tokens_per_s']:.1f} generated tokens/s; "
-        + f"{config.episodes_per_step / mean['total_s']:.2f} episodes/s"
+        + f"{episodes_per_s:.2f} episodes/s"
     )
     import torch
 
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
                 "model": policy.model_name,
                 "episodes_per_step": config.episodes_per_step,
                 "processes": processes,
-                "episodes_per_s": config.episodes_per_step / mean["total_s"],
+                "episodes_per_s": episodes_per_s,
                 "mean": mean,
                 "share": share,
                 "steps": rows,
