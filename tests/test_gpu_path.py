@@ -111,6 +111,34 @@ def test_compiled_engine_generates_what_generate_does_through_reused_static_cach
     assert list(compiled._caches) == [1], "a longer cache: the shorter ones are dropped"
 
 
+@pytest.mark.parametrize("largest_single_threaded, threads_seen", [(10_000_000, 1), (0, 2)])
+def test_the_cached_decoder_runs_a_small_model_on_one_thread_and_a_larger_one_on_the_callers(
+    monkeypatch, tokenizer, model, largest_single_threaded, threads_seen
+):
+    """The stand-in's forwards run on one thread; a model above the bound keeps torch's threads as
+    its caller set them, and either way the caller's setting is back after the call."""
+    from lib.episodes import generation
+
+    monkeypatch.setattr(generation, "SINGLE_THREAD_MAX_PARAMETERS", largest_single_threaded)
+    seen = []
+    forward = model.forward
+
+    def counting_forward(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting_forward)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        generate = hf_generate_fn(model, tokenizer, "cached")
+        generate([tokenizer.encode("configure_beam")], Sampling(temperature=0.0, max_new_tokens=3))
+        assert seen and set(seen) == {threads_seen}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_engine_choice(tokenizer, model):
     assert isinstance(hf_generate_fn(model, tokenizer), CachedGenerator)  # auto on a CPU
     assert isinstance(hf_generate_fn(model, tokenizer, "generate"), BatchedGenerate)
