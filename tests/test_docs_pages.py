@@ -112,13 +112,19 @@ def test_the_readme_is_short_and_its_code_fits_a_terminal():
     assert not long_lines, "\n".join(long_lines)
 
 
+OTHER_GUIDES = ("openenv.md", "physics.md")
+"""The guides besides docs/training.md that a study of the server or the physics is linked from."""
+
+
 def test_the_training_page_is_a_guide_and_its_studies_are_pages_of_their_own():
     guide = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
     assert len(guide.splitlines()) <= 500, "docs/training.md is a guide: a dated study goes to docs/studies/"
     studies = sorted((ROOT / "docs" / "studies").glob("*.md"))
     assert studies and all(re.match(r"\d{4}-\d{2}-\d{2}-[a-z0-9-]+\.md$", p.name) for p in studies), "dated names"
     unlisted = [
-        p.name for p in studies if f"studies/{p.name}" not in guide + (ROOT / "docs" / "openenv.md").read_text()
+        p.name
+        for p in studies
+        if f"studies/{p.name}" not in guide + "".join((ROOT / "docs" / f).read_text() for f in OTHER_GUIDES)
     ]
     assert not unlisted, f"studies no guide links to: {unlisted}"
 
