@@ -413,7 +413,8 @@ def test_grpo_args_carry_the_sampling_and_advantage_settings(tmp_path):
     # TRL rescales the logits by `temperature` when it scores completions: it must be the sampling one
     assert (args.temperature, args.learning_rate, args.beta) == (0.6, 2e-4, 0.01)
     assert args.scale_rewards in ("none", False)
-    assert args.gradient_checkpointing is torch.cuda.is_available()  # no recomputation on a CPU
+    assert args.gradient_checkpointing is torch.cuda.is_available()  # the stand-in: none on a CPU
+    assert grpo_args(TrainConfig(lora_r=16, beta=0.0, output_dir=str(tmp_path))).gradient_checkpointing  # LoRA
     assert grpo_args(TrainConfig(output_dir=str(tmp_path))).scale_rewards == "batch"
 
 
