@@ -8,7 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from cernenv import ActionType, CERNCollisionEnvironment
-from lib.agents.baselines import HEURISTIC_FAMILY, HeuristicAgent, family_grid, family_member, member_name
+from lib.agents.baselines import (
+    BEST_FAMILY_MEMBER,
+    HEURISTIC_FAMILY,
+    HeuristicAgent,
+    family_grid,
+    family_member,
+    member_name,
+)
 from lib.episodes.agent_rollouts import transitions
 from lib.training.config import TrainConfig
 from lib.training.grpo import CampaignRollout, group_differs, replacement_task, task_groups, training_tasks
@@ -29,6 +36,13 @@ def test_the_default_heuristic_is_a_member_of_its_family():
     assert default in family_grid()
     assert member_name(default) == "default"
     assert member_name({**default, "first_block_fraction": 0.7}) == "first_block_fraction=0.7"
+
+
+def test_the_best_member_is_a_member_that_plays_another_plan_than_the_default():
+    best = HeuristicAgent(**BEST_FAMILY_MEMBER)
+    assert best.plan_parameters() in family_grid()
+    assert member_name(best.plan_parameters()) != "default"
+    assert actions_of(best) != actions_of(HeuristicAgent()), "its plan books and claims differently"
 
 
 def test_family_grid_is_the_product_of_the_ranges():

@@ -199,9 +199,11 @@ def test_the_chain_02_03_04_keeps_the_baselines_and_makes_a_promotable_run(tmp_p
         outputs(name) for name in ("02_baseline_rollouts", "03_train_grpo", "04_evidence_analysis")
     )
     baselines = json.loads((evidence / "baselines.json").read_text())
-    assert set(baselines["metrics"]) == {"random", "always-null", "heuristic", "oracle"}
-    assert baselines["n_episodes"] == {"random": 4, "always-null": 4, "heuristic": 4, "oracle": 4}
+    agents = {"random", "always-null", "heuristic", "best family member", "oracle"}
+    assert set(baselines["metrics"]) == agents
+    assert baselines["n_episodes"] == dict.fromkeys(agents, 4)
     assert "| heuristic |" in (evidence / "baselines.md").read_text()
+    assert "| best family member |" in (evidence / "baselines.md").read_text()
     assert sum("image/png" in o.get("data", {}) for o in out_02) >= 1, "reward distributions"
 
     assert "| mean_reward |" in markdown(out_03) and "3 paired episodes" in markdown(out_03)
