@@ -141,6 +141,22 @@ def test_grpo_args_carry_the_exploration_settings(tmp_path):
     assert grpo_args(TrainConfig(output_dir=str(tmp_path))).epsilon_high is None  # TRL: the lower bound
 
 
+def test_clip_higher_is_said_to_change_nothing_where_every_sample_is_trained_once(tmp_path, caplog):
+    from lib.training.run import grpo_args, samples_trained_once
+
+    config = TrainConfig(output_dir=str(tmp_path), epsilon_high=0.28)
+    with caplog.at_level("WARNING", logger="lib.training.run"):
+        args = grpo_args(config)
+    assert samples_trained_once(args)
+    assert "the clip never binds" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lib.training.run"):
+        reused = grpo_args(config, num_iterations=2)
+    assert not samples_trained_once(reused) and "never binds" not in caplog.text
+    reused = grpo_args(config, steps_per_generation=2 * args.gradient_accumulation_steps)
+    assert not samples_trained_once(reused)
+
+
 @pytest.mark.parametrize(
     "fields, problem",
     [

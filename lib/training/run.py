@@ -142,7 +142,28 @@ def grpo_args(config: TrainConfig, **overrides: Any):
     if config.use_vllm:
         values.update(vllm_mode="colocate")
     values.update(overrides)
-    return GRPOConfig(**values)
+    args = GRPOConfig(**values)
+    if (config.epsilon_high is not None or config.epsilon != 0.2) and samples_trained_once(args):
+        logger.warning(
+            "epsilon=%s, epsilon_high=%s change nothing here: each sample is trained once, by the policy that "
+            "generated it, so its probability ratio is 1 and the clip never binds (TRL scores no old policy "
+            "unless num_iterations > 1 or steps_per_generation > gradient_accumulation_steps)",
+            config.epsilon,
+            config.epsilon_high,
+        )
+    return args
+
+
+def samples_trained_once(args: Any) -> bool:
+    """Whether TRL trains every generated sample once, by the policy that generated it (`GRPOConfig`
+    `args`): then it scores no old policy, the probability ratio of PPO's clipped objective is 1, and
+    `epsilon` / `epsilon_high` (DAPO's clip-higher) cannot bind. TRL scores one where a generation
+    serves several optimiser steps (`steps_per_generation` × `num_iterations` not dividing
+    `gradient_accumulation_steps`) or with vLLM's importance-sampling correction."""
+    generate_every = args.steps_per_generation * args.num_iterations
+    return args.gradient_accumulation_steps % generate_every == 0 and not (
+        args.use_vllm and getattr(args, "vllm_importance_sampling_correction", False)
+    )
 
 
 def accumulation_per_process(config: TrainConfig, processes: int) -> int:
