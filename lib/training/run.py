@@ -143,7 +143,8 @@ def grpo_args(config: TrainConfig, **overrides: Any):
         values.update(vllm_mode="colocate")
     values.update(overrides)
     args = GRPOConfig(**values)
-    if (config.epsilon_high is not None or config.epsilon != 0.2) and samples_trained_once(args):
+    clip = (config.epsilon, config.epsilon_high)
+    if clip != (TrainConfig.epsilon, TrainConfig.epsilon_high) and samples_trained_once(args):
         logger.warning(
             "epsilon=%s, epsilon_high=%s change nothing here: each sample is trained once, by the policy that "
             "generated it, so its probability ratio is 1 and the clip never binds (TRL scores no old policy "
