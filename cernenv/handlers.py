@@ -45,6 +45,8 @@ LUMINOSITY_UNCERTAINTY_FRAC = 0.017  # ATLAS Run-2 luminosity, EPJC 83 (2023) 98
 _SIGNIFICANT_FIGURES = {digits: f".{digits}g" for digits in range(1, 18)}  # format specs, made once
 
 
+_FIT_ERRORS = {"mass": "mass_err_gev", "width": "width_err_gev", "signal yield": "signal_yield_err"}
+"""The errors a resonance fit shows, by the parameter's name in words."""
 _NO_PEAK_INSIDE = (
     "the fit found no peak inside the window; fit again from another mass_hint_gev inside it "
     "(another bump-scan candidate, @scan.candidates[i]), or claim what the data show"
@@ -321,11 +323,13 @@ class ActionHandlers:
         episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
         episode.milestones.add("resonance_fitted")
         mass_gev = _r(fit.mass_gev, 6)
-        edge = (
-            {}
-            if edges[0] < mass_gev < edges[-1]
-            else {"note": f"the mass ran to the spectrum's edge ({mass_gev:g} GeV): {_NO_PEAK_INSIDE}"}
-        )
+        found = [] if edges[0] < mass_gev < edges[-1] else [f"the mass ran to the spectrum's edge ({mass_gev:g} GeV)"]
+        free = [name for name, error in _FIT_ERRORS.items() if not math.isfinite(getattr(fit, error))]
+        if free:
+            named = " and ".join([", ".join(free[:-1]), free[-1]] if len(free) > 1 else free)
+            found.append(f"the data do not constrain its {named} (no error can be given)")
+        no_peak = not edges[0] < mass_gev < edges[-1] or "mass" in free  # where to look again
+        edge = {"note": "; ".join(found) + (f": {_NO_PEAK_INSIDE}" if no_peak else "")} if found else {}
         return {
             "channel": spectrum.channel,
             "mass_gev": mass_gev,

@@ -40,12 +40,18 @@ holds those it can show now (`scan.candidates[0]`, `scan.candidates[1]`, ... one
 
 _NAME, _INDEX, _FACTOR = r"[a-z_]+\.[a-z_]+", r"[0-9]{1,3}", r"[0-9]{1,3}(?:\.[0-9]{1,6})?"
 _PATTERN = re.compile(rf"@(?P<name>{_NAME})(?:\[(?P<index>{_INDEX})\])?(?:\*(?P<factor>{_FACTOR}))?")
-SCHEMA_PATTERN = rf"^@{_NAME}(?:\[{_INDEX}\])?(?:\*{_FACTOR})?$(?!\n)"
-"""A reference's syntax as the JSON schema publishes it (`reference_json_schema`), the parser's
-(`_PATTERN`, whole string) without its group names, which ECMA-262 regular expressions write
-otherwise: ASCII digits only (`[0-9]`, never `\\d`, which Python's `re` matches in every script),
-and `$(?!\\n)` the end of the string for Python's `re` too (its `$` also matches before a final
-newline). An index is a number: `[00]` and `[0]` both name the first candidate."""
+_KNOWN = "|".join(
+    re.escape(name[: -len("[i]")]) + rf"\[{_INDEX}\]" if name.endswith("[i]") else re.escape(name)
+    for name in REFERENCES
+)
+SCHEMA_PATTERN = rf"^@(?:{_KNOWN})(?:\*{_FACTOR})?$(?!\n)"
+"""A reference as the JSON schema publishes it (`reference_json_schema`): one of the names of
+`REFERENCES` (an indexed one with its index), in the parser's syntax (`_PATTERN`, whole string), so a
+reply held to the schema cannot quote a name that does not exist (a random model held to a pattern of
+any name wrote `@colleccollec...` to its token limit). Written as ECMA-262 regular expressions read
+it too: no group names, ASCII digits only (`[0-9]`, never `\\d`, which Python's `re` matches in every
+script), and `$(?!\\n)` the end of the string for Python's `re` too (its `$` also matches before a
+final newline). An index is a number: `[00]` and `[0]` both name the first candidate."""
 MAX_FACTOR = 100.0
 """The largest scale factor a reference accepts: a request is a share of a shown value, or a few times it."""
 

@@ -11,7 +11,7 @@ import torch
 
 from cernenv import CERNCollisionEnvironment
 from cernenv.references import REFERENCES
-from cernenv.rules import parse_action
+from cernenv.rules import RuleViolation, parse_action
 from lib.agents.baselines import HeuristicAgent
 from lib.agents.prompting import Sampling, _json_objects, action_to_json
 from lib.episodes.generation import hf_generate_fn
@@ -25,17 +25,21 @@ SHOWN = {**{name: 1.0 for name in REFERENCES}, **{f"scan.candidates[{i}]": 1.0 f
 
 @pytest.mark.parametrize("engine", ["cached", "generate"])
 @pytest.mark.parametrize("temperature", [0.0, pytest.param(1.0, marks=pytest.mark.slow)])
-def test_every_reply_a_random_model_ends_is_one_valid_action(tokenizer, model, engine, temperature):
+def test_every_reply_a_random_model_writes_is_held_to_the_grammar(tokenizer, model, engine, temperature):
     """A random-weight model, held to the grammar: each reply it ends (an eos within max_new_tokens)
     is exactly one JSON object, written compactly, that the environment's own parser accepts as an
-    action. Sampled at temperature 1 it may still run to max_new_tokens inside a string (the one way
-    a constrained reply ends unparsed); greedy, every reply ends."""
+    action, or refuses only for a rule between its fields (a discovery claim needs a mass), which the
+    schema does not state; each reply cut at max_new_tokens (a random model may write a free-text justification to
+    its length limit) is a prefix the grammar still accepts. Whether a random model ends a reply
+    within the limit depends on its weights and the tokenizer's vocabulary, so no count of ended
+    replies is asserted, only that every reply is one or the other."""
     max_new_tokens = 64
     sampling = Sampling(temperature=temperature, max_new_tokens=max_new_tokens, constrained=True)
     episodes = play_episodes(
         hf_generate_fn(model, tokenizer, engine), tokenizer, SPECS[:3], sampling=sampling, max_turns=2, seed=3
     )
-    ended = cut = 0
+    grammar = action_grammar(tokenizer, len(tokenizer))
+    replies = 0
     for episode in episodes:
         runs, previous = [], 0  # the model's replies: the runs of its own tokens between the environment's
         for token, mine in zip(episode.completion_ids, episode.env_mask):
@@ -44,17 +48,23 @@ def test_every_reply_a_random_model_ends_is_one_valid_action(tokenizer, model, e
             if mine:
                 runs[-1].append(token)
             previous = mine
+        assert len(runs) == len(episode.record.steps)
         for run, step in zip(runs, episode.record.steps):
+            replies += 1
             completion = step["completion"] if isinstance(step, dict) else step.completion
-            if run[-1] != tokenizer.eos_token_id:  # cut at max_new_tokens
-                cut += 1
+            if run[-1] != tokenizer.eos_token_id:  # cut at max_new_tokens: a prefix of an action
+                assert len(run) == max_new_tokens
+                matcher = grammar.matcher()
+                assert matcher.consume_tokens(run) and not matcher.is_error(), completion
                 continue
-            ended += 1
             objects = _json_objects(completion)
             assert len(objects) == 1, completion
             assert json.dumps(objects[0], separators=(",", ":"), ensure_ascii=False) == completion.strip()
-            parse_action(objects[0], SHOWN)  # raises on a reply the environment would refuse for its form
-    assert ended >= 1 and (temperature > 0 or cut == 0), (ended, cut)
+            try:
+                parse_action(objects[0], SHOWN)
+            except RuleViolation as refusal:  # only a rule between fields, which a JSON schema does not state
+                assert "Value error" in str(refusal) and "Input should" not in str(refusal), refusal
+    assert replies >= len(SPECS[:3])
 
 
 def test_the_demonstrations_are_writable_under_the_grammar(tokenizer):

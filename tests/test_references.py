@@ -174,6 +174,9 @@ REFERENCE_TEXTS = (
     "@scan.candidates[߀]",  # NKO DIGIT ZERO
     "@fit.mass_gev*1.٥",
     "@fit.mass_gev\n",
+    "@colleccollec.collec",  # a name that does not exist: no reference for the schema either
+    "@scan.candidates",  # an indexed name without its index
+    "@fit.mass_gev[0]",  # a plain name with one
     "@fit.mass_gev*2\n",
     "\n@fit.mass_gev",
     "@fit.mass_gev*1e3",
@@ -185,7 +188,8 @@ REFERENCE_TEXTS = (
 
 def test_references_take_ascii_digits_only_and_the_published_schema_accepts_what_the_parser_does():
     """Digits of other scripts (which Python's `\\d` matches) are no reference, for the parser and
-    for the JSON schema the action schema publishes alike; a trailing newline neither. Every
+    for the JSON schema the action schema publishes alike; a trailing newline neither, nor a name
+    that does not exist (a model held to the schema cannot write one). Every
     string is accepted by both or refused by both, and an index means its number: [00] is [0]."""
     import jsonschema
 
@@ -215,7 +219,13 @@ def test_references_take_ascii_digits_only_and_the_published_schema_accepts_what
         accepted[text] = value
     assert accepted["@scan.candidates[00]"] == accepted["@scan.candidates[0]"] == 120.0
     assert accepted["@scan.candidates[007]"] == 7.0
-    for text in ("@fit.mass_gev*١", "@scan.candidates[١]", "@fit.mass_gev*１", "@fit.mass_gev\n"):
+    for text in (
+        "@fit.mass_gev*١",
+        "@scan.candidates[١]",
+        "@fit.mass_gev*１",
+        "@fit.mass_gev\n",
+        "@colleccollec.collec",
+    ):
         assert isinstance(accepted[text], ValueError) and "is not a reference" in str(accepted[text])
 
 
@@ -226,7 +236,7 @@ def test_a_fit_that_ran_to_the_edge_says_so_and_the_heuristic_claims_rather_than
     env = CERNCollisionEnvironment()
     for seed in range(1000, 1400):
         for obs, action, next_obs in transitions(env, HeuristicAgent(), seed=seed, difficulty="hard"):
-            if "note" in (next_obs.logbook.get("fit_resonance") or {}):
+            if "ran to the spectrum's edge" in (next_obs.logbook.get("fit_resonance") or {}).get("note", ""):
                 break
         else:
             continue

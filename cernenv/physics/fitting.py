@@ -13,6 +13,8 @@ Hesse is the fallback where it is not positive definite).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +62,10 @@ class ResonanceFit:
     positive expectation), ``ndof`` = bins minus floating model parameters (the
     constrained spurious-signal nuisance is not counted: its constraint is a
     pseudo-measurement), ``fit_p_value`` = P(chi2_ndof > chi2).
-    ``signal_yield_err`` includes the spurious-signal term in quadrature when it is on.
+    ``signal_yield_err`` includes the spurious-signal term in quadrature when it is on. An
+    error is ``math.inf`` where the data do not constrain the parameter: a mass and width when
+    the signal barely improves on no signal (``shape_unconstrained``), any error wider than its
+    parameter's range (``unconstrained``).
     """
 
     mass_gev: float
@@ -306,9 +311,9 @@ class Minimum:
         return dict(zip(PARAMETER_NAMES, (float(e) for e in m.errors))), bool(m.valid)
 
 
-def _minimize(cost, start, fixed, limits, errors, max_step=None):
+def _minimize(cost, start, fixed, limits, errors, max_step=None, tol=1e-6, max_iter=100):
     """Minimise ``cost`` over the parameters not in ``fixed`` (names) within ``limits``
-    (name -> (lo, hi), None for open) from ``start`` with ``_newton``."""
+    (name -> (lo, hi), None for open) from ``start`` with ``_newton`` (``tol``, ``max_iter``)."""
     lims = {name: (-np.inf, np.inf) for name in PARAMETER_NAMES}
     for name, (lo, hi) in limits.items():
         lims[name] = (-np.inf if lo is None else float(lo), np.inf if hi is None else float(hi))
@@ -319,7 +324,7 @@ def _minimize(cost, start, fixed, limits, errors, max_step=None):
         np.array(start, dtype=float), [lims[n][0] for n in PARAMETER_NAMES], [lims[n][1] for n in PARAMETER_NAMES]
     )
     steps = None if max_step is None else np.array([max_step.get(PARAMETER_NAMES[i], np.inf) for i in free])
-    x, fval, converged = _newton(cost, start, free, lower, upper, max_step=steps)
+    x, fval, converged = _newton(cost, start, free, lower, upper, max_iter=max_iter, tol=tol, max_step=steps)
     return Minimum(
         values=x,
         fval=fval,
@@ -329,6 +334,16 @@ def _minimize(cost, start, fixed, limits, errors, max_step=None):
         errors=np.asarray(errors, dtype=float),
         cost=cost,
     )
+
+
+SHOWN_FIT_TOLERANCE = 1e-12
+"""``_newton``'s tolerance (Newton decrement, deviance units) for polishing a fit whose values an agent
+reads (``fit_resonance_on_template(polish=True)``): fits stop at 1e-6 (q0 to ~1e-6), but a fit along a
+falling-shape wall converges only linearly, and one stopped at 1e-6 lies ~1e-4 of its errors from
+its minimum, where the C library's last bits chose the fourth digit of a signal yield (59.64 or
+59.65 events). The polish stops there, at its iteration cap, or where rounding leaves no descent."""
+SHOWN_FIT_ITERATIONS = 400
+"""``_newton``'s iterations for the polish: the linear convergence along a wall takes a few hundred."""
 
 
 def fit_resonance_on_template(
@@ -345,9 +360,12 @@ def fit_resonance_on_template(
     fix_signal_zero=False,
     fit_theta=True,
     signal_yield_min=None,
+    polish=False,
 ):
     """Core s+b fit; returns the minimum (``Minimum``) and the cost. ``signal_yield_min``: a
-    lower limit on N_s above the positivity floor (0 for a fit that seeks an excess only)."""
+    lower limit on N_s above the positivity floor (0 for a fit that seeks an excess only).
+    ``polish``: go on from the converged minimum to ``SHOWN_FIT_TOLERANCE`` (for a fit whose values
+    are shown); its ``valid`` stays the first minimisation's, whose tolerance is far above rounding."""
     p_ref = (bkg.p1, bkg.p2)
     T = whitening(tmpl, bkg.background_yield, *p_ref)
     cost = PoissonDeviance(tmpl, counts, resolution_gev, spurious_events, p_ref, T)
@@ -397,9 +415,21 @@ def fit_resonance_on_template(
     start = (nb0, 0.0, 0.0, ns0, mass0, width0, 0.0)
     errors = (max(np.sqrt(nb0), 1.0), 1.0, 1.0, ns_err, 0.5 * resolution_gev, 0.5 * resolution_gev, 1.0)
     # a fit stays with the peak it starts on: mass and width move at most one resolution a step
-    m = _minimize(
-        cost, start, fixed, limits, errors, max_step={"mass_gev": resolution_gev, "width_gev": resolution_gev}
-    )
+    steps = {"mass_gev": resolution_gev, "width_gev": resolution_gev}
+    m = _minimize(cost, start, fixed, limits, errors, max_step=steps)
+    if polish:
+        closer = _minimize(
+            cost,
+            m.values,
+            fixed,
+            limits,
+            errors,
+            max_step=steps,
+            tol=SHOWN_FIT_TOLERANCE,
+            max_iter=SHOWN_FIT_ITERATIONS,
+        )
+        if closer.fval <= m.fval:
+            m = dataclasses.replace(closer, valid=m.valid)
     return m, cost
 
 
@@ -441,9 +471,10 @@ def fit_signal_plus_background(
     Mass floats in ``mass_bounds_gev`` (default: the fit window) unless ``fix_mass_gev``
     is given. Width floats in [0, max_width_gev]; ``max_width_gev=None`` means a quarter
     of the window, ``0`` fixes a narrow (resolution-dominated) resonance. Errors are
-    from the exact Hessian (observed information; ``_parabolic_errors``). ``background``:
-    a background-only fit of the same histogram (`fit_background_only`) to start from,
-    to save refitting it.
+    from the exact Hessian (observed information; ``_parabolic_errors``); the mass's and
+    width's are infinite where the signal lowers the deviance by less than 1 below the
+    background-only fit (``shape_unconstrained``). ``background``: a background-only fit of the
+    same histogram (`fit_background_only`) to start from and compare with, to save refitting it.
     """
     edges, counts = as_counts(edges, counts)
     tmpl = template(edges, sqrt_s_tev)
@@ -460,8 +491,10 @@ def fit_signal_plus_background(
         fix_mass=fix_mass,
         max_width_gev=max_w,
         spurious_events=float(spurious_signal_events),
+        polish=True,
     )
-    return _resonance_result(m, cost, tmpl.n_bins, _parabolic_errors(m, cost))
+    free_of_data = shape_unconstrained(m, bkg)
+    return _resonance_result(m, cost, tmpl.n_bins, _parabolic_errors(m, cost, free_of_data), free_of_data)
 
 
 def _at_limit(value, lo, hi, rel=1e-5):
@@ -470,20 +503,23 @@ def _at_limit(value, lo, hi, rel=1e-5):
     return min(value - lo, hi - value) <= rel * scale
 
 
-def _held_on_walls(h_inv, cost, values, free):
-    """``h_inv`` (the inverse Hessian over ``free``) with the falling-shape walls the point is on
-    held: H^-1 - H^-1 C^T (C H^-1 C^T)^+ C H^-1 for the rows C of those walls' gradients."""
+def _along_walls(cost, values, free):
+    """Orthonormal columns (over ``free``) spanning the directions that keep the point on every
+    falling-shape wall it is on (``PoissonDeviance.wall_constraint``, within ``WALL_TOL``, as
+    ``_newton`` holds it): the null space of those walls' gradient rows C, from the eigenvectors of
+    the projector I - C^T (C C^T)^+ C; the identity where the point is on no wall."""
     slope, normals = cost.wall_constraint(values, free)
     rows = normals[(slope <= WALL_TOL) & np.any(normals != 0.0, axis=1)]
     if rows.size == 0:
-        return h_inv
-    projected = portable.matmul(h_inv, rows.T)
-    return h_inv - portable.matmul(
-        portable.matmul(projected, portable.pinv(portable.matmul(rows, projected))), projected.T
+        return np.eye(len(free))
+    projector = np.eye(len(free)) - portable.matmul(
+        portable.matmul(rows.T, portable.pinv(portable.matmul(rows, rows.T))), rows
     )
+    eigenvalues, vectors = portable.eigh(np.ascontiguousarray(0.5 * (projector + projector.T)))
+    return np.ascontiguousarray(vectors[:, eigenvalues > 0.5])
 
 
-def _parabolic_errors(m, cost):
+def _parabolic_errors(m, cost, hold=frozenset()):
     """Parabolic errors at the minimum from the exact Hessian H of the cost
     (``PoissonDeviance.hess``; H / 2 is the observed information, the deviance being twice
     -ln L with errordef 1): the covariance is 2 H^-1 over the free parameters, which is
@@ -492,31 +528,34 @@ def _parabolic_errors(m, cost):
     A parameter at one of its limits (there, or the minimum of the quadratic model lies
     beyond it) is held there, as Minuit's Hesse effectively does (its internal coordinate
     is flat at a limit): the others get their errors at that value (e.g. a width at 0 does
-    not inflate the signal yield's error); its own error is sqrt(2 / H_jj). A falling-shape
-    wall the minimum is on (``PoissonDeviance.wall_constraint``, within ``WALL_TOL``, as
-    ``_newton`` holds it) is held too: the covariance is that of the quadratic model with the
-    constraint c.x = 0, H^-1 - H^-1 c (c^T H^-1 c)^-1 c^T H^-1, which does not depend on the
-    wall penalty's curvature (a multiple of c c^T, present or not at the wall as the slope
-    rounds to one side of 0: on a Z fit that flipped the signal yield's error between 101 and
-    116 events). Where H is not positive definite on the rest, or the minimisation did not
-    converge, Minuit's numerical Hesse is used instead."""
+    not inflate the signal yield's error); its own error is sqrt(2 / H_jj). So are the
+    parameters named in ``hold`` (those the data do not constrain, ``shape_unconstrained``).
+    A falling-shape wall the minimum is on is held too: the covariance is that of the quadratic
+    model restricted to the wall, 2 Z (Z^T H Z)^-1 Z^T with Z spanning the directions along it
+    (``_along_walls``; where H is positive definite this is 2 [H^-1 - H^-1 c (c^T H^-1 c)^-1
+    c^T H^-1] for the wall's normal c). It depends neither on the wall penalty's curvature (a
+    multiple of c c^T, present or not at the wall as the slope rounds to one side of 0: on a Z
+    fit that flipped the signal yield's error between 101 and 116 events) nor on H's curvature
+    across the wall, which at a minimum the wall holds can be negative (a four-lepton fit whose
+    H had an eigenvalue of -1.4e-4 fell back to numerical derivatives, whose errors changed by
+    40% with the C library's last bits). They are taken where the minimisation stopped, converged
+    or not (``ResonanceFit.converged`` says which). Where Z^T H Z is not positive definite on the
+    rest, Minuit's numerical Hesse is used instead."""
     errors = dict(zip(PARAMETER_NAMES, (float(e) for e in m.errors)))
-    if not m.valid:
-        return m.hesse_errors()[0]
     values = np.array(m.values, dtype=float)
     _, grad, h_full = cost.value_grad_hess(*values)
     free = [i for i, name in enumerate(PARAMETER_NAMES) if not m.fixed[name]]
-    held = [i for i in free if _at_limit(values[i], *m.limits[PARAMETER_NAMES[i]])]
+    held = [i for i in free if PARAMETER_NAMES[i] in hold or _at_limit(values[i], *m.limits[PARAMETER_NAMES[i]])]
     free = [i for i in free if i not in held]
     cov = None
     while free:
-        h = h_full[np.ix_(free, free)]
+        along = _along_walls(cost, values, free)
+        reduced = portable.matmul(portable.matmul(along.T, h_full[np.ix_(free, free)]), along)
         try:
-            portable.cholesky(h)
+            portable.cholesky(reduced)
         except np.linalg.LinAlgError:
             break
-        unconstrained = portable.inv(h)
-        h_inv = _held_on_walls(unconstrained, cost, values, free)
+        h_inv = portable.matmul(portable.matmul(along, portable.inv(reduced)), along.T)
         newton = values[free] - portable.matvec(h_inv, grad[free])
         beyond = [
             i
@@ -527,7 +566,8 @@ def _parabolic_errors(m, cost):
             cov = 2.0 * h_inv
             # a shape parameter the walls pin (both edges on the wall: the flat shape) has no
             # variance left: its own error, as a held parameter's
-            pinned = np.diag(cov) <= 1e-9 * 2.0 * np.abs(np.diag(unconstrained))
+            own = 2.0 / np.maximum(np.diag(h_full)[free], 1e-300)
+            pinned = np.diag(cov) <= 1e-9 * own
             held += [i for i, pin in zip(free, pinned) if pin]
             free, cov = [i for i, pin in zip(free, pinned) if not pin], cov[np.ix_(~pinned, ~pinned)]
             break
@@ -541,13 +581,54 @@ def _parabolic_errors(m, cost):
     return errors
 
 
-def _resonance_result(m, cost, n_bins, errs) -> ResonanceFit:
+SIGNAL_DEVIANCE_FOR_SHAPE = 1.0
+"""The least fall in the deviance (twice -ln L) from the background-only fit to the signal fit for
+which the signal's mass and width have an error: the change of one unit that bounds a parameter's
+68% interval. Below it, every mass in the window (and every width) fits within one unit of the best,
+since a signal yield of 0 does not depend on them: no interval exists, and the Hessian's curvature
+in them (proportional to the signal yield) is rounding noise."""
+
+
+def shape_unconstrained(m, background: BackgroundFit) -> set:
+    """The signal's free shape parameters (mass, width) the data do not constrain: all of them when
+    the signal fit lowers the deviance by less than ``SIGNAL_DEVIANCE_FOR_SHAPE`` below the
+    background-only fit ``background`` of the same spectrum."""
+    if 2.0 * background.nll - float(m.fval) >= SIGNAL_DEVIANCE_FOR_SHAPE:
+        return set()
+    return {name for name in ("mass_gev", "width_gev") if not m.fixed[name]}
+
+
+def unconstrained(m, cost, errs) -> set:
+    """The shown parameters (mass, width, signal yield) whose parabolic error ``errs`` is not
+    finite or exceeds the span of values the fit allows them (the mass window, the width's range,
+    the signal yield from its floor to every event of the spectrum): the inverse of a curvature
+    that is rounding noise, whose digits would change with the processor's C library."""
+    events = max(float(np.sum(cost.n)), 1.0)
+    found = set()
+    for name in ("mass_gev", "width_gev", "signal_yield"):
+        if m.fixed[name]:
+            continue
+        lo, hi = m.limits[name]
+        if name == "signal_yield":
+            hi = events
+        error = float(errs[name])
+        if not np.isfinite(error) or error > hi - lo:
+            found.add(name)
+    return found
+
+
+def _resonance_result(m, cost, n_bins, errs, free_of_data=frozenset()) -> ResonanceFit:
+    """The fit as shown: an error is infinite for a parameter in ``free_of_data`` or
+    ``unconstrained``, 0 for a fixed one."""
     par = tuple(float(v) for v in m.values)
     dev, _ = cost.deviance_terms(par)
     n_free = sum(1 for name in PARAMETER_NAMES if not m.fixed[name] and name != "theta")
     ndof = max(int(n_bins - n_free), 1)
+    free_of_data = set(free_of_data) | unconstrained(m, cost, errs)
 
     def err(name):
+        if name in free_of_data:
+            return math.inf
         return 0.0 if m.fixed[name] else float(errs[name])
 
     return ResonanceFit(

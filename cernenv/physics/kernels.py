@@ -27,6 +27,9 @@ WALL_GAP = 1e-9
 """A log-log slope this close to its floor is on the wall (``scan._profile``)."""
 CONVERGED_DECREMENT = 1e-7
 """Newton decrement (twice the predicted NLL decrease) below which a row has converged."""
+NLL_RISE_TOLERANCE = 1e-12
+"""Relative rise of the NLL a Fisher-scoring step may make and still be taken: rounding, not a rise
+(a step refused for rounding alone would stop a row where the C library's last bit put it)."""
 HALVINGS = 30
 """Step halvings tried to keep every bin expectation valid."""
 
@@ -185,6 +188,17 @@ def wall_step(info, score, normals, on_wall):
 
 
 @njit(cache=True)
+def _row_deviance(counts, mu):
+    """sum(mu - n + n ln(n / mu)): the row's NLL less a constant, summed term by term of order 1."""
+    total = 0.0
+    for i in range(counts.size):
+        total += mu[i] - counts[i]
+        if counts[i] > 0.0:
+            total += counts[i] * np.log(counts[i] / mu[i])
+    return total
+
+
+@njit(cache=True)
 def profile_rows(log_1mx, log_x, w6, slope_matrix, counts, starts, signal, free_signal, n_iter, positive):
     """Fisher scoring of (N_b, p1, p2[, N_s]) for each row of ``starts`` (K, 4) with the signal
     fractions ``signal`` (K, n_bins) (ignored unless ``free_signal``); see ``scan._profile``.
@@ -217,6 +231,7 @@ def profile_rows(log_1mx, log_x, w6, slope_matrix, counts, starts, signal, free_
         for i in range(n_bins):
             mu[r, i] = theta[r, 0] * f[r, i] + (theta[r, 3] * signal[r, i] if free_signal else 0.0)
         active, given_up = True, False
+        deviance_now = _row_deviance(counts, mu[r])
         for _ in range(n_iter):
             if not active:
                 break
@@ -259,11 +274,20 @@ def profile_rows(log_1mx, log_x, w6, slope_matrix, counts, starts, signal, free_
                     mu_t[i] = trial[0] * f_t[i] + (trial[3] * signal[r, i] if free_signal else 0.0)
                     if not (mu_t[i] > 0.0 or (mu_t[i] == 0.0 and counts[i] == 0.0)):
                         valid = False
-                if valid or halving == HALVINGS:
+                if valid:
+                    deviance_trial = _row_deviance(counts, mu_t)
+                    if deviance_trial <= deviance_now + NLL_RISE_TOLERANCE * (1.0 + abs(deviance_now)):
+                        break
+                if halving == HALVINGS:
+                    valid = False
                     break
                 alpha *= 0.5
+            if not valid:  # no step along the direction lowers the NLL: as far as it goes
+                active = False
+                break
             theta[r] = trial
             mu[r], f[r], df1[r], df2[r] = mu_t, f_t, df1_t, df2_t
+            deviance_now = deviance_trial
             active = decrement > CONVERGED_DECREMENT
             if positive and trial[3] <= 0.0:
                 active, given_up = False, True

@@ -73,7 +73,8 @@ def _profile(
 
     Each row: the score and expected information J diag(1/mu) J^T of the Poisson likelihood,
     the step -info^-1 score (``kernels.wall_step``), cut where it would cross the falling-shape
-    floor and halved until every bin expectation is valid; converged once the Newton decrement
+    floor and halved until every bin expectation is valid and the NLL does not rise (a row that no
+    step along its direction lowers stops where it is); converged once the Newton decrement
     is below 1e-7 (NLL within ~5e-8 of its maximum: q0 to ~1e-7). The background stays falling
     (``likelihood.SHAPE_PENALTY``): the log-log slopes at the window edges, linear in (p1, p2),
     stay >= min(their value at the start, 0) - 1e-9; at that floor a constraint is held (the
@@ -114,6 +115,12 @@ def _background_profile(tmpl: BinnedTemplate, counts_bytes: bytes, start: tuple)
         a.setflags(write=False)
     return arrays
 
+
+RETRY_ITERATIONS = 100
+"""Fisher-scoring iterations of a row refitted from inside the excess (``local_q0``): such a row
+starts far from its maximum, often in a valley of the background's shape that a sparse spectrum
+does not close, where the monotone steps take tens of iterations. A row that has not converged by
+then keeps its last NLL, never above the start's: its q0 is a lower bound."""
 
 MIN_EXPECTED_EVENTS = 1e-12
 """Expected events per bin below which a bin's Fisher information is computed as if it held this many."""
@@ -192,7 +199,7 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
         starts = np.tile(theta0[0], (rows.size, 1))
         starts[:, 3] = ns_start
         starts[:, 0] = nb0 - ns_start * s_sum
-        theta2, mu2, *_ = _profile(tmpl, n, starts, s_rows, 25, positive=True)
+        theta2, mu2, *_ = _profile(tmpl, n, starts, s_rows, RETRY_ITERATIONS, positive=True)
         nll2 = np.where(theta2[:, 3] > 0, _nll(mu2, n), np.inf)  # only a maximum at N_s > 0 is sought
         for part in (slice(0, rows.size - also.size), slice(rows.size - also.size, rows.size)):
             better = nll2[part] < nll1[rows[part]]
