@@ -199,7 +199,7 @@ endif
 
 SEEDS_ARGS ?=
 
-evidence-seeds: setup ## three seeds of the default config + the imitation-only policy for the same time, read together into build/seeds/report (python -m lib.training.seeds; SEEDS_ARGS="--seeds 0 1")
+evidence-seeds: setup ## three seeds of the evidence recipe (configs/train/family.yaml: make reproduce trains its seed 0) + the imitation-only policy for the same time, read together into build/seeds/report (python -m lib.training.seeds; SEEDS_ARGS="--seeds 0 1")
 	$(RUN_ENV) $(PY) -m lib.training.seeds $(SEEDS_ARGS)
 
 bench-train: setup ## time one GRPO step: generation vs environment vs optimisation (bench/bench_train.py; NPROC=2 as `make train`)

@@ -12,6 +12,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from lib import runtime
 from lib.notebooks import reproduce
 from lib.notebooks.reproduce import ReproduceError, load_profile
+from lib.training.seeds import EVIDENCE_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_NAMES = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
@@ -30,6 +31,7 @@ def test_every_profile_writes_under_build_only_and_the_full_run_is_promoted_expl
         plan = load_profile(profile)
         written = {str(parameters[key]) for name, parameters in plan.items() for key in folders if key in parameters}
         assert written and all(path.startswith(f"build/{profile}/") for path in written), (profile, written)
+    assert load_profile("full")["03_train_grpo"]["TRAIN_CONFIG"] == EVIDENCE_CONFIG, "the seeds' seed 0"
     smoke = load_profile("smoke")["03_train_grpo"]
     assert smoke["TRAIN_CONFIG"] == "configs/train/smoke.yaml"
     assert load_profile("committed") == {"04_evidence_analysis": {"EVIDENCE_DIR": "evidence"}}, "it only reads"
