@@ -35,12 +35,12 @@ BASELINE_PROCESSOR_ENVIRONMENT = {
     ),
     "NUMBA_CPU_NAME": "generic",
     "OPENBLAS_CORETYPE": "Nehalem",
+    "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2,-FMA",
 }
 """Environment variables under which a new Python process computes as an x86-64 processor without
-AVX would: numpy's kernels for its baseline (SSE4.2) only, numba's code for a generic x86-64, and
-OpenBLAS's kernels for Nehalem (the C library still picks its own exp and log for the processor:
-`GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2,-FMA` would choose those for a processor without FMA, under
-which 2 of the 626 committed evaluation episodes still replay differently)."""
+AVX would: numpy's kernels for its baseline (SSE4.2) only, numba's code for a generic x86-64,
+OpenBLAS's kernels for Nehalem, and the C library's exp, log and pow for a processor without AVX2
+or FMA (glibc's own variants, which differ in the last bit)."""
 
 REWARD_TOLERANCE = 1e-6
 """Largest difference between a recorded and a replayed step reward that counts as equal."""
