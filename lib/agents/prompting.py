@@ -293,16 +293,34 @@ def chat_text(chat: List[Dict[str, str]]) -> str:
     return "\n".join(message["content"] for message in chat)
 
 
+LITERAL_TEXT_PATTERN = "^(?:[^@][\\s\\S]*)?$"
+"""A literal text parameter's pattern in the action schema: it does not start with `@`, which the
+parser reads as a reference (a free string branch let a model held to the schema write
+`"@70BLast..."` as a channel, which the parser then refused as no reference)."""
+
+
+def _literal_text(field: Dict[str, Any]) -> Dict[str, Any]:
+    """`field`'s schema with every free string in it (no enum, const or pattern) held to
+    `LITERAL_TEXT_PATTERN`."""
+    if field.get("type") == "string" and not {"enum", "const", "pattern"} & set(field):
+        return {**field, "pattern": LITERAL_TEXT_PATTERN}
+    if "anyOf" in field:
+        return {**field, "anyOf": [_literal_text(option) for option in field["anyOf"]]}
+    return field
+
+
 def action_json_schema() -> Dict[str, Any]:
     """JSON schema of a valid action: one branch per verb of `ACTION_TABLE`, its `parameters`
     being that verb's parameter model (what `cernenv.rules.parse_action` validates), each parameter
-    a literal value or a reference to a shown value (`cernenv.references`)."""
+    a literal value (a text one not starting with `@`) or a reference to a shown value
+    (`cernenv.references`)."""
     branches = []
     reference = reference_json_schema()
     for spec in ACTION_TABLE.values():
         parameters = spec.params.model_json_schema()
         parameters["properties"] = {
-            name: {"anyOf": [field, reference]} for name, field in parameters.get("properties", {}).items()
+            name: {"anyOf": [_literal_text(field), reference]}
+            for name, field in parameters.get("properties", {}).items()
         }
         branches.append(
             {
