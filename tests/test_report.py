@@ -23,7 +23,10 @@ from lib.notebooks.reproduce import default_kernel_name
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "04_evidence_analysis"
 N_BROWSER_TASKS = 5  # the notebook's default: the page sizes checked are those of `make report`
-PAGE_LIMIT_BYTES = 3_000_000
+PAGE_LIMIT_BYTES = 3_500_000
+"""The largest page `make report` may write: 2.59, 2.55 and 3.16 MB for the evidence with five
+baseline agents (the committed evidence of 2026-12-02; 3.0 MB held the evidence before it, whose
+baselines had four); 12.6 and 22.3 MB before the pages were cut."""
 
 
 @pytest.fixture(scope="module")
