@@ -338,7 +338,7 @@ def _minimize(cost, start, fixed, limits, errors, max_step=None, tol=1e-6, max_i
 
 SHOWN_FIT_TOLERANCE = 1e-12
 """``_newton``'s tolerance (Newton decrement, deviance units) for polishing a fit whose values an agent
-reads (``fit_resonance_on_template(polish=True)``): fits stop at 1e-6 (q0 to ~1e-6), but a fit along a
+reads (``polished``): fits stop at 1e-6 (q0 to ~1e-6), but a fit along a
 falling-shape wall converges only linearly, and one stopped at 1e-6 lies ~1e-4 of its errors from
 its minimum, where the C library's last bits chose the fourth digit of a signal yield (59.64 or
 59.65 events). The polish stops there, at its iteration cap, or where rounding leaves no descent."""
@@ -360,13 +360,11 @@ def fit_resonance_on_template(
     fix_signal_zero=False,
     fit_theta=True,
     signal_yield_min=None,
-    polish=False,
     width_start_gev=None,
 ):
     """Core s+b fit; returns the minimum (``Minimum``) and the cost. ``signal_yield_min``: a
-    lower limit on N_s above the positivity floor (0 for a fit that seeks an excess only).
-    ``polish``: go on from the converged minimum to ``SHOWN_FIT_TOLERANCE`` (for a fit whose values
-    are shown); its ``valid`` stays the first minimisation's, whose tolerance is far above rounding."""
+    lower limit on N_s above the positivity floor (0 for a fit that seeks an excess only);
+    ``width_start_gev``: the width to start from (default: half a resolution)."""
     p_ref = (bkg.p1, bkg.p2)
     T = whitening(tmpl, bkg.background_yield, *p_ref)
     cost = PoissonDeviance(tmpl, counts, resolution_gev, spurious_events, p_ref, T)
@@ -418,22 +416,31 @@ def fit_resonance_on_template(
     start = (nb0, 0.0, 0.0, ns0, mass0, width0, 0.0)
     errors = (max(np.sqrt(nb0), 1.0), 1.0, 1.0, ns_err, 0.5 * resolution_gev, 0.5 * resolution_gev, 1.0)
     # a fit stays with the peak it starts on: mass and width move at most one resolution a step
-    steps = {"mass_gev": resolution_gev, "width_gev": resolution_gev}
-    m = _minimize(cost, start, fixed, limits, errors, max_step=steps)
-    if polish:
-        closer = _minimize(
-            cost,
-            m.values,
-            fixed,
-            limits,
-            errors,
-            max_step=steps,
-            tol=SHOWN_FIT_TOLERANCE,
-            max_iter=SHOWN_FIT_ITERATIONS,
-        )
-        if closer.fval <= m.fval:
-            m = dataclasses.replace(closer, valid=m.valid)
+    m = _minimize(cost, start, fixed, limits, errors, max_step=_shape_steps(resolution_gev))
     return m, cost
+
+
+def _shape_steps(resolution_gev):
+    """The largest step of mass and width a fit takes: one resolution (it stays with the peak it
+    starts on)."""
+    return {"mass_gev": resolution_gev, "width_gev": resolution_gev}
+
+
+def polished(m: Minimum, resolution_gev) -> Minimum:
+    """``m`` (a ``fit_resonance_on_template`` minimum) minimised on to ``SHOWN_FIT_TOLERANCE``, for a fit
+    whose values are shown; its ``valid`` stays ``m``'s, whose tolerance is far above rounding."""
+    fixed = {name for name, held in m.fixed.items() if held}
+    closer = _minimize(
+        m.cost,
+        m.values,
+        fixed,
+        m.limits,
+        m.errors,
+        max_step=_shape_steps(resolution_gev),
+        tol=SHOWN_FIT_TOLERANCE,
+        max_iter=SHOWN_FIT_ITERATIONS,
+    )
+    return dataclasses.replace(closer, valid=m.valid) if closer.fval <= m.fval else m
 
 
 def _signal_yield_floor(tmpl, b_exp, resolution_gev, m_lo, m_hi, width_fixed):
@@ -496,7 +503,7 @@ def fit_signal_plus_background(
     max_w = _default_max_width(edges) if max_width_gev is None else float(max_width_gev)
     fix_mass = fix_mass_gev is not None
 
-    def fit(width_start_gev, polish):
+    def fit(width_start_gev):
         return fit_resonance_on_template(
             tmpl,
             counts,
@@ -507,17 +514,14 @@ def fit_signal_plus_background(
             fix_mass=fix_mass,
             max_width_gev=max_w,
             spurious_events=float(spurious_signal_events),
-            polish=polish,
             width_start_gev=width_start_gev,
-        )
+        )[0]
 
-    starts = [None]
-    if max_w > 0.0:  # the lowest minimum over the width starts; the first of equals
-        starts = width_starts(float(resolution_gev), max_w)
-        minima = [fit(start, polish=False)[0].fval for start in starts]
-        best = min(minima)
-        starts = [next(s for s, f in zip(starts, minima) if f <= best + 1e-9 * (1.0 + abs(best)))]
-    m, cost = fit(starts[0], polish=True)
+    # a floating width: the lowest minimum over the width starts (the first of equals)
+    minima = [fit(start) for start in (width_starts(float(resolution_gev), max_w) if max_w > 0.0 else [None])]
+    best = min(minimum.fval for minimum in minima)
+    m = polished(next(x for x in minima if x.fval <= best + 1e-9 * (1.0 + abs(best))), float(resolution_gev))
+    cost = m.cost
     free_of_data = shape_unconstrained(m, bkg)
     return _resonance_result(m, cost, tmpl.n_bins, _parabolic_errors(m, cost, free_of_data), free_of_data)
 
