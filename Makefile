@@ -63,7 +63,7 @@ $(error $(MISSPELT_VARIABLES))
 endif
 endif
 
-.PHONY: evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-dagger bench-family bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
+.PHONY: evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -222,6 +222,9 @@ FAMILY_ARGS ?=
 
 bench-family: setup ## the heuristic family played directly: each member's score on the validation split and the training mix (bench/bench_family.py)
 	$(RUN_ENV) $(PY) bench/bench_family.py $(FAMILY_ARGS)
+
+bench-libm: setup ## the same episodes on this processor and as one without AVX or FMA computes: what differs (bench/bench_libm.py)
+	$(RUN_ENV) $(PY) bench/bench_libm.py $(LIBM_ARGS)
 
 bench-pass-at-k: setup ## greedy, pass@1 and pass@8 of the warm start on the unseen particles (bench/bench_pass_at_k.py)
 	$(RUN_ENV) $(PY) bench/bench_pass_at_k.py $(PASS_AT_K_ARGS)
