@@ -75,9 +75,8 @@ def differences(here: Dict[str, List[str]], there: Dict[str, List[str]], shown: 
     lines, differing = [], [key for key in here if here[key] != there.get(key)]
     for key in differing[:shown]:
         step = next(i for i, (a, b) in enumerate(zip(here[key], there[key] + [""] * len(here[key]))) if a != b)
-        diff = difflib.unified_diff(
-            here[key][step].splitlines(), there[key][step].splitlines() if step < len(there[key]) else [], lineterm="", n=0
-        )
+        theirs = there[key][step].splitlines() if step < len(there[key]) else []
+        diff = difflib.unified_diff(here[key][step].splitlines(), theirs, lineterm="", n=0)
         lines.append(f"{key}, step {step}:")
         lines += [f"  {line}" for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     if len(differing) > shown:
