@@ -85,7 +85,9 @@ def differences(here: Dict[str, List[str]], there: Dict[str, List[str]], shown: 
 
 
 def main(argv: List[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tasks", type=int, default=1000, help="tasks of each split (the suite's at most 313)")
     parser.add_argument("--offset", type=int, default=17, help="draws other members and random agents")
     parser.add_argument("--play", type=Path, help=argparse.SUPPRESS)  # a child process: play into this file
