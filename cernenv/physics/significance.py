@@ -19,8 +19,8 @@ import numpy as np
 from scipy.special import gammainc, gammaln, log_ndtr, ndtr, ndtri, pdtr
 
 from . import portable
-from .fitting import SHAPE_FIT_MIN_EVENTS, BackgroundFit, fit_background_on_template, fit_resonance_on_template
-from .likelihood import NB, NS, M, as_counts, template
+from .fitting import BackgroundFit, fit_background_on_template, fit_resonance_on_template
+from .likelihood import NS, M, as_counts, template
 from .scan import gaussian_bin_fractions, local_q0, resolutions_on_grid
 
 # The standard normal's tail functions, as scipy.stats.norm computes them (sf(z) = ndtr(-z),
@@ -129,7 +129,7 @@ def profile_likelihood_significance(
     else:
         bounds = None
 
-    def fit_from(m0, fit_shape):
+    def fit_from(m0):
         return fit_resonance_on_template(
             tmpl,
             counts,
@@ -142,29 +142,17 @@ def profile_likelihood_significance(
             spurious_events=spur,
             fit_theta=False,
             signal_yield_min=None if fix_mass else 0.0,
-            fit_background_shape=fit_shape,
-            shape_after_signal=True,
         )
 
-    def lowest(fit_shape):
-        best = best_cost = None
-        for m0 in starts:
-            fit, cost = fit_from(m0, fit_shape)
-            if best is None or fit.fval < best.fval:
-                best, best_cost = fit, cost
-        if m_scan is not None and not float(best.values[NS]) > 0.0 and m_scan not in starts:
-            fit, cost = fit_from(m_scan, fit_shape)  # the start's fit stopped at N_s = 0, next to an excess
-            if fit.fval < best.fval:
-                best, best_cost = fit, cost
-        return best, best_cost
-
-    # the background's shape floats only over enough background events (as a resonance fit's does,
-    # `fitting.SHAPE_FIT_MIN_EVENTS`); held, the s+b fit with N_s = 0 is the background-only fit
-    fit_shape = float(np.sum(counts)) >= SHAPE_FIT_MIN_EVENTS
-    best, best_cost = lowest(fit_shape)
-    if fit_shape and best.values[NB] < SHAPE_FIT_MIN_EVENTS:
-        fit_shape = False
-        best, best_cost = lowest(fit_shape)
+    best = best_cost = None
+    for m0 in starts:
+        fit, cost = fit_from(m0)
+        if best is None or fit.fval < best.fval:
+            best, best_cost = fit, cost
+    if m_scan is not None and not float(best.values[NS]) > 0.0 and m_scan not in starts:
+        fit, cost = fit_from(m_scan)  # the start's fit stopped at N_s = 0, next to an excess
+        if fit.fval < best.fval:
+            best, best_cost = fit, cost
     mu_hat = float(best.values[NS])
     m_hat = float(best.values[M])
     nll1 = 0.5 * float(best.fval)
@@ -181,7 +169,6 @@ def profile_likelihood_significance(
             max_width_gev=0.0,
             spurious_events=spur,
             fix_signal_zero=True,
-            fit_background_shape=fit_shape,
         )
         nll0 = 0.5 * float(h0.fval)
         converged = converged and bool(h0.valid)
