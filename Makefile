@@ -223,6 +223,8 @@ FAMILY_ARGS ?=
 bench-family: setup ## the heuristic family played directly: each member's score on the validation split and the training mix (bench/bench_family.py)
 	$(RUN_ENV) $(PY) bench/bench_family.py $(FAMILY_ARGS)
 
+LIBM_ARGS ?=
+
 bench-libm: setup ## the same episodes on this processor and as one without AVX or FMA computes: what differs (bench/bench_libm.py)
 	$(RUN_ENV) $(PY) bench/bench_libm.py $(LIBM_ARGS)
 
