@@ -60,9 +60,9 @@ def first_action_model_dir(tmp_path_factory):
     the default configuration plays them: the heuristic's (valid) and a data collection before
     any beam is configured (refused, a penalty). Sampled at temperature 1.5 it writes either, so
     the returns of a group differ and GRPO steps move the weights, whatever the exact tokens of
-    the prompts (at 1, trained with one thread on an Intel Xeon, its groups returned alike and
-    the run moved the weights by 0.004) (a model taught one action writes it every time once it has learnt it, and then
-    no step moves anything)."""
+    the prompts (a model taught one action writes it every time once it has learnt it, and then
+    no step moves anything; at temperature 1, trained with one thread on an Intel Xeon, its groups
+    returned alike and the run moved the weights by 0.004)."""
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer)
     config = TrainConfig()
