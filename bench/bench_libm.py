@@ -5,9 +5,10 @@
 
 Plays every task twice, each in a process of its own: once as this processor computes, once as a
 processor without AVX or FMA would (`lib.report.replay.BASELINE_PROCESSOR_ENVIRONMENT`: numpy's
-baseline kernels, numba's generic target, OpenBLAS's Nehalem kernels; and `NO_FMA_C_LIBRARY`: glibc's
-`exp`, `log` and `pow` for a processor without FMA). On each task two agents play: the member of the heuristic
-family that `family_member(seed + offset)` draws, and `RandomAgent(seed + offset)`, whose odd
+baseline kernels, numba's generic target, OpenBLAS's Nehalem kernels; and `NO_FMA_C_LIBRARY`:
+glibc's `exp`, `log` and `pow` for a processor without FMA). On each task two agents play: the
+member of the heuristic family that `family_member(seed + offset)` draws, and
+`RandomAgent(seed + offset)`, whose odd
 choices reach the spectra no plan would (fits of a handful of events, windows a peak fills). The
 tasks: `--tasks` of the validation split, as many of the training mix, and up to `--tasks` of the
 held-out suite. Compared: every observation each episode returned, rendered as the policy reads it,
@@ -20,32 +21,28 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import itertools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_FMA_C_LIBRARY = {"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2,-FMA"}
 """glibc told the processor has no AVX2 or FMA: it takes its other `exp`, `log` and `pow`."""
 
 
-def tasks(n_tasks: int) -> List[Dict]:
-    """The validation split's first `n_tasks`, the training mix's, and up to `n_tasks` of the suite."""
-    from lib.measure.evaluation import heldout_suite, validation_suite
-    from lib.training.config import TrainConfig
-    from lib.training.grpo import training_tasks
+def tasks(n_tasks: int) -> List[Any]:
+    """The validation split's first `n_tasks`, the training mix's (`bench_family.split_tasks`), and up
+    to `n_tasks` of the suite: `EpisodeSpec`s."""
+    from bench_family import split_tasks  # beside this script: Python puts its folder on the path
 
-    specs = [dict(seed=s.seed, scenario=s.scenario, difficulty=s.difficulty) for s in validation_suite(n_tasks)]
-    specs += [
-        dict(seed=t["seed"], scenario=t["scenario"], difficulty=t["difficulty"])
-        for t in training_tasks(TrainConfig(), n_tasks)
-    ]
-    specs += [dict(seed=s.seed, scenario=s.scenario, difficulty=s.difficulty) for s in heldout_suite()][:n_tasks]
-    return specs
+    from lib.measure.evaluation import heldout_suite
+
+    return split_tasks("validation", n_tasks) + split_tasks("training", n_tasks) + list(heldout_suite())[:n_tasks]
 
 
 def play(n_tasks: int, offset: int, out: Path) -> None:
@@ -58,13 +55,13 @@ def play(n_tasks: int, offset: int, out: Path) -> None:
     env = CERNCollisionEnvironment()
     shown: Dict[str, List[str]] = {}
     for spec in tasks(n_tasks):
-        seed = spec["seed"]
+        seed = spec.seed
         agents = {
             "member": HeuristicAgent(**family_member(seed + offset)),
             "random": RandomAgent(seed=seed + offset),
         }
         for name, agent in agents.items():
-            played = transitions(env, agent, seed=seed, scenario=spec["scenario"], difficulty=spec["difficulty"])
+            played = transitions(env, agent, seed=seed, scenario=spec.scenario, difficulty=spec.difficulty)
             shown[f"{name} on seed {seed}"] = [
                 f"{render_observation(after)}\nreward {after.reward!r}" for _, _, after in played
             ]
@@ -76,9 +73,9 @@ def differences(here: Dict[str, List[str]], there: Dict[str, List[str]], shown: 
     and the lines that differ there; then a count of the rest."""
     lines, differing = [], [key for key in here if here[key] != there.get(key)]
     for key in differing[:shown]:
-        step = next(i for i, (a, b) in enumerate(zip(here[key], there[key] + [""] * len(here[key]))) if a != b)
-        theirs = there[key][step].splitlines() if step < len(there[key]) else []
-        diff = difflib.unified_diff(here[key][step].splitlines(), theirs, lineterm="", n=0)
+        pairs = itertools.zip_longest(here[key], there.get(key, []), fillvalue="")
+        step, (ours, theirs) = next((i, pair) for i, pair in enumerate(pairs) if pair[0] != pair[1])
+        diff = difflib.unified_diff(ours.splitlines(), theirs.splitlines(), lineterm="", n=0)
         lines.append(f"{key}, step {step}:")
         lines += [f"  {line}" for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     if len(differing) > shown:
