@@ -5,8 +5,8 @@
 
 Plays every task twice, each in a process of its own: once as this processor computes, once as a
 processor without AVX or FMA would (`lib.report.replay.BASELINE_PROCESSOR_ENVIRONMENT`: numpy's
-baseline kernels, numba's generic target, OpenBLAS's Nehalem kernels; and `NO_FMA_C_LIBRARY`:
-glibc's `exp`, `log` and `pow` for a processor without FMA). On each task two agents play: the
+baseline kernels, numba's generic target, OpenBLAS's Nehalem kernels and glibc's `exp`, `log` and
+`pow` for a processor without FMA). On each task two agents play: the
 member of the heuristic family that `family_member(seed + offset)` draws, and
 `RandomAgent(seed + offset)`, whose odd
 choices reach the spectra no plan would (fits of a handful of events, windows a peak fills). The
@@ -31,8 +31,6 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
-NO_FMA_C_LIBRARY = {"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2,-FMA"}
-"""glibc told the processor has no AVX2 or FMA: it takes its other `exp`, `log` and `pow`."""
 
 
 def tasks(n_tasks: int) -> List[Any]:
@@ -98,7 +96,7 @@ def main(argv: List[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as folder:
         outputs, children = [], []
-        without = {**BASELINE_PROCESSOR_ENVIRONMENT, **NO_FMA_C_LIBRARY}
+        without = BASELINE_PROCESSOR_ENVIRONMENT
         for name, extra in (("this processor", {}), ("no AVX or FMA", without)):
             out = Path(folder) / f"{len(outputs)}.json"
             command = [sys.executable, __file__, "--tasks", str(args.tasks), "--offset", str(args.offset)]

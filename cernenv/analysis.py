@@ -46,6 +46,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 from scipy.special import log_ndtr
 
+from cernenv.detector import CHANNELS
 from cernenv.physics import portable
 from cernenv.physics.fitting import BackgroundFit, fit_background_only
 from cernenv.physics.scan import BumpScan, resolutions_on_grid, scan_local_significance
@@ -170,6 +171,7 @@ def bump_scan(spectrum, grid_gev: np.ndarray, background: BackgroundFit) -> Bump
         spectrum.resolution_gev,
         grid_gev,
         background=background,
+        background_shape=simulated_background_shape(spectrum),
     )
 
 
@@ -185,10 +187,18 @@ def spurious_signal_events(spectrum, mass_gev: float, background: BackgroundFit)
     return SPURIOUS_SIGNAL_STAT_FRACTION * float(np.sqrt(background_under_peak(spectrum, mass_gev, sigma, background)))
 
 
+def simulated_background_shape(spectrum) -> tuple[float, float]:
+    """The dijet shape (p1, p2) the channel's simulation gives its background: what a fit holds the
+    shape at where a window has too few events to set it (`fitting.SHAPE_FIT_MIN_EVENTS`)."""
+    channel = CHANNELS[spectrum.channel]
+    return channel.background_p1, channel.background_p2
+
+
 def local_significance(
     spectrum, mass_gev: float, spurious_events: float, background: BackgroundFit
 ) -> LocalSignificance:
-    """Profile-likelihood local significance, mass floated within ±2σ_m of `mass_gev`."""
+    """Profile-likelihood local significance, mass floated within ±2σ_m of `mass_gev` (the shape
+    held at `simulated_background_shape` under few events)."""
     sigma = float(spectrum.resolution_gev(mass_gev))
     half = PEAK_HALF_WIDTH_SIGMA * sigma
     return profile_likelihood_significance(
@@ -200,6 +210,7 @@ def local_significance(
         spurious_signal_events=spurious_events,
         mass_bounds_gev=(mass_gev - half, mass_gev + half),
         background=background,
+        background_shape=simulated_background_shape(spectrum),
     )
 
 

@@ -66,6 +66,16 @@ def _r(value: Optional[float], digits: int = 4) -> Optional[float]:
     return float(format(value, _SIGNIFICANT_FIGURES[digits]))
 
 
+def _r_within(value: Optional[float], error: Optional[float], digits: int = 4) -> Optional[float]:
+    """`value` to `digits` significant figures, or where coarser to the place of its `error`'s second
+    significant digit (a fit's 3697.5 ± 2450 events is shown as 3700): digits below that say where a
+    minimisation stopped, which the C library's last bits can move, not what the data say."""
+    if value is None or error is None or not (math.isfinite(float(error)) and float(error) > 0.0):
+        return _r(value, digits)
+    place = math.floor(math.log10(float(error))) - 1
+    return _r(round(float(value), -place), digits)
+
+
 class ActionHandlers:
     """The action handlers of `CERNCollisionEnvironment` (see the module docstring)."""
 
@@ -318,6 +328,7 @@ class ActionHandlers:
             start,
             max_width_gev=(0.25 * window_width if params.float_width else 0.0),
             background=self._background_only(spectrum),
+            background_shape=analysis.simulated_background_shape(spectrum),
         )
         episode.resonance_fit = fit
         episode.analysed_luminosity_fb = max(episode.analysed_luminosity_fb, spectrum.luminosity_fb)
@@ -332,13 +343,14 @@ class ActionHandlers:
         edge = {"note": "; ".join(found) + (f": {_NO_PEAK_INSIDE}" if no_peak else "")} if found else {}
         return {
             "channel": spectrum.channel,
-            "mass_gev": mass_gev,
+            "mass_gev": _r_within(mass_gev, fit.mass_err_gev, 6),
             "mass_err_gev": _r(fit.mass_err_gev, 3),
-            "width_gev": _r(fit.width_gev, 3),
+            "width_gev": _r_within(fit.width_gev, fit.width_err_gev, 3),
             "width_err_gev": _r(fit.width_err_gev, 3),
-            "signal_yield": _r(fit.signal_yield),
+            "signal_yield": _r_within(fit.signal_yield, fit.signal_yield_err),
             "signal_yield_err": _r(fit.signal_yield_err, 3),
-            "background_yield": _r(fit.background_yield),
+            # its Poisson error for its precision: the fit gives the background yield no error
+            "background_yield": _r_within(fit.background_yield, math.sqrt(max(fit.background_yield, 1.0))),
             "resolution_gev": _r(resolution, 3),
             "chi2_per_ndof": _r(fit.chi2 / max(fit.ndof, 1), 3),
             "fit_p_value": _r(fit.fit_p_value, 3),
@@ -401,7 +413,8 @@ class ActionHandlers:
             "mass_gev": _r(params.mass_gev),
             "events": int(cos_counts.sum()),
             "allowed_spins": list(allowed_spins(spectrum.channel)),
-            "relative_likelihood": {f"spin_{j}": _r(p, 3) for j, p in result.relative_likelihood.items()},
+            # a probability to 1e-4: 7.9e-183 is 0, whose digits an angular fit's rounding moved
+            "relative_likelihood": {f"spin_{j}": _r(round(p, 4), 3) for j, p in result.relative_likelihood.items()},
             "best_spin": int(result.best_spin),
             "separation_2dlnl": _r(result.separation, 3),
             "signal_fraction": _r(result.signal_fraction, 3),

@@ -1171,3 +1171,19 @@ def test_analysis_objects_are_the_episodes_own_and_none_until_made():
     objects = env.analysis_objects()
     assert objects["scan"].best_mass_gev == pytest.approx(obs.latest_result["best_mass_gev"], abs=1e-4)
     assert objects["spectrum"].counts.sum() > 0 and objects["resonance_fit"] is None  # no fit made yet
+
+
+def test_a_fit_s_values_are_shown_to_the_second_digit_of_their_error():
+    """`handlers._r_within`: a fitted value keeps no digit below its error's second significant one
+    (those say where a minimisation stopped, which rounding moves), and never more significant
+    figures than asked; a value with no finite error keeps its significant figures."""
+    from cernenv.handlers import _r_within
+
+    assert _r_within(3697.5, 2450.0) == 3700.0
+    assert _r_within(91.094637, 0.0302, 6) == 91.095
+    assert _r_within(22.1834, 4.74) == 22.2
+    assert _r_within(0.0053421, 4.96, 3) == 0.0
+    assert _r_within(1234.5678, 0.001) == 1235.0  # four significant figures at most
+    assert _r_within(2879.754, math.inf, 6) == 2879.75
+    assert _r_within(2879.754, 0.0, 6) == 2879.75
+    assert _r_within(None, 1.0) is None

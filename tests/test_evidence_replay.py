@@ -18,10 +18,11 @@ EVIDENCE = [ROOT / "evidence" / "pre_eval.jsonl.gz", ROOT / "evidence" / "post_e
 
 
 @pytest.mark.slow
-def test_every_committed_evidence_episode_replays_identically_on_a_processor_without_avx():
+def test_every_committed_evidence_episode_replays_identically_on_a_processor_without_avx_or_fma():
     """Every reward, grade and prompt of the committed episodes, replayed (`make verify-evidence
-    --strict`) in a process whose numpy, numba and OpenBLAS compute as on an x86-64 processor without
-    AVX: the evidence was written on one with AVX-512, and the same seed is the same episode."""
+    --strict`) in a process whose numpy, numba, OpenBLAS and C library compute as on an x86-64
+    processor without AVX or FMA: the evidence was written on one with AVX-512, and the same seed is
+    the same episode."""
     import os
     import subprocess
     import sys

@@ -331,3 +331,19 @@ def test_the_kernels_import_and_run_where_no_cache_folder_is_writable(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["True", "[0.2,", "0.6]", "1.0"]
     assert not list(package.glob("*.nbi"))
+
+
+def test_a_step_cut_to_reach_a_bound_lands_on_it():
+    """`kernels.onto_bounds`: a step scaled to reach a bound, t = (bound - x) / d, lands a few
+    rounding errors from it in floating point (a yield of 5.7e-319 where its bound is 0); it is put
+    on the bound, which the next Newton step then holds. A step that stops short keeps its value."""
+    from cernenv.physics.kernels import onto_bounds
+
+    rng = np.random.default_rng(0)
+    for x, d in zip(rng.uniform(1e-3, 1e4, 200), -rng.uniform(1e-3, 1e4, 200)):
+        assert onto_bounds(x, ((0.0 - x) / d) * d, 0.0, np.inf) == 0.0
+        assert onto_bounds(x, ((7.5 - x) / -d) * -d, -np.inf, 7.5) == 7.5 or x > 7.5
+    landed = [float(x + ((0.0 - x) / d) * d) for x, d in zip(rng.uniform(0.1, 1, 200), -rng.uniform(0.1, 1, 200))]
+    assert any(value != 0.0 for value in landed), "rounding leaves some steps off the bound"
+    assert onto_bounds(2.0, -1.5, 0.0, np.inf) == 0.5
+    assert onto_bounds(2.0, -3.0, 0.0, np.inf) == 0.0

@@ -693,6 +693,9 @@ def test_a_fit_with_no_signal_gives_no_error_for_what_the_data_do_not_constrain(
     fit = fit_signal_plus_background(edges, counts, 13.6, 51.683, 4081.12, max_width_gev=523.25, background=background)
     assert abs(fit.signal_yield) < 0.01
     assert np.isinf(fit.mass_err_gev) and np.isinf(fit.width_err_gev) and np.isinf(fit.signal_yield_err)
+    # the flat mass and width are shown where the fit started (the hint, half a resolution), not
+    # wherever rounding left a minimisation along them
+    assert fit.mass_gev == 4081.12 and fit.width_gev == pytest.approx(0.5 * 51.683, rel=1e-12)
 
     peaked = counts.copy()
     peaked[70:73] += [6, 14, 6]
@@ -815,9 +818,74 @@ def test_a_fit_with_a_floating_width_keeps_the_lowest_minimum_of_its_starts():
     tmpl = L.template(edges, 13.6)
     minima = []
     for start in F.width_starts(resolution, 27.5):
-        minimum, _ = F.fit_resonance_on_template(
-            tmpl, counts, background, resolution, 211.32, mass_bounds_gev=None, fix_mass=False, max_width_gev=27.5,
-            spurious_events=0.0, width_start_gev=start,
-        )  # fmt: skip
-        minima.append(0.5 * minimum.fval)
-    assert fit.nll <= min(minima) + 1e-9
+        for shape_after_signal in (False, True):
+            minimum, _ = F.fit_resonance_on_template(
+                tmpl, counts, background, resolution, 211.32, mass_bounds_gev=None, fix_mass=False,
+                max_width_gev=27.5, spurious_events=0.0, width_start_gev=start, shape_after_signal=shape_after_signal,
+            )  # fmt: skip
+            minima.append(0.5 * minimum.fval)
+    assert fit.nll <= min(minima) + 0.5 * F.MINIMA_TIE_DEVIANCE
+
+
+def _sparse_spectrum(n_background, n_signal, seed=3):
+    """A diphoton window over 2.5-4.6 TeV with `n_background` falling-background events and
+    `n_signal` at 3.5 TeV (resolution 45 GeV), drawn by `seed`."""
+    rng = np.random.default_rng(seed)
+    edges = np.linspace(2500.0, 4600.0, 43)
+    fractions = shapes.background_bin_fractions(edges, 13.6, 10.0, 4.0)
+    counts = rng.multinomial(n_background, fractions / fractions.sum()).astype(float)
+    peak = shapes.signal_bin_fractions(edges, 3500.0, 0.0, 45.0)
+    counts += rng.multinomial(n_signal, peak / peak.sum())
+    return edges, counts
+
+
+SIMULATED_SHAPE = (10.0, 4.0)  # the (p1, p2) `_sparse_spectrum` draws its background from
+
+
+@pytest.mark.parametrize("n_background, n_signal", [(6, 3), (15, 40), (3, 200)])
+def test_a_signal_fit_over_too_few_background_events_holds_the_simulated_background_shape(n_background, n_signal):
+    """Under fewer than `SHAPE_FIT_MIN_EVENTS` background events (a sparse window, or a signal that
+    takes nearly every event) the signal fit and the significance's hold the background's shape at
+    the channel's simulated shape where they are given one: a shape the events do not determine
+    would drift along its flat directions to wherever the C library's last bits stopped it. Without
+    one, the shape floats."""
+    edges, counts = _sparse_spectrum(n_background, n_signal)
+    background = fit_background_only(edges, counts, 13.6)
+    common = dict(max_width_gev=200.0, background=background)
+    fit = fit_signal_plus_background(edges, counts, 13.6, 45.0, 3500.0, background_shape=SIMULATED_SHAPE, **common)
+    assert fit.background_yield < F.SHAPE_FIT_MIN_EVENTS
+    assert (fit.p1, fit.p2) == SIMULATED_SHAPE
+    assert np.isfinite(fit.mass_err_gev) and abs(fit.mass_gev - 3500.0) < 100.0
+    floated = fit_signal_plus_background(edges, counts, 13.6, 45.0, 3500.0, **common)
+    assert (floated.p1, floated.p2) != SIMULATED_SHAPE
+    significance = profile_likelihood_significance(
+        edges, counts, 13.6, 45.0, 3500.0, background=background, background_shape=SIMULATED_SHAPE
+    )
+    assert significance.converged and significance.z_local > 1.0
+    # both hypotheses hold the shape: H0 is the held shape with N_b the window's events
+    held = F.background_fit_with_shape(L.template(edges, 13.6), counts, *SIMULATED_SHAPE)
+    assert significance.nll_background == pytest.approx(held.nll, rel=1e-12)
+
+
+def test_a_sparse_signal_keeps_its_events_under_the_simulated_shape():
+    """A handful of signal events on almost no background (a 4 TeV Z' search): held at the
+    simulated shape, the background's 2 events are spread as the simulation spreads them, and the
+    fit gives the peak's 7 to the signal, at its mass."""
+    edges, counts = _sparse_spectrum(2, 7, seed=11)
+    background = fit_background_only(edges, counts, 13.6)
+    fit = fit_signal_plus_background(
+        edges, counts, 13.6, 45.0, 3500.0, max_width_gev=0.0, background=background, background_shape=SIMULATED_SHAPE
+    )
+    assert fit.signal_yield == pytest.approx(7.0, abs=1.0) and abs(fit.mass_gev - 3500.0) < 45.0
+    significance = profile_likelihood_significance(
+        edges, counts, 13.6, 45.0, 3500.0, background=background, background_shape=SIMULATED_SHAPE
+    )
+    assert significance.z_local > 3.0
+
+
+def test_a_signal_fit_over_many_background_events_floats_the_background_shape():
+    edges, counts = _sparse_spectrum(5000, 150)
+    background = fit_background_only(edges, counts, 13.6)
+    fit = fit_signal_plus_background(edges, counts, 13.6, 45.0, 3500.0, max_width_gev=200.0, background=background)
+    assert fit.background_yield > F.SHAPE_FIT_MIN_EVENTS and fit.signal_yield > 50
+    assert abs(fit.p1 - background.p1) + abs(fit.p2 - background.p2) > 1e-6, "the shape is fitted with the signal"

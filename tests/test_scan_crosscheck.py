@@ -14,7 +14,9 @@ with Z from a fit written out here and minimised by iminuit's Migrad:
   g = -dln f/dln m = p2 + p1 x / (1 - x) at the two window edges, each limited to >= 0 in
   Minuit (a hard wall; (g_lo, g_hi) -> (p1, p2) is linear and one-to-one);
 * H0: N_s = 0; s+b: N_s >= 0 at fixed mass, so q0 = 2 (NLL_0 - NLL_1) >= 0 and it is 0
-  exactly when N_s-hat <= 0 (CCGV eq. 12); several starts each, the lowest minimum kept.
+  exactly when N_s-hat <= 0 (CCGV eq. 12); several starts each, the lowest minimum kept;
+* a spectrum of fewer than ``fitting.SHAPE_FIT_MIN_EVENTS`` events: the shape held at the
+  channel's simulated (p1, p2), as the environment's scan holds it (N_b and N_s fitted).
 
 A scan point fails when the scan's Z is >= 0.5 below the independent fit's Z (the scan
 must not miss excesses; it may find a better minimum than Migrad).
@@ -27,7 +29,9 @@ import pytest
 from iminuit import Minuit
 
 from cernenv import CERNCollisionEnvironment
+from cernenv.analysis import simulated_background_shape
 from cernenv.physics import fit_background_only, shapes
+from cernenv.physics.fitting import SHAPE_FIT_MIN_EVENTS
 from cernenv.physics.scan import scan_local_significance
 from cernenv.scenarios import list_scenarios
 from lib.agents.baselines import HeuristicAgent
@@ -38,7 +42,7 @@ SHORTFALL = 0.5  # sigma
 class IndependentFit:
     """Poisson NLL of one spectrum with background slopes (g_lo, g_hi) >= 0; see the module docstring."""
 
-    def __init__(self, edges, counts, sqrt_s_tev):
+    def __init__(self, edges, counts, sqrt_s_tev, held_shape=None):
         self.edges = np.asarray(edges, dtype=float)
         self.n = np.asarray(counts, dtype=float)
         lo, hi = self.edges[:-1], self.edges[1:]
@@ -50,6 +54,8 @@ class IndependentFit:
         # g_j = p2 + p1 r_j  =>  p = A g
         self.A = np.linalg.inv(np.array([[r[0], 1.0], [r[1], 1.0]]))
         self.total = float(self.n.sum())
+        # (p1, p2) to hold the shape at: the slopes g_j = p2 + p1 r_j, fixed in every fit
+        self.held = None if held_shape is None else tuple(held_shape[1] + held_shape[0] * r)
 
     def _integrate(self, values):
         return self.w6 * (values[..., 0, :] + 4.0 * values[..., 1, :] + values[..., 2, :])
@@ -101,6 +107,7 @@ class IndependentFit:
         m.limits["ns"] = (0.0, None)
         m.errors = (max(np.sqrt(start[0]), 1.0), 0.5, 0.5, max(np.sqrt(max(start[3], 1.0)), 1.0))
         m.fixed["ns"] = fix_signal
+        m.fixed["g_lo"] = m.fixed["g_hi"] = self.held is not None
         m.migrad(ncall=4000)
         if not m.valid:
             m.migrad(ncall=4000)
@@ -108,6 +115,8 @@ class IndependentFit:
 
     def slope_starts(self):
         """(g_lo, g_hi) starts: a weighted least-squares fit of ln(n / width) and fixed values."""
+        if self.held is not None:
+            return [self.held]
         starts = [(1.0, 1.0), (5.0, 5.0), (0.0, 10.0), (10.0, 30.0)]
         ok = self.n > 0
         if ok.sum() >= 4:
@@ -148,7 +157,9 @@ class IndependentFit:
 
 def scanned_spectra(specs):
     """Every spectrum HeuristicAgent scans in the episodes ``specs`` (seed, scenario, difficulty),
-    with the environment's scan: (label, edges, counts, sqrt_s_tev, resolution function, BumpScan)."""
+    with the environment's scan: (label, edges, counts, sqrt_s_tev, resolution function, BumpScan,
+    the shape the scan holds the background at: the channel's simulated one under
+    ``SHAPE_FIT_MIN_EVENTS`` events, else None)."""
     env, agent = CERNCollisionEnvironment(), HeuristicAgent()
     out = []
     for seed, scenario, difficulty in specs:
@@ -169,15 +180,16 @@ def scanned_spectra(specs):
                     float(spectrum.sqrt_s_tev),
                     spectrum.resolution_gev,
                     analysis["scan"],
+                    simulated_background_shape(spectrum) if spectrum.counts.sum() < SHAPE_FIT_MIN_EVENTS else None,
                 )
             )
     return out
 
 
-def shortfalls(label, edges, counts, sqrt_s_tev, resolution_fn, scan, h0=None):
+def shortfalls(label, edges, counts, sqrt_s_tev, resolution_fn, scan, held_shape, h0=None):
     """[(label, mass, scan Z, independent Z)] for the points where the scan falls >= SHORTFALL short
     (``h0``: the independent background-only fit, if already made)."""
-    fit = IndependentFit(edges, counts, sqrt_s_tev)
+    fit = IndependentFit(edges, counts, sqrt_s_tev, held_shape)
     h0 = h0 if h0 is not None else fit.background_only()
     bad = []
     for m, z_scan in zip(scan.mass_grid_gev, scan.z_local):
@@ -196,15 +208,16 @@ def test_scan_finds_what_an_independent_fit_finds(spec):
     """Every point of the episode's last scan (the full data set the agent decides on)."""
     spectra = scanned_spectra([spec])
     assert spectra, "the heuristic episode scanned nothing"
-    label, edges, counts, sqrt_s_tev, _, scan = spectra[-1]
-    h0 = IndependentFit(edges, counts, sqrt_s_tev).background_only()
+    label, edges, counts, sqrt_s_tev, _, scan, held_shape = spectra[-1]
+    h0 = IndependentFit(edges, counts, sqrt_s_tev, held_shape).background_only()
     bad = shortfalls(*spectra[-1], h0=h0)
     # the environment's background-only fit (one start unless it fails) reaches the independent
     # fit's lowest minimum over five starts: its NLL relative to the saturated model, made absolute
     bkg = fit_background_only(edges, counts, sqrt_s_tev)
     positive = counts[counts > 0]
     assert bkg.converged
-    assert bkg.nll - float(np.sum(positive * np.log(positive) - positive)) <= h0[0] + 1e-4
+    free_h0 = h0 if held_shape is None else IndependentFit(edges, counts, sqrt_s_tev).background_only()
+    assert bkg.nll - float(np.sum(positive * np.log(positive) - positive)) <= free_h0[0] + 1e-4
     # the falling-shape constraint is hard: the background-only fit does not bend into a peak
     x = np.clip(edges[[0, -1]] / (1000.0 * sqrt_s_tev), 1e-9, 1.0 - 1e-9)
     assert np.all(bkg.p2 + bkg.p1 * x / (1.0 - x) >= -1e-8 * (1.0 + abs(bkg.p1) + abs(bkg.p2)))
@@ -233,3 +246,35 @@ def test_a_sparse_spectrum_s_scan_is_the_independent_fit_s_at_every_point():
     assert len(excess) >= 8
     assert all(abs(z - z_ind) < 1e-4 for _, z, z_ind in excess), excess
     assert scan.best_z_local == pytest.approx(3.8567, abs=1e-4)
+
+
+def test_a_scan_with_the_shape_held_is_migrad_s_fit_of_the_yields_at_every_point():
+    """The same 17 events with the background's shape given (a window under
+    ``fitting.SHAPE_FIT_MIN_EVENTS`` events, held at the channel's simulated shape): at every point
+    Z is Migrad's, from a fit of N_b and N_s >= 0 alone (the shape held there) written out here."""
+    edges = np.linspace(1500.0, 2100.0, 21)
+    counts = np.array([0, 0, 0, 1, 0, 0, 1, 1, 1, 2, 0, 3, 3, 3, 1, 0, 1, 0, 0, 0], dtype=float)
+    grid = np.linspace(1532.6, 2067.4, 17)
+    shape = (12.0, 4.5)
+
+    def resolution(mass_gev):
+        return 0.03 * np.asarray(mass_gev)
+
+    scan = scan_local_significance(edges, counts, 13.6, resolution, grid, background_shape=shape)
+    f = shapes.background_bin_fractions(edges, 13.6, *shape)
+    f = f / f.sum()
+
+    def nll(nb, ns, s):
+        mu = nb * f + ns * s
+        return float(np.sum(mu) - np.sum(counts[counts > 0] * np.log(mu[counts > 0])))
+
+    h0 = nll(counts.sum(), 0.0, np.zeros_like(f))
+    independent = []
+    for m in grid:
+        s = shapes.signal_bin_fractions(edges, float(m), 0.0, float(resolution(m)))
+        minuit = Minuit(lambda nb, ns: nll(nb, ns, s), nb=counts.sum() / 2, ns=counts.sum() / 2)
+        minuit.errordef, minuit.limits = Minuit.LIKELIHOOD, [(0.0, None), (0.0, None)]
+        minuit.migrad()
+        independent.append(np.sqrt(max(2.0 * (h0 - minuit.fval), 0.0)) if minuit.values["ns"] > 1e-6 else 0.0)
+    assert max(independent) > 2.0
+    np.testing.assert_allclose(scan.z_local, independent, atol=1e-3)

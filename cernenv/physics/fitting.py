@@ -22,7 +22,7 @@ from iminuit import Minuit
 from scipy.special import chdtrc
 
 from . import portable
-from .kernels import newton_direction, newton_minimise
+from .kernels import newton_direction, newton_minimise, onto_bounds
 from .likelihood import (
     A1,
     A2,
@@ -173,7 +173,7 @@ def _newton_loop(cost, x, free, lower, upper, max_iter=100, tol=1e-6, max_step=N
         steps = step.tolist()
         if decrement < tol:  # within ~decrement/2 of the minimum: take the last step if it helps
             trial = x.copy()
-            trial[free] = [min(max(xf[k] + steps[k], lo[k]), hi[k]) for k in range(free.size)]
+            trial[free] = [onto_bounds(xf[k], steps[k], lo[k], hi[k]) for k in range(free.size)]
             ftrial = float(cost(*trial))
             if ftrial <= fval:
                 x, fval = trial, ftrial
@@ -188,12 +188,12 @@ def _newton_loop(cost, x, free, lower, upper, max_iter=100, tol=1e-6, max_step=N
             if caps is not None and d != 0.0:
                 t = min(t, caps[k] / abs(d))
         trial = x.copy()
-        trial[free] = [min(max(xf[k] + t * steps[k], lo[k]), hi[k]) for k in range(free.size)]
+        trial[free] = [onto_bounds(xf[k], t * steps[k], lo[k], hi[k]) for k in range(free.size)]
         ftrial, g_trial, h_trial = cost.value_grad_hess(*trial)  # the full step is usually taken
         if not ftrial <= fval - 1e-4 * t * descent:
             for _ in range(60):
                 t *= 0.5
-                trial[free] = [min(max(xf[k] + t * steps[k], lo[k]), hi[k]) for k in range(free.size)]
+                trial[free] = [onto_bounds(xf[k], t * steps[k], lo[k], hi[k]) for k in range(free.size)]
                 ftrial = float(cost(*trial))
                 if ftrial <= fval - 1e-4 * t * descent:
                     break
@@ -269,6 +269,19 @@ def fit_background_on_template(tmpl, counts, starts=None, mask=None):
     )
 
 
+def background_fit_with_shape(tmpl, counts, p1: float, p2: float) -> BackgroundFit:
+    """The background-only fit with the shape held at (p1, p2): N_b is the window's events (the shape
+    is normalised over the window, so the yield that maximises the likelihood is the count), and
+    ``nll`` is the deviance there over 2."""
+    total = float(np.sum(counts))
+    if total <= 0:
+        raise ValueError("the histogram is empty: nothing to fit")
+    cost = PoissonDeviance(tmpl, counts, 1.0, 0.0, (p1, p2), whitening(tmpl, total, p1, p2))
+    cost.width_free = cost.signal_free = False
+    fval = float(cost(total, 0.0, 0.0, 0.0, float(tmpl.nodes[tmpl.n_bins]), 0.0, 0.0))
+    return BackgroundFit(background_yield=total, p1=float(p1), p2=float(p2), nll=0.5 * fval, converged=True)
+
+
 def fit_background_only(edges, counts, sqrt_s_tev: float, mask=None) -> BackgroundFit:
     """Extended binned ML fit of the dijet function alone (no signal).
 
@@ -295,6 +308,7 @@ class Minimum:
     limits: dict  # name -> (lo, hi), +-inf where open
     errors: np.ndarray  # step sizes (Minuit's starting errors), for a fallback Hesse
     cost: "PoissonDeviance"
+    start: np.ndarray  # the 7 parameters it was minimised from
 
     def hesse_errors(self):
         """Minuit's numerical Hesse at this minimum (the fallback of ``_parabolic_errors``)."""
@@ -333,6 +347,7 @@ def _minimize(cost, start, fixed, limits, errors, max_step=None, tol=1e-6, max_i
         limits=lims,
         errors=np.asarray(errors, dtype=float),
         cost=cost,
+        start=start,
     )
 
 
@@ -361,10 +376,16 @@ def fit_resonance_on_template(
     fit_theta=True,
     signal_yield_min=None,
     width_start_gev=None,
+    fit_background_shape=True,
+    shape_after_signal=False,
 ):
     """Core s+b fit; returns the minimum (``Minimum``) and the cost. ``signal_yield_min``: a
     lower limit on N_s above the positivity floor (0 for a fit that seeks an excess only);
-    ``width_start_gev``: the width to start from (default: half a resolution)."""
+    ``width_start_gev``: the width to start from (default: half a resolution);
+    ``fit_background_shape`` False holds the background's shape at ``bkg``'s (a1 = a2 = 0);
+    ``shape_after_signal``: minimise with the shape held first, then with it free from there (the
+    path to a minimum stays off the flat directions a poorly known shape opens, where which of two
+    minima a start reached could turn on rounding: Z fits under ~100 background events)."""
     p_ref = (bkg.p1, bkg.p2)
     T = whitening(tmpl, bkg.background_yield, *p_ref)
     cost = PoissonDeviance(tmpl, counts, resolution_gev, spurious_events, p_ref, T)
@@ -406,6 +427,8 @@ def fit_resonance_on_template(
         fixed.add("width_gev")
     if spurious_events <= 0.0 or not fit_theta:
         fixed.add("theta")
+    if not fit_background_shape:
+        fixed.update(("a1", "a2"))
     limits = {"background_yield": (0.0, None), "signal_yield": (lower, None)}
     if "theta" not in fixed and lower / spurious_events > -10.0:
         limits["theta"] = (lower / spurious_events, None)
@@ -416,8 +439,13 @@ def fit_resonance_on_template(
     start = (nb0, 0.0, 0.0, ns0, mass0, width0, 0.0)
     errors = (max(np.sqrt(nb0), 1.0), 1.0, 1.0, ns_err, 0.5 * resolution_gev, 0.5 * resolution_gev, 1.0)
     # a fit stays with the peak it starts on: mass and width move at most one resolution a step
-    m = _minimize(cost, start, fixed, limits, errors, max_step=_shape_steps(resolution_gev))
-    return m, cost
+    steps = _shape_steps(resolution_gev)
+    if shape_after_signal and "a1" not in fixed:
+        # the signal first, under the background-only fit's shape; then the shape as well, from there
+        signal_first = _minimize(cost, start, fixed | {"a1", "a2"}, limits, errors, max_step=steps)
+        m = _minimize(cost, signal_first.values, fixed, limits, errors, max_step=steps)
+        return dataclasses.replace(m, start=signal_first.start), cost
+    return _minimize(cost, start, fixed, limits, errors, max_step=steps), cost
 
 
 def _shape_steps(resolution_gev):
@@ -441,6 +469,34 @@ def polished(m: Minimum, resolution_gev) -> Minimum:
         max_iter=SHOWN_FIT_ITERATIONS,
     )
     return dataclasses.replace(closer, valid=m.valid) if closer.fval <= m.fval else m
+
+
+SHAPE_FIT_MIN_EVENTS = 25
+"""The fewest background events for which a signal fit floats the background's shape with the
+signal. Where the window holds fewer events, or the fit leaves fewer to the background (a signal
+that takes nearly all of them), a fit given the channel's simulated shape (``background_shape``)
+holds the shape there and fits only the background's yield: a search's background from simulation
+where the data are too few to set it. A two-parameter falling shape under a handful of events is
+not determined by them, and a fit that floats it drifts along the flat directions (a whitened shape
+parameter at 800 of its units under one background event) to wherever the C library's last bits
+stopped it, or into another minimum. (The background-only fit's own shape is no stand-in: over a
+sparse window it bends over the signal's events and takes them from the signal.)"""
+
+MINIMA_TIE_DEVIANCE = 1e-6
+"""Minima from several starts whose deviances (twice -ln L) lie within this of the lowest are
+equal, and the first start's is kept: the fits stop at a Newton decrement of 1e-6 (``_newton``),
+so smaller differences say where a minimisation stopped, not which minimum is lower."""
+
+
+def _held_where_idle(m: Minimum, default: Minimum, shape_free_of_data) -> Minimum:
+    """``m``, or where the data do not constrain the signal's mass and width (``shape_free_of_data``,
+    from ``shape_unconstrained``: with no signal to speak of the likelihood is flat in them, and a
+    minimisation leaves them where rounding did) the fit with them held at the first start's values
+    (which the spectrum and the hint fix), minimised from that start (``default.start``)."""
+    if not shape_free_of_data:
+        return m
+    fixed = {name for name, held in m.fixed.items() if held} | set(shape_free_of_data)
+    return _minimize(m.cost, default.start, fixed, m.limits, m.errors, max_step=_shape_steps(m.cost.sigma))
 
 
 def _signal_yield_floor(tmpl, b_exp, resolution_gev, m_lo, m_hi, width_fixed):
@@ -485,17 +541,22 @@ def fit_signal_plus_background(
     max_width_gev: float | None = None,
     spurious_signal_events: float = 0.0,
     background: BackgroundFit | None = None,
+    background_shape: tuple[float, float] | None = None,
 ) -> ResonanceFit:
     """Extended binned ML fit of background + Voigt signal (resolution fixed).
 
     Mass floats in ``mass_bounds_gev`` (default: the fit window) unless ``fix_mass_gev``
     is given. Width floats in [0, max_width_gev]; ``max_width_gev=None`` means a quarter
     of the window, ``0`` fixes a narrow (resolution-dominated) resonance; a floating width is
-    fitted from several starts (``width_starts``) and the lowest minimum kept. Errors are
+    fitted from several starts (``width_starts``) and the lowest minimum kept. Under fewer than
+    ``SHAPE_FIT_MIN_EVENTS`` background events the background's shape is held at
+    ``background_shape`` (p1, p2: the channel's simulated shape) where one is given; a mass and width
+    the data do not constrain, at the first start's values (``_held_where_idle``). Errors are
     from the exact Hessian (observed information; ``_parabolic_errors``); the mass's and
     width's are infinite where the signal lowers the deviance by less than 1 below the
-    background-only fit (``shape_unconstrained``). ``background``: a background-only fit of the
-    same histogram (`fit_background_only`) to start from and compare with, to save refitting it.
+    background-only fit (``shape_unconstrained``; with the shape held, the one with that shape).
+    ``background``: a background-only fit of the same histogram (`fit_background_only`) to start
+    from and compare with, to save refitting it.
     """
     edges, counts = as_counts(edges, counts)
     tmpl = template(edges, sqrt_s_tev)
@@ -503,11 +564,11 @@ def fit_signal_plus_background(
     max_w = _default_max_width(edges) if max_width_gev is None else float(max_width_gev)
     fix_mass = fix_mass_gev is not None
 
-    def fit(width_start_gev):
+    def fit(width_start_gev, fit_shape, reference):
         return fit_resonance_on_template(
             tmpl,
             counts,
-            bkg,
+            reference,
             float(resolution_gev),
             float(fix_mass_gev) if fix_mass else float(mass_start_gev),
             mass_bounds_gev=mass_bounds_gev,
@@ -515,14 +576,27 @@ def fit_signal_plus_background(
             max_width_gev=max_w,
             spurious_events=float(spurious_signal_events),
             width_start_gev=width_start_gev,
+            fit_background_shape=fit_shape,
+            shape_after_signal=True,
         )[0]
 
-    # a floating width: the lowest minimum over the width starts (the first of equals)
-    minima = [fit(start) for start in (width_starts(float(resolution_gev), max_w) if max_w > 0.0 else [None])]
-    best = min(minimum.fval for minimum in minima)
-    m = polished(next(x for x in minima if x.fval <= best + 1e-9 * (1.0 + abs(best))), float(resolution_gev))
+    def lowest(fit_shape, reference):
+        """The lowest minimum over the width starts (the first of equals), and the first start's."""
+        starts = width_starts(float(resolution_gev), max_w) if max_w > 0.0 else [None]
+        minima = [fit(start, fit_shape, reference) for start in starts]
+        best = min(minimum.fval for minimum in minima)
+        return next(x for x in minima if x.fval <= best + MINIMA_TIE_DEVIANCE), minima[0]
+
+    held = None if background_shape is None else background_fit_with_shape(tmpl, counts, *background_shape)
+    fit_shape = held is None or float(np.sum(counts)) >= SHAPE_FIT_MIN_EVENTS
+    reference = bkg if fit_shape else held
+    m, first = lowest(fit_shape, reference)
+    if fit_shape and held is not None and m.values[NB] < SHAPE_FIT_MIN_EVENTS:
+        reference = held  # too little background left to fit its shape
+        m, first = lowest(False, reference)
+    free_of_data = shape_unconstrained(m, reference)
+    m = polished(_held_where_idle(m, first, free_of_data), float(resolution_gev))
     cost = m.cost
-    free_of_data = shape_unconstrained(m, bkg)
     return _resonance_result(m, cost, tmpl.n_bins, _parabolic_errors(m, cost, free_of_data), free_of_data)
 
 

@@ -483,6 +483,26 @@ def _least_squares_2x2(m00, m01, m10, m11, b0, b1):
     return lam[0], lam[1]
 
 
+BOUND_SNAP = 1e-12
+"""A step's parameter within this of a bound, relative to the size of the numbers it was made from
+(``onto_bounds``), is put on the bound: a step cut to reach a bound lands a few rounding errors
+short of it (a yield of 5.7e-319 instead of 0), which leaves the bound inactive and the fit
+stepping at denormals until it runs out of iterations, or not, as the last bits fall."""
+
+
+@njit(cache=True)
+def onto_bounds(x, step, lo, hi):
+    """``x + step`` clipped to [``lo``, ``hi``], and put on a bound it is within ``BOUND_SNAP`` of
+    (relative to ``|x| + |step|``)."""
+    value = min(max(x + step, lo), hi)
+    snap = BOUND_SNAP * (abs(x) + abs(step))
+    if value - lo <= snap:
+        return lo
+    if hi - value <= snap:
+        return hi
+    return value
+
+
 @njit(cache=True)
 def newton_direction(g, h, xf, lo, hi, bounded, normals, on_wall):
     """The step of one ``fitting._newton`` iteration over the free parameters (gradient ``g``,
@@ -615,7 +635,7 @@ def newton_minimise(
         trial = x.copy()
         if decrement < tol:  # within ~decrement/2 of the minimum: take the last step if it helps
             for a in range(p):
-                trial[free[a]] = min(max(xf[a] + step[a], lo[a]), hi[a])
+                trial[free[a]] = onto_bounds(xf[a], step[a], lo[a], hi[a])
             ftrial = cost(trial, False)[0]
             if ftrial <= fval:
                 return trial, ftrial, True
@@ -630,14 +650,14 @@ def newton_minimise(
             if d != 0.0:
                 t = min(t, caps[a] / abs(d))
         for a in range(p):
-            trial[free[a]] = min(max(xf[a] + t * step[a], lo[a]), hi[a])
+            trial[free[a]] = onto_bounds(xf[a], t * step[a], lo[a], hi[a])
         ftrial, g_trial, h_trial = cost(trial, True)
         if not ftrial <= fval - 1e-4 * t * descent:
             found = False
             for _halving in range(60):
                 t *= 0.5
                 for a in range(p):
-                    trial[free[a]] = min(max(xf[a] + t * step[a], lo[a]), hi[a])
+                    trial[free[a]] = onto_bounds(xf[a], t * step[a], lo[a], hi[a])
                 ftrial = cost(trial, False)[0]
                 if ftrial <= fval - 1e-4 * t * descent:
                     found = True

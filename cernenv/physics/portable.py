@@ -22,15 +22,17 @@ So the environment takes these from here:
   small matrices of the fits (at most 7 x 7, or a few hundred rows of 3 or 4 columns).
 
 numba compiles without fused multiply-adds or reassociation (no ``fastmath``), so the same loop
-makes the same bits whatever vector units the processor has. What is left to the processor is the
-C library's own choice between its implementations of ``exp``, ``log`` and ``pow``: glibc has one
-for processors with FMA and AVX2 (every x86-64 processor since 2013-2015) and one for those
-without, which differ in rare last bits. Sums (``np.sum``), ``np.sqrt``, ``np.sin``/``np.cos`` and
-``np.einsum`` (without ``optimize``) are the same on every processor already: numpy compiles them
-once for its baseline. tests/test_portable.py holds every function here to numpy/LAPACK's result
-and scans the environment's source for the calls this module replaces;
-tests/test_evidence_replay.py replays the committed episodes with numpy's vector kernels and
-OpenBLAS's processor-specific kernels turned off.
+makes the same bits whatever vector units the processor has. What is left to the processor is the C
+library's own choice between its implementations of ``exp``, ``log`` and ``pow``: glibc has one for
+processors with FMA and AVX2 (every x86-64 processor since 2013-2015) and one for those without,
+which differ in rare last bits; the fits are made to give one answer under either
+(``cernenv.physics.fitting``: no parameter left where rounding stopped it). Sums (``np.sum``),
+``np.sqrt``, ``np.sin``/``np.cos`` and ``np.einsum`` (without ``optimize``) are the same on every
+processor already: numpy compiles them once for its baseline. tests/test_portable.py holds every
+function here to numpy/LAPACK's result and scans the environment's source for the calls this module
+replaces; tests/test_evidence_replay.py replays the committed episodes with numpy's vector kernels
+and OpenBLAS's processor-specific kernels turned off, and glibc's ``exp`` and ``log`` for a
+processor without FMA.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from . import portable
-from .fitting import BackgroundFit, fit_background_on_template, fit_signal_plus_background
+from .fitting import SHAPE_FIT_MIN_EVENTS, BackgroundFit, fit_background_on_template, fit_signal_plus_background
 from .kernels import profile_rows
 from .likelihood import BinnedTemplate, as_counts, template
 
@@ -126,6 +126,14 @@ MIN_EXPECTED_EVENTS = 1e-12
 """Expected events per bin below which a bin's Fisher information is computed as if it held this many."""
 
 
+def scan_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signal_fractions, background_shape=None):
+    """(N_s-hat, q0) per signal shape: ``held_shape_q0`` at ``background_shape`` where one is given and
+    the window holds fewer than ``fitting.SHAPE_FIT_MIN_EVENTS`` events, else ``local_q0``."""
+    if background_shape is not None and float(np.sum(counts)) < SHAPE_FIT_MIN_EVENTS:
+        return held_shape_q0(tmpl, counts, *background_shape, signal_fractions)
+    return local_q0(tmpl, counts, bkg, signal_fractions)
+
+
 def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signal_fractions: np.ndarray):
     """(N_s-hat, q0) per signal shape; q0 = 2 (NLL_b - NLL_s+b) if N_s-hat > 0 else 0 (CCGV eq. 12).
 
@@ -208,6 +216,81 @@ def local_q0(tmpl: BinnedTemplate, counts: np.ndarray, bkg: BackgroundFit, signa
     return ns, q0
 
 
+HELD_SHAPE_ITERATIONS = 100
+"""Newton iterations of ``held_shape_q0`` (a concave problem in two unknowns: ~5-10 suffice)."""
+
+
+def held_shape_q0(tmpl: BinnedTemplate, counts: np.ndarray, p1: float, p2: float, signal_fractions: np.ndarray):
+    """(N_s-hat, q0) per signal shape with the background's shape held at (p1, p2), N_b and N_s >= 0
+    profiled: what ``local_q0`` gives where a window holds too few events to set the shape
+    (``fitting.SHAPE_FIT_MIN_EVENTS``). The NLL is convex in (N_b, N_s) (a sum of -n ln(linear)
+    and linear terms), so its minimum over the quadrant is one point that every start reaches: a
+    projected Newton iteration from the background-only optimum (N_b = the window's events, N_s = 0),
+    with Armijo halving. Where the score in N_s points down there, N_s-hat = 0 and q0 = 0 exactly;
+    such a row's N_s-hat is returned as the one-step estimate (<= 0), as ``local_q0`` does."""
+    n = np.asarray(counts, dtype=float)
+    s = np.asarray(signal_fractions, dtype=float)
+    k = s.shape[0]
+    f = tmpl.background(float(p1), float(p2))[0]
+    total = float(np.sum(n))
+    mu0 = total * f
+    nll0 = float(_nll(mu0, n))
+    totals = np.sum(s, axis=1)
+    u_s = np.sum(s * (n / mu0), axis=1) - totals  # the score in N_s at N_s = 0
+    w0 = n / mu0**2
+    h_bb, h_bs, h_ss = np.sum(w0 * f * f), np.sum(w0 * f * s, axis=1), np.sum(w0 * s * s, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        one_step = u_s / (h_ss - h_bs * h_bs / h_bb)
+    ns = np.where(np.isfinite(one_step), np.minimum(one_step, 0.0), 0.0)
+    q0 = np.zeros(k)
+    for row in np.flatnonzero(u_s > 0):
+        x, fval = _convex_minimum(n, f, s[row], float(totals[row]), np.array([total, 0.0]), nll0)
+        ns[row] = x[1]
+        q0[row] = max(2.0 * (nll0 - fval), 0.0) if x[1] > 0 else 0.0
+    return ns, q0
+
+
+def _convex_minimum(n, f, s, signal_total, x, fval):
+    """The minimum over N_b, N_s >= 0 of NLL = N_b + N_s signal_total - sum n ln(N_b f + N_s s), from
+    ``x`` (with NLL ``fval``): projected Newton steps, a bound held where its gradient points out."""
+    for _ in range(HELD_SHAPE_ITERATIONS):
+        mu = x[0] * f + x[1] * s
+        with np.errstate(divide="ignore", invalid="ignore"):  # mu > 0 wherever n > 0 (the NLL is finite)
+            ratio = np.where(n > 0, n / mu, 0.0)
+            w = np.where(n > 0, ratio / mu, 0.0)
+        grad = np.array([1.0 - np.sum(ratio * f), signal_total - np.sum(ratio * s)])
+        hess = np.array([[np.sum(w * f * f), np.sum(w * f * s)], [np.sum(w * f * s), np.sum(w * s * s)]])
+        free = ~((x <= 0.0) & (grad > 0.0))
+        step = np.zeros(2)
+        if free.all():
+            det = hess[0, 0] * hess[1, 1] - hess[0, 1] * hess[1, 0]
+            if det > 1e-12 * hess[0, 0] * hess[1, 1]:
+                step = np.array(
+                    [hess[1, 1] * -grad[0] + hess[0, 1] * grad[1], hess[1, 0] * grad[0] - hess[0, 0] * grad[1]]
+                )
+                step /= det
+            else:  # one direction is flat: the diagonal's steps
+                step = -grad / np.maximum(np.diag(hess), 1e-300)
+        else:
+            i = int(np.flatnonzero(free)[0]) if free.any() else -1
+            if i >= 0:
+                step[i] = -grad[i] / max(hess[i, i], 1e-300)
+        descent = -float(grad[0] * step[0] + grad[1] * step[1])
+        if not descent > 1e-12:
+            break
+        t = 1.0
+        for _halving in range(60):
+            trial = np.maximum(x + t * step, 0.0)
+            ftrial = float(_nll(trial[0] * f + trial[1] * s, n))
+            if ftrial <= fval - 1e-4 * t * descent:
+                break
+            t *= 0.5
+        else:
+            break
+        x, fval = trial, ftrial
+    return x, fval
+
+
 def resolutions_on_grid(resolution_gev_fn, masses):
     """σ(m) on the grid: one vectorised call when the function takes arrays, else one per mass."""
     try:
@@ -245,6 +328,7 @@ def scan_local_significance(
     resolution_gev_fn: Callable[[float], float],
     mass_grid_gev,
     background: BackgroundFit | None = None,
+    background_shape: tuple[float, float] | None = None,
 ) -> BumpScan:
     """Local significance Z(m) of a narrow resonance for each mass in ``mass_grid_gev``.
 
@@ -252,7 +336,9 @@ def scan_local_significance(
     arrays, else once per grid point);
     ``background``: a background-only fit of the same histogram, to save refitting it.
     Narrow-width hypothesis; all background parameters profiled at every mass (see
-    the module docstring). Candidates: see ``BumpScan``.
+    the module docstring), except over fewer than ``fitting.SHAPE_FIT_MIN_EVENTS`` events with a
+    ``background_shape`` (p1, p2: the channel's simulated shape) given: then the shape is held
+    there and N_b and N_s profiled (``held_shape_q0``). Candidates: see ``BumpScan``.
     """
     edges, counts = as_counts(edges, counts)
     grid = np.asarray(mass_grid_gev, dtype=float).ravel()
@@ -261,7 +347,7 @@ def scan_local_significance(
     tmpl = template(edges, sqrt_s_tev)
     bkg = background if background is not None else fit_background_on_template(tmpl, counts)
     res = resolutions_on_grid(resolution_gev_fn, grid)
-    ns, q0 = local_q0(tmpl, counts, bkg, gaussian_bin_fractions(tmpl, grid, res))
+    ns, q0 = scan_q0(tmpl, counts, bkg, gaussian_bin_fractions(tmpl, grid, res), background_shape)
     # A hypothesis whose profile failed numerically (empty high-mass bins) shows no excess.
     z = np.where(np.isfinite(q0), np.sqrt(np.where(np.isfinite(q0), q0, 0.0)), 0.0)
     best = int(np.argmax(z))

@@ -19,9 +19,15 @@ import numpy as np
 from scipy.special import gammainc, gammaln, log_ndtr, ndtr, ndtri, pdtr
 
 from . import portable
-from .fitting import BackgroundFit, fit_background_on_template, fit_resonance_on_template
-from .likelihood import NS, M, as_counts, template
-from .scan import gaussian_bin_fractions, local_q0, resolutions_on_grid
+from .fitting import (
+    SHAPE_FIT_MIN_EVENTS,
+    BackgroundFit,
+    background_fit_with_shape,
+    fit_background_on_template,
+    fit_resonance_on_template,
+)
+from .likelihood import NB, NS, M, as_counts, template
+from .scan import gaussian_bin_fractions, resolutions_on_grid, scan_q0
 
 # The standard normal's tail functions, as scipy.stats.norm computes them (sf(z) = ndtr(-z),
 # logsf(z) = log_ndtr(-z), isf(p) = -ndtri(p)) without its per-call argument handling.
@@ -85,6 +91,7 @@ def profile_likelihood_significance(
     spurious_signal_events: float = 0.0,
     mass_bounds_gev: tuple[float, float] | None = None,
     background: BackgroundFit | None = None,
+    background_shape: tuple[float, float] | None = None,
 ) -> LocalSignificance:
     """Profile-likelihood local significance of a narrow resonance (width 0).
 
@@ -103,7 +110,10 @@ def profile_likelihood_significance(
     N_s < 0) must not hide it; a fit that ends at N_s = 0 while the scan of the bounds shows
     an excess is restarted from the scan's best mass. ``background``: a background-only fit of the
     same histogram to start from (it is refitted if the s+b fit finds a better H0
-    minimum). The width is fixed to 0: with a floating
+    minimum). ``background_shape`` (p1, p2: the channel's simulated shape): where the window holds
+    fewer than ``fitting.SHAPE_FIT_MIN_EVENTS`` events or the s+b fit leaves fewer to the
+    background, both hypotheses hold the background's shape there (nuisance N_b alone), as a
+    resonance fit does. The width is fixed to 0: with a floating
     width (undefined under H0) q0 would not follow the half-chi2 law.
     """
     edges, counts = as_counts(edges, counts)
@@ -120,7 +130,8 @@ def profile_likelihood_significance(
         lo, hi = sorted(map(float, mass_bounds_gev))
         starts = [float(np.clip(mass_gev, lo, hi))]
         grid = np.linspace(lo, hi, max(int(np.ceil((hi - lo) / (0.25 * res))) + 1, 2))
-        _, q0_scan = local_q0(tmpl, counts, bkg, gaussian_bin_fractions(tmpl, grid, np.full(grid.size, res)))
+        signal = gaussian_bin_fractions(tmpl, grid, np.full(grid.size, res))
+        _, q0_scan = scan_q0(tmpl, counts, bkg, signal, background_shape)
         if np.nanmax(q0_scan) > 0.0:
             m_scan = float(grid[int(np.nanargmax(q0_scan))])
             if abs(m_scan - starts[0]) > 0.5 * res:
@@ -129,11 +140,11 @@ def profile_likelihood_significance(
     else:
         bounds = None
 
-    def fit_from(m0):
+    def fit_from(m0, fit_shape, reference):
         return fit_resonance_on_template(
             tmpl,
             counts,
-            bkg,
+            reference,
             res,
             m0,
             mass_bounds_gev=bounds,
@@ -142,26 +153,40 @@ def profile_likelihood_significance(
             spurious_events=spur,
             fit_theta=False,
             signal_yield_min=None if fix_mass else 0.0,
+            fit_background_shape=fit_shape,
+            shape_after_signal=True,
         )
 
-    best = best_cost = None
-    for m0 in starts:
-        fit, cost = fit_from(m0)
-        if best is None or fit.fval < best.fval:
-            best, best_cost = fit, cost
-    if m_scan is not None and not float(best.values[NS]) > 0.0 and m_scan not in starts:
-        fit, cost = fit_from(m_scan)  # the start's fit stopped at N_s = 0, next to an excess
-        if fit.fval < best.fval:
-            best, best_cost = fit, cost
+    def lowest(fit_shape, reference):
+        best = best_cost = None
+        for m0 in starts:
+            fit, cost = fit_from(m0, fit_shape, reference)
+            if best is None or fit.fval < best.fval:
+                best, best_cost = fit, cost
+        if m_scan is not None and not float(best.values[NS]) > 0.0 and m_scan not in starts:
+            fit, cost = fit_from(m_scan, fit_shape, reference)  # the start's fit stopped at N_s = 0, next to an excess
+            if fit.fval < best.fval:
+                best, best_cost = fit, cost
+        return best, best_cost
+
+    # the background's shape floats only over enough background events (as a resonance fit's does,
+    # `fitting.SHAPE_FIT_MIN_EVENTS`); held, the s+b fit with N_s = 0 is the held background's fit
+    held = None if background_shape is None else background_fit_with_shape(tmpl, counts, *background_shape)
+    fit_shape = held is None or float(np.sum(counts)) >= SHAPE_FIT_MIN_EVENTS
+    reference = bkg if fit_shape else held
+    best, best_cost = lowest(fit_shape, reference)
+    if fit_shape and held is not None and best.values[NB] < SHAPE_FIT_MIN_EVENTS:
+        fit_shape, reference = False, held
+        best, best_cost = lowest(fit_shape, reference)
     mu_hat = float(best.values[NS])
     m_hat = float(best.values[M])
     nll1 = 0.5 * float(best.fval)
-    converged = bool(best.valid and bkg.converged)
+    converged = bool(best.valid and reference.converged)
     if spur > 0.0:
         h0, _ = fit_resonance_on_template(
             tmpl,
             counts,
-            bkg,
+            reference,
             res,
             m_hat,
             mass_bounds_gev=None,
@@ -169,9 +194,12 @@ def profile_likelihood_significance(
             max_width_gev=0.0,
             spurious_events=spur,
             fix_signal_zero=True,
+            fit_background_shape=fit_shape,
         )
         nll0 = 0.5 * float(h0.fval)
         converged = converged and bool(h0.valid)
+    elif not fit_shape:
+        nll0 = reference.nll  # with the shape held, N_b alone is fitted: no other H0 minimum
     else:
         # H0 must be at least as good as the s+b background with N_s set to 0: if not,
         # the background-only fit stopped in a worse local minimum -> refit from there

@@ -7,10 +7,11 @@ step, by comparing the rewards (a changed environment or a record from another c
 fails loudly instead of showing someone else's physics). `check_replay` compares everything
 a record holds from the environment (`python -m lib.report.replay FILE...`, `make verify-evidence`).
 
-The environment computes the same bits on every x86-64 processor (`cernenv.physics.portable`),
-so a record made on any machine replays exactly, prompts included: tests/test_evidence_replay.py
-replays the committed evidence in a process that computes as a processor without AVX would
-(`BASELINE_PROCESSOR_ENVIRONMENT`).
+The environment computes the same bits on every x86-64 processor (`cernenv.physics.portable`), and
+its fits give the same answers under either of the C library's `exp` and `log`
+(`cernenv.physics.fitting`), so a record made on any machine replays exactly, prompts included:
+tests/test_evidence_replay.py replays the committed evidence in a process that computes as a
+processor without AVX or FMA would (`BASELINE_PROCESSOR_ENVIRONMENT`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ BASELINE_PROCESSOR_ENVIRONMENT = {
     ),
     "NUMBA_CPU_NAME": "generic",
     "OPENBLAS_CORETYPE": "Nehalem",
+    "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2,-FMA",
 }
 """Environment variables under which a new Python process computes as an x86-64 processor without
-AVX would: numpy's kernels for its baseline (SSE4.2) only, numba's code for a generic x86-64, and
-OpenBLAS's kernels for Nehalem. The C library still picks its own exp, log and pow for the
-processor: under `GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2,-FMA` (those of a processor without FMA),
-2 of the 626 committed evaluation episodes still replay differently (a width at its limit whose
-error is or is not shown; a fit whose two minima in mass and width swap)."""
+AVX or FMA would: numpy's kernels for its baseline (SSE4.2) only, numba's code for a generic x86-64,
+OpenBLAS's kernels for Nehalem, and the C library's `exp`, `log` and `pow` for a processor without
+FMA (glibc's other implementations, which differ from those for FMA in rare last bits).
+`bench/bench_libm.py` (`make bench-libm`) plays thousands of new episodes under both."""
 
 REWARD_TOLERANCE = 1e-6
 """Largest difference between a recorded and a replayed step reward that counts as equal."""
