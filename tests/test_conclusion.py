@@ -44,28 +44,35 @@ def _suite(n_particle: int, n_null: int, *, particle_right: float, null_right: f
     return episodes
 
 
-def test_the_committed_evidence_concludes_that_no_change_is_clear_with_every_interval():
-    """The committed run (the family recipe's seed 0): success 0.674 -> 0.722 with its interval's
-    low end at 0, null-task success 0.897 -> 0.943, no false discovery before or after: no effect is
-    clear, and the conclusion says exactly that, from the episodes, each change with its interval."""
+def test_the_committed_evidence_names_its_one_clear_change_a_harm():
+    """The committed run (the family recipe's seed 0): success 0.703 -> 0.674 and reward down, both
+    with intervals that hold 0; null-task success 1.000 -> 0.943 with its interval below 0; no false
+    discovery before or after. The conclusion says the one clear effect is a harm, and names it
+    first, from the episodes, each change with its interval."""
     pre = read_records(EVIDENCE / "pre_eval.jsonl.gz").rows
     post = read_records(EVIDENCE / "post_eval.jsonl.gz").rows
     changes = {c.metric.label: c for c in run_changes(pre, post)}
     null = changes["null-task success"]
-    assert (round(null.before.mean, 3), round(null.after.mean, 3)) == (0.897, 0.943)
-    assert (round(null.delta.mean, 3), round(null.delta.low, 3), round(null.delta.high, 3)) == (0.046, -0.023, 0.115)
+    assert (round(null.before.mean, 3), round(null.after.mean, 3)) == (1.0, 0.943)
+    assert (round(null.delta.mean, 3), round(null.delta.low, 3), round(null.delta.high, 3)) == (-0.057, -0.115, -0.011)
     stored = json.loads((EVIDENCE / "before_after_metrics.json").read_text())["groups"]["null"]["delta_ci95"]
     assert [null.delta.low, null.delta.high] == pytest.approx(stored["success_rate"]), "the evidence's own interval"
     false = changes["false-discovery rate"]
     assert (round(false.before.mean, 3), round(false.after.mean, 3)) == (0.0, 0.0)
-    assert {change.verdict for change in changes.values()} == {"unclear"}
+    assert {label: change.verdict for label, change in changes.items()} == {
+        "success": "unclear",
+        "mean reward": "unclear",
+        "null-task success": "harm",
+        "false-discovery rate": "unclear",
+    }
     text = conclusion_markdown(pre, post)
     assert text.startswith("**What this run shows** (313 held-out episodes played by the policy before and after")
-    assert text.split("\n")[0].endswith("No change is clear: every interval holds zero.")
+    assert text.split("\n")[0].endswith("Training's only clear effects are harms:")
     items = text.split("\n\n")[1].splitlines()
-    assert items[0] == "- No clear change: success 0.674 → 0.722 (Δ +0.048 [+0.000, +0.096])."
-    assert items[1] == "- No clear change: mean reward 3.387 → 3.634 (Δ +0.247 [−0.103, +0.579])."
-    assert "clearly" not in text.lower()
+    assert items[0].startswith("- **Clearly worse**: null-task success 1.000 → 0.943 (Δ −0.057 [−0.115, −0.011])")
+    assert items[1] == "- No clear change: success 0.703 → 0.674 (Δ −0.029 [−0.086, +0.026])."
+    assert items[2] == "- No clear change: mean reward 3.477 → 3.160 (Δ −0.317 [−0.742, +0.085])."
+    assert "clearly better" not in text.lower()
     assert not re.search(r"\d\.\d{4}", text), "three decimals, as the tables"
 
 
