@@ -591,9 +591,14 @@ def fit_signal_plus_background(
     fit_shape = held is None or float(np.sum(counts)) >= SHAPE_FIT_MIN_EVENTS
     reference = bkg if fit_shape else held
     m, first = lowest(fit_shape, reference)
-    if fit_shape and held is not None and m.values[NB] < SHAPE_FIT_MIN_EVENTS:
-        reference = held  # too little background left to fit its shape
-        m, first = lowest(False, reference)
+    if fit_shape and held is not None:
+        # decided on the minimum the shown fit would be: a start can stop where the deviance is
+        # flat (a saddle), on either side of the threshold as the last bits fall, and the polish
+        # goes on from there to the minimum
+        m = polished(m, float(resolution_gev))
+        if m.values[NB] < SHAPE_FIT_MIN_EVENTS:
+            reference = held  # too little background left to fit its shape
+            m, first = lowest(False, reference)
     free_of_data = shape_unconstrained(m, reference)
     m = polished(_held_where_idle(m, first, free_of_data), float(resolution_gev))
     cost = m.cost
