@@ -243,51 +243,65 @@ def held_shape_q0(tmpl: BinnedTemplate, counts: np.ndarray, p1: float, p2: float
         one_step = u_s / (h_ss - h_bs * h_bs / h_bb)
     ns = np.where(np.isfinite(one_step), np.minimum(one_step, 0.0), 0.0)
     q0 = np.zeros(k)
-    for row in np.flatnonzero(u_s > 0):
-        x, fval = _convex_minimum(n, f, s[row], float(totals[row]), np.array([total, 0.0]), nll0)
-        ns[row] = x[1]
-        q0[row] = max(2.0 * (nll0 - fval), 0.0) if x[1] > 0 else 0.0
+    rows = np.flatnonzero(u_s > 0)
+    if rows.size:
+        x, fval = _convex_minima(n, f, s[rows], totals[rows], total, nll0)
+        ns[rows] = x[:, 1]
+        q0[rows] = np.where(x[:, 1] > 0, np.maximum(2.0 * (nll0 - fval), 0.0), 0.0)
     return ns, q0
 
 
-def _convex_minimum(n, f, s, signal_total, x, fval):
-    """The minimum over N_b, N_s >= 0 of NLL = N_b + N_s signal_total - sum n ln(N_b f + N_s s), from
-    ``x`` (with NLL ``fval``): projected Newton steps, a bound held where its gradient points out."""
+def _convex_minima(n, f, s, signal_totals, nb_start, nll_start):
+    """Per row of ``s``, the minimum over N_b, N_s >= 0 of NLL = N_b + N_s signal_total - sum n
+    ln(N_b f + N_s s), from (``nb_start``, 0) with NLL ``nll_start``: projected Newton steps (a
+    bound held where its gradient points out; the diagonal's steps where the Hessian is singular),
+    each row cut by Armijo halving; all rows at once. Returns (x (K, 2), NLL (K,))."""
+    k = s.shape[0]
+    x = np.zeros((k, 2))
+    x[:, 0] = nb_start
+    fval = np.full(k, float(nll_start))
+    going = np.ones(k, dtype=bool)
     for _ in range(HELD_SHAPE_ITERATIONS):
-        mu = x[0] * f + x[1] * s
+        rows = np.flatnonzero(going)
+        if not rows.size:
+            break
+        xr, sr = x[rows], s[rows]
+        mu = xr[:, :1] * f + xr[:, 1:] * sr
         with np.errstate(divide="ignore", invalid="ignore"):  # mu > 0 wherever n > 0 (the NLL is finite)
             ratio = np.where(n > 0, n / mu, 0.0)
             w = np.where(n > 0, ratio / mu, 0.0)
-        grad = np.array([1.0 - np.sum(ratio * f), signal_total - np.sum(ratio * s)])
-        hess = np.array([[np.sum(w * f * f), np.sum(w * f * s)], [np.sum(w * f * s), np.sum(w * s * s)]])
-        free = ~((x <= 0.0) & (grad > 0.0))
-        step = np.zeros(2)
-        if free.all():
-            det = hess[0, 0] * hess[1, 1] - hess[0, 1] * hess[1, 0]
-            if det > 1e-12 * hess[0, 0] * hess[1, 1]:
-                step = np.array(
-                    [hess[1, 1] * -grad[0] + hess[0, 1] * grad[1], hess[1, 0] * grad[0] - hess[0, 0] * grad[1]]
-                )
-                step /= det
-            else:  # one direction is flat: the diagonal's steps
-                step = -grad / np.maximum(np.diag(hess), 1e-300)
-        else:
-            i = int(np.flatnonzero(free)[0]) if free.any() else -1
-            if i >= 0:
-                step[i] = -grad[i] / max(hess[i, i], 1e-300)
-        descent = -float(grad[0] * step[0] + grad[1] * step[1])
-        if not descent > 1e-12:
-            break
-        t = 1.0
+        g_b, g_s = 1.0 - np.sum(ratio * f, axis=1), signal_totals[rows] - np.sum(ratio * sr, axis=1)
+        h_bb, h_bs, h_ss = np.sum(w * f * f, axis=1), np.sum(w * f * sr, axis=1), np.sum(w * sr * sr, axis=1)
+        free_b, free_s = ~((xr[:, 0] <= 0.0) & (g_b > 0.0)), ~((xr[:, 1] <= 0.0) & (g_s > 0.0))
+        det = h_bb * h_ss - h_bs * h_bs
+        newton = free_b & free_s & (det > 1e-12 * h_bb * h_ss)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d_b = np.where(
+                newton, (h_bs * g_s - h_ss * g_b) / det, np.where(free_b, -g_b / np.maximum(h_bb, 1e-300), 0.0)
+            )
+            d_s = np.where(
+                newton, (h_bs * g_b - h_bb * g_s) / det, np.where(free_s, -g_s / np.maximum(h_ss, 1e-300), 0.0)
+            )
+        descent = -(g_b * d_b + g_s * d_s)
+        stepping = descent > 1e-12
+        going[rows[~stepping]] = False
+        rows, xr, sr = rows[stepping], xr[stepping], sr[stepping]
+        step, descent, fr = np.stack([d_b, d_s], axis=1)[stepping], descent[stepping], fval[rows]
+        t = np.ones(rows.size)
+        accepted = np.zeros(rows.size, dtype=bool)
+        trial, ftrial = xr.copy(), fr.copy()
         for _halving in range(60):
-            trial = np.maximum(x + t * step, 0.0)
-            ftrial = float(_nll(trial[0] * f + trial[1] * s, n))
-            if ftrial <= fval - 1e-4 * t * descent:
+            todo = ~accepted
+            if not todo.any():
                 break
-            t *= 0.5
-        else:
-            break
-        x, fval = trial, ftrial
+            candidate = np.maximum(xr[todo] + t[todo, None] * step[todo], 0.0)
+            f_candidate = _nll(candidate[:, :1] * f + candidate[:, 1:] * sr[todo], n)
+            ok = f_candidate <= fr[todo] - 1e-4 * t[todo] * descent[todo]
+            idx = np.flatnonzero(todo)[ok]
+            trial[idx], ftrial[idx], accepted[idx] = candidate[ok], f_candidate[ok], True
+            t[todo] *= 0.5
+        x[rows[accepted]], fval[rows[accepted]] = trial[accepted], ftrial[accepted]
+        going[rows[~accepted]] = False  # no step along its direction lowers the NLL
     return x, fval
 
 
