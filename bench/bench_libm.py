@@ -6,9 +6,8 @@
 Plays every task twice, each in a process of its own: once as this processor computes, once as a
 processor without AVX or FMA would (`lib.report.replay.BASELINE_PROCESSOR_ENVIRONMENT`: numpy's
 baseline kernels, numba's generic target, OpenBLAS's Nehalem kernels and glibc's `exp`, `log` and
-`pow` for a processor without FMA). On each task two agents play: the
-member of the heuristic family that `family_member(seed + offset)` draws, and
-`RandomAgent(seed + offset)`, whose odd
+`pow` for a processor without FMA). On each task two agents play: the member of the heuristic
+family that `family_member(seed + offset)` draws, and `RandomAgent(seed + offset)`, whose odd
 choices reach the spectra no plan would (fits of a handful of events, windows a peak fills). The
 tasks: `--tasks` of the validation split, as many of the training mix, and up to `--tasks` of the
 held-out suite. Compared: every observation each episode returned, rendered as the policy reads it,
@@ -96,8 +95,7 @@ def main(argv: List[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as folder:
         outputs, children = [], []
-        without = BASELINE_PROCESSOR_ENVIRONMENT
-        for name, extra in (("this processor", {}), ("no AVX or FMA", without)):
+        for name, extra in (("this processor", {}), ("no AVX or FMA", BASELINE_PROCESSOR_ENVIRONMENT)):
             out = Path(folder) / f"{len(outputs)}.json"
             command = [sys.executable, __file__, "--tasks", str(args.tasks), "--offset", str(args.offset)]
             children.append(subprocess.Popen(command + ["--play", str(out)], cwd=ROOT, env={**os.environ, **extra}))
