@@ -7,8 +7,10 @@ action, here an `ExperimentAction` (a plain dict of the same shape works as well
 Numbers the environment showed are quoted by reference (`"@fit.mass_gev"`), never retyped. The plan:
 the highest beam energy, the trigger that records the task's first channel best, half of what is
 affordable booked and collected, that channel calibrated, reconstructed, histogrammed, scanned and
-fitted, the significance estimated, and a discovery claimed at 3 sigma global or more, else "nothing
-there". A refused action is not retried: the plan moves on, and the claim ends the episode anyway.
+fitted, the significance estimated, and a discovery claimed at 3 sigma global or more (with the fit's
+mass and its uncertainty, when the fit could give one), else "nothing there". A refused action is not
+retried: the plan moves on, and the claim ends the episode anyway (a fit whose mass ran to the
+spectrum's edge has its significance estimate refused, and the claim is then "nothing there").
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ class TemplateAgent:
 
     @staticmethod
     def claim(observation: CollisionObservation, channel: str) -> ExperimentAction:
-        z_global = observation.references.get("significance.significance_sigma")
-        if isinstance(z_global, (int, float)) and z_global >= DISCOVERY_Z_GLOBAL:
+        references = observation.references
+        z_global = references.get("significance.significance_sigma")
+        measured = "fit.mass_uncertainty_gev" in references  # absent when the data do not constrain the mass
+        if isinstance(z_global, (int, float)) and z_global >= DISCOVERY_Z_GLOBAL and measured:
             parameters = {
                 "discovered": True,
                 "mass_gev": "@fit.mass_gev",

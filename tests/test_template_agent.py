@@ -39,6 +39,18 @@ def test_the_template_plays_an_episode_to_its_claim_with_no_action_refused(reset
     assert len(observations) - 1 <= observations[0].task.max_steps
 
 
+def test_a_fit_that_ran_to_the_spectrum_s_edge_costs_one_refused_estimate_and_ends_on_nothing_there():
+    """The one refusal the plan meets, in about 1 of 100 fresh worlds: the significance estimate at
+    the mass of a fit that found no peak inside the window. The plan moves on to its claim, and that
+    claim is "nothing there", accepted."""
+    env = CERNCollisionEnvironment()
+    observations = play(TemplateAgent(), env, seed=1_000_000_021, difficulty="easy", secret_salt="s21")
+    refused = [o.latest_result.get("action") for o in observations if o.rule_violations]
+    assert refused == ["estimate_significance"], refused
+    assert "ran to the spectrum's edge" in observations[-2].rule_violations[0]
+    assert observations[-1].latest_result.get("action") == "submit_discovery_claim" and not env.state.discovered
+
+
 def test_the_template_finds_the_curated_higgs():
     """A scripted physicist that cannot find the 125 GeV diphoton Higgs is broken, not unlucky."""
     env = CERNCollisionEnvironment()
@@ -95,4 +107,6 @@ def test_make_evaluate_scores_the_template_as_it_is(tmp_path, capfd):
     (card_file,) = out.glob("scorecard-*.json")
     card = json.loads(card_file.read_text())
     assert (card["graded"], card["abandoned"], card["unplayed"]) == (2, 0, 0)
-    assert card["counts"]["all"]["refused_actions"] == 0 and card["counts"]["all"]["ended_without_claim"] == 0
+    # fresh worlds: an estimate at a fit that ran to the spectrum's edge is refused in about 1 of 100
+    # (the test above), at most once an episode; every episode ends on the template's claim
+    assert card["counts"]["all"]["refused_actions"] <= 2 and card["counts"]["all"]["ended_without_claim"] == 0
