@@ -457,6 +457,12 @@ def test_a_reveal_that_is_not_the_committed_one_is_refused(played, tmp_path):
     files["reveal"].write_text("{not json")
     with pytest.raises(AuditError, match=r"reveal.json: not JSON"):
         verify_run(read_run(files["ledger"]), files["reveal"])
+    for stated in ("0" * 64, None):  # the document untouched, the hash it states edited or gone
+        reveal = json.loads(played["reveal"].read_text())
+        reveal["commitment"] = stated
+        files["reveal"].write_text(json.dumps(reveal))
+        with pytest.raises(AuditError, match=r"its commitment field .* is not its document's hash"):
+            verify_run(read_run(files["ledger"]), files["reveal"])
 
 
 def test_a_run_file_is_new_and_never_rotated(tmp_path):

@@ -334,6 +334,11 @@ def check_reveal(
             f"{reveal_file}: its document hashes to {committed}, not to the commitment run {opened.run_id} "
             f"published ({where}: {opened.commitment})"
         )
+    if reveal.get("commitment") != committed:
+        raise AuditError(
+            f"{reveal_file}: its commitment field ({reveal.get('commitment')!r}) is not its document's hash "
+            f"({committed}): the reveal was edited; give the one the server wrote at the run's end"
+        )
     secret = document.get("operator_secret")
     described = {
         "run_id": opened.run_id,
