@@ -5,6 +5,7 @@ may return are the ones the environment and the remote player accept."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_the_template_plays_an_episode_to_its_claim_with_no_action_refused(reset
 
 
 def test_a_fit_that_ran_to_the_spectrum_s_edge_costs_one_refused_estimate_and_ends_on_nothing_there():
-    """The one refusal the plan meets, in about 1 of 100 fresh worlds: the significance estimate at
+    """The one refusal the plan meets, in about 2 of 100 fresh worlds: the significance estimate at
     the mass of a fit that found no peak inside the window. The plan moves on to its claim, and that
     claim is "nothing there", accepted."""
     env = CERNCollisionEnvironment()
@@ -49,6 +50,21 @@ def test_a_fit_that_ran_to_the_spectrum_s_edge_costs_one_refused_estimate_and_en
     assert refused == ["estimate_significance"], refused
     assert "ran to the spectrum's edge" in observations[-2].rule_violations[0]
     assert observations[-1].latest_result.get("action") == "submit_discovery_claim" and not env.state.discovered
+
+
+def test_the_template_claims_a_discovery_only_with_a_mass_uncertainty_to_quote():
+    """Without `fit.mass_uncertainty_gev` (the data did not constrain the fit's mass) a discovery
+    claim would be refused at every step to the step limit: the template claims "nothing there"."""
+    significant = {"significance.significance_sigma": 4.2, "fit.mass_gev": 2000.0}
+    claim = TemplateAgent.claim(SimpleNamespace(references=significant), "dimuon")
+    assert claim.parameters == {"discovered": False, "confidence": 0.7}
+    measured = TemplateAgent.claim(
+        SimpleNamespace(references={**significant, "fit.mass_uncertainty_gev": 9.0}), "dimuon"
+    )
+    assert (
+        measured.parameters["discovered"] is True
+        and measured.parameters["mass_uncertainty_gev"] == "@fit.mass_uncertainty_gev"
+    )
 
 
 def test_the_template_finds_the_curated_higgs():
@@ -107,6 +123,6 @@ def test_make_evaluate_scores_the_template_as_it_is(tmp_path, capfd):
     (card_file,) = out.glob("scorecard-*.json")
     card = json.loads(card_file.read_text())
     assert (card["graded"], card["abandoned"], card["unplayed"]) == (2, 0, 0)
-    # fresh worlds: an estimate at a fit that ran to the spectrum's edge is refused in about 1 of 100
+    # fresh worlds: an estimate at a fit that ran to the spectrum's edge is refused in about 2 of 100
     # (the test above), at most once an episode; every episode ends on the template's claim
     assert card["counts"]["all"]["refused_actions"] <= 2 and card["counts"]["all"]["ended_without_claim"] == 0
