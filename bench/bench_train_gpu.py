@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -208,13 +209,14 @@ def summary(results: dict) -> dict:
     return {"backends": rows, "targets": targets}
 
 
-PARTS = ("generation", "backends", "four-bit", "colab-step")
+PARTS = ("generation", "backends", "four-bit", "colab-step", "pretrained")
 """What one session can measure, each in its own processes, in the order given to `--parts`:
 `generation` (bench/bench_generate.py: each engine's tokens/s at each batch size, whole campaigns'
 growing contexts, LoRA on, TRL's loading), `backends` (the GRPO steps of Unsloth and TRL + PEFT
 above), `four-bit` (4-bit base weights: the generation rows, and a TRL GRPO step's peak memory
 against a 16-bit one's), `colab-step` (one GRPO step of configs/train/colab.yaml's own shape,
-profiled)."""
+profiled), `pretrained` (SmolLM2-135M-Instruct, a real pretrained model: `python -m lib.training`
+with `--pretrained-config`, its warm start and GRPO on the validation split, before and after)."""
 GENERATION_FLAGS = [*EPISODE_FLAGS, "--campaign-contexts"]
 """The generation table's episodes: 5 turns of 64 tokens of whole campaigns' contexts, as the GRPO bench's."""
 GENERATION_BATCH = 16
@@ -222,6 +224,8 @@ GENERATION_BATCH = 16
 FOUR_BIT_MEMORY_RATIO_TARGET = 0.6
 COLAB_FLAGS = ["--config", "configs/train/colab.yaml", "--warm_start_episodes", "0"]
 """configs/train/colab.yaml's shape for the random-weight model (which has nothing to warm-start from)."""
+PRETRAINED_CONFIG = "configs/train/smollm2-gpu.yaml"
+"""The `pretrained` part's run: SmolLM2-135M-Instruct's warm start and GRPO, sized for one call."""
 PART_MIN_SECONDS = 30.0
 """A part is skipped, and said so, when less than this is left of `--budget`."""
 
@@ -253,6 +257,51 @@ def run_generation(
         error = f"stopped after {timeout_s:g} s"
     rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line] if rows_path.exists() else []
     return {"rows": rows, **({"error": error} if error else {})}
+
+
+def run_pretrained(config: str, out_dir: Path, outputs: Path, timeout_s: Optional[float]) -> dict:
+    """`python -m lib.training --config config` in its own process, printing as it goes, its evidence
+    under `out_dir` (kept when it is stopped: the warm start's evaluation is written before GRPO
+    starts), its checkpoints under `outputs`; what its before_after_metrics.json and
+    train_result.json say, or the error."""
+    evidence = out_dir / "evidence"
+    command = [sys.executable, "-m", "lib.training", "--config", config]
+    command += ["--evidence_dir", str(evidence), "--output_dir", str(outputs)]
+    print("$", " ".join(command), flush=True)
+    error = None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run(command, cwd=ROOT, timeout=timeout_s)
+        if done.returncode:
+            error = f"exit {done.returncode}"
+    except subprocess.TimeoutExpired:
+        error = f"stopped after {timeout_s:g} s (what it wrote is under {out_dir})"
+    if (outputs / "train_result.json").is_file():
+        shutil.copyfile(outputs / "train_result.json", out_dir / "train_result.json")
+    return {"config": config, **pretrained_summary(evidence, outputs), **({"error": error} if error else {})}
+
+
+def pretrained_summary(evidence: Path, outputs: Path) -> dict:
+    """Success and mean reward of the warm start (before) and after GRPO, with their 95% intervals
+    and the paired difference's, and each phase's seconds: what the run's files hold of them."""
+    found: dict = {}
+    metrics = evidence / "before_after_metrics.json"
+    if metrics.is_file():
+        payload = json.loads(metrics.read_text())
+        found["tasks"] = payload["pre"]["n"]
+        for measure in ("success_rate", "mean_reward"):
+            found[measure] = {
+                "before": payload["pre"][measure],
+                "before_ci95": payload["pre_ci95"][measure],
+                "after": payload["post"][measure],
+                "after_ci95": payload["post_ci95"][measure],
+                "delta": payload["delta"][measure],
+                "delta_ci95": payload["delta_ci95"][measure],
+            }
+    result = outputs / "train_result.json"
+    if result.is_file():
+        found["seconds"] = {k: round(v, 1) for k, v in json.loads(result.read_text())["seconds"].items()}
+    return found
 
 
 def generation_targets(rows: Sequence[dict]) -> dict:
@@ -292,6 +341,7 @@ def main(argv=None) -> int:
     parser.add_argument("--engines", nargs="+", default=["generate", "compiled"], help="the generation table's engines")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[GENERATION_BATCH, 64, 128])
     parser.add_argument("--colab-backend", choices=["unsloth", "trl"], default="unsloth")
+    parser.add_argument("--pretrained-config", default=PRETRAINED_CONFIG, help="the `pretrained` part's run")
     parser.add_argument(
         "--profile-dir", type=Path, help="profile one more step per backend: profile_<backend>.txt here"
     )
@@ -336,7 +386,7 @@ def main(argv=None) -> int:
     engine_flags = ["--engines", *args.engines, "--batch-sizes", *map(str, args.batch_sizes)]
     with tempfile.TemporaryDirectory(prefix="bench-train-gpu-") as tmp:
         model_dir = args.model_dir or Path(tmp) / "model"
-        if not (model_dir / "config.json").exists():
+        if set(args.parts) - {"pretrained"} and not (model_dir / "config.json").exists():
             n_params = build_model(model_dir, SHAPES[args.shape])
             print(f"built a random-weight {args.shape} model: {n_params / 1e6:.0f}M parameters", flush=True)
         rows_dir = args.out.parent if args.out else Path(tmp)
@@ -389,6 +439,10 @@ def main(argv=None) -> int:
                     timeout_s=timeout_s,
                     profile=args.profile_dir / "profile_colab.txt" if args.profile_dir else None,
                     base_flags=COLAB_FLAGS,
+                )
+            elif part == "pretrained":
+                report["pretrained"] = run_pretrained(
+                    args.pretrained_config, rows_dir / "pretrained", Path(tmp) / "pretrained", timeout_s
                 )
             save()
     print(json.dumps({k: v for k, v in report.items() if k != "raw"}, indent=2))
