@@ -164,18 +164,22 @@ def join(stage_dir: Path, site_dir: Path) -> Path:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    cut = commands.add_parser("split", help="cut a file into pieces and write pieces.json")
+    cut = commands.add_parser("split", allow_abbrev=False, help="cut a file into pieces and write pieces.json")
     cut.add_argument("file", type=Path)
     cut.add_argument("pieces_dir", type=Path)
     cut.add_argument("--install-path", required=True, help="where join puts the file, relative to SITE_DIR")
     cut.add_argument("--first-bytes", type=int, default=0, help="the first piece's size (0: as the others)")
     cut.add_argument("--piece-bytes", type=int, required=True)
-    move = commands.add_parser("stage", help="move the pieces a call carried out of the checkout, checked")
+    move = commands.add_parser(
+        "stage", allow_abbrev=False, help="move the pieces a call carried out of the checkout, checked"
+    )
     move.add_argument("pieces_dir", type=Path)
     move.add_argument("stage_dir", type=Path)
-    whole = commands.add_parser("join", help="the file from its staged pieces, checked")
+    whole = commands.add_parser("join", allow_abbrev=False, help="the file from its staged pieces, checked")
     whole.add_argument("stage_dir", type=Path)
     whole.add_argument("site_dir", type=Path)
     args = parser.parse_args(argv)
