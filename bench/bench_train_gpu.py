@@ -226,6 +226,9 @@ COLAB_FLAGS = ["--config", "configs/train/colab.yaml", "--warm_start_episodes", 
 """configs/train/colab.yaml's shape for the random-weight model (which has nothing to warm-start from)."""
 PRETRAINED_CONFIG = "configs/train/smollm2-gpu.yaml"
 """The `pretrained` part's run: SmolLM2-135M-Instruct's warm start and GRPO, sized for one call."""
+PRETRAINED_KEPT = ("before_after_metrics.json", "pre_eval.jsonl.gz", "post_eval.jsonl.gz", "training_log.csv")
+"""The files of the pretrained run's evidence a session keeps (the GPU machine sends back 8 files a
+call: these, results.json, the log and machine.txt); the intervals recompute from the episodes."""
 PART_MIN_SECONDS = 30.0
 """A part is skipped, and said so, when less than this is left of `--budget`."""
 
@@ -259,25 +262,26 @@ def run_generation(
     return {"rows": rows, **({"error": error} if error else {})}
 
 
-def run_pretrained(config: str, out_dir: Path, outputs: Path, timeout_s: Optional[float]) -> dict:
-    """`python -m lib.training --config config` in its own process, printing as it goes, its evidence
-    under `out_dir` (kept when it is stopped: the warm start's evaluation is written before GRPO
-    starts), its checkpoints under `outputs`; what its before_after_metrics.json and
-    train_result.json say, or the error."""
-    evidence = out_dir / "evidence"
+def run_pretrained(config: str, out_dir: Path, work_dir: Path, timeout_s: Optional[float]) -> dict:
+    """`python -m lib.training --config config` in its own process, printing as it goes, its
+    evidence and checkpoints under `work_dir`; then `PRETRAINED_KEPT` copied to `out_dir` (also from a
+    run that was stopped: the warm start's evaluation is written before GRPO starts); what its
+    before_after_metrics.json and train_result.json say, or the error."""
+    evidence, outputs = work_dir / "evidence", work_dir / "outputs"
     command = [sys.executable, "-m", "lib.training", "--config", config]
     command += ["--evidence_dir", str(evidence), "--output_dir", str(outputs)]
     print("$", " ".join(command), flush=True)
     error = None
-    out_dir.mkdir(parents=True, exist_ok=True)
     try:
         done = subprocess.run(command, cwd=ROOT, timeout=timeout_s)
         if done.returncode:
             error = f"exit {done.returncode}"
     except subprocess.TimeoutExpired:
-        error = f"stopped after {timeout_s:g} s (what it wrote is under {out_dir})"
-    if (outputs / "train_result.json").is_file():
-        shutil.copyfile(outputs / "train_result.json", out_dir / "train_result.json")
+        error = f"stopped after {timeout_s:g} s"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in PRETRAINED_KEPT:
+        if (evidence / name).is_file():
+            shutil.copyfile(evidence / name, out_dir / name)
     return {"config": config, **pretrained_summary(evidence, outputs), **({"error": error} if error else {})}
 
 

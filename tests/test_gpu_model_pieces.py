@@ -128,9 +128,9 @@ def test_the_pretrained_part_reads_a_run_s_before_and_after(tmp_path):
 
 
 def test_the_pretrained_part_reports_a_run_that_fails(tmp_path):
-    found = bench_train_gpu.run_pretrained("configs/train/no-such.yaml", tmp_path / "out", tmp_path / "o", 120)
+    found = bench_train_gpu.run_pretrained("configs/train/no-such.yaml", tmp_path / "out", tmp_path / "work", 120)
     assert found["config"] == "configs/train/no-such.yaml" and found["error"].startswith("exit ")
-    assert "success_rate" not in found
+    assert "success_rate" not in found and list((tmp_path / "out").iterdir()) == []
 
 
 def session(bundle: Path, out: Path, machine: Path, parts: str) -> subprocess.CompletedProcess:
