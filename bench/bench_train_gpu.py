@@ -233,6 +233,17 @@ PART_MIN_SECONDS = 30.0
 """A part is skipped, and said so, when less than this is left of `--budget`."""
 
 
+def run_printing(command: Sequence[str], timeout_s: Optional[float]) -> Optional[str]:
+    """Run `command` in the repository, its output printed as it comes; the error (a non-zero exit,
+    or stopped at `timeout_s`), or None."""
+    print("$", " ".join(command), flush=True)
+    try:
+        done = subprocess.run(command, cwd=ROOT, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"stopped after {timeout_s:g} s"
+    return f"exit {done.returncode}" if done.returncode else None
+
+
 def run_generation(
     model_dir: Path, flags: Sequence[str], rows_path: Path, timeout_s: Optional[float], backend: str = "trl"
 ) -> dict:
@@ -250,14 +261,7 @@ def run_generation(
         "--json-lines",
         str(rows_path),
     ]
-    print("$", " ".join(command), flush=True)
-    error = None
-    try:
-        done = subprocess.run(command, cwd=ROOT, timeout=timeout_s)
-        if done.returncode:
-            error = f"exit {done.returncode}"
-    except subprocess.TimeoutExpired:
-        error = f"stopped after {timeout_s:g} s"
+    error = run_printing(command, timeout_s)
     rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line] if rows_path.exists() else []
     return {"rows": rows, **({"error": error} if error else {})}
 
@@ -270,14 +274,7 @@ def run_pretrained(config: str, out_dir: Path, work_dir: Path, timeout_s: Option
     evidence, outputs = work_dir / "evidence", work_dir / "outputs"
     command = [sys.executable, "-m", "lib.training", "--config", config]
     command += ["--evidence_dir", str(evidence), "--output_dir", str(outputs)]
-    print("$", " ".join(command), flush=True)
-    error = None
-    try:
-        done = subprocess.run(command, cwd=ROOT, timeout=timeout_s)
-        if done.returncode:
-            error = f"exit {done.returncode}"
-    except subprocess.TimeoutExpired:
-        error = f"stopped after {timeout_s:g} s"
+    error = run_printing(command, timeout_s)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in PRETRAINED_KEPT:
         if (evidence / name).is_file():

@@ -66,19 +66,15 @@ def split(source: Path, pieces_dir: Path, install_path: str, first_bytes: int, p
     pieces_dir.mkdir(parents=True, exist_ok=True)
     for old in pieces_dir.glob("piece.*"):
         old.unlink()
-    pieces = []
+    pieces, whole = [], hashlib.sha256()
     with open(source, "rb") as handle:
         for number, size in enumerate(sizes, start=1):
             data = handle.read(size)
+            whole.update(data)
             name = f"piece.{number}"
             (pieces_dir / name).write_bytes(data)
             pieces.append({"name": name, "bytes": size, "sha256": hashlib.sha256(data).hexdigest()})
-    manifest = {
-        "install_path": install_path,
-        "bytes": source.stat().st_size,
-        "sha256": sha256_of(source),
-        "pieces": pieces,
-    }
+    manifest = {"install_path": install_path, "bytes": sum(sizes), "sha256": whole.hexdigest(), "pieces": pieces}
     (pieces_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
