@@ -21,9 +21,11 @@ Global significance (look-elsewhere effect; Gross & Vitells, EPJC 70 (2010) 525)
 probability that the scan's maximum of q0 over the window reaches the observed u = q0,
 p_global = p_local + N(u0) e^{-(u - u0)/2}, with N(u0) the expected number of upcrossings of
 the level u0 = Z_REF² = 1 by √q0 along the window under the background-only fit, computed
-once per spectrum and fit. Where the window around a mass expects >= `LOW_COUNT_BACKGROUND`
-events the process is Gaussian and N(u0) is Rice's formula (`rice_density`: binned
-templates of σ(m), background profiled). Where it expects fewer, the process is a few
+once per spectrum and fit (`cernenv.physics.significance.look_elsewhere`: the formula's one
+implementation, which the physics module's `global_significance_from_upcrossings` calls too).
+Where the window around a mass expects >= `LOW_COUNT_BACKGROUND` events the process is
+Gaussian and N(u0) is Rice's formula (`rice_density`: binned templates of σ(m), background
+profiled). Where it expects fewer, the process is a few
 Poisson counts, flat at 0 between isolated events, with fewer upcrossings than a Gaussian
 process of the same correlation; there N(u0) is the exact expectation of the upcrossings of
 u0 by the counting windows (`counting_scan_upcrossings`, at the counts whose likelihood
@@ -58,6 +60,7 @@ from cernenv.physics.significance import (
     counting_windows,
     likelihood_ratio_thresholds,
     log_p_counting_equivalent,
+    look_elsewhere,
     profile_likelihood_significance,
     z_from_log_p,
 )
@@ -322,11 +325,7 @@ def global_significance(
         n_scan = float(count_upcrossings(scan_z, Z_REF))
         if n_scan > n_ref + 2.0 * np.sqrt(n_ref):
             n_ref, source = n_scan, "scan"
-    log_terms = [log_p_local]
-    if n_ref > 0:
-        log_terms.append(float(portable.log(n_ref)) - 0.5 * (u - Z_REF**2))
-    log_p_global = min(portable.logsumexp(log_terms), 0.0)
-    z_global = min(max(z_from_log_p(log_p_global), 0.0), z_local) if log_p_global < 0 else 0.0
+    log_p_global, z_global = look_elsewhere(log_p_local, u, z_local, n_ref, Z_REF)
     return GlobalSignificance(
         z_local=z_local,
         p_local=float(portable.exp(log_p_local)),

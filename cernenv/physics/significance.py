@@ -226,27 +226,41 @@ def profile_likelihood_significance(
     )
 
 
-def global_significance_from_upcrossings(z_local: float, n_upcrossings_ref: float, z_ref: float = 1.0):
-    """Look-elsewhere correction of Gross & Vitells for s = 1 dof and a one-sided q0.
+def look_elsewhere(
+    log_p_local: float, q0: float, z_local: float, n_upcrossings_ref: float, z_ref: float = 1.0
+) -> tuple[float, float]:
+    """The look-elsewhere correction of Gross & Vitells for s = 1 dof and a one-sided q0, in log
+    space so that large Z are safe: the one implementation of the global significance, which
+    the grader's reference analysis (``cernenv.analysis.global_significance``) and
+    ``global_significance_from_upcrossings`` both call.
 
-    p_global ~= p_local + N(u0) exp(-(u - u0)/2), u = z_local^2, u0 = z_ref^2, where
-    N(u0) is the number of upcrossings of level z_ref by the local-Z scan (observed on
-    data or from ``expected_upcrossings``). Computed in log space so large Z are safe.
-    Returns (p_global <= 1, z_global in [0, z_local], trials_factor = p_global/p_local).
+    p_global = p_local + N(u0) exp(-(u - u0)/2), u = q0 the observed test statistic, u0 = z_ref²,
+    N(u0) the number of upcrossings of level z_ref by the local-Z scan (observed on data or
+    expected). `log_p_local` is the local p-value's log, asymptotic (log(1 - Φ(√q0))) or exact for
+    counts; `z_local` its significance, which caps the global one. Returns (log p_global <= 0,
+    z_global in [0, z_local]).
     """
-    z_local = max(float(z_local), 0.0)
     n_up = float(n_upcrossings_ref)
     if n_up < 0:
         raise ValueError("n_upcrossings_ref must be >= 0")
-    log_p_local = float(log_ndtr(-z_local))
+    log_p_global = float(log_p_local)
     if n_up > 0:
-        log_term = portable.log(n_up) - 0.5 * (z_local**2 - float(z_ref) ** 2)
-        log_p_global = float(portable.logaddexp(log_p_local, log_term))
-    else:
-        log_p_global = log_p_local
+        log_term = float(portable.log(n_up)) - 0.5 * (float(q0) - float(z_ref) ** 2)
+        log_p_global = float(portable.logaddexp(log_p_global, log_term))
     log_p_global = min(log_p_global, 0.0)
-    p_global = float(portable.exp(log_p_global))
     z_global = min(max(z_from_log_p(log_p_global), 0.0), z_local) if log_p_global < 0 else 0.0
+    return log_p_global, z_global
+
+
+def global_significance_from_upcrossings(z_local: float, n_upcrossings_ref: float, z_ref: float = 1.0):
+    """The look-elsewhere correction (``look_elsewhere``) of an asymptotic local significance:
+    p_local = 1 - Φ(z_local), u = z_local². Returns (p_global <= 1, z_global in [0, z_local],
+    trials_factor = p_global/p_local).
+    """
+    z_local = max(float(z_local), 0.0)
+    log_p_local = float(log_ndtr(-z_local))
+    log_p_global, z_global = look_elsewhere(log_p_local, z_local**2, z_local, n_upcrossings_ref, z_ref)
+    p_global = float(portable.exp(log_p_global))
     trials = float(portable.exp(log_p_global - log_p_local))
     return p_global, z_global, trials
 
