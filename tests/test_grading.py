@@ -129,6 +129,201 @@ def test_the_mass_window_is_symmetric_about_the_true_mass():
     assert not mass_is_correct(1000.0 + 1.001 * window, 500.0, 1000.0)
 
 
+# Every component of the grade, from the rule as docs/environment.md states it ---------------
+#
+# Each case lists all nine terminal components. The values come from the documented rules, not
+# from the code: outcome (the table of grades), mass (+1 inside the window, −0.5 outside), channel
+# (+0.5 / −0.25), spin (+0.5 / −0.25, 0 not claimed), all three 0 unless the discovery is supported
+# and the particle real; significance_calibration (−0.5 per σ beyond 1σ of the reference global Z,
+# for a discovery only); confidence_calibration 0.5·(1 − 2·(confidence − correct)²) with correct = 1
+# only for a correct outcome; efficiency 0.5 × the budget fraction left, for a correct outcome only.
+# Confidences 0.75 and 1.0 and budget fractions 0.5 and 0.25 keep every expected value exact in
+# binary floating point, so the comparison is exact.
+
+ZERO = dict.fromkeys(
+    ("outcome", "mass", "channel", "spin", "significance_calibration", "confidence_calibration", "efficiency"), 0.0
+)
+
+
+def expect(**components: float) -> Dict[str, float]:
+    return {**ZERO, **components}
+
+
+# confidence 0.75 against a correct outcome: 0.5·(1 − 2·0.25²) = 0.4375; against a wrong one:
+# 0.5·(1 − 2·0.75²) = −0.0625. Budget left 0.5: efficiency 0.5·0.5 = 0.25.
+RIGHT, WRONG = 0.4375, -0.0625
+COMPONENT_CASES = {
+    # right mass, channel and spin, claimed 4σ at a reference 4σ: +3 +1 +0.5 +0.5
+    "right mass, channel and spin": (
+        claim(confidence=0.75),
+        PARTICLE,
+        4.0,
+        expect(
+            outcome=CORRECT_DISCOVERY, mass=1.0, channel=0.5, spin=0.5, confidence_calibration=RIGHT, efficiency=0.25
+        ),
+        (True, True, True, True),
+    ),
+    # the same at a reference 5σ: an observation, +4; the claimed 4σ is within 1σ of 5σ: no cost
+    "an observation": (
+        claim(confidence=0.75),
+        PARTICLE,
+        5.0,
+        expect(
+            outcome=CORRECT_OBSERVATION, mass=1.0, channel=0.5, spin=0.5, confidence_calibration=RIGHT, efficiency=0.25
+        ),
+        (True, True, True, True),
+    ),
+    # 1100 ± 10 GeV against 1000: outside the window 2·√(10² + 1²) ≈ 20.1 GeV, so −2 and mass −0.5;
+    # the channel and spin are still graded (+0.5 each), and the outcome is not correct
+    "wrong mass": (
+        claim(mass=1100.0, confidence=0.75),
+        PARTICLE,
+        4.0,
+        expect(outcome=WRONG_MASS_DISCOVERY, mass=-0.5, channel=0.5, spin=0.5, confidence_calibration=WRONG),
+        (False, False, True, True),
+    ),
+    # a wrong channel costs 0.25 and leaves a correct outcome (the outcome follows the mass)
+    "wrong channel": (
+        claim(channel="dielectron", confidence=0.75),
+        PARTICLE,
+        4.0,
+        expect(
+            outcome=CORRECT_DISCOVERY, mass=1.0, channel=-0.25, spin=0.5, confidence_calibration=RIGHT, efficiency=0.25
+        ),
+        (True, True, False, True),
+    ),
+    # a wrong spin costs 0.25
+    "wrong spin": (
+        claim(spin=2, confidence=0.75),
+        PARTICLE,
+        4.0,
+        expect(
+            outcome=CORRECT_DISCOVERY, mass=1.0, channel=0.5, spin=-0.25, confidence_calibration=RIGHT, efficiency=0.25
+        ),
+        (True, True, True, False),
+    ),
+    # a spin not claimed is worth 0 (and is not the right spin)
+    "spin not claimed": (
+        claim(spin=None, confidence=0.75),
+        PARTICLE,
+        4.0,
+        expect(outcome=CORRECT_DISCOVERY, mass=1.0, channel=0.5, confidence_calibration=RIGHT, efficiency=0.25),
+        (True, True, True, False),
+    ),
+    # a supported discovery where there is nothing: −3, nothing else graded; confidence 1.0 against
+    # a wrong outcome is the worst Brier score, 0.5·(1 − 2·1²) = −0.5
+    "false discovery": (
+        claim(confidence=1.0),
+        NOTHING,
+        4.0,
+        expect(outcome=FALSE_DISCOVERY, confidence_calibration=-0.5),
+        (False, None, None, None),
+    ),
+    # a discovery below the 3σ evidence bar: −2 whatever the truth; claimed 4σ at a reference 2σ is
+    # 1σ beyond the tolerance: −0.5
+    "unsupported discovery": (
+        claim(confidence=0.75),
+        PARTICLE,
+        2.0,
+        expect(outcome=UNSUPPORTED_DISCOVERY, significance_calibration=-0.5, confidence_calibration=WRONG),
+        (False, None, None, None),
+    ),
+    # "nothing there" with enough luminosity analysed and nothing there: +3, correct; a null claim
+    # has no significance to calibrate, whatever it says (here 4σ against a reference 0)
+    "correct null": (
+        claim(discovered=False, confidence=0.75),
+        NOTHING,
+        0.0,
+        expect(outcome=CORRECT_NULL, confidence_calibration=RIGHT, efficiency=0.25),
+        (True, None, None, None),
+    ),
+    # "nothing there" where a particle is: −1, and mass, channel and spin all count as missed
+    "missed discovery": (
+        claim(discovered=False, confidence=0.75),
+        PARTICLE,
+        0.0,
+        expect(outcome=MISSED_DISCOVERY, confidence_calibration=WRONG),
+        (False, False, False, False),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPONENT_CASES))
+def test_every_component_of_the_grade(case):
+    c, truth, z, components, (correct, mass, channel, spin) = COMPONENT_CASES[case]
+    graded = grade(c, truth, z=z, analysed=1.0, budget_left=0.5)
+    assert graded.components == components
+    assert (graded.correct_outcome, graded.correct_mass, graded.correct_channel, graded.correct_spin) == (
+        correct,
+        mass,
+        channel,
+        spin,
+    )
+    assert graded.discovered is c.discovered
+
+
+@pytest.mark.parametrize(
+    "c, analysed, outcome",
+    [
+        (claim(discovered=False, confidence=0.75), 0.2, UNSUPPORTED_NULL),  # under 25% of the cap analysed: −1
+        (None, 1.0, NO_CLAIM),  # no claim: −1, and no confidence to calibrate
+    ],
+)
+def test_each_null_ending_without_evidence(c, analysed, outcome):
+    """An unsupported null claim is not correct, so its confidence is scored against 0: 0.75 gives
+    0.5·(1 − 2·0.75²) = −0.0625. No claim has nothing but its outcome."""
+    for truth in (PARTICLE, NOTHING):
+        graded = grade(c, truth, z=0.0, analysed=analysed, budget_left=0.5)
+        confidence = 0.0 if c is None else WRONG
+        assert graded.components == expect(outcome=outcome, confidence_calibration=confidence)
+        assert graded.correct_outcome is False and graded.discovered is False
+
+
+@pytest.mark.parametrize(
+    "confidence, correct, expected",
+    [
+        # 0.5·(1 − 2·(c − t)²): perfect confidence pays 0.5, the opposite −0.5, and 0.5 pays 0.25 either way
+        (1.0, True, 0.5),
+        (0.0, True, -0.5),
+        (0.0, False, 0.5),
+        (1.0, False, -0.5),
+        (0.5, True, 0.25),
+        (0.5, False, 0.25),
+    ],
+)
+def test_confidence_is_scored_against_whether_the_outcome_was_correct(confidence, correct, expected):
+    truth = NOTHING if correct else PARTICLE
+    graded = grade(claim(discovered=False, confidence=confidence), truth, z=0.0)
+    assert graded.correct_outcome is correct
+    assert graded.components["confidence_calibration"] == expected
+
+
+@pytest.mark.parametrize(
+    "budget_left, efficiency",
+    [
+        (0.25, 0.125),  # 0.5 × 0.25
+        (1.0, 0.5),  # nothing spent: the whole 0.5
+        (-0.01, 0.0),  # overspent within the tolerance: no budget left, nothing paid
+        (1.5, 0.5),  # a fraction left is at most 1
+    ],
+)
+def test_efficiency_pays_the_budget_left_for_a_correct_outcome(budget_left, efficiency):
+    assert (
+        grade(claim(discovered=False), NOTHING, z=0.0, budget_left=budget_left).components["efficiency"] == efficiency
+    )
+    assert grade(claim(discovered=False), PARTICLE, z=0.0, budget_left=budget_left).components["efficiency"] == 0.0
+
+
+def test_the_mass_window_is_two_sigma_with_the_resolution_floor():
+    """The window is 2·√(σ² + (0.001·m)²): with no claimed uncertainty it is 2·0.001·1000 = 2 GeV
+    either side of 1000 GeV; with σ = 3 GeV it is 2·√(9 + 1) ≈ 6.32 GeV."""
+    assert mass_is_correct(1001.99, 0.0, 1000.0) and mass_is_correct(998.01, 0.0, 1000.0)
+    assert not mass_is_correct(1002.01, 0.0, 1000.0) and not mass_is_correct(997.99, 0.0, 1000.0)
+    window = 2.0 * np.sqrt(10.0)
+    assert mass_is_correct(1000.0 + window - 0.01, 3.0, 1000.0)
+    assert not mass_is_correct(1000.0 + window + 0.01, 3.0, 1000.0)
+
+
 # The environment's grade, withheld grades and fresh worlds --------------------------------
 
 BLIND = {
@@ -183,6 +378,55 @@ def test_a_blind_claim_gets_the_same_answer_in_every_hidden_world():
         assert len(said[True] | said[False]) == 1
         compared += 1
     assert compared >= 3
+
+
+def _claim_the_higgs_after(luminosity_fb: float):
+    """Plays higgs_diphoton_125 (seed 0) to `luminosity_fb` of diphoton data, then claims the Higgs at
+    its true mass (125 GeV) with 3σ. Returns the grade and the reference analysis's local and global
+    significance at the claim (`analysis.GlobalSignificance`), from the spectrum the grader builds (the
+    grader's own construction, read here)."""
+    from cernenv import analysis
+
+    env = CERNCollisionEnvironment()
+    env.reset(seed=0, scenario="higgs_diphoton_125")
+    for verb, parameters in [
+        ("configure_beam", {"beam_energy_tev": 13.6}),
+        ("set_trigger", {"trigger": "diphoton"}),
+        ("allocate_luminosity", {"luminosity_fb": luminosity_fb}),
+        ("collect_collisions", {"luminosity_fb": luminosity_fb}),
+    ]:
+        assert not env.step({"action_type": verb, "parameters": parameters}).rule_violations
+    episode = env._episode
+    lo, hi = episode.scenario.search_window_gev
+    width = env._default_bin_width("diphoton", lo, hi)
+    spectrum = episode.recorder.build_spectrum("diphoton", (lo, hi), width, episode.beam_energy_tev, episode.pileup)
+    background = analysis.background_fit(spectrum)
+    local = analysis.local_significance(spectrum, 125.0, 0.0, background)
+    reference = analysis.global_significance(spectrum, 125.0, local, background)
+    action = json.loads(json.dumps(BLIND))
+    action["parameters"].update(mass_gev=125.0, mass_uncertainty_gev=0.5, significance_sigma=3.0)
+    assert not env.step(action).rule_violations
+    return env.episode_grade(), reference
+
+
+def test_the_grade_asks_for_the_look_elsewhere_corrected_significance():
+    """With 20 fb⁻¹ the true Higgs stands at local Z 3.39 but global Z 2.34 over the 110-160 GeV
+    window: evidence is global Z >= 3, so a claim at the right mass is an unsupported discovery
+    (−2), where a grade read from the local Z would pay a correct one (+3). With 40 fb⁻¹ the global
+    Z passes 3 (3.10) and the same claim is graded against the truth. The reference's global Z is the
+    physics module's look-elsewhere formula at the same local Z and upcrossings: one formula."""
+    from cernenv.physics.significance import global_significance_from_upcrossings
+
+    grade_20, reference_20 = _claim_the_higgs_after(20.0)
+    assert reference_20.z_local >= EVIDENCE_Z_GLOBAL > reference_20.z_global
+    assert reference_20.local_method == "asymptotic"
+    p_global, z_global, _ = global_significance_from_upcrossings(reference_20.z_local, reference_20.upcrossings_z1)
+    assert (p_global, z_global) == pytest.approx((reference_20.p_global, reference_20.z_global), rel=1e-9)
+    assert grade_20["reference_z_global"] == pytest.approx(reference_20.z_global, abs=1e-3)
+    assert grade_20["components"]["outcome"] == UNSUPPORTED_DISCOVERY and grade_20["correct_mass"] is None
+    grade_40, reference_40 = _claim_the_higgs_after(40.0)
+    assert reference_40.z_global >= EVIDENCE_Z_GLOBAL
+    assert grade_40["components"]["outcome"] == CORRECT_DISCOVERY and grade_40["correct_mass"] is True
 
 
 def test_withheld_grades_are_kept_for_the_evaluator_alone():
