@@ -205,3 +205,62 @@ def baseline_episodes_note(baselines: Optional[Mapping[str, Any]], policy_episod
         f"episodes of its own evaluation ({shared} of them in common), so their rows compare different tasks: "
         "read them as a check of the pipeline, not as a comparison."
     )
+
+
+STILL_GRAD_NORM = 1e-6
+"""A GRPO step whose gradient norm is below this did not move the policy (float32 round-off of a
+zero gradient is ~1e-7; the smallest step that moved the stand-in measured above 1e-2)."""
+
+
+def _finite(value: Any) -> Optional[float]:
+    number = as_number(value) if value is not None and value != "" else math.nan
+    return None if math.isnan(number) else number
+
+
+def still_step(row: Mapping[str, Any]) -> Optional[str]:
+    """Why a GRPO step (a training_log.csv row, or a Trainer's log) could not move the policy, in
+    words, or None when it could: its gradient norm is about zero (`STILL_GRAD_NORM`), or every
+    group's episodes scored alike (`frac_reward_zero_std` 1), so the reward ranked nothing and only
+    the KL or decision-credit terms could have moved it."""
+    grad_norm = _finite(row.get("grad_norm"))
+    alike = _finite(row.get("frac_reward_zero_std"))
+    reward, spread = _finite(row.get("reward")), _finite(row.get("reward_std"))
+    scored = f" (reward {reward:+.3f} ± {spread:.3f})" if reward is not None and spread is not None else ""
+    every_alike = alike is not None and alike >= 1.0
+    if grad_norm is not None and grad_norm < STILL_GRAD_NORM:
+        cause = (
+            f"every group's episodes scored alike{scored}, so no episode had an advantage to learn from"
+            if every_alike
+            else "no sample had a loss to follow"
+        )
+        return f"gradient norm {grad_norm:.2g}: {cause}"
+    if every_alike:
+        moved = f" (gradient norm {grad_norm:.2g})" if grad_norm is not None else ""
+        return (
+            f"every group's episodes scored alike{scored}: the reward ranked nothing, and only the KL or "
+            f"decision-credit terms moved the policy{moved}"
+        )
+    return None
+
+
+STILL_STEP_ADVICE = (
+    "groups differ when their episodes do: try a higher `temperature`, more `num_generations` or "
+    "`dynamic_sampling` (docs/exploration.md), and read the episodes for replies refused alike"
+)
+"""What to try when GRPO steps cannot move the policy."""
+
+
+def still_steps_markdown(training_log: Sequence[Mapping[str, Any]]) -> str:
+    """A warning for the steps of a run's training log that could not move the policy (`still_step`),
+    one line each, with what to try; "" when every step could."""
+    still = [(row.get("step"), reason) for row in training_log for reason in [still_step(row)] if reason]
+    if not still:
+        return ""
+    steps = len(training_log)
+    lines = [
+        f"**Warning: {len(still)} of {steps} GRPO steps could not move the policy by the reward.** "
+        f"What the run learned did not come from GRPO's ranking of its episodes; {STILL_STEP_ADVICE}.",
+        "",
+    ]
+    lines += [f"- step {step}: {reason}." for step, reason in still]
+    return "\n".join(lines)

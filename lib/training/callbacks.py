@@ -12,6 +12,11 @@ transformers' `PrinterCallback`, which `disable_tqdm=True` adds and which prints
 dict of ~47 entries. `trainer_progress(label)` puts it into every Trainer made inside it (the
 warm start's SFT trainer, the GRPO trainer).
 
+A GRPO step that could not move the policy (a gradient norm of about zero, or every group's
+episodes scored alike: `lib.report.conclusion.still_step`) gets a warning of its own, at once and
+in capitals, beside its metrics line: a run whose steps all read `groups alike 1.00, grad norm
+1e-07` learned nothing from GRPO, and its metrics line alone did not say so.
+
 `CpuThreads`: before each optimisation step, torch's compute threads set to the cores other
 processes left free during the step before (`lib.runtime.cpu_threads`).
 """
@@ -28,6 +33,7 @@ from transformers import TrainerCallback
 
 from lib.measure.comparison import checkpoint_row
 from lib.progress import Progress
+from lib.report.conclusion import STILL_STEP_ADVICE, still_step
 from lib.report.evidence import (
     CheckpointEvalWriter,
     EvidencePaths,
@@ -214,6 +220,16 @@ class TrainingProgress(TrainerCallback):
             return
         self.progress.set_postfix(line.split(",")[0])
         self.progress.note(f"{self.label} step {state.global_step}/{state.max_steps}: {line}")
+        reason = still_step(logs) if "frac_reward_zero_std" in (logs or {}) else None
+        if reason:
+            logger.warning(
+                "%s step %d/%d DID NOT MOVE THE POLICY by the reward: %s; %s",
+                self.label,
+                state.global_step,
+                state.max_steps,
+                reason,
+                STILL_STEP_ADVICE,
+            )
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.progress is not None:
