@@ -112,3 +112,68 @@ def test_decision_credit_needs_the_turn_context():
         TrainConfig(credit="step")
     with pytest.raises(ValueError, match="credit_discount must be a finite number"):
         TrainConfig(credit="decision", credit_discount=1.5)
+
+
+# Every scale_rewards: "batch" (the step's standard deviation of episode returns), "group" (each
+# group's own), "none" (1); every spread is taken with ddof=1 and SCALE_EPSILON = 1e-4 added.
+# Group a: a0 earns 1 then 2 (return 3), a1 earns -1 (return -1); both first read "s", an anchor
+# state. Group b: b0 and b1 both return 2 (no spread). Group c: c0 alone, return 5.
+# Episode term: R - mean(group): a0 +2, a1 -2, b0 0, b1 0, c0 0; then divided by the scale.
+# Step term at "s" (discount 0.5): a0's return to go 1 + 0.5·2 = 2, a1's -1; mean 0.5: +1.5, -1.5;
+# divided by the scale, where "group" is the step group's own spread |2 - (-1)|/√2 = 3/√2.
+SCALED_DECISIONS = (
+    episode("a", "a0", ["s", "a0-next"], [1.0, 2.0])
+    + episode("a", "a1", ["s"], [-1.0])
+    + episode("b", "b0", ["t"], [2.0])
+    + episode("b", "b1", ["u"], [2.0])
+    + episode("c", "c0", ["v"], [5.0])
+)
+# the five returns' spread: mean 2.2, squared deviations 0.64 + 10.24 + 0.04 + 0.04 + 7.84 = 18.8, over 4
+BATCH_STD = float(np.sqrt(18.8 / 4))
+EPISODE_SCALE = {"none": 1.0, "batch": BATCH_STD + 1e-4, "group": 4.0 / np.sqrt(2.0) + 1e-4}  # group a: |3-(-1)|/√2
+STEP_SCALE = {"none": 1.0, "batch": BATCH_STD + 1e-4, "group": 3.0 / np.sqrt(2.0) + 1e-4}
+
+
+@pytest.mark.parametrize("scale_rewards", ["batch", "group", "none"])
+def test_each_scale_divides_both_terms_by_its_own_spread(scale_rewards):
+    credit = decision_credit(SCALED_DECISIONS, scale_rewards=scale_rewards, discount=0.5, penalty_weight=0.0)
+    scale = EPISODE_SCALE[scale_rewards]
+    expected_episode = {"a0": 2.0 / scale, "a1": -2.0 / scale, "b0": 0.0, "b1": 0.0, "c0": 0.0}
+    assert credit.episode_term == pytest.approx(expected_episode, abs=1e-12)
+    step = STEP_SCALE[scale_rewards]
+    assert credit.step_term == pytest.approx({("a0", 0): 1.5 / step, ("a1", 0): -1.5 / step}, abs=1e-12)
+    assert credit.advantage[("a0", 0)] == pytest.approx(2.0 / scale + 1.5 / step)
+    assert credit.advantage[("a0", 1)] == pytest.approx(2.0 / scale)  # "a0-next": no other episode read it
+
+
+def test_a_group_of_one_or_of_equal_returns_has_no_advantage_under_any_scale():
+    """Under "group" a lone episode has no spread to divide by: its advantage is 0, not 0/ε; equal
+    returns have none either, whatever the scale (0/(0 + ε) = 0)."""
+    for scale_rewards in ("batch", "group", "none"):
+        credit = decision_credit(SCALED_DECISIONS, scale_rewards=scale_rewards, penalty_weight=0.0)
+        assert credit.episode_term["c0"] == 0.0 and credit.episode_term["b0"] == credit.episode_term["b1"] == 0.0
+
+
+def test_the_penalty_term_is_never_scaled():
+    """A refused action's penalty reaches its decision as penalty_weight × penalty whatever the scale."""
+    decisions = episode("t", "e0", ["s0", "s1"], [0.0, -0.1], [0.0, -0.1]) + episode("t", "e1", ["s0"], [3.0])
+    for scale_rewards in ("batch", "group", "none"):
+        credit = decision_credit(decisions, scale_rewards=scale_rewards, penalty_weight=10.0)
+        assert credit.penalty_term == {("e0", 0): 0.0, ("e0", 1): pytest.approx(-1.0), ("e1", 0): 0.0}
+
+
+def test_one_grpo_step_trains_with_each_decision_s_own_advantage(tiny_model_dir, tmp_path):
+    """The fast suite's one gradient step through TRL's `GRPOTrainer` (the others are marked slow):
+    two episodes whose replies are both refused score alike, so GRPO's own advantage is 0 for both;
+    with credit for each decision each refused reply carries its penalty (−0.1 × 10 = −1), and the
+    step has a gradient and moves every parameter of the stand-in policy."""
+    import torch
+    from test_training import _scripted_group_step
+
+    before, after, logged = _scripted_group_step(
+        tiny_model_dir, tmp_path, ["not json", "not json"], "turn", credit="decision"
+    )
+    assert logged["frac_reward_zero_std"] == 1.0, "the episodes scored alike: GRPO's own advantage is 0"
+    assert logged["grad_norm"] > 0
+    moved = [name for name, p in after.items() if not torch.equal(p.detach(), before[name])]
+    assert len(moved) == len(after), f"{len(after) - len(moved)} parameter tensors did not move"
