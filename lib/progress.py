@@ -162,3 +162,27 @@ class Progress:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _BelowWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.WARNING
+
+
+def notebook_logging(format: str = "%(asctime)s %(name)s: %(message)s") -> None:
+    """A notebook's logging: the project's messages (`lib`: progress, evidence) at INFO on stdout, where
+    they read as the cell's output rather than on the pink of Jupyter's stderr, which is left to
+    warnings and errors (the libraries' too; their INFO, matplotlib's font substitutions among them,
+    is noise there). Running it again replaces what it set."""
+    logging.basicConfig(level=logging.WARNING, format=format, force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(logging.WARNING)
+    project = logging.getLogger("lib")
+    project.setLevel(logging.INFO)
+    for handler in [h for h in project.handlers if getattr(h, "notebook_logging", False)]:
+        project.removeHandler(handler)
+    out = logging.StreamHandler(sys.stdout)
+    out.setFormatter(logging.Formatter(format))
+    out.addFilter(_BelowWarning())
+    out.notebook_logging = True  # type: ignore[attr-defined]
+    project.addHandler(out)

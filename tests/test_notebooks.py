@@ -220,10 +220,11 @@ def test_the_chain_02_03_04_keeps_the_baselines_and_makes_a_promotable_run(tmp_p
     assert {"baselines.json", "baselines.md", "training_log.csv"} <= set(promoted)
 
 
-def test_notebook_03_parameters_are_train_config_fields_with_its_defaults():
+def test_notebook_03_parameters_are_train_config_fields_left_to_the_file():
     """Each parameter of notebook 03 but TRAIN_CONFIG (a configs/train/*.yaml file) is a TrainConfig
-    field by its own name, defaulting to TrainConfig's own default (read, not restated): the notebook
-    and `make train` run the same configuration, and configs/*.yaml use the same names."""
+    field by its own name, left as `...` (the file's value, else TrainConfig's default; no default
+    restated): the notebook and `make train` run the same configuration, and configs/*.yaml use the
+    same names."""
     import ast
     from dataclasses import fields
 
@@ -235,30 +236,81 @@ def test_notebook_03_parameters_are_train_config_fields_with_its_defaults():
     names = {f.name for f in fields(TrainConfig)}
     assert ast.unparse(assigned.pop("TRAIN_CONFIG")) == "None"
     assert assigned and set(assigned) <= names, f"not TrainConfig fields: {set(assigned) - names}"
-    restated = [name for name, value in assigned.items() if ast.unparse(value) != f"TrainConfig.{name}"]
-    assert not restated, f"parameters restating a default instead of reading TrainConfig's: {restated}"
+    set_here = [name for name, value in assigned.items() if ast.unparse(value) != "..."]
+    assert not set_here, f"parameters set in the cell instead of left to the file: {set_here}"
     from lib.notebooks.reproduce import load_profile
 
     for profile in ("full", "smoke", "untrained"):
         assert set(load_profile(profile)["03_train_grpo"]) <= names | {"TRAIN_CONFIG"}, profile
 
 
-def test_notebook_03_takes_the_file_then_the_parameters_that_differ_from_the_defaults(tmp_path):
+def _colab_like(root):
+    (root / "configs" / "train").mkdir(parents=True)
+    (root / "configs" / "train" / "colab.yaml").write_text(
+        "lora_r: 16\nbeta: 0.0\nmax_steps: 30\nlearning_rate: 5.0e-6\nevidence_dir: build/colab\n"
+    )
+
+
+def test_notebook_03_takes_the_file_then_every_value_typed_whatever_it_equals(tmp_path):
+    """A value typed in the parameters cell is the value the run uses, even where it equals
+    TrainConfig's CPU default (max_steps 8 and learning_rate 1e-4 on a GPU used to train 30 steps
+    at 5e-6, the file's); a parameter left as `...` takes the file's value, else the default."""
     from lib.training.cli import notebook_config
     from lib.training.config import TrainConfig
 
     root = tmp_path
-    (root / "configs" / "train").mkdir(parents=True)
-    (root / "configs" / "train" / "colab.yaml").write_text(
-        "lora_r: 16\nbeta: 0.0\nmax_steps: 30\nevidence_dir: build/colab\n"
-    )
-    default_steps = TrainConfig.max_steps  # max_steps and lora_r below are the defaults
-    namespace = {"max_steps": default_steps, "temperature": 0.9, "lora_r": 0, "unrelated": 1}
+    _colab_like(root)
+    namespace = {
+        "max_steps": TrainConfig.max_steps,
+        "learning_rate": TrainConfig.learning_rate,
+        "temperature": 0.9,
+        "lora_r": ...,
+        "seed": ...,
+        "unrelated": 1,
+    }
     on_gpu = notebook_config(namespace, None, root=root, gpu=True)
-    assert (on_gpu.lora_r, on_gpu.max_steps, on_gpu.temperature) == (16, 30, 0.9)
+    assert (on_gpu.max_steps, on_gpu.learning_rate) == (TrainConfig.max_steps, TrainConfig.learning_rate)
+    assert (on_gpu.lora_r, on_gpu.beta, on_gpu.temperature, on_gpu.seed) == (16, 0.0, 0.9, TrainConfig.seed)
     assert on_gpu.evidence_dir == str(root / "build" / "colab"), "relative folders from the repository root"
     on_cpu = notebook_config(namespace, None, root=root, gpu=False)
-    assert (on_cpu.lora_r, on_cpu.max_steps, on_cpu.temperature) == (0, default_steps, 0.9), "no file on a CPU"
+    assert (on_cpu.lora_r, on_cpu.max_steps, on_cpu.temperature) == (0, TrainConfig.max_steps, 0.9), "no file"
+
+
+def test_notebook_03_shows_the_values_the_run_uses_and_where_each_came_from(tmp_path):
+    from lib.training.cli import notebook_config, notebook_config_markdown
+
+    root = tmp_path
+    _colab_like(root)
+    namespace = {"max_steps": 8, "temperature": ..., "seed": ...}
+    config = notebook_config(namespace, None, root=root, gpu=True)
+    table = notebook_config_markdown(config, namespace, None, root=root, gpu=True)
+    assert "| `max_steps` | `8` | typed here |" in table
+    assert "| `lora_r` | `16` | `configs/train/colab.yaml` |" in table
+    assert "| `learning_rate` | `5e-06` | `configs/train/colab.yaml` |" in table
+    assert "| `temperature` | `0.6` | TrainConfig's default |" in table
+
+
+def test_notebook_03_on_drive_keeps_its_folders_there_and_resumes_from_its_last_checkpoint(tmp_path):
+    """With MOUNT_DRIVE the run's relative folders lie on the Drive, and the notebook run again after
+    a disconnect resumes from the newest complete checkpoint there (none yet: a fresh run)."""
+    from lib.training.cli import notebook_config
+
+    root, drive = tmp_path / "repo", tmp_path / "drive"
+    _colab_like(root)
+    fresh = notebook_config({}, None, root=root, gpu=True, folders=drive, resume_latest=True)
+    assert fresh.evidence_dir == str(drive / "build" / "colab")
+    assert fresh.output_dir.startswith(str(drive)) and fresh.resume_from_checkpoint is None
+    checkpoint = Path(fresh.output_dir) / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 5, "log_history": []}))
+    (checkpoint / "model.safetensors").write_bytes(b"")
+    (checkpoint / "optimizer.pt").write_bytes(b"")
+    again = notebook_config({}, None, root=root, gpu=True, folders=drive, resume_latest=True)
+    assert again.resume_from_checkpoint == "latest"
+    typed = notebook_config(
+        {"resume_from_checkpoint": None}, None, root=root, gpu=True, folders=drive, resume_latest=True
+    )
+    assert typed.resume_from_checkpoint is None, "a value typed is the value used"
 
 
 def test_every_notebook_names_the_repository_pyproject_names():

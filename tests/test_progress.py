@@ -82,3 +82,22 @@ def test_headless_step_notes_are_one_per_interval_and_the_last_at_the_end(caplog
             progress.note(f"SFT step {step}/285: loss {1 / step:.3f}")
         progress.close()
     assert [r.getMessage() for r in caplog.records] == ["SFT step 1/285: loss 1.000", "SFT step 285/285: loss 0.004"]
+
+
+def test_a_notebook_s_progress_lines_go_to_stdout_and_only_warnings_to_stderr(capsys):
+    """Jupyter shows stderr on pink: the project's INFO lines read as errors there."""
+    from lib.progress import notebook_logging
+
+    saved = logging.getLogger().handlers[:], logging.getLogger("lib").handlers[:], logging.getLogger("lib").level
+    try:
+        notebook_logging()
+        notebook_logging()  # a cell run twice prints each line once
+        logging.getLogger("lib.progress").info("SFT warm start: 1/2 steps")
+        logging.getLogger("lib.training").warning("GRPO step 1/2 DID NOT MOVE THE POLICY")
+        logging.getLogger("matplotlib").info("font substituted")
+        out, err = capsys.readouterr()
+    finally:
+        logging.getLogger().handlers[:], logging.getLogger("lib").handlers[:] = saved[0], saved[1]
+        logging.getLogger("lib").setLevel(saved[2])
+    assert out.count("SFT warm start: 1/2 steps") == 1 and "DID NOT MOVE" not in out
+    assert "DID NOT MOVE THE POLICY" in err and "SFT warm start" not in err and "font" not in err + out

@@ -134,14 +134,14 @@ def _literal(source: str) -> Any:
 def check_parameter(path: Path, notebook: str, name: str, value: Any, default_source: str) -> Optional[str]:
     """What is wrong with `value` for a notebook parameter whose default is `default_source` (None
     when it is fine): the default's type (an int where a float is; anything where the default is
-    None or an expression), and counts (`N_*`, `MAX_*`) at least 1."""
+    None, `...` or an expression), and counts (`N_*`, `MAX_*`) at least 1."""
     default = _literal(default_source)
     where = f"{path}: {notebook}'s {name}"
     if name.startswith(("N_", "MAX_")) and value is not None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             return f"{where} must be a whole number of at least 1 (or None where its default is), got {value!r}"
         return None
-    if default is None or value is None and default is None:
+    if default is None or default is Ellipsis:  # None, an expression, or `...` (notebook 03: the file's value)
         return None
     if isinstance(default, bool):
         ok = isinstance(value, bool)

@@ -328,19 +328,31 @@ def parse_train_config(
     return config, extra
 
 
-def notebook_config(
-    namespace: Dict[str, Any], train_config: Optional[str] = None, *, root: Any, gpu: Optional[bool] = None
-) -> Any:
-    """The `TrainConfig` of notebook 03 (and of `make reproduce`'s check of its parameters).
+NOT_TYPED = ...
+"""A notebook 03 parameter left as `...`: the value of the config file, else `TrainConfig`'s default."""
 
-    The file `train_config` (a configs/train/*.yaml; relative paths from `root`), or with None
-    configs/train/colab.yaml on a machine with a GPU (`gpu`, default: asked of nvidia-smi) and
-    no file on a CPU, sets the fields; then every field the namespace (the parameters cell, with
-    what papermill injected) sets to a value other than its default replaces the file's. The
-    folders, relative, are taken from `root`."""
-    from lib.training.config import TrainConfig, field_defaults
 
-    root = Path(root)
+@dataclass(frozen=True)
+class NotebookValues:
+    """The fields notebook 03's run sets, each with where its value came from."""
+
+    values: Dict[str, Any]
+    """The fields the file and the parameters set (the rest keep `TrainConfig`'s defaults)."""
+    sources: Dict[str, str]
+    """Each field of `values`, and each parameter left as `...`: "typed" (the notebook's parameters
+    or papermill's), the config file's path as given, or "default"."""
+
+
+def _notebook_values(
+    namespace: Dict[str, Any],
+    train_config: Optional[str],
+    *,
+    root: Path,
+    gpu: Optional[bool],
+    folders: Optional[Path],
+) -> NotebookValues:
+    from lib.training.config import field_defaults
+
     if train_config is None:
         if gpu is None:
             from lib.runtime import visible_gpus
@@ -348,15 +360,85 @@ def notebook_config(
             gpu = bool(visible_gpus())
         train_config = "configs/train/colab.yaml" if gpu else None
     values: Dict[str, Any] = {}
+    sources: Dict[str, str] = {}
     if train_config:
         path = Path(train_config)
-        values.update(read_config_file(path if path.is_absolute() else root / path))
+        from_file = read_config_file(path if path.is_absolute() else root / path)
+        values.update(from_file)
+        sources.update(dict.fromkeys(from_file, str(train_config)))
     defaults = field_defaults()
-    values.update(
-        {name: namespace[name] for name in defaults if name in namespace and namespace[name] != defaults[name]}
-    )
+    parameters = {name: namespace[name] for name in defaults if name in namespace}
+    typed = {name: value for name, value in parameters.items() if value is not NOT_TYPED}
+    values.update(typed)
+    sources.update(dict.fromkeys(typed, "typed"))
+    sources.update({name: "default" for name in parameters if name not in sources})
     merged = {**defaults, **values}
+    base = Path(folders) if folders is not None else root
     for name in ("evidence_dir", "output_dir"):
         if isinstance(merged[name], str) and not Path(merged[name]).is_absolute():
-            values[name] = str(root / merged[name])
+            values[name] = str(base / merged[name])
+    return NotebookValues(values, sources)
+
+
+def notebook_config(
+    namespace: Dict[str, Any],
+    train_config: Optional[str] = None,
+    *,
+    root: Any,
+    gpu: Optional[bool] = None,
+    folders: Any = None,
+    resume_latest: bool = False,
+) -> Any:
+    """The `TrainConfig` of notebook 03 (and of `make reproduce`'s check of its parameters).
+
+    The file `train_config` (a configs/train/*.yaml; relative paths from `root`), or with None
+    configs/train/colab.yaml on a machine with a GPU (`gpu`, default: asked of nvidia-smi) and
+    no file on a CPU, sets the fields; then every field the namespace (the parameters cell, with
+    what papermill injected) sets to a value, whatever it equals, replaces the file's; a field
+    left as `...` (`NOT_TYPED`) keeps the file's value, else its default. Relative `evidence_dir`
+    and `output_dir` are taken from `folders` (default: `root`; on Colab with Google Drive
+    mounted, a folder on the Drive). With `resume_latest`, a run whose `output_dir` already holds
+    a complete checkpoint resumes from it unless `resume_from_checkpoint` is typed or in the file: the notebook run
+    again after a disconnect goes on where the last checkpoint left it."""
+    from lib.training.config import TrainConfig
+
+    root = Path(root)
+    resolved = _notebook_values(
+        namespace, train_config, root=root, gpu=gpu, folders=Path(folders) if folders is not None else None
+    )
+    values = dict(resolved.values)
+    if resume_latest and "resume_from_checkpoint" not in resolved.sources:
+        from lib.training.resume import latest_complete_checkpoint
+
+        output_dir = Path(values.get("output_dir") or TrainConfig.output_dir)
+        if output_dir.is_dir() and latest_complete_checkpoint(output_dir) is not None:
+            values["resume_from_checkpoint"] = "latest"
     return TrainConfig.from_dict(values)
+
+
+def notebook_config_markdown(
+    config: Any,
+    namespace: Dict[str, Any],
+    train_config: Optional[str] = None,
+    *,
+    root: Any,
+    gpu: Optional[bool] = None,
+    folders: Any = None,
+) -> str:
+    """A table of the values `config` (`notebook_config`'s, from the same arguments) runs with: every
+    parameter of the notebook and every field the config file sets, each with where its value came
+    from (typed in the notebook, the file, or `TrainConfig`'s default)."""
+    resolved = _notebook_values(
+        namespace, train_config, root=Path(root), gpu=gpu, folders=Path(folders) if folders is not None else None
+    )
+    used = config.to_dict()
+    lines = ["| field | value this run uses | from |", "|---|---|---|"]
+    for name in [f.name for f in config_fields() if f.name in resolved.sources]:
+        source = resolved.sources[name]
+        where = {"typed": "typed here", "default": "TrainConfig's default"}.get(source, f"`{source}`")
+        value = used.get(name)
+        shown = "None" if value is None else str(value).replace("|", "\\|")
+        lines.append(f"| `{name}` | `{shown}` | {where} |")
+    if used.get("resume_from_checkpoint") and "resume_from_checkpoint" not in resolved.sources:
+        lines.append(f"| `resume_from_checkpoint` | `{used['resume_from_checkpoint']}` | a checkpoint in output_dir |")
+    return "\n".join(lines)
