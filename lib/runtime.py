@@ -7,7 +7,7 @@ before the GPU set is installed and before Unsloth is imported.
     use_cpu_threads()                                  # torch's threads: the cores free now
 
 A Colab runtime without a GPU can only train the CPU stand-in, whose timings are stated once,
-with their date and machine, in `CPU_STAND_IN_TIMES`.
+with their date and machine, in docs/benchmarks.md (`stand_in_times` reads them there).
 
 `cpu_threads` is the one place that decides how many threads a process computes with: the cores it
 may run on (`available_cores`: its affinity set, less a container's CPU quota) less those other
@@ -66,12 +66,25 @@ def warm_start_estimate(campaigns: int, passes: float, batch_size: int = 16) -> 
     )
 
 
-CPU_STAND_IN_TIMES = (
-    "on 2 idle cores of an AMD EPYC (2026-11-29), the stand-in's warm start took 21.4 min and the whole default "
-    "run 45 min (the warm start, 8 GRPO steps of 64 episodes, and the 313-episode held-out suite before and "
-    "after); a warm start of as many campaigns has taken 46 min on the same machine since (2026-12-02, load ~2)"
-)
-"""The CPU stand-in's default run as measured (docs/training.md); a Colab CPU runtime has 2 cores too."""
+BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+"""Every measured time of the project, with its date and machine: the one place a timing is written."""
+STAND_IN_ROW = "`make train` (the CPU stand-in's default run)"
+"""The first cell of the row of docs/benchmarks.md that times the CPU stand-in's default run."""
+
+
+def stand_in_times(path: Path = BENCHMARKS_MD) -> str:
+    """How long the CPU stand-in's default run takes, as docs/benchmarks.md's `STAND_IN_ROW` says
+    (with its dates and machines), or where to read it where that file is not at hand."""
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if len(cells) >= 2 and cells[0] == STAND_IN_ROW:
+                return f"{cells[1]} (docs/benchmarks.md)"
+    except OSError:
+        pass
+    return "its times, with dates and machines: docs/benchmarks.md, 'Whole runs and the quick start'"
+
+
 SWITCH_TO_GPU = "Runtime > Change runtime type > T4 GPU (free) > Save, then Runtime > Run all"
 
 
@@ -136,7 +149,7 @@ def check_training_runtime(runtime: Optional[Runtime] = None, *, allow_cpu: bool
     if runtime.gpu:
         print("a GPU: a real model trains (configs/train/colab.yaml, unless TRAIN_CONFIG names another file)")
         return runtime
-    stand_in = f"the CPU stand-in (cernenv-tiny) trains, not an LLM: {CPU_STAND_IN_TIMES}"
+    stand_in = f"the CPU stand-in (cernenv-tiny) trains, not an LLM: {stand_in_times()}"
     if runtime.colab and not allow_cpu:
         raise CpuRuntimeError(
             f"this Colab runtime has no GPU. Switch: {SWITCH_TO_GPU}. Or set ALLOW_CPU = True in this "

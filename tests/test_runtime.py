@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from lib import runtime
-from lib.runtime import CPU_STAND_IN_TIMES, SWITCH_TO_GPU, CpuRuntimeError, Runtime, check_training_runtime
+from lib.runtime import SWITCH_TO_GPU, CpuRuntimeError, Runtime, check_training_runtime, stand_in_times
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,14 +21,20 @@ def test_a_colab_cpu_runtime_stops_and_says_how_to_switch_or_how_long_the_stand_
     with pytest.raises(CpuRuntimeError) as stopped:
         check_training_runtime(Runtime(colab=True, gpus=[], cpu_cores=2))
     message = str(stopped.value)
-    assert SWITCH_TO_GPU in message and "ALLOW_CPU = True" in message and CPU_STAND_IN_TIMES in message
-    assert re.search(r"\d+ min", message) and re.search(r"\(20\d\d-\d\d-\d\d\)", message), "the time, with its date"
+    assert SWITCH_TO_GPU in message and "ALLOW_CPU = True" in message and stand_in_times() in message
+    assert re.search(r"\d+ min", message) and re.search(r"20\d\d-\d\d-\d\d", message), "the time, with its date"
     assert "2 idle cores of an AMD EPYC" in message, "and the machine it was measured on"
     check_training_runtime(Runtime(colab=True, gpus=[], cpu_cores=2), allow_cpu=True)
     assert "no GPU: the CPU stand-in (cernenv-tiny) trains" in capsys.readouterr().out
     check_training_runtime(Runtime(colab=False, gpus=[], cpu_cores=2))  # a laptop: told, not stopped
     gpu = check_training_runtime(Runtime(colab=True, gpus=["Tesla T4 (15 GiB)"], cpu_cores=2))
     assert gpu.gpu and "Tesla T4 (15 GiB)" in capsys.readouterr().out
+
+
+def test_the_stand_in_s_times_are_read_from_docs_benchmarks_md_the_one_place_they_are_written(tmp_path):
+    """The notebook says no time of its own: it quotes docs/benchmarks.md's row, or points there."""
+    assert stand_in_times().endswith("(docs/benchmarks.md)")
+    assert stand_in_times(tmp_path / "absent.md").startswith("its times, with dates and machines: docs/benchmarks.md")
 
 
 def test_the_warm_start_estimate_counts_its_steps_and_spans_the_measured_speeds(monkeypatch):
