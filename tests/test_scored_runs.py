@@ -26,6 +26,17 @@ from lib.measure.scorecard import score_run
 
 TESTS = Path(__file__).resolve().parent
 ENTRANT_NONCE = "entrant-nonce-sent-after-the-commitment"
+
+
+def signed_nonce(server: Any, nonce: str = ENTRANT_NONCE) -> Dict[str, Any]:
+    """The body of `POST /evaluation/nonce` for the scored run `server` serves: `nonce`, signed by an
+    entrant of its own with the heuristic as the agent (lib.agents.remote_player.Entrant)."""
+    from lib.agents.remote_player import Entrant
+
+    run = server.http("GET", "/evaluation")[1]["scored_run"]
+    return Entrant("lib.agents.baselines:HeuristicAgent", "0" * 64, nonce).nonce_body(run["run_id"], run["commitment"])
+
+
 NULL_CLAIM = {"action_type": "submit_discovery_claim", "parameters": {"discovered": False, "confidence": 0.6}}
 
 
@@ -260,8 +271,8 @@ def test_the_server_assigns_every_task_once_and_records_the_abandoned_ones(tmp_p
             reply = call(ws, {"type": "reset", "data": {}})
             assert reply["type"] == "error" and "waits for the entrant's nonce" in reply["data"]["message"]
         assert server.http("POST", "/evaluation/nonce", {"nonce": "short"})[0] == 400
-        assert server.http("POST", "/evaluation/nonce", {"nonce": ENTRANT_NONCE})[0] == 200
-        assert server.http("POST", "/evaluation/nonce", {"nonce": ENTRANT_NONCE + "2"})[0] == 409
+        assert server.http("POST", "/evaluation/nonce", signed_nonce(server))[0] == 200
+        assert server.http("POST", "/evaluation/nonce", signed_nonce(server, ENTRANT_NONCE + "2"))[0] == 409
         status, answer = server.http("POST", "/reset", {})  # HTTP's one-off environment takes no task
         assert status == 400 and "played in sessions" in answer["detail"], answer
         with server.ws() as ws:
@@ -315,7 +326,7 @@ def test_a_shutdown_records_the_open_episodes_of_every_kind_and_ends_the_run(tmp
     ledger = tmp_path / "results.jsonl"
     server = Server("--scored-run", "draw:3", "--results-ledger", str(ledger), mode=None)
     try:
-        assert server.http("POST", "/evaluation/nonce", {"nonce": ENTRANT_NONCE})[0] == 200
+        assert server.http("POST", "/evaluation/nonce", signed_nonce(server))[0] == 200
         with server.ws() as ws:
             assert call(ws, {"type": "reset", "data": {}})["type"] == "observation"
             session = server.mcp("openenv/session/create")["result"]["session_id"]
@@ -373,7 +384,7 @@ def test_a_flood_of_resets_erases_neither_a_finished_run_nor_another_clients_epi
     runs.mkdir(mode=0o700)
     scored = Server("--scored-run", "draw:2", "--results-ledger", str(runs), mode=None)
     try:
-        assert scored.http("POST", "/evaluation/nonce", {"nonce": ENTRANT_NONCE})[0] == 200
+        assert scored.http("POST", "/evaluation/nonce", signed_nonce(scored))[0] == 200
         with scored.ws() as ws:
             for _ in range(2):
                 assert call(ws, {"type": "reset", "data": {}})["type"] == "observation"

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import resource
 import secrets
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -281,6 +282,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             flush=True,
         )
     server = guarded_server(app, guard, config.host, config.port, config.ws_frame_limit_bytes, args.log_level)
+    # uvicorn shuts down gracefully on SIGTERM, then raises it again at the handler it found: a handler
+    # that does nothing, so that a server stopped as asked (its run ended, its ledger closed) exits 0, not 143
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     server.run(sockets=[listener])
     return 0
 

@@ -20,7 +20,8 @@ and `/evaluation`):
 | `POST /step`, `GET /state` | a fresh environment per request (OpenEnv 0.10): 409; the empty state |
 | `GET /sessions` | environments open now and the session limits |
 | `GET /evaluation` | the mode, the fingerprint, fresh worlds, withheld grades, a scored run's progress, its head |
-| `POST /evaluation/nonce` | a scored run's entrant's nonce, once, before its first reset |
+| `POST /evaluation/nonce` | a scored run's entrant's nonce (once, before its first reset), its agent, its key |
+| `POST /evaluation/end` | a scored run ended by its entrant (signed with its key) |
 | `GET /` | a page: the server, its version and mode, how to play on it at its address; `GET /docs`: every route |
 | `GET /web` | OpenEnv's web UI where `ENABLE_WEB_INTERFACE` is set, else a redirect to `/` |
 
@@ -263,7 +264,19 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
             error = RequestError("this server plays no scored run: it takes no entrant's nonce")
             error.status_code = 404
             raise error
-        return run.seed(body.nonce)
+        return run.seed(body.nonce, body.model_dump(exclude={"nonce"}))
+
+    @app.post("/evaluation/end", tags=["Environment Info"], summary="A scored run ended by its entrant")
+    async def end_run(body: EndRun) -> Dict[str, Any]:
+        """The entrant ends its scored run (the tasks it did not play count as failures), signed with
+        the key that sent its nonce (`cernenv.server.runs.end_statement`): the run's end line is then
+        served by `/evaluation`, and the entrant's receipts cover the run to its end. Answers what
+        `/evaluation` says of the run; 403 for anyone else, 404 without a run."""
+        if run is None:
+            error = RequestError("this server plays no scored run")
+            error.status_code = 404
+            raise error
+        return run.end_by_entrant(body.signature)
 
     app.add_middleware(
         MessageLimit,
@@ -285,10 +298,22 @@ def create_cernenv_app(config: Optional[ServerConfig] = None, *, require_guard: 
 
 
 class EntrantNonce(BaseModel):
-    """The body of `POST /evaluation/nonce`."""
+    """The body of `POST /evaluation/nonce`: the nonce, what plays (`agent`, `agent_sha256`), and the
+    entrant's Ed25519 `public_key` with its `signature` of them (`cernenv.server.runs.entrant_statement`)."""
 
     model_config = ConfigDict(extra="forbid")
     nonce: str
+    agent: Optional[str] = None
+    agent_sha256: Optional[str] = None
+    public_key: Optional[str] = None
+    signature: Optional[str] = None
+
+
+class EndRun(BaseModel):
+    """The body of `POST /evaluation/end`: the entrant's signature of `end_statement(run_id)`."""
+
+    model_config = ConfigDict(extra="forbid")
+    signature: str
 
 
 async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:

@@ -56,7 +56,16 @@ from cernenv.server.ledger import (
     parse_line,
     signature_holds,
 )
-from cernenv.server.runs import COMMITMENT_FORMAT, RUN_END_REASONS, commitment_of, world_nonce, worlds_secret
+from cernenv.server.runs import (
+    COMMITMENT_FORMAT,
+    RUN_END_REASONS,
+    commitment_of,
+    entrant_signature_holds,
+    entrant_statement,
+    receipts_statement,
+    world_nonce,
+    worlds_secret,
+)
 
 REPLAY_TOLERANCE = 1e-6
 """Largest difference between a recorded and a replayed number (a reward) that counts as equal."""
@@ -207,6 +216,19 @@ def read_run(path: Path, run_id: Optional[str] = None) -> RunLedger:
         if isinstance(record, RunSeeded):
             if number != 2:
                 raise AuditError(f"{where}: the entrant's nonce on line {number}: it is the run's second line, once")
+            if record.agent is None or record.agent_sha256 is None or record.entrant_public_key is None:
+                raise AuditError(
+                    f"{where}: the run is bound to no agent: its nonce line does not carry the agent, its code's "
+                    "SHA-256 and the entrant's key (a run played before runs were bound to their agent)"
+                )
+            statement = entrant_statement(
+                opened.run_id, opened.commitment, record.entrant_nonce, record.agent, record.agent_sha256
+            )
+            if not entrant_signature_holds(record.entrant_public_key, statement, record.entrant_signature):
+                raise AuditError(
+                    f"{where}: the entrant's signature of its nonce and agent does not hold for this run and its "
+                    "commitment (cernenv.server.runs.entrant_statement): not the nonce its entrant sent to this run"
+                )
             seeded = record
             continue
         if isinstance(record, RunEnded):
@@ -494,16 +516,21 @@ def verify_run(
     return len(run.episodes), document
 
 
-RECEIPTS_FORMAT = "cernenv scored-run receipts 1"
+RECEIPTS_FORMAT = "cernenv scored-run receipts 2"
 """The `format` of an entrant's receipts file (`check_receipts`)."""
 
 
 def check_receipts(run: RunLedger, receipts_file: Path) -> int:
     """Check `run` against the entrant's receipts in `receipts_file` (JSON: `format`, `run_id`,
-    `commitment`, `public_key`, `entrant_nonce`, `receipts`: the heads `GET /evaluation` served, each
-    `line`, `line_sha256`, `digest`, `signature`): each receipt must carry the run's signature, and
-    the ledger must hold at its line the line the server signed then. The number of receipts; an
-    AuditError (one line: file, line, receipt) at the first that does not hold."""
+    `commitment`, `public_key`, `entrant_nonce`, `agent`, `agent_sha256`, `entrant_public_key`,
+    `receipts`: the heads `GET /evaluation` served, each `line`, `line_sha256`, `digest`,
+    `signature`; `entrant_signature`: the entrant's key's signature of the rest,
+    `cernenv.server.runs.receipts_statement`). The file must be the entrant's (its signature under
+    the key the run's nonce line names), of this run, its nonce and its agent; each receipt must
+    carry the run's signature, name a later line than the one before (in order, each line once),
+    and the ledger must hold at its line the line the server signed then; the last receipt must be
+    the ledger's last line, the run's end (the receipts cover the whole run). The number of
+    receipts; an AuditError (one line: file, line, receipt) at the first that does not hold."""
     receipts_file = Path(receipts_file)
     _regular_file(receipts_file, "entrant's receipts (receipts.json)")
     try:
@@ -516,23 +543,36 @@ def check_receipts(run: RunLedger, receipts_file: Path) -> int:
         or not isinstance(kept.get("receipts"), list)
     ):
         raise AuditError(f"{receipts_file}: not an entrant's receipts (no format {RECEIPTS_FORMAT!r} with receipts)")
-    opened = run.opened
+    opened, seeded = run.opened, run.seeded
+    if seeded is None:
+        raise AuditError(f"{_where(run.path, 2)}: the run took no entrant's nonce: it has no entrant to receipt it")
     for name, value in (
         ("run_id", opened.run_id),
         ("commitment", opened.commitment),
         ("public_key", opened.public_key),
+        ("entrant_public_key", seeded.entrant_public_key),
     ):
         if kept.get(name) != value:
             raise AuditError(
                 f"{receipts_file}: its {name} {kept.get(name)} is not the ledger's {value} ({_where(run.path, 1)}): "
                 "the ledger is not the run the entrant played"
             )
-    nonce = run.seeded.entrant_nonce if run.seeded is not None else None
-    if kept.get("entrant_nonce") is not None and kept.get("entrant_nonce") != nonce:
+    if not entrant_signature_holds(seeded.entrant_public_key, receipts_statement(kept), kept.get("entrant_signature")):
         raise AuditError(
-            f"{_where(run.path, 2)}: the run's entrant's nonce {nonce!r} is not the one the entrant sent "
-            f"({kept.get('entrant_nonce')!r}, {receipts_file})"
+            f"{receipts_file}: not signed by the entrant's key (the one the run's nonce line names): receipts the "
+            "entrant did not keep, or changed after it signed them"
         )
+    for name, value in (
+        ("entrant_nonce", seeded.entrant_nonce),
+        ("agent", seeded.agent),
+        ("agent_sha256", seeded.agent_sha256),
+    ):
+        if kept.get(name) != value:
+            raise AuditError(
+                f"{_where(run.path, 2)}: the run's {name} {value!r} is not the one the entrant sent "
+                f"({kept.get(name)!r}, {receipts_file})"
+            )
+    previous_line = 0
     for count, receipt in enumerate(kept["receipts"], start=1):
         fields = ("line", "line_sha256", "digest", "signature")
         if not isinstance(receipt, dict) or not all(isinstance(receipt.get(k), (str, int)) for k in fields):
@@ -540,6 +580,12 @@ def check_receipts(run: RunLedger, receipts_file: Path) -> int:
         line = receipt["line"]
         if not isinstance(line, int) or isinstance(line, bool) or line < 1:
             raise AuditError(f"{receipts_file}: receipt {count} names line {line!r}")
+        if line <= previous_line:
+            raise AuditError(
+                f"{receipts_file}: receipt {count} names line {line}, not after receipt {count - 1}'s line "
+                f"{previous_line}: an entrant keeps each head once, in the order it was served"
+            )
+        previous_line = line
         if not signature_holds(opened.public_key, str(receipt["digest"]), str(receipt["signature"])):
             raise AuditError(
                 f"{receipts_file}: receipt {count} (line {line}) is not signed by the run's key: not a receipt the "
@@ -556,4 +602,10 @@ def check_receipts(run: RunLedger, receipts_file: Path) -> int:
                 f"{_where(run.path, line)}: not the line the server signed for the entrant while the run was played "
                 f"(receipt {count} of {receipts_file}): the ledger was changed after the fact"
             )
+    if run.ended is None or previous_line != len(run.heads):
+        raise AuditError(
+            f"{_where(run.path, len(run.heads))}: the entrant's receipts end at line {previous_line}, not at the run's "
+            f"end (line {len(run.heads)}{'' if run.ended else ', which is no end'}): the lines after it were written "
+            f"where the entrant could not see them ({receipts_file})"
+        )
     return len(kept["receipts"])

@@ -158,13 +158,20 @@ class RunSeeded(_Line):
     """The entrant's nonce, sent after the commitment was published and before the first reset:
     the run's worlds are drawn with a secret mixed from the committed operator's secret and this
     nonce (`cernenv.server.runs.worlds_secret`), so neither side chose them alone.
-    `secret_fingerprint` is the mixed secret's."""
+    `secret_fingerprint` is the mixed secret's. What plays the run: `agent` (its module:Class),
+    `agent_sha256` (the SHA-256 of the file that defines its module), and the entrant's own Ed25519
+    key (`entrant_public_key`), whose `entrant_signature` of the run, its commitment, the nonce and
+    the agent (`cernenv.server.runs.entrant_statement`) the server checked before taking the nonce."""
 
     record: Literal["run_seeded"] = "run_seeded"
     seeded_at: StrictStr
     run_id: StrictStr
     entrant_nonce: StrictStr
     secret_fingerprint: StrictStr
+    agent: Optional[StrictStr] = None
+    agent_sha256: Optional[StrictStr] = None
+    entrant_public_key: Optional[StrictStr] = None
+    entrant_signature: Optional[StrictStr] = None
     previous: Optional[StrictStr] = None
     signature: Optional[StrictStr] = None
 
@@ -275,6 +282,9 @@ STEPLESS_LINES_PER_CLIENT = 16
 single step (a reset after a reset): past them such episodes are counted, not written
 (`ResultsLedger.stepless_unrecorded`). A scored run records every one of its episodes."""
 REPORT_EVERY_S = 10.0
+LEDGER_MIN_FREE_BYTES = 4 * 2**20
+"""Free space [bytes] the ledger's file system must have for the server to start a new episode: an
+episode whose line could not be written would be played and lost (`ResultsLedger.room_problem`)."""
 
 
 class LedgerShareSpent(OSError):
@@ -362,7 +372,10 @@ class ResultsLedger:
         self.stepless_unrecorded: Dict[str, int] = {}
         """Per client address, episodes abandoned without a step that were counted, not written."""
         self.full = False
+        self.unwritable: Optional[str] = None
+        """Why the last line could not be written (a full disk), until a line is written again."""
         self._failed, self._last_report = 0, -REPORT_EVERY_S
+        self._room_reported = False
 
     def append(self, record: Dict[str, Any]) -> Record:
         """Validate `record` (in a run's file, with `previous` and `signature` set) and append it;
@@ -412,7 +425,9 @@ class ResultsLedger:
                 written = -1
             if written != len(data):
                 os.ftruncate(self._fd, size)  # no partial line: the next one starts clean
-                raise OSError(f"results ledger {self.path}: the line could not be written whole (is the disk full?)")
+                self.unwritable = f"results ledger {self.path}: the line could not be written whole (is the disk full?)"
+                raise OSError(self.unwritable)
+            self.unwritable = None
             self.lines += 1
             if self.run_file:
                 self.last_sha256 = line_sha256(text)
@@ -427,6 +442,32 @@ class ResultsLedger:
                 if stepless:
                     self._client_stepless[client] = self._client_stepless.get(client, 0) + 1
         return typed
+
+    def room_problem(self) -> Optional[str]:
+        """Why a new episode must not be played now, its line having nowhere to go (None: it may): the
+        ledger is full, its last line could not be written and its file system still has under
+        `LEDGER_MIN_FREE_BYTES` free, or has that little now. Said in the log once while it lasts."""
+        problem = self._full_message() if self.full else None
+        if problem is None:
+            try:
+                info = os.statvfs(self.path.parent)
+                free = info.f_bavail * info.f_frsize
+            except OSError:
+                free = LEDGER_MIN_FREE_BYTES
+            if free < LEDGER_MIN_FREE_BYTES:
+                problem = (
+                    f"the results ledger {self.path} cannot be written: its file system has {free} bytes free, "
+                    f"under the {LEDGER_MIN_FREE_BYTES} an episode's line needs"
+                    + (f" ({self.unwritable})" if self.unwritable else "")
+                )
+        with self._lock:
+            if problem is None:
+                self._room_reported = False
+                return None
+            report, self._room_reported = not self._room_reported, True
+        if report:
+            logger.error("%s: the server plays no new episode until it has room again", problem)
+        return problem
 
     def head(self) -> Optional[Dict[str, Any]]:
         """The receipt of a run file's last line: its number, its `line_sha256`, its `line_digest`

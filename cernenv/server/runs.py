@@ -47,7 +47,8 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from cernenv._version import __version__
 from cernenv.provenance import source_revision
@@ -88,8 +89,48 @@ def world_nonce(world_secret: str, task_index: int) -> str:
     return hmac.new(world_secret.encode("utf-8"), message, hashlib.sha256).hexdigest()[:32]
 
 
-RUN_END_REASONS = ("every task played", "server shut down")
-"""Why a run ends, as its `RunEnded` line says: every task's episode ended, or the server stopped."""
+RUN_END_REASONS = ("every task played", "server shut down", "ended by its entrant")
+"""Why a run ends, as its `RunEnded` line says: every task's episode ended, the server stopped, or
+the entrant ended it (`POST /evaluation/end`, signed with its key: the tasks it did not play count
+as failures, and the end line is served to it, so its receipts cover the run to its end)."""
+
+ENTRANT_CONTEXT = b"cernenv scored-run entrant\x00"
+END_CONTEXT = b"cernenv scored-run end\x00"
+RECEIPTS_CONTEXT = b"cernenv scored-run receipts\x00"
+"""What an entrant's Ed25519 key signs, before the statement: its nonce and agent
+(`entrant_statement`), the end of its run (`end_statement`), its receipts (`receipts_statement`);
+a signature of one is never one of another."""
+
+
+def entrant_statement(run_id: str, commitment: str, nonce: str, agent: str, agent_sha256: str) -> bytes:
+    """What the entrant signs when it sends its nonce: the run, the commitment it read, its nonce and
+    what plays (the agent's module:Class and the SHA-256 of its module's file)."""
+    fields = {"run_id": run_id, "commitment": commitment, "nonce": nonce, "agent": agent, "agent_sha256": agent_sha256}
+    return ENTRANT_CONTEXT + canonical_json(fields)
+
+
+def end_statement(run_id: str) -> bytes:
+    """What the entrant signs to end its run (`POST /evaluation/end`)."""
+    return END_CONTEXT + run_id.encode("utf-8")
+
+
+def receipts_statement(receipts: Mapping[str, Any]) -> bytes:
+    """What the entrant signs of its receipts file: everything in it but its signature."""
+    return RECEIPTS_CONTEXT + canonical_json({k: v for k, v in receipts.items() if k != "entrant_signature"})
+
+
+def entrant_signature_holds(public_key: Any, statement: bytes, signature: Any) -> bool:
+    """Whether `signature` (hex) is the Ed25519 signature of `statement` under `public_key` (hex, raw 32 bytes)."""
+    if not isinstance(public_key, str) or not isinstance(signature, str):
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key)).verify(bytes.fromhex(signature), statement)
+        return True
+    except (ValueError, InvalidSignature):
+        return False
+
+
+AGENT_SHA256_CHARACTERS = 64
 
 ENTRANT_NONCE_CHARACTERS = (16, 256)
 """The shortest and longest entrant's nonce [characters, printable ASCII]: 16 is 64 bits as hex."""
@@ -131,6 +172,8 @@ class ScoredRun:
         self._signing_key = Ed25519PrivateKey.generate()
         self.public_key = public_key_hex(self._signing_key)
         self.entrant_nonce: Optional[str] = None
+        self.entrant_public_key: Optional[str] = None
+        self.agent: Optional[str] = None
         self.world_secret: Optional[str] = None
         """The worlds' secret (`worlds_secret`), once the entrant's nonce came (`seed`)."""
         self.worlds_fingerprint: Optional[str] = None
@@ -174,11 +217,39 @@ class ScoredRun:
             }
         )
 
-    def seed(self, entrant_nonce: Any) -> Dict[str, Any]:
-        """Take the entrant's nonce (once, before any task is handed out): the worlds' secret is
-        mixed from it and the operator's (`worlds_secret`), and the ledger's `RunSeeded` line records
-        it; what `describe` says then. A RequestError when it is not a nonce or the run has one."""
+    def seed(self, entrant_nonce: Any, entrant: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        """Take the entrant's nonce (once, before any task is handed out) with what plays: `entrant`
+        holds `agent` (module:Class), `agent_sha256`, `public_key` (the entrant's Ed25519 key, hex) and
+        `signature`, that key's signature of `entrant_statement`. The worlds' secret is mixed from the
+        nonce and the operator's (`worlds_secret`), and the ledger's `RunSeeded` line records them all;
+        what `describe` says then. A RequestError when it is not a nonce, the signature does not hold,
+        or the run has its nonce."""
+        if self.entrant_nonce is not None:
+            error = RequestError(
+                f"scored run {self.run_id} already has its entrant's nonce ({self.entrant_nonce}): a run takes one"
+            )
+            error.status_code = 409
+            raise error
         problem = nonce_problem(entrant_nonce)
+        entrant = dict(entrant or {})
+        agent, agent_sha256 = entrant.get("agent"), entrant.get("agent_sha256")
+        if problem is None and not (isinstance(agent, str) and 0 < len(agent) <= 255):
+            problem = "the nonce comes with what plays: agent, its module:Class (at most 255 characters)"
+        if problem is None and not (
+            isinstance(agent_sha256, str)
+            and len(agent_sha256) == AGENT_SHA256_CHARACTERS
+            and all(c in "0123456789abcdef" for c in agent_sha256)
+        ):
+            problem = "the nonce comes with agent_sha256, the SHA-256 (64 hex digits) of the agent's module file"
+        if problem is None and not entrant_signature_holds(
+            entrant.get("public_key"),
+            entrant_statement(self.run_id, self.commitment, entrant_nonce, agent, agent_sha256),
+            entrant.get("signature"),
+        ):
+            problem = (
+                "the nonce comes with the entrant's Ed25519 public_key and its signature of the run, the commitment, "
+                "the nonce and the agent (cernenv.server.runs.entrant_statement): it does not verify"
+            )
         if problem:
             raise RequestError(problem)
         with self._lock:
@@ -196,9 +267,31 @@ class ScoredRun:
                     "run_id": self.run_id,
                     "entrant_nonce": entrant_nonce,
                     "secret_fingerprint": fingerprint(secret),
+                    "agent": agent,
+                    "agent_sha256": agent_sha256,
+                    "entrant_public_key": entrant["public_key"],
+                    "entrant_signature": entrant["signature"],
                 }
             )
             self.entrant_nonce, self.world_secret, self.worlds_fingerprint = entrant_nonce, secret, fingerprint(secret)
+            self.entrant_public_key, self.agent = entrant["public_key"], agent
+        return self.describe()
+
+    def end_by_entrant(self, signature: Any) -> Dict[str, Any]:
+        """End the run at its entrant's word (`signature`: its key's signature of `end_statement`),
+        so that the entrant is served the end line and its receipts cover the whole run; what
+        `describe` says then (the run may have ended already: every task played). A RequestError
+        (403) when the signature is not the entrant's."""
+        if self.entrant_public_key is None or not entrant_signature_holds(
+            self.entrant_public_key, end_statement(self.run_id), signature
+        ):
+            error = RequestError(
+                f"scored run {self.run_id} is ended early only by its entrant: sign end_statement(run_id) with the "
+                "key that sent the nonce"
+            )
+            error.status_code = 403
+            raise error
+        self.end(RUN_END_REASONS[2])
         return self.describe()
 
     def next_task(self) -> Tuple[int, int, SuiteTask]:
@@ -315,6 +408,8 @@ class ScoredRun:
                 "secret_fingerprint": self.secret_fingerprint,
                 "awaits_nonce": self.entrant_nonce is None and self.end_reason is None,
                 "entrant_nonce": self.entrant_nonce,
+                "entrant_public_key": self.entrant_public_key,
+                "agent": self.agent,
                 "head": self.ledger.head(),
             }
             if self.end_reason is not None:

@@ -215,6 +215,9 @@ class ServedEnvironment(CERNCollisionEnvironment):
                 "this server's results ledger is full: nothing more it grades can be recorded, so it plays no "
                 "more episodes; its operator must move the ledger's files away and restart it"
             )
+        room = self._ledger.room_problem() if self._ledger is not None else None
+        if room is not None:  # an episode whose line has nowhere to go is not played
+            raise RequestError(f"{room}: no new episode is played until it can be recorded; tell the operator")
         previous = self._episode
         wasted = previous is not None and (not previous.done or previous.data_version == 0)
         if previous is not None and not previous.done:

@@ -1,7 +1,8 @@
 """A scored run's scorecard, from the run's ledger, checked as anyone sent it can check it.
 
-    python -m lib.measure.scorecard LEDGER [--reveal REVEAL] [--receipts RECEIPTS] [--commitment HEX]
-        [--run RUN_ID] [--expect SCORECARD] [--json PATH] [--markdown PATH]
+    python -m lib.measure.scorecard LEDGER --reveal REVEAL --receipts RECEIPTS --commitment HEX
+        [--commitment-in-git PATH] [--agent MODULE:CLASS] [--run RUN_ID] [--expect SCORECARD]
+        [--accept-unattested] [--json PATH] [--markdown PATH]
 
 LEDGER is the run's own ledger (`runs/RUN_ID.jsonl` in the server's state directory, or its
 `--results-ledger`); REVEAL the document the server wrote beside it when the run ended
@@ -13,7 +14,13 @@ holds the lines the server signed for the entrant (`check_receipts`); with the r
 commitment the run published before play is checked, the run must have ended, and every episode
 is replayed in its world (`cernenv.server.audit.verify_run`): "verified: N of N episodes replayed
 identically". A ledger, reveal or receipts file that fails is refused with one line naming the
-file, the line and the reason.
+file, the line and the reason. Without the entrant's receipts the run is `unattested` (only the
+operator's word says who played it and where it ends): refused, exit 2, unless
+`--accept-unattested`. The commitment is pinned from outside the run's folder: `--commitment HEX`,
+or `--commitment-in-git PATH`, the file PATH as committed in the git commit the run's entrant's
+nonce names (that commit must be in this checkout's history and the child of the commit the run
+was played from). `--agent` names what played: a run whose nonce line names another agent is
+refused.
 
 The metrics are those `evaluate_agents` gives in process, with their 95% bootstrap intervals,
 for the whole run and each group of `lib.measure.evaluation.GROUPS`, over every task the run
@@ -21,9 +28,10 @@ assigned: coverage says how many were played to their end, and a task abandoned 
 disconnect, idle timeout, shutdown) or never played is a failure in every metric
 (`lib.measure.metrics.UNFINISHED_VALUES`) with the reward of an honest give-up at most: the
 shaping it earned plus the grade of ending without a claim (`cernenv.rewards.NO_CLAIM`). A task
-never played has no known truth: it counts in its part and the whole run, in the populations of
-both particle splits' metrics (a null task not played is never a correct "nothing there", nor a
-false discovery avoided). So walking away from a task never scores better than giving up on it.
+never played counts in its part and the whole run, and, its truth drawn in its committed world
+from the reveal (`unplayed_truths`), in its particle split (a null task not played is never a
+correct "nothing there", nor a false discovery avoided); without the reveal its truth is unknown and
+it is in neither split. So walking away from a task never scores better than giving up on it.
 The two metrics that need an episode's prompts (`parse_rate`, `claims_quote_own_fit`) are
 in-process only. The counts per part say how many tasks ended without a claim and how many of
 the agent's actions the environment refused.
@@ -34,6 +42,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -78,14 +88,14 @@ def _episode_dict(episode: EpisodeEnded) -> Dict[str, Any]:
     }
 
 
-def _unplayed_dict(task: Mapping[str, Any]) -> Dict[str, Any]:
-    """A task the run never played: `unfinished`, its truth unknown (its world was never drawn),
-    worth the grade of ending without a claim, no step taken."""
+def _unplayed_dict(task: Mapping[str, Any], truth: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """A task the run never played: `unfinished`, worth the grade of ending without a claim, no step
+    taken; its `truth` drawn from the reveal (None without it: then it is in neither particle split)."""
     return {
         "seed": task.get("seed"),
         "scenario": task.get("scenario"),
         "difficulty": task.get("difficulty"),
-        "truth": None,
+        "truth": truth,
         "cumulative_reward": NO_CLAIM,
         "correct_outcome": False,
         "n_steps": 0,
@@ -117,16 +127,44 @@ def _counts(rows: Sequence[Mapping[str, Any]], episodes: Mapping[int, EpisodeEnd
     return counts
 
 
-def scorecard(run: RunLedger, verified: Optional[int] = None, receipts: Optional[int] = None) -> Dict[str, Any]:
-    """The scorecard of `run` (`cernenv.server.audit.read_run`'s): what the run was, how many of its
-    tasks ended graded, abandoned or unplayed, counts per part, and every metric per group over
-    every assigned task (strict JSON but for `_estimates`). `verified`: how many episodes
-    `verify_run` replayed identically (None: not verified); `receipts`: how many of the entrant's
-    receipts the ledger holds (None: none given)."""
+def unplayed_truths(run: RunLedger, world_secret: str) -> Dict[int, Dict[str, Any]]:
+    """The hidden truth of each task `run` never played, drawn in its committed world (the reveal's
+    worlds' secret): which of the particle splits an unplayed task belongs to."""
+    from cernenv.environment import CERNCollisionEnvironment
+    from cernenv.server.runs import world_nonce
+
+    played = {episode.task_index for _, episode in run.episodes}
+    truths: Dict[int, Dict[str, Any]] = {}
+    for index, task in enumerate(run.opened.tasks):
+        if index in played:
+            continue
+        env = CERNCollisionEnvironment(secret_salt=world_secret)
+        env.reset(
+            seed=int(task["seed"]),
+            scenario=task.get("scenario"),
+            difficulty=None if task.get("scenario") else task.get("difficulty"),
+            world_nonce=world_nonce(world_secret, index),
+        )
+        truths[index] = json.loads(json.dumps(env.hidden_truth()))
+    return truths
+
+
+def scorecard(
+    run: RunLedger,
+    verified: Optional[int] = None,
+    receipts: Optional[int] = None,
+    truths: Optional[Mapping[int, Dict[str, Any]]] = None,
+) -> Dict[str, Any]:
+    """The scorecard of `run` (`cernenv.server.audit.read_run`'s): what the run was and what played
+    it, how many of its tasks ended graded, abandoned or unplayed, counts per part, and every metric
+    per group over every assigned task (strict JSON but for `_estimates`). `verified`: how many
+    episodes `verify_run` replayed identically (None: not verified); `receipts`: how many of the
+    entrant's receipts the ledger holds (None: none given, the run unattested); `truths`: the
+    unplayed tasks' truths (`unplayed_truths`), which place them in the particle splits."""
     opened, end = run.opened, run.ended
     by_task = {episode.task_index: episode for _, episode in run.episodes}
     rows = [
-        _episode_dict(by_task[index]) if index in by_task else _unplayed_dict(task)
+        _episode_dict(by_task[index]) if index in by_task else _unplayed_dict(task, (truths or {}).get(index))
         for index, task in enumerate(opened.tasks)
     ]
     groups = group_metrics(rows)
@@ -141,6 +179,9 @@ def scorecard(run: RunLedger, verified: Optional[int] = None, receipts: Optional
         "commitment": opened.commitment,
         "public_key": opened.public_key,
         "entrant_nonce": run.seeded.entrant_nonce if run.seeded is not None else None,
+        "agent": run.seeded.agent if run.seeded is not None else None,
+        "agent_sha256": run.seeded.agent_sha256 if run.seeded is not None else None,
+        "entrant_public_key": run.seeded.entrant_public_key if run.seeded is not None else None,
         "last_line_sha256": run.last_sha256,
         "cernenv_version": opened.cernenv_version,
         "commit": opened.commit,
@@ -160,7 +201,8 @@ def scorecard(run: RunLedger, verified: Optional[int] = None, receipts: Optional
 
 
 def verified_line(card: Mapping[str, Any]) -> str:
-    """What the scorecard says of its verification."""
+    """What the scorecard says of its verification: incomplete, not verified, unattested (verified,
+    but no entrant's receipts), or verified."""
     if card["end_reason"] is None:
         return (
             "incomplete: the ledger has no end (RunEnded): the run is still being played, or its tail was cut off; "
@@ -173,11 +215,16 @@ def verified_line(card: Mapping[str, Any]) -> str:
         )
     recorded = card["graded"] + card["abandoned"]
     receipts = card.get("receipts_checked")
-    return (
-        f"verified: {card['verified']} of {recorded} episodes replayed identically, in the worlds run "
-        f"{card['run_id']} committed to before play ({card['commitment']}) and its entrant's nonce"
-        + (f"; the ledger holds all {receipts} of the entrant's receipts" if receipts else "")
+    replayed = (
+        f"{card['verified']} of {recorded} episodes replayed identically, in the worlds run {card['run_id']} "
+        f"committed to before play ({card['commitment']}) and its entrant's nonce, played by {card.get('agent')}"
     )
+    if receipts is None:
+        return (
+            f"unattested: {replayed}; but no entrant's receipts were given (--receipts): only the operator's word "
+            "says who played the run and that it ends where its ledger does"
+        )
+    return f"verified: {replayed}; the ledger holds all {receipts} of the entrant's receipts, the last its end"
 
 
 def counts_table(card: Mapping[str, Any]) -> str:
@@ -272,19 +319,79 @@ def score_run(
     *,
     receipts: Optional[Path] = None,
     commitment: Optional[str] = None,
+    agent: Optional[str] = None,
+    commitment_in_git: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The scorecard of the run in `ledger`, checked against the entrant's `receipts` and verified
-    against `reveal` (and the `commitment` published before play) when given; an AuditError (one
-    line: file, line, reason) when any is not what the server wrote."""
+    against `reveal` (and the `commitment` published before play, or the one `commitment_in_git`
+    holds at the run's nonce's commit) when given; `agent`: the agent that must have played it. An
+    AuditError (one line: file, line, reason) when any is not what the server wrote."""
     run = read_run(ledger, run_id)
+    if agent is not None and run.seeded is not None and run.seeded.agent != agent:
+        raise AuditError(
+            f"{ledger}:2: run {run.opened.run_id} was played by {run.seeded.agent} (its nonce line, signed by the "
+            f"entrant), not by {agent}"
+        )
+    if commitment_in_git is not None:
+        pinned = committed_commitment(run, commitment_in_git)
+        if commitment is not None and commitment != pinned:
+            raise AuditError(f"--commitment {commitment} is not the one {commitment_in_git} holds in git ({pinned})")
+        commitment = pinned
     checked = check_receipts(run, receipts) if receipts is not None else None
-    if commitment is not None and reveal is None and run.opened.commitment != commitment:
+    if commitment is not None and run.opened.commitment != commitment:
         raise AuditError(
             f"{ledger}:1: run {run.opened.run_id} opened with the commitment {run.opened.commitment}, not the one "
             f"published before play ({commitment})"
         )
-    verified = verify_run(run, reveal, commitment=commitment)[0] if reveal is not None else None
-    return scorecard(run, verified, checked)
+    verified, truths = None, None
+    if reveal is not None:
+        verified, document = verify_run(run, reveal, commitment=commitment)
+        if document.get("world_secret"):
+            truths = unplayed_truths(run, document["world_secret"])
+    return scorecard(run, verified, checked, truths)
+
+
+GIT_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def committed_commitment(run: RunLedger, path: str, repository: Optional[Path] = None) -> str:
+    """The commitment the file `path` (a published `commitment.json`) holds in the git commit the run's
+    entrant's nonce names, once that commit is checked: in this checkout's history, and the child of
+    the commit the run was played from (so the nonce, chosen by committing, came after the code and
+    the commitment, and one run can be replayed into another only by a whole new run and commit). An
+    AuditError naming what fails."""
+    repository = repository or Path(__file__).resolve().parents[2]
+    where = f"{run.path}:2"
+    nonce = run.seeded.entrant_nonce if run.seeded is not None else None
+    if nonce is None or not GIT_COMMIT.fullmatch(nonce):
+        raise AuditError(f"{where}: the run's entrant's nonce {nonce!r} names no git commit: give --commitment HEX")
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(repository), *args], capture_output=True, text=True)
+
+    if git("cat-file", "-e", f"{nonce}^{{commit}}").returncode != 0:
+        raise AuditError(
+            f"{where}: the run's entrant's nonce names commit {nonce}, which this clone lacks (a shallow clone? "
+            "git fetch --unshallow), or no commit: its commitment cannot be read"
+        )
+    if git("merge-base", "--is-ancestor", nonce, "HEAD").returncode != 0:
+        raise AuditError(f"{where}: commit {nonce} (the run's entrant's nonce) is not in this checkout's history")
+    parent = git("rev-parse", f"{nonce}^").stdout.strip()
+    if parent != run.opened.commit:
+        raise AuditError(
+            f"{where}: commit {nonce} (the run's entrant's nonce) is not the child of the commit the run was played "
+            f"from ({run.opened.commit}; its parent is {parent or 'none'})"
+        )
+    shown = git("show", f"{nonce}:{path}")
+    if shown.returncode != 0:
+        raise AuditError(f"{where}: commit {nonce} (the run's entrant's nonce) holds no {path}")
+    try:
+        value = json.loads(shown.stdout).get("commitment")
+    except (ValueError, AttributeError) as error:
+        raise AuditError(f"{path} in commit {nonce}: not a published commitment's JSON ({error})") from None
+    if not isinstance(value, str):
+        raise AuditError(f"{path} in commit {nonce}: names no commitment")
+    return value
 
 
 def _commitment_in(path: Path) -> str:
@@ -324,6 +431,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--commitment", metavar="HEX", help="the commitment published before play: the run's must be this one"
     )
+    parser.add_argument(
+        "--commitment-in-git",
+        metavar="PATH",
+        help="read the commitment from PATH as committed in the git commit the run's entrant's nonce names (in this "
+        "checkout's history, the child of the commit the run was played from)",
+    )
+    parser.add_argument(
+        "--accept-unattested",
+        action="store_true",
+        help="score a run without the entrant's receipts (its verdict then says unattested) instead of refusing it",
+    )
     parser.add_argument("--run", metavar="RUN_ID", help="the run the ledger must hold")
     parser.add_argument(
         "--expect",
@@ -331,7 +449,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         metavar="SCORECARD",
         help="a scorecard you were sent (its .json): it must be the one the ledger gives, field by field",
     )
-    parser.add_argument("--agent", default="agent", help="the agent's name in the table")
+    parser.add_argument(
+        "--agent", metavar="MODULE:CLASS", help="the agent that played the run: a run played by another is refused"
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the scorecard as JSON here")
     parser.add_argument("--markdown", type=Path, metavar="PATH", help="also write the markdown table here")
     args = parser.parse_args(argv)
@@ -339,7 +459,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         commitment = args.commitment
         if commitment is not None and Path(commitment).is_file():  # a published commitment.json
             commitment = _commitment_in(Path(commitment))
-        card = score_run(args.ledger, args.reveal, args.run, receipts=args.receipts, commitment=commitment)
+        card = score_run(
+            args.ledger, args.reveal, args.run, receipts=args.receipts, commitment=commitment, agent=args.agent,
+            commitment_in_git=args.commitment_in_git,
+        )  # fmt: skip
+        if card["receipts_checked"] is None and card["verified"] is not None and not args.accept_unattested:
+            raise AuditError(
+                f"{args.ledger}: unattested: no entrant's receipts (--receipts): only the operator's word says who "
+                "played the run and where it ends; give the entrant's receipts, or --accept-unattested"
+            )
         difference = None
         if args.expect is not None:
             try:
@@ -347,17 +475,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             except (OSError, UnicodeDecodeError, ValueError) as error:
                 raise AuditError(f"{args.expect}: not a scorecard's JSON ({error})") from None
             made = json.loads(scorecard_json(card))
-            if made["verified"] is None:  # without the reveal, what the sender verified is not checked here
-                del made["verified"]
-            if made["receipts_checked"] is None:  # nor, without receipts, what receipts the sender checked
-                del made["receipts_checked"]
+            if made["verified"] is None:  # without the reveal, what the sender verified and attested is not checked
+                del made["verified"], made["receipts_checked"]
             difference = scorecard_difference(sent, made)
         if difference:
             raise AuditError(f"{args.expect}: not the scorecard this ledger gives: {difference}")
     except AuditError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    text = scorecard_markdown(card, args.agent)
+    text = scorecard_markdown(card, card.get("agent") or "agent")
     if args.json:
         atomic_write(args.json, scorecard_json(card))
     if args.markdown:
