@@ -257,11 +257,14 @@ serve: setup ## serve CERNenv over OpenEnv's HTTP/WebSocket API on 127.0.0.1:800
 # `make evaluate AGENT=my_agent:MyAgent AGENT_PATH=~/agents`: an agent kept outside the repository is
 # imported from AGENT_PATH (a folder). It exits non-zero, with one line, when the agent cannot be
 # loaded, plays no episode to its end or raises (that episode fails, the run goes on and is scored).
+# The agent runs as a user id of its own, in namespaces of its own, with the evaluation's loopback for its only
+# network (lib/measure/score_agent.py says how): that needs root; UNISOLATED=1 plays it as your user instead.
 AGENT_PATH ?=
+UNISOLATED ?=
 
-evaluate: setup ## score an agent out of process on a scored run: AGENT=module:Class [AGENT_PATH=dir] [SUITE=v3|v3:unseen|draw:N]
+evaluate: setup ## score an agent out of process on a scored run: AGENT=module:Class [AGENT_PATH=dir] [SUITE=v3|v3:unseen|draw:N] [UNISOLATED=1]
 	@test -n "$(AGENT)" || { echo 'give the agent class: make evaluate AGENT=package.module:Class (e.g. lib.agents.baselines:HeuristicAgent)'; exit 2; }
-	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent "$(AGENT)" --suite "$(or $(SUITE),v3)" $(if $(AGENT_PATH),--agent-path "$(AGENT_PATH)")
+	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent "$(AGENT)" --suite "$(or $(SUITE),v3)" $(if $(AGENT_PATH),--agent-path "$(AGENT_PATH)") $(if $(UNISOLATED),--unisolated)
 
 # The published scored run (docs/reports.md, "Checking a scorecard you were sent"): the heuristic's
 # scored run of the v3 suite, its commitment (committed to git before play: the script commits it,
@@ -275,9 +278,10 @@ scored-run-example: setup ## play the heuristic's scored run of v3 into evidence
 	$(RUN_ENV) bash scripts/scored_run_example.sh $(PY) $(BUILD)/scored-run-example $(SCORED_RUN_DIR) $(SCORED_RUN_AGENT)
 	$(MAKE) --no-print-directory verify-scored-run
 
-verify-scored-run: setup ## check evidence/scored_run/: its signed chain, its commitment, receipts, every episode replayed, its scorecard recomputed
+# The commitment is read from git, at the commit the run's nonce names (never from the folder's own file).
+verify-scored-run: setup ## check evidence/scored_run/: its signed chain, its commitment (from git), receipts, every episode replayed, its scorecard recomputed
 	$(RUN_ENV) $(PY) -m lib.measure.scorecard $(SCORED_RUN_DIR)/ledger.jsonl.gz --reveal $(SCORED_RUN_DIR)/reveal.json \
-	  --receipts $(SCORED_RUN_DIR)/receipts.json --commitment $(SCORED_RUN_DIR)/commitment.json \
+	  --receipts $(SCORED_RUN_DIR)/receipts.json --commitment-in-git $(SCORED_RUN_DIR)/commitment.json \
 	  --expect $(SCORED_RUN_DIR)/scorecard.json --agent $(SCORED_RUN_AGENT) | tail -n 2
 
 bench-server: setup ## in-process vs WebSocket throughput at 1, 8, 32 sessions, fairness under spam (bench/bench_server.py)
