@@ -50,12 +50,47 @@ def test_every_committed_evidence_episode_replays_identically_on_a_processor_wit
     assert len(load_episodes_jsonl(str(EVIDENCE[0]))) >= 100
 
 
+def replays_identically(episode, where: str) -> None:
+    """`episode` replays to every recorded reward, grade and prompt; else the failure names `where`
+    (the file and the episode's place in it), the first step and the fields that differ."""
+    check = check_replay(episode)
+    differences = check.outcome + check.prompts
+    assert not differences, f"{where} does not replay: {differences[0]} (of {len(differences)} differences)"
+    assert check == ReplayCheck(len(episode["steps"]))
+
+
+def first_of_each_ending(episodes):
+    """(index, episode) of the first episode of each kind of ending: its outcome grade, whether it
+    claimed a discovery and whether it was right (a correct discovery and a correct null both earn +3)."""
+    kinds = {}
+    for index, episode in enumerate(episodes):
+        kind = (
+            (episode.get("reward_components") or {}).get("outcome"),
+            episode["discovered"],
+            episode["correct_outcome"],
+        )
+        kinds.setdefault(kind, (index, episode))
+    return kinds
+
+
+@pytest.mark.parametrize("path", EVIDENCE, ids=lambda p: p.name)
+def test_the_first_committed_episode_of_each_ending_replays_identically(path):
+    """In the fast suite, one committed episode of each kind of ending (correct discovery, observation
+    and null, missed, wrong or unsupported discovery, as the file holds them) replays to its recorded
+    rewards, grade and prompts (`make verify-evidence` and the slow test above replay them all)."""
+    kinds = first_of_each_ending(load_episodes_jsonl(str(path)))
+    assert len(kinds) >= 4, f"{path.name} holds {len(kinds)} kinds of ending: {sorted(map(str, kinds))}"
+    for index, episode in kinds.values():
+        replays_identically(episode, f"{path.name} episode {index} (seed {episode['seed']})")
+
+
 def test_a_changed_record_is_reported_where_it_changed(tmp_path, capsys):
-    episode = next(
-        e
-        for e in load_episodes_jsonl(str(EVIDENCE[1]))[:20]
-        if len(e["steps"]) > 5 and check_replay(e) == ReplayCheck(len(e["steps"]))
-    )
+    """The first episode of more than 5 steps, which replays (else the test says where it does not),
+    changed at steps 3 and 4 and at its end: each change is reported at its step and field."""
+    episodes = load_episodes_jsonl(str(EVIDENCE[1]))
+    index, episode = next(((i, e) for i, e in enumerate(episodes) if len(e["steps"]) > 5), (None, None))
+    assert episode is not None, f"{EVIDENCE[1].name} holds no episode of more than 5 steps"
+    replays_identically(episode, f"{EVIDENCE[1].name} episode {index} (seed {episode['seed']})")
     changed = copy.deepcopy(episode)
     changed["steps"][3]["reward"] += 0.5
     changed["steps"][4]["prompt"] += " (edited)"
