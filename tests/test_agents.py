@@ -53,7 +53,8 @@ def test_parse_json_fence():
 
 def test_parse_prose_around_the_object():
     text = f"The spectrum is built, so next I scan it.\n{json.dumps(SCAN)}\nThat should show any excess."
-    assert parse_reply(text).ok
+    result = parse_reply(text)
+    assert result.ok and result.action == ExperimentAction(**SCAN), "the object between the prose, as written"
 
 
 def test_parse_braces_inside_strings_and_prose():

@@ -48,7 +48,9 @@ def test_the_committed_evidence_names_its_one_clear_change_a_harm():
     """The committed run (the family recipe's seed 0): success 0.703 -> 0.674 and reward down, both
     with intervals that hold 0; null-task success 1.000 -> 0.943 with its interval below 0; no false
     discovery before or after. The conclusion says the one clear effect is a harm, and names it
-    first, from the episodes, each change with its interval."""
+    first, from the episodes, each change with its interval. The figures are the committed evidence's
+    as its evaluation wrote them (evidence/before_after_metrics.json, which the test reads back for
+    the null tasks' interval, and README.md quotes), not this module's output copied."""
     pre = read_records(EVIDENCE / "pre_eval.jsonl.gz").rows
     post = read_records(EVIDENCE / "post_eval.jsonl.gz").rows
     changes = {c.metric.label: c for c in run_changes(pre, post)}

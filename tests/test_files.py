@@ -233,23 +233,23 @@ def test_a_folder_a_live_run_holds_is_refused_naming_it_and_a_dead_runs_lock_is_
 
 def _race_without_flock(folder: str, start_at: float, results: Any) -> None:
     """One racer for the lock of `folder` where flock fails (as on some network file systems):
-    wait for the common start, try, and report (pid, won, when it held it)."""
+    wait for the common start, try, and report (pid, won, when it held it on the monotonic clock)."""
     import fcntl as fcntl_module
 
     def no_flock(*args: Any) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
     fcntl_module.flock = no_flock
-    while time.time() < start_at:
+    while time.monotonic() < start_at:
         pass
     try:
         FolderLock(folder).acquire()
     except FolderLockedError:
         results.put((os.getpid(), False, 0.0, 0.0))
         return
-    held_from = time.time()
+    held_from = time.monotonic()
     time.sleep(0.5)
-    results.put((os.getpid(), True, held_from, time.time()))
+    results.put((os.getpid(), True, held_from, time.monotonic()))
     results.close()
     results.join_thread()  # the report is sent before the process goes
     os._exit(0)  # dies holding it, as a killed run does: no release
@@ -259,13 +259,16 @@ def test_without_flock_one_of_eight_racers_holds_the_lock_and_a_dead_owners_lock
     """Eight processes race for a folder on a file system without flock: one holds it, and never two
     at once. They race again for the lock it left when it died: one takes it over. (On a loaded
     machine a racer scheduled late can find the first holder already dead and take its lock over in
-    turn, which is the takeover working; two holders whose times overlap would be the failure.)"""
+    turn, which is the takeover working; two holders whose times overlap would be the failure.) The
+    start and the holding times are read from the monotonic clock, which on Linux is one clock for
+    every process: the wall clock could be stepped (NTP) between two racers' readings and make two
+    holders look as if they overlapped, or hide an overlap."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
     for round_ in range(2):
         results = context.Queue()
-        start_at = time.time() + 0.5
+        start_at = time.monotonic() + 0.5
         racers = [
             context.Process(target=_race_without_flock, args=(str(tmp_path), start_at, results)) for _ in range(8)
         ]

@@ -16,8 +16,14 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 SMALL_01 = {"SEED": 3, "N_TOUR_EPISODES": 1, "TOUR_SCENARIOS": ["higgs_4l_125"]}
 
 
-def test_there_are_notebooks():
-    assert NOTEBOOKS, "no notebooks found in notebooks/"
+def test_the_four_notebooks_are_there_in_order():
+    """The four notebooks README.md and `make reproduce` name, numbered in the order they run."""
+    assert [path.name for path in NOTEBOOKS] == [
+        "01_explore_environment.ipynb",
+        "02_baseline_rollouts.ipynb",
+        "03_train_grpo.ipynb",
+        "04_evidence_analysis.ipynb",
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

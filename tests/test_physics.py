@@ -721,7 +721,9 @@ def test_a_fit_on_the_wall_shows_the_same_numbers_whatever_the_last_bits_of_its_
     numbers: its minimum is on a falling-shape wall where the Hessian has a negative eigenvalue
     across the wall, so its errors come from the Hessian along the wall (they were 1.2 and 1.42 GeV
     on the mass, as Minuit's numerical Hesse took over), and it is polished to its minimum (a
-    signal yield of 59.64 or 59.65 events before)."""
+    signal yield of 59.64 or 59.65 events before). The mass 210.4997 GeV is a pin, not a derivation:
+    the minimum this fit reached on both C libraries when the test was written (make bench-libm), which
+    says that the fit still ends on that wall; the rule under test is that both starts agree."""
     import dataclasses
 
     edges = np.linspace(110.0, 220.0, 101)
@@ -806,7 +808,10 @@ fit is held to the exact spectrum the campaign built."""
 def test_a_fit_with_a_floating_width_keeps_the_lowest_minimum_of_its_starts():
     """From its default start (half a resolution) this fit ended at the width-0 minimum (-ln L 40.906)
     under one C library and at the lower one (40.142, width 0.72 GeV) under another. It is fitted from
-    every start of `fitting.width_starts` and keeps the lowest: no single start's minimum is below it."""
+    every start of `fitting.width_starts` and keeps the lowest: no single start's minimum is below it.
+    The last assertion is that rule; the pinned 40.1416 and 0.724 GeV are the lower minimum as the
+    second C library found it when the test was written, which says that the one kept is that one
+    and not the width-0 minimum at 40.906."""
     edges = np.linspace(110.0, 220.0, 101)
     for index, edge in DIPHOTON_EDGES_OFF_LINSPACE.items():
         edges[index] = edge
