@@ -35,7 +35,7 @@ PYTEST_ARGS ?=
 
 # `make reproduce` runs the notebooks listed in configs/$(PROFILE).yaml, in order, with
 # their parameters (lib/notebooks/reproduce.py), writing under build/PROFILE/ only: smoke runs them all with
-# small numbers (minutes); full (the default) is the run that regenerates the evidence (~45 min), into
+# small numbers; full (the default) is the run that regenerates the evidence (times: docs/benchmarks.md), into
 # build/full/evidence/, which `make promote-evidence` then copies over the committed evidence/;
 # committed runs notebook 04 alone on evidence/. Reports go to reports/ (full) or reports/PROFILE/.
 # ONLY="04_evidence_analysis" runs some of a profile's notebooks; VERBOSE=1 echoes what they print.
@@ -63,7 +63,7 @@ $(error $(MISSPELT_VARIABLES))
 endif
 endif
 
-.PHONY: evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
+.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -121,6 +121,20 @@ test-slow: setup ## the checks marked slow, which CI runs after `make test` (pyt
 test-all: setup ## every test: `make test` and `make test-slow` in one pytest run
 	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
+# `make mutants`: mutation testing with mutmut ([tool.mutmut] in pyproject.toml: the files, and the fast
+# tests it runs against them) of the grade (cernenv/rewards.py, the grading path of
+# cernenv/environment.py, cernenv/analysis.py), the scored run's ledger and its audit
+# (cernenv/server/ledger.py, audit.py) and decision credit (lib/training/credit.py). Each mutant runs
+# only the selected tests that call its function. Not in CI: it takes hours on 2 cores (the measured
+# times and the kill rate per file: docs/benchmarks.md). MUTANTS="cernenv.rewards*" runs fewer.
+MUTANTS ?= cernenv.rewards* cernenv.environment.*_grade__mutmut_* cernenv.analysis* cernenv.server.ledger* \
+  cernenv.server.audit* lib.training.credit*
+
+mutants: setup ## mutation testing (mutmut) of the grade, the scored run's ledger and audit, decision credit: kill rate per file (slow: not in CI)
+	rm -rf mutants
+	nice -n 19 $(VENV)/bin/mutmut run $(foreach m,$(MUTANTS),"$(m)")
+	$(PY) scripts/mutation_report.py --functions $(foreach m,$(MUTANTS),"$(m)") --survivors
+
 # The GPU training set (requirements-gpu.txt) on a CPU: everything but unsloth, which cannot be
 # imported without a GPU, over requirements.txt; then the tests that set can run here (trl
 # 1.15's GRPO and SFT trainers need triton, so the training runs, marked slow, are left out), and
@@ -144,7 +158,7 @@ test-gpu-set: $(GPU_SET_STAMP) ## the GPU training set's CPU-checkable tests (in
 	$(GPU_SET_VENV)/bin/python -m pytest -p no:cacheprovider -n $(JOBS) -m "not slow" $(GPU_SET_TESTS)
 	$(GPU_SET_VENV)/bin/python -m pytest -p no:cacheprovider $(GPU_SET_SMOLLM2)
 
-reproduce: setup ## run the notebooks headlessly into build/PROFILE/: PROFILE=smoke (minutes), full (the evidence run, ~45 min), committed
+reproduce: setup ## run the notebooks headlessly into build/PROFILE/: PROFILE=smoke (small numbers), full (the evidence run), committed; times: docs/benchmarks.md
 	$(RUN_ENV) $(PY) -m lib.notebooks.reproduce --profile $(PROFILE) --build-dir $(BUILD)/$(PROFILE_NAME) $(if $(ONLY),--only $(ONLY)) $(if $(VERBOSE),--verbose)
 
 promote-evidence: setup ## copy a complete full run's evidence (build/full/evidence) over the committed evidence/
@@ -196,7 +210,7 @@ ACCELERATE_LAUNCH = $(PY) -m accelerate.commands.launch --num_processes $(NPROC)
   --multi_gpu $$($(PY) -c 'import torch; torch.cuda.is_available() or print("--num_cpu_threads_per_process 1")') \
   $(ACCELERATE_ARGS)
 
-train: setup ## GRPO-train the policy, default CPU config (TRAIN_ARGS="--config configs/train/smoke.yaml": minutes); evidence → build/evidence/
+train: setup ## GRPO-train the policy, default CPU config (TRAIN_ARGS="--config configs/train/smoke.yaml": a small run); evidence → build/evidence/
 ifeq ($(NPROC),1)
 	$(RUN_ENV) $(PY) -m lib.training $(TRAIN_ARGS)
 else

@@ -318,6 +318,7 @@ def test_the_mass_window_is_two_sigma_with_the_resolution_floor():
     """The window is 2·√(σ² + (0.001·m)²): with no claimed uncertainty it is 2·0.001·1000 = 2 GeV
     either side of 1000 GeV; with σ = 3 GeV it is 2·√(9 + 1) ≈ 6.32 GeV."""
     assert mass_is_correct(1001.99, 0.0, 1000.0) and mass_is_correct(998.01, 0.0, 1000.0)
+    assert mass_is_correct(1002.0, 0.0, 1000.0) and mass_is_correct(998.0, 0.0, 1000.0), "the edge is inside (≤)"
     assert not mass_is_correct(1002.01, 0.0, 1000.0) and not mass_is_correct(997.99, 0.0, 1000.0)
     window = 2.0 * np.sqrt(10.0)
     assert mass_is_correct(1000.0 + window - 0.01, 3.0, 1000.0)
