@@ -185,9 +185,11 @@ def test_the_baseline_table_is_the_committed_baselines(page):
 
 
 @pytest.mark.parametrize("folder", ["seeds", "seeds-family"])
-def test_the_readme_s_training_figures_are_the_committed_seeds(folder):
+def test_the_training_guide_s_figures_are_the_committed_seeds(folder):
+    """docs/training.md's "What the training showed" (the README's summary at full length: its own
+    figures are tests/test_readme_training.py's)."""
     seeds = json.loads((ROOT / "evidence" / folder / "seeds.json").read_text())["groups"]
-    text = (ROOT / "README.md").read_text(encoding="utf-8").replace("−", "-")
+    text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8").replace("−", "-")
     for group, comparison in [
         ("all", "grpo_minus_warm_start_success"),
         ("all", "grpo_minus_sft_success"),
@@ -195,7 +197,7 @@ def test_the_readme_s_training_figures_are_the_committed_seeds(folder):
     ]:
         pooled = seeds[group][comparison]["pooled"]
         shown = f"{pooled['mean']:+.3f} [{pooled['low']:+.3f}, {pooled['high']:+.3f}]"
-        assert shown in text, f"the README should quote {group} {comparison} pooled as {shown}"
+        assert shown in text, f"docs/training.md should quote {group} {comparison} pooled as {shown}"
 
 
 def test_the_pages_quote_the_published_scored_run_as_its_scorecard_says():
