@@ -5,7 +5,9 @@ says how many actions were refused and how many tasks ended without a claim."""
 from __future__ import annotations
 
 import json
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +40,14 @@ FLAKY_AGENT = textwrap.dedent(
 )
 
 
+def open_folder() -> Path:
+    """A folder outside the test's own (pytest's are closed to other users): the sandboxed agent's
+    user must read the agent's module there."""
+    folder = Path(tempfile.mkdtemp(prefix="cernenv-test-agent-"))
+    folder.chmod(0o755)
+    return folder
+
+
 def test_an_agent_outside_the_repository_needs_its_folder_and_the_error_says_how(tmp_path):
     (tmp_path / "outside_agent.py").write_text(FLAKY_AGENT)
     with pytest.raises(ValueError, match=r"cannot import outside_agent .*AGENT_PATH=its/folder"):
@@ -50,8 +60,7 @@ def test_an_agent_that_raises_fails_its_episode_the_run_goes_on_and_the_exit_say
     AGENT_PATH), raises in one episode: that episode is abandoned (a failure), its traceback printed
     once, the run goes on to the end and is scored and verified, and the exit is 1 with one line
     saying why. Its nonsense episode is counted: five refused actions, ended without a claim."""
-    folder = tmp_path / "elsewhere"
-    folder.mkdir()
+    folder = open_folder()
     (folder / "outside_agent.py").write_text(FLAKY_AGENT)
     out = tmp_path / "out"
     status = score_agent_main(
@@ -141,8 +150,7 @@ def test_what_an_agent_played_is_read_from_the_runs_ledger_not_from_its_process(
     abandoned, never played), and what the process said is kept apart as `player_said`."""
     import re
 
-    folder = tmp_path / "elsewhere"
-    folder.mkdir()
+    folder = open_folder()
     (folder / f"{name.split(':')[0]}.py").write_text(source)
     out = tmp_path / "out"
     status = score_agent_main(["--agent", name, "--agent-path", str(folder), "--suite", "draw:3", "--out", str(out)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Dict, List
@@ -438,7 +439,9 @@ def test_an_agent_scored_out_of_process_finds_nothing_by_introspection(tmp_path,
     from lib.measure.evaluation import PUBLISHED_KEY
     from lib.measure.score_agent import score_agent
 
-    report = tmp_path / "found.jsonl"
+    folder = Path(tempfile.mkdtemp(prefix="cernenv-test-agent-"))
+    folder.chmod(0o777)  # the sandboxed agent's user writes its report here
+    report = folder / "found.jsonl"
     monkeypatch.setenv("INTROSPECTION_REPORT", str(report))
     (episode,) = collect_episodes(
         selected_tasks("v3:unseen")[:1], make_env=PUBLISHED_KEY.make_env, agent=IntrospectingAgent(), progress=False
