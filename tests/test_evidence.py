@@ -134,7 +134,8 @@ def test_artifact_names_and_columns_are_the_seeds(tmp_path):
         "frac_reward_zero_std",
         RewardComponentLogWriter: "step,n,mean_cumulative,mean_terminal,mean_step_shaping,discovered_rate,"
         "mass_correct_rate,channel_correct_rate,spin_correct_rate,parsed_rate,mean_n_steps",
-        CheckpointEvalWriter: "step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc",
+        CheckpointEvalWriter: "step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc,"
+        "episodes_with_particle,mean_reward_low,mean_reward_high",
     }
     for cls, header in expected.items():
         path = tmp_path / f"{cls.__name__}.csv"
@@ -163,8 +164,24 @@ def test_an_existing_log_with_other_columns_is_refused(tmp_path):
 def test_seed_written_crlf_logs_are_accepted(tmp_path):
     path = tmp_path / "log.csv"
     path.write_bytes(b"step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc\r\n1,,,0.5,,,\r\n")
-    CheckpointEvalWriter(path).append(step=2, mean_reward=0.75)
+    CheckpointEvalWriter(path).append(step=2, mean_reward=0.75, mean_reward_low=0.5)
     assert [r["mean_reward"] for r in read_records(path).rows] == [0.5, 0.75]
+    assert path.read_bytes().endswith(b"\n2,,,0.75,,,\n"), "a file of the older columns is appended to in them"
+
+
+def test_an_older_checkpoint_log_is_drawn_and_says_it_holds_no_interval(tmp_path, monkeypatch):
+    import lib.report.evidence_figures as evidence_figures
+
+    figures = []
+    monkeypatch.setattr(evidence_figures, "_save_figure", lambda fig, path: figures.append(fig) or path)
+    path = tmp_path / "checkpoint_evals.csv"
+    path.write_text(
+        "step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc\n0,0.0,21,3.19,0.67,0.53,0.53\n"
+    )
+    render_checkpoint_progression(path, tmp_path / "progression.png")
+    reward_ax, rates_ax = [ax for ax in figures[0].axes if ax.get_visible()]
+    assert len(reward_ax.collections) == 0 and "no interval for mean reward" in reward_ax.get_title()
+    assert len(rates_ax.collections) == 1, "the success rate's exact interval needs only the episodes"
 
 
 # ----------------------------------------------------------------------------- concurrency and kills
@@ -689,6 +706,9 @@ def test_checkpoint_row_feeds_the_checkpoint_writer(tmp_path):
         "success_rate": 0.5,
         "mass_acc": 0.5,
         "channel_acc": 0.5,
+        "episodes_with_particle": 2,
+        "mean_reward_low": -1.0,
+        "mean_reward_high": 1.0,
     }
     assert [type(got[k]) for k in ("step", "episodes", "mean_reward")] == [int, int, float]
 
@@ -750,7 +770,9 @@ def test_checkpoint_progression_draws_exact_intervals_on_the_success_rate(tmp_pa
         writer.append(**comparison.checkpoint_row(step, episodes))
     render_checkpoint_progression(tmp_path / "checkpoint_evals.csv", tmp_path / "progression.png")
     reward_ax, rates_ax = [ax for ax in figures[0].axes if ax.get_visible()]
-    assert len(rates_ax.collections) == 1 and len(reward_ax.collections) == 0, "error bars on the success rate"
+    assert len(rates_ax.collections) == 3, "error bars on the success rate and the mass and channel accuracies"
+    assert len(reward_ax.collections) == 1, "and on the mean reward (its bootstrap interval)"
+    assert "no interval" not in reward_ax.get_title()
     low, high = evidence_figures._binomial_interval(np.array([0.5, 0.0, 1.0]), np.array([4.0, 4.0, np.nan]))
     # scipy.stats.binomtest(2, 4).proportion_ci() and (0, 4): Clopper–Pearson
     assert low[0] == pytest.approx(0.0676, abs=1e-4) and high[0] == pytest.approx(0.9324, abs=1e-4)

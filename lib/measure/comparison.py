@@ -88,13 +88,19 @@ def endings_line(payload: Mapping[str, Any]) -> str:
 def checkpoint_row(
     step: int, episodes: Sequence[Mapping[str, Any]], *, fraction_done: Optional[float] = None
 ) -> Dict[str, Any]:
-    """A `CheckpointEvalWriter.append(**row)` row computed from evaluated episodes."""
+    """A `CheckpointEvalWriter.append(**row)` row computed from evaluated episodes, with the mean
+    reward's 95% bootstrap interval and the count of episodes with a particle (the accuracies' `n`),
+    so a plot of the row can draw every mean and rate with its interval."""
     s = summarise_episodes(episodes)
+    interval = bootstrap_interval([v for _, v in episode_values(episodes, "mean_reward")]) or [None, None]
     return {
         "step": step,
         "fraction_done": fraction_done,
         "episodes": s["n"],
         **{k: s[k] for k in ("mean_reward", "success_rate", "mass_acc", "channel_acc")},
+        "episodes_with_particle": s["n_with_particle"],
+        "mean_reward_low": interval[0],
+        "mean_reward_high": interval[1],
     }
 
 

@@ -86,8 +86,12 @@ class _Series:
     band: Optional[str] = None
     """Column holding a ±1 standard deviation, drawn as a shaded band."""
     binomial: bool = False
-    """A rate over the row's `episodes`: drawn with its exact (Clopper–Pearson) 95% interval."""
+    """A rate over the row's `count` column: drawn with its exact (Clopper–Pearson) 95% interval."""
     style: str = "-"
+    count: str = "episodes"
+    """With `binomial`: the column of how many episodes the rate is over."""
+    interval: Optional[Tuple[str, str]] = None
+    """Columns of a mean's 95% interval (low, high), drawn as error bars where the row has them."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ def _binomial_interval(rate: np.ndarray, n: np.ndarray) -> Tuple[np.ndarray, np.
 
 def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Panel, xlabel: str) -> None:
     drawn = 0
+    without_interval = []
     order = np.argsort(x, kind="stable")  # rows from several processes or a resumed run arrive out of order
     for index, s in enumerate(panel.series):
         y = _column(rows, s.column)[order]
@@ -154,10 +159,15 @@ def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Pa
                     lw=0,
                     label=f"± 1 std ({s.band})",
                 )
-        if s.binomial:
-            low, high = _binomial_interval(y, _column(rows, "episodes")[order])
+        if s.binomial or s.interval:
+            if s.interval:
+                low, high = (_column(rows, column)[order] for column in s.interval)
+            else:
+                low, high = _binomial_interval(y, _column(rows, s.count)[order])
             good = ok & np.isfinite(low) & np.isfinite(high)
-            if good.any():  # the CSV (the seed's columns) holds rates and counts, not per-episode rewards
+            if not good.any():
+                without_interval.append(s.label)
+            if good.any():
                 ax.errorbar(
                     xs[good],
                     y[good],
@@ -169,7 +179,8 @@ def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Pa
                     alpha=0.7,
                 )
         drawn += 1
-    ax.set_title(panel.title, fontsize=10)
+    missing = f"\n(no interval for {', '.join(without_interval)}: this file was written before they were recorded)"
+    ax.set_title(panel.title + (missing if without_interval else ""), fontsize=10)
     ax.set_ylabel(panel.ylabel)
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.25)
@@ -270,17 +281,19 @@ _COMPONENT_PANELS = (
 
 _CHECKPOINT_PANELS = (
     _Panel(
-        "Mean episode reward on the held-out suite",
+        "Mean episode reward on the held-out checkpoint episodes (95% bootstrap intervals)",
         "mean episode reward",
-        (_Series("mean_reward", "mean reward", "#1d4ed8"),),
+        (_Series("mean_reward", "mean reward", "#1d4ed8", interval=("mean_reward_low", "mean_reward_high")),),
     ),
     _Panel(
         "Held-out rates (success = correct discovery or correct null; 95% exact intervals)",
         "fraction of episodes",
         (
             _Series("success_rate", "success (correct outcome)", "#16a34a", binomial=True),
-            _Series("mass_acc", "mass accuracy", "#9333ea", style="--"),
-            _Series("channel_acc", "channel accuracy", "#ea580c", style="--"),
+            _Series("mass_acc", "mass accuracy", "#9333ea", style="--", binomial=True, count="episodes_with_particle"),
+            _Series(
+                "channel_acc", "channel accuracy", "#ea580c", style="--", binomial=True, count="episodes_with_particle"
+            ),
         ),
         rate=True,
     ),

@@ -164,12 +164,15 @@ class _CsvLog:
     """
 
     COLUMNS: Tuple[str, ...] = ()
+    OLDER_COLUMNS: Tuple[Tuple[str, ...], ...] = ()
+    """Headers an earlier version of the writer wrote: a file that starts with one is appended to
+    in its own columns (a run resumed across the change), the newer columns left out."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._header = _csv_line(self.COLUMNS)
-        self._append_line(b"")  # create the file with its header now, as the seed did
+        self._append_line(None)  # create the file with its header now, as the seed did
 
     def _append_row(self, row: Mapping[str, Any]) -> None:
         unknown = [key for key in row if key not in self.COLUMNS]
@@ -178,29 +181,34 @@ class _CsvLog:
                 f"{type(self).__name__}: unknown column(s) {unknown} for {self.path.name}; "
                 f"the columns are {list(self.COLUMNS)}"
             )
-        self._append_line(_csv_line([_csv_cell(row.get(column)) for column in self.COLUMNS]))
+        self._append_line(row)
 
-    def _append_line(self, line: bytes) -> None:
+    def _append_line(self, row: Optional[Mapping[str, Any]]) -> None:
         with _thread_lock(self.path):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
                 if _cut_partial_last_line(fd, self.path) == 0:
-                    line = self._header + line
+                    columns, line = self.COLUMNS, self._header
                 else:
-                    self._check_header(fd)
+                    columns, line = self._columns_in_file(fd), b""
+                if row is not None:
+                    line += _csv_line([_csv_cell(row.get(column)) for column in columns])
                 if line:
                     _write_all(fd, line)
             finally:
                 os.close(fd)
 
-    def _check_header(self, fd: int) -> None:
-        found = os.pread(fd, len(self._header) + 1, 0).split(b"\n")[0].rstrip(b"\r")  # csv's default ends \r\n
-        if found != self._header.rstrip(b"\n"):
-            raise ValueError(
-                f"{self.path} starts with {found!r}, not the columns {list(self.COLUMNS)}; "
-                "move the old file aside or log to a new evidence folder"
-            )
+    def _columns_in_file(self, fd: int) -> Tuple[str, ...]:
+        longest = max(len(self._header), *(len(_csv_line(c)) for c in self.OLDER_COLUMNS)) if self.OLDER_COLUMNS else 0
+        found = os.pread(fd, max(longest, len(self._header)) + 1, 0).split(b"\n")[0].rstrip(b"\r")  # csv's \r\n
+        for columns in (self.COLUMNS, *self.OLDER_COLUMNS):
+            if found == _csv_line(columns).rstrip(b"\n"):
+                return columns
+        raise ValueError(
+            f"{self.path} starts with {found!r}, not the columns {list(self.COLUMNS)}; "
+            "move the old file aside or log to a new evidence folder"
+        )
 
 
 class TrainingLogWriter(_CsvLog):
@@ -250,7 +258,21 @@ class RewardComponentLogWriter(_CsvLog):
 class CheckpointEvalWriter(_CsvLog):
     """One row per held-out evaluation during training (see `checkpoint_row`)."""
 
-    COLUMNS = ("step", "fraction_done", "episodes", "mean_reward", "success_rate", "mass_acc", "channel_acc")
+    COLUMNS = (
+        "step",
+        "fraction_done",
+        "episodes",
+        "mean_reward",
+        "success_rate",
+        "mass_acc",
+        "channel_acc",
+        "episodes_with_particle",
+        "mean_reward_low",
+        "mean_reward_high",
+    )
+    """The last three: the count the accuracies are rates of, and the mean reward's 95% bootstrap
+    interval (files written before them end at channel_acc)."""
+    OLDER_COLUMNS = (COLUMNS[:-3],)
 
     def append(self, **row: Any) -> None:
         self._append_row(row)
@@ -308,7 +330,7 @@ def read_records(path: Path) -> Records:
 LOG_HEADERS = {
     "training_log.csv": (TrainingLogWriter.COLUMNS, TrainingLogWriter.COLUMNS[:-1]),  # before the zero-spread column
     "reward_components.csv": (RewardComponentLogWriter.COLUMNS,),
-    "checkpoint_evals.csv": (CheckpointEvalWriter.COLUMNS,),
+    "checkpoint_evals.csv": (CheckpointEvalWriter.COLUMNS, *CheckpointEvalWriter.OLDER_COLUMNS),
 }
 """A run's logs by file name, each with the headers its writer wrote (today's first)."""
 NUMERIC_LOGS = {header for headers in LOG_HEADERS.values() for header in headers}
