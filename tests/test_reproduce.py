@@ -227,7 +227,7 @@ def test_a_run_prints_a_line_per_notebook_and_only_the_warnings_that_matter(tmp_
     assert "UserWarning: the fit did not converge" in lines[2]
     assert lines[3].startswith("done: 1 notebook(s) of the profile profile in ") and "(a_ " in lines[3]
     assert lines[4] == f"  executed notebooks: {tmp_path / 'build'}/ (run.json: each one's commit and time)"
-    assert lines[5] == "next: make report PROFILE=profile, then open reports/profile/a_first.html in a browser"
+    assert lines[5] == "next: make report PROFILE=profile, then open reports/profile/a_first.readers.html in a browser"
     captured = capfd.readouterr()
     assert "without encryption" not in captured.err + captured.out and "line 199" not in captured.err + captured.out
     outputs = "".join(
@@ -289,7 +289,7 @@ def test_a_run_ends_with_its_time_what_it_wrote_where_and_the_next_command(tmp_p
         assert lines[3] == f"  written: build/{profile}/outputs/ (03_train_grpo's output_dir)"
         pages = "reports/" if profile == "full" else f"reports/{profile}/"
         command = "make report" if profile == "full" else f"make report PROFILE={profile}"
-        assert lines[4] == f"next: {command}, then open {pages}04_evidence_analysis.html in a browser"
+        assert lines[4] == f"next: {command}, then open {pages}04_evidence_analysis.readers.html in a browser"
     assert "make promote-evidence" in lines[5]
     assert duration(3725) == "1 h 2 min" and duration(59.6) == "1 min 0 s"
 
@@ -365,6 +365,8 @@ def test_make_report_ends_with_the_pages_it_wrote_and_the_one_to_open(tmp_path):
     lines = export.summary(tmp_path / "build", tmp_path / "reports", pages, 8.6)
     assert lines[0].startswith(f"exported 2 notebook(s) from {tmp_path / 'build'}/ to {tmp_path / 'reports'}/ in 9 s")
     assert lines[1:3] == ["  01_explore_environment: 1.2, 1.2, 1.2 MB", "  04_evidence_analysis: 1.2, 1.2, 1.2 MB"]
-    assert lines[3].startswith(f"open {tmp_path / 'reports' / '04_evidence_analysis.html'} in a browser")
-    assert lines[3].endswith((tmp_path / "reports" / "04_evidence_analysis.html").as_uri())
-    assert export.page_to_open(pages[:3]) == pages[0], "without notebook 04: the last notebook's page"
+    opened = tmp_path / "reports" / "04_evidence_analysis.readers.html"
+    assert lines[3].startswith(f"open {opened} in a browser: the results, code hidden"), "results first"
+    assert lines[3].endswith(opened.as_uri())
+    assert export.page_to_open(pages[:3]) == pages[1], "without notebook 04: the last notebook's readers' page"
+    assert export.page_to_open([pages[0], pages[3]]) == pages[3], "without readers' pages: notebook 04's with code"

@@ -366,10 +366,15 @@ def unfinished_runs(build_dir: Path) -> List[str]:
 
 
 def page_to_open(pages: Sequence[Path]) -> Optional[Path]:
-    """The page a reader opens first: notebook 04's with its code (the evidence, the trajectory
-    browser), else the last notebook's."""
+    """The page a reader opens first: notebook 04's readers' page (its results from the top, the
+    code hidden: the evidence, the trajectory browser), else the last notebook's; a page with code
+    where no readers' page was written."""
+    readers = [page for page in pages if page.name.endswith(f"{READERS_SUFFIX}.html")]
     full = [page for page in pages if not page.name.endswith((f"{READERS_SUFFIX}.html", f"{STANDALONE_SUFFIX}.html"))]
-    return next((page for page in full if page.stem == BROWSER_NOTEBOOK), full[-1] if full else None)
+    shown = readers or full
+    return next(
+        (page for page in shown if page.name.split(".", 1)[0] == BROWSER_NOTEBOOK), shown[-1] if shown else None
+    )
 
 
 def summary(build_dir: Path, reports_dir: Path, pages: Sequence[Path], seconds: float) -> List[str]:
@@ -388,8 +393,9 @@ def summary(build_dir: Path, reports_dir: Path, pages: Sequence[Path], seconds: 
     opened = page_to_open(pages)
     if opened is not None:
         lines.append(
-            f"open {opened} in a browser (keep {ASSETS_DIR.relative_to(ROOT)}/ beside the pages, or open the "
-            f"{STANDALONE_SUFFIX[1:]} page anywhere): {opened.resolve().as_uri()}"
+            f"open {opened} in a browser: the results, code hidden (NAME.html has the code; keep "
+            f"{ASSETS_DIR.relative_to(ROOT)}/ beside the pages, or open the {STANDALONE_SUFFIX[1:]} page anywhere): "
+            f"{opened.resolve().as_uri()}"
         )
     return lines
 

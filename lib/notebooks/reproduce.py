@@ -348,7 +348,7 @@ def run_summary(
     for folder, whats in folders.items():
         lines.append(f"  written: {folder}/ ({', '.join(whats)})")
     report = "make report" + ("" if name == "full" else f" PROFILE={name}")
-    page = reports_dir(profile) / f"{list(plan)[-1]}.html"
+    page = reports_dir(profile) / f"{list(plan)[-1]}.readers.html"  # the results, code hidden
     lines.append(f"next: {report}, then open {shown_path(page)} in a browser")
     if name == "full" and TRAIN_NOTEBOOK in plan:
         lines.append(
