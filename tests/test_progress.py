@@ -93,11 +93,11 @@ def test_a_notebook_s_progress_lines_go_to_stdout_and_only_warnings_to_stderr(ca
         notebook_logging()
         notebook_logging()  # a cell run twice prints each line once
         logging.getLogger("lib.progress").info("SFT warm start: 1/2 steps")
-        logging.getLogger("lib.training").warning("GRPO step 1/2 DID NOT MOVE THE POLICY")
+        logging.getLogger("lib.training").warning("GRPO step 1/2: THE REWARD DID NOT MOVE THE POLICY")
         logging.getLogger("matplotlib").info("font substituted")
         out, err = capsys.readouterr()
     finally:
         logging.getLogger().handlers[:], logging.getLogger("lib").handlers[:] = saved[0], saved[1]
         logging.getLogger("lib").setLevel(saved[2])
     assert out.count("SFT warm start: 1/2 steps") == 1 and "DID NOT MOVE" not in out
-    assert "DID NOT MOVE THE POLICY" in err and "SFT warm start" not in err and "font" not in err + out
+    assert "THE REWARD DID NOT MOVE THE POLICY" in err and "SFT warm start" not in err and "font" not in err + out

@@ -57,7 +57,7 @@ def test_the_training_log_warns_at_once_in_capitals(caplog, monkeypatch):
         callback.on_train_end(None, state, None)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert warnings[0].startswith("GRPO step 1/2 DID NOT MOVE THE POLICY by the reward: gradient norm 1.1e-07")
+    assert warnings[0].startswith("GRPO step 1/2: THE REWARD DID NOT MOVE THE POLICY: gradient norm 1.1e-07")
 
 
 def test_the_warm_start_s_logs_get_no_such_warning(caplog, monkeypatch):

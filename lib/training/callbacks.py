@@ -223,7 +223,7 @@ class TrainingProgress(TrainerCallback):
         reason = still_step(logs) if "frac_reward_zero_std" in (logs or {}) else None
         if reason:
             logger.warning(
-                "%s step %d/%d DID NOT MOVE THE POLICY by the reward: %s; %s",
+                "%s step %d/%d: THE REWARD DID NOT MOVE THE POLICY: %s; %s",
                 self.label,
                 state.global_step,
                 state.max_steps,
