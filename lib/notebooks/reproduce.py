@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import datetime
 import difflib
 import json
@@ -414,10 +415,11 @@ def notable_warnings(notebook_path: Path, limit: int = 8) -> List[str]:
 
 class ProgressEcho:
     """A file a notebook's stream output is written to (papermill's `stdout_file`/`stderr_file`):
-    the lines that are progress meters go to `out`, indented; the rest stays in the notebook."""
+    the lines that are progress meters go to `out`, indented; the rest stays in the notebook.
+    `heartbeat` (a `Heartbeat`) is told of each line echoed."""
 
-    def __init__(self, out: Any) -> None:
-        self.out, self._partial = out, ""
+    def __init__(self, out: Any, heartbeat: Optional["Heartbeat"] = None) -> None:
+        self.out, self._partial, self.heartbeat = out, "", heartbeat
 
     def write(self, text: str) -> None:
         lines = (self._partial + text).split("\n")
@@ -426,9 +428,50 @@ class ProgressEcho:
             if METER_LINE.search(line):
                 meter = line.split("lib.progress: ", 1)[-1].strip()  # without the log line's time and name
                 print(f"    {meter}", file=self.out, flush=True)
+                if self.heartbeat is not None:
+                    self.heartbeat.said()
 
     def flush(self) -> None:
         pass
+
+
+HEARTBEAT_S = 10.0
+"""The longest a run stays silent: a notebook that has echoed no line for this long gets one saying
+it still runs (notebook 04 read and drew for 55 s, notebook 03 imported for 47 s, without a word)."""
+
+
+class Heartbeat:
+    """A line to `out` whenever `label`'s notebook has said nothing for `every_s` seconds (`said`
+    restarts the wait): `    03_train_grpo: still running, 40 s so far`. A context manager around
+    the notebook's execution; its thread ends with it."""
+
+    def __init__(self, out: Any, label: str, every_s: float = HEARTBEAT_S) -> None:
+        import threading
+
+        self.out, self.label, self.every_s = out, label, every_s
+        self.started = self.last = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat {label}", daemon=True)
+
+    def said(self) -> None:
+        self.last = time.perf_counter()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.every_s)):
+            now = time.perf_counter()
+            if now - self.last >= self.every_s:
+                print(
+                    f"    {self.label}: still running, {duration(now - self.started)} so far", file=self.out, flush=True
+                )
+                self.last = now
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def run_notebook(
@@ -455,19 +498,22 @@ def run_notebook(
     output = build_dir / f"{name}.ipynb"
     saved = {key: os.environ.get(key) for key in KERNEL_ENVIRONMENT}
     os.environ.update(KERNEL_ENVIRONMENT)  # the kernel inherits this process's environment
+    heartbeat = Heartbeat(echo, name) if echo is not None and not show_progress else contextlib.nullcontext()
     try:
-        papermill.execute_notebook(
-            str(NOTEBOOKS_DIR / f"{name}.ipynb"),
-            str(output),
-            parameters=dict(parameters),
-            kernel_name=kernel_name or default_kernel_name(),
-            cwd=str(NOTEBOOKS_DIR),
-            progress_bar=progress_bar,
-            log_output=show_progress,
-            stdout_file=None if show_progress or echo is None else ProgressEcho(echo),
-            stderr_file=None if show_progress or echo is None else ProgressEcho(echo),
-            extra_arguments=KERNEL_ARGUMENTS,
-        )
+        with heartbeat:
+            beat = heartbeat if isinstance(heartbeat, Heartbeat) else None
+            papermill.execute_notebook(
+                str(NOTEBOOKS_DIR / f"{name}.ipynb"),
+                str(output),
+                parameters=dict(parameters),
+                kernel_name=kernel_name or default_kernel_name(),
+                cwd=str(NOTEBOOKS_DIR),
+                progress_bar=progress_bar,
+                log_output=show_progress,
+                stdout_file=None if show_progress or echo is None else ProgressEcho(echo, beat),
+                stderr_file=None if show_progress or echo is None else ProgressEcho(echo, beat),
+                extra_arguments=KERNEL_ARGUMENTS,
+            )
     except PapermillExecutionError as error:
         raise ReproduceError(
             f"{name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}\n"
@@ -505,8 +551,8 @@ def reproduce(
     check_written_folders(chosen, target)
     if profile_name(profile) == "full" and TRAIN_NOTEBOOK in chosen:
         print(
-            "the full run: it regenerates the evidence into build/full/evidence/ (~45 min on 2 idle cores: "
-            "README, Quick start; Ctrl-C stops it, and evidence/ is never touched); `make promote-evidence` then "
+            "the full run: it regenerates the evidence into build/full/evidence/ (how long: docs/benchmarks.md; "
+            "Ctrl-C stops it, and evidence/ is never touched); `make promote-evidence` then "
             "copies it over evidence/. `make reproduce PROFILE=smoke` runs every notebook in minutes.",
             file=out,
             flush=True,
