@@ -180,7 +180,7 @@ def test_an_older_checkpoint_log_is_drawn_and_says_it_holds_no_interval(tmp_path
     )
     render_checkpoint_progression(path, tmp_path / "progression.png")
     reward_ax, rates_ax = [ax for ax in figures[0].axes if ax.get_visible()]
-    assert len(reward_ax.collections) == 0 and "no interval for mean reward" in reward_ax.get_title()
+    assert len(reward_ax.collections) == 0 and "an older file: no interval for mean reward" in reward_ax.get_title()
     assert len(rates_ax.collections) == 1, "the success rate's exact interval needs only the episodes"
 
 

@@ -179,7 +179,7 @@ def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Pa
                     alpha=0.7,
                 )
         drawn += 1
-    missing = f"\n(no interval for {', '.join(without_interval)}: this file was written before they were recorded)"
+    missing = f"\n(an older file: no interval for {', '.join(without_interval)})"
     ax.set_title(panel.title + (missing if without_interval else ""), fontsize=10)
     ax.set_ylabel(panel.ylabel)
     ax.set_xlabel(xlabel)
