@@ -259,7 +259,8 @@ def still_steps_markdown(training_log: Sequence[Mapping[str, Any]]) -> str:
     steps = len(training_log)
     lines = [
         f"**Warning: {len(still)} of {steps} GRPO steps could not move the policy by the reward.** "
-        f"What the run learned did not come from GRPO's ranking of its episodes; {STILL_STEP_ADVICE}.",
+        f"What {'that step' if len(still) == 1 else 'those steps'} learned did not come from GRPO's ranking of "
+        f"episodes; {STILL_STEP_ADVICE}.",
         "",
     ]
     lines += [f"- step {step}: {reason}." for step, reason in still]
