@@ -167,8 +167,8 @@ class Recorder:
     def __init__(self, generate) -> None:
         self.generate, self.calls = generate, []
 
-    def __call__(self, contexts, sampling):
-        replies = self.generate(contexts, sampling)
+    def __call__(self, contexts, sampling, **kwargs):
+        replies = self.generate(contexts, sampling, **kwargs)
         self.calls.append((list(contexts[0]), *replies[0]))
         return replies
 

@@ -10,7 +10,8 @@ one out as the policy reads it, with the system prompt (a real model's setting):
   costs its whole prompt: its tokens, and the system prompt's share of them;
 * `conversation`: the campaign as one chat: a decision costs the tokens added since the last one
   (the environment's message and the reply), a campaign the whole conversation; with and
-  without `compact_followups` (the logbook and references lines left out while they repeat).
+  without `compact_followups` (the logbook and references lines left out while they repeat), and
+  in the `brief` style (`LLMAgentConfig.style`: what SmolLM2's configurations play).
 
 Prints one table (median and 95th percentile over decisions, or over campaigns).
 """
@@ -89,6 +90,7 @@ def main(argv=None) -> int:
     specs = validation_suite(args.episodes)
     plain = campaign_tokens(tokenizer, specs, LLMAgentConfig())
     compact = campaign_tokens(tokenizer, specs, LLMAgentConfig(compact_followups=True))
+    brief = campaign_tokens(tokenizer, specs, LLMAgentConfig(style="brief"))
     system = len(tokenizer(SYSTEM_PROMPT, add_special_tokens=False)["input_ids"])
     decisions = int(sum(plain["decisions"]))
     print(f"tokenizer of {args.model}: {len(specs)} validation campaigns, {decisions} decisions")
@@ -106,6 +108,9 @@ def main(argv=None) -> int:
     row("conversation: whole campaign", plain["campaign"])
     row("conversation, compact: new tokens per later decision", compact["added"])
     row("conversation, compact: whole campaign", compact["campaign"])
+    row("conversation, brief: first prompt", brief["first"])
+    row("conversation, brief: new tokens per later decision", brief["added"])
+    row("conversation, brief: whole campaign", brief["campaign"])
     per_decision = [c / d for c, d in zip(plain["campaign"], plain["decisions"])]
     per_decision_compact = [c / d for c, d in zip(compact["campaign"], compact["decisions"])]
     row("conversation: campaign tokens / decisions", per_decision)

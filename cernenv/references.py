@@ -53,6 +53,8 @@ it too: no group names, ASCII digits only (`[0-9]`, never `\\d`, which Python's 
 script), and `$(?!\\n)` the end of the string for Python's `re` too (its `$` also matches before a
 final newline). An index is a number: `[00]` and `[0]` both name the first candidate."""
 MAX_FACTOR = 100.0
+_ALLOWED_FACTOR = r"(?:0\.[0-9]{0,5}[1-9]|[1-9][0-9]?(?:\.[0-9]{1,6})?|100(?:\.0{1,6})?)"
+"""A factor as `_FACTOR` writes it, in (0, `MAX_FACTOR`]: what `resolve_reference` accepts."""
 """The largest scale factor a reference accepts: a request is a share of a shown value, or a few times it."""
 
 
@@ -64,6 +66,23 @@ def reference_json_schema() -> Dict[str, Any]:
         "description": "A value the observation shows, by name (its `references`): "
         + "; ".join(f"@{name}: {text}" for name, text in REFERENCES.items()),
     }
+
+
+def shown_reference_pattern(shown: Mapping[str, Any]) -> Optional[str]:
+    """The schema pattern of a reference to one of the values an observation shows now (`shown`, its
+    `references` field): each shown name exactly (`@scan.candidates[2]`, not any index), a numeric one
+    optionally scaled (`*factor`, which `resolve_reference` refuses on a name or a spin); None when it
+    shows none. What `SCHEMA_PATTERN` admits and the environment would refuse anyway ("refers to
+    nothing the observation shows now", "cannot be scaled") it leaves out. Same dialect as
+    `SCHEMA_PATTERN`."""
+    numeric = [name for name, value in shown.items() if _number(value)]
+    other = [name for name in shown if name not in numeric]
+    branches = []
+    if numeric:
+        branches.append(f"(?:{'|'.join(re.escape(name) for name in numeric)})(?:\\*{_ALLOWED_FACTOR})?")
+    if other:
+        branches.append(f"(?:{'|'.join(re.escape(name) for name in other)})")
+    return rf"^@(?:{'|'.join(branches)})$(?!\n)" if branches else None
 
 
 def is_reference(value: Any) -> bool:
@@ -177,6 +196,10 @@ def total_mass_uncertainty(
         scale = float(systematics.get("energy_scale_frac") or 0.0) * float(mass)
     total = math.hypot(float(error), scale)
     return round(total, digits - 1 - math.floor(math.log10(total)))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _finite(value: Any) -> bool:

@@ -5,6 +5,7 @@ returned are still what the trainer scores."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -42,6 +43,7 @@ def test_every_reply_a_random_model_writes_is_held_to_the_grammar(tokenizer, mod
     grammar = action_grammar(tokenizer, len(tokenizer))
     replies = 0
     for episode in episodes:
+        checked_shown: list = []
         runs, previous = [], 0  # the model's replies: the runs of its own tokens between the environment's
         for token, mine in zip(episode.completion_ids, episode.env_mask):
             if mine and not previous:
@@ -54,13 +56,21 @@ def test_every_reply_a_random_model_writes_is_held_to_the_grammar(tokenizer, mod
             replies += 1
             completion = step["completion"] if isinstance(step, dict) else step.completion
             if run[-1] != tokenizer.eos_token_id:  # cut at max_new_tokens: a prefix of an action
+                checked_shown.append(None)
                 assert len(run) == max_new_tokens
                 matcher = grammar.matcher()
                 assert matcher.consume_tokens(run) and not matcher.is_error(), completion
                 continue
             objects = _json_objects(completion)
             assert len(objects) == 1, completion
-            assert json.dumps(objects[0], separators=(",", ":"), ensure_ascii=False) == completion.strip()
+            assert json.loads(completion) == objects[0], completion  # the one object is the whole reply
+            outside_strings = re.sub(r'"(?:[^"\\]|\\.)*"', '""', completion)
+            assert not re.search(r"\s", outside_strings), completion  # written compactly (a number may
+            # hold more digits than a float keeps, so the text is not compared with json.dumps of it)
+            quoted = [v for v in objects[0].get("parameters", {}).values() if isinstance(v, str) and v[:1] == "@"]
+            shown = episode.shown[len(checked_shown)]
+            assert all(re.sub(r"\*.*$", "", v[1:]) in shown for v in quoted), (completion, sorted(shown))
+            checked_shown.append(completion)
             try:
                 parse_action(objects[0], SHOWN)
             except RuleViolation as refusal:  # only what a JSON schema cannot state: a rule between
@@ -73,9 +83,8 @@ def test_every_reply_a_random_model_writes_is_held_to_the_grammar(tokenizer, mod
 
 def test_the_demonstrations_are_writable_under_the_grammar(tokenizer):
     """Every reply the warm start teaches (the heuristic's actions as `action_to_json` writes them,
-    without the justification, then eos) is allowed token by token: the constraint never forbids
-    what the policy learned."""
-    grammar = action_grammar(tokenizer, len(tokenizer))
+    without the justification, then eos) is allowed token by token under the grammar of the
+    references its observation shows: the constraint never forbids what the policy learned."""
     env, agent = CERNCollisionEnvironment(), HeuristicAgent()
     checked = 0
     for seed in range(100_000, 100_012):
@@ -83,7 +92,7 @@ def test_the_demonstrations_are_writable_under_the_grammar(tokenizer):
         agent.reset()
         while not obs.done:
             action = agent.act(obs)
-            matcher = grammar.matcher()
+            matcher = action_grammar(tokenizer, len(tokenizer), obs.references).matcher()
             ids = tokenizer(action_to_json(action, justification=False), add_special_tokens=False)["input_ids"]
             for token in ids + [tokenizer.eos_token_id]:
                 assert matcher.consume_token(token), (action_to_json(action, justification=False), matcher.get_error())
@@ -207,11 +216,61 @@ def test_a_constrained_training_rollout_trains_only_the_chosen_tokens(tokenizer,
     ids = reply["input_ids"] + [tokenizer.eos_token_id]
 
     def scripted(trainer):
-        return lambda contexts, sampling: [(list(ids), [-0.5] * len(ids)) for _ in contexts]
+        return lambda contexts, sampling, shown=None: [(list(ids), [-0.5] * len(ids)) for _ in contexts]
 
     rollout = CampaignRollout(config, tokenizer, generate_fn_factory=scripted)
     prompts = [row["prompt"] for row in training_dataset(config)] * 2
     out = rollout(prompts, trainer=None)
     assert out["completion_ids"] == [ids, ids]
-    assert out["env_mask"] == [train_chosen_tokens_only(tokenizer, ids, [1] * len(ids))] * 2
+    shown = rollout.last_episodes[0].shown  # what the first observation showed, under whose grammar it was written
+    assert len(shown) == 1 and "luminosity.affordable_fb" not in shown[0]  # no beam yet: nothing to book
+    assert out["env_mask"] == [train_chosen_tokens_only(tokenizer, ids, [1] * len(ids), shown)] * 2
     assert 0 < sum(out["env_mask"][0]) < len(ids)
+
+
+def _writable(grammar, tokenizer, reply: str) -> bool:
+    """Whether `reply`, then eos, is allowed token by token and ends the grammar."""
+    matcher = grammar.matcher()
+    ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return all(matcher.consume_token(token) for token in ids) and matcher.is_stopped()
+
+
+def test_a_reply_quotes_only_the_references_its_observation_shows(tokenizer):
+    """Under the grammar of an observation's references a reply may quote what it shows (a number
+    scaled too) and nothing else: the replies the environment would refuse as referring to nothing
+    shown, or as scaling a name, cannot be written; with nothing shown, no reference at all."""
+    shown = {"luminosity.affordable_fb": 80.0, "fit.channel": "dimuon", "scan.candidates[0]": 120.0}
+    grammar = action_grammar(tokenizer, len(tokenizer), shown)
+    book = '{"action_type":"allocate_luminosity","parameters":{"luminosity_fb":"@luminosity.affordable_fb*0.4"}}'
+    assert _writable(grammar, tokenizer, book)
+    assert not _writable(grammar, tokenizer, book.replace("affordable", "booked"))  # not shown
+    fit = '{"action_type":"fit_resonance","parameters":{"mass_hint_gev":"@scan.candidates[0]"}}'
+    assert _writable(grammar, tokenizer, fit)
+    assert not _writable(grammar, tokenizer, fit.replace("[0]", "[1]"))  # no second candidate shown
+    assert not _writable(grammar, tokenizer, fit.replace("scan.candidates[0]", "fit.mass_gev"))  # no fit yet
+    select = '{"action_type":"select_channel","parameters":{"channel":"@fit.channel"}}'
+    assert _writable(grammar, tokenizer, select)
+    assert not _writable(grammar, tokenizer, select.replace("@fit.channel", "@fit.channel*2"))  # a name
+    nothing = action_grammar(tokenizer, len(tokenizer), {})
+    assert not _writable(nothing, tokenizer, book)
+    assert _writable(nothing, tokenizer, book.replace('"@luminosity.affordable_fb*0.4"', "32.0"))
+    everything = action_grammar(tokenizer, len(tokenizer))  # without an observation: every known name
+    assert _writable(everything, tokenizer, fit.replace("scan.candidates[0]", "fit.mass_gev"))
+
+
+def test_a_name_the_observation_alone_shows_is_forced_and_not_trained(tokenizer):
+    """Where the observation shows one reference, the grammar of that observation forces its name
+    once the reply opens a reference: those tokens were not the policy's choice, and
+    `train_chosen_tokens_only` given what each reply's observation showed leaves them out, where the
+    grammar of every name counts them as chosen."""
+    from lib.episodes.grammar import train_chosen_tokens_only
+
+    reply = '{"action_type":"fit_resonance","parameters":{"mass_hint_gev":"@scan.best_mass_gev"}}'
+    ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    shown = {"scan.best_mass_gev": 515.2}
+    narrow = action_grammar(tokenizer, len(tokenizer), shown).forced(ids)
+    wide = action_grammar(tokenizer, len(tokenizer)).forced(ids)
+    assert sum(narrow) > sum(wide) and all(n or not w for n, w in zip(narrow, wide))
+    mask = train_chosen_tokens_only(tokenizer, ids, [1] * len(ids), [shown])
+    assert mask == [int(not f) for f in narrow]
+    assert train_chosen_tokens_only(tokenizer, ids, [1] * len(ids)) == [int(not f) for f in wide]

@@ -604,7 +604,7 @@ def _scripted_group_step(tiny_model_dir, tmp_path, replies, context, credit="epi
     def scripted(trainer):
         calls = iter(replies)
 
-        def generate(contexts, sampling):
+        def generate(contexts, sampling, shown=None):
             out = []
             for context in contexts:
                 ids = tokenizer(next(calls), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

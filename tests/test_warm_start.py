@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.agents.prompting import Sampling, parse_reply, round_significant
+from lib.agents.prompting import LLMAgentConfig, Sampling, parse_reply, round_significant
 from lib.episodes.llm_rollouts import play_episodes
 from lib.measure.evaluation import heldout_suite
 from lib.training import TrainConfig
@@ -27,13 +27,16 @@ from lib.training.warm_start import (
 )
 
 
-def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
+@pytest.mark.parametrize("style", ["full", "brief"])
+def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir, style):
     """A demonstration replayed through `play_episodes` (a generator that writes the
-    demonstrated replies) gives the same tokens, and its action mask is GRPO's env_mask."""
+    demonstrated replies) gives the same tokens, and its action mask is GRPO's env_mask, in each
+    observation style."""
     from lib.training.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
-    (example,) = demonstration_examples(tokenizer, 1)
+    config = LLMAgentConfig(style=style, system_prompt=style == "brief")
+    (example,) = demonstration_examples(tokenizer, 1, observation_config=config)
     ids, mask = example["input_ids"], example["completion_mask"]
     replies, start = [], None  # the runs of action tokens, in order
     for i, bit in enumerate(mask + [0]):
@@ -48,7 +51,9 @@ def test_demonstrations_are_laid_out_as_grpo_plays_them(tiny_model_dir):
         return [(reply, [0.0] * len(reply)) for reply in (replies.pop(0) for _ in contexts)]
 
     (spec,) = corpus_specs(1, DEMONSTRATION_SEED)
-    (played,) = play_episodes(scripted, tokenizer, [spec], sampling=Sampling(max_new_tokens=512))
+    (played,) = play_episodes(
+        scripted, tokenizer, [spec], sampling=Sampling(max_new_tokens=512), observation_config=config
+    )
     assert played.prompt_ids + played.completion_ids == ids
     assert [0] * len(played.prompt_ids) + played.env_mask == mask
     last = played.record.steps[-1]

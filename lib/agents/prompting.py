@@ -16,7 +16,7 @@ import numpy as np
 
 from cernenv.actions import ACTION_TABLE, Prerequisite
 from cernenv.models import CollisionObservation, ExperimentAction
-from cernenv.references import reference_json_schema
+from cernenv.references import reference_json_schema, shown_reference_pattern
 from cernenv.rewards import EVIDENCE_Z_GLOBAL, NULL_EVIDENCE_LUMINOSITY_FRACTION, REDUNDANCY_PENALTY, VIOLATION_PENALTY
 from cernenv.rules import RuleViolation
 from cernenv.rules import parse_action as validate_action
@@ -59,6 +59,21 @@ class LLMAgentConfig:
     what the conversation last said (`compact_followup`): a real tokenizer spends most of a later
     message on them, repeated while no analysis changes them. Off: every later message carries them,
     so the numbers a claim quotes are always in its last message."""
+    style: str = "full"
+    """How observations are written (`OBSERVATION_STYLES`): "full", every field the policy may read
+    (`render_observation`; the stand-in's and the committed evidence's); "brief", a campaign a
+    small model can afford (`render_brief`, `BRIEF_SYSTEM_PROMPT`): the task once, then per turn
+    the last result's deciding numbers to 3 significant digits, a refusal's reason and the logbook's
+    state when it changes, for replies held to the grammar of the references shown (which tells
+    the policy what it may quote, so no references line is written)."""
+
+    def __post_init__(self) -> None:
+        if self.style not in OBSERVATION_STYLES:
+            raise ValueError(f"style must be one of {OBSERVATION_STYLES}, got {self.style!r}")
+
+
+OBSERVATION_STYLES = ("full", "brief")
+"""`LLMAgentConfig.style`'s values."""
 
 
 def _type_label(annotation: Any) -> str:
@@ -264,7 +279,7 @@ def render_observation(
     return "\n".join([*lines, *violations, *logbook])
 
 
-REPEATABLE_LINES = ("Logbook: ", "References: ")
+REPEATABLE_LINES = ("Logbook: ", "References: ", "State: ")
 """Lines of an observation's rendering that a compact later message leaves out while unchanged."""
 
 
@@ -281,11 +296,86 @@ def compact_followup(text: str, earlier: Iterable[str]) -> str:
     return "\n".join(kept)
 
 
+BRIEF_SYSTEM_PROMPT = (
+    "You run an LHC resonance search, then claim a discovery or that nothing is there. Reply with one JSON action."
+)
+"""The system prompt of the `brief` style: the campaign in a sentence. The verbs, their parameters and the
+references a reply may quote are the grammar's (`action_json_schema`), the rest the demonstrations'."""
+
+BRIEF_RESULT_KEYS: Dict[str, Dict[str, str]] = {
+    "configure_beam": {},
+    "allocate_luminosity": {"booked_fb": "booked"},
+    "set_trigger": {},
+    "collect_collisions": {"luminosity_fb": "collected"},
+    "calibrate_detector": {"calibration_level": "level"},
+    "reconstruct_tracks": {},
+    "select_channel": {"recorded_events": "events"},
+    "build_invariant_mass": {"events": "events"},
+    "subtract_background": {"signal_like_events": "signal_like"},
+    "fit_resonance": {"mass_gev": "mass", "mass_err_gev": "error", "converged": "converged"},
+    "scan_bump": {"best_mass_gev": "mass", "best_z_local": "z_local"},
+    "measure_angular": {"best_spin": "spin"},
+    "estimate_significance": {"z_local": "z_local", "z_global": "z_global"},
+    "request_systematics": {},
+    "request_theory_review": {"compatible": "compatible"},
+    "submit_discovery_claim": {},
+}
+"""Per verb, the fields of its result a `brief` observation writes, and the short name it writes each
+under: those a next decision turns on (a scan's excess picks the channel to fit; the global
+significance, the claim). A verb not listed writes every field under its own name, so a new verb is
+never silently mute."""
+
+
+def render_brief(obs: CollisionObservation, *, include_task: bool = True) -> str:
+    """The `brief` style's user message (`LLMAgentConfig.style`). With `include_task`: the window, the
+    channels, triggers and beams a reply names (written as its JSON writes them), the totals. Then
+    the last result's deciding fields (`BRIEF_RESULT_KEYS`; "ok" where none), numbers to 3
+    significant digits; a refusal's reason; and the logbook's state once a fit exists (its channel,
+    systematics, the significance's word, the spin, each marked `(outdated)` when new data
+    superseded it)."""
+    lines = []
+    if include_task:
+        task = obs.task
+        lines.append(
+            f"Window=[{','.join(_brief(edge) for edge in task.search_window_gev)}] GeV "
+            f"channels={_short(task.available_channels)} "
+            f"triggers={_short(task.available_triggers)} beams={_short(task.available_beam_energies_tev)} "
+            f"budget={_brief(task.budget_total_musd)} time={_brief(task.time_total_days)} "
+            f"luminosity={_brief(task.luminosity_total_fb)}"
+        )
+    result = dict(obs.latest_result)
+    action = result.get("action")
+    if obs.rule_violations:
+        lines.append("Refused: " + " | ".join(obs.rule_violations))
+    elif action and "error" not in result:
+        names = BRIEF_RESULT_KEYS.get(action)
+        if names is None:
+            names = {key: key for key in result if key not in ("action", "message")}
+        lines.append(" ".join(f"{name}={_brief(result[key])}" for key, name in names.items() if key in result) or "ok")
+    elif "error" in result:
+        lines.append(f"Error: {result['error']}")
+    if obs.logbook.get("fit_resonance"):
+        lines.append(_logbook_line(obs).replace("Logbook: ", "State: ", 1).replace("systematics=", "syst="))
+    return "\n".join(lines)
+
+
+def _brief(value: Any) -> str:
+    """`_short` at 3 significant digits, a whole number without its `.0`."""
+    value = round_significant(value, 3)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        value = int(value)
+    return _short(value)
+
+
 def build_chat(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> List[Dict[str, str]]:
     """[system, user] messages for one decision ([user] without `config.system_prompt`); deterministic
     in `obs` and `config`."""
-    system = [{"role": "system", "content": SYSTEM_PROMPT}] if config.system_prompt else []
-    return [*system, {"role": "user", "content": render_observation(obs, config)}]
+    brief = config.style == "brief"
+    system = (
+        [{"role": "system", "content": BRIEF_SYSTEM_PROMPT if brief else SYSTEM_PROMPT}] if config.system_prompt else []
+    )
+    content = render_brief(obs) if brief else render_observation(obs, config)
+    return [*system, {"role": "user", "content": content}]
 
 
 def chat_text(chat: List[Dict[str, str]]) -> str:
@@ -309,17 +399,23 @@ def _literal_text(field: Dict[str, Any]) -> Dict[str, Any]:
     return field
 
 
-def action_json_schema() -> Dict[str, Any]:
+def action_json_schema(shown: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """JSON schema of a valid action: one branch per verb of `ACTION_TABLE`, its `parameters`
     being that verb's parameter model (what `cernenv.rules.parse_action` validates), each parameter
     a literal value (a text one not starting with `@`) or a reference to a shown value
-    (`cernenv.references`)."""
+    (`cernenv.references`). `shown` (an observation's `references`): a reference may name only the
+    values it shows, a numeric one alone scaled (`cernenv.references.shown_reference_pattern`), and
+    none where it shows none: the schema of a reply to that observation. Without it, any known name."""
     branches = []
-    reference = reference_json_schema()
+    if shown is None:
+        reference: Optional[Dict[str, Any]] = reference_json_schema()
+    else:
+        pattern = shown_reference_pattern(shown)
+        reference = {"type": "string", "pattern": pattern} if pattern else None
     for spec in ACTION_TABLE.values():
         parameters = spec.params.model_json_schema()
         parameters["properties"] = {
-            name: {"anyOf": [_literal_text(field), reference]}
+            name: {"anyOf": [_literal_text(field), reference]} if reference else _literal_text(field)
             for name, field in parameters.get("properties", {}).items()
         }
         branches.append(

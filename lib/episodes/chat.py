@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from cernenv import CollisionObservation
-from lib.agents.prompting import LLMAgentConfig, build_chat, compact_followup, render_observation
+from lib.agents.prompting import LLMAgentConfig, build_chat, compact_followup, render_brief, render_observation
 
 
 def first_messages(obs: CollisionObservation, config: LLMAgentConfig = LLMAgentConfig()) -> List[Dict[str, str]]:
@@ -29,9 +29,12 @@ def followup_message(
     numbers, without the task the first message stated, so a conversation grows by ~100 tokens a
     turn and the numbers a claim quotes are always in its last message. With
     `config.compact_followups`, the logbook and references lines are left out where they repeat
-    what the conversation so far (`messages`) last said (`lib.agents.prompting.compact_followup`)."""
-    text = render_observation(obs, config, include_task=False)
-    if config.compact_followups:
+    what the conversation so far (`messages`) last said (`lib.agents.prompting.compact_followup`); the
+    `brief` style (`config.style`) writes `render_brief`'s message, its logbook line likewise only when
+    it changed."""
+    brief = config.style == "brief"
+    text = render_brief(obs, include_task=False) if brief else render_observation(obs, config, include_task=False)
+    if config.compact_followups or brief:
         text = compact_followup(text, [m["content"] for m in messages if m["role"] == "user"])
     return {"role": "user", "content": text}
 

@@ -9,15 +9,21 @@ default). `hf_generate_fn` picks one for a transformers model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
 from lib.agents.prompting import Sampling
 
-GenerateFn = Callable[[List[List[int]], Sampling], List[tuple[List[int], List[float]]]]
-"""Batched generation: token contexts → per context (new token ids, their log-probabilities),
-each stopped after the eos token (included) or at `max_new_tokens`."""
+GenerateFn = Callable[..., List[tuple[List[int], List[float]]]]
+"""Batched generation, `generate_fn(contexts, sampling, shown=None)`: token contexts → per context
+(new token ids, their log-probabilities), each stopped after the eos token (included) or at
+`max_new_tokens`. `shown` (given where `sampling.constrained`): per context, the references its
+observation shows (`CollisionObservation.references`), which its reply alone may quote
+(`lib.episodes.grammar.action_grammar`)."""
+
+Shown = Optional[Sequence[Optional[Mapping[str, Any]]]]
+"""Per context, the references its reply may quote (None: every known name)."""
 
 
 SINGLE_THREAD_MAX_PARAMETERS = 10_000_000
@@ -63,7 +69,9 @@ class CachedGenerator:
         return out.logits[0, -1].float()
 
     @torch.no_grad()
-    def __call__(self, contexts: List[List[int]], sampling: Sampling) -> List[tuple[List[int], List[float]]]:
+    def __call__(
+        self, contexts: List[List[int]], sampling: Sampling, shown: Shown = None
+    ) -> List[tuple[List[int], List[float]]]:
         device = next(self.model.parameters()).device
         was_training, threads = self.model.training, torch.get_num_threads()
         self.model.eval()
@@ -77,7 +85,7 @@ class CachedGenerator:
                     for session, context in zip(sessions, contexts)
                 ]
             )
-            replies = self._decode(sessions, logits, sampling, device)
+            replies = self._decode(sessions, logits, sampling, device, shown)
         finally:
             self.model.train(was_training)
             torch.set_num_threads(threads)
@@ -85,7 +93,7 @@ class CachedGenerator:
         return replies
 
     def _decode(
-        self, sessions: List["_Session"], logits: torch.Tensor, sampling: Sampling, device: Any
+        self, sessions: List["_Session"], logits: torch.Tensor, sampling: Sampling, device: Any, shown: Shown = None
     ) -> List[tuple[List[int], List[float]]]:
         """Decode one reply per session; leaves in each cache the reply's tokens but its last.
 
@@ -110,7 +118,7 @@ class CachedGenerator:
         rows = list(range(len(sessions)))  # session index of each batch row
         fed = list(lengths)  # per session: the tokens in its cache (its context and the reply's fed tokens)
         grammar = _action_grammar(self.tokenizer, logits.shape[-1]) if sampling.constrained else None
-        matchers = [grammar.matcher() for _ in sessions] if grammar is not None else None
+        matchers = _matchers(self.tokenizer, logits.shape[-1], len(sessions), shown) if grammar is not None else None
         while rows:
             allowed = grammar.restrict(logits, [matchers[row] for row in rows]) if grammar is not None else None
             chunks, reads, ended = [], [], []
@@ -306,11 +314,14 @@ class BatchedGenerate:
         return cache
 
     @torch.no_grad()
-    def __call__(self, contexts: List[List[int]], sampling: Sampling) -> List[tuple[List[int], List[float]]]:
+    def __call__(
+        self, contexts: List[List[int]], sampling: Sampling, shown: Shown = None
+    ) -> List[tuple[List[int], List[float]]]:
         device = next(self.model.parameters()).device
         n_contexts = len(contexts)
         if self.compiled:  # a batch of a bucket's size: the rows past n_contexts are dropped below
             contexts = contexts + [contexts[0]] * (_bucket(n_contexts) - n_contexts)
+            shown = None if shown is None else list(shown) + [shown[0]] * (len(contexts) - n_contexts)
         width = max(len(context) for context in contexts)
         input_ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long, device=device)
         attention_mask = torch.zeros_like(input_ids)
@@ -321,7 +332,7 @@ class BatchedGenerate:
         if self.compiled:
             extra["past_key_values"] = self._static_cache(len(contexts), width + sampling.max_new_tokens)
         if sampling.constrained:
-            extra["logits_processor"] = [_GrammarProcessor(self.tokenizer, width)]
+            extra["logits_processor"] = [_GrammarProcessor(self.tokenizer, width, shown)]
         was_training = self.model.training
         # generate() fills what a passed config leaves unset from the model's own generation_config
         # (a checkpoint's top_k, repetition penalty...): swap it for ours while generating
@@ -361,12 +372,20 @@ class BatchedGenerate:
             self.model.train(was_training)
 
 
-def _action_grammar(tokenizer: Any, n_vocab: int) -> Any:
+def _action_grammar(tokenizer: Any, n_vocab: int, shown: Optional[Mapping[str, Any]] = None) -> Any:
     """`lib.episodes.grammar.action_grammar`, imported when a reply is first held to the grammar (only
     such a run needs llguidance)."""
     from lib.episodes.grammar import action_grammar
 
-    return action_grammar(tokenizer, n_vocab)
+    return action_grammar(tokenizer, n_vocab, shown)
+
+
+def _matchers(tokenizer: Any, n_vocab: int, rows: int, shown: Shown) -> List[Any]:
+    """A reply's start for each of `rows` contexts, under the grammar of what its observation shows
+    (`shown[row]`; every known name where `shown` is None)."""
+    if shown is not None and len(shown) != rows:
+        raise ValueError(f"shown has {len(shown)} entries for {rows} contexts")
+    return [_action_grammar(tokenizer, n_vocab, None if shown is None else shown[row]).matcher() for row in range(rows)]
 
 
 class _GrammarProcessor:
@@ -375,14 +394,14 @@ class _GrammarProcessor:
     a row whose reply has ended (its eos consumed) is left alone. `generate` returns the raw logits
     besides, from which `BatchedGenerate` takes the model's own log-probabilities."""
 
-    def __init__(self, tokenizer: Any, prompt_width: int) -> None:
-        self.tokenizer, self.prompt_width = tokenizer, prompt_width
+    def __init__(self, tokenizer: Any, prompt_width: int, shown: Shown = None) -> None:
+        self.tokenizer, self.prompt_width, self.shown = tokenizer, prompt_width, shown
         self.grammar = self.matchers = None
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.grammar is None:
             self.grammar = _action_grammar(self.tokenizer, scores.shape[-1])
-            self.matchers = [self.grammar.matcher() for _ in range(scores.shape[0])]
+            self.matchers = _matchers(self.tokenizer, scores.shape[-1], scores.shape[0], self.shown)
         elif input_ids.shape[1] > self.prompt_width:
             for row, token in enumerate(input_ids[:, -1].tolist()):
                 if self.matchers[row] is not None:

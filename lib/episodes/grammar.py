@@ -13,7 +13,8 @@ scores), so what GRPO's loss recomputes from the model equals what sampling retu
 from __future__ import annotations
 
 import json
-from typing import Any, List, Optional, Sequence
+from collections import OrderedDict
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -37,23 +38,37 @@ COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ",", "key_separa
 replies (the demonstrations the policy learns from)."""
 
 
-def action_grammar_text() -> str:
-    """The action schema as llguidance compiles it: its references' pattern without the trailing
-    `(?!\\n)` look-ahead (which makes Python's `re` stop at the string's end, as llguidance's regular
-    expressions, matched against whole strings, always do, and which they do not support)."""
-    schema = json.loads(json.dumps(action_json_schema()).replace("$(?!\\\\n)", "$"))
+def action_grammar_text(shown: Optional[Mapping[str, Any]] = None) -> str:
+    """The action schema as llguidance compiles it (`action_json_schema(shown)`: with `shown`, an
+    observation's `references`, a reply may quote only what it shows): its references' pattern
+    without the trailing `(?!\\n)` look-ahead (which makes Python's `re` stop at the string's end, as
+    llguidance's regular expressions, matched against whole strings, always do, and which they do not
+    support)."""
+    schema = json.loads(json.dumps(action_json_schema(shown)).replace("$(?!\\\\n)", "$"))
     schema["x-guidance"] = COMPACT_JSON
     return llguidance.grammar_from("json_schema", json.dumps(schema))
 
 
+def shown_key(shown: Optional[Mapping[str, Any]]) -> Optional[Tuple[Tuple[str, bool], ...]]:
+    """What of an observation's `references` its reply grammar depends on: each name, and whether
+    its value is a number (which a reply may scale); None for the grammar of every known name."""
+    if shown is None:
+        return None
+    return tuple(sorted((name, isinstance(v, (int, float)) and not isinstance(v, bool)) for name, v in shown.items()))
+
+
 class ActionGrammar:
     """The action grammar for one tokenizer and vocabulary size (the model's logits' width, which
-    may exceed the tokenizer's): `matcher()` starts a reply, `restrict` masks a batch of logits."""
+    may exceed the tokenizer's): `matcher()` starts a reply, `restrict` masks a batch of logits.
+    `shown` (an observation's `references`): the grammar of a reply to that observation, whose
+    references name only the values it shows (`action_json_schema`); None admits every known name.
+    `restrict`, `only_token` and `forced` read the matchers they are given, so one grammar's methods
+    serve matchers of another's (the same tokenizer and width)."""
 
-    def __init__(self, tokenizer: Any, n_vocab: int) -> None:
+    def __init__(self, tokenizer: Any, n_vocab: int, shown: Optional[Mapping[str, Any]] = None) -> None:
         self.n_vocab = n_vocab
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab)
-        self.grammar = action_grammar_text()
+        self.grammar = action_grammar_text(shown)
         error = llguidance.LLMatcher.validate_grammar(self.grammar, self.tokenizer)
         if error:
             raise ValueError(f"the action grammar does not compile: {error}")
@@ -91,11 +106,12 @@ class ActionGrammar:
         allowed = np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[: self.n_vocab])
         return int(allowed[0]) if len(allowed) == 1 else None
 
-    def forced(self, tokens: Sequence[int]) -> List[bool]:
+    def forced(self, tokens: Sequence[int], matcher: Any = None) -> List[bool]:
         """For each token of a reply written under the grammar, whether the grammar allowed that
         token alone there (`only_token`): a token the policy did not choose. Stops at the first
-        token the grammar refuses (a reply written without it); the rest count as chosen."""
-        matcher = self.matcher()
+        token the grammar refuses (a reply written without it); the rest count as chosen. `matcher`:
+        a reply's start under another grammar of the same tokenizer (the one it was written under)."""
+        matcher = self.matcher() if matcher is None else matcher
         flags: List[bool] = []
         for token in tokens:
             if matcher.is_stopped() or matcher.is_error():
@@ -113,27 +129,44 @@ class ActionGrammar:
             raise RuntimeError(f"the action grammar refused a token it allowed: {matcher.get_error()}")
 
 
-def train_chosen_tokens_only(tokenizer: Any, completion_ids: Sequence[int], env_mask: Sequence[int]) -> List[int]:
+def train_chosen_tokens_only(
+    tokenizer: Any,
+    completion_ids: Sequence[int],
+    env_mask: Sequence[int],
+    shown: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+) -> List[int]:
     """`env_mask` (1: a token the model wrote) with the tokens the grammar forced set to 0: each run
-    of 1s is one reply, read from its start (`ActionGrammar.forced`). Under the grammar a forced
-    token had probability 1 whatever the model's, so it carries no gradient of the policy that
-    sampled it; left in GRPO's loss, its advantage pushes the model's own probability of it around
-    (and its KL term with it), which changes nothing the policy does."""
+    of 1s is one reply, read from its start (`ActionGrammar.forced`) under the grammar it was written
+    under: `shown[k]`, the references the observation showed before reply k (`PlayedEpisode.shown`);
+    without them, the grammar of every known name. Under the grammar a forced token had probability 1
+    whatever the model's, so it carries no gradient of the policy that sampled it; left in GRPO's
+    loss, its advantage pushes the model's own probability of it around (and its KL term with it),
+    which changes nothing the policy does."""
     grammar = action_grammar(tokenizer, len(tokenizer))
     mask = list(env_mask)
-    for start, end in model_spans(env_mask):
-        for offset, forced in enumerate(grammar.forced(completion_ids[start:end])):
+    for k, (start, end) in enumerate(model_spans(env_mask)):
+        written = shown[k] if shown is not None and k < len(shown) else None
+        matcher = action_grammar(tokenizer, len(tokenizer), written).matcher() if written is not None else None
+        for offset, forced in enumerate(grammar.forced(completion_ids[start:end], matcher)):
             if forced:
                 mask[start + offset] = 0
     return mask
 
 
-_GRAMMARS: dict = {}
+_GRAMMARS: "OrderedDict[Any, ActionGrammar]" = OrderedDict()
+MAX_GRAMMARS = 512
+"""Grammars a process keeps compiled (least recently used dropped first): one per tokenizer, width
+and set of shown references (`shown_key`); a campaign shows ten or so such sets."""
 
 
-def action_grammar(tokenizer: Any, n_vocab: int) -> ActionGrammar:
-    """The `ActionGrammar` of `tokenizer` for `n_vocab` logits, compiled once per process."""
-    key = (id(tokenizer), n_vocab)
-    if key not in _GRAMMARS:
-        _GRAMMARS[key] = ActionGrammar(tokenizer, n_vocab)
+def action_grammar(tokenizer: Any, n_vocab: int, shown: Optional[Mapping[str, Any]] = None) -> ActionGrammar:
+    """The `ActionGrammar` of `tokenizer` for `n_vocab` logits and the references `shown` (None: every
+    known name), compiled once per process (`MAX_GRAMMARS` kept)."""
+    key = (id(tokenizer), n_vocab, shown_key(shown))
+    if key in _GRAMMARS:
+        _GRAMMARS.move_to_end(key)
+    else:
+        _GRAMMARS[key] = ActionGrammar(tokenizer, n_vocab, shown)
+        if len(_GRAMMARS) > MAX_GRAMMARS:
+            _GRAMMARS.popitem(last=False)
     return _GRAMMARS[key]

@@ -49,6 +49,8 @@ class PlayedTurn:
     completion_ids: List[int]
     logprobs: List[float]
     """Sampling log-probability of each reply token."""
+    shown: Dict[str, Any] = field(default_factory=dict)
+    """The references the observation showed (the only ones a reply held to the grammar may quote)."""
 
 
 @dataclass
@@ -71,6 +73,10 @@ class PlayedEpisode:
     """True when the episode stopped before the environment ended it (`max_turns` or context length)."""
     turns: List[PlayedTurn] = field(default_factory=list)
     """Each decision's prompt and reply (`turn` context only)."""
+    shown: List[Dict[str, Any]] = field(default_factory=list)
+    """Before each reply, in order, the references its observation showed: which references a reply
+    held to the grammar could quote, so which of its tokens the grammar forced
+    (`lib.episodes.grammar.train_chosen_tokens_only`)."""
 
     @property
     def n_model_tokens(self) -> int:
@@ -159,14 +165,16 @@ def _play_batch(
                 active.remove(i)
         if not active:
             break
-        outputs = generate_fn([contexts[i] for i in active], sampling)
+        shown = {"shown": [last_obs[i].references for i in active]} if sampling.constrained else {}
+        outputs = generate_fn([contexts[i] for i in active], sampling, **shown)
         still_active = []
         for i, (tokens, logprobs) in zip(active, outputs):
             episode, obs = episodes[i], last_obs[i]
             ended = bool(tokens) and tokens[-1] == layout.tokenizer.eos_token_id
             text = layout.tokenizer.decode(tokens[:-1] if ended else tokens, skip_special_tokens=True)
+            episode.shown.append(dict(obs.references))
             if per_turn:
-                episode.turns.append(PlayedTurn(contexts[i], list(tokens), list(logprobs)))
+                episode.turns.append(PlayedTurn(contexts[i], list(tokens), list(logprobs), dict(obs.references)))
             episode.completion_ids += tokens
             episode.env_mask += [1] * len(tokens)
             episode.logprobs += logprobs

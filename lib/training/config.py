@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union, get_args, get_origin, get_type_hints
 
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START, list_scenarios
-from lib.agents.prompting import LLMAgentConfig, Sampling
+from lib.agents.prompting import OBSERVATION_STYLES, LLMAgentConfig, Sampling
 from lib.files import long_name_problem
 from lib.training.credit import CREDIT_MODES
 
@@ -123,6 +123,11 @@ class TrainConfig:
     """In the `conversation` context, leave the logbook and references lines out of a later message
     while they repeat what the conversation last said (`LLMAgentConfig.compact_followups`:
     `python bench/bench_prompt_tokens.py` measures what it saves)."""
+    observation_style: str = "full"
+    """How observations are written (`LLMAgentConfig.style`, `lib.agents.prompting.OBSERVATION_STYLES`):
+    "full" (the stand-in's: every field), or "brief" (a real tokenizer's: ~1,300 tokens a whole
+    campaign with SmolLM2's, against ~5,100 for "full" with `compact_followups`; `python
+    bench/bench_prompt_tokens.py`), for replies held to the grammar of the references shown."""
     warm_start_episodes: int = 600
     """Before GRPO, fine-tune the model (every weight, or its LoRA adapter) on this many
     HeuristicAgent campaigns laid out as GRPO plays them (`lib.training.warm_start`); 0: none.
@@ -325,7 +330,9 @@ class TrainConfig:
     @property
     def observation_config(self) -> LLMAgentConfig:
         """How observations are shown to the policy (`system_prompt`), in training and evaluation alike."""
-        return LLMAgentConfig(system_prompt=self.system_prompt, compact_followups=self.compact_followups)
+        return LLMAgentConfig(
+            system_prompt=self.system_prompt, compact_followups=self.compact_followups, style=self.observation_style
+        )
 
     @property
     def evaluation_sampling(self) -> Sampling:
@@ -355,6 +362,12 @@ class TrainConfig:
         if self.compact_followups and self.policy_context != "conversation":
             problems.append(
                 "compact_followups shortens a conversation's later messages: it needs policy_context 'conversation'"
+            )
+        if self.observation_style not in OBSERVATION_STYLES:
+            problems.append(f"observation_style must be one of {OBSERVATION_STYLES}, got {self.observation_style!r}")
+        elif self.observation_style == "brief" and self.policy_context != "conversation":
+            problems.append(
+                "observation_style 'brief' writes a conversation's messages: it needs policy_context 'conversation'"
             )
         if self.generation_engine not in GENERATION_ENGINES:
             problems.append(f"generation_engine must be one of {GENERATION_ENGINES}, got {self.generation_engine!r}")

@@ -296,6 +296,7 @@ class CampaignRollout:
             out = turn_samples(
                 played, slots, self.config.turn_samples, rng, self.tokenizer.eos_token_id, advantages=advantages
             )
+            shown = out.pop("shown")
         else:
             out = {
                 "prompt_ids": [e.prompt_ids for e in episodes],
@@ -304,12 +305,13 @@ class CampaignRollout:
                 "env_mask": [e.env_mask for e in episodes],
                 "reward_components": [reward_components(e) for e in episodes],
             }
+            shown = [e.shown for e in episodes]
         if self.config.constrained_replies:  # the tokens the grammar forced were not the policy's choice
             from lib.episodes.grammar import train_chosen_tokens_only
 
             out["env_mask"] = [
-                train_chosen_tokens_only(self.tokenizer, ids, mask)
-                for ids, mask in zip(out["completion_ids"], out["env_mask"])
+                train_chosen_tokens_only(self.tokenizer, ids, mask, written)
+                for ids, mask, written in zip(out["completion_ids"], out["env_mask"], shown)
             ]
         return out
 
@@ -436,8 +438,9 @@ def turn_samples(
     the model's), rewarded with the episode's return. A slot past an episode's last decision is
     an eos-only sample whose mask trains nothing. `advantages[i]` (`credit: decision`): sample i's
     episode's advantage per decision (`lib.training.credit`), written to each sample as
-    `ADVANTAGE_FIELD` (0 for an unused slot)."""
-    out: Dict[str, List[Any]] = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
+    `ADVANTAGE_FIELD` (0 for an unused slot). `shown[i]`: the references sample i's reply could quote
+    (one entry, or none for an unused slot), which the caller takes out before the trainer sees it."""
+    out: Dict[str, List[Any]] = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "shown")}
     out["reward_components"] = []
     if advantages is not None:
         out[ADVANTAGE_FIELD] = []
@@ -450,12 +453,14 @@ def turn_samples(
             out["completion_ids"].append([eos_token_id])
             out["logprobs"].append([0.0])
             out["env_mask"].append([0])
+            out["shown"].append([])
         else:
             played = episode.turns[turn]
             out["prompt_ids"].append(played.prompt_ids)
             out["completion_ids"].append(played.completion_ids)
             out["logprobs"].append(played.logprobs)
             out["env_mask"].append([1] * len(played.completion_ids))
+            out["shown"].append([played.shown])
         out["reward_components"].append(reward_components(episode))
     return out
 
@@ -466,9 +471,9 @@ class _TimedGenerate:
     def __init__(self, generate_fn: GenerateFn) -> None:
         self.generate_fn, self.seconds, self.tokens = generate_fn, 0.0, 0
 
-    def __call__(self, contexts: List[List[int]], sampling: Sampling):
+    def __call__(self, contexts: List[List[int]], sampling: Sampling, **kwargs: Any):
         start = time.perf_counter()
-        out = self.generate_fn(contexts, sampling)
+        out = self.generate_fn(contexts, sampling, **kwargs)
         self.seconds += time.perf_counter() - start
         self.tokens += sum(len(tokens) for tokens, _ in out)
         return out
@@ -477,9 +482,10 @@ class _TimedGenerate:
 def vllm_generate_fn(trainer: Any) -> GenerateFn:
     """`GenerateFn` on TRL's vLLM engine (colocated; weights synced by the trainer before
     each rollout). Sampling settings are the trainer's (temperature, top_p, and
-    max_completion_length, which `train` sets to the per-turn `max_new_tokens`)."""
+    max_completion_length, which `train` sets to the per-turn `max_new_tokens`). It holds no reply to
+    the action grammar (`shown` is not read)."""
 
-    def generate(contexts: List[List[int]], sampling: Sampling):
+    def generate(contexts: List[List[int]], sampling: Sampling, shown: Any = None):
         _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
             prompts=contexts, images=None, num_generations=1
         )

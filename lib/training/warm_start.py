@@ -147,13 +147,15 @@ def sft_trainer(
     *,
     epochs: Optional[float] = None,
     learning_rate: Optional[float] = None,
+    lr_scheduler_type: str = "cosine",
+    gradient_checkpointing: Optional[bool] = None,
 ):
     """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
     `policy.peft_config` is given, loss on the `completion_mask` tokens, `warm_start_batch_size`
     examples per step, `epochs` passes (default `warm_start_epochs`) from `learning_rate` (default
-    `warm_start_learning_rate`) with cosine decay, the device's
+    `warm_start_learning_rate`) with cosine decay (or `lr_scheduler_type`, transformers' name), the device's
     precision (float32 without autocast on a CPU), gradient checkpointing on a GPU and for an
-    adapter, torch's threads the cores free before each step
+    adapter unless `gradient_checkpointing` says otherwise, torch's threads the cores free before each step
     (`lib.training.callbacks.CpuThreads`)."""
     import torch
     from datasets import Dataset
@@ -167,8 +169,8 @@ def sft_trainer(
         num_train_epochs=epochs,
         per_device_train_batch_size=config.warm_start_batch_size,
         learning_rate=config.warm_start_learning_rate if learning_rate is None else learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=0.05,
+        lr_scheduler_type=lr_scheduler_type,
+        warmup_steps=0.05 if lr_scheduler_type == "cosine" else 0,
         seed=config.seed,
         logging_steps=max(1, steps // 100),
         save_strategy="no",
@@ -180,7 +182,9 @@ def sft_trainer(
         disable_tqdm=True,
         # on a CPU too for a LoRA adapter (a real model): a whole campaign of SmolLM2-135M-Instruct (~5,000
         # tokens) held 13.6 GB of activations without it; the stand-in's are small, and faster without
-        gradient_checkpointing=cuda or policy.peft_config is not None,
+        gradient_checkpointing=(cuda or policy.peft_config is not None)
+        if gradient_checkpointing is None
+        else gradient_checkpointing,
         **precision_flags(),
         **OPTIMISER_ARGS,
     )
@@ -214,6 +218,8 @@ SETTINGS = (
     "system_prompt",
     "seed",
 )
+STYLE_SETTINGS = ("observation_style", "compact_followups")
+"""Fields a warm start depends on when they are not their defaults (one with the defaults keeps its fingerprint)."""
 """The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
 DAGGER_SETTINGS = ("warm_start_dagger_rounds", "warm_start_dagger_episodes", "warm_start_dagger_learning_rate")
 """The fields a warm start with DAgger rounds also depends on (one without keeps its fingerprint);
@@ -234,6 +240,7 @@ def fingerprint(policy: Policy, config: TrainConfig) -> str:
     digest.update(json.dumps(policy.tokenizer.get_vocab(), sort_keys=True).encode())
     settings = SETTINGS + (DAGGER_SETTINGS if config.warm_start_dagger_rounds else ())
     settings += ("warm_start_demonstrators",) if config.warm_start_demonstrators != "heuristic" else ()
+    settings += tuple(name for name in STYLE_SETTINGS if getattr(config, name) != getattr(TrainConfig, name))
     digest.update(json.dumps({name: getattr(config, name) for name in settings}, sort_keys=True).encode())
     probe = demonstration_examples(policy.tokenizer, 1, **demonstration_layout(config))
     digest.update(json.dumps(probe).encode())
