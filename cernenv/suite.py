@@ -1,5 +1,6 @@
 """The held-out evaluation suite's tasks: which seed, curated scenario or difficulty each episode
-of a suite version plays, its parts, and fresh draws of evaluation-split tasks.
+of a suite version plays, its parts, fresh draws of evaluation-split tasks, and the development
+tasks of the validation split that two agents are compared on (`development_tasks`).
 
 The suite is defined here, beside the scenarios, so that the evaluation server can assign it
 (`cernenv.server.runs`) without the learning side; `lib.measure.evaluation` measures agents on it.
@@ -104,9 +105,34 @@ def drawn_tasks(n_tasks: int) -> Tuple[SuiteTask, ...]:
     return tuple(SuiteTask(seed, difficulty=DIFFICULTIES[i % len(DIFFICULTIES)]) for i, seed in enumerate(seeds))
 
 
+DEVELOPMENT_SEED_START = 905_000
+"""The first seed of the validation split (`lib.seeds.VALIDATION_SEED`): evaluation-split seeds that
+no suite holds, which `development_tasks` plays."""
+DEVELOPMENT_PREFIX = "dev"
+MAX_DEVELOPMENT_TASKS = 10_000
+
+
+def development_tasks(n_tasks: int) -> Tuple[SuiteTask, ...]:
+    """The first `n_tasks` procedural tasks of the validation split (`DEVELOPMENT_SEED_START` on, each
+    difficulty in turn: `lib.measure.evaluation.validation_suite`'s): the same tasks in every run, so
+    a scored run of them (`dev:N`, whose worlds are public and fixed: `cernenv.server.runs`) plays
+    two agents on the same worlds. No held-out suite's seed, no fresh draw's."""
+    if not 1 <= n_tasks <= MAX_DEVELOPMENT_TASKS:
+        raise ValueError(f"a development run holds 1 to {MAX_DEVELOPMENT_TASKS} tasks, not {n_tasks}")
+    return tuple(
+        SuiteTask(DEVELOPMENT_SEED_START + i, difficulty=DIFFICULTIES[i % len(DIFFICULTIES)]) for i in range(n_tasks)
+    )
+
+
+def is_development(selection: str) -> bool:
+    """Whether `selection` names development tasks (`dev:N`), whose worlds are public and fixed."""
+    return selection.partition(":")[0] == DEVELOPMENT_PREFIX
+
+
 SELECTION_HELP = (
-    "a suite version (v3), one part of it (v3:unseen, v3:known_physics), or a fresh draw of N "
-    "procedural tasks under the secret (draw:N)"
+    "a suite version (v3), one part of it (v3:unseen, v3:known_physics), a fresh draw of N "
+    "procedural tasks under the secret (draw:N), or the first N tasks of the validation split in "
+    "public worlds, the same every run, to compare agents on (dev:N)"
 )
 
 
@@ -117,6 +143,10 @@ def selected_tasks(selection: str) -> Tuple[SuiteTask, ...]:
         if not (rest.isascii() and rest.isdigit()):  # ASCII digits only: str.isdigit takes every script's
             raise ValueError(f"{selection!r}: a fresh draw is draw:N with N a number of tasks, e.g. draw:60")
         return drawn_tasks(int(rest))
+    if name == DEVELOPMENT_PREFIX:
+        if not (rest.isascii() and rest.isdigit()):
+            raise ValueError(f"{selection!r}: development tasks are dev:N with N a number of tasks, e.g. dev:40")
+        return development_tasks(int(rest))
     if name not in SUITES:
         raise ValueError(f"{selection!r} names no suite; give {SELECTION_HELP}")
     tasks = suite_tasks(name)

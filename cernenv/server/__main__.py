@@ -34,7 +34,7 @@ from cernenv.server.evaluation import (
 )
 from cernenv.server.guard import ConnectionGuard, guarded_server, listening_socket
 from cernenv.server.pacing import events
-from cernenv.suite import SELECTION_HELP, selected_tasks
+from cernenv.suite import SELECTION_HELP, is_development, selected_tasks
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -278,7 +278,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"the entrant sent its nonce (POST /evaluation/nonce); the operator's secret {run.secret_fingerprint}; "
             f"commitment {run.commitment} (served by GET /evaluation: publish it before play); its lines signed by "
             f"key {run.public_key}; its ledger {run.ledger_path}; score it with: python -m lib.measure.scorecard "
-            f"{run.ledger_path}",
+            f"{run.ledger_path}"
+            + (
+                "; a development run: its worlds are public and the same in every run, to compare agents on, not to "
+                "score them"
+                if is_development(run.selection)
+                else ""
+            ),
             flush=True,
         )
     server = guarded_server(app, guard, config.host, config.port, config.ws_frame_limit_bytes, args.log_level)

@@ -63,8 +63,8 @@ from cernenv.server.runs import (
     entrant_signature_holds,
     entrant_statement,
     receipts_statement,
+    run_worlds_secret,
     world_nonce,
-    worlds_secret,
 )
 
 REPLAY_TOLERANCE = 1e-6
@@ -394,7 +394,7 @@ def check_reveal(
                 f"{reveal_file}: its entrant_nonce is not the one the ledger's RunSeeded line took "
                 f"({_where(run.path, 2)})"
             )
-        mixed = worlds_secret(secret, opened.run_id, run.seeded.entrant_nonce)
+        mixed = run_worlds_secret(opened.selection, secret, opened.run_id, run.seeded.entrant_nonce)
         if fingerprint(mixed) != run.seeded.secret_fingerprint:
             raise AuditError(
                 f"{_where(run.path, 2)}: the worlds' secret the committed secret and the entrant's nonce give is not "

@@ -157,7 +157,8 @@ class RunOpened(_Line):
 class RunSeeded(_Line):
     """The entrant's nonce, sent after the commitment was published and before the first reset:
     the run's worlds are drawn with a secret mixed from the committed operator's secret and this
-    nonce (`cernenv.server.runs.worlds_secret`), so neither side chose them alone.
+    nonce (`cernenv.server.runs.worlds_secret`), so neither side chose them alone (a development run's,
+    `dev:N`, with the public `cernenv.server.runs.DEVELOPMENT_WORLDS_SECRET`).
     `secret_fingerprint` is the mixed secret's. What plays the run: `agent` (its module:Class),
     `agent_sha256` (the SHA-256 of the file that defines its module), and the entrant's own Ed25519
     key (`entrant_public_key`), whose `entrant_signature` of the run, its commitment, the nonce and

@@ -23,7 +23,10 @@ committed before the nonce is known), and the entrant cannot (it does not know t
 the run ends the server writes the document itself, the reveal (`reveal_path`, readable by the
 operator alone), for the operator to publish with the ledger: anyone can then check it against
 the published hash, draw every world again and replay every recorded episode
-(`cernenv.server.audit`, `python -m lib.measure.scorecard LEDGER --reveal REVEAL`).
+(`cernenv.server.audit`, `python -m lib.measure.scorecard LEDGER --reveal REVEAL`). A development
+run (`dev:N`: the validation split's first N tasks) draws its worlds with a public secret instead
+(`DEVELOPMENT_WORLDS_SECRET`), the same in every run, so that two agents can be compared on the same
+worlds: it is a measurement for an agent's developer, not a score.
 
 The run's ledger is a file of its own (`ResultsLedger(run_file=True)`), locked while the server
 runs, never rotated, whose lines chain (each carries the hash of the line before) and are signed
@@ -55,7 +58,7 @@ from cernenv.provenance import source_revision
 from cernenv.server.evaluation import fingerprint, open_private_file
 from cernenv.server.ledger import ResultsLedger, public_key_hex, utc_now
 from cernenv.server.wire import RequestError
-from cernenv.suite import SuiteTask, selected_tasks
+from cernenv.suite import SuiteTask, is_development, selected_tasks
 
 logger = logging.getLogger("cernenv.server")
 
@@ -141,6 +144,22 @@ def worlds_secret(operator_secret: str, run_id: str, entrant_nonce: str) -> str:
     nonce under the operator's committed secret."""
     message = f"cernenv worlds of run {run_id}\x00{entrant_nonce}".encode("utf-8")
     return hmac.new(operator_secret.encode("utf-8"), message, hashlib.sha256).hexdigest()
+
+
+DEVELOPMENT_WORLDS_SECRET = "cernenv development worlds: public, the same in every run"
+"""The secret every world of a development run (`dev:N`, `cernenv.suite.development_tasks`) is drawn
+with, in place of `worlds_secret`: public, so that every development run draws the same world for
+the same task and two agents are compared on the same worlds. Anyone can draw those worlds: such a
+run measures an agent for its developer, it scores nothing."""
+
+
+def run_worlds_secret(selection: str, operator_secret: str, run_id: str, entrant_nonce: str) -> str:
+    """The secret the worlds of a run of `selection` are drawn with: `DEVELOPMENT_WORLDS_SECRET` for
+    development tasks (`dev:N`), else `worlds_secret`, which neither the operator nor the entrant
+    chooses alone."""
+    if is_development(selection):
+        return DEVELOPMENT_WORLDS_SECRET
+    return worlds_secret(operator_secret, run_id, entrant_nonce)
 
 
 def nonce_problem(nonce: Any) -> Optional[str]:
@@ -259,7 +278,7 @@ class ScoredRun:
                 )
                 error.status_code = 409
                 raise error
-            secret = worlds_secret(self.operator_secret, self.run_id, entrant_nonce)
+            secret = run_worlds_secret(self.selection, self.operator_secret, self.run_id, entrant_nonce)
             self.ledger.append(
                 {
                     "record": "run_seeded",

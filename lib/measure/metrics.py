@@ -218,26 +218,36 @@ UNFINISHED_VALUES: Dict[str, float] = {
     "mass_accuracy": 0.0,
     "channel_accuracy": 0.0,
     "spin_accuracy": 0.0,
-    "false_discovery_rate": 1.0,
     "no_claim_rate": 1.0,
     "null_claim_rate": 0.0,
 }
-"""What each rate counts for an episode record marked `unfinished` (a scored run's task abandoned or
-never played, `lib.measure.scorecard`): a failure. Such a record is in the population of every
-metric its truth allows, and of all of them when its truth is unknown (never played); its steps,
-budget and time count as it recorded them, nothing when it recorded none."""
+"""What each rate counts for an episode record marked `unfinished` (a scored run's task abandoned,
+as when the agent raised, or never played, `lib.measure.scorecard`): a failure. Such a record is in
+the population of every metric its truth allows but `UNFINISHED_LEFT_OUT`'s, and of all of them
+when its truth is unknown (never played); its steps, budget and time count as it recorded them,
+nothing when it recorded none."""
+UNFINISHED_LEFT_OUT = frozenset({"false_discovery_rate"})
+"""The metrics an `unfinished` record is left out of: the false-discovery rate is the share of the
+null tasks played to their end whose claim was a discovery; an episode that ended in no claim made no
+false discovery (counting it one read "false_discovery_rate 1 [1, 1]" for an agent that raised in
+every episode and never claimed anything), and counting it a correct "nothing there" would let an
+agent lower its rate by walking away. Left out, walking away never beats giving up ("nothing there"
+counts 0 in the rate, and every other metric counts the walk-away as a failure); a scorecard counts
+the abandoned and unplayed tasks on their own."""
 _NOTHING_SPENT = ("mean_steps", "budget_used_fraction", "time_used_fraction")
 
 
 def metric_values(name: str, episodes: Sequence[Any]) -> List[Any]:
     """The values metric `name` of `METRICS` averages, one per episode in its population (see
-    `UNFINISHED_VALUES` for the unfinished)."""
+    `UNFINISHED_VALUES` and `UNFINISHED_LEFT_OUT` for the unfinished)."""
     _, include, value = METRICS[name]
     values = []
     for episode in map(as_episode_dict, episodes):
         if not episode.get("unfinished"):
             if include(episode):
                 values.append(value(episode))
+        elif name in UNFINISHED_LEFT_OUT:
+            continue
         elif include(episode) or has_particle(episode) is None:
             own = value(episode)
             values.append(UNFINISHED_VALUES.get(name, 0.0 if own is None and name in _NOTHING_SPENT else own))

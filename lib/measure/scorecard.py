@@ -25,13 +25,15 @@ refused.
 The metrics are those `evaluate_agents` gives in process, with their 95% bootstrap intervals,
 for the whole run and each group of `lib.measure.evaluation.GROUPS`, over every task the run
 assigned: coverage says how many were played to their end, and a task abandoned (reset,
-disconnect, idle timeout, shutdown) or never played is a failure in every metric
+disconnect, idle timeout, shutdown, the agent raising) or never played is a failure in every metric
 (`lib.measure.metrics.UNFINISHED_VALUES`) with the reward of an honest give-up at most: the
-shaping it earned plus the grade of ending without a claim (`cernenv.rewards.NO_CLAIM`). A task
-never played counts in its part and the whole run, and, its truth drawn in its committed world
-from the reveal (`unplayed_truths`), in its particle split (a null task not played is never a
-correct "nothing there", nor a false discovery avoided); without the reveal its truth is unknown and
-it is in neither split. So walking away from a task never scores better than giving up on it.
+shaping it earned plus the grade of ending without a claim (`cernenv.rewards.NO_CLAIM`); but the
+false-discovery rate, over the null tasks played to their end, leaves it out
+(`lib.measure.metrics.UNFINISHED_LEFT_OUT`: it claimed nothing, and the counts say how many there
+were). A task never played counts in its part and the whole run, and, its truth drawn in its
+committed world from the reveal (`unplayed_truths`), in its particle split (a null task not played
+is never a correct "nothing there"); without the reveal its truth is unknown and it is in neither
+split. So walking away from a task never scores better than giving up on it.
 The two metrics that need an episode's prompts (`parse_rate`, `claims_quote_own_fit`) are
 in-process only. The counts per part say how many tasks ended without a claim and how many of
 the agent's actions the environment refused.
@@ -51,7 +53,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from cernenv.rewards import NO_CLAIM
 from cernenv.server.audit import AuditError, RunLedger, check_receipts, read_run, verify_run
 from cernenv.server.ledger import EpisodeEnded
-from cernenv.suite import part_of
+from cernenv.suite import is_development, part_of
 from lib.episodes.records import NO_CLAIM_ENDINGS, ending_of_end
 from lib.files import atomic_write, json_text
 from lib.measure.evaluation import GROUP_WORDS, PARTS, group_metrics, split_comparison_table
@@ -160,7 +162,9 @@ def scorecard(
     per group over every assigned task (strict JSON but for `_estimates`). `verified`: how many
     episodes `verify_run` replayed identically (None: not verified); `receipts`: how many of the
     entrant's receipts the ledger holds (None: none given, the run unattested); `truths`: the
-    unplayed tasks' truths (`unplayed_truths`), which place them in the particle splits."""
+    unplayed tasks' truths (`unplayed_truths`), which place them in the particle splits. `_episodes`
+    (not in its JSON): one record per task, in the run's task order, as the metrics read it, with
+    the `task` the run committed to (what pairs two runs of the same tasks)."""
     opened, end = run.opened, run.ended
     by_task = {episode.task_index: episode for _, episode in run.episodes}
     rows = [
@@ -197,6 +201,7 @@ def scorecard(
         "bootstrap_resamples": N_BOOTSTRAP,
         "groups": {name: estimates_to_json({"agent": metrics})["agent"] for name, metrics in groups.items()},
         "_estimates": groups,
+        "_episodes": [{**row, "task": dict(task)} for row, task in zip(rows, opened.tasks)],
     }
 
 
@@ -215,9 +220,14 @@ def verified_line(card: Mapping[str, Any]) -> str:
         )
     recorded = card["graded"] + card["abandoned"]
     receipts = card.get("receipts_checked")
+    worlds = (
+        "the public development worlds of the tasks" if is_development(str(card.get("selection"))) else "the worlds"
+    )
     replayed = (
-        f"{card['verified']} of {recorded} episodes replayed identically, in the worlds run {card['run_id']} "
-        f"committed to before play ({card['commitment']}) and its entrant's nonce, played by {card.get('agent')}"
+        f"{card['verified']} of {recorded} episodes replayed identically, in {worlds} run {card['run_id']} "
+        f"committed to before play ({card['commitment']})"
+        + ("" if is_development(str(card.get("selection"))) else " and its entrant's nonce")
+        + f", played by {card.get('agent')}"
     )
     if receipts is None:
         return (
@@ -265,9 +275,11 @@ def scorecard_markdown(card: Mapping[str, Any], agent: str = "agent") -> str:
         "",
         counts_table(card),
         "",
-        f"Every metric is over every task the run assigned: an abandoned or unplayed task is a failure in each "
-        f"(a false discovery in the false-discovery rate), with at most the reward of ending without a claim "
-        f"({NO_CLAIM:+g} plus the shaping earned). Each cell: mean [{CONFIDENCE:.0%} bootstrap interval].",
+        f"Every metric is over every task the run assigned: an abandoned or unplayed task is a failure in each, "
+        f"with at most the reward of ending without a claim ({NO_CLAIM:+g} plus the shaping earned), but for the "
+        f"false-discovery rate, which is over the null tasks played to their end (an abandoned or unplayed task "
+        f"claimed nothing; the counts above say how many there were). Each cell: mean "
+        f"[{CONFIDENCE:.0%} bootstrap interval].",
         "",
         split_comparison_table({group: {agent: metrics} for group, metrics in card["_estimates"].items()}),
         "",
