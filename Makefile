@@ -273,12 +273,16 @@ serve: setup ## serve CERNenv over OpenEnv's HTTP/WebSocket API on 127.0.0.1:800
 # loaded, plays no episode to its end or raises (that episode fails, the run goes on and is scored).
 # The agent runs as a user id of its own, in namespaces of its own, with the evaluation's loopback for its only
 # network (lib/measure/score_agent.py says how): that needs root; UNISOLATED=1 plays it as your user instead.
+# `make evaluate AGENT=my_agent:MyAgent BASELINE=examples.template_agent:TemplateAgent`: both agents on the same
+# development worlds (SUITE=dev:N, dev:60 unless given: the validation split's, public, the same every run), then
+# each one's success and mean reward and agent - baseline with its 95% bootstrap interval, paired by task.
 AGENT_PATH ?=
 UNISOLATED ?=
+BASELINE ?=
 
-evaluate: setup ## score an agent out of process on a scored run: AGENT=module:Class [AGENT_PATH=dir] [SUITE=v3|v3:unseen|draw:N] [UNISOLATED=1]
+evaluate: setup ## score an agent out of process on a scored run: AGENT=module:Class [BASELINE=module:Class] [AGENT_PATH=dir] [SUITE=v3|v3:unseen|draw:N|dev:N] [UNISOLATED=1]
 	@test -n "$(AGENT)" || { echo 'give the agent class: make evaluate AGENT=package.module:Class (e.g. lib.agents.baselines:HeuristicAgent)'; exit 2; }
-	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent "$(AGENT)" --suite "$(or $(SUITE),v3)" $(if $(AGENT_PATH),--agent-path "$(AGENT_PATH)") $(if $(UNISOLATED),--unisolated)
+	$(RUN_ENV) $(PY) -m lib.measure.score_agent --agent "$(AGENT)" $(if $(SUITE),--suite "$(SUITE)") $(if $(BASELINE),--baseline "$(BASELINE)") $(if $(AGENT_PATH),--agent-path "$(AGENT_PATH)") $(if $(UNISOLATED),--unisolated)
 
 # The published scored run (docs/reports.md, "Checking a scorecard you were sent"): the heuristic's
 # scored run of the v3 suite, its commitment (committed to git before play: the script commits it,

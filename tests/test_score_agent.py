@@ -1,6 +1,8 @@
 """`make evaluate` (`python -m lib.measure.score_agent`) fails loudly when the agent cannot be
 scored as asked, scores an agent kept outside the repository, survives an agent's exception, and
-says how many actions were refused and how many tasks ended without a claim."""
+says how many actions were refused and how many tasks ended without a claim; an agent whose every
+action is refused fails with why, an agent that crashes is reported once as crashed, and two agents
+are compared on the same development worlds (`--baseline`)."""
 
 from __future__ import annotations
 
@@ -70,7 +72,9 @@ def test_an_agent_that_raises_fails_its_episode_the_run_goes_on_and_the_exit_say
     assert status == 1
     assert captured.err.count("Traceback (most recent call last)") == 1 and "ZeroDivisionError" in captured.err
     last = captured.err.strip().splitlines()[-1]
-    assert last.startswith("error: the agent outside_agent:Flaky raised in 1 of 4 episodes (first: episode 2")
+    assert last.startswith(
+        "error: the agent outside_agent:Flaky crashed in 1 of 4 episodes (it raised; first: episode 2"
+    )
     assert "verified: 4 of 4 episodes replayed identically" in captured.out
     (card_file,) = out.glob("scorecard-*.json")
     card = json.loads(card_file.read_text())
@@ -167,3 +171,99 @@ def test_what_an_agent_played_is_read_from_the_runs_ledger_not_from_its_process(
     assert "incomplete" not in captured.out and f"verified: {counts[0] + counts[1]} of" in captured.out
     (receipts,) = out.glob("*.receipts.json")
     assert json.loads(receipts.read_text())["receipts"], "the entrant's client kept no receipt"
+
+
+MISTAKEN_AGENTS = textwrap.dedent(
+    '''
+    """Two agents with a beginner's mistake each."""
+
+
+    class Texter:
+        """Returns the JSON text of an action, not the action."""
+
+        def reset(self):
+            pass
+
+        def act(self, observation):
+            return '{"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}}'
+
+
+    class Crasher:
+        """Raises in every episode."""
+
+        def reset(self):
+            pass
+
+        def act(self, observation):
+            raise ValueError("the agent's own bug")
+    '''
+)
+
+
+@pytest.mark.slow
+def test_an_agent_whose_every_action_is_refused_is_told_why_and_the_run_fails(tmp_path, capfd):
+    """act() returns a string: every action is refused (five an episode, then the campaign ends
+    without a claim); the exit is 1 and the last line gives the first refusal and what to return."""
+    folder = open_folder()
+    (folder / "mistaken_agents.py").write_text(MISTAKEN_AGENTS)
+    status = score_agent_main(
+        ["--agent", "mistaken_agents:Texter", "--agent-path", str(folder), "--suite", "dev:3", "--out", str(tmp_path)]
+    )
+    last = capfd.readouterr().err.strip().splitlines()[-1]
+    assert status == 1
+    assert last.startswith(
+        "error: the environment refused every one of the agent mistaken_agents:Texter's 15 actions (first: episode 1, "
+        "step 1: act() returned a str; return an ExperimentAction or a dict"
+    ), last
+
+
+@pytest.mark.slow
+def test_an_agent_that_crashes_in_every_episode_is_reported_once_and_claims_no_false_discovery(tmp_path, capfd):
+    """One traceback and one line with the count, not a line per episode; the scorecard's
+    false-discovery rate leaves the crashed episodes out (n 0: '—'), where it read 1 [1, 1]."""
+    folder = open_folder()
+    (folder / "mistaken_agents.py").write_text(MISTAKEN_AGENTS)
+    out = tmp_path / "out"
+    status = score_agent_main(
+        ["--agent", "mistaken_agents:Crasher", "--agent-path", str(folder), "--suite", "dev:6", "--out", str(out)]
+    )
+    captured = capfd.readouterr()
+    assert status == 1
+    assert captured.err.count("Traceback (most recent call last)") == 1
+    assert captured.err.count("ValueError: the agent's own bug") == 3  # the traceback, the player's end, the error
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith(
+        "error: the agent mistaken_agents:Crasher crashed in 6 of 6 episodes (it raised; first: episode 1: "
+        "ValueError: the agent's own bug; its traceback is above)"
+    )
+    (card_file,) = out.glob("scorecard-*.json")
+    card = json.loads(card_file.read_text())
+    assert card["groups"]["null"]["false_discovery_rate"]["n"] == 0 and card["groups"]["null"]["success_rate"]["n"]
+    assert "| whole suite, null tasks | mistaken_agents:Crasher | 0 of 2 |" in captured.out
+    assert "| — |" in captured.out and "1 [1, 1]" not in captured.out
+
+
+@pytest.mark.slow
+def test_two_agents_are_compared_on_the_same_worlds_with_a_paired_interval(tmp_path, capfd):
+    """make evaluate AGENT=... BASELINE=... SUITE=dev:6: both runs verified, on the same tasks and
+    worlds (the same truth for each task), then each agent's success and mean reward and
+    agent − baseline with its 95% interval; exit 0."""
+    out = tmp_path / "out"
+    status = score_agent_main(
+        ["--agent", "examples.template_agent:TemplateAgent", "--baseline", "lib.agents.baselines:HeuristicAgent",
+         "--suite", "dev:6", "--out", str(out)]
+    )  # fmt: skip
+    captured = capfd.readouterr()
+    assert status == 0, captured.err[-2000:]
+    assert captured.out.count("verified: 6 of 6 episodes replayed identically, in the public development worlds") == 2
+    assert "| | baseline lib.agents.baselines:HeuristicAgent | agent examples.template_agent:TemplateAgent |" in (
+        captured.out
+    )
+    rows = [line for line in captured.out.splitlines() if line.startswith(("| success |", "| mean reward |"))]
+    assert len(rows) == 2 and all(row.count("[") == 3 for row in rows), rows
+    runs = [
+        {(line["task_index"], line["seed"], line["world_nonce"], json.dumps(line["truth"], sort_keys=True))
+         for line in map(json.loads, path.open()) if line.get("record") == "episode"}
+        for path in out.glob("*.jsonl")
+    ]  # fmt: skip
+    assert len(runs) == 2 and runs[0] == runs[1] and len(runs[0]) == 6

@@ -14,14 +14,17 @@ act until the episode is done, again, until the server says the run has nothing 
 ends the run (`POST /evaluation/end`, signed) and keeps the end line's receipt too, signed with its
 key, for `python -m lib.measure.scorecard --receipts` to check the published ledger against. An exception
 the agent raises (or an action it returns that cannot be sent) fails that episode only: its
-traceback is printed the first time (a line each time after), the episode is left (the server
-records it as abandoned: a failure), and the run goes on. The process holds only what the server sends its agent;
+traceback is printed the first time (later ones are counted), the episode is left (the server
+records it as abandoned: a failure), and the run goes on. The first action the environment refuses
+is printed with why (`refusal_reason`: "act() returned a str; return an ExperimentAction or a
+dict ..."). The process holds only what the server sends its agent;
 `lib.measure.score_agent` starts it beside the server and scores the run.
 
 Exit status: 0 when every episode was played to its end, 1 when the agent raised in some, 2 when
 the run is refused (a nonce this player did not send), 3 when the agent cannot be loaded (one line
 saying why). `--summary PATH` writes what happened as JSON
-(`played`, `failed`, `first_error`, `load_error`); `--load-only` loads the agent and stops.
+(`played`, `failed`, `first_error`, `load_error`, `actions`, `refused`, `first_refusal`);
+`--load-only` loads the agent and stops.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from pydantic import BaseModel
 
 from cernenv.client import CERNEnvClient, action_payload
 from cernenv.server.audit import RECEIPTS_FORMAT
@@ -228,27 +232,66 @@ class Receipts:
 @dataclass
 class PlayReport:
     """What a player's run came to: episodes played to their end, episodes the agent failed (it
-    raised, or returned what cannot be sent), the first failure, an agent that could not be loaded."""
+    raised, or returned what cannot be sent), the first failure (the last line of its traceback),
+    the actions sent and how many the environment refused, the first refusal and why
+    (`refusal_reason`), an agent that could not be loaded."""
 
     played: int = 0
     failed: int = 0
     first_error: Optional[str] = None
     load_error: Optional[str] = None
     errors: List[str] = field(default_factory=list)
+    actions: int = 0
+    refused: int = 0
+    first_refusal: Optional[str] = None
 
 
 def _agent_failed(report: PlayReport, episode: int, error: BaseException) -> None:
-    """Count the agent's failure in `episode`; its traceback printed the first time, a line after."""
+    """Count the agent's failure in `episode`; its traceback is printed the first time only (the
+    end's line counts them all)."""
     line = f"{type(error).__name__}: {error}"[:500]
     report.failed += 1
     report.errors.append(f"episode {episode}: {line}")
     if report.first_error is None:
         report.first_error = f"episode {episode}: {line}"
-        print(f"the agent raised in episode {episode}; the episode counts as failed, the run goes on:", file=sys.stderr)
+        print(
+            f"the agent raised in episode {episode}; the episode counts as failed, the run goes on (a later "
+            "exception is counted, not printed):",
+            file=sys.stderr,
+        )
         traceback.print_exception(error, file=sys.stderr)
-    else:
-        print(f"the agent raised again in episode {episode}: {line}", file=sys.stderr)
-    sys.stderr.flush()
+        sys.stderr.flush()
+
+
+def refusal_reason(returned: Any, observation: Any) -> Optional[str]:
+    """Why the environment refused the action `act()` returned (`returned`), as the observation that
+    answered it says (its `latest_result`'s error), with what `act()` returned when that was no
+    action at all ("act() returned a str; return an ExperimentAction or a dict: ..."); None when
+    the action was not refused."""
+    latest = getattr(observation, "latest_result", None)
+    error = latest.get("error") if isinstance(latest, dict) else None
+    if not error:
+        return None
+    kind = type(returned).__name__
+    kind = ("an " if kind[:1].lower() in "aeiou" else "a ") + kind
+    if isinstance(returned, (BaseModel, dict)):
+        return f"act() returned {kind} the environment refused: {str(error)[:400]}"
+    return (
+        f"act() returned {kind}; return an ExperimentAction or a dict (docs/agents.md, 'What act returns'); "
+        f"the environment said: {str(error)[:400]}"
+    )
+
+
+def _count_action(report: PlayReport, episode: int, step: int, returned: Any, observation: Any) -> None:
+    """Count an action sent, and a refused one; the first refusal is kept and printed with why."""
+    report.actions += 1
+    reason = refusal_reason(returned, observation)
+    if reason is None:
+        return
+    report.refused += 1
+    if report.first_refusal is None:
+        report.first_refusal = f"episode {episode}, step {step}: {reason}"
+        print(f"the environment refused the agent's action in {report.first_refusal}", file=sys.stderr, flush=True)
 
 
 def play_run(
@@ -292,9 +335,12 @@ def play_run(
             started += 1
             try:
                 agent.reset()
+                step = 0
                 while not result.done:
-                    payload = action_payload(agent.act(result.observation))
-                    result = env.step(payload)
+                    returned = agent.act(result.observation)
+                    result = env.step(action_payload(returned))
+                    step += 1
+                    _count_action(report, started, step, returned, result.observation)
             except Exception as error:  # the agent's (or its action's): this episode fails, the run goes on
                 _agent_failed(report, started, error)
                 continue
@@ -354,8 +400,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return REFUSED
         status = 1 if report.failed else 0
         print(
-            f"played {report.played} episodes to their end"
-            + (f"; the agent raised in {report.failed}" if report.failed else ""),
+            f"played {report.played} episodes to their end; {report.refused} of {report.actions} actions refused"
+            + (f"; the agent raised in {report.failed} (first: {report.first_error})" if report.failed else ""),
             flush=True,
         )
     if args.summary is not None:

@@ -64,7 +64,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from cernenv.server.audit import AuditError
 from cernenv.server.runs import reveal_path
-from cernenv.suite import SELECTION_HELP, SUITE_VERSION, selected_tasks
+from cernenv.suite import SELECTION_HELP, SUITE_VERSION, is_development, selected_tasks
 from lib.agents.remote_player import (
     LOAD_FAILED,
     REFUSED,
@@ -76,11 +76,16 @@ from lib.agents.remote_player import (
     get_json,
 )
 from lib.files import atomic_write
+from lib.measure.comparison import before_after_metrics, group_table, same_tasks
+from lib.measure.evaluation import GROUPS, PARTS
+from lib.measure.metrics import CONFIDENCE, has_particle
 from lib.measure.scorecard import score_run, scorecard_json, scorecard_markdown, verified_line
 from lib.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+COMPARISON_SUITE = "dev:60"
+"""What `--baseline` plays both agents on unless `--suite` says otherwise: the first 60 development tasks."""
 SERVER_START_S = 180.0
 """How long the server may take to answer /health (it compiles the physics kernels first)."""
 
@@ -388,23 +393,35 @@ def _wait_for_nonce(path: Path, timeout_s: float = 3600.0) -> str:
 def _ledger_report(
     agent: str, card: Mapping[str, Any], said: Mapping[str, Any], player: Any, max_episodes: Optional[int]
 ) -> Dict[str, Any]:
-    """What the run's ledger says the agent did (`played`, `failed`, `unplayed`), beside what its
-    process said (`player_said`, `first_error`: read, not believed) and its `exit_status`; `error`:
-    why the run fails (one line), or None."""
+    """What the run's ledger says the agent did (`played`, `failed`, `unplayed`, `actions` sent and
+    how many were `refused`), beside what its process said (`player_said`, `first_error`: the last
+    line of the first traceback, `first_refusal`: the first refused action and why; read, not
+    believed) and its `exit_status`; `error`: why the run fails (one line), or None. A run fails when
+    the environment refused every action, the agent crashed in some episode, played none to its end,
+    left some unfinished, or its process ended before the run did."""
     played, failed, unplayed = card["graded"], card["abandoned"], card["unplayed"]
     status = None if player is None else player.returncode
-    first = said.get("first_error") if isinstance(said.get("first_error"), str) else None
+    first = _said_text(said, "first_error")
+    refused = card["counts"]["all"]["refused_actions"]
+    actions = sum(int(episode.get("n_steps") or 0) for episode in card.get("_episodes", ()))
+    first_refusal = _said_text(said, "first_refusal")
     error = None
-    if played == 0:
-        why = first or f"{unplayed} of {card['n_tasks']} tasks never played, {failed} abandoned"
+    if actions and refused == actions:
+        why = first_refusal or "the run's ledger holds each action as it was sent"
+        error = f"the environment refused every one of the agent {agent}'s {actions} actions (first: {why})"
+    elif failed and first:
+        error = (
+            f"the agent {agent} crashed in {failed} of {played + failed} episodes (it raised; first: {first}; its "
+            "traceback is above): those count as failures, and are left out of the false-discovery rate"
+        )
+    elif played == 0:
+        why = f"{unplayed} of {card['n_tasks']} tasks never played, {failed} abandoned"
         error = f"the agent {agent} played no episode to its end ({why})"
     elif failed:
-        how = (
-            f"raised in {failed} of {played + failed} episodes (first: {first}; its traceback is above)"
-            if first
-            else (f"left {failed} of {played + failed} episodes unfinished (its process ended with status {status})")
+        error = (
+            f"the agent {agent} left {failed} of {played + failed} episodes unfinished (its process ended with "
+            f"status {status}): those count as failures"
         )
-        error = f"the agent {agent} {how}: those count as failures"
     elif unplayed and max_episodes is None:
         error = (
             f"the agent {agent}'s process ended (status {status}) after {played} of {card['n_tasks']} tasks: "
@@ -416,9 +433,18 @@ def _ledger_report(
         "unplayed": unplayed,
         "exit_status": status,
         "first_error": first,
+        "actions": actions,
+        "refused": refused,
+        "first_refusal": first_refusal,
         "player_said": dict(said),
         "error": error,
     }
+
+
+def _said_text(said: Mapping[str, Any], key: str) -> Optional[str]:
+    """The player's `key` when it is text (cut to 600 characters), else None: its word, not believed."""
+    value = said.get(key)
+    return value[:600] if isinstance(value, str) else None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -437,7 +463,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="a folder the agent's module is imported from, for an agent kept outside the repository (repeatable; "
         "make evaluate: AGENT_PATH=DIR)",
     )
-    parser.add_argument("--suite", default=SUITE_VERSION, help=f"what the run plays: {SELECTION_HELP}")
+    parser.add_argument(
+        "--suite",
+        help=f"what the run plays: {SELECTION_HELP} (default: {SUITE_VERSION}; with --baseline, {COMPARISON_SUITE})",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="MODULE:CLASS",
+        help="also play this agent on the same development worlds (--suite dev:N) and print both and the paired "
+        "difference, agent − baseline, with its 95%% bootstrap interval (make evaluate BASELINE=...)",
+    )
     parser.add_argument(
         "--out", type=Path, default=ROOT / "build" / "scorecards", help="where the ledger, reveal and scorecard go"
     )
@@ -460,12 +495,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(NETWORK_NAMESPACE_FLAG, action="store_true", help=argparse.SUPPRESS)
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(arguments)
+    args.suite = args.suite or (COMPARISON_SUITE if args.baseline else SUITE_VERSION)
     try:
         selected_tasks(args.suite)
     except ValueError as error:
         parser.error(f"--suite: {error}")
-    if not AGENT_SPEC.fullmatch(args.agent):  # its code is imported in its own process only
-        parser.error(f"--agent {args.agent!r}: give module:Class, e.g. lib.agents.baselines:HeuristicAgent")
+    for option, spec in (("--agent", args.agent), ("--baseline", args.baseline)):
+        if spec is not None and not AGENT_SPEC.fullmatch(spec):  # its code is imported in its own process only
+            parser.error(f"{option} {spec!r}: give module:Class, e.g. lib.agents.baselines:HeuristicAgent")
+    if args.baseline and not is_development(args.suite):
+        parser.error(
+            f"--baseline with --suite {args.suite}: two agents are compared on the same worlds, which only "
+            f"development tasks give (--suite dev:N, e.g. {COMPARISON_SUITE}; make evaluate ... "
+            f"SUITE={COMPARISON_SUITE}): a scored run's worlds are secret and fresh each run"
+        )
     args.agent_path = [folder.expanduser() for folder in args.agent_path]  # AGENT_PATH=~/agents, quoted by make
     for folder in args.agent_path:
         if not folder.is_dir():
@@ -492,6 +535,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: cannot give the evaluation a network of its own (unshare --net: {why})", file=sys.stderr)
             return REFUSED
         return subprocess.run(["unshare", "--net", "--", *inner]).returncode
+    if args.baseline:
+        return compare(args)
     try:
         card = score_agent(
             args.agent, args.suite, out_dir=args.out, agent_paths=[p.resolve() for p in args.agent_path],
@@ -507,10 +552,121 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"scorecard: {args.out}/scorecard-{card['run_id']}.json and .md; the run's ledger and reveal: "
         f"{args.out}/{card['run_id']}.jsonl, .reveal.json and .receipts.json"
     )
+    note = refusal_note(card)
+    if note and not card["agent_run"]["error"]:
+        print(note)
     if card["agent_run"]["error"]:
         print(f"error: {card['agent_run']['error']}", file=sys.stderr)
         return 1
     return 0
+
+
+def refusal_note(card: Mapping[str, Any]) -> Optional[str]:
+    """A line saying how many of the agent's actions were refused and the first refusal's reason
+    (as its process said it), or None when none was."""
+    run = card["agent_run"]
+    if not run.get("refused"):
+        return None
+    return (
+        f"note: the environment refused {run['refused']} of the agent's {run['actions']} actions; the first: "
+        f"{run.get('first_refusal') or 'its process did not say (the ledger holds each action as sent)'}"
+    )
+
+
+def compare(args: argparse.Namespace) -> int:
+    """`main` with --baseline: the baseline's development run, then the agent's, on the same worlds,
+    each scored and verified as on its own; then both and the paired difference (`comparison_markdown`).
+    Exit 2 when either cannot be scored, 1 when either run fails (`agent_run.error`), else 0."""
+    cards: Dict[str, Dict[str, Any]] = {}
+    for role, spec in (("baseline", args.baseline), ("agent", args.agent)):
+        print(f"{role} {spec} on {args.suite}:", flush=True)
+        try:
+            cards[role] = score_agent(
+                spec, args.suite, out_dir=args.out, agent_paths=[p.resolve() for p in args.agent_path],
+                max_episodes=args.max_episodes, isolated=not args.unisolated,
+            )  # fmt: skip
+        except (AgentRunError, AuditError) as error:
+            print(f"error: the {role}: {error}", file=sys.stderr)
+            return REFUSED
+        card = cards[role]
+        print(f"  {verified_line(card)}")
+        print(f"  scorecard: {args.out}/scorecard-{card['run_id']}.json and .md")
+        note = refusal_note(card)
+        if note and not card["agent_run"]["error"]:
+            print(f"  {note}")
+    print()
+    print(comparison_markdown(cards["baseline"], cards["agent"], args.baseline, args.agent), end="")
+    errors = [f"the {role}: {card['agent_run']['error']}" for role, card in cards.items() if card["agent_run"]["error"]]
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def paired_episodes(card: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """The run's episode records (`lib.measure.scorecard.scorecard`'s `_episodes`), each under the task
+    the run committed to, so that two runs of the same tasks pair task by task
+    (`lib.episodes.records.pair_key`) whether a task was played or not."""
+    return [{**episode, **episode["task"]} for episode in card["_episodes"]]
+
+
+def comparison_markdown(
+    baseline_card: Mapping[str, Any], agent_card: Mapping[str, Any], baseline: str, agent: str
+) -> str:
+    """Two development runs of the same tasks side by side: each agent's success (tasks correct, the
+    rate and its 95% bootstrap interval) and mean reward (with its interval), and agent − baseline
+    with its 95% bootstrap interval paired by task (`lib.measure.comparison.before_after_metrics`,
+    the baseline before, the agent after); then per group, and the false discoveries on null tasks.
+    A ValueError when the runs did not play the same tasks."""
+    pre, post = paired_episodes(baseline_card), paired_episodes(agent_card)
+    if not same_tasks(pre, post):
+        raise ValueError("the two runs did not play the same tasks: compare development runs of one dev:N")
+    payload = before_after_metrics(pre, post)
+    if payload["n"]["pairs"] != len(pre):
+        raise ValueError(f"{payload['n']['pairs']} of {len(pre)} tasks paired: the comparison is not paired")
+
+    def side(stats: Mapping[str, Any], intervals: Mapping[str, Any], key: str) -> str:
+        low, high = intervals[key]
+        value = f"{stats[key]:.3f} [{low:.3f}, {high:.3f}]"
+        return f"{stats['n_correct']} of {stats['n']}: {value}" if key == "success_rate" else value
+
+    lines = [
+        f"# {agent} against {baseline} on {baseline_card['selection']}",
+        "",
+        f"The same {len(pre)} tasks and worlds for both (development worlds: public, the same in every run), paired "
+        f"by task; each cell mean [{CONFIDENCE:.0%} bootstrap interval], the difference's resampled per task.",
+        "",
+        f"| | baseline {baseline} | agent {agent} | agent − baseline |",
+        "|---|---|---|---|",
+    ]
+    for key, label in (("success_rate", "success"), ("mean_reward", "mean reward")):
+        low, high = payload["delta_ci95"][key]
+        difference = f"{payload['delta'][key]:+.3f} [{low:+.3f}, {high:+.3f}]"
+        lines.append(
+            f"| {label} | {side(payload['pre'], payload['pre_ci95'], key)} | "
+            f"{side(payload['post'], payload['post_ci95'], key)} | {difference} |"
+        )
+    parts = [part for part in PARTS if payload["groups"][part]["n"]["pre"]]
+    shown = {  # the groups that hold a task, a part's only when the run holds another part too
+        name: group
+        for name, group in payload["groups"].items()
+        if group["n"]["pre"] and (len(parts) > 1 or GROUPS[name][0] is None)
+    }
+    nulls = [episode for episode in pre if has_particle(episode) is False]
+    false = {
+        role: sum(bool(e.get("discovered")) for e in episodes if has_particle(e) is False and not e.get("unfinished"))
+        for role, episodes in (("baseline", pre), ("agent", post))
+    }
+    lines += [
+        "",
+        "By part and by task, with a particle or null (baseline → agent):",
+        "",
+        group_table({**payload, "groups": shown}),
+        "",
+        f"False discoveries on the {len(nulls)} null tasks: baseline {false['baseline']}, agent {false['agent']}. "
+        f"Crashed or abandoned: baseline {baseline_card['abandoned']}, agent {agent_card['abandoned']}; refused "
+        f"actions: baseline {baseline_card['agent_run']['refused']}, agent {agent_card['agent_run']['refused']}.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
