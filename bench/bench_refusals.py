@@ -7,8 +7,8 @@ held to the grammar of the references each observation shows (what every run pla
         --config configs/train/smoke.yaml | tail -1)"                 # the smoke run's warm start
 
 Plays the first `--episodes` campaigns of the validation split with the model (the CPU stand-in's
-architecture with random weights, a named model zero-shot, or a saved policy: `--policy`), sampled at `--temperature`, the same
-seeds both ways; prints, each way, the refused actions per campaign and how many of them were
+architecture with random weights, a named model zero-shot, or a saved policy: `--policy`), sampled
+at `--temperature`, the same seeds both ways; prints, each way, the refused actions per campaign and how many of them were
 references to nothing the observation showed.
 """
 
@@ -85,7 +85,8 @@ def main(argv=None) -> int:
         counts = refusals(played)
         print(
             f"  held to the grammar of {label}: {counts['per_campaign']:.2f} refused actions a campaign, "
-            f"{counts['unshown_per_campaign']:.2f} of them references to nothing shown; most common: {counts['most_common']}"
+            f"{counts['unshown_per_campaign']:.2f} of them references to nothing shown; "
+            f"most common: {counts['most_common']}"
         )
     return 0
 
