@@ -8,8 +8,8 @@ held to the grammar of the references each observation shows (what every run pla
 
 Plays the first `--episodes` campaigns of the validation split with the model (the CPU stand-in's
 architecture with random weights, a named model zero-shot, or a saved policy: `--policy`), sampled
-at `--temperature`, the same seeds both ways; prints, each way, the refused actions per campaign and how many of them were
-references to nothing the observation showed.
+at `--temperature`, the same seeds both ways; prints, each way, the refused actions per campaign,
+how many of them were references to nothing the observation showed, and the most common refusal.
 """
 
 from __future__ import annotations
