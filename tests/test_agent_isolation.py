@@ -254,7 +254,7 @@ def test_the_agent_under_test_reaches_neither_its_scorer_nor_the_network_and_lea
     captured = capfd.readouterr()
     attacks = [line for line in captured.err.splitlines() if "ATTACK" in line]
     assert len(attacks) == 5 and all("refused" in line for line in attacks), attacks
-    assert status == 1 and "played no episode to its end" in captured.err.strip().splitlines()[-1]
+    assert status == 1 and "crashed in 2 of 2 episodes (it raised" in captured.err.strip().splitlines()[-1]
     assert "verified: 2 of 2 episodes replayed identically" in captured.out
     assert not (ROOT / "build" / "scorecards" / "forged.json").exists()
     beat = (folder / "heartbeat").read_text()
