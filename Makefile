@@ -63,11 +63,11 @@ $(error $(MISSPELT_VARIABLES))
 endif
 endif
 
-.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
+.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-smollm2-curve bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
 	  awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
 
 setup: $(STAMP) $(KERNEL_SPEC) ## create the venv and install requirements.txt + cernenv and lib (-e)
@@ -231,6 +231,14 @@ endif
 
 bench-train-gpu: setup ## on a GPU: Unsloth vs TRL+PEFT GRPO steps of a Qwen2.5-1.5B-shaped model (bench/bench_train_gpu.py)
 	$(RUN_ENV) $(PY) bench/bench_train_gpu.py $(TRAIN_ARGS)
+
+# SmolLM2-135M-Instruct's imitation curve: one LoRA warm start on the heuristic family cut at CURVE_SIZES
+# campaigns, each stage's adapter played on the validation split (resumable: a stage or evaluation written
+# is kept; build/smollm2-curve/curve.csv and curve.png after each evaluation; docs/models.md has its figures).
+CURVE_SIZES ?= 50 100 200
+CURVE_ARGS ?= --eval-episodes 120
+bench-smollm2-curve: setup ## SmolLM2's imitation learning curve on the validation split, resumable (bench/bench_smollm2_curve.py; CURVE_SIZES="50 100 200")
+	$(RUN_ENV) $(PY) bench/bench_smollm2_curve.py --sizes $(CURVE_SIZES) $(CURVE_ARGS)
 
 bench-imitation: setup ## how well the warm start imitates the heuristic, per action type, on held-out campaigns (bench/bench_imitation.py)
 	$(RUN_ENV) $(PY) bench/bench_imitation.py $(IMITATION_ARGS)

@@ -106,6 +106,25 @@ FILE_MODE = 0o666 & ~_umask()
 """What open() would give a new file under this process's umask."""
 
 
+def staging_folder(target: Union[str, Path]) -> Path:
+    """A new empty folder beside `target` to fill, pass to `share_folder`, and then move onto it whole
+    (`os.replace`)."""
+    target = Path(target)
+    return Path(tempfile.mkdtemp(prefix=target.name + "-", dir=target.parent))
+
+
+def share_folder(folder: Union[str, Path]) -> None:
+    """Give `folder` and everything in it the permissions `mkdir` and `open` give under this process's
+    umask (0777 and 0666 less it): `mkdtemp`'s 0700 and the 0600 some writers give their files (a
+    model's safetensors) would hide a model from every other user, the agent's own user of `make
+    evaluate` among them."""
+    folder = Path(folder)
+    folder.chmod(0o777 & ~_umask())
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~_umask())
+
+
 def process_alive(pid: int) -> bool:
     """Whether a process `pid` runs on this machine (another user's counts)."""
     try:

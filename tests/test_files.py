@@ -291,3 +291,26 @@ def test_a_lock_file_planted_as_a_link_is_never_followed(tmp_path):
     with pytest.raises(FolderLockedError, match="symbolic link"):
         FolderLock(tmp_path).acquire()
     assert target.read_text() == "keep me\n"
+
+
+def test_a_shared_folder_is_readable_by_every_user(tmp_path):
+    """What the project moves into place whole (a converted model, a warm start, an adapter) keeps
+    neither mkdtemp's 0700 nor a writer's 0600 file: `make evaluate`'s agent, another user, reads it."""
+    import stat
+
+    from lib.files import share_folder, staging_folder
+
+    staging = staging_folder(tmp_path / "model")
+    (staging / "weights").mkdir()
+    secret = staging / "weights" / "model.safetensors"
+    secret.write_bytes(b"w")
+    secret.chmod(0o600)
+    assert stat.S_IMODE(staging.stat().st_mode) == 0o700  # mkdtemp's
+    old = os.umask(0o022)
+    try:
+        share_folder(staging)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(staging.stat().st_mode) == 0o755
+    assert stat.S_IMODE((staging / "weights").stat().st_mode) == 0o755
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o644

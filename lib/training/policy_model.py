@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -25,6 +24,7 @@ from typing import Optional
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from lib.files import share_folder, staging_folder
 from lib.training.tokenizer import PROJECT_CACHE
 
 
@@ -80,10 +80,11 @@ def untrained_stand_in(
     target = Path(cache_dir or PROJECT_CACHE / "policy") / f"tiny-qwen2-untrained-{fingerprint}"
     if not (target / "config.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir=target.parent))
+        staging = staging_folder(target)
         build_tiny_model(tokenizer, config).save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         try:
+            share_folder(staging)
             os.replace(staging, target)  # atomic: a concurrent build of the same model wins or loses whole
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)

