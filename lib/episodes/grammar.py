@@ -67,7 +67,7 @@ class ActionGrammar:
 
     def __init__(self, tokenizer: Any, n_vocab: int, shown: Optional[Mapping[str, Any]] = None) -> None:
         self.n_vocab = n_vocab
-        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab)
+        self.tokenizer = _llguidance_tokenizer(tokenizer, n_vocab)
         self.grammar = action_grammar_text(shown)
         error = llguidance.LLMatcher.validate_grammar(self.grammar, self.tokenizer)
         if error:
@@ -151,6 +151,18 @@ def train_chosen_tokens_only(
             if forced:
                 mask[start + offset] = 0
     return mask
+
+
+_TOKENIZERS: dict = {}
+
+
+def _llguidance_tokenizer(tokenizer: Any, n_vocab: int) -> Any:
+    """llguidance's view of `tokenizer`'s vocabulary for `n_vocab` logits, made once per process (making
+    it took most of a grammar's ~1 s with SmolLM2's 49,152 tokens; every grammar of a tokenizer shares it)."""
+    key = (id(tokenizer), n_vocab)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = (tokenizer, llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab))
+    return _TOKENIZERS[key][1]
 
 
 _GRAMMARS: "OrderedDict[Any, ActionGrammar]" = OrderedDict()
