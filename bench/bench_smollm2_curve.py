@@ -114,7 +114,9 @@ def evaluate_stage(config: Any, adapter: Optional[Path], episodes: int, target: 
     from lib.training.policy_evaluation import evaluate_policy
 
     policy = load_policy(config, "trl")
-    model = PeftModel.from_pretrained(policy.model, str(adapter)) if adapter is not None else policy.model
+    model = policy.model
+    if adapter is not None:  # merged into the weights: a third of the linear layers' calls, nothing to train here
+        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     start = time.perf_counter()
     played = evaluate_policy(model, policy.tokenizer, validation_suite(episodes), config, agent_name=name)
     seconds = time.perf_counter() - start

@@ -63,7 +63,14 @@ class CachedGenerator:
         return _Session(tokens=[], cache=DynamicCache(config=self.model.config))
 
     def _prefill(self, session: "_Session", tokens: List[int], device: Any) -> torch.Tensor:
-        out = self.model(input_ids=torch.tensor([tokens], device=device), past_key_values=session.cache, use_cache=True)
+        """Feed `tokens` to `session`'s cache; the logits after the last (the LM head at that position alone:
+        over SmolLM2's 49,152-token vocabulary it is a fifth of the model)."""
+        out = self.model(
+            input_ids=torch.tensor([tokens], device=device),
+            past_key_values=session.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         session.cache = out.past_key_values
         session.tokens += tokens
         return out.logits[0, -1].float()

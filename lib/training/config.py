@@ -149,6 +149,10 @@ class TrainConfig:
     """Examples per warm-start step: decisions in the `turn` context (a few hundred tokens each),
     whole campaigns in the `conversation` one (where 1 avoids padding, which on a CPU keeps
     attention on PyTorch's fast causal path)."""
+    warm_start_adapter: Optional[str] = None
+    """A LoRA adapter's folder (one a warm start saved before: `make bench-smollm2-curve`'s
+    `adapter-N/`) that GRPO goes on training, in place of a warm start (`warm_start_episodes` 0): the
+    imitation is done once and several GRPO runs start from it."""
     warm_start_dagger_rounds: int = 0
     """Rounds of DAgger after the warm start's imitation (`lib.training.dagger`): the learner plays
     training campaigns, the demonstrator labels every state it reached, and it trains on those
@@ -454,6 +458,11 @@ class TrainConfig:
             problems.append(f"scale_rewards must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}")
         if self.load_in_4bit and self.lora_r == 0:
             problems.append("load_in_4bit trains LoRA adapters over 4-bit weights: set lora_r > 0 (e.g. 16)")
+        if self.warm_start_adapter is not None and self.warm_start_episodes:
+            problems.append(
+                "warm_start_adapter is a warm start made before: set warm_start_episodes 0 "
+                f"(got {self.warm_start_episodes}), or leave warm_start_adapter out to make one"
+            )
         if self.lora_r < 0:
             problems.append(f"lora_r must be >= 0 (0: full fine-tuning), got {self.lora_r}")
         if self.lora_alpha < 1:

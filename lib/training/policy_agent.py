@@ -59,7 +59,7 @@ class TrainedPolicyAgent:
         if adapter is not None:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, adapter)
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()  # played, not trained: merged
         self._start(model, policy.tokenizer, config)
 
     @classmethod

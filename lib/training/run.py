@@ -236,6 +236,18 @@ def train(config: TrainConfig) -> TrainResult:
             raise
 
 
+def adapter_policy(policy: Any, adapter: str) -> Any:
+    """`policy` with the LoRA adapter saved in `adapter` over its model, trainable (the trainer is then
+    given no `peft_config`: it trains this adapter)."""
+    from peft import PeftModel
+
+    if not (Path(adapter) / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"warm_start_adapter {adapter} holds no adapter_config.json: name an adapter's folder")
+    policy.model = PeftModel.from_pretrained(policy.model, adapter, is_trainable=True)
+    policy.peft_config = None
+    return policy
+
+
 def reload_warm_start_for_reference(policy: Any, config: TrainConfig, output_dir: Path) -> None:
     """A resumed run of every weight with a warm start and a KL penalty: TRL loads its KL
     reference by the model's name, which must be the warm start the run began from (saved in
@@ -267,6 +279,8 @@ def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult
     main = is_main_process()
     with main_process_first():  # a model fetched or built on first use (a Hub download) is fetched once
         policy = load_policy(config, backend)
+    if config.warm_start_adapter is not None:  # a warm start made before: GRPO trains its adapter
+        policy = adapter_policy(policy, config.warm_start_adapter)
     seconds["load"] = time.perf_counter() - start
     warm_start = bool(config.warm_start_episodes) and resume is None  # a resumed run's checkpoint holds it
     if warm_start and policy.model_name == TINY_MODEL and main:
