@@ -334,3 +334,32 @@ def test_a_dagger_round_trains_on_the_learner_s_labelled_decisions(tiny_model_di
     assert round_report["steps"] == 1 and round_report["losses"]
     plain = TrainConfig(**{**config.to_dict(), "warm_start_dagger_rounds": 0})
     assert cached_warm_start_dir(load_policy(plain, "trl"), plain, tmp_path) != Path(report["cached"])
+
+
+def test_grpo_goes_on_training_an_adapter_saved_before(tiny_model_dir, tmp_path):
+    """`warm_start_adapter`: a LoRA warm start saved once is loaded, trainable, as the policy GRPO
+    trains (its weights, not a new adapter's zeros); it stands in for a warm start, never beside one."""
+    from lib.training.run import adapter_policy
+
+    config = TrainConfig(
+        model_name=tiny_model_dir,
+        lora_r=8,
+        beta=0.0,
+        warm_start_episodes=1,
+        warm_start_learning_rate=5e-3,
+        policy_context="conversation",
+    )
+    trained = load_policy(config, "trl")
+    sft_warm_start(trained, config)
+    trained.model.save_pretrained(tmp_path / "adapter")
+    saved = {n: p.detach().clone() for n, p in trained.model.named_parameters() if "lora_B" in n}
+    assert any(p.abs().max() > 0 for p in saved.values())
+    loaded = adapter_policy(load_policy(config, "trl"), str(tmp_path / "adapter"))
+    assert loaded.peft_config is None, "the trainer must train this adapter, not wrap a new one"
+    lora_b = {n: p for n, p in loaded.model.named_parameters() if "lora_B" in n}
+    assert lora_b.keys() == saved.keys() and all(torch.equal(lora_b[n], saved[n]) for n in saved)
+    assert all(p.requires_grad for p in lora_b.values())
+    with pytest.raises(ValueError, match="warm_start_adapter is a warm start made before"):
+        TrainConfig(warm_start_adapter=str(tmp_path / "adapter"), warm_start_episodes=1)
+    with pytest.raises(FileNotFoundError, match="holds no adapter_config.json"):
+        adapter_policy(load_policy(config, "trl"), str(tmp_path))
