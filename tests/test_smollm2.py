@@ -83,7 +83,10 @@ def test_the_smollm2_configs_are_train_configs():
     for name in ("smollm2-smoke", "smollm2-cpu", "smollm2-colab-t4"):
         config = load_config_file(ROOT / "configs" / "train" / f"{name}.yaml")
         assert config.model_name == "smollm2-135m-instruct" and config.lora_r > 0, name
-        assert config.policy_context == "conversation" and config.system_prompt == (name != "smollm2-smoke"), name
+        assert config.policy_context == "conversation" and config.system_prompt, name
+        assert config.constrained_replies, name
+    for name in ("smollm2-smoke", "smollm2-cpu"):  # the CPU's: a campaign SmolLM2 can afford
+        assert load_config_file(ROOT / "configs" / "train" / f"{name}.yaml").observation_style == "brief", name
 
 
 def test_the_smollm2_profile_runs_notebook_03_on_it_under_build_only():
