@@ -25,7 +25,9 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
+import weakref
 from typing import Any, Optional
 
 from tqdm import tqdm as text_tqdm
@@ -58,9 +60,16 @@ def in_notebook() -> bool:
     return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
+HEARTBEAT_S = 10.0
+"""Longest silence [s] while work is under way: a headless progress with nothing logged for this long
+logs its meter again, marked still working (a GRPO step of a real model takes minutes); a drawn bar
+is redrawn, so its elapsed time moves."""
+
+
 class Progress:
     """`done` of `total` units of work, shown as a tqdm bar when watched and logged as tqdm's meter
-    at most every `every_s` seconds (and at the end) when headless (see the module docstring)."""
+    at most every `every_s` seconds (and at the end) when headless (see the module docstring); while
+    a unit is under way, never silent for more than `heartbeat_s` (`HEARTBEAT_S`; 0: no heartbeat)."""
 
     def __init__(
         self,
@@ -72,6 +81,7 @@ class Progress:
         initial: int = 0,
         log: Optional[logging.Logger] = None,
         draw: Optional[bool] = None,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.label, self.total, self.unit, self.every_s = label, max(int(total), 0), unit, every_s
         self.log = log or logger
@@ -87,6 +97,23 @@ class Progress:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=self.total, initial=self.done, desc=label, unit=unit, dynamic_ncols=True, leave=True)
+        self._last_line = time.monotonic()  # when a line was last logged or the bar last drawn
+        self._stopped = threading.Event()
+        if heartbeat_s > 0 and self.done < self.total:
+            threading.Thread(
+                target=_heartbeat, args=(weakref.ref(self), self._stopped, heartbeat_s), daemon=True
+            ).start()
+
+    def beat(self, heartbeat_s: float) -> None:
+        """What the heartbeat does after `heartbeat_s` without a line: redraw the bar (its elapsed time
+        moves), or log the meter marked still working."""
+        if time.monotonic() - self._last_line < heartbeat_s:
+            return
+        self._last_line = time.monotonic()
+        if self.bar is not None:
+            self.bar.refresh()
+        else:
+            self.log.info("%s (still working on %s %d)", self.meter(), self.unit, self.done + 1)
 
     def meter(self) -> str:
         """The headless line: tqdm's meter of the work so far (rate over the units done here)."""
@@ -109,7 +136,7 @@ class Progress:
         done = int(done)
         if self.bar is not None:
             self.bar.update(done - self.done)
-            self.done = done
+            self.done, self._last_line = done, time.monotonic()
             if self.total and done >= self.total:
                 self.close()  # finished: the bar stays as it ended
             return None
@@ -117,9 +144,11 @@ class Progress:
         now = time.perf_counter()
         if done < self.total and now - self._last_logged < self.every_s:
             return None
-        self._last_logged = now
+        self._last_logged, self._last_line = now, time.monotonic()
         line = self.meter()
         self.log.info(line)
+        if done >= self.total:
+            self._stopped.set()
         return line
 
     def set_postfix(self, text: str) -> None:
@@ -130,6 +159,7 @@ class Progress:
 
     def write(self, line: str) -> None:
         """A line of its own: above the bar when drawn, else a log line."""
+        self._last_line = time.monotonic()
         if self.bar is not None:
             self.bar.write(line)
         else:
@@ -147,9 +177,11 @@ class Progress:
             self._pending_note = line
             return
         self._last_noted, self._pending_note = now, None
+        self._last_line = time.monotonic()
         self.log.info(line)
 
     def close(self) -> None:
+        self._stopped.set()
         if self._pending_note is not None:
             self.log.info(self._pending_note)
             self._pending_note = None
@@ -162,6 +194,16 @@ class Progress:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _heartbeat(progress: "weakref.ref[Progress]", stopped: threading.Event, heartbeat_s: float) -> None:
+    """Beat `progress` every `heartbeat_s / 2` until it is closed, finished or collected."""
+    while not stopped.wait(heartbeat_s / 2):
+        current = progress()
+        if current is None:
+            return
+        current.beat(heartbeat_s)
+        del current
 
 
 class _BelowWarning(logging.Filter):

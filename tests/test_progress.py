@@ -101,3 +101,30 @@ def test_a_notebook_s_progress_lines_go_to_stdout_and_only_warnings_to_stderr(ca
         logging.getLogger("lib").setLevel(saved[2])
     assert out.count("SFT warm start: 1/2 steps") == 1 and "DID NOT MOVE" not in out
     assert "THE REWARD DID NOT MOVE THE POLICY" in err and "SFT warm start" not in err and "font" not in err + out
+
+
+def test_a_unit_under_way_is_never_silent_for_long(caplog, monkeypatch):
+    """Headless, nothing logged for `heartbeat_s`: the meter again, saying which unit is under way
+    (a GRPO step of a real model is minutes of silence otherwise); a line just written resets it; the
+    heartbeat's thread beats on its own and stops when the work is closed."""
+    import time
+
+    monkeypatch.setenv("CERNENV_HEADLESS", "1")
+    with caplog.at_level(logging.INFO, logger="lib.progress"):
+        manual = Progress("GRPO", total=2, unit="step", heartbeat_s=0)  # beaten by hand, no thread
+        manual.beat(3600.0)
+        assert caplog.records == [], "within the heartbeat: nothing"
+        manual.beat(0.0)
+        assert caplog.records[-1].getMessage().startswith("GRPO: 0/2 steps (0%)")
+        assert caplog.records[-1].getMessage().endswith("(still working on step 1)")
+        caplog.clear()
+        threaded = Progress("SFT", total=3, unit="step", heartbeat_s=0.05)
+        deadline = time.monotonic() + 30
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert caplog.records and "still working on step 1" in caplog.records[0].getMessage()
+        threaded.close()
+        time.sleep(0.2)  # a beat already under way may finish
+        count = len(caplog.records)
+        time.sleep(0.3)
+        assert len(caplog.records) == count, "closed: the heartbeat stopped"
