@@ -65,6 +65,11 @@ def outcome_rows(run: str, side: str, episodes: Sequence[Mapping[str, Any]]) -> 
     return rows
 
 
+def seed_label(run: str) -> str:
+    """A run's label as a table or legend names it: `seed 0` for "0", a label that says seed already as it is."""
+    return run if str(run).startswith("seed") else f"seed {run}"
+
+
 def write_outcomes_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=OUTCOME_COLUMNS, lineterminator="\n")
@@ -191,14 +196,14 @@ def seeds_markdown(result: Mapping[str, Any]) -> str:
             lines += [
                 f"**{title}, Δ {metric}** (paired by task, 95% bootstrap)",
                 "",
-                "| group | tasks | " + " | ".join(f"seed {run}" for run in runs) + " | pooled |",
+                "| group | tasks | " + " | ".join(seed_label(run) for run in runs) + " | pooled |",
                 "|---|---|" + "---|" * (len(runs) + 1),
             ]
             for group, entry in result["groups"].items():
                 cells = [_cell(entry[f"{key}_{metric}"][name]) for name in (*runs, "pooled")]
                 lines.append(f"| {entry['label']} | {entry['n_tasks']} | " + " | ".join(cells) + " |")
             lines.append("")
-    lines += ["| group | " + " | ".join(f"seed {run} before → after" for run in runs) + " | SFT-only |", ""]
+    lines += ["| group | " + " | ".join(f"{seed_label(run)} before → after" for run in runs) + " | SFT-only |", ""]
     lines[-1] = "|---|" + "---|" * (len(runs) + 1)
     for group, entry in result["groups"].items():
         cells = [f"{entry[f'success_{run}_pre']} → {entry[f'success_{run}_post']}" for run in runs]
@@ -233,7 +238,7 @@ def seeds_figure(result: Mapping[str, Any], path: Path) -> None:
                     color=f"C{r}",
                     ms=4,
                     lw=1,
-                    label=f"seed {run}" if g == 0 else None,
+                    label=seed_label(run) if g == 0 else None,
                 )
             e = estimates["pooled"]
             ax.errorbar(
@@ -282,7 +287,7 @@ def checkpoints_figure(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
             for r in rows
             if r["run"] == run and r["success_rate"] not in ("", None)
         )
-        ax.plot(*zip(*points), marker="o", color=f"C{index}", label=f"seed {run}")
+        ax.plot(*zip(*points), marker="o", color=f"C{index}", label=seed_label(run))
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("held-out success (checkpoint subset)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
