@@ -43,8 +43,10 @@ sent and, with `--nonce-file PATH`, waits for the nonce to appear in that file: 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
+import logging
 import os
 import pwd
 import re
@@ -60,7 +62,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from cernenv.server.audit import AuditError
 from cernenv.server.runs import reveal_path
@@ -339,9 +341,10 @@ def _score_agent(
     if report.get("load_error"):
         raise AgentRunError(f"the agent could not be loaded: {report['load_error']}")
     reveal = reveal_path(ledger)
-    card = score_run(
-        ledger, reveal if verify else None, receipts=receipts_path, commitment=printed, agent=agent
-    )  # against the commitment printed before play, never one read from a file
+    with progress_lines():
+        card = score_run(
+            ledger, reveal if verify else None, receipts=receipts_path, commitment=printed, agent=agent
+        )  # against the commitment printed before play, never one read from a file
     card["agent_run"] = _ledger_report(agent, card, report, player, max_episodes)
     card["agent_run"]["isolation"] = (
         f"user {sandbox.uid}, own PID, mount, IPC and UTS namespaces (unshare, setpriv); "
@@ -445,6 +448,37 @@ def _said_text(said: Mapping[str, Any], key: str) -> Optional[str]:
     """The player's `key` when it is text (cut to 600 characters), else None: its word, not believed."""
     value = said.get(key)
     return value[:600] if isinstance(value, str) else None
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A log handler writing to whatever `sys.stderr` is when a line is written (a caller, a test's
+    capture, may replace it between lines)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def progress_lines() -> Iterator[None]:
+    """Long work's progress (`lib.progress`: the run's replay, 20 s for v3's 313 episodes) on stderr, as
+    plain lines, while the block runs."""
+    log, handler = logging.getLogger("lib.progress"), _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level, propagate = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

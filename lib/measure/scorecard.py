@@ -58,6 +58,7 @@ from lib.episodes.records import NO_CLAIM_ENDINGS, ending_of_end
 from lib.files import atomic_write, json_text
 from lib.measure.evaluation import GROUP_WORDS, PARTS, group_metrics, split_comparison_table
 from lib.measure.metrics import CONFIDENCE, N_BOOTSTRAP, estimates_to_json
+from lib.progress import Progress
 
 UNPLAYED = "not played: the run ended first"
 
@@ -357,7 +358,10 @@ def score_run(
         )
     verified, truths = None, None
     if reveal is not None:
-        verified, document = verify_run(run, reveal, commitment=commitment)
+        with Progress("verifying the run: its episodes replayed", len(run.episodes), unit="episode") as replayed:
+            verified, document = verify_run(
+                run, reveal, lambda done, total: replayed.update(done), commitment=commitment
+            )
         if document.get("world_secret"):
             truths = unplayed_truths(run, document["world_secret"])
     return scorecard(run, verified, checked, truths)
