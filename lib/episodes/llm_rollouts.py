@@ -49,8 +49,6 @@ class PlayedTurn:
     completion_ids: List[int]
     logprobs: List[float]
     """Sampling log-probability of each reply token."""
-    shown: Dict[str, Any] = field(default_factory=dict)
-    """The references the observation showed (the only ones a reply held to the grammar may quote)."""
 
 
 @dataclass
@@ -174,7 +172,7 @@ def _play_batch(
             text = layout.tokenizer.decode(tokens[:-1] if ended else tokens, skip_special_tokens=True)
             episode.shown.append(dict(obs.references))
             if per_turn:
-                episode.turns.append(PlayedTurn(contexts[i], list(tokens), list(logprobs), dict(obs.references)))
+                episode.turns.append(PlayedTurn(contexts[i], list(tokens), list(logprobs)))
             episode.completion_ids += tokens
             episode.env_mask += [1] * len(tokens)
             episode.logprobs += logprobs

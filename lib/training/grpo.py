@@ -460,7 +460,7 @@ def turn_samples(
             out["completion_ids"].append(played.completion_ids)
             out["logprobs"].append(played.logprobs)
             out["env_mask"].append([1] * len(played.completion_ids))
-            out["shown"].append([played.shown])
+            out["shown"].append([episode.shown[turn]])
         out["reward_components"].append(reward_components(episode))
     return out
 
