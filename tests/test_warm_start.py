@@ -350,7 +350,13 @@ def test_grpo_goes_on_training_an_adapter_saved_before(tiny_model_dir, tmp_path)
         policy_context="conversation",
     )
     trained = load_policy(config, "trl")
-    sft_warm_start(trained, config)
+    # A trained adapter stands in as random LoRA B weights: no SFT run, so the GPU set (whose trainers
+    # need triton) checks this on a CPU too.
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in trained.model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype))
     trained.model.save_pretrained(tmp_path / "adapter")
     saved = {n: p.detach().clone() for n, p in trained.model.named_parameters() if "lora_B" in n}
     assert any(p.abs().max() > 0 for p in saved.values())
