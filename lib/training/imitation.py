@@ -1,0 +1,165 @@
+"""Imitation in stages, for a pretrained model with a LoRA adapter: train an adapter on demonstrations
+(each once, at a constant learning rate, from the adapter an earlier stage saved), play it greedily
+on the validation split, and summarise each play as one row of a learning curve. Used by the
+imitation curve (bench/bench_smollm2_curve.py) and SmolLM2's whole pipeline
+(`lib.training.smollm2_pipeline`). Every adapter and every evaluation is written whole or not at
+all, so a killed run goes on from the last one written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+COLUMNS = (
+    "campaigns",
+    "evaluated",
+    "correct",
+    "success",
+    "success_low",
+    "success_high",
+    "mean_reward",
+    "reward_low",
+    "reward_high",
+    "refused_per_campaign",
+    "particle_correct",
+    "particle_tasks",
+    "train_seconds",
+    "eval_seconds",
+)
+"""`curve.csv`'s columns: per evaluation, the demonstrations seen and the play's measures."""
+
+logger = logging.getLogger(__name__)
+
+
+def train_stage(
+    config: Any, previous: Optional[Path], examples: List[Dict[str, List[int]]], target: Path, checkpointing: bool
+) -> float:
+    """Train the adapter saved in `previous` (a new one where None) on `examples`, each once, at the
+    configuration's warm-start learning rate held constant; save it in `target`, whole or not at all.
+    Returns the training seconds."""
+    from peft import PeftModel
+
+    from lib.files import share_folder, staging_folder
+    from lib.training.backends import load_policy
+    from lib.training.warm_start import sft_trainer
+
+    policy = load_policy(config, "trl")
+    if previous is not None:
+        policy.model = PeftModel.from_pretrained(policy.model, str(previous), is_trainable=True)
+        policy.peft_config = None
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="curve-stage-") as work:
+        trainer = sft_trainer(
+            policy,
+            config,
+            examples,
+            work,
+            epochs=1.0,
+            lr_scheduler_type="constant",
+            gradient_checkpointing=checkpointing,
+        )
+        trainer.train()
+    seconds = time.perf_counter() - start
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    staging = staging_folder(target)
+    trainer.model.save_pretrained(staging)
+    (staging / "stage.json").write_text(
+        json.dumps({"examples": len(examples), "seconds": seconds, "losses": losses}, indent=1) + "\n"
+    )
+    share_folder(staging)
+    os.replace(staging, target)
+    logger.info("stage to %s: %d campaigns in %.0f s, loss %s", target.name, len(examples), seconds, _ends(losses))
+    return seconds
+
+
+def _ends(losses: List[float]) -> str:
+    return f"{losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "not logged"
+
+
+def evaluate_stage(config: Any, adapter: Optional[Path], episodes: int, target: Path, name: str) -> float:
+    """Play the validation split's first `episodes` campaigns greedily with the base model and
+    `adapter` (none: zero-shot); write the episodes to `target`. Returns the seconds."""
+    from peft import PeftModel
+
+    from lib.episodes.records import save_episodes_jsonl
+    from lib.measure.evaluation import validation_suite
+    from lib.training.backends import load_policy
+    from lib.training.policy_evaluation import evaluate_policy
+
+    policy = load_policy(config, "trl")
+    model = policy.model
+    if adapter is not None:  # merged into the weights: a third of the linear layers' calls, nothing to train here
+        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    start = time.perf_counter()
+    played = evaluate_policy(model, policy.tokenizer, validation_suite(episodes), config, agent_name=name)
+    seconds = time.perf_counter() - start
+    staging = target.with_name(target.name + ".partial.jsonl.gz")
+    save_episodes_jsonl(played, str(staging))
+    os.replace(staging, target)
+    return seconds
+
+
+def curve_row(campaigns: int, path: Path, train_seconds: float, eval_seconds: float) -> Dict[str, Any]:
+    """One row of `curve.csv` from an evaluation's episodes."""
+    from lib.episodes.records import load_episodes_jsonl
+    from lib.measure.comparison import bootstrap_interval, episode_values, summarise_episodes
+
+    episodes = load_episodes_jsonl(str(path))
+    summary = summarise_episodes(episodes)
+    success = bootstrap_interval([v for _, v in episode_values(episodes, "success_rate")])
+    reward = bootstrap_interval([v for _, v in episode_values(episodes, "mean_reward")])
+    refused = [sum(1 for step in e["steps"] if step["rule_violations"]) for e in episodes]
+    particle = [e for e in episodes if (e.get("truth") or {}).get("exists")]
+    return {
+        "campaigns": campaigns,
+        "evaluated": summary["n"],
+        "correct": summary["n_correct"],
+        "success": round(summary["success_rate"], 4),
+        "success_low": round(success[0], 4),
+        "success_high": round(success[1], 4),
+        "mean_reward": round(summary["mean_reward"], 4),
+        "reward_low": round(reward[0], 4),
+        "reward_high": round(reward[1], 4),
+        "refused_per_campaign": round(sum(refused) / max(1, len(refused)), 3),
+        "particle_correct": sum(1 for e in particle if e.get("correct_outcome")),
+        "particle_tasks": len(particle),
+        "train_seconds": round(train_seconds),
+        "eval_seconds": round(eval_seconds),
+    }
+
+
+def write_curve(out: Path, rows: List[Dict[str, Any]]) -> None:
+    """`curve.csv` and `curve.png` from the rows so far."""
+    with open(out / "curve.csv.partial", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(out / "curve.csv.partial", out / "curve.csv")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    x = [row["campaigns"] for row in rows]
+    y = [row["success"] for row in rows]
+    errors = [
+        [row["success"] - row["success_low"] for row in rows],
+        [row["success_high"] - row["success"] for row in rows],
+    ]
+    ax.errorbar(x, y, yerr=errors, marker="o", capsize=3, label="SmolLM2-135M-Instruct + LoRA")
+    ax.set_xlabel("demonstration campaigns seen (0: zero-shot)")
+    ax.set_ylabel(f"success on {rows[0]['evaluated']} validation campaigns")
+    ax.set_ylim(0, 1)
+    ax.set_title("Imitation learning curve (95% bootstrap intervals)", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "curve.png", dpi=120)
+    plt.close(fig)
