@@ -63,7 +63,7 @@ $(error $(MISSPELT_VARIABLES))
 endif
 endif
 
-.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-smollm2-curve bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
+.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-smollm2-curve train-smollm2 bench-smollm2-speed bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -239,6 +239,15 @@ CURVE_SIZES ?= 50 100 200
 CURVE_ARGS ?= --eval-episodes 120
 bench-smollm2-curve: setup ## SmolLM2's imitation learning curve on the validation split, resumable (bench/bench_smollm2_curve.py; CURVE_SIZES="50 100 200")
 	$(RUN_ENV) $(PY) bench/bench_smollm2_curve.py --sizes $(CURVE_SIZES) $(CURVE_ARGS)
+
+# SmolLM2-135M-Instruct from imitation to GRPO, then zero-shot and the held-out suite, resumable
+# (lib/training/smollm2_pipeline.py): build/smollm2/evidence/smollm2_summary.md; SMOLLM2_ARGS="--skip held-out".
+SMOLLM2_ARGS ?=
+train-smollm2: setup ## SmolLM2 on a CPU: imitation -> GRPO -> zero-shot and held-out evaluations, resumable (docs/models.md)
+	$(RUN_ENV) $(PY) -m lib.training.smollm2_pipeline $(SMOLLM2_ARGS)
+
+bench-smollm2-speed: setup ## SmolLM2's LoRA training tokens/s (fp32/bf16, LoRA on all or fewer blocks, checkpointing on/off) and decoding tokens/s; run it idle
+	$(RUN_ENV) $(PY) bench/bench_smollm2_speed.py
 
 bench-imitation: setup ## how well the warm start imitates the heuristic, per action type, on held-out campaigns (bench/bench_imitation.py)
 	$(RUN_ENV) $(PY) bench/bench_imitation.py $(IMITATION_ARGS)

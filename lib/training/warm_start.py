@@ -149,14 +149,15 @@ def sft_trainer(
     learning_rate: Optional[float] = None,
     lr_scheduler_type: str = "cosine",
     gradient_checkpointing: Optional[bool] = None,
+    bf16: Optional[bool] = None,
 ):
     """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
     `policy.peft_config` is given, loss on the `completion_mask` tokens, `warm_start_batch_size`
     examples per step, `epochs` passes (default `warm_start_epochs`) from `learning_rate` (default
     `warm_start_learning_rate`) with cosine decay (or `lr_scheduler_type`, transformers' name), the device's
-    precision (float32 without autocast on a CPU), gradient checkpointing on a GPU and for an
-    adapter unless `gradient_checkpointing` says otherwise, torch's threads the cores free before each step
-    (`lib.training.callbacks.CpuThreads`)."""
+    precision (float32 without autocast on a CPU; `bf16` True: bf16 autocast, False: none), gradient
+    checkpointing on a GPU and for an adapter unless `gradient_checkpointing` says otherwise, torch's
+    threads the cores free before each step (`lib.training.callbacks.CpuThreads`)."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -185,7 +186,7 @@ def sft_trainer(
         gradient_checkpointing=(cuda or policy.peft_config is not None)
         if gradient_checkpointing is None
         else gradient_checkpointing,
-        **precision_flags(),
+        **(precision_flags() if bf16 is None else {"bf16": bf16, "fp16": False}),
         **OPTIMISER_ARGS,
     )
     return SFTTrainer(

@@ -1,0 +1,214 @@
+"""SmolLM2-135M-Instruct's training and decoding speed on this CPU, setting against setting.
+
+    python bench/bench_smollm2_speed.py [--campaigns 8] [--out build/smollm2-speed]
+    make bench-smollm2-speed
+
+Each setting trains a fresh LoRA adapter (r and alpha from configs/train/smollm2-cpu.yaml) with
+TRL's SFTTrainer, as the warm start does (`lib.training.warm_start.sft_trainer`: the loss on the
+actions, one brief campaign a step, a constant learning rate), on the same `--campaigns`
+demonstrations of the heuristic family, and reports the trained tokens a second (the trainer's
+own runtime, so loading is left out) and the mean loss of its steps: settings that compute the
+same thing agree on the loss, so a faster one that changes it shows. A GRPO step's optimisation
+pass is the same forward and backward over a campaign's tokens, so these figures are its speed
+too; its other part, sampling the campaigns, is measured as decoding: a batch of 8 brief
+prompts, 64 new tokens each, greedy, with the adapter merged, in fp32 and (where the processor
+has it) bf16.
+
+The settings:
+- precision: fp32, and bf16 autocast where torch says the CPU runs bf16 (AMX or AVX-512-BF16);
+- LoRA on every linear layer of all 30 blocks, against the last 10 blocks only;
+- gradient checkpointing on and off.
+
+`results.json` and a table on stdout. Run it on an idle machine: every setting shares the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = ROOT / "configs" / "train" / "smollm2-cpu.yaml"
+LAST_BLOCKS = 10
+"""The "fewer layers" setting: LoRA on the last this many transformer blocks only."""
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def bf16_supported() -> bool:
+    """Whether torch runs bf16 matrix products natively on this CPU (oneDNN's check: AMX or AVX-512-BF16)."""
+    import torch
+
+    check = getattr(torch.backends.mkldnn, "is_bf16_supported", None)
+    return bool(check and check())
+
+
+def lora_config(config: Any, layers: Optional[List[int]]) -> Any:
+    from peft import LoraConfig
+
+    from lib.training.backends import _lora_targets
+
+    return LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=_lora_targets(),
+        layers_to_transform=layers,
+        task_type="CAUSAL_LM",
+    )
+
+
+def train_setting(
+    config: Any, examples: List[Dict[str, List[int]]], *, bf16: bool, layers: Optional[List[int]], checkpointing: bool
+) -> Dict[str, Any]:
+    """One setting's trained tokens a second and mean step loss."""
+    import torch
+
+    from lib.training.backends import load_policy
+    from lib.training.warm_start import sft_trainer
+
+    torch.manual_seed(config.seed)
+    policy = load_policy(config, "trl")
+    policy.peft_config = lora_config(config, layers)
+    with tempfile.TemporaryDirectory(prefix="smollm2-speed-") as work:
+        trainer = sft_trainer(
+            policy,
+            config,
+            examples,
+            work,
+            epochs=1.0,
+            lr_scheduler_type="constant",
+            gradient_checkpointing=checkpointing,
+            bf16=bf16,
+        )
+        trainer.args.logging_steps = 1
+        output = trainer.train()
+    tokens = sum(len(e["input_ids"]) for e in examples)
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    seconds = output.metrics["train_runtime"]
+    return {
+        "seconds": round(seconds, 2),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / seconds, 1),
+        "mean_loss": round(sum(losses) / len(losses), 4) if losses else None,
+    }
+
+
+def decode_setting(config: Any, prompts: List[List[int]], *, bf16: bool, new_tokens: int) -> Dict[str, Any]:
+    """Greedy decoding of a batch of prompts: generated tokens a second."""
+    import contextlib
+
+    import torch
+
+    from lib.training.backends import load_policy
+
+    policy = load_policy(config, "trl")
+    model = policy.model.eval()
+    pad = policy.tokenizer.pad_token_id or 0
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with torch.no_grad(), autocast:
+        start = time.perf_counter()
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
+        seconds = time.perf_counter() - start
+    generated = (out.shape[1] - width) * len(prompts)
+    return {"seconds": round(seconds, 2), "tokens": generated, "tokens_per_s": round(generated / seconds, 1)}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the training configuration")
+    parser.add_argument("--campaigns", type=int, default=8, help="demonstration campaigns each setting trains on")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens each decoded sequence generates")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "smollm2-speed", help="results.json goes here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from lib.seeds import DEMONSTRATION_SEED
+    from lib.training.backends import model_source
+    from lib.training.cli import parse_train_config
+    from lib.training.tokenizer import corpus_specs, load_tokenizer
+    from lib.training.warm_start import demonstration_examples, demonstration_layout
+
+    config, _ = parse_train_config(["--config", str(args.config)])
+    tokenizer = load_tokenizer(model_source(config.model_name))
+    examples = demonstration_examples(
+        tokenizer,
+        args.campaigns,
+        specs=corpus_specs(args.campaigns, DEMONSTRATION_SEED),
+        **demonstration_layout(config),
+    )
+    precisions = [False, True] if bf16_supported() else [False]
+    blocks = 30
+    fewer = list(range(blocks - LAST_BLOCKS, blocks))
+    rows: List[Dict[str, Any]] = []
+    print(f"{cpu_name()}, {os.cpu_count()} cores, torch threads {__import__('torch').get_num_threads()}")
+    print(f"{'what':<9}{'precision':<10}{'LoRA on':<12}{'checkpointing':<15}{'tokens/s':>10}{'mean loss':>11}")
+    for bf16 in precisions:
+        for layers in (None, fewer):
+            for checkpointing in (False, True):
+                row = {
+                    "what": "train",
+                    "precision": "bf16" if bf16 else "fp32",
+                    "lora": "all 30 blocks" if layers is None else f"last {LAST_BLOCKS}",
+                    "checkpointing": checkpointing,
+                    **train_setting(config, examples, bf16=bf16, layers=layers, checkpointing=checkpointing),
+                }
+                rows.append(row)
+                print(
+                    f"{'train':<9}{row['precision']:<10}{row['lora']:<12}{str(checkpointing):<15}"
+                    f"{row['tokens_per_s']:>10.1f}{row['mean_loss']:>11.4f}",
+                    flush=True,
+                )
+    prompts = [e["input_ids"][: e["completion_mask"].index(1)] for e in examples[:8]]
+    for bf16 in precisions:
+        row = {
+            "what": "decode",
+            "precision": "bf16" if bf16 else "fp32",
+            "batch": len(prompts),
+            **decode_setting(config, prompts, bf16=bf16, new_tokens=args.new_tokens),
+        }
+        rows.append(row)
+        print(f"{'decode':<9}{row['precision']:<10}{'batch ' + str(len(prompts)):<27}{row['tokens_per_s']:>10.1f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "load_average": os.getloadavg()[0],
+        "campaigns": args.campaigns,
+        "rows": rows,
+    }
+    (args.out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"results: {args.out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""SmolLM2-135M-Instruct from imitation to GRPO on a CPU, one resumable command:
+
+    python -m lib.training.smollm2_pipeline [--out build/smollm2] [--skip zero-shot held-out] [-- FIELD flags]
+    make train-smollm2
+
+Its stages, each written whole or not at all under `--out`, so a killed run goes on from the
+first stage not written when started again with the same arguments:
+
+1. `imitation`: a LoRA adapter trained once over the heuristic family's first
+   `warm_start_episodes` campaigns at the constant `warm_start_learning_rate`
+   (`lib.training.imitation.train_stage`): `imitation/adapter/`.
+2. `grpo`: TRL's GRPO from that adapter (`warm_start_adapter`), the configuration's run
+   (`lib.training.run.train`): the validation campaigns played greedily before and after
+   (`evidence/pre_eval.jsonl.gz`, `post_eval.jsonl.gz`, `before_after_metrics.json` with paired
+   95% intervals), the training log and figures in `evidence/`, the model in `grpo/final/`. A run
+   killed during GRPO resumes from its last checkpoint.
+3. `zero-shot`: the model as it comes, on the same validation campaigns (`evidence/zero_shot_eval.jsonl.gz`).
+4. `held-out`: the imitation adapter and the GRPO policy on the held-out suite
+   (`evidence/heldout_imitation.jsonl.gz`, `heldout_grpo.jsonl.gz`, `heldout_before_after.json`).
+5. `summary`: `evidence/smollm2_summary.json` and `.md`: each stage's measures and seconds.
+
+Progress is logged as it goes (the GRPO steps, the evaluations' campaigns) on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from lib.files import atomic_write, json_text
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = ROOT / "configs" / "train" / "smollm2-cpu.yaml"
+STAGES = ("imitation", "grpo", "zero-shot", "held-out", "summary")
+"""The pipeline's stages, in the order they run."""
+OPTIONAL_STAGES = ("zero-shot", "held-out")
+"""The stages `--skip` may leave out."""
+
+logger = logging.getLogger("smollm2")
+
+
+def load_config(path: Path, overrides: List[str]) -> Any:
+    """The `TrainConfig` of `path` with `--FIELD value` overrides."""
+    from lib.training.cli import parse_train_config
+
+    config, _ = parse_train_config(["--config", str(path), *overrides])
+    return config
+
+
+def imitation_stage(config: Any, out: Path) -> Dict[str, Any]:
+    """The LoRA adapter trained on the first `warm_start_episodes` demonstrations (stage.json holds
+    its count, seconds and losses)."""
+    from lib.seeds import DEMONSTRATION_SEED
+    from lib.training.backends import model_source
+    from lib.training.imitation import train_stage
+    from lib.training.tokenizer import corpus_specs, load_tokenizer
+    from lib.training.warm_start import demonstration_examples, demonstration_layout
+
+    adapter = out / "imitation" / "adapter"
+    if not (adapter / "stage.json").is_file():
+        campaigns = config.warm_start_episodes
+        tokenizer = load_tokenizer(model_source(config.model_name))
+        examples = demonstration_examples(
+            tokenizer, campaigns, specs=corpus_specs(campaigns, DEMONSTRATION_SEED), **demonstration_layout(config)
+        )
+        logger.info(
+            "imitation: %d demonstrations, %d tokens", len(examples), sum(len(e["input_ids"]) for e in examples)
+        )
+        adapter.parent.mkdir(parents=True, exist_ok=True)
+        train_stage(config, None, examples, adapter, checkpointing=False)
+    stage = json.loads((adapter / "stage.json").read_text())
+    return {"campaigns": stage["examples"], "seconds": round(stage["seconds"]), "adapter": str(adapter)}
+
+
+def grpo_config(config: Any, out: Path) -> Any:
+    """The configuration GRPO runs: the imitation adapter as its warm start, the folders under `out`,
+    resumed from the last checkpoint of a run that did not finish."""
+    from lib.training.config import TrainConfig
+
+    output_dir = out / "grpo"
+    checkpoints = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[-1]))
+    fields = {
+        **config.to_dict(),
+        "warm_start_adapter": str(out / "imitation" / "adapter"),
+        "warm_start_episodes": 0,
+        "evidence_dir": str(out / "evidence"),
+        "output_dir": str(output_dir),
+        "resume_from_checkpoint": str(checkpoints[-1]) if checkpoints else None,
+    }
+    return TrainConfig(**fields)
+
+
+def grpo_stage(config: Any, out: Path) -> Dict[str, Any]:
+    """GRPO from the imitation adapter (`lib.training.run.train`); `grpo/train_result.json`."""
+    result_file = out / "grpo" / "train_result.json"
+    if not result_file.is_file():
+        from dataclasses import asdict
+
+        from lib.training import train
+
+        run = grpo_config(config, out)
+        if run.resume_from_checkpoint:
+            logger.info("grpo: resuming from %s", run.resume_from_checkpoint)
+        result = train(run)
+        atomic_write(result_file, json_text(asdict(result)))
+    return json.loads(result_file.read_text())
+
+
+def evaluate_once(config: Any, adapter: Optional[Path], specs: List[Any], target: Path, name: str) -> float:
+    """Play `specs` greedily with the base model and `adapter` merged (none: as it comes) into
+    `target`, unless it is written already. Returns the seconds it took (0 when written before)."""
+    if target.is_file():
+        return 0.0
+    from peft import PeftModel
+
+    from lib.episodes.records import save_episodes_jsonl
+    from lib.training.backends import load_policy
+    from lib.training.policy_evaluation import evaluate_policy
+
+    policy = load_policy(config, "trl")
+    model = policy.model
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    start = time.perf_counter()
+    played = evaluate_policy(model, policy.tokenizer, specs, config, agent_name=name)
+    seconds = time.perf_counter() - start
+    staging = target.with_name(target.name + ".partial.jsonl.gz")
+    save_episodes_jsonl(played, str(staging))
+    os.replace(staging, target)
+    logger.info("%s: %d campaigns in %.0f s", name, len(played), seconds)
+    return seconds
+
+
+def summary_of(path: Path) -> Dict[str, Any]:
+    """An evaluation's measures: correct, success and reward with 95% bootstrap intervals, refusals."""
+    from lib.training.imitation import curve_row
+
+    row = curve_row(0, path, 0.0, 0.0)
+    return {k: v for k, v in row.items() if k not in ("campaigns", "train_seconds", "eval_seconds")}
+
+
+def summary_markdown(summary: Dict[str, Any]) -> str:
+    """The summary as a short Markdown report: one row per policy and split."""
+    lines = [
+        "# SmolLM2-135M-Instruct on a CPU: zero-shot, imitation, GRPO",
+        "",
+        "| policy | split | campaigns | correct | success [95% CI] | mean reward [95% CI] | refused a campaign |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in summary["evaluations"].items():
+        lines.append(
+            f"| {entry['policy']} | {entry['split']} | {entry['evaluated']} | {entry['correct']} | "
+            f"{entry['success']:.3f} [{entry['success_low']:.3f}, {entry['success_high']:.3f}] | "
+            f"{entry['mean_reward']:+.2f} [{entry['reward_low']:+.2f}, {entry['reward_high']:+.2f}] | "
+            f"{entry['refused_per_campaign']:.2f} |"
+        )
+    for label, key in (("validation", "validation_grpo_minus_imitation"), ("held-out", "heldout_grpo_minus_imitation")):
+        diff = summary.get(key)
+        if diff:
+            lines.append("")
+            lines.append(
+                f"GRPO − imitation on the {label} campaigns (paired by task, 95% bootstrap): success "
+                f"{_signed(diff.get('success_rate'))}, reward {_signed(diff.get('mean_reward'))}."
+            )
+    lines += ["", "Seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in summary["seconds"].items()), ""]
+    return "\n".join(lines)
+
+
+def difference(comparison: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """Post − pre of a `before_after_metrics` payload for success and reward, with its paired 95% interval."""
+    return {
+        key: {"delta": comparison["delta"][key], "ci95": comparison["delta_ci95"].get(key)}
+        for key in ("success_rate", "mean_reward")
+    }
+
+
+def _signed(diff: Optional[Dict[str, Any]]) -> str:
+    if not diff or diff.get("delta") is None:
+        return "n/a"
+    low, high = diff.get("ci95") or (None, None)
+    interval = f" [{low:+.3f}, {high:+.3f}]" if low is not None else ""
+    return f"{diff['delta']:+.3f}{interval}"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the training configuration")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "smollm2", help="where it all goes")
+    parser.add_argument("--skip", nargs="*", default=[], choices=OPTIONAL_STAGES, help="stages to leave out")
+    parser.add_argument(
+        "--heldout-episodes",
+        type=int,
+        default=None,
+        help="held-out campaigns each policy plays (default: the whole suite; fewer for a quick look only)",
+    )
+    parser.add_argument("overrides", nargs="*", help="TrainConfig fields after --, e.g. -- --max_steps 4")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("lib").setLevel(logging.INFO)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from lib.episodes.records import load_episodes_jsonl
+    from lib.measure.comparison import before_after_metrics
+    from lib.measure.evaluation import heldout_suite
+    from lib.training.grpo import evaluation_suite
+
+    config = load_config(args.config, args.overrides)
+    if config.warm_start_adapter is not None or not config.warm_start_episodes:
+        parser.error("the pipeline makes its own imitation adapter: warm_start_episodes > 0, no warm_start_adapter")
+    args.out.mkdir(parents=True, exist_ok=True)
+    evidence = args.out / "evidence"
+    seconds: Dict[str, float] = {}
+
+    logger.info("stage 1 of 5: imitation on %d campaigns", config.warm_start_episodes)
+    imitation = imitation_stage(config, args.out)
+    seconds["imitation"] = imitation["seconds"]
+    logger.info("stage 2 of 5: GRPO, %d steps, from the imitation adapter", config.max_steps)
+    grpo = grpo_stage(config, args.out)
+    seconds.update({f"grpo_{k}": v for k, v in grpo["seconds"].items() if k != "total"})
+    evaluations = {
+        "imitation_validation": ("imitation", "validation", evidence / "pre_eval.jsonl.gz"),
+        "grpo_validation": ("GRPO", "validation", evidence / "post_eval.jsonl.gz"),
+    }
+    if "zero-shot" not in args.skip:
+        logger.info("stage 3 of 5: zero-shot on the same %d validation campaigns", len(evaluation_suite(config)))
+        target = evidence / "zero_shot_eval.jsonl.gz"
+        seconds["zero_shot_eval"] = evaluate_once(config, None, evaluation_suite(config), target, "zero-shot")
+        evaluations["zero_shot_validation"] = ("zero-shot", "validation", target)
+    heldout_diff = None
+    if "held-out" not in args.skip:
+        suite = list(heldout_suite())[: args.heldout_episodes]
+        logger.info("stage 4 of 5: imitation and GRPO on the %d held-out campaigns", len(suite))
+        imitation_target = evidence / "heldout_imitation.jsonl.gz"
+        grpo_target = evidence / "heldout_grpo.jsonl.gz"
+        heldout_config = dataclasses.replace(config, eval_split="heldout")  # its progress lines say held-out
+        seconds["heldout_imitation_eval"] = evaluate_once(
+            heldout_config, Path(imitation["adapter"]), suite, imitation_target, "imitation"
+        )
+        seconds["heldout_grpo_eval"] = evaluate_once(
+            heldout_config, Path(grpo["final_model_dir"]), suite, grpo_target, "grpo"
+        )
+        evaluations["imitation_heldout"] = ("imitation", "held-out", imitation_target)
+        evaluations["grpo_heldout"] = ("GRPO", "held-out", grpo_target)
+        heldout = before_after_metrics(
+            load_episodes_jsonl(str(imitation_target)), load_episodes_jsonl(str(grpo_target))
+        )
+        atomic_write(evidence / "heldout_before_after.json", json_text(heldout))
+        heldout_diff = difference(heldout)
+    logger.info("stage 5 of 5: summary")
+    validation = grpo["before_after"]
+    summary = {
+        "model": config.model_name,
+        "imitation_campaigns": imitation["campaigns"],
+        "grpo_steps": config.max_steps,
+        "episodes_per_step": config.episodes_per_step,
+        "evaluations": {
+            name: {"policy": policy, "split": split, **summary_of(path)}
+            for name, (policy, split, path) in evaluations.items()
+        },
+        "validation_grpo_minus_imitation": difference(validation),
+        "heldout_grpo_minus_imitation": heldout_diff,
+        "seconds": {k: round(v) for k, v in seconds.items()},
+    }
+    atomic_write(evidence / "smollm2_summary.json", json_text(summary))
+    atomic_write(evidence / "smollm2_summary.md", summary_markdown(summary))
+    print(summary_markdown(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

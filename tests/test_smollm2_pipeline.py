@@ -1,0 +1,103 @@
+"""SmolLM2's pipeline (`lib.training.smollm2_pipeline`): its stages, what it resumes from, its summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lib.training import smollm2_pipeline as pipeline
+from lib.training.config import TrainConfig
+
+
+def test_grpo_trains_the_imitation_adapter_and_resumes_from_the_last_checkpoint(tmp_path):
+    """The GRPO stage's run starts from the imitation adapter (not a warm start of its own) in the
+    pipeline's folders, and resumes from the checkpoint of the highest step (10 after 9, not 9 after
+    10 as a sort by name would)."""
+    config = TrainConfig(lora_r=8, warm_start_episodes=5, beta=0.0)
+    fresh = pipeline.grpo_config(config, tmp_path)
+    assert fresh.warm_start_adapter == str(tmp_path / "imitation" / "adapter")
+    assert fresh.warm_start_episodes == 0
+    assert fresh.output_dir == str(tmp_path / "grpo") and fresh.evidence_dir == str(tmp_path / "evidence")
+    assert fresh.resume_from_checkpoint is None
+    for step in (2, 9, 10):
+        (tmp_path / "grpo" / f"checkpoint-{step}").mkdir(parents=True)
+    assert pipeline.grpo_config(config, tmp_path).resume_from_checkpoint == str(tmp_path / "grpo" / "checkpoint-10")
+
+
+def test_the_difference_is_read_from_the_paired_comparison():
+    comparison = {
+        "delta": {"success_rate": 0.05, "mean_reward": -0.25, "median_reward": 0.0},
+        "delta_ci95": {"success_rate": [0.01, 0.09], "mean_reward": [-0.5, 0.0]},
+    }
+    assert pipeline.difference(comparison) == {
+        "success_rate": {"delta": 0.05, "ci95": [0.01, 0.09]},
+        "mean_reward": {"delta": -0.25, "ci95": [-0.5, 0.0]},
+    }
+    assert pipeline._signed({"delta": 0.05, "ci95": [0.01, 0.09]}) == "+0.050 [+0.010, +0.090]"
+    assert pipeline._signed({"delta": None, "ci95": None}) == "n/a"
+
+
+def test_the_pipeline_refuses_an_adapter_it_did_not_make(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        pipeline.main(
+            ["--out", str(tmp_path), "--", "--warm_start_adapter", str(tmp_path), "--warm_start_episodes", "0"]
+        )
+    assert stopped.value.code == 2
+    assert "makes its own imitation adapter" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # an imitation, a GRPO step and four evaluations of the stand-in model
+def test_the_pipeline_runs_every_stage_and_a_second_run_redoes_only_what_is_missing(
+    tiny_model_dir, tmp_path, no_evidence_figures
+):
+    """Every stage writes its files, the summary counts what each evaluation played, and a run after a
+    stage's file was lost makes that file again and leaves the others as they were."""
+    out = tmp_path / "smollm2"
+    args = [
+        "--out",
+        str(out),
+        "--heldout-episodes",
+        "2",
+        "--",
+        "--model_name",
+        tiny_model_dir,
+        "--lora_r",
+        "8",
+        "--warm_start_episodes",
+        "2",
+        "--max_steps",
+        "1",
+        "--num_generations",
+        "2",
+        "--gradient_accumulation_steps",
+        "2",
+        "--eval_episodes",
+        "2",
+        "--max_turns",
+        "6",
+        "--report_to",
+        "none",
+    ]
+    assert pipeline.main(args) == 0
+    evidence = out / "evidence"
+    summary = json.loads((evidence / "smollm2_summary.json").read_text())
+    assert summary["imitation_campaigns"] == 2
+    assert {name: entry["evaluated"] for name, entry in summary["evaluations"].items()} == {
+        "imitation_validation": 2,
+        "grpo_validation": 2,
+        "zero_shot_validation": 2,
+        "imitation_heldout": 2,
+        "grpo_heldout": 2,
+    }
+    assert "GRPO − imitation on the held-out campaigns" in (evidence / "smollm2_summary.md").read_text()
+    kept = {
+        p: p.stat().st_mtime_ns for p in [out / "imitation" / "adapter" / "stage.json", evidence / "pre_eval.jsonl.gz"]
+    }
+    lost = evidence / "heldout_grpo.jsonl.gz"
+    lost.unlink()
+    assert pipeline.main(args) == 0
+    assert lost.is_file()
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept
+    assert Path(out / "grpo" / "train_result.json").is_file()
