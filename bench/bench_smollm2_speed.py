@@ -11,11 +11,12 @@ own runtime, so loading is left out) and the mean loss of its steps: settings th
 same thing agree on the loss, so a faster one that changes it shows. A GRPO step's optimisation
 pass is the same forward and backward over a campaign's tokens, so these figures are its speed
 too; its other part, sampling the campaigns, is measured as decoding: a batch of 8 brief
-prompts, 64 new tokens each, greedy, with the adapter merged, in fp32 and (where the processor
-has it) bf16.
+prompts, 64 new tokens each, greedy, by the base model (an adapter merged into it costs the
+same), in fp32 and bf16.
 
 The settings:
-- precision: fp32, and bf16 autocast where torch says the CPU runs bf16 (AMX or AVX-512-BF16);
+- precision: fp32 and bf16 autocast (the table names the CPU's bf16 instructions: AMX or AVX-512-BF16,
+  or none, where bf16 is converted to and from fp32 and is no faster);
 - LoRA on every linear layer of all 30 blocks, against the last 10 blocks only;
 - gradient checkpointing on and off.
 
@@ -51,12 +52,15 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def bf16_supported() -> bool:
-    """Whether torch runs bf16 matrix products natively on this CPU (oneDNN's check: AMX or AVX-512-BF16)."""
-    import torch
-
-    check = getattr(torch.backends.mkldnn, "is_bf16_supported", None)
-    return bool(check and check())
+def native_bf16() -> List[str]:
+    """The CPU's bf16 instructions named in /proc/cpuinfo (AMX, AVX-512-BF16); none: torch's bf16 runs
+    on wider fp32 arithmetic and conversions."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return sorted(flag for flag in flags if flag in ("amx_bf16", "avx512_bf16"))
 
 
 def lora_config(config: Any, layers: Optional[List[int]]) -> Any:
@@ -165,12 +169,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         specs=corpus_specs(args.campaigns, DEMONSTRATION_SEED),
         **demonstration_layout(config),
     )
-    precisions = [False, True] if bf16_supported() else [False]
+    precisions = [False, True]
     blocks = 30
     fewer = list(range(blocks - LAST_BLOCKS, blocks))
     rows: List[Dict[str, Any]] = []
-    print(f"{cpu_name()}, {os.cpu_count()} cores, torch threads {__import__('torch').get_num_threads()}")
-    print(f"{'what':<9}{'precision':<10}{'LoRA on':<12}{'checkpointing':<15}{'tokens/s':>10}{'mean loss':>11}")
+    bf16_instructions = native_bf16()
+    print(
+        f"{cpu_name()}, {os.cpu_count()} cores, torch threads {__import__('torch').get_num_threads()}, "
+        f"bf16 instructions: {', '.join(bf16_instructions) or 'none'}"
+    )
+    print(f"{'what':<9}{'precision':<10}{'LoRA on':<15}{'checkpointing':<15}{'tokens/s':>10}{'mean loss':>11}")
     for bf16 in precisions:
         for layers in (None, fewer):
             for checkpointing in (False, True):
@@ -183,7 +191,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 }
                 rows.append(row)
                 print(
-                    f"{'train':<9}{row['precision']:<10}{row['lora']:<12}{str(checkpointing):<15}"
+                    f"{'train':<9}{row['precision']:<10}{row['lora']:<15}{str(checkpointing):<15}"
                     f"{row['tokens_per_s']:>10.1f}{row['mean_loss']:>11.4f}",
                     flush=True,
                 )
@@ -196,11 +204,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             **decode_setting(config, prompts, bf16=bf16, new_tokens=args.new_tokens),
         }
         rows.append(row)
-        print(f"{'decode':<9}{row['precision']:<10}{'batch ' + str(len(prompts)):<27}{row['tokens_per_s']:>10.1f}")
+        print(f"{'decode':<9}{row['precision']:<10}{'batch ' + str(len(prompts)):<30}{row['tokens_per_s']:>10.1f}")
     args.out.mkdir(parents=True, exist_ok=True)
     payload = {
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
+        "bf16_instructions": bf16_instructions,
         "load_average": os.getloadavg()[0],
         "campaigns": args.campaigns,
         "rows": rows,

@@ -195,3 +195,51 @@ def test_batched_decoding_matches_one_episode_at_a_time(tokenizer, model):
     for a, b in zip(together, alone):
         assert a.completion_ids == b.completion_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_progress_counts_the_episodes_of_a_batch_as_they_end(tokenizer, monkeypatch):
+    """A lockstep batch of long campaigns takes minutes: its progress counts each episode when it ends,
+    with the turn reached, not all of them when the last one does."""
+    import lib.episodes.llm_rollouts as llm_rollouts
+
+    spec = dict(seed=321, scenario=None, difficulty="easy")
+    reference = collect_agent_episode(env=CERNCollisionEnvironment(), agent=HeuristicAgent(), **spec)
+    short = [
+        json.dumps({"action_type": s.action["action_type"], "parameters": s.action["parameters"]})
+        for s in reference.steps
+    ]
+    turn = {"n": 0}
+
+    def generate(contexts, sampling):  # the second episode plays the same campaign a turn late
+        n = turn["n"]
+        late = short[n - 1] if n else "not json"
+        replies = [short[n], late] if len(contexts) == 2 else [late]
+        turn["n"] += 1
+        ids = [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for r in replies]
+        return [(i, [-0.5] * len(i)) for i in ids]
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, label, total, unit):
+            self.postfix = ""
+
+        def set_postfix(self, text):
+            self.postfix = text
+
+        def update(self, done):
+            seen.append((done, self.postfix))
+
+    monkeypatch.setattr(llm_rollouts, "Progress", Recorder)
+    played = play_episodes(
+        generate,
+        tokenizer,
+        [spec, spec],
+        sampling=SCRIPTED,
+        progress="test",
+    )
+    assert [len(p.record.steps) for p in played] == [len(short), len(short) + 1]
+    ended = len(short)
+    assert seen[ended - 2] == (0, f"turn {ended - 1}"), "nothing counted before the first episode ends"
+    assert seen[ended - 1] == (1, f"turn {ended}"), "the first episode counted at the turn it ends"
+    assert seen[-1][0] == 2

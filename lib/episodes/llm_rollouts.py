@@ -117,6 +117,13 @@ def play_episodes(
     counter = Progress(progress, len(specs), unit="episode") if progress else None
     for index in range(0, len(specs), batch_size):
         torch.manual_seed(seed + index)
+        on_turn = None
+        if counter is not None:  # a batch of long campaigns takes minutes: its episodes are counted as they end
+
+            def on_turn(finished: int, turn: int, before: int = len(played)) -> None:
+                counter.set_postfix(f"turn {turn}")
+                counter.update(before + finished)
+
         played.extend(
             _play_batch(
                 generate_fn,
@@ -128,6 +135,7 @@ def play_episodes(
                 max_context_tokens=max_context_tokens,
                 make_env=make_env,
                 agent_name=agent_name,
+                on_turn=on_turn,
             )
         )
         if counter is not None:
@@ -146,7 +154,10 @@ def _play_batch(
     max_context_tokens: Optional[int],
     make_env: Callable[[], CERNCollisionEnvironment],
     agent_name: str,
+    on_turn: Optional[Callable[[int, int], None]] = None,
 ) -> List[PlayedEpisode]:
+    """One lockstep batch; `on_turn(finished, turn)` after each turn: the episodes of the batch ended so
+    far and the turns played."""
     envs = [make_env() for _ in specs]
     observations = [env.reset(**spec) for env, spec in zip(envs, specs)]
     turn_limit = min(max_turns or envs[0].max_steps, envs[0].max_steps)
@@ -205,6 +216,8 @@ def _play_batch(
                 contexts[i] = episode.prompt_ids + episode.completion_ids
             still_active.append(i)
         active = still_active
+        if on_turn is not None:
+            on_turn(len(specs) - len(active), _turn + 1)
     for i in active:
         episodes[i].truncated = True
     for i, (env, spec) in enumerate(zip(envs, specs)):
