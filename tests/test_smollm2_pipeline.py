@@ -101,3 +101,39 @@ def test_the_pipeline_runs_every_stage_and_a_second_run_redoes_only_what_is_miss
     assert lost.is_file()
     assert {p: p.stat().st_mtime_ns for p in kept} == kept
     assert Path(out / "grpo" / "train_result.json").is_file()
+
+
+def test_an_adapter_plays_merged_and_computes_what_it_computes(tiny_model_dir):
+    """On a CPU a LoRA adapter plays merged into the weights it adapts: the same logits inside the
+    block; after it the adapter is back, trainable, and the weights are what they were to within
+    float rounding."""
+    import torch
+    from peft import get_peft_model
+
+    from lib.training.backends import load_policy
+    from lib.training.policy_evaluation import adapter_merged
+
+    policy = load_policy(TrainConfig(model_name=tiny_model_dir, lora_r=8, beta=0.0), "trl")
+    model = get_peft_model(policy.model, policy.peft_config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = torch.tensor([[1, 5, 9, 14, 2, 7]])
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with model.disable_adapter():
+            base = model(input_ids=ids).logits
+        with adapter_merged(model) as playing:
+            assert all(layer.merged for layer in playing.modules() if hasattr(layer, "merged"))
+            merged = playing(input_ids=ids).logits
+    assert not torch.allclose(expected, base, atol=1e-3), "the adapter acts"
+    assert torch.allclose(expected, merged, atol=1e-5)
+    assert not any(layer.merged for layer in model.modules() if hasattr(layer, "merged"))
+    assert all(torch.allclose(p, before[n], atol=1e-6) for n, p in model.named_parameters())
+    assert any(p.requires_grad for n, p in model.named_parameters() if "lora_B" in n)
+    plain = load_policy(TrainConfig(model_name=tiny_model_dir), "trl").model
+    with adapter_merged(plain) as playing:
+        assert playing is plain

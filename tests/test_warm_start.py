@@ -352,6 +352,9 @@ def test_grpo_goes_on_training_an_adapter_saved_before(tiny_model_dir, tmp_path)
     trained = load_policy(config, "trl")
     # A trained adapter stands in as random LoRA B weights: no SFT run, so the GPU set (whose trainers
     # need triton) checks this on a CPU too.
+    from peft import get_peft_model
+
+    trained.model = get_peft_model(trained.model, trained.peft_config)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, parameter in trained.model.named_parameters():

@@ -31,6 +31,7 @@ environment writes the model's actual prompt (its first observation) at reset.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -49,6 +50,7 @@ from lib.report.evidence import RewardComponentLogWriter
 from lib.seeds import replacement_seed_offset, rollout_sampling_seed
 from lib.training.config import VALIDATION_EPISODES, TrainConfig
 from lib.training.credit import ADVANTAGE_FIELD, credit_settings, decision_credit, episode_decisions
+from lib.training.policy_evaluation import adapter_merged
 from lib.training.processes import gather, process_index
 
 logger = logging.getLogger(__name__)
@@ -217,6 +219,13 @@ class CampaignRollout:
         model = trainer.accelerator.unwrap_model(trainer.model)
         return hf_generate_fn(model, self.tokenizer, self.config.generation_engine, unsloth=self.backend == "unsloth")
 
+    def _playing(self, trainer: Any) -> Any:
+        """The block the step's episodes are played in: the policy's adapter merged, on a CPU
+        (`adapter_merged`), when it plays through transformers."""
+        if self.generate_fn_factory is not None or getattr(trainer, "use_vllm", False):
+            return contextlib.nullcontext()
+        return adapter_merged(trainer.accelerator.unwrap_model(trainer.model))
+
     def __call__(self, prompts: List[Any], trainer: Any) -> Dict[str, Any]:
         """Play `prompts`, this process's contiguous share of the step's samples (all of them
         with one process)."""
@@ -243,9 +252,10 @@ class CampaignRollout:
         # sampling in batches of `rollout_batch_size` = the share does.
         completed_steps = int(getattr(getattr(trainer, "state", None), "global_step", self.calls))
         first = process_index() * len(tasks)
-        episodes = self._play(timed, tasks, rollout_sampling_seed(self.config.seed, completed_steps, first))
-        if self.config.dynamic_sampling:
-            tasks, episodes = self._resample_alike_groups(timed, tasks, episodes, completed_steps, first)
+        with self._playing(trainer):
+            episodes = self._play(timed, tasks, rollout_sampling_seed(self.config.seed, completed_steps, first))
+            if self.config.dynamic_sampling:
+                tasks, episodes = self._resample_alike_groups(timed, tasks, episodes, completed_steps, first)
         total = time.perf_counter() - start
         self.calls += 1
         self.last_episodes = episodes
