@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -163,3 +165,33 @@ def test_training_sets_torch_s_threads_before_each_step_from_the_step_before(mon
         assert pinned.last is None, "off where the count is fixed"
     finally:
         torch.set_num_threads(threads)
+
+
+ALLOCATIONS = """
+import resource, sys
+import numpy as np
+from lib.runtime import keep_freed_memory
+tuned = keep_freed_memory() if sys.argv[1] == "tuned" else None
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for step in range(20):  # a layer's KV cache of 12 campaigns, a few tokens longer at every pass
+    block = np.ones((16 * 1024 * 1024 + step * 65536) // 8)
+    del block
+print(tuned, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux")
+def test_freed_megabytes_are_reused_not_faulted_in_again():
+    """`keep_freed_memory`: blocks of megabytes freed and allocated again a little larger (a decoding
+    pass's caches) come back from the heap, not as fresh pages the kernel must zero: under glibc's
+    defaults each is mapped afresh (here 11,396 page faults for 20 blocks of 16 MiB), tuned the heap
+    reuses them (801)."""
+    counts = {}
+    for mode in ("default", "tuned"):
+        out = subprocess.run(
+            [sys.executable, "-c", ALLOCATIONS, mode], capture_output=True, text=True, check=True
+        ).stdout.split()
+        counts[mode] = int(out[1])
+        if mode == "tuned":
+            assert out[0] == "True", "glibc took the settings"
+    assert counts["tuned"] * 5 < counts["default"], counts

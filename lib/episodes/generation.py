@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import torch
 
 from lib.agents.prompting import Sampling
+from lib.runtime import keep_freed_memory
 
 GenerateFn = Callable[..., List[tuple[List[int], List[float]]]]
 """Batched generation, `generate_fn(contexts, sampling, shown=None)`: token contexts → per context
@@ -46,6 +47,7 @@ class CachedGenerator:
     """
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
+        keep_freed_memory()  # its caches are megabytes, allocated and freed at every pass
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id

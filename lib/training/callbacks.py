@@ -42,7 +42,7 @@ from lib.report.evidence import (
     render_reward_components,
     render_training_curve,
 )
-from lib.runtime import busy_cores_elsewhere, cpu_snapshot, pinned_threads, use_cpu_threads
+from lib.runtime import busy_cores_elsewhere, cpu_snapshot, keep_freed_memory, pinned_threads, use_cpu_threads
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,10 @@ class CpuThreads(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         import torch
 
-        if torch.cuda.is_available() or pinned_threads() is not None:
+        if torch.cuda.is_available():
+            return
+        keep_freed_memory()  # a step's activations: megabytes allocated and freed at every pass
+        if pinned_threads() is not None:
             return
         use_cpu_threads()
         self.last = cpu_snapshot()
