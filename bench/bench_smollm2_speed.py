@@ -10,9 +10,11 @@ demonstrations of the heuristic family, and reports the trained tokens a second 
 own runtime, so loading is left out) and the mean loss of its steps: settings that compute the
 same thing agree on the loss, so a faster one that changes it shows. A GRPO step's optimisation
 pass is the same forward and backward over a campaign's tokens, so these figures are its speed
-too; its other part, sampling the campaigns, is measured as decoding: a batch of 8 brief
-prompts, 64 new tokens each, greedy, by the base model (an adapter merged into it costs the
-same), in fp32 and bf16.
+too; its other part, sampling the campaigns, is measured as decoding: one turn of 12 campaigns
+(`--decode-batch`) mid-way (`--decode-turn`) by the engine that plays on a CPU
+(`lib.episodes.generation.CachedGenerator`), in fp32 with glibc's malloc as it starts, in fp32 with
+`lib.runtime.keep_freed_memory` (what every run does), and in bf16 autocast; each in a process of
+its own, with the CPU seconds spent in user space and in the kernel.
 
 The settings:
 - precision: fp32 and bf16 autocast (the table names the CPU's bf16 instructions: AMX or AVX-512-BF16,
@@ -30,6 +32,7 @@ import json
 import logging
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -114,34 +117,54 @@ def train_setting(
     }
 
 
-def decode_setting(config: Any, prompts: List[List[int]], *, bf16: bool, new_tokens: int) -> Dict[str, Any]:
-    """Greedy decoding of a batch of prompts: generated tokens a second."""
+def decode_setting(
+    config: Any, examples: List[Dict[str, List[int]]], *, bf16: bool, turn: int, allocator: str
+) -> Dict[str, Any]:
+    """One turn of decoding by the engine that plays on a CPU (`CachedGenerator`), for a batch of
+    campaigns: each context is a demonstration's campaign up to its `turn`-th decision; the engine
+    decodes a reply (untimed: it prefills the context), then, timed, the next reply after its own and
+    the campaign's next observation, as a turn of play does. `allocator` "default" leaves glibc's
+    malloc as it starts (`lib.runtime.keep_freed_memory` not called). Generated tokens a second, and
+    the CPU seconds in user space and in the kernel."""
     import contextlib
+    import resource
 
     import torch
 
+    import lib.runtime
+    from lib.agents.prompting import Sampling
+    from lib.episodes.generation import CachedGenerator
     from lib.training.backends import load_policy
 
+    if allocator == "default":
+        lib.runtime._allocator_tuned = False  # as if glibc had refused the settings
     policy = load_policy(config, "trl")
-    model = policy.model.eval()
-    pad = policy.tokenizer.pad_token_id or 0
-    width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    generate = CachedGenerator(policy.model.eval(), policy.tokenizer)
+    contexts, observations = [], []
+    for example in examples:
+        mask = example["completion_mask"]
+        starts = [i for i in range(1, len(mask)) if mask[i] and not mask[i - 1]]
+        ends = [i for i in range(1, len(mask)) if not mask[i] and mask[i - 1]]
+        k = min(turn, len(starts) - 2)
+        contexts.append(example["input_ids"][: starts[k]])
+        observations.append(example["input_ids"][ends[k] : starts[k + 1]])
+    sampling = Sampling(temperature=0.0, max_new_tokens=config.max_new_tokens, constrained=False)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-    with torch.no_grad(), autocast:
-        start = time.perf_counter()
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-        )
+    with autocast:
+        first = generate(contexts, sampling)
+        following = [c + reply + o for c, (reply, _), o in zip(contexts, first, observations)]
+        before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        replies = generate(following, sampling)
         seconds = time.perf_counter() - start
-    generated = (out.shape[1] - width) * len(prompts)
-    return {"seconds": round(seconds, 2), "tokens": generated, "tokens_per_s": round(generated / seconds, 1)}
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    tokens = sum(len(reply) for reply, _ in replies)
+    return {
+        "seconds": round(seconds, 2),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / seconds, 1),
+        "user_cpu_s": round(after.ru_utime - before.ru_utime, 1),
+        "kernel_cpu_s": round(after.ru_stime - before.ru_stime, 1),
+    }
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -150,7 +173,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the training configuration")
     parser.add_argument("--campaigns", type=int, default=8, help="demonstration campaigns each setting trains on")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens each decoded sequence generates")
+    parser.add_argument("--decode-batch", type=int, default=12, help="campaigns decoded together (the evaluations')")
+    parser.add_argument("--decode-turn", type=int, default=8, help="the decision of each campaign decoding starts at")
+    parser.add_argument(
+        "--decode-only", nargs=2, metavar=("PRECISION", "ALLOCATOR"), help=argparse.SUPPRESS
+    )  # one decoding row, in a process of its own (the allocator's settings are the process's)
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "smollm2-speed", help="results.json goes here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -163,12 +190,17 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     config, _ = parse_train_config(["--config", str(args.config)])
     tokenizer = load_tokenizer(model_source(config.model_name))
+    campaigns = max(args.campaigns, args.decode_batch) if args.decode_only else args.campaigns
     examples = demonstration_examples(
-        tokenizer,
-        args.campaigns,
-        specs=corpus_specs(args.campaigns, DEMONSTRATION_SEED),
-        **demonstration_layout(config),
+        tokenizer, campaigns, specs=corpus_specs(campaigns, DEMONSTRATION_SEED), **demonstration_layout(config)
     )
+    if args.decode_only:
+        precision, allocator = args.decode_only
+        row = decode_setting(
+            config, examples[: args.decode_batch], bf16=precision == "bf16", turn=args.decode_turn, allocator=allocator
+        )
+        print(json.dumps(row), flush=True)
+        return 0
     precisions = [False, True]
     blocks = 30
     fewer = list(range(blocks - LAST_BLOCKS, blocks))
@@ -195,16 +227,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                     f"{row['tokens_per_s']:>10.1f}{row['mean_loss']:>11.4f}",
                     flush=True,
                 )
-    prompts = [e["input_ids"][: e["completion_mask"].index(1)] for e in examples[:8]]
-    for bf16 in precisions:
-        row = {
-            "what": "decode",
-            "precision": "bf16" if bf16 else "fp32",
-            "batch": len(prompts),
-            **decode_setting(config, prompts, bf16=bf16, new_tokens=args.new_tokens),
-        }
+    for precision, allocator in (("fp32", "default"), ("fp32", "tuned"), ("bf16", "tuned")):
+        command = [sys.executable, __file__, "--config", str(args.config), "--campaigns", str(args.campaigns)]
+        command += ["--decode-only", precision, allocator, "--decode-batch", str(args.decode_batch)]
+        result = subprocess.run(command, capture_output=True, text=True, check=True)
+        row = {"what": "decode", "precision": precision, "allocator": allocator, "batch": args.decode_batch}
+        row.update(json.loads(result.stdout.strip().splitlines()[-1]))
         rows.append(row)
-        print(f"{'decode':<9}{row['precision']:<10}{'batch ' + str(len(prompts)):<30}{row['tokens_per_s']:>10.1f}")
+        print(
+            f"{'decode':<9}{precision:<10}{'batch ' + str(args.decode_batch):<15}{allocator + ' malloc':<15}"
+            f"{row['tokens_per_s']:>10.1f}   user {row['user_cpu_s']} s, kernel {row['kernel_cpu_s']} s",
+            flush=True,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     payload = {
         "cpu": cpu_name(),
