@@ -2,7 +2,7 @@
 `make evaluate` scores it through the server as an outside entrant:
 
     make evaluate AGENT=lib.training.policy_agent:TrainedPolicyAgent SUITE=dev:20 \\
-        POLICY_CONFIG=configs/train/smollm2-cpu.yaml POLICY_ADAPTER=build/smollm2-curve/adapter-200
+        POLICY_CONFIG=configs/train/smollm2-cpu.yaml POLICY_ADAPTER=build/smollm2/grpo/final
 
 The agent plays a campaign exactly as `lib.episodes.llm_rollouts.play_episodes` plays it in the
 `conversation` context (the training's and the evaluations' way): one growing chat laid out by the
