@@ -114,3 +114,41 @@ def test_records_written_before_a_summary_key_was_renamed_read_under_the_new_nam
     path.write_text(json.dumps(episode) + "\n")
     (read,) = load_episodes_jsonl(str(path))
     assert all(new in s["observation_summary"] and old not in s["observation_summary"] for s in read["steps"])
+
+
+@pytest.mark.parametrize("fields", [{}, {"compact_followups": True}, {"style": "brief"}])
+def test_a_conversation_s_prompts_replay_in_the_style_it_was_played_in(tokenizer, fields):
+    """The prompts of a campaign played as one conversation in any observation style (the brief one
+    SmolLM2 plays, the compact one) are the environment's rendering of each observation: the strict
+    replay finds no difference, and finds a changed prompt."""
+    from cernenv import CERNCollisionEnvironment
+    from lib.agents.baselines import HeuristicAgent
+    from lib.agents.prompting import LLMAgentConfig, Sampling
+    from lib.episodes.agent_rollouts import collect_agent_episode
+    from lib.episodes.llm_rollouts import play_episodes
+
+    spec = dict(seed=321, scenario=None, difficulty="easy")
+    reference = collect_agent_episode(env=CERNCollisionEnvironment(), agent=HeuristicAgent(), **spec)
+    replies = [
+        json.dumps({"action_type": s.action["action_type"], "parameters": s.action["parameters"]})
+        for s in reference.steps
+    ]
+    calls = {"n": 0}
+
+    def generate(contexts, sampling):
+        ids = tokenizer(replies[calls["n"]], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        calls["n"] += 1
+        return [(ids, [-0.5] * len(ids))]
+
+    [played] = play_episodes(
+        generate, tokenizer, [spec], sampling=Sampling(temperature=0.0), observation_config=LLMAgentConfig(**fields)
+    )
+    record = played.record.to_dict()
+    assert len(record["steps"]) > 5
+    check = check_replay(record)
+    assert not check.outcome and not check.prompts
+    changed = copy.deepcopy(record)
+    changed["steps"][4]["prompt"] += " "
+    # the first difference is the changed prompt (a compacted later message, read against the recorded
+    # ones before it, may differ after it too)
+    assert check_replay(changed).prompts[0] == "seed 321 (procedural_easy) step 4"

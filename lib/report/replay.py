@@ -110,13 +110,38 @@ class ReplayCheck:
     prompts: List[str] = field(default_factory=list)
 
 
+PROMPT_STYLES = (
+    {},
+    {"compact_followups": True},
+    {"style": "brief"},
+)
+"""The observation styles a recorded prompt may be written in (`LLMAgentConfig` fields): the
+default, its compacted conversation, and the brief style real tokenizers play."""
+
+
+def prompt_renderings(obs: Any, earlier: List[str]) -> set:
+    """Every message a policy could have been shown for `obs` in any of `PROMPT_STYLES`: the first
+    message of a conversation or a single decision (which states the task), and a later message of a
+    conversation whose earlier user messages were `earlier` (which leaves the task out, and in the
+    compact and brief styles the lines that repeat them)."""
+    from lib.agents.prompting import LLMAgentConfig, build_chat
+    from lib.episodes.chat import followup_message
+
+    history = [{"role": "user", "content": text} for text in earlier]
+    renderings = set()
+    for fields in PROMPT_STYLES:
+        config = LLMAgentConfig(**fields)
+        renderings.add(build_chat(obs, config)[-1]["content"])
+        renderings.add(followup_message(obs, config, history)["content"])
+    return renderings
+
+
 def check_replay(episode: Any) -> ReplayCheck:
     """Replay `episode` (its recorded actions from its seed) and compare everything the record
     holds from the environment with what the environment returns now (`ReplayCheck`). Unlike
     `replay`, which stops at the first reward that differs, this lists every difference: the
     check that committed evidence still describes the environment of a checkout
     (`python -m lib.report.replay FILE...`, `make verify-evidence`)."""
-    from lib.agents.prompting import render_observation
     from lib.episodes.agent_rollouts import episode_record, step_record
 
     record = as_episode_dict(episode)
@@ -129,10 +154,8 @@ def check_replay(episode: Any) -> ReplayCheck:
         if obs.done:
             check.outcome.append(f"{where}: the replay ended after {index} steps, the record has more")
             break
-        # the first message of a conversation states the task, later ones leave it out
-        # (`lib.episodes.llm_rollouts`); a single-decision prompt always states it
-        renderings = {render_observation(obs), render_observation(obs, include_task=False)}
-        if recorded.get("prompt") and recorded["prompt"] not in renderings:
+        earlier = [step.get("prompt", "") for step in (record.get("steps") or [])[:index]]
+        if recorded.get("prompt") and recorded["prompt"] not in prompt_renderings(obs, earlier):
             check.prompts.append(f"{where} step {index}")
         next_obs = env.step(recorded.get("action"))
         replayed = step_record(
