@@ -372,3 +372,22 @@ def test_grpo_goes_on_training_an_adapter_saved_before(tiny_model_dir, tmp_path)
         TrainConfig(warm_start_adapter=str(tmp_path / "adapter"), warm_start_episodes=1)
     with pytest.raises(FileNotFoundError, match="holds no adapter_config.json"):
         adapter_policy(load_policy(config, "trl"), str(tmp_path))
+
+
+def test_recomputing_activations_is_the_configuration_s_choice_else_a_lora_adapter_s(tiny_model_dir):
+    """`gradient_checkpointing`: None recomputes activations for a LoRA adapter (a real model's whole
+    campaign in the full observations outgrew memory without it) and not for the stand-in; true or false
+    holds for the warm start and GRPO alike, and a warm start's own argument over both."""
+    from lib.training.run import grpo_args
+    from lib.training.warm_start import gradient_checkpointing_for
+
+    lora = load_policy(TrainConfig(model_name=tiny_model_dir, lora_r=8, beta=0.0), "trl")
+    full = load_policy(TrainConfig(model_name=tiny_model_dir), "trl")
+    assert gradient_checkpointing_for(lora, TrainConfig(lora_r=8, beta=0.0)) is True
+    assert gradient_checkpointing_for(full, TrainConfig()) is False
+    off = TrainConfig(lora_r=8, beta=0.0, gradient_checkpointing=False)
+    assert gradient_checkpointing_for(lora, off) is False
+    assert gradient_checkpointing_for(lora, off, True) is True
+    assert grpo_args(TrainConfig(lora_r=8, beta=0.0)).gradient_checkpointing is True
+    assert grpo_args(off).gradient_checkpointing is False
+    assert grpo_args(TrainConfig(gradient_checkpointing=True)).gradient_checkpointing is True

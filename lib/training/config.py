@@ -108,6 +108,11 @@ class TrainConfig:
     load_in_4bit: bool = False
     """QLoRA: the base weights in 4 bits (bitsandbytes' NF4, computed in the policy's 16-bit dtype),
     the LoRA adapters trained over them; needs `lora_r` > 0 and a CUDA GPU."""
+    gradient_checkpointing: Optional[bool] = None
+    """Recompute activations in the backward pass (less memory, more compute) in the warm start and
+    GRPO; None: on a GPU and for a LoRA adapter (a real model's whole campaign in the full
+    observations, ~5,000 tokens, held 13.6 GB of activations without it), off for the stand-in. A
+    brief campaign's activations fit: SmolLM2's recipe turns it off (`make bench-smollm2-speed`)."""
     max_seq_length: int = 8192
     """Longest prompt + episode [tokens] the model is loaded for (Unsloth) and a rollout may reach."""
     policy_context: str = "turn"

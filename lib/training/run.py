@@ -130,7 +130,9 @@ def grpo_args(config: TrainConfig, **overrides: Any):
         # costs a second forward pass per step for the stand-in (its activations fit in memory many
         # times over), but a LoRA adapter's real model needs it there too: SmolLM2-135M-Instruct's GRPO
         # pass of 4 whole campaigns without it outgrew a 24 GB machine (killed at 24.3 GB resident)
-        gradient_checkpointing=cuda or config.lora_r > 0,
+        gradient_checkpointing=(cuda or config.lora_r > 0)
+        if config.gradient_checkpointing is None
+        else config.gradient_checkpointing,
         use_vllm=config.use_vllm,
         disable_tqdm=True,
         # several processes (DDP): every trainable weight takes part in each forward pass, so DDP

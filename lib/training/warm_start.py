@@ -139,6 +139,18 @@ def demonstration_layout(config: TrainConfig) -> Dict[str, Any]:
     }
 
 
+def gradient_checkpointing_for(policy: Policy, config: TrainConfig, asked: Optional[bool] = None) -> bool:
+    """Whether the warm start recomputes activations: `asked`, else `config.gradient_checkpointing`,
+    else on a GPU and for a LoRA adapter."""
+    import torch
+
+    if asked is not None:
+        return asked
+    if config.gradient_checkpointing is not None:
+        return config.gradient_checkpointing
+    return torch.cuda.is_available() or policy.peft_config is not None
+
+
 def sft_trainer(
     policy: Policy,
     config: TrainConfig,
@@ -181,11 +193,7 @@ def sft_trainer(
         use_cpu=not cuda,
         dataloader_num_workers=0,
         disable_tqdm=True,
-        # on a CPU too for a LoRA adapter (a real model): a whole campaign of SmolLM2-135M-Instruct (~5,000
-        # tokens) held 13.6 GB of activations without it; the stand-in's are small, and faster without
-        gradient_checkpointing=(cuda or policy.peft_config is not None)
-        if gradient_checkpointing is None
-        else gradient_checkpointing,
+        gradient_checkpointing=gradient_checkpointing_for(policy, config, gradient_checkpointing),
         **(precision_flags() if bf16 is None else {"bf16": bf16, "fp16": False}),
         **OPTIMISER_ARGS,
     )
