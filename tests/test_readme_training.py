@@ -44,7 +44,17 @@ def _expected_numbers() -> dict:
         "per seed": ", ".join(f"{whole[f'success_{run}_pre']} → {whole[f'success_{run}_post']}" for run in runs[:-1])
         + f" and {whole[f'success_{runs[-1]}_pre']} → {whole[f'success_{runs[-1]}_post']} of {whole['n_tasks']}",
         "committed": f"({committed['pre']['n_correct']} → {committed['post']['n_correct']})",
+        "SmolLM2": smollm2_sentence(),
     }
+
+
+def smollm2_sentence() -> str:
+    """What SmolLM2's committed imitation episodes played, as the README's sentence says it."""
+    from lib.episodes.records import load_episodes_jsonl
+
+    episodes = load_episodes_jsonl(str(ROOT / "evidence" / "smollm2" / "imitation_validation.jsonl.gz"))
+    correct = sum(1 for episode in episodes if episode.get("correct_outcome"))
+    return f"plays {correct} of {len(episodes)} validation campaigns right"
 
 
 def test_the_readme_s_training_numbers_are_the_committed_evidence_s():
