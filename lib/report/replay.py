@@ -22,7 +22,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from cernenv import CERNCollisionEnvironment
 from cernenv.scenarios import list_scenarios
@@ -119,21 +119,19 @@ PROMPT_STYLES = (
 default, its compacted conversation, and the brief style real tokenizers play."""
 
 
-def prompt_renderings(obs: Any, earlier: List[str]) -> set:
-    """Every message a policy could have been shown for `obs` in any of `PROMPT_STYLES`: the first
-    message of a conversation or a single decision (which states the task), and a later message of a
-    conversation whose earlier user messages were `earlier` (which leaves the task out, and in the
-    compact and brief styles the lines that repeat them)."""
+def prompt_renderings(obs: Any, earlier: List[str]) -> Iterator[str]:
+    """Every message a policy could have been shown for `obs` in any of `PROMPT_STYLES`, the default
+    style's first: the first message of a conversation or a single decision (which states the task),
+    and a later message of a conversation whose earlier user messages were `earlier` (which leaves the
+    task out, and in the compact and brief styles the lines that repeat them)."""
     from lib.agents.prompting import LLMAgentConfig, build_chat
     from lib.episodes.chat import followup_message
 
     history = [{"role": "user", "content": text} for text in earlier]
-    renderings = set()
     for fields in PROMPT_STYLES:
         config = LLMAgentConfig(**fields)
-        renderings.add(build_chat(obs, config)[-1]["content"])
-        renderings.add(followup_message(obs, config, history)["content"])
-    return renderings
+        yield build_chat(obs, config)[-1]["content"]
+        yield followup_message(obs, config, history)["content"]
 
 
 def check_replay(episode: Any) -> ReplayCheck:
@@ -155,7 +153,7 @@ def check_replay(episode: Any) -> ReplayCheck:
             check.outcome.append(f"{where}: the replay ended after {index} steps, the record has more")
             break
         earlier = [step.get("prompt", "") for step in (record.get("steps") or [])[:index]]
-        if recorded.get("prompt") and recorded["prompt"] not in prompt_renderings(obs, earlier):
+        if recorded.get("prompt") and recorded["prompt"] not in prompt_renderings(obs, earlier):  # stops at a match
             check.prompts.append(f"{where} step {index}")
         next_obs = env.step(recorded.get("action"))
         replayed = step_record(
