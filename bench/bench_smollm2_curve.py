@@ -62,6 +62,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if sorted(set(args.sizes)) != args.sizes or args.sizes[0] <= 0:
         parser.error("--sizes must be increasing positive numbers of campaigns")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from lib.measure.evaluation import validation_suite
     from lib.seeds import DEMONSTRATION_SEED
     from lib.training.backends import model_source
     from lib.training.tokenizer import corpus_specs, load_tokenizer
@@ -82,9 +83,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         + "\n"
     )
     rows: List[Dict[str, Any]] = []
+    suite = validation_suite(args.eval_episodes)
     if args.zero_shot:
         target = args.out / "eval-0.jsonl.gz"
-        seconds = 0.0 if target.is_file() else evaluate_stage(config, None, args.eval_episodes, target, "zero-shot")
+        seconds = 0.0 if target.is_file() else evaluate_stage(config, None, suite, target, "zero-shot")
         rows.append(curve_row(0, target, 0.0, seconds))
         write_curve(args.out, rows)
         logger.info("zero-shot: %d of %d correct", rows[-1]["correct"], rows[-1]["evaluated"])
@@ -112,7 +114,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         target = args.out / f"eval-{size}.jsonl.gz"
         eval_seconds = 0.0
         if not target.is_file():
-            eval_seconds = evaluate_stage(config, adapter, args.eval_episodes, target, f"imitation-{size}")
+            eval_seconds = evaluate_stage(config, adapter, suite, target, f"imitation-{size}")
         rows.append(curve_row(size, target, train_seconds, eval_seconds))
         write_curve(args.out, rows)
         row = rows[-1]

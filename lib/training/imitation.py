@@ -15,7 +15,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 COLUMNS = (
     "campaigns",
@@ -83,13 +83,13 @@ def _ends(losses: List[float]) -> str:
     return f"{losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "not logged"
 
 
-def evaluate_stage(config: Any, adapter: Optional[Path], episodes: int, target: Path, name: str) -> float:
-    """Play the validation split's first `episodes` campaigns greedily with the base model and
-    `adapter` (none: zero-shot); write the episodes to `target`. Returns the seconds."""
+def evaluate_stage(config: Any, adapter: Optional[Path], specs: Sequence[Any], target: Path, name: str) -> float:
+    """Play `specs` (the validation split's first campaigns, say) greedily with the base model and
+    `adapter` merged into it (none: zero-shot); write the episodes to `target`, whole or not at all.
+    Returns the seconds."""
     from peft import PeftModel
 
     from lib.episodes.records import save_episodes_jsonl
-    from lib.measure.evaluation import validation_suite
     from lib.training.backends import load_policy
     from lib.training.policy_evaluation import evaluate_policy
 
@@ -98,11 +98,12 @@ def evaluate_stage(config: Any, adapter: Optional[Path], episodes: int, target: 
     if adapter is not None:  # merged into the weights: a third of the linear layers' calls, nothing to train here
         model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     start = time.perf_counter()
-    played = evaluate_policy(model, policy.tokenizer, validation_suite(episodes), config, agent_name=name)
+    played = evaluate_policy(model, policy.tokenizer, list(specs), config, agent_name=name)
     seconds = time.perf_counter() - start
     staging = target.with_name(target.name + ".partial.jsonl.gz")
     save_episodes_jsonl(played, str(staging))
     os.replace(staging, target)
+    logger.info("%s: %d campaigns in %.0f s", name, len(played), seconds)
     return seconds
 
 

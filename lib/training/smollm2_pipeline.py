@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -114,28 +113,12 @@ def grpo_stage(config: Any, out: Path) -> Dict[str, Any]:
 
 
 def evaluate_once(config: Any, adapter: Optional[Path], specs: List[Any], target: Path, name: str) -> float:
-    """Play `specs` greedily with the base model and `adapter` merged (none: as it comes) into
-    `target`, unless it is written already. Returns the seconds it took (0 when written before)."""
-    if target.is_file():
-        return 0.0
-    from peft import PeftModel
+    """Play `specs` greedily with the base model and `adapter` (none: as it comes) into `target`,
+    unless it is written already (`lib.training.imitation.evaluate_stage`). Returns the seconds it
+    took (0 when written before)."""
+    from lib.training.imitation import evaluate_stage
 
-    from lib.episodes.records import save_episodes_jsonl
-    from lib.training.backends import load_policy
-    from lib.training.policy_evaluation import evaluate_policy
-
-    policy = load_policy(config, "trl")
-    model = policy.model
-    if adapter is not None:
-        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    start = time.perf_counter()
-    played = evaluate_policy(model, policy.tokenizer, specs, config, agent_name=name)
-    seconds = time.perf_counter() - start
-    staging = target.with_name(target.name + ".partial.jsonl.gz")
-    save_episodes_jsonl(played, str(staging))
-    os.replace(staging, target)
-    logger.info("%s: %d campaigns in %.0f s", name, len(played), seconds)
-    return seconds
+    return 0.0 if target.is_file() else evaluate_stage(config, adapter, specs, target, name)
 
 
 def summary_of(path: Path) -> Dict[str, Any]:
