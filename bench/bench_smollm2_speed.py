@@ -182,6 +182,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+
     from lib.seeds import DEMONSTRATION_SEED
     from lib.training.backends import model_source
     from lib.training.cli import parse_train_config
@@ -207,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows: List[Dict[str, Any]] = []
     bf16_instructions = native_bf16()
     print(
-        f"{cpu_name()}, {os.cpu_count()} cores, torch threads {__import__('torch').get_num_threads()}, "
+        f"{cpu_name()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
         f"bf16 instructions: {', '.join(bf16_instructions) or 'none'}"
     )
     print(f"{'what':<9}{'precision':<10}{'LoRA on':<15}{'checkpointing':<15}{'tokens/s':>10}{'mean loss':>11}")

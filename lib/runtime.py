@@ -300,14 +300,11 @@ def keep_freed_memory() -> bool:
     glibc's and took the settings).
 
     A model decoding or training on a CPU allocates and frees tensors of megabytes at every forward
-    pass (a layer's KV cache of 12 campaigns, ~14 MB). glibc serves blocks above its mmap threshold
-    (128 KiB at first) with fresh mappings and trims freed heap back to the kernel, so each pass
-    faults its pages in again, zero-filled by the kernel: SmolLM2 decoding a turn of 12 campaigns
-    spent 14.2 of 35 CPU-seconds in the kernel, 17.9 s of wall time; with the threshold at its
-    maximum (32 MiB) and no trimming, 0.3 and 11.2 s. The same as the MALLOC_MMAP_THRESHOLD_ and
-    MALLOC_TRIM_THRESHOLD_ environment variables, set from inside the process (`mallopt`). Blocks
-    above 32 MiB (a batch of 40 campaigns' layer cache) are still mapped afresh: keep batches
-    below that."""
+    pass (a layer's KV cache for a batch of campaigns). glibc serves blocks above its mmap threshold
+    (128 KiB at first) with fresh mappings and trims freed heap back to the kernel, so each pass faults
+    its pages in again, zero-filled by the kernel (docs/models.md has the figures). The same as the
+    MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ environment variables, set from inside the process
+    (`mallopt`). Blocks above 32 MiB are still mapped afresh: keep batches below that."""
     global _allocator_tuned
     if _allocator_tuned is not None:
         return _allocator_tuned

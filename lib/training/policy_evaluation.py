@@ -28,9 +28,8 @@ def split_name(config: TrainConfig) -> str:
 def adapter_merged(model: Any) -> Iterator[Any]:
     """`model` while it plays: on a CPU, a LoRA adapter merged into the weights it adapts for the block
     and taken out after (PEFT's `merge_adapter` and `unmerge_adapter`, as TRL hands a LoRA policy's
-    weights to vLLM), so each adapted layer is one matrix product instead of three (SmolLM2's 120
-    validation campaigns took 16 min a batch of 40 unmerged); the weights come back to within float
-    rounding. On a GPU, and for a model without an adapter, `model` as it is."""
+    weights to vLLM), so each adapted layer is one matrix product instead of three; the weights come
+    back to within float rounding. On a GPU, and for a model without an adapter, `model` as it is."""
     if torch.cuda.is_available() or not hasattr(model, "merge_adapter") or not getattr(model, "peft_config", None):
         yield model
         return
