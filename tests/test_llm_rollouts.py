@@ -197,6 +197,41 @@ def test_batched_decoding_matches_one_episode_at_a_time(tokenizer, model):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+@pytest.mark.parametrize("constrained", [False, True])
+def test_a_decoding_batch_that_outgrows_its_reserved_cache_decodes_the_same(tokenizer, model, monkeypatch, constrained):
+    """The batch's cache is written into room reserved past the contexts; with almost none reserved
+    it grows at nearly every pass, and the replies are those of the default room."""
+    import lib.episodes.generation as generation
+
+    specs = [(21, None, "easy"), (22, "higgs_4l_125", None), (23, None, "hard"), (24, None, None)]
+    greedy = Sampling(temperature=0.0, max_new_tokens=40 if constrained else 12, constrained=constrained)
+    roomy = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, specs, sampling=greedy, max_turns=3)
+    monkeypatch.setattr(generation, "RESERVED_SLACK_TOKENS", 1 - greedy.max_new_tokens)  # one position of room
+    cramped = play_episodes(hf_generate_fn(model, tokenizer), tokenizer, specs, sampling=greedy, max_turns=3)
+    for a, b in zip(roomy, cramped):
+        assert a.completion_ids == b.completion_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_the_reserved_cache_layer_keeps_what_was_written_through_growth_and_row_drops():
+    """`keys`/`values` are the positions written so far, in order, whether the room held them or the
+    store was copied to grow; dropping batch rows keeps the others' positions."""
+    from lib.episodes.generation import _left_pad_cache, _reserved_layer_class
+
+    first = [torch.randn(1, 2, n, 4) for n in (3, 5)]
+    layer = _reserved_layer_class()(_left_pad_cache(first, 5, 2), _left_pad_cache(first, 5, 2) * 2, 5)
+    assert torch.equal(layer.keys[0, :, :2], torch.zeros(2, 2, 4)) and torch.equal(layer.keys[0, :, 2:], first[0][0])
+    written = [torch.randn(2, 2, n, 4) for n in (1, 3, 1)]  # the second outgrows the two positions of room
+    for new in written:
+        keys, values = layer.update(new, new * 2, 0)
+        assert keys is layer.keys and values is layer.values
+    expected = torch.cat([_left_pad_cache(first, 5)] + written, dim=2)
+    assert layer.get_seq_length() == 10
+    assert torch.equal(layer.keys, expected) and torch.equal(layer.values, expected * 2)
+    layer.keep_rows(torch.tensor([1]))
+    assert torch.equal(layer.keys, expected[1:]) and torch.equal(layer.values, expected[1:] * 2)
+
+
 def test_progress_counts_the_episodes_of_a_batch_as_they_end(tokenizer, monkeypatch):
     """A lockstep batch of long campaigns takes minutes: its progress counts each episode when it ends,
     with the turn reached, not all of them when the last one does."""

@@ -8,6 +8,7 @@ default). `hf_generate_fn` picks one for a transformers model.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -111,30 +112,49 @@ class CachedGenerator:
         schema fixes, the eos after its closing brace), so a reply costs one pass per token the model
         chose rather than one per token (jump-forward decoding): the runs differ in length, so each
         pass's rows are left-padded and the padding masked out of the cache. A forced token's
-        log-probability is read from that pass, the model's own as for a chosen one. A row leaves
-        the batch as soon as its reply ends, taking its slice of the cache without the padding."""
+        log-probability is read from that pass, the model's own as for a chosen one.
+
+        The batch's cache is written in place into room reserved after the contexts (`_reserved_layer_class`),
+        not concatenated afresh at every pass. A row whose reply has ended takes its slice of the cache
+        without the padding and stays in the batch, fed nothing, until the ended rows are as many as
+        the live ones: then the batch is compacted, so each row's cache is copied a few times a turn
+        rather than at every ending."""
         from transformers import DynamicCache
 
         lengths = [len(s.tokens) for s in sessions]
         width = max(lengths)
         n_layers = len(sessions[0].cache.layers)
-        keys = [_left_pad_cache([s.cache.layers[layer].keys for s in sessions], width) for layer in range(n_layers)]
-        values = [_left_pad_cache([s.cache.layers[layer].values for s in sessions], width) for layer in range(n_layers)]
+        room = sampling.max_new_tokens + RESERVED_SLACK_TOKENS
+        cache = DynamicCache()
+        cache.layers = [
+            _reserved_layer_class()(
+                _left_pad_cache([s.cache.layers[layer].keys for s in sessions], width, room),
+                _left_pad_cache([s.cache.layers[layer].values for s in sessions], width, room),
+                width,
+            )
+            for layer in range(n_layers)
+        ]
         mask = torch.zeros((len(sessions), width), dtype=torch.long, device=device)
         for row, length in enumerate(lengths):
             mask[row, width - length :] = 1
         replies: List[tuple[List[int], List[float]]] = [([], []) for _ in sessions]
         rows = list(range(len(sessions)))  # session index of each batch row
+        live = list(range(len(sessions)))  # the batch rows whose reply goes on
         fed = list(lengths)  # per session: the tokens in its cache (its context and the reply's fed tokens)
         grammar = _action_grammar(self.tokenizer, logits.shape[-1]) if sampling.constrained else None
         matchers = _matchers(self.tokenizer, logits.shape[-1], len(sessions), shown) if grammar is not None else None
-        while rows:
-            allowed = grammar.restrict(logits, [matchers[row] for row in rows]) if grammar is not None else None
-            chunks, reads, ended = [], [], []
-            for i, row in enumerate(rows):
+        while live:
+            index = torch.tensor(live, device=device)
+            allowed = None
+            if grammar is not None:
+                allowed = grammar.restrict(logits[index], [matchers[rows[i]] for i in live])
+            chunks: List[List[int]] = [[] for _ in rows]  # per batch row, the tokens this pass feeds
+            reads: List[List[tuple[int, int]]] = [[] for _ in rows]  # (forced token's place, its logits' offset)
+            ended = []
+            for j, i in enumerate(live):
+                row = rows[i]
                 tokens, logprobs = replies[row]
-                token, logprob = _choose(logits[i], sampling, None if allowed is None else allowed[i])
-                chunk, read = [], []  # the tokens this pass feeds; (forced token's place, its logits' offset)
+                token, logprob = _choose(logits[i], sampling, None if allowed is None else allowed[j])
                 while True:
                     if grammar is not None:
                         grammar.accept(matchers[row], token)
@@ -143,69 +163,122 @@ class CachedGenerator:
                     if token == self.eos_id or len(tokens) == sampling.max_new_tokens:
                         ended.append(i)  # a reply's last token is not fed
                         break
-                    chunk.append(token)
+                    chunks[i].append(token)
                     token = grammar.only_token(matchers[row]) if grammar is not None else None
                     if token is None:
                         break
                     logprob = None  # the model's, from the logits after the token before it
-                    read.append((len(tokens), len(chunk) - 1))
-                chunks.append(chunk)
-                reads.append(read)
+                    reads[i].append((len(tokens), len(chunks[i]) - 1))
             step = max(len(chunk) for chunk in chunks)
             if step:
                 input_ids = torch.zeros((len(rows), step), dtype=torch.long, device=device)
                 new_mask = torch.zeros_like(input_ids)
                 positions = torch.zeros_like(input_ids)
-                for i, (row, chunk) in enumerate(zip(rows, chunks)):
+                for i in live:
+                    chunk, row = chunks[i], rows[i]
                     if chunk:
                         input_ids[i, step - len(chunk) :] = torch.tensor(chunk, device=device)
                         new_mask[i, step - len(chunk) :] = 1
                         positions[i, step - len(chunk) :] = torch.arange(fed[row], fed[row] + len(chunk))
                         fed[row] += len(chunk)
-                batched = DynamicCache()
-                for layer in range(n_layers):
-                    batched.update(keys[layer], values[layer], layer)
                 mask = torch.cat([mask, new_mask], dim=1)
                 out = self.model(
                     input_ids=input_ids,
                     attention_mask=mask,
                     position_ids=positions,
-                    past_key_values=batched,
+                    past_key_values=cache,
                     use_cache=True,
                 )
-                keys = [out.past_key_values.layers[layer].keys for layer in range(n_layers)]
-                values = [out.past_key_values.layers[layer].values for layer in range(n_layers)]
                 step_logits = out.logits.float()
-                for i, (row, chunk) in enumerate(zip(rows, chunks)):
-                    tokens, logprobs = replies[row]
+                for i in live:
+                    tokens, logprobs = replies[rows[i]]
                     for place, offset in reads[i]:
-                        logprobs[place] = _logprob(step_logits[i, step - len(chunk) + offset], tokens[place], sampling)
+                        logprobs[place] = _logprob(
+                            step_logits[i, step - len(chunks[i]) + offset], tokens[place], sampling
+                        )
                 logits = step_logits[:, -1]
             for i in ended:  # the reply's tokens but the last are in the cache: hand the row its slice
                 row = rows[i]
                 kept = mask[i].nonzero()[:, 0]
-                cache = DynamicCache()
+                session_cache = DynamicCache()
                 for layer in range(n_layers):
-                    cache.update(keys[layer][i : i + 1, :, kept], values[layer][i : i + 1, :, kept], layer)
-                sessions[row].cache = cache
+                    reserved = cache.layers[layer]
+                    session_cache.update(reserved.keys[i : i + 1, :, kept], reserved.values[i : i + 1, :, kept], layer)
+                sessions[row].cache = session_cache
                 sessions[row].tokens = sessions[row].tokens + replies[row][0][:-1]
-            if ended:
-                keep = [i for i in range(len(rows)) if i not in set(ended)]
-                if not keep:
-                    break
-                index = torch.tensor(keep, device=device)
-                keys = [k.index_select(0, index) for k in keys]
-                values = [v.index_select(0, index) for v in values]
-                mask, logits, rows = mask.index_select(0, index), logits.index_select(0, index), [rows[i] for i in keep]
+            live = [i for i in live if i not in set(ended)]
+            if live and len(rows) - len(live) >= len(live):  # as many rows ended as go on: drop them
+                index = torch.tensor(live, device=device)
+                for layer in cache.layers:
+                    layer.keep_rows(index)
+                mask, logits = mask.index_select(0, index), logits.index_select(0, index)
+                rows, live = [rows[i] for i in live], list(range(len(live)))
         return replies
 
 
-def _left_pad_cache(tensors: List[torch.Tensor], width: int) -> torch.Tensor:
-    """(1, heads, length_i, dim) tensors → (n, heads, width, dim), zero-padded on the left."""
+RESERVED_SLACK_TOKENS = 16
+"""Positions reserved in a decoding batch's cache beyond a reply's `max_new_tokens` (a pass adds as many
+columns as its longest run, so the columns can outgrow one row's tokens; the cache grows if they do)."""
+
+
+@functools.cache
+def _reserved_layer_class() -> type:
+    """`ReservedLayer`, a transformers `DynamicLayer` (defined on first use: only then is transformers imported)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        """One layer's KV cache for a decoding batch, written in place into positions reserved
+        ahead; `keys` and `values` are views of the filled positions. transformers'
+        `DynamicLayer` concatenates the whole cache with each pass's new positions instead, a copy
+        of every cached key and value per layer per pass, which on a CPU costs more than the pass."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+            super().__init__()
+            self.store_keys, self.store_values, self.length = keys, values, length
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+            self._show()
+
+        def _show(self) -> None:
+            self.keys = self.store_keys[:, :, : self.length]
+            self.values = self.store_values[:, :, : self.length]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            new = key_states.shape[-2]
+            capacity = self.store_keys.shape[-2]
+            if self.length + new > capacity:  # out of room (rare): copied into a store with room again
+                grown = self.length + new + max(new, RESERVED_SLACK_TOKENS)
+                self.store_keys = _with_room(self.keys, grown)
+                self.store_values = _with_room(self.values, grown)
+            self.store_keys[:, :, self.length : self.length + new] = key_states
+            self.store_values[:, :, self.length : self.length + new] = value_states
+            self.length += new
+            self._show()
+            return self.keys, self.values
+
+        def keep_rows(self, index: torch.Tensor) -> None:
+            """Keep only the batch rows `index`, with the room they had."""
+            self.store_keys = self.store_keys.index_select(0, index)
+            self.store_values = self.store_values.index_select(0, index)
+            self._show()
+
+    return ReservedLayer
+
+
+def _with_room(tensor: torch.Tensor, positions: int) -> torch.Tensor:
+    """`tensor` (batch, heads, length, dim) copied into a new one of `positions` positions."""
+    out = tensor.new_empty((tensor.shape[0], tensor.shape[1], positions, tensor.shape[3]))
+    out[:, :, : tensor.shape[2]] = tensor
+    return out
+
+
+def _left_pad_cache(tensors: List[torch.Tensor], width: int, room: int = 0) -> torch.Tensor:
+    """(1, heads, length_i, dim) tensors → (n, heads, width + room, dim), zero-padded on the left to `width`;
+    the `room` positions after are left unwritten."""
     first = tensors[0]
-    out = first.new_zeros((len(tensors), first.shape[1], width, first.shape[3]))
+    out = first.new_empty((len(tensors), first.shape[1], width + room, first.shape[3]))
     for row, tensor in enumerate(tensors):
-        out[row, :, width - tensor.shape[2] :] = tensor[0]
+        out[row, :, : width - tensor.shape[2]] = 0
+        out[row, :, width - tensor.shape[2] : width] = tensor[0]
     return out
 
 
