@@ -219,7 +219,7 @@ def test_the_reserved_cache_layer_keeps_what_was_written_through_growth_and_row_
     from lib.episodes.generation import _left_pad_cache, _reserved_layer_class
 
     first = [torch.randn(1, 2, n, 4) for n in (3, 5)]
-    layer = _reserved_layer_class()(_left_pad_cache(first, 5, 2), _left_pad_cache(first, 5, 2) * 2, 5)
+    layer = _reserved_layer_class()(_left_pad_cache(first, 5, 2), _left_pad_cache(first, 5, 2) * 2, 5, 2)
     assert torch.equal(layer.keys[0, :, :2], torch.zeros(2, 2, 4)) and torch.equal(layer.keys[0, :, 2:], first[0][0])
     written = [torch.randn(2, 2, n, 4) for n in (1, 3, 1)]  # the second outgrows the two positions of room
     for new in written:
@@ -230,6 +230,45 @@ def test_the_reserved_cache_layer_keeps_what_was_written_through_growth_and_row_
     assert torch.equal(layer.keys, expected) and torch.equal(layer.values, expected * 2)
     layer.keep_rows(torch.tensor([1]))
     assert torch.equal(layer.keys, expected[1:]) and torch.equal(layer.values, expected[1:] * 2)
+
+
+def test_a_turn_reads_every_contexts_new_tokens_in_one_pass_continuing_some_sessions_and_opening_others(
+    tokenizer, model
+):
+    """The cached decoder's first pass of a call reads every context's new tokens together, left-padded
+    to the longest: the cached prefix of a continued conversation is not read again. What it decodes
+    for a call that continues one conversation and opens another is what a decoder with no caches
+    decodes for each alone, and a context that is exactly a cached conversation is read afresh."""
+    from lib.episodes.generation import CachedGenerator
+
+    greedy = Sampling(temperature=0.0, max_new_tokens=6)
+    texts = ["The beam is configured", "A spectrum of the dimuon channel with a bump at", "Claim"]
+    contexts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    passes = []
+    hook = model.register_forward_hook(
+        lambda module, args, kwargs, out: passes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        generate = CachedGenerator(model, tokenizer)
+        first = generate(contexts, greedy)
+        assert passes[0] == (3, max(map(len, contexts)))
+        assert len(passes) <= greedy.max_new_tokens  # one pass a token after the first (no grammar)
+        more = tokenizer(" then the fit", add_special_tokens=False)["input_ids"]
+        continued = contexts[0] + first[0][0] + more
+        opened = tokenizer("Nothing there", add_special_tokens=False)["input_ids"]
+        del passes[:]
+        second = generate([continued, opened], greedy)
+        assert passes[0] == (2, max(1 + len(more), len(opened)))  # a reply ends on a token its cache lacks
+        again = generate([continued + second[0][0][:-1]], greedy)  # the whole of a cached conversation
+    finally:
+        hook.remove()
+    alone = [CachedGenerator(model, tokenizer)([context], greedy)[0] for context in (continued, opened)]
+    alone.append(CachedGenerator(model, tokenizer)([continued + second[0][0][:-1]], greedy)[0])
+    for (tokens, logprobs), (tokens_alone, logprobs_alone) in zip(second + again, alone):
+        assert tokens == tokens_alone
+        assert logprobs == pytest.approx(logprobs_alone, abs=1e-4)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate([[]], greedy)
 
 
 def test_progress_counts_the_episodes_of_a_batch_as_they_end(tokenizer, monkeypatch):

@@ -40,11 +40,11 @@ class CachedGenerator:
     episode's KV cache between turns: a turn feeds only the tokens added since the last one
     (the environment's text), instead of re-reading the whole conversation.
 
-    Each episode's new tokens are prefilled on their own (no padding); the reply is then
-    decoded for all episodes at once, their caches stacked with left padding, one token
-    per episode per forward pass, and split back afterwards. A context is matched to the
-    cache whose tokens are its prefix; caches a call does not use (finished episodes) are
-    dropped.
+    The episodes' caches are stacked with left padding into one batch; a first forward pass feeds
+    every episode its new tokens (left-padded to the longest), and the replies are then decoded
+    for all episodes at once (`_decode`) and each cache split back afterwards. A context is matched
+    to the cache whose tokens are a strict prefix of it; caches a call does not use (finished
+    episodes) are dropped.
     """
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
@@ -53,35 +53,23 @@ class CachedGenerator:
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self._parameters = sum(p.numel() for p in model.parameters())
+        self._layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self._sessions: List[_Session] = []
 
     def _session_for(self, context: List[int]) -> "_Session":
         for session in self._sessions:
             n = len(session.tokens)
-            if n <= len(context) and context[:n] == session.tokens:
+            if n < len(context) and context[:n] == session.tokens:
                 self._sessions.remove(session)
                 return session
-        from transformers import DynamicCache
-
-        return _Session(tokens=[], cache=DynamicCache(config=self.model.config))
-
-    def _prefill(self, session: "_Session", tokens: List[int], device: Any) -> torch.Tensor:
-        """Feed `tokens` to `session`'s cache; the logits after the last (the LM head at that position alone:
-        over SmolLM2's 49,152-token vocabulary it is a fifth of the model)."""
-        out = self.model(
-            input_ids=torch.tensor([tokens], device=device),
-            past_key_values=session.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        session.cache = out.past_key_values
-        session.tokens += tokens
-        return out.logits[0, -1].float()
+        return _Session(tokens=[], cache=None)
 
     @torch.no_grad()
     def __call__(
         self, contexts: List[List[int]], sampling: Sampling, shown: Shown = None
     ) -> List[tuple[List[int], List[float]]]:
+        if any(not context for context in contexts):
+            raise ValueError("every context needs at least one token")
         device = next(self.model.parameters()).device
         was_training, threads = self.model.training, torch.get_num_threads()
         self.model.eval()
@@ -89,13 +77,7 @@ class CachedGenerator:
             torch.set_num_threads(1)  # small sequential forwards: more threads only add synchronisation
         try:
             sessions = [self._session_for(context) for context in contexts]
-            logits = torch.stack(
-                [
-                    self._prefill(session, context[len(session.tokens) :], device)
-                    for session, context in zip(sessions, contexts)
-                ]
-            )
-            replies = self._decode(sessions, logits, sampling, device, shown)
+            replies = self._decode(sessions, contexts, sampling, device, shown)
         finally:
             self.model.train(was_training)
             torch.set_num_threads(threads)
@@ -103,51 +85,62 @@ class CachedGenerator:
         return replies
 
     def _decode(
-        self, sessions: List["_Session"], logits: torch.Tensor, sampling: Sampling, device: Any, shown: Shown = None
+        self,
+        sessions: List["_Session"],
+        contexts: List[List[int]],
+        sampling: Sampling,
+        device: Any,
+        shown: Shown = None,
     ) -> List[tuple[List[int], List[float]]]:
-        """Decode one reply per session; leaves in each cache the reply's tokens but its last.
+        """Feed each session the rest of its context, then decode one reply per session; leaves in
+        each session's cache its context and the reply's tokens but its last.
 
-        Each forward pass feeds every live reply the token it chose and, held to the grammar, the run
-        of tokens the grammar then forces (`ActionGrammar.only_token`: a reply's opening, the keys its
-        schema fixes, the eos after its closing brace), so a reply costs one pass per token the model
-        chose rather than one per token (jump-forward decoding): the runs differ in length, so each
-        pass's rows are left-padded and the padding masked out of the cache. A forced token's
+        The first forward pass feeds every row its context's new tokens (left-padded to the longest;
+        the LM head at the last position alone: over SmolLM2's 49,152-token vocabulary it is a fifth
+        of the model). Each pass after feeds every live reply the token it chose and, held to the
+        grammar, the run of tokens the grammar then forces (`ActionGrammar.only_token`: a reply's
+        opening, the keys its schema fixes, the eos after its closing brace), so a reply costs one
+        pass per token the model chose rather than one per token (jump-forward decoding). A pass's
+        rows are left-padded and the padding masked out of the cache. A forced token's
         log-probability is read from that pass, the model's own as for a chosen one.
 
-        The batch's cache is written in place into room reserved after the contexts (`_reserved_layer_class`),
-        not concatenated afresh at every pass. A row whose reply has ended takes its slice of the cache
-        without the padding and stays in the batch, fed nothing, until the ended rows are as many as
-        the live ones: then the batch is compacted, so each row's cache is copied a few times a turn
-        rather than at every ending."""
+        The batch's cache is written in place into room reserved after the contexts
+        (`_reserved_layer_class`), not concatenated afresh at every pass. A row whose reply has ended
+        takes its slice of the cache without the padding and stays in the batch, fed nothing, until
+        the ended rows are as many as the live ones: then the batch is compacted, so each row's cache
+        is copied a few times a turn rather than at every ending."""
         from transformers import DynamicCache
 
         lengths = [len(s.tokens) for s in sessions]
         width = max(lengths)
-        n_layers = len(sessions[0].cache.layers)
-        room = sampling.max_new_tokens + RESERVED_SLACK_TOKENS
+        new_tokens = [context[length:] for context, length in zip(contexts, lengths)]
+        room = max(len(tokens) for tokens in new_tokens) + sampling.max_new_tokens + RESERVED_SLACK_TOKENS
+        layer_class = _reserved_layer_class()
         cache = DynamicCache()
         cache.layers = [
-            _reserved_layer_class()(
-                _left_pad_cache([s.cache.layers[layer].keys for s in sessions], width, room),
-                _left_pad_cache([s.cache.layers[layer].values for s in sessions], width, room),
+            layer_class(
+                _left_pad_cache([None if s.cache is None else s.cache[layer][0] for s in sessions], width, room),
+                _left_pad_cache([None if s.cache is None else s.cache[layer][1] for s in sessions], width, room),
                 width,
+                room,
             )
-            for layer in range(n_layers)
+            for layer in range(self._layers)
         ]
         mask = torch.zeros((len(sessions), width), dtype=torch.long, device=device)
         for row, length in enumerate(lengths):
             mask[row, width - length :] = 1
-        replies: List[tuple[List[int], List[float]]] = [([], []) for _ in sessions]
         rows = list(range(len(sessions)))  # session index of each batch row
-        live = list(range(len(sessions)))  # the batch rows whose reply goes on
         fed = list(lengths)  # per session: the tokens in its cache (its context and the reply's fed tokens)
+        mask, step_logits = self._feed(cache, mask, new_tokens, rows, fed, device, last_only=True)
+        logits = step_logits[:, -1]
+        replies: List[tuple[List[int], List[float]]] = [([], []) for _ in sessions]
+        live = list(range(len(sessions)))  # the batch rows whose reply goes on
         grammar = _action_grammar(self.tokenizer, logits.shape[-1]) if sampling.constrained else None
         matchers = _matchers(self.tokenizer, logits.shape[-1], len(sessions), shown) if grammar is not None else None
         while live:
-            index = torch.tensor(live, device=device)
             allowed = None
             if grammar is not None:
-                allowed = grammar.restrict(logits[index], [matchers[rows[i]] for i in live])
+                allowed = grammar.restrict(logits[torch.tensor(live, device=device)], [matchers[rows[i]] for i in live])
             chunks: List[List[int]] = [[] for _ in rows]  # per batch row, the tokens this pass feeds
             reads: List[List[tuple[int, int]]] = [[] for _ in rows]  # (forced token's place, its logits' offset)
             ended = []
@@ -171,25 +164,7 @@ class CachedGenerator:
                     reads[i].append((len(tokens), len(chunks[i]) - 1))
             step = max(len(chunk) for chunk in chunks)
             if step:
-                input_ids = torch.zeros((len(rows), step), dtype=torch.long, device=device)
-                new_mask = torch.zeros_like(input_ids)
-                positions = torch.zeros_like(input_ids)
-                for i in live:
-                    chunk, row = chunks[i], rows[i]
-                    if chunk:
-                        input_ids[i, step - len(chunk) :] = torch.tensor(chunk, device=device)
-                        new_mask[i, step - len(chunk) :] = 1
-                        positions[i, step - len(chunk) :] = torch.arange(fed[row], fed[row] + len(chunk))
-                        fed[row] += len(chunk)
-                mask = torch.cat([mask, new_mask], dim=1)
-                out = self.model(
-                    input_ids=input_ids,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                step_logits = out.logits.float()
+                mask, step_logits = self._feed(cache, mask, chunks, rows, fed, device)
                 for i in live:
                     tokens, logprobs = replies[rows[i]]
                     for place, offset in reads[i]:
@@ -200,12 +175,10 @@ class CachedGenerator:
             for i in ended:  # the reply's tokens but the last are in the cache: hand the row its slice
                 row = rows[i]
                 kept = mask[i].nonzero()[:, 0]
-                session_cache = DynamicCache()
-                for layer in range(n_layers):
-                    reserved = cache.layers[layer]
-                    session_cache.update(reserved.keys[i : i + 1, :, kept], reserved.values[i : i + 1, :, kept], layer)
-                sessions[row].cache = session_cache
-                sessions[row].tokens = sessions[row].tokens + replies[row][0][:-1]
+                sessions[row].cache = [
+                    (layer.keys[i : i + 1, :, kept], layer.values[i : i + 1, :, kept]) for layer in cache.layers
+                ]
+                sessions[row].tokens = contexts[row] + replies[row][0][:-1]
             live = [i for i in live if i not in set(ended)]
             if live and len(rows) - len(live) >= len(live):  # as many rows ended as go on: drop them
                 index = torch.tensor(live, device=device)
@@ -214,6 +187,42 @@ class CachedGenerator:
                 mask, logits = mask.index_select(0, index), logits.index_select(0, index)
                 rows, live = [rows[i] for i in live], list(range(len(live)))
         return replies
+
+    def _feed(
+        self,
+        cache: Any,
+        mask: torch.Tensor,
+        chunks: List[List[int]],
+        rows: List[int],
+        fed: List[int],
+        device: Any,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward pass feeding batch row i the tokens `chunks[i]` (none: the row is padding),
+        left-padded to the longest, at the positions after the `fed[rows[i]]` its session's cache
+        holds (`fed` is advanced). The attention mask with the pass's columns, and the float logits
+        (batch, columns, vocabulary): of the last column alone when `last_only`."""
+        step = max(len(chunk) for chunk in chunks)
+        input_ids = torch.zeros((len(chunks), step), dtype=torch.long, device=device)
+        new_mask = torch.zeros_like(input_ids)
+        positions = torch.zeros_like(input_ids)
+        for i, chunk in enumerate(chunks):
+            if chunk:
+                row = rows[i]
+                input_ids[i, step - len(chunk) :] = torch.tensor(chunk, device=device)
+                new_mask[i, step - len(chunk) :] = 1
+                positions[i, step - len(chunk) :] = torch.arange(fed[row], fed[row] + len(chunk))
+                fed[row] += len(chunk)
+        mask = torch.cat([mask, new_mask], dim=1)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
+        return mask, out.logits.float()
 
 
 RESERVED_SLACK_TOKENS = 16
@@ -232,17 +241,28 @@ def _reserved_layer_class() -> type:
         `DynamicLayer` concatenates the whole cache with each pass's new positions instead, a copy
         of every cached key and value per layer per pass, which on a CPU costs more than the pass."""
 
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        def __init__(
+            self, keys: Optional[torch.Tensor], values: Optional[torch.Tensor], length: int, room: int
+        ) -> None:
             super().__init__()
-            self.store_keys, self.store_values, self.length = keys, values, length
-            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-            self._show()
+            self.store_keys, self.store_values, self.length, self.room = keys, values, length, room
+            if keys is not None:
+                self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+                self._show()
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            """No cache to start from: a store of `room` positions shaped as the first keys."""
+            self.store_keys = _with_room(key_states[:, :, :0], self.room)
+            self.store_values = _with_room(value_states[:, :, :0], self.room)
+            self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
 
         def _show(self) -> None:
             self.keys = self.store_keys[:, :, : self.length]
             self.values = self.store_values[:, :, : self.length]
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
             new = key_states.shape[-2]
             capacity = self.store_keys.shape[-2]
             if self.length + new > capacity:  # out of room (rare): copied into a store with room again
@@ -271,14 +291,19 @@ def _with_room(tensor: torch.Tensor, positions: int) -> torch.Tensor:
     return out
 
 
-def _left_pad_cache(tensors: List[torch.Tensor], width: int, room: int = 0) -> torch.Tensor:
-    """(1, heads, length_i, dim) tensors → (n, heads, width + room, dim), zero-padded on the left to `width`;
-    the `room` positions after are left unwritten."""
-    first = tensors[0]
+def _left_pad_cache(tensors: List[Optional[torch.Tensor]], width: int, room: int = 0) -> Optional[torch.Tensor]:
+    """(1, heads, length_i, dim) tensors → (n, heads, width + room, dim), zero-padded on the left to `width`
+    (a None, a session without a cache, is all padding); the `room` positions after are left unwritten.
+    None when every one is None."""
+    first = next((tensor for tensor in tensors if tensor is not None), None)
+    if first is None:
+        return None
     out = first.new_empty((len(tensors), first.shape[1], width + room, first.shape[3]))
     for row, tensor in enumerate(tensors):
-        out[row, :, : width - tensor.shape[2]] = 0
-        out[row, :, width - tensor.shape[2] : width] = tensor[0]
+        length = 0 if tensor is None else tensor.shape[2]
+        out[row, :, : width - length] = 0
+        if tensor is not None:
+            out[row, :, width - length : width] = tensor[0]
     return out
 
 
@@ -286,7 +311,8 @@ def _left_pad_cache(tensors: List[torch.Tensor], width: int, room: int = 0) -> t
 class _Session:
     tokens: List[int]
     """Tokens already in `cache`."""
-    cache: Any
+    cache: Optional[List[tuple[torch.Tensor, torch.Tensor]]]
+    """Per layer, its (keys, values), each (1, heads, len(tokens), dim); None before the first turn."""
 
 
 def _choose(logits: torch.Tensor, sampling: Sampling, allowed: Optional[torch.Tensor] = None) -> tuple[int, float]:
