@@ -63,7 +63,7 @@ $(error $(MISSPELT_VARIABLES))
 endif
 endif
 
-.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-smollm2-curve train-smollm2 bench-smollm2-speed bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
+.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-smollm2-curve train-smollm2 promote-smollm2 bench-smollm2-speed bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -245,6 +245,9 @@ bench-smollm2-curve: setup ## SmolLM2's imitation learning curve on the validati
 SMOLLM2_ARGS ?=
 train-smollm2: setup ## SmolLM2 on a CPU: imitation -> GRPO -> zero-shot and held-out evaluations, resumable (docs/models.md)
 	$(RUN_ENV) $(PY) -m lib.training.smollm2_pipeline $(SMOLLM2_ARGS)
+
+promote-smollm2: setup ## copy a finished make train-smollm2's evidence (build/smollm2/evidence) into evidence/smollm2/
+	$(PY) -m lib.training.smollm2_pipeline --promote
 
 bench-smollm2-speed: setup ## SmolLM2's LoRA training tokens/s (fp32/bf16, LoRA on all or fewer blocks, checkpointing on/off) and decoding tokens/s; run it idle
 	$(RUN_ENV) $(PY) bench/bench_smollm2_speed.py

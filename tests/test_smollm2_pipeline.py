@@ -48,6 +48,32 @@ def test_the_pipeline_refuses_an_adapter_it_did_not_make(tmp_path, capsys):
     assert "makes its own imitation adapter" in capsys.readouterr().err
 
 
+def test_a_finished_run_s_evidence_is_promoted_whole_and_an_unfinished_one_not_at_all(tmp_path, capsys):
+    """`--promote` copies every file of the run's evidence (not its lock or a partial file), removes the
+    target's files the run did not make but its hand-written README, and refuses a run without its
+    summary, leaving the target as it was."""
+    out, target = tmp_path / "run", tmp_path / "evidence"
+    (out / "evidence").mkdir(parents=True)
+    target.mkdir()
+    for name, text in (("README.md", "by hand"), ("old_episodes.jsonl.gz", "stale"), ("pre_eval.jsonl.gz", "old")):
+        (target / name).write_text(text)
+    for name in ("pre_eval.jsonl.gz", "post_eval.jsonl.gz", ".run.lock", "post_eval.jsonl.gz.partial.jsonl.gz"):
+        (out / "evidence" / name).write_text(name)
+    with pytest.raises(FileNotFoundError, match="smollm2_summary.json is missing: .* nothing was promoted"):
+        pipeline.promote(out, target)
+    assert sorted(p.name for p in target.iterdir()) == ["README.md", "old_episodes.jsonl.gz", "pre_eval.jsonl.gz"]
+    (out / "evidence" / "smollm2_summary.json").write_text("{}")
+    assert pipeline.promote(out, target) == ["post_eval.jsonl.gz", "pre_eval.jsonl.gz", "smollm2_summary.json"]
+    assert sorted(p.name for p in target.iterdir()) == [
+        "README.md",
+        "post_eval.jsonl.gz",
+        "pre_eval.jsonl.gz",
+        "smollm2_summary.json",
+    ]
+    assert (target / "pre_eval.jsonl.gz").read_text() == "pre_eval.jsonl.gz"
+    assert (target / "README.md").read_text() == "by hand"
+
+
 @pytest.mark.slow  # an imitation, a GRPO step and four evaluations of the stand-in model
 def test_the_pipeline_runs_every_stage_and_a_second_run_redoes_only_what_is_missing(
     tiny_model_dir, tmp_path, no_evidence_figures

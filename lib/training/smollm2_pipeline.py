@@ -2,6 +2,7 @@
 
     python -m lib.training.smollm2_pipeline [--out build/smollm2] [--skip zero-shot held-out] [-- FIELD flags]
     make train-smollm2
+    python -m lib.training.smollm2_pipeline --promote   # make promote-smollm2: its evidence into evidence/smollm2/
 
 Its stages, each written whole or not at all under `--out`, so a killed run goes on from the
 first stage not written when started again with the same arguments:
@@ -41,6 +42,10 @@ STAGES = ("imitation", "grpo", "zero-shot", "held-out", "summary")
 """The pipeline's stages, in the order they run."""
 OPTIONAL_STAGES = ("zero-shot", "held-out")
 """The stages `--skip` may leave out."""
+EVIDENCE_DIR = ROOT / "evidence" / "smollm2"
+"""Where `promote` copies a finished run's evidence (git-tracked)."""
+KEPT_ON_PROMOTION = ("README.md",)
+"""The files of `EVIDENCE_DIR` written by hand, which a promotion leaves alone."""
 
 logger = logging.getLogger("smollm2")
 
@@ -172,6 +177,32 @@ def _signed(diff: Optional[Dict[str, Any]]) -> str:
     return f"{diff['delta']:+.3f}{interval}"
 
 
+def promote(out: Path, target: Path = EVIDENCE_DIR) -> List[str]:
+    """Copy a finished run's evidence (`out/evidence/`, its summary written) into `target`, each file
+    whole; the files of `target` the run did not make are removed (git has them), but for
+    `KEPT_ON_PROMOTION`. Refused, with nothing copied, when the summary is missing. Returns the names
+    copied."""
+    from lib.files import atomic_write
+
+    source = Path(out) / "evidence"
+    if not (source / "smollm2_summary.json").is_file():
+        raise FileNotFoundError(
+            f"{source}/smollm2_summary.json is missing: the run has not finished (make train-smollm2 goes on "
+            "from where it stopped); nothing was promoted"
+        )
+    files = sorted(
+        p for p in source.iterdir() if p.is_file() and not p.name.startswith(".") and ".partial" not in p.name
+    )
+    target.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        atomic_write(target / path.name, path.read_bytes())
+    written = [path.name for path in files]
+    for stale in target.iterdir():
+        if stale.is_file() and stale.name not in written and stale.name not in KEPT_ON_PROMOTION:
+            stale.unlink()
+    return written
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -185,8 +216,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         default=None,
         help="held-out campaigns each policy plays (default: the whole suite; fewer for a quick look only)",
     )
+    parser.add_argument(
+        "--promote",
+        action="store_true",
+        help=f"copy the finished run's evidence into {EVIDENCE_DIR.relative_to(ROOT)}/",
+    )
     parser.add_argument("overrides", nargs="*", help="TrainConfig fields after --, e.g. -- --max_steps 4")
     args = parser.parse_args(argv)
+    if args.promote:
+        try:
+            written = promote(args.out)
+        except FileNotFoundError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(f"promoted {len(written)} files to {EVIDENCE_DIR}: review with `git diff --stat evidence/smollm2`")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("lib").setLevel(logging.INFO)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
