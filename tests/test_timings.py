@@ -40,3 +40,33 @@ def test_make_help_quotes_no_time():
     shown = subprocess.run(["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True)
     assert shown.returncode == 0 and "reproduce" in shown.stdout
     assert not [line for line in shown.stdout.splitlines() if TIME.search(line)], "a time in make help"
+
+
+def _minutes(text: str) -> float:
+    """'3 min 7 s', '41 min', '58 s' or '1.5' (minutes) as minutes."""
+    minutes = re.search(r"(\d+(?:\.\d+)?) ?min", text)
+    seconds = re.search(r"(\d+) ?s\b", text)
+    if not minutes and not seconds:
+        return float(text)
+    return (float(minutes.group(1)) if minutes else 0.0) + (int(seconds.group(1)) / 60 if seconds else 0.0)
+
+
+def test_each_rounded_range_holds_its_rows_bold_measurements():
+    """The rounded table is read from the measured rows below it: every figure a row sets in bold
+    (the idle measurements) lies within its command's rounded range: at most its upper end, and at
+    least its lower end less the 15 s a figure may be rounded up by."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    measured = text[text.index("| command | measured |") :].split("\n\n", 1)[0].splitlines()[2:]
+    checked = 0
+    for command, rounded in _rounded().items():
+        span = re.fullmatch(r"(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?) min", rounded)
+        if span is None:  # "~15 s": a single figure, not a range
+            continue
+        low, high = float(span.group(1)), float(span.group(2))
+        rows = [row for row in measured if row.startswith(f"| `{command}`")]
+        assert rows, f"{command}: a rounded time with no measured row"
+        for figure in re.findall(r"\*\*([^*]+)\*\*", " ".join(rows)):
+            value = _minutes(figure)
+            assert low - 0.25 <= value <= high, f"{command}: **{figure}** measured, the table rounds to {rounded}"
+            checked += 1
+    assert checked >= 5, "the bold idle figures of setup, the smoke run, the tests and the full run"
