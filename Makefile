@@ -92,9 +92,14 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 	# test's), side by side: each takes ~1.5 min of one core (numba compiles on one). Both write their
 	# entries into the same cache index files; should one entry be lost to the other's write, that
 	# kernel compiles again on first use (and says so), nothing worse.
-	$(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()' & native=$$!; \
-	  NUMBA_CPU_NAME=generic $(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()'; \
-	  wait $$native
+	# A line every 10 s while they compile, so that the step is never silent.
+	@echo "compiling the physics kernels once (numba), for this processor and for a generic x86-64"
+	@( while sleep 10; do echo "  ... still compiling the physics kernels"; done ) & beat=$$!; \
+	  $(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()' & native=$$!; \
+	  NUMBA_CPU_NAME=generic $(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()'; generic=$$?; \
+	  wait $$native; native=$$?; kill $$beat; \
+	  if [ $$generic -ne 0 ] || [ $$native -ne 0 ]; then echo "the physics kernels did not compile (above)"; exit 1; fi; \
+	  echo "the physics kernels are compiled and cached"
 	@$(PY) -c 'import torch; cuda = torch.version.cuda; print("torch", torch.__version__, f"(a CUDA {cuda} build);" if cuda else "(a CPU build);", "a GPU is", "present" if torch.cuda.is_available() else "not present")'
 	touch $@
 
