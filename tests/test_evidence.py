@@ -133,7 +133,9 @@ def test_artifact_names_and_columns_are_the_seeds(tmp_path):
         TrainingLogWriter: "step,epoch,loss,reward,reward_std,kl,grad_norm,learning_rate,wall_time_s,"
         "frac_reward_zero_std",
         RewardComponentLogWriter: "step,n,mean_cumulative,mean_terminal,mean_step_shaping,discovered_rate,"
-        "mass_correct_rate,channel_correct_rate,spin_correct_rate,parsed_rate,mean_n_steps",
+        "mass_correct_rate,channel_correct_rate,spin_correct_rate,parsed_rate,mean_n_steps,mean_cumulative_low,"
+        "mean_cumulative_high,discovered_rate_n,mass_correct_rate_n,channel_correct_rate_n,spin_correct_rate_n,"
+        "parsed_rate_n",
         CheckpointEvalWriter: "step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc,"
         "episodes_with_particle,mean_reward_low,mean_reward_high",
     }
@@ -182,6 +184,57 @@ def test_an_older_checkpoint_log_is_drawn_and_says_it_holds_no_interval(tmp_path
     reward_ax, rates_ax = [ax for ax in figures[0].axes if ax.get_visible()]
     assert len(reward_ax.collections) == 0 and "an older file: no interval for mean reward" in reward_ax.get_title()
     assert len(rates_ax.collections) == 1, "the success rate's exact interval needs only the episodes"
+
+
+def _rollout(discovered, correct_mass, total_reward, parsed=(True,)):
+    from lib.episodes.records import EpisodeRecord, StepRecord
+
+    steps = [StepRecord(i, "", "", {}, ok, 0.0, False, []) for i, ok in enumerate(parsed)]
+    truth = {"exists": correct_mass is not None}
+    return EpisodeRecord(
+        0, None, "easy", truth, total_reward, total_reward, 1.0, discovered, correct_mass, None, None, steps
+    )
+
+
+def test_a_rollout_row_gives_each_rate_its_count_and_the_mean_its_interval(tmp_path, monkeypatch):
+    """Each rate of a GRPO step's rollouts is over its own count (the mass over the particle
+    episodes graded, parsing over the actions), which the figure's exact intervals need; the mean
+    return carries its 95% bootstrap interval; a log written before those columns is appended to in
+    its own and drawn without them."""
+    import lib.report.evidence_figures as evidence_figures
+    from lib.training.grpo import rollout_row
+
+    records = [
+        _rollout(True, True, 5.0, parsed=(True, True, False)),
+        _rollout(True, False, 1.0),
+        _rollout(False, None, -1.0, parsed=(True, True)),
+        _rollout(False, None, 3.0),
+    ]
+    row = rollout_row(3, records)
+    assert (row["discovered_rate"], row["discovered_rate_n"]) == (0.5, 4)
+    assert (row["mass_correct_rate"], row["mass_correct_rate_n"]) == (0.5, 2), "over the two particle episodes"
+    assert (row["channel_correct_rate"], row["channel_correct_rate_n"]) == (None, 0), "none graded: no rate"
+    assert (row["parsed_rate"], row["parsed_rate_n"]) == (pytest.approx(6 / 7), 7), "over the 7 actions"
+    assert (
+        row["mean_cumulative"] == 2.0 and -1.0 <= row["mean_cumulative_low"] < 2.0 < row["mean_cumulative_high"] <= 5.0
+    )
+    path = tmp_path / "reward_components.csv"
+    RewardComponentLogWriter(path).append(row)
+    figures = []
+    monkeypatch.setattr(evidence_figures, "_save_figure", lambda fig, png: figures.append(fig) or png)
+    render_reward_components(path, tmp_path / "components.png")
+    reward_ax, rates_ax = [ax for ax in figures[0].axes if ax.get_visible()][:2]
+    assert len(reward_ax.collections) == 1, "the total's interval"
+    assert len(rates_ax.collections) == 3, (
+        "an exact interval for the discoveries, masses and parsing (no channel or spin graded)"
+    )
+    older = tmp_path / "older" / "reward_components.csv"
+    older.parent.mkdir()
+    older.write_text(",".join(RewardComponentLogWriter.COLUMNS[:11]) + "\n")
+    RewardComponentLogWriter(older).append(row)
+    assert older.read_text().splitlines()[1] == "3,4,2.0,1.0,1.0,0.5,0.5,,,0.8571428571428571,0.0"
+    render_reward_components(older, tmp_path / "older.png")
+    assert "an older file: no interval" in [ax for ax in figures[1].axes if ax.get_visible()][1].get_title()
 
 
 # ----------------------------------------------------------------------------- concurrency and kills

@@ -256,23 +256,31 @@ _TRAINING_PANELS = (
 
 _COMPONENT_PANELS = (
     _Panel(
-        "Reward per rollout, by component",
+        "Reward per rollout, by component (the total with its 95% bootstrap interval)",
         "mean reward per episode",
         (
-            _Series("mean_cumulative", "total (cumulative)", "#0f172a"),
+            _Series(
+                "mean_cumulative",
+                "total (cumulative)",
+                "#0f172a",
+                interval=("mean_cumulative_low", "mean_cumulative_high"),
+            ),
             _Series("mean_terminal", "terminal grade", "#1d4ed8"),
             _Series("mean_step_shaping", "step shaping", "#9333ea", style="--"),
         ),
     ),
     _Panel(
-        "Outcome rates over the rollouts of each logging step",
+        "Outcome rates over the rollouts of each logging step (95% exact intervals)",
         "fraction of episodes",
-        (
-            _Series("discovered_rate", "discovery claimed", "#16a34a"),
-            _Series("mass_correct_rate", "mass correct", "#9333ea", style="--"),
-            _Series("channel_correct_rate", "channel correct", "#ea580c", style="--"),
-            _Series("spin_correct_rate", "spin correct", "#0891b2", style="--"),
-            _Series("parsed_rate", "action parsed", "#64748b", style=":"),
+        tuple(
+            _Series(column, label, color, style=style, binomial=True, count=f"{column}_n")
+            for column, label, color, style in (
+                ("discovered_rate", "discovery claimed", "#16a34a", "-"),
+                ("mass_correct_rate", "mass correct (of the particle episodes graded)", "#9333ea", "--"),
+                ("channel_correct_rate", "channel correct", "#ea580c", "--"),
+                ("spin_correct_rate", "spin correct", "#0891b2", "--"),
+                ("parsed_rate", "action parsed (of the actions)", "#64748b", ":"),
+            )
         ),
         rate=True,
     ),

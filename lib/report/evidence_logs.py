@@ -249,7 +249,15 @@ class RewardComponentLogWriter(_CsvLog):
         "spin_correct_rate",
         "parsed_rate",
         "mean_n_steps",
+        "mean_cumulative_low",
+        "mean_cumulative_high",
+        "discovered_rate_n",
+        "mass_correct_rate_n",
+        "channel_correct_rate_n",
+        "spin_correct_rate_n",
+        "parsed_rate_n",
     )
+    OLDER_COLUMNS = (COLUMNS[:11],)  # before each rate's count and the mean's interval
 
     def append(self, row: Mapping[str, Any]) -> None:
         self._append_row(row)
@@ -329,7 +337,7 @@ def read_records(path: Path) -> Records:
 
 LOG_HEADERS = {
     "training_log.csv": (TrainingLogWriter.COLUMNS, TrainingLogWriter.COLUMNS[:-1]),  # before the zero-spread column
-    "reward_components.csv": (RewardComponentLogWriter.COLUMNS,),
+    "reward_components.csv": (RewardComponentLogWriter.COLUMNS, *RewardComponentLogWriter.OLDER_COLUMNS),
     "checkpoint_evals.csv": (CheckpointEvalWriter.COLUMNS, *CheckpointEvalWriter.OLDER_COLUMNS),
 }
 """A run's logs by file name, each with the headers its writer wrote (today's first)."""

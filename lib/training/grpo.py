@@ -156,29 +156,36 @@ REWARD_FUNCS = [_component_reward(name) for name in COMPONENT_NAMES]
 
 
 def rollout_row(step: int, records: Sequence[EpisodeRecord]) -> Dict[str, Any]:
-    """A reward_components.csv row (`RewardComponentLogWriter`) for one step's episodes."""
+    """A reward_components.csv row (`RewardComponentLogWriter`) for one step's episodes: each rate
+    with the count it is over (`*_n`), the mean return with its 95% bootstrap interval."""
+    from lib.measure.comparison import bootstrap_interval
+
     steps = [s for r in records for s in r.steps]
     terminal = [r.terminal_reward or 0.0 for r in records]
     cumulative = [r.total_reward for r in records]
     exists = [r for r in records if (r.truth or {}).get("exists")]
-
-    def rate(values: Sequence[Optional[bool]]) -> Optional[float]:
-        values = [bool(v) for v in values if v is not None]
-        return float(np.mean(values)) if values else None
-
-    return {
-        "step": step,
-        "n": len(records),
-        "mean_cumulative": float(np.mean(cumulative)),
-        "mean_terminal": float(np.mean(terminal)),
-        "mean_step_shaping": float(np.mean(np.subtract(cumulative, terminal))),
-        "discovered_rate": rate([r.discovered for r in records]),
-        "mass_correct_rate": rate([r.correct_mass for r in exists]),
-        "channel_correct_rate": rate([r.correct_channel for r in exists]),
-        "spin_correct_rate": rate([r.correct_spin for r in exists]),
-        "parsed_rate": rate([s.parsed_ok for s in steps]),
-        "mean_n_steps": float(np.mean([r.n_steps for r in records])),
+    row: Dict[str, Any] = {"step": step, "n": len(records)}
+    low, high = bootstrap_interval(cumulative) or (None, None)
+    row.update(
+        mean_cumulative=float(np.mean(cumulative)),
+        mean_cumulative_low=low,
+        mean_cumulative_high=high,
+        mean_terminal=float(np.mean(terminal)),
+        mean_step_shaping=float(np.mean(np.subtract(cumulative, terminal))),
+    )
+    rates = {
+        "discovered_rate": [r.discovered for r in records],
+        "mass_correct_rate": [r.correct_mass for r in exists],
+        "channel_correct_rate": [r.correct_channel for r in exists],
+        "spin_correct_rate": [r.correct_spin for r in exists],
+        "parsed_rate": [s.parsed_ok for s in steps],
     }
+    for name, values in rates.items():
+        graded = [bool(v) for v in values if v is not None]
+        row[name] = float(np.mean(graded)) if graded else None
+        row[f"{name}_n"] = len(graded)
+    row["mean_n_steps"] = float(np.mean([r.n_steps for r in records]))
+    return row
 
 
 class CampaignRollout:
