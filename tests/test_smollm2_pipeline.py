@@ -118,8 +118,15 @@ def test_the_pipeline_runs_every_stage_and_a_second_run_redoes_only_what_is_miss
         "grpo_heldout": 2,
     }
     assert "GRPO − imitation on the held-out campaigns" in (evidence / "smollm2_summary.md").read_text()
+    from lib.episodes.records import load_episodes_jsonl
+
+    imitation_eval = out / "imitation" / "validation.jsonl.gz"
+    assert load_episodes_jsonl(str(evidence / "pre_eval.jsonl.gz")) == load_episodes_jsonl(str(imitation_eval)), (
+        "GRPO's evaluation before training is the imitation stage's, not played again"
+    )
     kept = {
-        p: p.stat().st_mtime_ns for p in [out / "imitation" / "adapter" / "stage.json", evidence / "pre_eval.jsonl.gz"]
+        p: p.stat().st_mtime_ns
+        for p in [out / "imitation" / "adapter" / "stage.json", imitation_eval, evidence / "pre_eval.jsonl.gz"]
     }
     lost = evidence / "heldout_grpo.jsonl.gz"
     lost.unlink()

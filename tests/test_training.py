@@ -28,6 +28,7 @@ from lib.training.grpo import (
     REWARD_FUNCS,
     CampaignRollout,
     checkpoint_suite,
+    evaluation_suite,
     slot_turn,
     training_dataset,
     training_tasks,
@@ -312,6 +313,18 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
     train(smoke_config(tmp_path, tiny_model_dir, max_steps=1, eval_every_steps=0))
     archived = list((Path(config.output_dir) / "previous_evidence").glob("*/training_log.csv"))
     assert len(archived) == 1 and len((evidence / "training_log.csv").read_text().splitlines()) == 2
+
+
+def test_an_evaluation_handed_to_the_run_must_play_its_evaluation_suite(tmp_path):
+    """`train(config, pre_eval=...)` takes the warm start's evaluation made before, and refuses one
+    whose campaigns are not the evaluation suite's, in its order, before anything is loaded or written."""
+    config = smoke_config(tmp_path, "unused", eval_episodes=2)
+    seeds = [spec.seed for spec in evaluation_suite(config)]
+    with pytest.raises(ValueError, match="not the 2 seeds of the evaluation suite"):
+        train(config, pre_eval=[{"seed": seed} for seed in reversed(seeds)])
+    with pytest.raises(ValueError, match="pre_eval plays 1 campaigns"):
+        train(config, pre_eval=[{"seed": seeds[0]}])
+    assert not Path(config.evidence_dir).exists() and not Path(config.output_dir).exists()
 
 
 def _holder(folder: Path) -> subprocess.Popen:

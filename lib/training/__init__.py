@@ -20,7 +20,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'lib.training' has no attribute {name!r}")
 
 
-def train(config):
+def train(config, pre_eval=None):
     """See `lib.training.run.train` (imported on first use, after unsloth: it imports transformers,
     peft and trl, which Unsloth must patch first). A `model_name` that cannot be had here is
     refused first (`lib.training.model_source`), before any of them is imported."""
@@ -36,4 +36,4 @@ def train(config):
     import_unsloth_first(config)
     from lib.training.run import train as _train
 
-    return _train(config)
+    return _train(config, pre_eval)

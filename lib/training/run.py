@@ -204,13 +204,17 @@ def check_run_outputs(config: TrainConfig) -> None:
         )
 
 
-def train(config: TrainConfig) -> TrainResult:
-    """Run `config` end to end (see the module docstring); returns the measured result.
+def train(config: TrainConfig, pre_eval: Optional[List[Dict[str, Any]]] = None) -> TrainResult:
+    """Run `config` end to end (see the module docstring); returns the measured result. `pre_eval`:
+    the warm start's evaluation on `evaluation_suite(config)` made before, which the run takes as
+    its evaluation before training instead of playing it again.
 
     The main process checks and locks the output folders first (`check_run_outputs`,
     `lib.files.FolderLock`) and holds them until the run ends, however it ends; it says how the
     folder's last run ended where it did not finish, and keeps this run's state in the output
     folder (`lib.training.run_state`: a run stopped by SIGTERM says where)."""
+    if pre_eval is not None:
+        check_pre_eval(config, pre_eval)
     check_run_outputs(config)
     with contextlib.ExitStack() as locks:
         state = None
@@ -228,7 +232,7 @@ def train(config: TrainConfig) -> TrainResult:
                 )
             state = locks.enter_context(RunState(config.output_dir))
         try:
-            return _train(config, state)
+            return _train(config, state, pre_eval)
         except Exception as error:
             if isinstance(error, DiskFullError):
                 raise
@@ -236,6 +240,16 @@ def train(config: TrainConfig) -> TrainResult:
             if full is not None:
                 raise disk_full_error(full, error) from error
             raise
+
+
+def check_pre_eval(config: TrainConfig, pre_eval: List[Dict[str, Any]]) -> None:
+    """A ValueError unless `pre_eval` played the seeds of `evaluation_suite(config)`, in its order."""
+    played, wanted = [e.get("seed") for e in pre_eval], [spec.seed for spec in evaluation_suite(config)]
+    if played != wanted:
+        raise ValueError(
+            f"pre_eval plays {len(played)} campaigns, not the {len(wanted)} seeds of the evaluation suite in "
+            "their order: hand train() the warm start's evaluation on evaluation_suite(config), or none to play it"
+        )
 
 
 def adapter_policy(policy: Any, adapter: str) -> Any:
@@ -268,7 +282,9 @@ def reload_warm_start_for_reference(policy: Any, config: TrainConfig, output_dir
     policy.model = AutoModelForCausalLM.from_pretrained(saved).to(policy.model.device)
 
 
-def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult:
+def _train(
+    config: TrainConfig, state: Optional[RunState] = None, pre_eval: Optional[List[Dict[str, Any]]] = None
+) -> TrainResult:
     seconds: Dict[str, float] = {}
     phase = state.phase if state is not None else lambda text: None
     start = time.perf_counter()
@@ -335,7 +351,11 @@ def _train(config: TrainConfig, state: Optional[RunState] = None) -> TrainResult
     eval_specs, checkpoint_specs = evaluation_suite(config), checkpoint_suite(config)
 
     t = time.perf_counter()
-    if resume is not None and paths.pre_eval_jsonl.exists():
+    if pre_eval is not None:
+        pre = pre_eval
+        if main:
+            save_episodes_jsonl(pre, str(paths.pre_eval_jsonl))
+    elif resume is not None and paths.pre_eval_jsonl.exists():
         pre = load_episodes_jsonl(str(paths.pre_eval_jsonl))
     else:
         phase(f"the {split_name(config)} evaluation before training")

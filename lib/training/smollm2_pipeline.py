@@ -10,15 +10,18 @@ first stage not written when started again with the same arguments:
 1. `imitation`: a LoRA adapter trained once over the heuristic family's first
    `warm_start_episodes` campaigns at the constant `warm_start_learning_rate`
    (`lib.training.imitation.train_stage`): `imitation/adapter/`.
-2. `grpo`: TRL's GRPO from that adapter (`warm_start_adapter`), the configuration's run
-   (`lib.training.run.train`): the validation campaigns played greedily before and after
-   (`evidence/pre_eval.jsonl.gz`, `post_eval.jsonl.gz`, `before_after_metrics.json` with paired
-   95% intervals), the training log and figures in `evidence/`, the model in `grpo/final/`. A run
-   killed during GRPO resumes from its last checkpoint.
-3. `zero-shot`: the model as it comes, on the same validation campaigns (`evidence/zero_shot_eval.jsonl.gz`).
-4. `held-out`: the imitation adapter and the GRPO policy on the held-out suite
+2. `imitation-eval`: the imitation adapter played greedily on the validation campaigns
+   (`imitation/validation.jsonl.gz`), made once for every GRPO run from that adapter: a second
+   `--out` with a copy of `imitation/` tries another GRPO setting without playing it again.
+3. `grpo`: TRL's GRPO from that adapter (`warm_start_adapter`), the configuration's run
+   (`lib.training.run.train`), that evaluation as its own before training: the validation
+   campaigns after it (`evidence/pre_eval.jsonl.gz`, `post_eval.jsonl.gz`, `before_after_metrics.json`
+   with paired 95% intervals), the training log and figures in `evidence/`, the model in
+   `grpo/final/`. A run killed during GRPO resumes from its last checkpoint.
+4. `zero-shot`: the model as it comes, on the same validation campaigns (`evidence/zero_shot_eval.jsonl.gz`).
+5. `held-out`: the imitation adapter and the GRPO policy on the held-out suite
    (`evidence/heldout_imitation.jsonl.gz`, `heldout_grpo.jsonl.gz`, `heldout_before_after.json`).
-5. `summary`: `evidence/smollm2_summary.json` and `.md`: each stage's measures and seconds.
+6. `summary`: `evidence/smollm2_summary.json` and `.md`: each stage's measures and seconds.
 
 Progress is logged as it goes (the GRPO steps, the evaluations' campaigns) on stderr.
 """
@@ -38,7 +41,7 @@ from lib.files import atomic_write, json_text
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "train" / "smollm2-cpu.yaml"
-STAGES = ("imitation", "grpo", "zero-shot", "held-out", "summary")
+STAGES = ("imitation", "imitation-eval", "grpo", "zero-shot", "held-out", "summary")
 """The pipeline's stages, in the order they run."""
 OPTIONAL_STAGES = ("zero-shot", "held-out")
 """The stages `--skip` may leave out."""
@@ -101,18 +104,20 @@ def grpo_config(config: Any, out: Path) -> Any:
     return TrainConfig(**fields)
 
 
-def grpo_stage(config: Any, out: Path) -> Dict[str, Any]:
-    """GRPO from the imitation adapter (`lib.training.run.train`); `grpo/train_result.json`."""
+def grpo_stage(config: Any, out: Path, pre_eval: Path) -> Dict[str, Any]:
+    """GRPO from the imitation adapter (`lib.training.run.train`), with `pre_eval` (the adapter's
+    validation evaluation) as its evaluation before training; `grpo/train_result.json`."""
     result_file = out / "grpo" / "train_result.json"
     if not result_file.is_file():
         from dataclasses import asdict
 
+        from lib.episodes.records import load_episodes_jsonl
         from lib.training import train
 
         run = grpo_config(config, out)
         if run.resume_from_checkpoint:
             logger.info("grpo: resuming from %s", run.resume_from_checkpoint)
-        result = train(run)
+        result = train(run, pre_eval=load_episodes_jsonl(str(pre_eval)))
         atomic_write(result_file, json_text(asdict(result)))
     return json.loads(result_file.read_text())
 
@@ -246,25 +251,30 @@ def main(argv: Optional[List[str]] = None) -> int:
     evidence = args.out / "evidence"
     seconds: Dict[str, float] = {}
 
-    logger.info("stage 1 of 5: imitation on %d campaigns", config.warm_start_episodes)
+    logger.info("stage 1 of 6: imitation on %d campaigns", config.warm_start_episodes)
     imitation = imitation_stage(config, args.out)
     seconds["imitation"] = imitation["seconds"]
-    logger.info("stage 2 of 5: GRPO, %d steps, from the imitation adapter", config.max_steps)
-    grpo = grpo_stage(config, args.out)
+    imitation_eval = args.out / "imitation" / "validation.jsonl.gz"
+    logger.info("stage 2 of 6: the imitation adapter on %d validation campaigns", len(evaluation_suite(config)))
+    seconds["imitation_eval"] = evaluate_once(
+        config, Path(imitation["adapter"]), evaluation_suite(config), imitation_eval, "imitation"
+    )
+    logger.info("stage 3 of 6: GRPO, %d steps, from the imitation adapter", config.max_steps)
+    grpo = grpo_stage(config, args.out, imitation_eval)
     seconds.update({f"grpo_{k}": v for k, v in grpo["seconds"].items() if k != "total"})
     evaluations = {
         "imitation_validation": ("imitation", "validation", evidence / "pre_eval.jsonl.gz"),
         "grpo_validation": ("GRPO", "validation", evidence / "post_eval.jsonl.gz"),
     }
     if "zero-shot" not in args.skip:
-        logger.info("stage 3 of 5: zero-shot on the same %d validation campaigns", len(evaluation_suite(config)))
+        logger.info("stage 4 of 6: zero-shot on the same %d validation campaigns", len(evaluation_suite(config)))
         target = evidence / "zero_shot_eval.jsonl.gz"
         seconds["zero_shot_eval"] = evaluate_once(config, None, evaluation_suite(config), target, "zero-shot")
         evaluations["zero_shot_validation"] = ("zero-shot", "validation", target)
     heldout_diff = None
     if "held-out" not in args.skip:
         suite = list(heldout_suite())[: args.heldout_episodes]
-        logger.info("stage 4 of 5: imitation and GRPO on the %d held-out campaigns", len(suite))
+        logger.info("stage 5 of 6: imitation and GRPO on the %d held-out campaigns", len(suite))
         imitation_target = evidence / "heldout_imitation.jsonl.gz"
         grpo_target = evidence / "heldout_grpo.jsonl.gz"
         heldout_config = dataclasses.replace(config, eval_split="heldout")  # its progress lines say held-out
@@ -281,7 +291,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
         atomic_write(evidence / "heldout_before_after.json", json_text(heldout))
         heldout_diff = difference(heldout)
-    logger.info("stage 5 of 5: summary")
+    logger.info("stage 6 of 6: summary")
     validation = grpo["before_after"]
     summary = {
         "model": config.model_name,
