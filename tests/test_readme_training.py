@@ -49,12 +49,22 @@ def _expected_numbers() -> dict:
 
 
 def smollm2_sentence() -> str:
-    """What SmolLM2's committed imitation episodes played, as the README's sentence says it."""
+    """What SmolLM2's committed episodes played before and after GRPO, and the paired interval of
+    the difference, as the README's sentence says it."""
     from lib.episodes.records import load_episodes_jsonl
 
-    episodes = load_episodes_jsonl(str(ROOT / "evidence" / "smollm2" / "imitation_validation.jsonl.gz"))
-    correct = sum(1 for episode in episodes if episode.get("correct_outcome"))
-    return f"plays {correct} of {len(episodes)} validation campaigns right"
+    folder = ROOT / "evidence" / "smollm2"
+    before, after = (
+        sum(1 for e in load_episodes_jsonl(str(folder / name)) if e.get("correct_outcome"))
+        for name in ("pre_eval.jsonl.gz", "post_eval.jsonl.gz")
+    )
+    metrics = json.loads((folder / "before_after_metrics.json").read_text())
+    low, high = metrics["delta_ci95"]["success_rate"]
+    n = metrics["pre"]["n"]
+    return (
+        f"plays {before} of {n} validation campaigns right, and {after} after GRPO "
+        f"({metrics['delta']['success_rate']:+.3f} [{low:+.3f}, {high:+.3f}]"
+    )
 
 
 def test_the_readme_s_training_numbers_are_the_committed_evidence_s():
