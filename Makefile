@@ -11,7 +11,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
-PIP_FLAGS ?= --progress-bar off
+# pip's progress bar where make's output (its stderr) is a terminal (a download of gigabytes is never silent
+# there), none in a log (CI's, a redirected run), where it would only add noise.
+PIP_FLAGS ?= $$([ -t 2 ] || echo --progress-bar off)
 
 # Where torch comes from. Empty (the default): the package registry, as pip resolves
 # requirements.txt's torch==2.13.0 -- on this project's machines the CPU wheel on disk, but on
