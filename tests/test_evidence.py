@@ -134,7 +134,8 @@ def test_artifact_names_and_columns_are_the_seeds(tmp_path):
         "frac_reward_zero_std",
         RewardComponentLogWriter: "step,n,mean_cumulative,mean_terminal,mean_step_shaping,discovered_rate,"
         "mass_correct_rate,channel_correct_rate,spin_correct_rate,parsed_rate,mean_n_steps,mean_cumulative_low,"
-        "mean_cumulative_high,discovered_rate_n,mass_correct_rate_n,channel_correct_rate_n,spin_correct_rate_n,"
+        "mean_cumulative_high,mean_terminal_low,mean_terminal_high,mean_step_shaping_low,mean_step_shaping_high,"
+        "discovered_rate_n,mass_correct_rate_n,channel_correct_rate_n,spin_correct_rate_n,"
         "parsed_rate_n",
         CheckpointEvalWriter: "step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc,"
         "episodes_with_particle,mean_reward_low,mean_reward_high",
@@ -199,7 +200,7 @@ def _rollout(discovered, correct_mass, total_reward, parsed=(True,)):
 def test_a_rollout_row_gives_each_rate_its_count_and_the_mean_its_interval(tmp_path, monkeypatch):
     """Each rate of a GRPO step's rollouts is over its own count (the mass over the particle
     episodes graded, parsing over the actions), which the figure's exact intervals need; the mean
-    return carries its 95% bootstrap interval; a log written before those columns is appended to in
+    return, grade and shaping carry their 95% bootstrap intervals; a log written before those columns is appended to in
     its own and drawn without them."""
     import lib.report.evidence_figures as evidence_figures
     from lib.training.grpo import rollout_row
@@ -224,7 +225,8 @@ def test_a_rollout_row_gives_each_rate_its_count_and_the_mean_its_interval(tmp_p
     monkeypatch.setattr(evidence_figures, "_save_figure", lambda fig, png: figures.append(fig) or png)
     render_reward_components(path, tmp_path / "components.png")
     reward_ax, rates_ax = [ax for ax in figures[0].axes if ax.get_visible()][:2]
-    assert len(reward_ax.collections) == 1, "the total's interval"
+    assert len(reward_ax.collections) == 3, "the total's, the grade's and the shaping's intervals"
+    assert row["mean_terminal_low"] <= row["mean_terminal"] == 1.0 <= row["mean_terminal_high"]
     assert len(rates_ax.collections) == 3, (
         "an exact interval for the discoveries, masses and parsing (no channel or spin graded)"
     )

@@ -256,17 +256,15 @@ _TRAINING_PANELS = (
 
 _COMPONENT_PANELS = (
     _Panel(
-        "Reward per rollout, by component (the total with its 95% bootstrap interval)",
+        "Reward per rollout, by component (95% bootstrap intervals)",
         "mean reward per episode",
-        (
-            _Series(
-                "mean_cumulative",
-                "total (cumulative)",
-                "#0f172a",
-                interval=("mean_cumulative_low", "mean_cumulative_high"),
-            ),
-            _Series("mean_terminal", "terminal grade", "#1d4ed8"),
-            _Series("mean_step_shaping", "step shaping", "#9333ea", style="--"),
+        tuple(
+            _Series(column, label, color, style=style, interval=(f"{column}_low", f"{column}_high"))
+            for column, label, color, style in (
+                ("mean_cumulative", "total (cumulative)", "#0f172a", "-"),
+                ("mean_terminal", "terminal grade", "#1d4ed8", "-"),
+                ("mean_step_shaping", "step shaping", "#9333ea", "--"),
+            )
         ),
     ),
     _Panel(

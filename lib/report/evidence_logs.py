@@ -251,13 +251,17 @@ class RewardComponentLogWriter(_CsvLog):
         "mean_n_steps",
         "mean_cumulative_low",
         "mean_cumulative_high",
+        "mean_terminal_low",
+        "mean_terminal_high",
+        "mean_step_shaping_low",
+        "mean_step_shaping_high",
         "discovered_rate_n",
         "mass_correct_rate_n",
         "channel_correct_rate_n",
         "spin_correct_rate_n",
         "parsed_rate_n",
     )
-    OLDER_COLUMNS = (COLUMNS[:11],)  # before each rate's count and the mean's interval
+    OLDER_COLUMNS = (COLUMNS[:11],)  # before each rate's count and each mean's interval
 
     def append(self, row: Mapping[str, Any]) -> None:
         self._append_row(row)

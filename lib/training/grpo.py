@@ -157,7 +157,7 @@ REWARD_FUNCS = [_component_reward(name) for name in COMPONENT_NAMES]
 
 def rollout_row(step: int, records: Sequence[EpisodeRecord]) -> Dict[str, Any]:
     """A reward_components.csv row (`RewardComponentLogWriter`) for one step's episodes: each rate
-    with the count it is over (`*_n`), the mean return with its 95% bootstrap interval."""
+    with the count it is over (`*_n`), each mean with its 95% bootstrap interval (`*_low`, `*_high`)."""
     from lib.measure.comparison import bootstrap_interval
 
     steps = [s for r in records for s in r.steps]
@@ -165,14 +165,14 @@ def rollout_row(step: int, records: Sequence[EpisodeRecord]) -> Dict[str, Any]:
     cumulative = [r.total_reward for r in records]
     exists = [r for r in records if (r.truth or {}).get("exists")]
     row: Dict[str, Any] = {"step": step, "n": len(records)}
-    low, high = bootstrap_interval(cumulative) or (None, None)
-    row.update(
-        mean_cumulative=float(np.mean(cumulative)),
-        mean_cumulative_low=low,
-        mean_cumulative_high=high,
-        mean_terminal=float(np.mean(terminal)),
-        mean_step_shaping=float(np.mean(np.subtract(cumulative, terminal))),
-    )
+    means = {
+        "mean_cumulative": cumulative,
+        "mean_terminal": terminal,
+        "mean_step_shaping": np.subtract(cumulative, terminal).tolist(),
+    }
+    for name, values in means.items():
+        row[name] = float(np.mean(values))
+        row[f"{name}_low"], row[f"{name}_high"] = bootstrap_interval(values) or (None, None)
     rates = {
         "discovered_rate": [r.discovered for r in records],
         "mass_correct_rate": [r.correct_mass for r in exists],
