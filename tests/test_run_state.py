@@ -86,7 +86,7 @@ def test_the_next_run_in_the_folder_and_make_report_name_a_run_that_did_not_fini
     assert "was stopped by Ctrl-C" in unfinished_run(output)
     assert export.unfinished_runs(tmp_path / "build" / "smoke") == [unfinished_run(output)]
 
-    monkeypatch.setattr(run, "_train", lambda config, state: "trained")
+    monkeypatch.setattr(run, "_train", lambda config, state, pre_eval: "trained")
     config = TrainConfig(output_dir=str(output), evidence_dir=str(tmp_path / "evidence"), report_to=["none"])
     with caplog.at_level(logging.WARNING, logger="lib.training.run"):
         assert run.train(config) == "trained"

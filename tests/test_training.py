@@ -378,7 +378,7 @@ def test_a_full_disk_during_a_checkpoint_is_named_as_such(tmp_path, monkeypatch)
     says the disk is full, and where."""
     import lib.training.run as run
 
-    def checkpoint_on_a_full_disk(config, state=None):
+    def checkpoint_on_a_full_disk(config, state=None, pre_eval=None):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3200 vs 3096")
 
     monkeypatch.setattr(run, "_train", checkpoint_on_a_full_disk)

@@ -179,7 +179,9 @@ def _draw_panel(ax, x: np.ndarray, rows: Sequence[Mapping[str, Any]], panel: _Pa
                     alpha=0.7,
                 )
         drawn += 1
-    missing = f"\n(an older file: no interval for {', '.join(without_interval)})"
+    missing = "\n(an older file: no interval for " + (
+        f"{without_interval[0]})" if len(without_interval) == 1 else f"{len(without_interval)} of the series)"
+    )
     ax.set_title(panel.title + (missing if without_interval else ""), fontsize=10)
     ax.set_ylabel(panel.ylabel)
     ax.set_xlabel(xlabel)
@@ -268,7 +270,7 @@ _COMPONENT_PANELS = (
         ),
     ),
     _Panel(
-        "Outcome rates over the rollouts of each logging step (95% exact intervals)",
+        "Outcome rates of each step's rollouts (95% exact intervals)",
         "fraction of episodes",
         tuple(
             _Series(column, label, color, style=style, binomial=True, count=f"{column}_n")
