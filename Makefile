@@ -94,8 +94,8 @@ $(STAMP): requirements.txt pyproject.toml | $(PY)
 	# test's), side by side: each takes ~1.5 min of one core (numba compiles on one). Both write their
 	# entries into the same cache index files; should one entry be lost to the other's write, that
 	# kernel compiles again on first use (and says so), nothing worse.
-	# A line every 10 s while they compile, so that the step is never silent.
-	@echo "compiling the physics kernels once (numba), for this processor and for a generic x86-64"
+	# Each says so as it starts compiling (cernenv.physics.portable.COMPILING_NOTICE); a line every 10 s
+	# while they compile, so that the step is never silent.
 	@( while sleep 10; do echo "  ... still compiling the physics kernels"; done ) & beat=$$!; \
 	  $(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()' & native=$$!; \
 	  NUMBA_CPU_NAME=generic $(PY) -c 'from cernenv.physics.scan import warm_up; warm_up()'; generic=$$?; \
