@@ -139,7 +139,9 @@ MUTANTS ?= cernenv.rewards* cernenv.environment.*_grade__mutmut_* cernenv.analys
 
 mutants: setup ## mutation testing (mutmut) of the grade, the scored run's ledger and audit, decision credit: kill rate per file (slow: not in CI)
 	rm -rf mutants
-	nice -n 19 $(VENV)/bin/mutmut run $(foreach m,$(MUTANTS),"$(m)")
+	# One OpenMP thread: mutmut forks each mutant's test run from a process that has started torch's
+	# thread pool, and a forked child of it hangs (every decision-credit mutant timed out without this).
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 19 $(VENV)/bin/mutmut run $(foreach m,$(MUTANTS),"$(m)")
 	$(PY) scripts/mutation_report.py --functions $(foreach m,$(MUTANTS),"$(m)") --survivors
 
 # The GPU training set (requirements-gpu.txt) on a CPU: everything but unsloth, which cannot be
