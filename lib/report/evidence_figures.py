@@ -89,7 +89,7 @@ class _Series:
     """A rate over the row's `count` column: drawn with its exact (Clopper–Pearson) 95% interval."""
     style: str = "-"
     count: str = "episodes"
-    """With `binomial`: the column of how many episodes the rate is over."""
+    """With `binomial`: the column of how many episodes (or actions) the rate is over."""
     interval: Optional[Tuple[str, str]] = None
     """Columns of a mean's 95% interval (low, high), drawn as error bars where the row has them."""
 

@@ -254,10 +254,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     logger.info("stage 1 of 6: imitation on %d campaigns", config.warm_start_episodes)
     imitation = imitation_stage(config, args.out)
     seconds["imitation"] = imitation["seconds"]
-    imitation_eval = args.out / "imitation" / "validation.jsonl.gz"
-    logger.info("stage 2 of 6: the imitation adapter on %d validation campaigns", len(evaluation_suite(config)))
+    imitation_eval, validation = args.out / "imitation" / "validation.jsonl.gz", evaluation_suite(config)
+    logger.info("stage 2 of 6: the imitation adapter on %d validation campaigns", len(validation))
     seconds["imitation_eval"] = evaluate_once(
-        config, Path(imitation["adapter"]), evaluation_suite(config), imitation_eval, "imitation"
+        config, Path(imitation["adapter"]), validation, imitation_eval, "imitation"
     )
     logger.info("stage 3 of 6: GRPO, %d steps, from the imitation adapter", config.max_steps)
     grpo = grpo_stage(config, args.out, imitation_eval)
@@ -267,9 +267,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         "grpo_validation": ("GRPO", "validation", evidence / "post_eval.jsonl.gz"),
     }
     if "zero-shot" not in args.skip:
-        logger.info("stage 4 of 6: zero-shot on the same %d validation campaigns", len(evaluation_suite(config)))
+        logger.info("stage 4 of 6: zero-shot on the same %d validation campaigns", len(validation))
         target = evidence / "zero_shot_eval.jsonl.gz"
-        seconds["zero_shot_eval"] = evaluate_once(config, None, evaluation_suite(config), target, "zero-shot")
+        seconds["zero_shot_eval"] = evaluate_once(config, None, validation, target, "zero-shot")
         evaluations["zero_shot_validation"] = ("zero-shot", "validation", target)
     heldout_diff = None
     if "held-out" not in args.skip:
