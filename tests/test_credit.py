@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 from lib.training.config import TrainConfig
-from lib.training.credit import Decision, decision_credit, episode_decisions, returns_to_go, state_digest
+from lib.training.credit import (
+    ADVANTAGE_FIELD,
+    Credit,
+    Decision,
+    decision_credit,
+    decision_credit_trainer,
+    episode_decisions,
+    returns_to_go,
+    state_digest,
+)
 
 
 def episode(group, name, states, rewards, penalties=None):
@@ -177,3 +186,97 @@ def test_one_grpo_step_trains_with_each_decision_s_own_advantage(tiny_model_dir,
     assert logged["grad_norm"] > 0
     moved = [name for name, p in after.items() if not torch.equal(p.detach(), before[name])]
     assert len(moved) == len(after), f"{len(after) - len(moved)} parameter tensors did not move"
+
+
+def test_a_lone_episode_has_no_advantage_and_two_are_scaled_by_their_spread():
+    """With one episode in the step there is no spread to scale by: every term is 0 (not 0/0). With
+    two, "batch" divides by their standard deviation: returns 3 and -1 spread |3-(-1)|/√2."""
+    alone = decision_credit(episode("t", "e0", ["s0", "s1"], [1.0, 2.0]), penalty_weight=0.0)
+    assert alone.advantage == {("e0", 0): 0.0, ("e0", 1): 0.0}
+    pair = episode("t", "e0", ["a"], [3.0]) + episode("t", "e1", ["b"], [-1.0])
+    credit = decision_credit(pair, scale_rewards="batch", penalty_weight=0.0)
+    scale = 4.0 / np.sqrt(2.0) + 1e-4
+    assert credit.episode_term == pytest.approx({"e0": 2.0 / scale, "e1": -2.0 / scale})
+
+
+def test_a_refused_action_costs_one_unit_of_advantage_by_default():
+    """The documented default penalty_weight, 10: a refused action's −0.1 costs its decision 1.0."""
+    decisions = episode("t", "e0", ["s0", "s1"], [0.0, -0.1], [0.0, -0.1]) + episode("t", "e1", ["x"], [0.0])
+    assert decision_credit(decisions).penalty_term[("e0", 1)] == pytest.approx(-1.0)
+
+
+def test_a_state_only_one_episode_reached_does_not_hide_later_anchor_states():
+    """e0's first observation is its own, its second is shared with e1's first: the shared one is a
+    step group even though an unshared state was met before it."""
+    decisions = episode("t", "e0", ["own", "shared"], [0.0, 2.0]) + episode("t", "e1", ["shared"], [-1.0])
+    credit = decision_credit(decisions, discount=1.0, penalty_weight=0.0)
+    assert set(credit.step_term) == {("e0", 1), ("e1", 0)}
+    assert credit.step_term[("e0", 1)] > 0 > credit.step_term[("e1", 0)]
+
+
+def test_a_misordered_episode_is_named_with_its_first_ten_turns():
+    decisions = [Decision("t", "long", turn, "s", 0.0, 0.0) for turn in range(11, -1, -1)]
+    with pytest.raises(ValueError, match=r"episode long: .* got \[11, 10, 9, 8, 7, 6, 5, 4, 3, 2\]$"):
+        decision_credit(decisions)
+
+
+def test_episode_decisions_keeps_the_group_and_takes_only_negative_penalties():
+    """A decision belongs to the group it was played in, and only a penalty component below 0 says
+    it was wrong (a positive value there, were one ever recorded, would not be a reward for it)."""
+
+    class Turn:
+        prompt_ids = [7]
+
+    class Step:
+        reward, reward_breakdown = 0.2, {"violations": 0.2, "redundancy": -0.05, "milestones": -1.0}
+
+    (decision,) = episode_decisions("task-7", "e", [Turn()], [Step()])
+    assert decision.group == "task-7" and decision.penalty == pytest.approx(-0.05)
+
+
+def test_a_state_digest_is_sixteen_hex_digits_of_the_token_ids_whatever_their_integer_type():
+    digest = state_digest([1, 2, 3])
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    assert state_digest(np.array([1, 2, 3], dtype=np.int32)) == digest != state_digest([1, 2, 4])
+
+
+def test_the_summary_gives_each_term_s_share_and_mean_size():
+    """Three decisions: one anchored (with another episode's), one penalised; the means are over the
+    terms each decision has. An empty step's summary is all zeros, and one decision is a whole."""
+    credit = Credit(
+        advantage={("e0", 0): 1.0, ("e0", 1): -2.0, ("e1", 0): 0.5},
+        episode_term={"e0": -0.5, "e1": 1.5},
+        step_term={("e0", 0): 0.75, ("e1", 0): -0.25},
+        penalty_term={("e0", 0): 0.0, ("e0", 1): -1.0, ("e1", 0): 0.0},
+    )
+    assert credit.summary() == pytest.approx(
+        {
+            "decisions": 3.0,
+            "anchored": 2 / 3,
+            "penalised": 1 / 3,
+            "mean_abs_episode_term": (0.5 + 0.5 + 1.5) / 3,
+            "mean_abs_step_term": (0.75 + 0.25) / 2,
+            "mean_abs_penalty_term": 1.0 / 3,
+        }
+    )
+    assert set(Credit({}, {}, {}, {}).summary().values()) == {0.0}
+    one = Credit({("e", 0): -1.0}, {"e": 0.0}, {}, {("e", 0): -1.0}).summary()
+    assert one["penalised"] == 1.0 and one["mean_abs_penalty_term"] == 1.0
+
+
+class _GroupTrainer:
+    """A stand-in for TRL's trainer: its own advantage is the group's, 0 for every sample here."""
+
+    def _generate_and_score_completions(self, inputs):
+        import torch
+
+        return {"advantages": torch.zeros(len(inputs))}
+
+
+def test_the_trainer_trains_with_each_sample_s_own_advantage_and_refuses_a_rollout_without_one():
+    trainer = decision_credit_trainer(_GroupTrainer)()
+    assert type(trainer).__name__ == "DecisionCredit_GroupTrainer"
+    output = trainer._generate_and_score_completions([{ADVANTAGE_FIELD: 1.5}, {ADVANTAGE_FIELD: -0.25}])
+    assert output["advantages"].tolist() == [1.5, -0.25]
+    with pytest.raises(RuntimeError, match=r"1 of 2 samples have none \(is policy_context 'turn'\?\)"):
+        trainer._generate_and_score_completions([{ADVANTAGE_FIELD: 1.0}, {"prompt": "no advantage"}])

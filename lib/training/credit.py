@@ -76,18 +76,19 @@ def episode_decisions(group: str, episode: str, turns: Sequence[Any], steps: Seq
     decisions = []
     for t, (turn, step) in enumerate(zip(turns, steps)):
         breakdown = step.reward_breakdown or {}
-        penalty = float(sum(min(0.0, float(breakdown.get(name, 0.0))) for name in PENALTY_COMPONENTS))
+        penalties = [float(value) for name, value in breakdown.items() if name in PENALTY_COMPONENTS]
+        penalty = float(sum(min(0.0, value) for value in penalties))
         decisions.append(Decision(group, episode, t, state_digest(turn.prompt_ids), float(step.reward), penalty))
     return decisions
 
 
 def returns_to_go(rewards: Sequence[float], discount: float) -> List[float]:
     """sum over k >= t of discount**(k - t) * rewards[k], for each t."""
-    out, running = [0.0] * len(rewards), 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        running = float(rewards[t]) + discount * running
-        out[t] = running
-    return out
+    backwards, running = [], 0.0
+    for reward in reversed(rewards):
+        running = float(reward) + discount * running
+        backwards.append(running)
+    return backwards[::-1]
 
 
 def _scaled(values: np.ndarray, groups: Sequence[str], scale_rewards: str, batch_std: float) -> np.ndarray:
@@ -98,7 +99,8 @@ def _scaled(values: np.ndarray, groups: Sequence[str], scale_rewards: str, batch
         members = groups == group
         centred = values[members] - values[members].mean()
         if scale_rewards == "group":
-            centred = centred / (values[members].std(ddof=1) + SCALE_EPSILON) if members.sum() > 1 else centred * 0
+            if members.sum() > 1:  # a lone member is its own mean (0 already) and has no spread
+                centred = centred / (values[members].std(ddof=1) + SCALE_EPSILON)
         elif scale_rewards == "batch":
             centred = centred / (batch_std + SCALE_EPSILON)
         out[members] = centred
