@@ -4,6 +4,7 @@ evidence's (evidence/baselines.json, evidence/seeds*/seeds.json), not copies tha
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import re
@@ -141,47 +142,88 @@ AGENTS = {
 }
 
 
-def baseline_rows(page: Path) -> dict:
+SMOLLM2_ROWS = {
+    "SmolLM2-135M-Instruct, imitation": "heldout_imitation.jsonl.gz",
+    "SmolLM2-135M-Instruct, then GRPO": "heldout_grpo.jsonl.gz",
+}
+"""SmolLM2's rows of the table (their first cell's start) and their held-out episodes in evidence/smollm2/."""
+
+
+def table_rows(page: Path, labels) -> dict:
+    """The baseline table's rows whose first cell starts with one of `labels` ({label: name})."""
     rows = {}
     for _, line in prose(page):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        for label, agent in AGENTS.items():
+        for label, agent in labels.items():
             if cells and cells[0].startswith(label) and len(cells) == 7:
                 rows[agent] = cells
     return rows
 
 
+def assert_row_shows(page, agent, cells, metrics, groups):
+    """A row's cells are `metrics`' mean reward, success and false-discovery rate ({name: {"mean",
+    "low", "high"}}) and the correct outcomes of `groups` ({group: (success mean, episodes)})."""
+
+    def interval(metric):
+        return [metrics[metric]["mean"], metrics[metric]["low"], metrics[metric]["high"]]
+
+    def correct(group):
+        rate, n = groups[group]
+        return [round(rate * n), n]
+
+    expected = [
+        (interval("mean_reward"), 0.006),
+        (interval("success_rate"), 0.0006),
+        (interval("false_discovery_rate"), 0.006),
+        (correct("unseen_with_particle"), 0),
+        (correct("unseen_null"), 0),
+        (correct("known_physics"), 0),
+    ]
+    for cell, (values, tolerance) in zip(cells[1:], expected):
+        shown = numbers(cell)
+        if shown == [0.0]:  # written "0" when the whole interval is 0
+            assert max(abs(v) for v in values) <= tolerance, (page, agent, cell, values)
+            continue
+        assert len(shown) == len(values), (page, agent, cell)
+        assert all(abs(s - v) <= tolerance + 1e-9 for s, v in zip(shown, values)), (page, agent, cell, values)
+
+
 @pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
 def test_the_baseline_table_is_the_committed_baselines(page):
     baselines = json.loads((ROOT / "evidence" / "baselines.json").read_text())
-    rows = baseline_rows(ROOT / page)
+    rows = table_rows(ROOT / page, AGENTS)
     assert set(rows) == set(AGENTS.values()), f"{page}: the four baselines' rows"
-
-    def interval(metric, agent):
-        m = baselines["metrics"][agent][metric]
-        return [m["mean"], m["low"], m["high"]]
-
-    def correct(group, agent):
-        g = baselines["groups"][group]
-        n = g["n_episodes"][agent]
-        return [round(g["metrics"][agent]["success_rate"]["mean"] * n), n]
-
     for agent, cells in rows.items():
-        expected = [
-            (interval("mean_reward", agent), 0.006),
-            (interval("success_rate", agent), 0.0006),
-            (interval("false_discovery_rate", agent), 0.006),
-            (correct("unseen_with_particle", agent), 0),
-            (correct("unseen_null", agent), 0),
-            (correct("known_physics", agent), 0),
-        ]
-        for cell, (values, tolerance) in zip(cells[1:], expected):
-            shown = numbers(cell)
-            if shown == [0.0]:  # written "0" when the whole interval is 0
-                assert max(abs(v) for v in values) <= tolerance, (page, agent, cell, values)
-                continue
-            assert len(shown) == len(values), (page, agent, cell)
-            assert all(abs(s - v) <= tolerance + 1e-9 for s, v in zip(shown, values)), (page, agent, cell, values)
+        groups = {
+            name: (group["metrics"][agent]["success_rate"]["mean"], group["n_episodes"][agent])
+            for name, group in baselines["groups"].items()
+        }
+        assert_row_shows(page, agent, cells, baselines["metrics"][agent], groups)
+
+
+@functools.cache
+def smollm2_heldout(name: str) -> tuple:
+    """The metrics ({name: {"mean", "low", "high"}}) and each group's (success, episodes) of one of
+    SmolLM2's held-out evaluations, measured from its committed episodes as the baselines are."""
+    from lib.episodes.records import load_episodes_jsonl
+    from lib.measure.evaluation import group_metrics
+    from lib.measure.metrics import agent_metrics
+
+    episodes = load_episodes_jsonl(str(ROOT / "evidence" / "smollm2" / name))
+    assert len(episodes) == 313, f"{name}: the whole held-out suite"
+    metrics = {metric: vars(estimate) for metric, estimate in agent_metrics(episodes).items()}
+    groups = {group: (m["success_rate"].mean, m["success_rate"].n) for group, m in group_metrics(episodes).items()}
+    return metrics, groups
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_smollm2_s_rows_are_its_committed_held_out_episodes(page):
+    """SmolLM2's rows are measured afresh from its held-out episodes, on the same suite and worlds
+    (the published key) as the baselines, with the same bootstrap."""
+    rows = table_rows(ROOT / page, {label: label for label in SMOLLM2_ROWS})
+    assert set(rows) == set(SMOLLM2_ROWS), f"{page}: SmolLM2's rows"
+    for label, cells in rows.items():
+        assert_row_shows(page, label, cells, *smollm2_heldout(SMOLLM2_ROWS[label]))
 
 
 @pytest.mark.parametrize("folder", ["seeds", "seeds-family"])

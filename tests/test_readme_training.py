@@ -49,21 +49,22 @@ def _expected_numbers() -> dict:
 
 
 def smollm2_sentence() -> str:
-    """What SmolLM2's committed episodes played before and after GRPO, and the paired interval of
-    the difference, as the README's sentence says it."""
+    """What SmolLM2's committed episodes played before and after GRPO, on the validation campaigns
+    and the held-out suite, and the paired interval of the held-out difference, as the README says it."""
     from lib.episodes.records import load_episodes_jsonl
 
     folder = ROOT / "evidence" / "smollm2"
-    before, after = (
-        sum(1 for e in load_episodes_jsonl(str(folder / name)) if e.get("correct_outcome"))
-        for name in ("pre_eval.jsonl.gz", "post_eval.jsonl.gz")
-    )
-    metrics = json.loads((folder / "before_after_metrics.json").read_text())
-    low, high = metrics["delta_ci95"]["success_rate"]
-    n = metrics["pre"]["n"]
+
+    def correct(name: str) -> int:
+        return sum(1 for e in load_episodes_jsonl(str(folder / name)) if e.get("correct_outcome"))
+
+    validation = json.loads((folder / "before_after_metrics.json").read_text())["pre"]["n"]
+    heldout = json.loads((folder / "heldout_before_after.json").read_text())
+    low, high = heldout["delta_ci95"]["success_rate"]
     return (
-        f"plays {before} of {n} validation campaigns right, and {after} after GRPO "
-        f"({metrics['delta']['success_rate']:+.3f} [{low:+.3f}, {high:+.3f}]"
+        f"plays {correct('pre_eval.jsonl.gz')} → {correct('post_eval.jsonl.gz')} of {validation} validation campaigns "
+        f"and {correct('heldout_imitation.jsonl.gz')} → {correct('heldout_grpo.jsonl.gz')} of the "
+        f"{heldout['pre']['n']} held-out ones ({heldout['delta']['success_rate']:+.3f} [{low:+.3f}, {high:+.3f}]"
     )
 
 
