@@ -1,6 +1,7 @@
 """The README and docs/ as a newcomer meets them: every relative link and anchor resolves, no file
 names a machine's folders, the README stays short, and the figures it quotes are the committed
-evidence's (evidence/baselines.json, evidence/seeds*/seeds.json), not copies that drift."""
+evidence's (evidence/baselines.json, evidence/seeds*/seeds.json, SmolLM2's held-out episodes), not copies
+that drift."""
 
 from __future__ import annotations
 
