@@ -49,15 +49,21 @@ def test_the_pipeline_refuses_an_adapter_it_did_not_make(tmp_path, capsys):
 
 
 def test_a_finished_run_s_evidence_is_promoted_whole_and_an_unfinished_one_not_at_all(tmp_path, capsys):
-    """`--promote` copies every file of the run's evidence (not its lock or a partial file), removes the
-    target's files the run did not make but its hand-written README, and refuses a run without its
-    summary, leaving the target as it was."""
+    """`--promote` copies every file of the run's evidence (not its lock, a partial file or an
+    evaluation's seconds, which the summary holds), removes the target's files the run did not make
+    but its hand-written README, and refuses a run without its summary, leaving the target as it was."""
     out, target = tmp_path / "run", tmp_path / "evidence"
     (out / "evidence").mkdir(parents=True)
     target.mkdir()
     for name, text in (("README.md", "by hand"), ("old_episodes.jsonl.gz", "stale"), ("pre_eval.jsonl.gz", "old")):
         (target / name).write_text(text)
-    for name in ("pre_eval.jsonl.gz", "post_eval.jsonl.gz", ".run.lock", "post_eval.jsonl.gz.partial.jsonl.gz"):
+    for name in (
+        "pre_eval.jsonl.gz",
+        "post_eval.jsonl.gz",
+        ".run.lock",
+        "post_eval.jsonl.gz.partial.jsonl.gz",
+        "post_eval.seconds.json",
+    ):
         (out / "evidence" / name).write_text(name)
     with pytest.raises(FileNotFoundError, match="smollm2_summary.json is missing: .* nothing was promoted"):
         pipeline.promote(out, target)
@@ -170,3 +176,42 @@ def test_an_adapter_plays_merged_and_computes_what_it_computes(tiny_model_dir):
     plain = load_policy(TrainConfig(model_name=tiny_model_dir), "trl").model
     with adapter_merged(plain) as playing:
         assert playing is plain
+
+
+def test_an_evaluation_s_seconds_outlive_the_run_that_measured_them(tmp_path, monkeypatch):
+    """A stage's evaluation written by an earlier run reports the seconds that run measured, kept
+    beside its episodes; one whose seconds were never kept says so in the summary instead of 0."""
+    import math
+
+    from lib.training import imitation
+
+    played = []
+
+    def evaluate_stage(config, adapter, specs, target, name):
+        played.append(name)
+        target.write_text("episodes")
+        return 812.4
+
+    monkeypatch.setattr(imitation, "evaluate_stage", evaluate_stage)
+    target = tmp_path / "heldout_grpo.jsonl.gz"
+    assert pipeline.evaluate_once(None, None, [], target, "grpo") == 812.4
+    assert pipeline.evaluate_once(None, None, [], target, "grpo") == 812.4
+    assert played == ["grpo"], "the second run found the episodes written and did not play them again"
+    assert pipeline.seconds_file(target) == tmp_path / "heldout_grpo.seconds.json"
+    pipeline.seconds_file(target).unlink()
+    unknown = pipeline.evaluate_once(None, None, [], target, "grpo")
+    assert math.isnan(unknown) and played == ["grpo"]
+    summary = {"evaluations": {}, "seconds": {"heldout_grpo_eval": None, "grpo_grpo": 3245}}
+    assert "Seconds: heldout_grpo_eval not recorded, grpo_grpo 3245" in pipeline.summary_markdown(summary)
+
+
+def test_the_summary_rounds_each_interval_once():
+    """The summary's intervals are the episodes' own, rounded once for the page: the committed
+    held-out imitation episodes print the interval the README's baselines table gives them
+    (0.435, where rounding to four digits first printed 0.434)."""
+    evidence = Path(__file__).resolve().parents[1] / "evidence" / "smollm2"
+    entry = {"policy": "imitation", "split": "held-out", **pipeline.summary_of(evidence / "heldout_imitation.jsonl.gz")}
+    row = pipeline.summary_markdown({"evaluations": {"imitation_heldout": entry}, "seconds": {}}).splitlines()[4]
+    assert "| 313 | 153 | 0.489 [0.435, 0.546] |" in row
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "0.489 [0.435, 0.546]" in readme

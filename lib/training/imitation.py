@@ -107,8 +107,9 @@ def evaluate_stage(config: Any, adapter: Optional[Path], specs: Sequence[Any], t
     return seconds
 
 
-def curve_row(campaigns: int, path: Path, train_seconds: float, eval_seconds: float) -> Dict[str, Any]:
-    """One row of `curve.csv` from an evaluation's episodes."""
+def evaluation_measures(path: Path) -> Dict[str, Any]:
+    """An evaluation's measures from its episodes, unrounded: campaigns played and correct, success and
+    mean reward with their 95% bootstrap intervals, refused actions a campaign, particle tasks right."""
     from lib.episodes.records import load_episodes_jsonl
     from lib.measure.comparison import bootstrap_interval, episode_values, summarise_episodes
 
@@ -119,18 +120,28 @@ def curve_row(campaigns: int, path: Path, train_seconds: float, eval_seconds: fl
     refused = [sum(1 for step in e["steps"] if step["rule_violations"]) for e in episodes]
     particle = [e for e in episodes if (e.get("truth") or {}).get("exists")]
     return {
-        "campaigns": campaigns,
         "evaluated": summary["n"],
         "correct": summary["n_correct"],
-        "success": round(summary["success_rate"], 4),
-        "success_low": round(success[0], 4),
-        "success_high": round(success[1], 4),
-        "mean_reward": round(summary["mean_reward"], 4),
-        "reward_low": round(reward[0], 4),
-        "reward_high": round(reward[1], 4),
-        "refused_per_campaign": round(sum(refused) / max(1, len(refused)), 3),
+        "success": summary["success_rate"],
+        "success_low": success[0],
+        "success_high": success[1],
+        "mean_reward": summary["mean_reward"],
+        "reward_low": reward[0],
+        "reward_high": reward[1],
+        "refused_per_campaign": sum(refused) / max(1, len(refused)),
         "particle_correct": sum(1 for e in particle if e.get("correct_outcome")),
         "particle_tasks": len(particle),
+    }
+
+
+def curve_row(campaigns: int, path: Path, train_seconds: float, eval_seconds: float) -> Dict[str, Any]:
+    """One row of `curve.csv` from an evaluation's episodes: `evaluation_measures`, rounded for the table."""
+    measures = evaluation_measures(path)
+    digits = {"refused_per_campaign": 3}
+    rounded = {k: round(v, digits.get(k, 4)) if isinstance(v, float) else v for k, v in measures.items()}
+    return {
+        "campaigns": campaigns,
+        **rounded,
         "train_seconds": round(train_seconds),
         "eval_seconds": round(eval_seconds),
     }

@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -125,18 +126,28 @@ def grpo_stage(config: Any, out: Path, pre_eval: Path) -> Dict[str, Any]:
 def evaluate_once(config: Any, adapter: Optional[Path], specs: List[Any], target: Path, name: str) -> float:
     """Play `specs` greedily with the base model and `adapter` (none: as it comes) into `target`,
     unless it is written already (`lib.training.imitation.evaluate_stage`). Returns the seconds it
-    took (0 when written before)."""
+    took, kept beside `target` (`seconds_file`) for a run that finds it written later."""
     from lib.training.imitation import evaluate_stage
 
-    return 0.0 if target.is_file() else evaluate_stage(config, adapter, specs, target, name)
+    record = seconds_file(target)
+    if not target.is_file():
+        seconds = evaluate_stage(config, adapter, specs, target, name)
+        atomic_write(record, json_text({"seconds": seconds}))
+        return seconds
+    return float(json.loads(record.read_text())["seconds"]) if record.is_file() else float("nan")
+
+
+def seconds_file(target: Path) -> Path:
+    """Where an evaluation's seconds are kept: `NAME.seconds.json` beside its episodes `NAME.jsonl.gz`."""
+    return target.with_name(target.name.removesuffix(".jsonl.gz") + ".seconds.json")
 
 
 def summary_of(path: Path) -> Dict[str, Any]:
-    """An evaluation's measures: correct, success and reward with 95% bootstrap intervals, refusals."""
-    from lib.training.imitation import curve_row
+    """An evaluation's measures (`lib.training.imitation.evaluation_measures`), unrounded: the report
+    rounds each once."""
+    from lib.training.imitation import evaluation_measures
 
-    row = curve_row(0, path, 0.0, 0.0)
-    return {k: v for k, v in row.items() if k not in ("campaigns", "train_seconds", "eval_seconds")}
+    return evaluation_measures(path)
 
 
 def summary_markdown(summary: Dict[str, Any]) -> str:
@@ -162,7 +173,10 @@ def summary_markdown(summary: Dict[str, Any]) -> str:
                 f"GRPO − imitation on the {label} campaigns (paired by task, 95% bootstrap): success "
                 f"{_signed(diff.get('success_rate'))}, reward {_signed(diff.get('mean_reward'))}."
             )
-    lines += ["", "Seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in summary["seconds"].items()), ""]
+    seconds = ", ".join(
+        f"{k} {'not recorded' if v is None else format(v, '.0f')}" for k, v in summary["seconds"].items()
+    )
+    lines += ["", "Seconds: " + seconds, ""]
     return "\n".join(lines)
 
 
@@ -185,8 +199,8 @@ def _signed(diff: Optional[Dict[str, Any]]) -> str:
 def promote(out: Path, target: Path = EVIDENCE_DIR) -> List[str]:
     """Copy a finished run's evidence (`out/evidence/`, its summary written) into `target`, each file
     whole; the files of `target` the run did not make are removed (git has them), but for
-    `KEPT_ON_PROMOTION`. Refused, with nothing copied, when the summary is missing. Returns the names
-    copied."""
+    `KEPT_ON_PROMOTION`; an evaluation's seconds file is not copied (the summary holds its seconds).
+    Refused, with nothing copied, when the summary is missing. Returns the names copied."""
     from lib.files import atomic_write
 
     source = Path(out) / "evidence"
@@ -196,7 +210,12 @@ def promote(out: Path, target: Path = EVIDENCE_DIR) -> List[str]:
             "from where it stopped); nothing was promoted"
         )
     files = sorted(
-        p for p in source.iterdir() if p.is_file() and not p.name.startswith(".") and ".partial" not in p.name
+        p
+        for p in source.iterdir()
+        if p.is_file()
+        and not p.name.startswith(".")
+        and ".partial" not in p.name
+        and not p.name.endswith(".seconds.json")
     )
     target.mkdir(parents=True, exist_ok=True)
     for path in files:
@@ -304,7 +323,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         },
         "validation_grpo_minus_imitation": difference(validation),
         "heldout_grpo_minus_imitation": heldout_diff,
-        "seconds": {k: round(v) for k, v in seconds.items()},
+        "seconds": {k: None if math.isnan(v) else round(v) for k, v in seconds.items()},
     }
     atomic_write(evidence / "smollm2_summary.json", json_text(summary))
     atomic_write(evidence / "smollm2_summary.md", summary_markdown(summary))
