@@ -139,6 +139,63 @@ def test_lines_that_cannot_be_written_are_logged_once_a_period_with_their_count(
     ledger.close()
 
 
+def test_the_ledger_says_why_no_episode_may_be_played_and_logs_it_once_while_it_lasts(tmp_path, monkeypatch, caplog):
+    """`room_problem`: None while the file system has `LEDGER_MIN_FREE_BYTES` free (exactly that is
+    enough) or cannot be asked; below it, the free bytes and the threshold, with the last line's
+    failure when there was one; a full ledger says so whatever the disk. Logged once while a problem
+    lasts, and again once it returns after room came back."""
+    ledger = ResultsLedger(tmp_path / "results.jsonl", max_bytes=1000, rotated_files=3)
+    free = {"bytes": 10 * ledger_module.LEDGER_MIN_FREE_BYTES}
+
+    class Statvfs:
+        f_frsize = 512
+
+        @property
+        def f_bavail(self):
+            return free["bytes"] // 512
+
+    def statvfs(path):
+        assert str(path) == str(tmp_path), "the ledger's own file system"
+        if free["bytes"] is None:
+            raise OSError("not supported here")
+        return Statvfs()
+
+    monkeypatch.setattr(ledger_module.os, "statvfs", statvfs)
+    reports = lambda: [r.getMessage() for r in caplog.records if "plays no new episode" in r.getMessage()]  # noqa: E731
+    low = ledger_module.LEDGER_MIN_FREE_BYTES - 512
+    with caplog.at_level(logging.ERROR, logger="cernenv.server"):
+        assert ledger.room_problem() is None
+        free["bytes"] = ledger_module.LEDGER_MIN_FREE_BYTES
+        assert ledger.room_problem() is None
+        free["bytes"] = low
+        expected = (
+            f"the results ledger {ledger.path} cannot be written: its file system has {low} bytes free, "
+            f"under the {ledger_module.LEDGER_MIN_FREE_BYTES} an episode's line needs"
+        )
+        assert ledger.room_problem() == expected
+        assert ledger.room_problem() == expected
+        assert reports() == [f"{expected}: the server plays no new episode until it has room again"]
+        ledger.unwritable = "the line could not be written whole"
+        assert ledger.room_problem() == f"{expected} (the line could not be written whole)"
+        free["bytes"] = None
+        assert ledger.room_problem() is None, "a file system that cannot say is not refused for it"
+        free["bytes"] = low
+        assert ledger.room_problem().startswith("the results ledger")
+        assert len(reports()) == 2, "said again once the problem came back"
+        free["bytes"] = 10 * ledger_module.LEDGER_MIN_FREE_BYTES
+        ledger.full = True
+        assert ledger.room_problem() == (
+            f"the results ledger {ledger.path} is full (4 files of up to 1000 bytes): nothing more is recorded; "
+            "move its files away (or raise --ledger-max-mib) and restart the server"
+        )
+        assert len(reports()) == 2, "a problem that lasts, whatever its reason now, is said once"
+        ledger.full = False
+        assert ledger.room_problem() is None
+        ledger.full = True
+        assert ledger.room_problem().endswith("restart the server") and len(reports()) == 3
+    ledger.close()
+
+
 @pytest.mark.parametrize(
     "first_line, refused",
     [
@@ -178,3 +235,223 @@ def test_numpy_scalars_become_plain_values_and_nothing_else_is_accepted():
     with pytest.raises(TypeError, match="plain JSON values, not Float32DType"):
         _plain_scalar(np.dtype("float32"))
     assert json.loads(json.dumps(_plain_scalar(np.bool_(False)))) is False
+
+
+def line_bytes(record: dict) -> int:
+    """The bytes `record` takes in a plain ledger: its text and newline."""
+    from cernenv.server.ledger import record_text
+
+    return len(record_text(record).encode()) + 1
+
+
+def test_a_client_s_share_is_its_bytes_exactly_and_a_client_less_episode_counts_as_unknown(tmp_path):
+    """A share of exactly one line's bytes takes that line and refuses the next (the refusal says
+    whose share, how much was written and the share), an address-less episode spends the share of
+    "unknown", and `stepless_lines=1` writes one episode abandoned without a step, then counts."""
+    first, second = episode_line(0), episode_line(1)
+    ledger = ResultsLedger(tmp_path / "results.jsonl", client_max_bytes=line_bytes(first), stepless_lines=1)
+    ledger.append(first)
+    with pytest.raises(ledger_module.LedgerShareSpent) as spent:
+        ledger.append(second)
+    assert str(spent.value) == (
+        f"client 127.0.0.1 has written {line_bytes(first)} bytes of episode lines, its share of "
+        f"{line_bytes(first)}: its further episodes are not recorded (--ledger-max-mib sets both)"
+    )
+    anonymous = episode_line(2, client=None)
+    ledger.append(anonymous)
+    with pytest.raises(ledger_module.LedgerShareSpent, match="^client unknown has written"):
+        ledger.append(episode_line(3, client=None))
+    stepless = dict(abandoned=True, steps=0, client="10.0.0.9")
+    ledger.append(episode_line(4, **stepless))
+    with pytest.raises(ledger_module.LedgerShareSpent) as counted:
+        ledger.append(episode_line(5, **stepless))
+    assert str(counted.value) == (
+        "client 10.0.0.9 has written 1 lines of episodes abandoned without a step: its further ones are "
+        "counted, not written (1 so far)"
+    )
+    ledger.close()
+    assert [r.task_index for r in read_ledger(tmp_path / "results.jsonl")] == [0, 2, 4]
+
+
+def test_a_file_is_rotated_only_when_a_line_would_pass_its_size_and_only_if_it_holds_one(tmp_path):
+    """A line larger than `max_bytes` goes into an empty file (rotating an empty file would only make
+    files); a file of exactly `max_bytes` is not rotated; the line that would pass it is written
+    into a new file, the old one numbered .1."""
+    path = tmp_path / "results.jsonl"
+    size = line_bytes(episode_line(0))
+    small = ResultsLedger(path, max_bytes=size - 1, client_max_bytes=10**9)
+    small.append(episode_line(0))
+    assert path.stat().st_size == size and not ledger_module.rotated_path(path, 1).exists()
+    small.close()
+    path.unlink()
+    exact = ResultsLedger(path, max_bytes=2 * size, client_max_bytes=10**9)
+    exact.append(episode_line(0))
+    exact.append(episode_line(1))
+    assert path.stat().st_size == 2 * size and not ledger_module.rotated_path(path, 1).exists()
+    exact.append(episode_line(2))
+    assert ledger_module.rotated_path(path, 1).stat().st_size == 2 * size and path.stat().st_size == size
+    exact.close()
+
+
+def test_a_line_the_disk_refuses_leaves_its_file_as_it_was_and_the_next_written_clears_the_reason(
+    tmp_path, monkeypatch
+):
+    """A write that raises (a full disk) or writes part of the line: OSError, the file cut back to
+    what it held (an empty new file after a rotation stays empty), `unwritable` says why; the next
+    line written sets it back to None."""
+    path = tmp_path / "results.jsonl"
+    size = line_bytes(episode_line(0))
+    ledger = ResultsLedger(path, max_bytes=size, client_max_bytes=10**9)
+    assert ledger.unwritable is None and ledger.full is False
+    ledger.append(episode_line(0))
+    real = ledger_module.os.write
+
+    def refused(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ledger_module.os, "write", refused)
+    with pytest.raises(OSError, match=r"results\.jsonl: the line could not be written whole \(is the disk full\?\)"):
+        ledger.append(episode_line(1))  # rotates first: the new file is empty
+    assert path.stat().st_size == 0 and ledger_module.rotated_path(path, 1).stat().st_size == size
+    assert ledger.unwritable == f"results ledger {path}: the line could not be written whole (is the disk full?)"
+    monkeypatch.setattr(ledger_module.os, "write", lambda fd, data: real(fd, data[:7]))
+    with pytest.raises(OSError, match="could not be written whole"):
+        ledger.append(episode_line(1))
+    assert path.stat().st_size == 0, "no partial line"
+    monkeypatch.setattr(ledger_module.os, "write", real)
+    ledger.append(episode_line(1))
+    assert ledger.unwritable is None and path.stat().st_size == size
+    ledger.close()
+
+
+def test_a_ledger_closes_each_of_its_descriptors_once(tmp_path, monkeypatch):
+    """`close` closes the ledger's file and its lock, once each however often it is called, and
+    nothing else."""
+    ledger = ResultsLedger(tmp_path / "results.jsonl")
+    mine = [ledger._fd, ledger._lock_fd]
+    closed = []
+    real = ledger_module.os.close
+    monkeypatch.setattr(ledger_module.os, "close", lambda fd: (closed.append(fd), real(fd)))
+    ledger.close()
+    ledger.close()
+    assert closed == mine
+
+
+def test_a_new_ledger_makes_its_folder_private_and_a_run_file_has_no_shares(tmp_path):
+    """The ledger's folder is made with its parents, readable by its owner alone; a plain ledger's
+    client share defaults to one file's size, a scored run's file has no share and no stepless
+    limit (every line of the run is written)."""
+    import stat
+
+    folder = tmp_path / "state" / "ledgers"
+    plain = ResultsLedger(folder / "results.jsonl", max_bytes=5000)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert plain.client_max_bytes == 5000 and plain.stepless_lines == ledger_module.STEPLESS_LINES_PER_CLIENT
+    plain.close()
+    run = ResultsLedger(folder / "run.jsonl", run_file=True, client_max_bytes=10, stepless_lines=1)
+    assert run.client_max_bytes is None and run.stepless_lines is None
+    for index in range(3):
+        run.append(episode_line(index, abandoned=True, steps=0))
+    run.close()
+    assert len(read_ledger(folder / "run.jsonl")) == 3
+
+
+def test_the_ledger_s_refusals_say_what_to_do_word_for_word(tmp_path):
+    """A second writer, a run file that exists, a plain ledger opened on a run's file, and a damaged
+    line: each message whole, naming the file."""
+    path = tmp_path / "results.jsonl"
+    first = ResultsLedger(path)
+    with pytest.raises(OSError) as second:
+        ResultsLedger(path)
+    assert str(second.value) == (
+        f"the results ledger {path} is being written by another process (another server with the same "
+        "state directory or --results-ledger?): two writers would rotate each other's lines away; give "
+        "this server a ledger of its own with --results-ledger PATH or CERNENV_STATE_DIR"
+    )
+    first.close()
+    run_path = tmp_path / "run.jsonl"
+    ResultsLedger(run_path, run_file=True).close()
+    with pytest.raises(OSError) as exists:
+        ResultsLedger(run_path, run_file=True)
+    assert str(exists.value) == (
+        f"{run_path} exists: a scored run's ledger is a file of its own, made when the run opens; "
+        "give a new path (or none: runs/RUN_ID.jsonl in the state directory)"
+    )
+    run_path.write_text(json.dumps({"record": "run_opened", "run_id": "r"}) + "\n")
+    with pytest.raises(OSError) as opened:
+        ResultsLedger(run_path)
+    assert str(opened.value) == (
+        f"{run_path} is a scored run's ledger, which no other server writes or rotates: give this "
+        "server a results ledger of its own with --results-ledger PATH or CERNENV_STATE_DIR"
+    )
+    path.write_text(json.dumps(episode_line(0)) + "\nnot json\n")
+    with pytest.raises(LedgerError) as damaged:
+        read_ledger(path)
+    assert str(damaged.value).endswith(
+        "; the line is not a valid results-ledger record (a line cut by a full disk, or written by hand): "
+        "read past it with skip_damaged=True, which reports each line it skips (a scored run's ledger is "
+        "never read past: cernenv.server.audit)"
+    )
+    assert str(damaged.value).startswith(f"{path}:2: ")
+
+
+def test_a_run_opening_line_is_recognised_after_its_first_line_only(tmp_path):
+    """`_opens_a_run` reads the first line alone: a run's opening line first is a run's file; one
+    after another line is not, and neither is a first line cut off past `FIRST_LINE_MAX_BYTES`."""
+    path = tmp_path / "file.jsonl"
+    opening = json.dumps({"record": "run_opened", "run_id": "r"})
+    path.write_text(opening + "\n" + json.dumps(episode_line(0)) + "\n")
+    assert ledger_module._opens_a_run(path)
+    path.write_text(json.dumps(episode_line(0)) + "\n" + opening + "\n")
+    assert not ledger_module._opens_a_run(path)
+    padded = opening[:-1] + ", " + " " * ledger_module.FIRST_LINE_MAX_BYTES + "}"
+    path.write_text(padded + "\n")
+    assert not ledger_module._opens_a_run(path), "only FIRST_LINE_MAX_BYTES are read: a cut line is no JSON"
+
+
+def test_two_wrong_fields_are_one_and_one_more():
+    two = validation_error({**episode_line(), "steps": "four", "seed": "x"})
+    assert two.error_count() == 2
+    assert _problem(two).endswith(" (and 1 more)")
+
+
+def test_a_line_s_digest_does_not_depend_on_the_order_of_its_fields():
+    """The signed digest is of the record's canonical text (sorted keys): a verifier that re-encodes a
+    line, in any order, computes the digest the server signed."""
+    record = episode_line(0)
+    reordered = dict(reversed(list(record.items())))
+    assert json.dumps(record) != json.dumps(reordered)
+    assert line_digest(json.dumps(record)) == line_digest(json.dumps(reordered))
+    import hashlib
+
+    assert line_digest(json.dumps(record)) == hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def test_a_record_s_stale_signature_is_replaced_by_the_run_s_own(tmp_path):
+    """A record handed to a run's file with a `signature` already in it is signed afresh (the stale one
+    is not part of what is signed), and without a key it is written without one."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from cernenv.server.ledger import public_key_hex, signature_holds
+
+    key = Ed25519PrivateKey.generate()
+    signed = ResultsLedger(tmp_path / "signed.jsonl", run_file=True, signing_key=key)
+    signed.append({**episode_line(0), "signature": "ab" * 64})
+    signed.close()
+    line = (tmp_path / "signed.jsonl").read_text().splitlines()[0]
+    assert json.loads(line)["signature"] != "ab" * 64
+    assert signature_holds(public_key_hex(key), line_digest(line), json.loads(line)["signature"])
+    unsigned = ResultsLedger(tmp_path / "unsigned.jsonl", run_file=True)
+    unsigned.append({**episode_line(0), "signature": "ab" * 64})
+    unsigned.close()
+    assert "signature" not in json.loads((tmp_path / "unsigned.jsonl").read_text())
+
+
+def test_the_first_line_that_cannot_be_written_is_reported_at_once(tmp_path, monkeypatch, caplog):
+    """However soon after the clock's zero the first failure comes, it is reported, not held back."""
+    monkeypatch.setattr(ledger_module.time, "monotonic", lambda: 0.0)
+    ledger = ResultsLedger(tmp_path / "results.jsonl")
+    with caplog.at_level(logging.ERROR, logger="cernenv.server"):
+        assert ledger.append_or_report(episode_line(1, steps="many")) is False
+    assert sum("could not record 1 ended episode(s)" in r.getMessage() for r in caplog.records) == 1
+    ledger.close()

@@ -226,7 +226,7 @@ def parse_line(text: str) -> Record:
 def line_sha256(text: str) -> str:
     """The SHA-256 (hex) of one ledger line as written, without its newline: what the next line of
     a scored run's file carries as `previous`."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 SIGNED_LINE_CONTEXT = b"cernenv scored-run ledger line\x00"
@@ -245,7 +245,7 @@ def line_digest(text: str) -> str:
     data = json.loads(text)
     if isinstance(data, dict):
         data.pop("signature", None)
-    return hashlib.sha256(record_text(data).encode("utf-8")).hexdigest()
+    return hashlib.sha256(record_text(data).encode()).hexdigest()
 
 
 def sign_digest(key: Ed25519PrivateKey, digest: str) -> str:
@@ -387,7 +387,7 @@ class ResultsLedger:
                 record = json.loads(record_text({**record, "previous": self.last_sha256}))
                 record.pop("signature", None)
                 if self._signing_key is not None:
-                    digest = hashlib.sha256(record_text(record).encode("utf-8")).hexdigest()
+                    digest = hashlib.sha256(record_text(record).encode()).hexdigest()
                     signature = sign_digest(self._signing_key, digest)
                     record["signature"] = signature
             text = record_text(record)
@@ -395,7 +395,7 @@ class ResultsLedger:
                 typed = parse_line(text)
             except ValueError as error:
                 raise ValueError(f"not a valid results-ledger record: {_problem(error)}") from None
-            data = (text + "\n").encode("utf-8")
+            data = (text + "\n").encode()
             client = typed.client if isinstance(typed, EpisodeEnded) and typed.client else "unknown"
             stepless = isinstance(typed, EpisodeEnded) and typed.abandoned and typed.steps == 0
             if self.full:
@@ -421,10 +421,10 @@ class ResultsLedger:
                 self._rotate()
                 size = 0
             try:
-                written = os.write(self._fd, data)
+                whole = os.write(self._fd, data) == len(data)
             except OSError:
-                written = -1
-            if written != len(data):
+                whole = False
+            if not whole:
                 os.ftruncate(self._fd, size)  # no partial line: the next one starts clean
                 self.unwritable = f"results ledger {self.path}: the line could not be written whole (is the disk full?)"
                 raise OSError(self.unwritable)
@@ -518,11 +518,15 @@ class ResultsLedger:
                 self._lock_fd = -1
 
 
+FIRST_LINE_MAX_BYTES = 2**20
+"""How much of a file `_opens_a_run` reads for its first line (a run's opening line is far shorter)."""
+
+
 def _opens_a_run(path: Path) -> bool:
     """Whether the regular file `path` starts with a scored run's first line (`RunOpened`)."""
     fd = open_private_file(path, os.O_RDONLY)
     try:
-        first = os.pread(fd, 1 << 20, 0).split(b"\n", 1)[0]
+        first = os.pread(fd, FIRST_LINE_MAX_BYTES, 0).partition(b"\n")[0]
     finally:
         os.close(fd)
     try:
@@ -580,8 +584,9 @@ def read_ledger(path: Path, *, skip_damaged: bool = False) -> Union[List[Record]
     if not Path(path).exists():
         raise FileNotFoundError(f"no results ledger at {path}")
     for file in files:
-        with open(file, encoding="utf-8", errors="replace") as handle:
-            for number, text in enumerate(handle, start=1):
+        with open(file, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                text = line.decode(errors="replace")  # UTF-8, whatever the locale
                 if not text.strip():
                     continue
                 try:
