@@ -86,8 +86,9 @@ def test_a_closed_ledger_gives_its_lock_back_and_closes_once(tmp_path):
     second.append(episode_line(1))
     second.close()
     assert [r.task_index for r in read_ledger(path)] == [0, 1]
-    with pytest.raises(OSError):  # its descriptor is gone, not another file's
+    with pytest.raises(OSError) as closed:  # its descriptor is gone, not another file's
         first.append(episode_line(2))
+    assert str(closed.value) == f"the results ledger {path} is closed: nothing more is written to it"
 
 
 def test_a_run_files_head_is_the_receipt_of_its_last_line(tmp_path):
@@ -407,6 +408,26 @@ def test_a_run_opening_line_is_recognised_after_its_first_line_only(tmp_path):
     padded = opening[:-1] + ", " + " " * ledger_module.FIRST_LINE_MAX_BYTES + "}"
     path.write_text(padded + "\n")
     assert not ledger_module._opens_a_run(path), "only FIRST_LINE_MAX_BYTES are read: a cut line is no JSON"
+
+
+def test_a_number_json_cannot_write_is_refused_wherever_it_is():
+    """NaN and the infinities, which Python's JSON reader accepts: refused when writing a record, and
+    when reading a line, at any depth of a free-form object, the error naming the place."""
+    from cernenv.server.ledger import record_text
+
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+            record_text({"x": [1.0, bad]})
+    line = json.dumps(episode_line(0, truth={"exists": True, "mass_gev": 125.0, "widths": [1.0, 2.0]}))
+    assert parse_line(line).truth["widths"] == [1.0, 2.0]
+    for damaged, where, value in (
+        (line.replace('"mass_gev": 125.0', '"mass_gev": NaN'), "the line.truth.mass_gev", "nan"),
+        (line.replace("[1.0, 2.0]", "[1.0, -Infinity]"), "the line.truth.widths[1]", "-inf"),
+        (line.replace('"episode_reward": 2.5', '"episode_reward": Infinity'), "the line.episode_reward", "inf"),
+    ):
+        with pytest.raises(ValueError) as refused:
+            parse_line(damaged)
+        assert str(refused.value) == f"{where} is {value}: a ledger holds finite numbers only"
 
 
 def test_two_wrong_fields_are_one_and_one_more():

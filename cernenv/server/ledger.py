@@ -44,23 +44,19 @@ Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 """A finite JSON number (an integer is one; a boolean, a string, NaN and infinity are not)."""
 
 
-def _plain_json(value: Any, where: str = "value") -> Any:
-    """`value` if it is plain JSON (objects with string keys, arrays, strings, finite numbers,
-    booleans, null) at every depth; a ValueError naming where it is not."""
-    if value is None or isinstance(value, (bool, str, int)):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{where} is {value}: a ledger holds finite numbers only")
-        return value
+def _check_finite(value: Any, where: str) -> None:
+    """A ValueError naming the first place in `value` (what `json.loads` made of a line: objects,
+    arrays, strings, numbers, booleans, null) that holds a number JSON cannot write: NaN or an
+    infinity, which Python's JSON reader accepts and pydantic does not look for inside the
+    free-form objects (`truth`, `claim`, a run's `tasks`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} is {value}: a ledger holds finite numbers only")
     if isinstance(value, list):
-        return [_plain_json(item, f"{where}[{i}]") for i, item in enumerate(value)]
-    if isinstance(value, dict):
-        for key in value:
-            if not isinstance(key, str):
-                raise ValueError(f"{where} has the key {key!r}: keys are strings")
-        return {key: _plain_json(item, f"{where}.{key}") for key, item in value.items()}
-    raise ValueError(f"{where} is a {type(value).__name__}, not a JSON value")
+        for i, item in enumerate(value):
+            _check_finite(item, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
 
 
 PlainObject = Annotated[Dict[str, Any], Field(strict=True)]
@@ -219,7 +215,7 @@ def parse_line(text: str) -> Record:
     data = json.loads(text)
     if isinstance(data, dict):
         data.setdefault("record", "episode")
-    _plain_json(data, "the line")
+    _check_finite(data, "the line")
     return _LINE.validate_python(data)
 
 
@@ -343,7 +339,8 @@ class ResultsLedger:
         self.stepless_lines = None if run_file else stepless_lines
         self._signing_key = signing_key
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock_fd = _exclusive_lock(lock_path(self.path), self.path)
+        self._lock_fd: Optional[int] = _exclusive_lock(lock_path(self.path), self.path)
+        self._fd: Optional[int] = None
         try:
             if run_file:
                 try:
@@ -376,7 +373,8 @@ class ResultsLedger:
         self.unwritable: Optional[str] = None
         """Why the last line could not be written (a full disk), until a line is written again."""
         self._failed, self._last_report = 0, -REPORT_EVERY_S
-        self._room_reported = False
+        self._room_refusals = 0
+        """`room_problem`'s refusals in a row (the first is logged)."""
 
     def append(self, record: Dict[str, Any]) -> Record:
         """Validate `record` (in a run's file, with `previous` and `signature` set) and append it;
@@ -413,21 +411,22 @@ class ResultsLedger:
                         f"client {client} has written {spent} bytes of episode lines, its share of "
                         f"{self.client_max_bytes}: its further episodes are not recorded (--ledger-max-mib sets both)"
                     )
+            if self._fd is None:
+                raise OSError(f"the results ledger {self.path} is closed: nothing more is written to it")
             size = os.fstat(self._fd).st_size
-            if not self.run_file and size > 0 and size + len(data) > self.max_bytes:
+            if not self.run_file and size and size + len(data) > self.max_bytes:
                 if rotated_path(self.path, self.rotated_files).exists():
                     self.full = True
                     raise LedgerFull(self._full_message())
                 self._rotate()
                 size = 0
             try:
-                whole = os.write(self._fd, data) == len(data)
+                if os.write(self._fd, data) != len(data):
+                    raise OSError  # a short write: the rest did not fit
             except OSError:
-                whole = False
-            if not whole:
                 os.ftruncate(self._fd, size)  # no partial line: the next one starts clean
                 self.unwritable = f"results ledger {self.path}: the line could not be written whole (is the disk full?)"
-                raise OSError(self.unwritable)
+                raise OSError(self.unwritable) from None
             self.unwritable = None
             self.lines += 1
             if self.run_file:
@@ -463,9 +462,10 @@ class ResultsLedger:
                 )
         with self._lock:
             if problem is None:
-                self._room_reported = False
+                self._room_refusals = 0
                 return None
-            report, self._room_reported = not self._room_reported, True
+            self._room_refusals += 1
+            report = self._room_refusals == 1
         if report:
             logger.error("%s: the server plays no new episode until it has room again", problem)
         return problem
@@ -510,12 +510,10 @@ class ResultsLedger:
 
     def close(self) -> None:
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-            if self._lock_fd >= 0:
-                os.close(self._lock_fd)  # releases the lock
-                self._lock_fd = -1
+            for fd in (self._fd, self._lock_fd):  # closing the lock's releases it
+                if fd is not None:
+                    os.close(fd)
+            self._fd = self._lock_fd = None
 
 
 FIRST_LINE_MAX_BYTES = 2**20
