@@ -428,3 +428,32 @@ def test_the_spin_figure_s_caption_speaks_of_the_channel_it_shows():
     assert "Landau" not in four_lepton and "diphoton" not in four_lepton and "1 + 1.5 cos²θ*" in four_lepton
     diphoton = plotting.spin_caption("diphoton", 120, "±3 GeV of 125 GeV")
     assert "against spin 0, 2." in diphoton and "Landau–Yang" in diphoton and "pass for spin 1" not in diphoton
+
+
+def test_the_checkpoint_figure_names_the_split_its_evaluations_played(tmp_path):
+    """A run evaluated on the validation split draws "validation" in the figure's title and panels,
+    never "held-out"; the split is read from the episodes' seeds (`split_of`)."""
+    import lib.report.evidence_figures as figures
+    from lib.measure.evaluation import heldout_suite, split_of, validation_suite
+
+    assert split_of([{"seed": spec.seed} for spec in heldout_suite()[:5]]) == "held-out"
+    assert split_of([{"seed": spec.seed} for spec in validation_suite(5)]) == "validation"
+    mixed = [{"seed": heldout_suite()[0].seed}, {"seed": validation_suite(1)[0].seed}]
+    assert split_of(mixed) == "evaluation" and split_of([]) == "evaluation"
+    assert split_of([{"seed": 40_000}]) == "evaluation", "a training seed is neither split"
+    csv = tmp_path / "checkpoint_evals.csv"
+    rows = ["step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc"]
+    rows += [f"{step},{step / 8},60,3.5,0.7,0.6,0.6" for step in (0, 4, 8)]
+    csv.write_text("\n".join(rows) + "\n")
+    captured = []
+    real_save = figures._save_figure
+    figures._save_figure = lambda fig, path: (captured.append(fig), real_save(fig, path))[1]
+    try:
+        figures.render_checkpoint_progression(csv, tmp_path / "cp.png", "validation")
+    finally:
+        figures._save_figure = real_save
+    (fig,) = captured
+    texts = [fig._suptitle.get_text()] + [ax.get_title() for ax in fig.axes]
+    assert texts[0].startswith("CERNenv validation evaluation during training")
+    assert any(t.startswith("Validation rates") for t in texts) and any("validation checkpoint" in t for t in texts)
+    assert not any("held-out" in t.lower() for t in texts)

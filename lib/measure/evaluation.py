@@ -146,6 +146,21 @@ def validation_suite(n_episodes: int) -> Tuple[EpisodeSpec, ...]:
     return specs
 
 
+def split_of(episodes: Iterable[Mapping[str, Any]]) -> str:
+    """Which split `episodes` were played on, as the evidence names it: "held-out" when every seed is
+    one of a held-out suite's, "validation" when every seed is the validation split's
+    (`validation_suite`), else "evaluation" (none, or a mix)."""
+    from lib.seeds import VALIDATION_SEED
+
+    seeds = {episode.get("seed") for episode in episodes}
+    suite_seeds = {spec.seed for version in SUITES for spec in heldout_suite(version)}
+    if seeds and seeds <= suite_seeds:
+        return "held-out"
+    if seeds and all(isinstance(seed, int) and seed >= VALIDATION_SEED for seed in seeds) and not seeds & suite_seeds:
+        return "validation"
+    return "evaluation"
+
+
 def assert_disjoint_from_suite(training_seeds: Iterable[int], suite: Sequence[EpisodeSpec] = ()) -> None:
     """Raise if any training seed is an evaluation seed (≥ `HELDOUT_SEED_START`, whose particles
     come from the held-out mass bands) or a seed of `suite` (default: the current suite)."""

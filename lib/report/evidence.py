@@ -32,7 +32,7 @@ from lib.measure.comparison import (
     same_tasks,
     training_reward_trend,
 )
-from lib.measure.evaluation import PARTS, group_label
+from lib.measure.evaluation import PARTS, group_label, split_of
 from lib.report.conclusion import run_changes
 from lib.report.episode_markdown import correct_by_part, episode_markdown_lines, sample_pairs, spread_by_reward
 from lib.report.evidence_figures import (
@@ -267,7 +267,9 @@ def render_all(evidence: Union[Evidence, EvidencePaths]) -> Dict[str, Optional[P
             evidence.reward_components, paths.reward_components_png
         ),
         "checkpoint_progression_png": lambda: plot_checkpoint_progression(
-            evidence.checkpoint_evals, paths.checkpoint_progression_png
+            evidence.checkpoint_evals,
+            paths.checkpoint_progression_png,
+            split=split_of(evidence.pre or evidence.post or ()),
         ),
         "sample_trajectories_md": lambda: _write_markdown(
             sample_trajectories_markdown(evidence.pre, evidence.post), paths.sample_trajectories_md

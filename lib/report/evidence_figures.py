@@ -287,25 +287,35 @@ _COMPONENT_PANELS = (
     _Panel("Episode length", "mean steps per episode", (_Series("mean_n_steps", "steps", "#0f766e"),)),
 )
 
-_CHECKPOINT_PANELS = (
-    _Panel(
-        "Mean episode reward on the held-out checkpoint episodes (95% bootstrap intervals)",
-        "mean episode reward",
-        (_Series("mean_reward", "mean reward", "#1d4ed8", interval=("mean_reward_low", "mean_reward_high")),),
-    ),
-    _Panel(
-        "Held-out rates (success = correct discovery or correct null; 95% exact intervals)",
-        "fraction of episodes",
-        (
-            _Series("success_rate", "success (correct outcome)", "#16a34a", binomial=True),
-            _Series("mass_acc", "mass accuracy", "#9333ea", style="--", binomial=True, count="episodes_with_particle"),
-            _Series(
-                "channel_acc", "channel accuracy", "#ea580c", style="--", binomial=True, count="episodes_with_particle"
-            ),
+
+def _checkpoint_panels(split: str) -> Tuple[_Panel, ...]:
+    """The checkpoint figure's panels, naming the split its evaluations played."""
+    return (
+        _Panel(
+            f"Mean episode reward on the {split} checkpoint episodes (95% bootstrap intervals)",
+            "mean episode reward",
+            (_Series("mean_reward", "mean reward", "#1d4ed8", interval=("mean_reward_low", "mean_reward_high")),),
         ),
-        rate=True,
-    ),
-)
+        _Panel(
+            f"{split.capitalize()} rates (success = correct discovery or correct null; 95% exact intervals)",
+            "fraction of episodes",
+            (
+                _Series("success_rate", "success (correct outcome)", "#16a34a", binomial=True),
+                _Series(
+                    "mass_acc", "mass accuracy", "#9333ea", style="--", binomial=True, count="episodes_with_particle"
+                ),
+                _Series(
+                    "channel_acc",
+                    "channel accuracy",
+                    "#ea580c",
+                    style="--",
+                    binomial=True,
+                    count="episodes_with_particle",
+                ),
+            ),
+            rate=True,
+        ),
+    )
 
 
 def plot_training_curve(log: Records, png_path: Path) -> Optional[Path]:
@@ -319,10 +329,11 @@ def plot_reward_components(log: Records, png_path: Path) -> Optional[Path]:
     return _plot_log_panels(log, png_path, "CERNenv reward components during training", _COMPONENT_PANELS)
 
 
-def plot_checkpoint_progression(log: Records, png_path: Path) -> Optional[Path]:
-    """Held-out reward and success/mass/channel rates at each checkpoint (checkpoint_evals.csv); None
-    without data."""
-    return _plot_log_panels(log, png_path, "CERNenv held-out evaluation during training", _CHECKPOINT_PANELS)
+def plot_checkpoint_progression(log: Records, png_path: Path, split: str = "held-out") -> Optional[Path]:
+    """Reward and success/mass/channel rates at each checkpoint (checkpoint_evals.csv) of the evaluations
+    on `split` ("held-out", "validation": `lib.measure.evaluation.split_of`); None without data."""
+    title = f"CERNenv {split} evaluation during training"
+    return _plot_log_panels(log, png_path, title, _checkpoint_panels(split))
 
 
 def render_training_curve(csv_path: Path, png_path: Path) -> Optional[Path]:
@@ -335,9 +346,9 @@ def render_reward_components(csv_path: Path, png_path: Path) -> Optional[Path]:
     return plot_reward_components(read_records(csv_path), png_path)
 
 
-def render_checkpoint_progression(csv_path: Path, png_path: Path) -> Optional[Path]:
+def render_checkpoint_progression(csv_path: Path, png_path: Path, split: str = "held-out") -> Optional[Path]:
     """`plot_checkpoint_progression` of a checkpoint_evals.csv file."""
-    return plot_checkpoint_progression(read_records(csv_path), png_path)
+    return plot_checkpoint_progression(read_records(csv_path), png_path, split)
 
 
 # ----------------------------------------------------------------------------- before / after

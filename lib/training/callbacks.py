@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 from transformers import TrainerCallback
 
 from lib.measure.comparison import checkpoint_row
+from lib.measure.evaluation import split_of
 from lib.progress import Progress
 from lib.report.conclusion import STILL_STEP_ADVICE, still_step
 from lib.report.evidence import (
@@ -140,7 +141,9 @@ class EvidenceCallback(TrainerCallback):
             row["success_rate"] or 0.0,
         )
         if self.render:
-            render_checkpoint_progression(self.paths.checkpoint_evals_csv, self.paths.checkpoint_progression_png)
+            render_checkpoint_progression(
+                self.paths.checkpoint_evals_csv, self.paths.checkpoint_progression_png, split_of(episodes)
+            )
         return row
 
 
