@@ -194,7 +194,11 @@ def test_the_ledger_says_why_no_episode_may_be_played_and_logs_it_once_while_it_
         assert ledger.room_problem() is None
         ledger.full = True
         assert ledger.room_problem().endswith("restart the server") and len(reports()) == 3
-    ledger.close()
+        ledger.close()
+        free["bytes"] = low
+        fresh = ResultsLedger(tmp_path / "results.jsonl")
+        assert fresh.room_problem() == expected and len(reports()) == 4, "a ledger's first refusal is said too"
+        fresh.close()
 
 
 @pytest.mark.parametrize(

@@ -340,7 +340,7 @@ class ResultsLedger:
         self._signing_key = signing_key
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock_fd: Optional[int] = _exclusive_lock(lock_path(self.path), self.path)
-        self._fd: Optional[int] = None
+        self._fd: Optional[int]
         try:
             if run_file:
                 try:
