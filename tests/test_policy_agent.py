@@ -48,3 +48,30 @@ def test_the_agent_says_which_policy_to_name(monkeypatch):
     monkeypatch.delenv(POLICY_CONFIG_ENV, raising=False)
     with pytest.raises(ValueError, match="POLICY_CONFIG=configs/train/NAME.yaml"):
         TrainedPolicyAgent()
+
+
+def test_an_adapter_the_agent_s_user_cannot_read_whole_is_refused_with_the_chmod_that_fixes_it(tmp_path, monkeypatch):
+    """make evaluate plays the agent as a user of its own: an adapter whose weights that user cannot
+    read (safetensors writes them 0600) is refused before loading, naming the `chmod`; a folder with
+    no adapter says so."""
+    from lib.training import policy_agent
+
+    adapter = tmp_path / "final"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    policy_agent.check_adapter_readable(str(adapter))
+    real = policy_agent.os.access
+    monkeypatch.setattr(
+        policy_agent.os, "access", lambda path, mode: not str(path).endswith(".safetensors") and real(path, mode)
+    )
+    with pytest.raises(PermissionError) as refused:
+        policy_agent.check_adapter_readable(str(adapter))
+    assert str(refused.value) == (
+        f"POLICY_ADAPTER={adapter} cannot be read whole by this process's user (make evaluate plays the agent "
+        f"as a user of its own): chmod -R a+rX {adapter}"
+    )
+    monkeypatch.setattr(policy_agent.os, "access", real)
+    (adapter / "adapter_config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="holds no adapter_config.json: name an adapter's folder"):
+        policy_agent.check_adapter_readable(str(adapter))

@@ -456,6 +456,10 @@ def test_lora_run_saves_the_adapter_merges_it_and_plans_the_hub_push(tmp_path, t
     result = train(config)
     final, merged = Path(result.final_model_dir), Path(result.merged_model_dir)
     assert model_kind(final) == "adapter" and model_kind(merged) == "model"
+    from lib.files import _umask
+
+    readable = {p.name: oct(p.stat().st_mode & 0o777) for p in [*final.iterdir(), *merged.iterdir()] if p.is_file()}
+    assert set(readable.values()) == {oct(0o666 & ~_umask())}, f"make evaluate's agent user reads them: {readable}"
     assert result.published["dry_run"] and result.published["kind"] == "model"
     assert "model.safetensors" in result.published["files"] and result.published["url"] is None
     card = (merged / "README.md").read_text()

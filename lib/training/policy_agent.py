@@ -30,6 +30,23 @@ POLICY_ADAPTER_ENV = "POLICY_ADAPTER"
 """The environment variable naming the folder of its LoRA adapter (unset: the base model alone)."""
 
 
+def check_adapter_readable(adapter: str) -> None:
+    """Refuse an adapter folder this process's user cannot read whole (make evaluate plays the agent
+    as a user of its own, and a model's weights are often written 0600), saying the `chmod` that
+    fixes it, and a folder that holds no adapter."""
+    if os.path.isdir(adapter):
+        names = os.listdir(adapter) if os.access(adapter, os.R_OK | os.X_OK) else None
+        if names is None or not all(os.access(os.path.join(adapter, name), os.R_OK) for name in names):
+            raise PermissionError(
+                f"{POLICY_ADAPTER_ENV}={adapter} cannot be read whole by this process's user (make evaluate "
+                f"plays the agent as a user of its own): chmod -R a+rX {adapter}"
+            )
+    if not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+        raise FileNotFoundError(
+            f"{POLICY_ADAPTER_ENV}={adapter} holds no adapter_config.json: name an adapter's folder"
+        )
+
+
 class TrainedPolicyAgent:
     """A policy trained by `lib.training` (its base model, its adapter, its observation style) as an agent."""
 
@@ -44,15 +61,8 @@ class TrainedPolicyAgent:
                 f"say which policy to play: {POLICY_CONFIG_ENV}=configs/train/NAME.yaml "
                 f"[{POLICY_ADAPTER_ENV}=folder of its LoRA adapter]"
             )
-        if adapter is not None and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
-            if os.path.isdir(adapter) and not os.access(adapter, os.R_OK | os.X_OK):
-                raise PermissionError(
-                    f"{POLICY_ADAPTER_ENV}={adapter} cannot be read by this process's user (make evaluate plays "
-                    f"the agent as a user of its own): chmod -R a+rX {adapter}"
-                )
-            raise FileNotFoundError(
-                f"{POLICY_ADAPTER_ENV}={adapter} holds no adapter_config.json: name an adapter's folder"
-            )
+        if adapter is not None:
+            check_adapter_readable(adapter)
         config, _ = parse_train_config(["--config", config_path])
         policy = load_policy(config, "trl")
         model = policy.model

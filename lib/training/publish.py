@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from lib.files import atomic_write
+from lib.files import atomic_write, share_folder
 from lib.training.backends import policy_dtype
 from lib.training.config import HUB_REPO_ID
 
@@ -67,6 +67,7 @@ def save_merged(model: Any, tokenizer: Any, out_dir: Path) -> Path:
     merged = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
     merged.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
+    share_folder(out_dir)
     return out_dir
 
 

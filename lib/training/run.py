@@ -39,7 +39,7 @@ import torch
 
 from cernenv.scenarios import list_scenarios
 from lib.episodes.records import load_episodes_jsonl, save_episodes_jsonl
-from lib.files import DiskFullError, FolderLock, check_writable_dir, disk_full_error, is_disk_full
+from lib.files import DiskFullError, FolderLock, check_writable_dir, disk_full_error, is_disk_full, share_folder
 from lib.measure.comparison import before_after_metrics
 from lib.report.evidence import EvidencePaths, render_all
 from lib.runtime import warm_start_estimate
@@ -337,6 +337,7 @@ def _train(
         if main:
             policy.model.save_pretrained(str(output_dir / "warm_start"))
             policy.tokenizer.save_pretrained(str(output_dir / "warm_start"))
+            share_folder(output_dir / "warm_start")  # playable by make evaluate's agent user too
         seconds["warm_start"] = time.perf_counter() - t
         logger.info(
             "SFT warm start: %d campaigns (%d examples), %d steps, loss %.3f -> %.3f%s",
@@ -413,6 +414,7 @@ def _train(
     trainer.save_model(str(final_dir))  # the Trainer writes from the main process only
     if main:
         tokenizer.save_pretrained(str(final_dir))
+        share_folder(final_dir)  # safetensors writes 0600: make evaluate's agent user must read it
 
     phase(f"the {split_name(config)} evaluation after training")
     t = time.perf_counter()
