@@ -441,6 +441,9 @@ def test_the_checkpoint_figure_names_the_split_its_evaluations_played(tmp_path):
     mixed = [{"seed": heldout_suite()[0].seed}, {"seed": validation_suite(1)[0].seed}]
     assert split_of(mixed) == "evaluation" and split_of([]) == "evaluation"
     assert split_of([{"seed": 40_000}]) == "evaluation", "a training seed is neither split"
+    from cernenv.suite import drawn_tasks
+
+    assert split_of([{"seed": task.seed} for task in drawn_tasks(3)]) == "evaluation", "a fresh draw is neither"
     csv = tmp_path / "checkpoint_evals.csv"
     rows = ["step,fraction_done,episodes,mean_reward,success_rate,mass_acc,channel_acc"]
     rows += [f"{step},{step / 8},60,3.5,0.7,0.6,0.6" for step in (0, 4, 8)]

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from cernenv import CERNCollisionEnvironment
 from cernenv.scenarios import DIFFICULTIES, EVALUATION_SEED_START
-from cernenv.suite import PARTS, SUITE_VERSION, SUITES, part_of, suite_tasks
+from cernenv.suite import DRAW_SEED_START, PARTS, SUITE_VERSION, SUITES, part_of, suite_tasks
 from lib.episodes.agent_rollouts import collect_episodes
 from lib.episodes.records import EpisodeSpec, as_episode_dict
 from lib.measure.metrics import (
@@ -140,23 +140,28 @@ def validation_suite(n_episodes: int) -> Tuple[EpisodeSpec, ...]:
     specs = tuple(
         EpisodeSpec(VALIDATION_SEED + i, difficulty=DIFFICULTIES[i % len(DIFFICULTIES)]) for i in range(n_episodes)
     )
-    suite_seeds = {spec.seed for version in SUITES for spec in heldout_suite(version)}
-    if suite_seeds & {spec.seed for spec in specs}:
+    if every_suite_seed() & {spec.seed for spec in specs}:
         raise ValueError("the validation split overlaps a held-out suite; move VALIDATION_SEED")
     return specs
+
+
+def every_suite_seed() -> set:
+    """The seeds of every held-out suite version (`cernenv.suite.SUITES`)."""
+    return {spec.seed for version in SUITES for spec in heldout_suite(version)}
 
 
 def split_of(episodes: Iterable[Mapping[str, Any]]) -> str:
     """Which split `episodes` were played on, as the evidence names it: "held-out" when every seed is
     one of a held-out suite's, "validation" when every seed is the validation split's
-    (`validation_suite`), else "evaluation" (none, or a mix)."""
+    (`validation_suite`: from `lib.seeds.VALIDATION_SEED`, below the fresh draws' seeds), else
+    "evaluation" (none, a draw, or a mix)."""
     from lib.seeds import VALIDATION_SEED
 
-    seeds = {episode.get("seed") for episode in episodes}
-    suite_seeds = {spec.seed for version in SUITES for spec in heldout_suite(version)}
+    seeds, suite_seeds = {episode.get("seed") for episode in episodes}, every_suite_seed()
     if seeds and seeds <= suite_seeds:
         return "held-out"
-    if seeds and all(isinstance(seed, int) and seed >= VALIDATION_SEED for seed in seeds) and not seeds & suite_seeds:
+    validation = range(VALIDATION_SEED, DRAW_SEED_START)
+    if seeds and all(seed in validation and seed not in suite_seeds for seed in seeds):
         return "validation"
     return "evaluation"
 

@@ -32,7 +32,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import sys
 from pathlib import Path
@@ -123,10 +122,11 @@ def grpo_stage(config: Any, out: Path, pre_eval: Path) -> Dict[str, Any]:
     return json.loads(result_file.read_text())
 
 
-def evaluate_once(config: Any, adapter: Optional[Path], specs: List[Any], target: Path, name: str) -> float:
+def evaluate_once(config: Any, adapter: Optional[Path], specs: List[Any], target: Path, name: str) -> Optional[float]:
     """Play `specs` greedily with the base model and `adapter` (none: as it comes) into `target`,
     unless it is written already (`lib.training.imitation.evaluate_stage`). Returns the seconds it
-    took, kept beside `target` (`seconds_file`) for a run that finds it written later."""
+    took, kept beside `target` (`seconds_file`) for a run that finds it written later (None: an
+    evaluation written before its seconds were kept)."""
     from lib.training.imitation import evaluate_stage
 
     record = seconds_file(target)
@@ -134,7 +134,7 @@ def evaluate_once(config: Any, adapter: Optional[Path], specs: List[Any], target
         seconds = evaluate_stage(config, adapter, specs, target, name)
         atomic_write(record, json_text({"seconds": seconds}))
         return seconds
-    return float(json.loads(record.read_text())["seconds"]) if record.is_file() else float("nan")
+    return float(json.loads(record.read_text())["seconds"]) if record.is_file() else None
 
 
 def seconds_file(target: Path) -> Path:
@@ -268,7 +268,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("the pipeline makes its own imitation adapter: warm_start_episodes > 0, no warm_start_adapter")
     args.out.mkdir(parents=True, exist_ok=True)
     evidence = args.out / "evidence"
-    seconds: Dict[str, float] = {}
+    seconds: Dict[str, Optional[float]] = {}
 
     logger.info("stage 1 of 6: imitation on %d campaigns", config.warm_start_episodes)
     imitation = imitation_stage(config, args.out)
@@ -323,7 +323,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         },
         "validation_grpo_minus_imitation": difference(validation),
         "heldout_grpo_minus_imitation": heldout_diff,
-        "seconds": {k: None if math.isnan(v) else round(v) for k, v in seconds.items()},
+        "seconds": {k: None if v is None else round(v) for k, v in seconds.items()},
     }
     atomic_write(evidence / "smollm2_summary.json", json_text(summary))
     atomic_write(evidence / "smollm2_summary.md", summary_markdown(summary))
