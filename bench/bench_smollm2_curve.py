@@ -3,10 +3,13 @@ family's campaigns, evaluated after each size of `--sizes`, and the model zero-s
 
     python bench/bench_smollm2_curve.py --sizes 50 100 200 --eval-episodes 120 --out build/smollm2-curve
 
-The warm start is one run at a constant learning rate over the demonstrations in order, cut into
-stages at the sizes: stage k trains the adapter that stage k-1 saved on demonstrations
-[N(k-1), N(k)) (each campaign once), so its adapter is what one run would hold after N(k)
-campaigns. Each stage's adapter (`adapter-N/`) and each evaluation (`eval-N.jsonl.gz`: greedy,
+With the configuration's `warm_start_lr_schedule` "constant" (configs/train/smollm2-cpu.yaml's), the
+warm start is one run over the demonstrations in order, cut into stages at the sizes: stage k
+trains the adapter that stage k-1 saved on demonstrations [N(k-1), N(k)) (each campaign once), so
+its adapter is what one run would hold after N(k) campaigns (less its optimiser's moments, which
+each stage starts afresh). With a decaying schedule (`-- --warm_start_lr_schedule cosine`) each size
+is a whole run of its own on the first N(k) campaigns, its rate decayed to 0 at its end.
+Each stage's adapter (`adapter-N/`) and each evaluation (`eval-N.jsonl.gz`: greedy,
 the validation split's first `--eval-episodes` campaigns, the configuration's setting) is written
 whole once done, so a run that is killed goes on from the last one written when started again with
 the same arguments. `curve.csv` (one row per evaluation: campaigns, correct, success and mean
@@ -94,7 +97,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     specs = corpus_specs(args.sizes[-1], DEMONSTRATION_SEED)
     previous: Optional[Path] = None
     done = 0
+    stages = config.warm_start_lr_schedule == "constant"  # a decaying schedule: one whole run per size
     for size in args.sizes:
+        if not stages:
+            previous, done = None, 0
         adapter = args.out / f"adapter-{size}"
         train_seconds = 0.0
         if not (adapter / "stage.json").is_file():
@@ -108,7 +114,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 len(examples),
                 sum(len(e["input_ids"]) for e in examples),
             )
-            train_seconds = train_stage(config, previous, examples, adapter, args.gradient_checkpointing)
+            train_seconds = train_stage(
+                config, previous, examples, adapter, args.gradient_checkpointing, config.warm_start_lr_schedule
+            )
         else:
             train_seconds = json.loads((adapter / "stage.json").read_text())["seconds"]
         target = args.out / f"eval-{size}.jsonl.gz"

@@ -212,3 +212,34 @@ def test_the_summary_rounds_each_interval_once():
     assert "| 313 | 153 | 0.489 [0.435, 0.546] |" in row
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "0.489 [0.435, 0.546]" in readme
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_the_imitation_stage_trains_on_the_configured_schedule(tiny_model_dir, tmp_path, monkeypatch, schedule):
+    """The imitation adapter is trained from nothing on the first `warm_start_episodes` campaigns (one
+    example each in the conversation context SmolLM2's recipe plays) on the configuration's
+    `warm_start_lr_schedule`; a stage written before is not trained again."""
+    from lib.training import imitation
+
+    calls = []
+
+    def fake_train_stage(config, previous, examples, target, checkpointing, lr_schedule="constant"):
+        calls.append((previous, len(examples), lr_schedule))
+        target.mkdir(parents=True)
+        (target / "stage.json").write_text(json.dumps({"examples": len(examples), "seconds": 1.5}))
+        return 1.5
+
+    monkeypatch.setattr(imitation, "train_stage", fake_train_stage)
+    config = TrainConfig(
+        model_name=tiny_model_dir,
+        lora_r=8,
+        beta=0.0,
+        policy_context="conversation",
+        warm_start_episodes=3,
+        warm_start_lr_schedule=schedule,
+    )
+    stage = pipeline.imitation_stage(config, tmp_path)
+    assert calls == [(None, 3, schedule)]
+    assert stage == {"campaigns": 3, "seconds": 2, "adapter": str(tmp_path / "imitation" / "adapter")}
+    pipeline.imitation_stage(config, tmp_path)
+    assert len(calls) == 1

@@ -391,3 +391,52 @@ def test_recomputing_activations_is_the_configuration_s_choice_else_a_lora_adapt
     assert grpo_args(TrainConfig(lora_r=8, beta=0.0)).gradient_checkpointing is True
     assert grpo_args(off).gradient_checkpointing is False
     assert grpo_args(TrainConfig(gradient_checkpointing=True)).gradient_checkpointing is True
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_the_warm_start_s_rate_follows_its_schedule(tiny_model_dir, tmp_path, schedule):
+    """`warm_start_lr_schedule`: a decaying schedule warms up over 5% of the steps, peaks at
+    `warm_start_learning_rate` and ends near 0; "constant" holds the peak from the first step.
+    The rates are read from the scheduler the trainer builds, step by step."""
+    peak = 1e-3
+    config = TrainConfig(
+        model_name=tiny_model_dir,
+        backend="trl",
+        lora_r=8,
+        beta=0.0,
+        warm_start_episodes=2,
+        warm_start_learning_rate=peak,
+        warm_start_lr_schedule=schedule,
+    )
+    policy = load_policy(config, "trl")
+    trainer = sft_trainer(policy, config, demonstration_examples(policy.tokenizer, 2), str(tmp_path))
+    steps = 40
+    trainer.create_optimizer_and_scheduler(num_training_steps=steps)
+    rates = []
+    for _ in range(steps):
+        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    if schedule == "constant":
+        assert rates == pytest.approx([peak] * steps)
+    else:
+        warmup = 2  # 5% of 40 steps
+        assert rates[0] == 0.0 and rates[warmup] == pytest.approx(peak)
+        assert all(a >= b for a, b in zip(rates[warmup:], rates[warmup + 1 :])), "it only decays after the warm-up"
+        assert rates[-1] < 0.05 * peak
+
+
+def test_a_warm_start_s_fingerprint_names_a_schedule_other_than_the_default(tiny_model_dir):
+    """A cached warm start made on one schedule is not taken for one made on another; an unknown
+    schedule is refused with the names it may take."""
+    from lib.training.warm_start import fingerprint
+
+    config = TrainConfig(model_name=tiny_model_dir, backend="trl", warm_start_episodes=2)
+    policy = load_policy(config, "trl")
+    default = fingerprint(policy, config)
+    constant = TrainConfig(
+        model_name=tiny_model_dir, backend="trl", warm_start_episodes=2, warm_start_lr_schedule="constant"
+    )
+    assert fingerprint(policy, constant) != default
+    with pytest.raises(ValueError, match="warm_start_lr_schedule must be one of"):
+        TrainConfig(model_name=tiny_model_dir, warm_start_lr_schedule="cosine_with_restarts")

@@ -47,6 +47,8 @@ BACKENDS = ("auto", "unsloth", "trl")
 POLICY_CONTEXTS = ("conversation", "turn")
 """`lib.episodes.llm_rollouts.CONTEXTS`, restated so that a configuration is checked without torch."""
 WARM_START_LOSSES = ("actions", "conversation")
+WARM_START_SCHEDULES = ("cosine", "linear", "constant")
+"""`TrainConfig.warm_start_lr_schedule`: transformers' names of the warm start's learning-rate schedules."""
 WARM_START_DEMONSTRATORS = ("heuristic", "family")
 """`TrainConfig.warm_start_demonstrators`: who demonstrates the warm start's campaigns."""
 SCALE_REWARDS = ("group", "batch", "none")
@@ -148,8 +150,12 @@ class TrainConfig:
     warm_start_epochs: float = 2.0
     """Passes over the warm start's campaigns."""
     warm_start_learning_rate: float = 2e-3
-    """AdamW learning rate of the warm start (cosine decay): the stand-in from scratch tolerates a
-    large one; a pretrained model's LoRA adapter wants ~2e-4."""
+    """AdamW's peak learning rate in the warm start: the stand-in from scratch tolerates a large one; a
+    pretrained model's LoRA adapter wants ~2e-4."""
+    warm_start_lr_schedule: str = "cosine"
+    """How the warm start's learning rate moves (`WARM_START_SCHEDULES`): "cosine" or "linear" decay to 0
+    after a warm-up of 5% of the steps, or "constant" (no warm-up: what the imitation curve's stages
+    need, each going on from the adapter the one before saved)."""
     warm_start_batch_size: int = 16
     """Examples per warm-start step: decisions in the `turn` context (a few hundred tokens each),
     whole campaigns in the `conversation` one (where 1 avoids padding, which on a CPU keeps
@@ -420,6 +426,11 @@ class TrainConfig:
             problems.append(
                 f"warm_start_demonstrators must be one of {WARM_START_DEMONSTRATORS}, "
                 f"got {self.warm_start_demonstrators!r}"
+            )
+        if self.warm_start_lr_schedule not in WARM_START_SCHEDULES:
+            problems.append(
+                f"warm_start_lr_schedule must be one of {WARM_START_SCHEDULES}, "
+                f"got {shown(self.warm_start_lr_schedule)}"
             )
         if self.warm_start_loss not in WARM_START_LOSSES:
             problems.append(f"warm_start_loss must be one of {WARM_START_LOSSES}, got {self.warm_start_loss!r}")

@@ -1,5 +1,6 @@
 """Imitation in stages, for a pretrained model with a LoRA adapter: train an adapter on demonstrations
-(each once, at a constant learning rate, from the adapter an earlier stage saved), play it greedily
+(each once, at a constant learning rate from the adapter an earlier stage saved, or a whole run on a
+decaying schedule), play it greedily
 on the validation split, and summarise each play as one row of a learning curve. Used by the
 imitation curve (bench/bench_smollm2_curve.py) and SmolLM2's whole pipeline
 (`lib.training.smollm2_pipeline`). Every adapter and every evaluation is written whole or not at
@@ -39,11 +40,17 @@ logger = logging.getLogger(__name__)
 
 
 def train_stage(
-    config: Any, previous: Optional[Path], examples: List[Dict[str, List[int]]], target: Path, checkpointing: bool
+    config: Any,
+    previous: Optional[Path],
+    examples: List[Dict[str, List[int]]],
+    target: Path,
+    checkpointing: bool,
+    lr_schedule: str = "constant",
 ) -> float:
-    """Train the adapter saved in `previous` (a new one where None) on `examples`, each once, at the
-    configuration's warm-start learning rate held constant; save it in `target`, whole or not at all.
-    Returns the training seconds."""
+    """Train the adapter saved in `previous` (a new one where None) on `examples`, each once, from the
+    configuration's warm-start learning rate on `lr_schedule` (`TrainConfig.warm_start_lr_schedule`'s
+    names; "constant" for a stage that goes on from another); save it in `target`, whole or not at
+    all. Returns the training seconds."""
     from peft import PeftModel
 
     from lib.files import share_folder, staging_folder
@@ -62,7 +69,7 @@ def train_stage(
             examples,
             work,
             epochs=1.0,
-            lr_scheduler_type="constant",
+            lr_scheduler_type=lr_schedule,
             gradient_checkpointing=checkpointing,
         )
         trainer.train()
@@ -71,7 +78,10 @@ def train_stage(
     staging = staging_folder(target)
     trainer.model.save_pretrained(staging)
     (staging / "stage.json").write_text(
-        json.dumps({"examples": len(examples), "seconds": seconds, "losses": losses}, indent=1) + "\n"
+        json.dumps(
+            {"examples": len(examples), "seconds": seconds, "lr_schedule": lr_schedule, "losses": losses}, indent=1
+        )
+        + "\n"
     )
     share_folder(staging)
     os.replace(staging, target)

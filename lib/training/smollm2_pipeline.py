@@ -8,7 +8,7 @@ Its stages, each written whole or not at all under `--out`, so a killed run goes
 first stage not written when started again with the same arguments:
 
 1. `imitation`: a LoRA adapter trained once over the heuristic family's first
-   `warm_start_episodes` campaigns at the constant `warm_start_learning_rate`
+   `warm_start_episodes` campaigns from `warm_start_learning_rate` on `warm_start_lr_schedule`
    (`lib.training.imitation.train_stage`): `imitation/adapter/`.
 2. `imitation-eval`: the imitation adapter played greedily on the validation campaigns
    (`imitation/validation.jsonl.gz`), made once for every GRPO run from that adapter: a second
@@ -81,7 +81,7 @@ def imitation_stage(config: Any, out: Path) -> Dict[str, Any]:
             "imitation: %d demonstrations, %d tokens", len(examples), sum(len(e["input_ids"]) for e in examples)
         )
         adapter.parent.mkdir(parents=True, exist_ok=True)
-        train_stage(config, None, examples, adapter, checkpointing=False)
+        train_stage(config, None, examples, adapter, checkpointing=False, lr_schedule=config.warm_start_lr_schedule)
     stage = json.loads((adapter / "stage.json").read_text())
     return {"campaigns": stage["examples"], "seconds": round(stage["seconds"]), "adapter": str(adapter)}
 

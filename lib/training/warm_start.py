@@ -159,15 +159,15 @@ def sft_trainer(
     *,
     epochs: Optional[float] = None,
     learning_rate: Optional[float] = None,
-    lr_scheduler_type: str = "cosine",
+    lr_scheduler_type: Optional[str] = None,
     gradient_checkpointing: Optional[bool] = None,
     bf16: Optional[bool] = None,
 ):
     """TRL's `SFTTrainer` for `examples` (`demonstration_examples`) on `policy`: LoRA when
     `policy.peft_config` is given, loss on the `completion_mask` tokens, `warm_start_batch_size`
     examples per step, `epochs` passes (default `warm_start_epochs`) from `learning_rate` (default
-    `warm_start_learning_rate`) with cosine decay (or `lr_scheduler_type`, transformers' name), the device's
-    precision (float32 without autocast on a CPU; `bf16` True: bf16 autocast, False: none), gradient
+    `warm_start_learning_rate`) on the `warm_start_lr_schedule` (or `lr_scheduler_type`, transformers'
+    name), the device's precision (float32 without autocast on a CPU; `bf16` True: bf16 autocast, False: none), gradient
     checkpointing on a GPU and for an adapter unless `gradient_checkpointing` says otherwise, torch's
     threads the cores free before each step (`lib.training.callbacks.CpuThreads`)."""
     import torch
@@ -176,6 +176,7 @@ def sft_trainer(
 
     cuda = torch.cuda.is_available()
     epochs = config.warm_start_epochs if epochs is None else epochs
+    lr_scheduler_type = config.warm_start_lr_schedule if lr_scheduler_type is None else lr_scheduler_type
     steps = math.ceil(len(examples) / config.warm_start_batch_size * epochs)
     args = SFTConfig(
         output_dir=output_dir,
@@ -183,7 +184,7 @@ def sft_trainer(
         per_device_train_batch_size=config.warm_start_batch_size,
         learning_rate=config.warm_start_learning_rate if learning_rate is None else learning_rate,
         lr_scheduler_type=lr_scheduler_type,
-        warmup_steps=0.05 if lr_scheduler_type == "cosine" else 0,
+        warmup_steps=0 if lr_scheduler_type == "constant" else 0.05,
         seed=config.seed,
         logging_steps=max(1, steps // 100),
         save_strategy="no",
@@ -227,7 +228,7 @@ SETTINGS = (
     "system_prompt",
     "seed",
 )
-STYLE_SETTINGS = ("observation_style", "compact_followups")
+STYLE_SETTINGS = ("observation_style", "compact_followups", "warm_start_lr_schedule")
 """Fields a warm start depends on when they are not their defaults (one with the defaults keeps its fingerprint)."""
 """The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
 DAGGER_SETTINGS = ("warm_start_dagger_rounds", "warm_start_dagger_episodes", "warm_start_dagger_learning_rate")
