@@ -16,6 +16,7 @@ from cernenv.environment import CERNCollisionEnvironment
 from cernenv.models import ActionType, CollisionObservation
 from cernenv.rewards import (
     COMPONENT_NAMES,
+    CORRECT_NULL,
     CORRECT_OBSERVATION,
     MILESTONE_REWARD,
     MILESTONES,
@@ -726,7 +727,29 @@ def test_correct_null_claim_on_null_scenario_is_rewarded():
     obs = ok(env, A("submit_discovery_claim", discovered=False, confidence=0.9))
     state = env.state
     assert obs.done and state.discovered is False and state.reward_components["outcome"] == pytest.approx(3.0)
-    assert state.correct_mass is None  # nothing to be right about
+    assert state.correct_outcome is True and state.correct_mass is None  # nothing to be right about
+
+
+@pytest.mark.parametrize("fraction, outcome", [(0.2, UNSUPPORTED_NULL), (0.3, CORRECT_NULL)])
+def test_a_null_claim_is_graded_only_past_a_quarter_of_the_luminosity_cap_analysed(fraction, outcome):
+    """ "Nothing there" is graded against the truth only with at least a quarter of the task's
+    luminosity cap analysed (the fit's spectrum holds it all); with a fifth it is unsupported (−1),
+    though the world is empty, and the state says the outcome was not right."""
+    env, obs = fresh("null_diphoton_750", seed=0)
+    cap = obs.task.luminosity_total_fb
+    for action in data_actions(obs.task, fraction * cap, energy=13.6):
+        ok(env, action)
+    for action in [
+        A("reconstruct_tracks", channel="diphoton"),
+        A("select_channel", channel="diphoton"),
+        A("build_invariant_mass"),
+        A("fit_resonance", mass_hint_gev=1000.0),
+    ]:
+        ok(env, action)
+    assert env._episode.analysed_luminosity_fb == pytest.approx(fraction * cap)
+    ok(env, A("submit_discovery_claim", discovered=False, confidence=0.9))
+    assert env.state.reward_components["outcome"] == outcome
+    assert env.state.correct_outcome is (outcome == CORRECT_NULL)
 
 
 @pytest.mark.parametrize("max_steps", [3, 5])

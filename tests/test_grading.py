@@ -406,8 +406,9 @@ def _claim_the_higgs_after(luminosity_fb: float):
     reference = analysis.global_significance(spectrum, 125.0, local, background)
     action = json.loads(json.dumps(BLIND))
     action["parameters"].update(mass_gev=125.0, mass_uncertainty_gev=0.5, significance_sigma=3.0)
-    assert not env.step(action).rule_violations
-    return env.episode_grade(), reference
+    observation = env.step(action)
+    assert not observation.rule_violations
+    return env.episode_grade(), reference, observation
 
 
 def test_the_grade_asks_for_the_look_elsewhere_corrected_significance():
@@ -418,16 +419,121 @@ def test_the_grade_asks_for_the_look_elsewhere_corrected_significance():
     physics module's look-elsewhere formula at the same local Z and upcrossings: one formula."""
     from cernenv.physics.significance import global_significance_from_upcrossings
 
-    grade_20, reference_20 = _claim_the_higgs_after(20.0)
+    grade_20, reference_20, _ = _claim_the_higgs_after(20.0)
     assert reference_20.z_local >= EVIDENCE_Z_GLOBAL > reference_20.z_global
     assert reference_20.local_method == "asymptotic"
     p_global, z_global, _ = global_significance_from_upcrossings(reference_20.z_local, reference_20.upcrossings_z1)
     assert (p_global, z_global) == pytest.approx((reference_20.p_global, reference_20.z_global), rel=1e-9)
     assert grade_20["reference_z_global"] == pytest.approx(reference_20.z_global, abs=1e-3)
     assert grade_20["components"]["outcome"] == UNSUPPORTED_DISCOVERY and grade_20["correct_mass"] is None
-    grade_40, reference_40 = _claim_the_higgs_after(40.0)
+    grade_40, reference_40, _ = _claim_the_higgs_after(40.0)
     assert reference_40.z_global >= EVIDENCE_Z_GLOBAL
     assert grade_40["components"]["outcome"] == CORRECT_DISCOVERY and grade_40["correct_mass"] is True
+
+
+def test_the_claim_s_step_reports_the_grade_it_records():
+    """The claim's step says it was graded, with the reference's global Z to 3 significant figures
+    (the same number the evaluator's `episode_grade` holds) and each component to 3 significant
+    figures: what an agent reads is short, and the same on every processor."""
+    grade, reference, observation = _claim_the_higgs_after(40.0)
+    result = observation.latest_result
+    assert result["graded"] is True
+    three_figures = float(f"{reference.z_global:.3g}")
+    assert result["reference_z_global"] == grade["reference_z_global"] == three_figures
+    assert float(f"{reference.z_global:.4g}") != three_figures, "a Z whose 4th figure is not 0, so rounding shows"
+    assert {name: result[name] for name in grade["components"]} == {
+        name: float(f"{value:.3g}") for name, value in grade["components"].items()
+    }
+
+
+def _ended_without_a_discovery_supported(
+    env: CERNCollisionEnvironment, claim_parameters: Dict[str, Any], seed: int = 0, luminosity_fb: float = 10.0
+):
+    """Play higgs_diphoton_125 (`seed`) to `luminosity_fb` of diphoton data and claim `claim_parameters`:
+    the step's result and the evaluator's grade."""
+    env.reset(seed=seed, scenario="higgs_diphoton_125")
+    for verb, parameters in [
+        ("configure_beam", {"beam_energy_tev": 13.6}),
+        ("set_trigger", {"trigger": "diphoton"}),
+        ("allocate_luminosity", {"luminosity_fb": luminosity_fb}),
+        ("collect_collisions", {"luminosity_fb": luminosity_fb}),
+    ]:
+        assert not env.step({"action_type": verb, "parameters": parameters}).rule_violations
+    observation = env.step({"action_type": "submit_discovery_claim", "parameters": claim_parameters})
+    assert not observation.rule_violations and observation.done
+    return observation.latest_result, env.episode_grade()
+
+
+@pytest.mark.parametrize(
+    "case, change",
+    [
+        ("nothing there", {"discovered": False, "mass_gev": None, "mass_uncertainty_gev": None, "channel": None}),
+        ("a channel never recorded", {"channel": "four_lepton"}),
+        ("at the window's low edge", {"mass_gev": 110.0}),
+        ("at the window's high edge", {"mass_gev": 160.0}),
+        ("outside the window", {"mass_gev": 300.0}),
+    ],
+)
+def test_the_reference_z_is_zero_where_the_grader_builds_no_spectrum(case, change):
+    """The grader builds its reference spectrum only for a discovery claimed in a recorded channel
+    strictly inside the search window (110-160 GeV here); any other claim is graded at a reference
+    global Z of 0 (so it is not evidence), and says so. Seed 8 with 20 fb⁻¹ is a world whose
+    reference analysis reads a global Z above 0 at both edges of the window (checked below), so a
+    grader that took an edge for inside would show it."""
+    parameters = {**BLIND["parameters"], "mass_gev": 125.0, "mass_uncertainty_gev": 0.5}
+    parameters = {key: value for key, value in {**parameters, **change}.items() if value is not None}
+    env = CERNCollisionEnvironment()
+    result, grade = _ended_without_a_discovery_supported(env, parameters, seed=8, luminosity_fb=20.0)
+    assert result["reference_z_global"] == grade["reference_z_global"] == 0.0, case
+    episode = env._episode
+    lo, hi = episode.scenario.search_window_gev
+    width = env._default_bin_width("diphoton", lo, hi)
+    spectrum = episode.recorder.build_spectrum("diphoton", (lo, hi), width, episode.beam_energy_tev, episode.pileup)
+    assert (lo, hi) == (110.0, 160.0)
+    assert all(env._significance(spectrum, edge, False, None)["z_global"] > 0.5 for edge in (lo, hi))
+
+
+def test_the_reference_z_is_zero_where_the_reference_fit_finds_no_excess():
+    """A discovery claimed at a mass where the reference fit finds no excess (its local Z is 0 there)
+    is graded at a reference global Z of exactly 0, not at some default above it."""
+    from cernenv import analysis
+
+    env = CERNCollisionEnvironment()
+    parameters = {**BLIND["parameters"], "mass_gev": 125.0, "mass_uncertainty_gev": 0.5}
+    _ended_without_a_discovery_supported(env, parameters)
+    episode = env._episode
+    lo, hi = episode.scenario.search_window_gev
+    width = env._default_bin_width("diphoton", lo, hi)
+    spectrum = episode.recorder.build_spectrum("diphoton", (lo, hi), width, episode.beam_energy_tev, episode.pileup)
+    background = analysis.background_fit(spectrum)
+    deficit = next(
+        mass
+        for mass in np.arange(112.0, 158.0, 0.5)
+        if analysis.local_significance(spectrum, float(mass), 0.0, background).z_local <= 0.0
+    )
+    result, grade = _ended_without_a_discovery_supported(env, {**parameters, "mass_gev": float(deficit)})
+    assert result["reference_z_global"] == grade["reference_z_global"] == 0.0
+
+
+def test_withheld_grades_say_only_whether_a_claim_was_recorded():
+    """With grades withheld, the step that ends an episode says whether a claim was recorded and that
+    the grade waits for the evaluation's end, and nothing else: a claim, or an end without one."""
+    env = CERNCollisionEnvironment(withhold_grades=True)
+    result, grade = _ended_without_a_discovery_supported(env, {**BLIND["parameters"], "mass_gev": 125.0})
+    assert result == {
+        "action": "submit_discovery_claim",
+        "claim_recorded": True,
+        "grade": "withheld until the evaluation ends",
+    }
+    assert grade["components"]["outcome"] == UNSUPPORTED_DISCOVERY
+    limited = CERNCollisionEnvironment(default_max_steps=1, withhold_grades=True)
+    limited.reset(seed=0, scenario="higgs_diphoton_125")
+    observation = limited.step({"action_type": "configure_beam", "parameters": {"beam_energy_tev": 13.6}})
+    assert observation.done
+    assert observation.latest_result["claim_recorded"] is False
+    assert observation.latest_result["grade"] == "withheld until the evaluation ends"
+    assert "graded" not in observation.latest_result and limited.state.correct_outcome is None
+    assert limited.episode_grade()["components"]["outcome"] == NO_CLAIM
 
 
 def test_withheld_grades_are_kept_for_the_evaluator_alone():
