@@ -662,3 +662,99 @@ def test_the_docs_figures_of_the_published_run_are_its_scorecards():
         str(card["counts"]["all"]["refused_actions"]),
         str(card["counts"]["all"]["ended_without_claim"]),
     )
+
+
+# -- what the audit counts as the same, and how it quotes a value --------------------------------
+
+
+@pytest.mark.parametrize(
+    "recorded, replayed, differs",
+    [
+        (True, 1, True),  # a bool is not a number, whichever side it is on
+        (1, True, True),
+        (False, False, False),
+        (1, "1", True),  # a number is not its text
+        (0.5, 0.5 + 1e-7, False),  # within REPLAY_TOLERANCE (1e-6), absolute
+        (0.0, 2e-6, True),
+        (100000.0, 100000.00001, True),  # 1e-5 apart: beyond 1e-6, whatever the size of the numbers
+        ({"a": 1}, {"a": 1, "b": 2}, True),  # a key more
+        ({"a": [1, 2.0]}, {"a": [1, 2.0000001]}, False),
+        ({"a": 1}, [1], True),  # a mapping is not a list
+        (["a"], "a", True),  # a list is not its one element
+        ([1], [1, 2], True),  # an element more
+        ([1, 2], [1, 3], True),
+        ("x", "x", False),
+        (None, 0, True),
+    ],
+)
+def test_a_replayed_value_differs_only_beyond_the_tolerance_and_never_across_types(recorded, replayed, differs):
+    from cernenv.server.audit import REPLAY_TOLERANCE, _differs
+
+    assert REPLAY_TOLERANCE == 1e-6
+    assert _differs(recorded, replayed) is differs
+
+
+def test_a_quoted_value_is_its_sorted_json_cut_to_120_characters():
+    from cernenv.server.audit import _short
+
+    assert _short({"b": 1, "a": 2}) == '{"a": 2, "b": 1}'
+    exactly = "x" * 118  # with its quotes, 120 characters: quoted whole
+    assert _short(exactly) == json.dumps(exactly)
+    longer = "x" * 119  # 121 characters: its first 117 and "..."
+    assert _short(longer) == json.dumps(longer)[:117] + "..." and len(_short(longer)) == 120
+
+
+# -- verify_run: the order, the worlds' nonces, the commitment published, its progress ---------------
+
+
+def test_verify_run_reports_its_progress_episode_by_episode(played):
+    calls = []
+    verified, _ = verify_run(
+        read_run(played["ledger"]), played["reveal"], lambda done, total: calls.append((done, total))
+    )
+    assert verified == 5 and calls == [(done, 5) for done in range(1, 6)]
+
+
+def test_verify_run_holds_the_run_to_the_commitment_published_before_play(played):
+    run = read_run(played["ledger"])
+    assert verify_run(run, played["reveal"], commitment=run.opened.commitment)[0] == 5
+    with pytest.raises(AuditError) as refused:
+        verify_run(run, played["reveal"], commitment="0" * 64)
+    assert str(refused.value) == (
+        f"{played['ledger']}:1: run {run.opened.run_id} opened with the commitment {run.opened.commitment}, not the "
+        f"one published before play ({'0' * 64}): this is not the run that was committed to"
+    )
+
+
+@pytest.mark.parametrize("field", ["assignment", "world_nonce"])
+def test_an_episode_out_of_the_committed_order_or_in_another_world_is_refused_whole(played, tmp_path, field):
+    """The operator re-signs an episode line with another place in the order, or another world's
+    nonce: the line reads, and the verification names the ledger's line and what disagrees."""
+    files = copy_of(played, tmp_path)
+    records = lines_of(files["ledger"])
+    index = next(i for i, r in enumerate(records) if r.get("record") == "episode" and r.get("assignment") == 1)
+    episode = records[index]
+    document = json.loads(files["reveal"].read_text())["document"]
+    if field == "assignment":  # the first two places swapped: each place once, in another order
+        first = next(i for i, r in enumerate(records) if r.get("record") == "episode" and r.get("assignment") == 0)
+        records[first] = {**records[first], "assignment": 1}
+        records[index] = {**episode, "assignment": 0}
+        index = min(first, index)
+        place = records[index]["assignment"]
+        expected = (
+            f"{files['ledger']}:{index + 1}: task {records[index]['task_index']} at place {place} of the order, where "
+            f"the committed order has task {document['order'][place]}"
+        )
+    else:
+        records[index] = {**episode, "world_nonce": "f" * 32}
+        expected = (
+            f"{files['ledger']}:{index + 1}: task {episode['task_index']}'s world nonce is not the one the worlds' "
+            "secret gives"
+        )
+    write_lines(files["ledger"], records, rechain=True, key=played["run"]._signing_key)
+    reveal = json.loads(files["reveal"].read_text())  # the operator writes the reveal too: its last line moved
+    reveal["last_line_sha256"] = line_sha256(files["ledger"].read_text().splitlines()[-1])
+    files["reveal"].write_text(json.dumps(reveal))
+    with pytest.raises(AuditError) as refused:
+        verify_run(read_run(files["ledger"]), files["reveal"])
+    assert str(refused.value) == expected
