@@ -1,9 +1,9 @@
-"""Each refusal of an entrant's receipts (`cernenv.server.audit.check_receipts`) and of a run's reveal
-(`load_reveal`), its whole message: a receipts file that is missing, not JSON, not receipts, for a run
-without an entrant, of another run, not signed by the entrant, a receipt out of order or not the
-server's, a ledger cut or changed after a receipt, receipts that stop before the run's end; a reveal
-that is missing or not one. The messages name the file (and the ledger's line) and say what to do, so
-each is pinned whole rather than by a phrase."""
+"""Each refusal of an entrant's receipts (`cernenv.server.audit.check_receipts`) and of a run's
+reveal (`load_reveal`, `check_reveal`), its whole message: a receipts file that is missing, not
+JSON, not receipts, for a run without an entrant, of another run, not signed by the entrant, a
+receipt out of order or not the server's, a ledger cut or changed after a receipt, receipts that
+stop before the run's end; a reveal that is missing, not one, or not its run's. The messages name
+the file (and the ledger's line) and say what to do, so each is pinned whole rather than by a phrase."""
 
 from __future__ import annotations
 
@@ -205,3 +205,48 @@ def test_a_reveal_that_is_not_one_is_refused_whole(tmp_path, text):
     with pytest.raises(AuditError) as refused:
         load_reveal(path)
     assert str(refused.value) == f"{path}: not a scored run's reveal (no document of format {COMMITMENT_FORMAT!r})"
+
+
+def test_a_reveal_that_does_not_match_its_run_is_refused_whole(run_and_receipts, tmp_path):
+    """`check_reveal`: the reveal's own hash field, the run's opening against the committed document
+    (every field that differs named), the run's end and last line, the entrant's nonce and the
+    worlds' secret it gives; each refusal whole."""
+    from cernenv.server.audit import check_reveal
+    from cernenv.server.runs import reveal_path
+
+    run, _ = run_and_receipts
+    reveal_file = reveal_path(run.path)
+    reveal = json.loads(reveal_file.read_text())
+    committed = reveal["commitment"]
+
+    def refused(run_given, reveal_given) -> str:
+        with pytest.raises(AuditError) as error:
+            check_reveal(run_given, reveal_given, reveal_file)
+        return str(error.value)
+
+    assert check_reveal(run, reveal, reveal_file)["world_secret"]
+    assert refused(run, {**reveal, "commitment": "edited"}) == (
+        f"{reveal_file}: its commitment field ('edited') is not its document's hash ({committed}): the reveal was "
+        "edited; give the one the server wrote at the run's end"
+    )
+    opened = run.opened.model_copy(update={"selection": "v3", "secret_fingerprint": "f" * 16, "n_tasks": 3})
+    assert refused(dataclasses.replace(run, opened=opened), reveal) == (
+        f"{run.path}:1: the run's opening and the committed document differ in selection, operator_secret (its "
+        "fingerprint), order (not an order of the run's tasks)"
+    )
+    assert refused(dataclasses.replace(run, ended=None), reveal) == (
+        f"{run.path}:{len(run.heads)}: incomplete: the ledger has no end (RunEnded) after its last line: its tail "
+        "was cut off, or the server had not ended the run; a run is verified whole or not at all"
+    )
+    assert refused(run, {**reveal, "last_line_sha256": "0" * 64}) == (
+        f"{run.path}: its last line is not the one the server wrote last (the reveal names {'0' * 64}): lines were "
+        "removed from its end, or written after it"
+    )
+    assert refused(run, {**reveal, "entrant_nonce": "another"}) == (
+        f"{reveal_file}: its entrant_nonce is not the one the ledger's RunSeeded line took ({run.path}:2)"
+    )
+    seeded = run.seeded.model_copy(update={"secret_fingerprint": "e" * 16})
+    assert refused(dataclasses.replace(run, seeded=seeded), reveal) == (
+        f"{run.path}:2: the worlds' secret the committed secret and the entrant's nonce give is not the one it "
+        f"names ({'e' * 16})"
+    )
