@@ -250,3 +250,49 @@ def test_a_reveal_that_does_not_match_its_run_is_refused_whole(run_and_receipts,
         f"{run.path}:2: the worlds' secret the committed secret and the entrant's nonce give is not the one it "
         f"names ({'e' * 16})"
     )
+
+
+def test_receipts_that_name_another_agent_are_refused_at_the_run_s_nonce_line(run_and_receipts, tmp_path):
+    run, kept = run_and_receipts
+    path = tmp_path / "receipts.json"
+    other = {**kept, "agent": "examples.template_agent:TemplateAgent"}
+    path.write_text(json.dumps({**other, "entrant_signature": ENTRANT.sign(receipts_statement(other))}))
+    assert refusal(run, path) == (
+        f"{run.path}:2: the run's agent {run.seeded.agent!r} is not the one the entrant sent "
+        f"('examples.template_agent:TemplateAgent', {path})"
+    )
+
+
+def test_a_receipt_of_the_opening_line_counts_and_a_line_twice_does_not(run_and_receipts, tmp_path):
+    """The server signs every line, the opening (line 1) too: an entrant that kept its head holds a
+    valid receipt of line 1. A head kept twice is refused as out of order."""
+    run, kept = run_and_receipts
+    path = tmp_path / "receipts.json"
+    sha, digest, signature = run.heads[0]
+    opening = {"line": 1, "line_sha256": sha, "digest": digest, "signature": signature}
+    path.write_text(json.dumps(resigned(kept, [opening, *kept["receipts"]])))
+    assert check_receipts(run, path) == len(kept["receipts"]) + 1
+    first = kept["receipts"][0]
+    path.write_text(json.dumps(resigned(kept, [first, first, *kept["receipts"][1:]])))
+    assert refusal(run, path) == (
+        f"{path}: receipt 2 names line {first['line']}, not after receipt 1's line {first['line']}: an entrant "
+        "keeps each head once, in the order it was served"
+    )
+
+
+def test_a_folder_given_for_the_receipts_is_refused_with_what_to_give(run_and_receipts, tmp_path):
+    run, _ = run_and_receipts
+    assert refusal(run, tmp_path) == f"{tmp_path}: not a regular file: give the entrant's receipts (receipts.json)"
+
+
+def test_verify_run_names_the_reveal_file_it_was_given(run_and_receipts, tmp_path):
+    from cernenv.server.audit import verify_run
+    from cernenv.server.runs import reveal_path
+
+    run, _ = run_and_receipts
+    reveal = json.loads(reveal_path(run.path).read_text())
+    edited = tmp_path / "edited.reveal.json"
+    edited.write_text(json.dumps({**reveal, "commitment": "edited"}))
+    with pytest.raises(AuditError) as refused:
+        verify_run(run, edited)
+    assert str(refused.value).startswith(f"{edited}: its commitment field ('edited') is not its document's hash")
