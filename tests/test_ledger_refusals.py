@@ -168,3 +168,71 @@ def test_zero_steps_is_a_count_the_ledger_may_hold(ledger_lines, tmp_path):
     changed, number = _episode_changed(records, lambda e: {**e, "steps": -1})
     write_lines(path, changed, rechain=True, key=run._signing_key)
     assert refusal(path).startswith(f"{path}:{number}: steps -1 and refused_actions ")
+
+
+def _index(records, kind: str) -> int:
+    return next(i for i, r in enumerate(records) if r.get("record") == kind)
+
+
+def test_a_line_that_does_not_carry_the_hash_of_the_one_before_is_refused_whole(ledger_lines, tmp_path):
+    records, _ = ledger_lines
+    path = tmp_path / "run.jsonl"
+    write_lines(path, [records[0], records[2], records[1], *records[3:]], rechain=False)
+    assert refusal(path) == (
+        f"{path}:2: the hash it carries is not line 1's: line 1 was changed, or lines were inserted, removed or "
+        "moved there"
+    )
+
+
+def test_a_line_after_the_run_s_end_is_refused_whole(ledger_lines, tmp_path):
+    records, run = ledger_lines
+    path = tmp_path / "run.jsonl"
+    end = _index(records, "run_ended")
+    write_lines(path, [*records[: end + 1], records[end]], rechain=True, key=run._signing_key)
+    assert refusal(path) == f"{path}:{end + 2}: a line after the run's end (RunEnded, line {end + 1})"
+
+
+@pytest.mark.parametrize("missing", ["agent", "agent_sha256", "entrant_public_key"])
+def test_a_nonce_line_that_binds_no_agent_is_refused_whole(ledger_lines, tmp_path, missing):
+    records, run = ledger_lines
+    path = tmp_path / "run.jsonl"
+    seeded = _index(records, "run_seeded")
+    changed = [*records[:seeded], {**records[seeded], missing: None}, *records[seeded + 1 :]]
+    write_lines(path, changed, rechain=True, key=run._signing_key)
+    assert refusal(path) == (
+        f"{path}:2: the run is bound to no agent: its nonce line does not carry the agent, its code's SHA-256 and "
+        "the entrant's key (a run played before runs were bound to their agent)"
+    )
+
+
+def test_a_nonce_line_the_entrant_did_not_sign_is_refused_whole(ledger_lines, tmp_path):
+    records, run = ledger_lines
+    path = tmp_path / "run.jsonl"
+    seeded = _index(records, "run_seeded")
+    changed = [*records[:seeded], {**records[seeded], "entrant_nonce": "f" * 40}, *records[seeded + 1 :]]
+    write_lines(path, changed, rechain=True, key=run._signing_key)
+    assert refusal(path) == (
+        f"{path}:2: the entrant's signature of its nonce and agent does not hold for this run and its commitment "
+        "(cernenv.server.runs.entrant_statement): not the nonce its entrant sent to this run"
+    )
+
+
+def test_a_run_end_before_an_episode_s_end_and_every_wrong_count_are_named_together(ledger_lines, tmp_path):
+    """The run's end is checked against the ledger as a whole: each thing it says wrong is named,
+    joined by "; " (here a count and a time); an episode that ended at the very time the run did
+    is not late."""
+    records, run = ledger_lines
+    path = tmp_path / "run.jsonl"
+    end = _index(records, "run_ended")
+    episode = _index(records, "episode")
+    same_time = [*records[:end], {**records[end], "ended_at": records[episode]["ended_at"]}, *records[end + 1 :]]
+    write_lines(path, same_time, rechain=True, key=run._signing_key)
+    assert read_run(path).ended is not None
+    early = records[0]["opened_at"]
+    changed = [*records[:end], {**records[end], "ended_at": early, "recorded": 5}, *records[end + 1 :]]
+    write_lines(path, changed, rechain=True, key=run._signing_key)
+    recorded = sum(1 for r in records if r.get("record") == "episode")
+    assert refusal(path) == (
+        f"{path}:{end + 1}: the run's end says recorded 5 (the ledger holds {recorded}); it ended at {early}, "
+        f"before the episode of line {episode + 1} ended"
+    )
