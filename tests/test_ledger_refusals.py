@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List
 import pytest
 from test_run_audit import ENTRANT, lines_of, play, write_lines
 
+from cernenv.rules import END_WITHOUT_CLAIM
 from cernenv.server.audit import AuditError, read_run
 from lib.agents.remote_player import Receipts
 
@@ -132,6 +133,20 @@ CASES = {
             f"steps {e['steps']} and refused_actions {len(e['actions']) + 1} of {len(e['actions'])} actions"
         ),
     ),
+    "abandoned, yet with a claim": (
+        lambda e: {**e, "grade": None, "ended": "abandoned: reset"},
+        lambda e, task: "an abandoned episode with a claim: a claim ends an episode, graded",
+    ),
+    "ended by a claim it does not hold": (
+        lambda e: {**e, "claim": None},
+        lambda e, task: "claim: null, yet the episode ended by its claim (ended 'claim')",
+    ),
+    "an end the campaign has not": (
+        lambda e: {**e, "claim": None, "ended": "the agent won"},
+        lambda e, task: (
+            f"ended 'the agent won': neither a claim nor one of the campaign's ends {list(END_WITHOUT_CLAIM.values())}"
+        ),
+    ),
     "another seed": (
         lambda e: {**e, "seed": 12345},
         lambda e, task: f"task {e['task_index']}: its seed 12345 is not task {e['task_index']}'s, {task['seed']}",
@@ -155,6 +170,16 @@ def test_an_episode_line_signed_again_with_a_field_no_server_writes_is_refused_w
     path = tmp_path / "run.jsonl"
     write_lines(path, changed, rechain=True, key=run._signing_key)
     assert refusal(path) == f"{path}:{number}: {message(episode, task)}"
+
+
+def test_every_action_refused_is_a_count_the_ledger_may_hold(ledger_lines, tmp_path):
+    """An episode may have had every action it sent refused: as many refusals as actions reads."""
+    records, run = ledger_lines
+    path = tmp_path / "run.jsonl"
+    changed, _ = _episode_changed(records, lambda e: {**e, "refused_actions": len(e["actions"])})
+    write_lines(path, changed, rechain=True, key=run._signing_key)
+    episode = read_run(path).episodes[0][1]
+    assert episode.refused_actions == len(episode.actions)
 
 
 def test_zero_steps_is_a_count_the_ledger_may_hold(ledger_lines, tmp_path):
