@@ -261,3 +261,23 @@ def test_a_run_end_before_an_episode_s_end_and_every_wrong_count_are_named_toget
         f"{path}:{end + 1}: the run's end says recorded 5 (the ledger holds {recorded}); it ended at {early}, "
         f"before the episode of line {episode + 1} ended"
     )
+
+
+def test_a_planted_rotated_file_and_a_task_played_twice_are_refused_whole(ledger_lines, tmp_path):
+    records, run = ledger_lines
+    path = tmp_path / "run.jsonl"
+    path.write_text(run.ledger_path.read_text())
+    planted = path.with_name(path.name + ".7")
+    planted.write_text(path.read_text())
+    assert refusal(path) == (
+        f"{planted}: a rotated file beside the scored run's ledger {path.name}, which is never rotated: the run's "
+        "server did not write it; remove it, or score the ledger alone"
+    )
+    planted.unlink()
+    episode = _index(records, "episode")
+    twice = [*records[: episode + 1], {**records[episode], "assignment": 1}, *records[episode + 1 :]]
+    write_lines(path, twice, rechain=True, key=run._signing_key)
+    task = records[episode]["task_index"]
+    assert refusal(path) == (
+        f"{path}:{episode + 2}: task {task} again (line {episode + 1} has its episode): a run plays each task once"
+    )
