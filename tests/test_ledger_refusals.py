@@ -281,3 +281,18 @@ def test_a_planted_rotated_file_and_a_task_played_twice_are_refused_whole(ledger
     assert refusal(path) == (
         f"{path}:{episode + 2}: task {task} again (line {episode + 1} has its episode): a run plays each task once"
     )
+
+
+def test_an_episode_of_another_scenario_than_its_task_names_is_refused_whole(ledger_lines, tmp_path):
+    """A task may name a curated scenario (the suite's curated tasks do): its episode must be of it."""
+    records, run = ledger_lines
+    path = tmp_path / "run.jsonl"
+    episode = records[_index(records, "episode")]
+    task = episode["task_index"]
+    tasks = [dict(t) for t in records[0]["tasks"]]
+    tasks[task]["scenario"] = "higgs_diphoton_125"
+    write_lines(path, [{**records[0], "tasks": tasks}, *records[1:]], rechain=True, key=run._signing_key)
+    assert refusal(path) == (
+        f"{path}:{_index(records, 'episode') + 1}: task {task}: its scenario {episode['scenario']} is not task "
+        f"{task}'s, higgs_diphoton_125"
+    )
