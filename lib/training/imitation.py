@@ -1,10 +1,9 @@
 """Imitation in stages, for a pretrained model with a LoRA adapter: train an adapter on demonstrations
 (each once, at a constant learning rate from the adapter an earlier stage saved, or a whole run on a
-decaying schedule), play it greedily
-on the validation split, and summarise each play as one row of a learning curve. Used by the
-imitation curve (bench/bench_smollm2_curve.py) and SmolLM2's whole pipeline
-(`lib.training.smollm2_pipeline`). Every adapter and every evaluation is written whole or not at
-all, so a killed run goes on from the last one written.
+decaying schedule), play it greedily on the validation split, and summarise each play as one row of
+a learning curve. Used by the imitation curve (bench/bench_smollm2_curve.py) and SmolLM2's whole
+pipeline (`lib.training.smollm2_pipeline`). Every adapter and every evaluation is written whole or
+not at all, so a killed run goes on from the last one written.
 """
 
 from __future__ import annotations

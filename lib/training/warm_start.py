@@ -167,9 +167,9 @@ def sft_trainer(
     `policy.peft_config` is given, loss on the `completion_mask` tokens, `warm_start_batch_size`
     examples per step, `epochs` passes (default `warm_start_epochs`) from `learning_rate` (default
     `warm_start_learning_rate`) on the `warm_start_lr_schedule` (or `lr_scheduler_type`, transformers'
-    name), the device's precision (float32 without autocast on a CPU; `bf16` True: bf16 autocast, False: none), gradient
-    checkpointing on a GPU and for an adapter unless `gradient_checkpointing` says otherwise, torch's
-    threads the cores free before each step (`lib.training.callbacks.CpuThreads`)."""
+    name), the device's precision (float32 without autocast on a CPU; `bf16` True: bf16 autocast,
+    False: none), gradient checkpointing on a GPU and for an adapter unless `gradient_checkpointing`
+    says otherwise, torch's threads the cores free before each step (`lib.training.callbacks.CpuThreads`)."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
