@@ -713,16 +713,20 @@ def test_claim_ends_and_grades_the_episode():
     )
 
 
+NULL_DIPHOTON_FIT = [
+    A("reconstruct_tracks", channel="diphoton"),
+    A("select_channel", channel="diphoton"),
+    A("build_invariant_mass"),
+    A("fit_resonance", mass_hint_gev=1000.0),
+]
+"""null_diphoton_750's analysis after its data: the fit that counts the luminosity analysed."""
+
+
 def test_correct_null_claim_on_null_scenario_is_rewarded():
     env, obs = fresh("null_diphoton_750", seed=0)
     for action in data_actions(obs.task, 0.3 * obs.task.luminosity_total_fb, energy=13.6):
         ok(env, action)
-    for action in [
-        A("reconstruct_tracks", channel="diphoton"),
-        A("select_channel", channel="diphoton"),
-        A("build_invariant_mass"),
-        A("fit_resonance", mass_hint_gev=1000.0),
-    ]:
+    for action in NULL_DIPHOTON_FIT:
         ok(env, action)
     obs = ok(env, A("submit_discovery_claim", discovered=False, confidence=0.9))
     state = env.state
@@ -739,12 +743,7 @@ def test_a_null_claim_is_graded_only_past_a_quarter_of_the_luminosity_cap_analys
     cap = obs.task.luminosity_total_fb
     for action in data_actions(obs.task, fraction * cap, energy=13.6):
         ok(env, action)
-    for action in [
-        A("reconstruct_tracks", channel="diphoton"),
-        A("select_channel", channel="diphoton"),
-        A("build_invariant_mass"),
-        A("fit_resonance", mass_hint_gev=1000.0),
-    ]:
+    for action in NULL_DIPHOTON_FIT:
         ok(env, action)
     assert env._episode.analysed_luminosity_fb == pytest.approx(fraction * cap)
     ok(env, A("submit_discovery_claim", discovered=False, confidence=0.9))

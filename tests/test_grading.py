@@ -381,6 +381,26 @@ def test_a_blind_claim_gets_the_same_answer_in_every_hidden_world():
     assert compared >= 3
 
 
+def _take_diphoton_data(env: CERNCollisionEnvironment, seed: int, luminosity_fb: float) -> None:
+    """Reset `env` to higgs_diphoton_125 (`seed`) and collect `luminosity_fb` of diphoton data."""
+    env.reset(seed=seed, scenario="higgs_diphoton_125")
+    for verb, parameters in [
+        ("configure_beam", {"beam_energy_tev": 13.6}),
+        ("set_trigger", {"trigger": "diphoton"}),
+        ("allocate_luminosity", {"luminosity_fb": luminosity_fb}),
+        ("collect_collisions", {"luminosity_fb": luminosity_fb}),
+    ]:
+        assert not env.step({"action_type": verb, "parameters": parameters}).rule_violations
+
+
+def _reference_spectrum(env: CERNCollisionEnvironment):
+    """The diphoton spectrum the grader builds for its reference analysis (its own construction, read here)."""
+    episode = env._episode
+    lo, hi = episode.scenario.search_window_gev
+    width = env._default_bin_width("diphoton", lo, hi)
+    return episode.recorder.build_spectrum("diphoton", (lo, hi), width, episode.beam_energy_tev, episode.pileup)
+
+
 def _claim_the_higgs_after(luminosity_fb: float):
     """Plays higgs_diphoton_125 (seed 0) to `luminosity_fb` of diphoton data, then claims the Higgs at
     its true mass (125 GeV) with 3σ. Returns the grade and the reference analysis's local and global
@@ -389,18 +409,8 @@ def _claim_the_higgs_after(luminosity_fb: float):
     from cernenv import analysis
 
     env = CERNCollisionEnvironment()
-    env.reset(seed=0, scenario="higgs_diphoton_125")
-    for verb, parameters in [
-        ("configure_beam", {"beam_energy_tev": 13.6}),
-        ("set_trigger", {"trigger": "diphoton"}),
-        ("allocate_luminosity", {"luminosity_fb": luminosity_fb}),
-        ("collect_collisions", {"luminosity_fb": luminosity_fb}),
-    ]:
-        assert not env.step({"action_type": verb, "parameters": parameters}).rule_violations
-    episode = env._episode
-    lo, hi = episode.scenario.search_window_gev
-    width = env._default_bin_width("diphoton", lo, hi)
-    spectrum = episode.recorder.build_spectrum("diphoton", (lo, hi), width, episode.beam_energy_tev, episode.pileup)
+    _take_diphoton_data(env, 0, luminosity_fb)
+    spectrum = _reference_spectrum(env)
     background = analysis.background_fit(spectrum)
     local = analysis.local_significance(spectrum, 125.0, 0.0, background)
     reference = analysis.global_significance(spectrum, 125.0, local, background)
@@ -451,14 +461,7 @@ def _ended_without_a_discovery_supported(
 ):
     """Play higgs_diphoton_125 (`seed`) to `luminosity_fb` of diphoton data and claim `claim_parameters`:
     the step's result and the evaluator's grade."""
-    env.reset(seed=seed, scenario="higgs_diphoton_125")
-    for verb, parameters in [
-        ("configure_beam", {"beam_energy_tev": 13.6}),
-        ("set_trigger", {"trigger": "diphoton"}),
-        ("allocate_luminosity", {"luminosity_fb": luminosity_fb}),
-        ("collect_collisions", {"luminosity_fb": luminosity_fb}),
-    ]:
-        assert not env.step({"action_type": verb, "parameters": parameters}).rule_violations
+    _take_diphoton_data(env, seed, luminosity_fb)
     observation = env.step({"action_type": "submit_discovery_claim", "parameters": claim_parameters})
     assert not observation.rule_violations and observation.done
     return observation.latest_result, env.episode_grade()
@@ -485,10 +488,8 @@ def test_the_reference_z_is_zero_where_the_grader_builds_no_spectrum(case, chang
     env = CERNCollisionEnvironment()
     result, grade = _ended_without_a_discovery_supported(env, parameters, seed=8, luminosity_fb=20.0)
     assert result["reference_z_global"] == grade["reference_z_global"] == 0.0, case
-    episode = env._episode
-    lo, hi = episode.scenario.search_window_gev
-    width = env._default_bin_width("diphoton", lo, hi)
-    spectrum = episode.recorder.build_spectrum("diphoton", (lo, hi), width, episode.beam_energy_tev, episode.pileup)
+    lo, hi = env._episode.scenario.search_window_gev
+    spectrum = _reference_spectrum(env)
     assert (lo, hi) == (110.0, 160.0)
     assert all(env._significance(spectrum, edge, False, None)["z_global"] > 0.5 for edge in (lo, hi))
 
@@ -501,10 +502,7 @@ def test_the_reference_z_is_zero_where_the_reference_fit_finds_no_excess():
     env = CERNCollisionEnvironment()
     parameters = {**BLIND["parameters"], "mass_gev": 125.0, "mass_uncertainty_gev": 0.5}
     _ended_without_a_discovery_supported(env, parameters)
-    episode = env._episode
-    lo, hi = episode.scenario.search_window_gev
-    width = env._default_bin_width("diphoton", lo, hi)
-    spectrum = episode.recorder.build_spectrum("diphoton", (lo, hi), width, episode.beam_energy_tev, episode.pileup)
+    spectrum = _reference_spectrum(env)
     background = analysis.background_fit(spectrum)
     deficit = next(
         mass

@@ -199,6 +199,12 @@ def _index(records, kind: str) -> int:
     return next(i for i, r in enumerate(records) if r.get("record") == kind)
 
 
+def _with(records, kind: str, **changes):
+    """The records with the first of `kind` changed by `changes`."""
+    index = _index(records, kind)
+    return [*records[:index], {**records[index], **changes}, *records[index + 1 :]]
+
+
 def test_a_line_that_does_not_carry_the_hash_of_the_one_before_is_refused_whole(ledger_lines, tmp_path):
     records, _ = ledger_lines
     path = tmp_path / "run.jsonl"
@@ -221,9 +227,7 @@ def test_a_line_after_the_run_s_end_is_refused_whole(ledger_lines, tmp_path):
 def test_a_nonce_line_that_binds_no_agent_is_refused_whole(ledger_lines, tmp_path, missing):
     records, run = ledger_lines
     path = tmp_path / "run.jsonl"
-    seeded = _index(records, "run_seeded")
-    changed = [*records[:seeded], {**records[seeded], missing: None}, *records[seeded + 1 :]]
-    write_lines(path, changed, rechain=True, key=run._signing_key)
+    write_lines(path, _with(records, "run_seeded", **{missing: None}), rechain=True, key=run._signing_key)
     assert refusal(path) == (
         f"{path}:2: the run is bound to no agent: its nonce line does not carry the agent, its code's SHA-256 and "
         "the entrant's key (a run played before runs were bound to their agent)"
@@ -233,9 +237,7 @@ def test_a_nonce_line_that_binds_no_agent_is_refused_whole(ledger_lines, tmp_pat
 def test_a_nonce_line_the_entrant_did_not_sign_is_refused_whole(ledger_lines, tmp_path):
     records, run = ledger_lines
     path = tmp_path / "run.jsonl"
-    seeded = _index(records, "run_seeded")
-    changed = [*records[:seeded], {**records[seeded], "entrant_nonce": "f" * 40}, *records[seeded + 1 :]]
-    write_lines(path, changed, rechain=True, key=run._signing_key)
+    write_lines(path, _with(records, "run_seeded", entrant_nonce="f" * 40), rechain=True, key=run._signing_key)
     assert refusal(path) == (
         f"{path}:2: the entrant's signature of its nonce and agent does not hold for this run and its commitment "
         "(cernenv.server.runs.entrant_statement): not the nonce its entrant sent to this run"
@@ -250,12 +252,12 @@ def test_a_run_end_before_an_episode_s_end_and_every_wrong_count_are_named_toget
     path = tmp_path / "run.jsonl"
     end = _index(records, "run_ended")
     episode = _index(records, "episode")
-    same_time = [*records[:end], {**records[end], "ended_at": records[episode]["ended_at"]}, *records[end + 1 :]]
-    write_lines(path, same_time, rechain=True, key=run._signing_key)
+    write_lines(
+        path, _with(records, "run_ended", ended_at=records[episode]["ended_at"]), rechain=True, key=run._signing_key
+    )
     assert read_run(path).ended is not None
     early = records[0]["opened_at"]
-    changed = [*records[:end], {**records[end], "ended_at": early, "recorded": 5}, *records[end + 1 :]]
-    write_lines(path, changed, rechain=True, key=run._signing_key)
+    write_lines(path, _with(records, "run_ended", ended_at=early, recorded=5), rechain=True, key=run._signing_key)
     recorded = sum(1 for r in records if r.get("record") == "episode")
     assert refusal(path) == (
         f"{path}:{end + 1}: the run's end says recorded 5 (the ledger holds {recorded}); it ended at {early}, "

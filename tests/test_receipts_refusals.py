@@ -30,6 +30,12 @@ def run_and_receipts(tmp_path_factory):
     return read_run(run.ledger_path), receipts.signed()
 
 
+def resigned(kept, **changes):
+    """The entrant's receipts with `changes`, signed again by the entrant (what it could do itself)."""
+    kept = {**kept, **changes}
+    return {**kept, "entrant_signature": ENTRANT.sign(receipts_statement(kept))}
+
+
 def refusal(run, path) -> str:
     with pytest.raises(AuditError) as refused:
         check_receipts(run, path)
@@ -87,8 +93,7 @@ def test_a_run_that_took_no_entrant_s_nonce_has_no_receipts_to_check(run_and_rec
 def test_receipts_of_another_run_name_the_field_and_the_ledger_s_opening(run_and_receipts, tmp_path):
     run, kept = run_and_receipts
     path = tmp_path / "receipts.json"
-    other = {**kept, "run_id": "another-run"}
-    path.write_text(json.dumps({**other, "entrant_signature": ENTRANT.sign(receipts_statement(other))}))
+    path.write_text(json.dumps(resigned(kept, run_id="another-run")))
     assert refusal(run, path) == (
         f"{path}: its run_id another-run is not the ledger's {run.opened.run_id} ({run.path}:1): "
         "the ledger is not the run the entrant played"
@@ -103,12 +108,6 @@ def test_receipts_the_entrant_did_not_sign_are_refused(run_and_receipts, tmp_pat
         f"{path}: not signed by the entrant's key (the one the run's nonce line names): receipts the "
         "entrant did not keep, or changed after it signed them"
     )
-
-
-def resigned(kept, receipts):
-    """The entrant's receipts with another list, signed again by the entrant (what it could do itself)."""
-    kept = {**kept, "receipts": receipts}
-    return {**kept, "entrant_signature": ENTRANT.sign(receipts_statement(kept))}
 
 
 @pytest.mark.parametrize(
@@ -128,7 +127,7 @@ def resigned(kept, receipts):
 def test_a_receipt_that_is_not_one_is_named_by_its_place(run_and_receipts, tmp_path, damage, message):
     run, kept = run_and_receipts
     path = tmp_path / "receipts.json"
-    path.write_text(json.dumps(resigned(kept, damage(kept["receipts"]))))
+    path.write_text(json.dumps(resigned(kept, receipts=damage(kept["receipts"]))))
     assert refusal(run, path) == f"{path}: {message}"
 
 
@@ -136,7 +135,7 @@ def test_receipts_out_of_order_name_both_lines(run_and_receipts, tmp_path):
     run, kept = run_and_receipts
     path = tmp_path / "receipts.json"
     first, second = kept["receipts"][:2]
-    path.write_text(json.dumps(resigned(kept, [second, first, *kept["receipts"][2:]])))
+    path.write_text(json.dumps(resigned(kept, receipts=[second, first, *kept["receipts"][2:]])))
     assert refusal(run, path) == (
         f"{path}: receipt 2 names line {first['line']}, not after receipt 1's line {second['line']}: an entrant "
         "keeps each head once, in the order it was served"
@@ -148,7 +147,7 @@ def test_a_receipt_the_run_s_key_did_not_sign_is_refused(run_and_receipts, tmp_p
     path = tmp_path / "receipts.json"
     first = kept["receipts"][0]
     forged = {**first, "signature": kept["receipts"][1]["signature"]}  # a signature of another head
-    path.write_text(json.dumps(resigned(kept, [forged, *kept["receipts"][1:]])))
+    path.write_text(json.dumps(resigned(kept, receipts=[forged, *kept["receipts"][1:]])))
     assert refusal(run, path) == (
         f"{path}: receipt 1 (line {first['line']}) is not signed by the run's key: not a receipt the server gave"
     )
@@ -177,7 +176,7 @@ def test_a_ledger_cut_short_or_changed_after_a_receipt_is_refused_at_its_line(ru
 def test_receipts_that_stop_before_the_run_s_end_are_refused(run_and_receipts, tmp_path):
     run, kept = run_and_receipts
     path = tmp_path / "receipts.json"
-    path.write_text(json.dumps(resigned(kept, kept["receipts"][:-1])))
+    path.write_text(json.dumps(resigned(kept, receipts=kept["receipts"][:-1])))
     end, before = len(run.heads), kept["receipts"][-2]["line"]
     assert refusal(run, path) == (
         f"{run.path}:{end}: the entrant's receipts end at line {before}, not at the run's end (line {end}): the "
@@ -255,8 +254,7 @@ def test_a_reveal_that_does_not_match_its_run_is_refused_whole(run_and_receipts,
 def test_receipts_that_name_another_agent_are_refused_at_the_run_s_nonce_line(run_and_receipts, tmp_path):
     run, kept = run_and_receipts
     path = tmp_path / "receipts.json"
-    other = {**kept, "agent": "examples.template_agent:TemplateAgent"}
-    path.write_text(json.dumps({**other, "entrant_signature": ENTRANT.sign(receipts_statement(other))}))
+    path.write_text(json.dumps(resigned(kept, agent="examples.template_agent:TemplateAgent")))
     assert refusal(run, path) == (
         f"{run.path}:2: the run's agent {run.seeded.agent!r} is not the one the entrant sent "
         f"('examples.template_agent:TemplateAgent', {path})"
@@ -270,10 +268,10 @@ def test_a_receipt_of_the_opening_line_counts_and_a_line_twice_does_not(run_and_
     path = tmp_path / "receipts.json"
     sha, digest, signature = run.heads[0]
     opening = {"line": 1, "line_sha256": sha, "digest": digest, "signature": signature}
-    path.write_text(json.dumps(resigned(kept, [opening, *kept["receipts"]])))
+    path.write_text(json.dumps(resigned(kept, receipts=[opening, *kept["receipts"]])))
     assert check_receipts(run, path) == len(kept["receipts"]) + 1
     first = kept["receipts"][0]
-    path.write_text(json.dumps(resigned(kept, [first, first, *kept["receipts"][1:]])))
+    path.write_text(json.dumps(resigned(kept, receipts=[first, first, *kept["receipts"][1:]])))
     assert refusal(run, path) == (
         f"{path}: receipt 2 names line {first['line']}, not after receipt 1's line {first['line']}: an entrant "
         "keeps each head once, in the order it was served"
