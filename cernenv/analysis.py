@@ -154,7 +154,8 @@ def _sum_under_peak(per_bin: np.ndarray, edges_gev: np.ndarray, mass_gev: float,
 
 
 def scan_grid(edges_gev: np.ndarray, step_gev: float) -> np.ndarray:
-    """The bump scan's masses: every `step_gev` inside the spectrum, one step from its edges."""
+    """The bump scan's masses: evenly spaced about `step_gev` apart inside the spectrum, one step
+    from its edges, and at least three of them."""
     n_points = int((edges_gev[-1] - edges_gev[0]) / step_gev)
     return np.linspace(edges_gev[0] + step_gev, edges_gev[-1] - step_gev, max(n_points - 1, 3))
 
@@ -252,6 +253,26 @@ _REGIONS_KEPT = 8
 _REGIONS_LOCK = threading.Lock()  # environments may run in threads
 
 
+def _region_masses(edges_gev: np.ndarray) -> np.ndarray:
+    """The masses on which Rice's region is decided: the coarsest even grid from the spectrum's
+    low edge to its high edge whose step is at most a quarter of its narrowest bin."""
+    step = 0.25 * float(np.min(np.diff(edges_gev)))
+    return np.linspace(edges_gev[0], edges_gev[-1], int(np.ceil((edges_gev[-1] - edges_gev[0]) / step)) + 1)
+
+
+def _background_in_windows(
+    cumulative: np.ndarray, edges_gev: np.ndarray, masses_gev: np.ndarray, resolution_gev
+) -> np.ndarray:
+    """`_sum_under_peak` of the per-bin expectation at every mass of `masses_gev` at once, from
+    `cumulative` (0 followed by the running sum of the expectation per bin)."""
+    half = PEAK_HALF_WIDTH_SIGMA * resolutions_on_grid(resolution_gev, masses_gev)
+    centres = 0.5 * (edges_gev[1:] + edges_gev[:-1])
+    return (
+        cumulative[np.searchsorted(centres, masses_gev + half, side="right")]
+        - cumulative[np.searchsorted(centres, masses_gev - half, side="left")]
+    )
+
+
 def _spectrum_regions(spectrum, background: BackgroundFit) -> _SpectrumRegions:
     """`_SpectrumRegions` of `spectrum` and `background`, computed once for the last few
     (spectrum, fit) pairs: an episode asks for the significance of one spectrum at several
@@ -265,14 +286,8 @@ def _spectrum_regions(spectrum, background: BackgroundFit) -> _SpectrumRegions:
     expected = background_expectation(background, edges, spectrum.sqrt_s_tev)
     cum = np.concatenate([[0.0], np.cumsum(expected)])
     # Rice's region: masses whose ±2σ_m window holds >= LOW_COUNT_BACKGROUND events
-    step = 0.25 * float(np.min(np.diff(edges)))
-    masses = np.linspace(edges[0], edges[-1], int(np.ceil((edges[-1] - edges[0]) / step)) + 1)
-    res = resolutions_on_grid(spectrum.resolution_gev, masses)
-    centres = 0.5 * (edges[1:] + edges[:-1])
-    b_at = (
-        cum[np.searchsorted(centres, masses + PEAK_HALF_WIDTH_SIGMA * res, side="right")]
-        - cum[np.searchsorted(centres, masses - PEAK_HALF_WIDTH_SIGMA * res, side="left")]
-    )
+    masses = _region_masses(edges)
+    b_at = _background_in_windows(cum, edges, masses, spectrum.resolution_gev)
     nodes = np.linspace(edges[0], edges[-1], RICE_NODES)
     node_dense = np.interp(nodes, masses, (b_at >= LOW_COUNT_BACKGROUND).astype(float)) > 0.5
     density = np.where(node_dense, rice_density(spectrum, background, nodes), 0.0) if node_dense.any() else 0.0 * nodes
