@@ -315,13 +315,11 @@ def global_significance(
     local: LocalSignificance,
     background: BackgroundFit,
     scan_z: Optional[np.ndarray] = None,
-    scan_grid_gev: Optional[np.ndarray] = None,
 ) -> GlobalSignificance:
     """Local and look-elsewhere-corrected significance at `mass_gev` given its profile-likelihood
-    `local` significance (see the module docstring); `scan_z` from a bump scan of the same
-    spectrum (its count of upcrossings replaces the expected one where it exceeds it by more
-    than two Poisson standard deviations). `scan_grid_gev` is accepted for the callers that
-    pass it; the count needs only the scan's values, in order."""
+    `local` significance (see the module docstring); `scan_z`, the local Z of a bump scan of the
+    same spectrum in the order of its masses (its count of upcrossings replaces the expected one
+    where it exceeds it by more than two Poisson standard deviations)."""
     regions = _spectrum_regions(spectrum, background)
     sigma = float(spectrum.resolution_gev(mass_gev))
     u = float(local.q0) if np.isfinite(local.q0) and local.q0 > 0.0 else 0.0  # a failed fit shows no excess
@@ -375,7 +373,6 @@ def significance(
         local,
         background,
         scan_z=None if scan is None else np.asarray(scan.z_local),
-        scan_grid_gev=None if scan is None else np.asarray(scan.mass_grid_gev),
     )
     return {
         "q0": local.q0,

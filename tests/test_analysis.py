@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -216,8 +217,8 @@ def _count_background_fits(monkeypatch):
 
     from cernenv.physics import scan, significance
 
-    monkeypatch.setattr(scan, "fit_background_on_template", counted)
-    monkeypatch.setattr(significance, "fit_background_on_template", counted)
+    for module in (fitting, scan, significance):
+        monkeypatch.setattr(module, "fit_background_on_template", counted)
     return made
 
 
@@ -228,7 +229,10 @@ def test_a_background_fit_handed_in_is_not_made_again(dense_spectrum, monkeypatc
     analysis.bump_scan(dense_spectrum, grid, fit)
     analysis.local_significance(dense_spectrum, 130.0, 0.0, fit)
     analysis.default_bump_scan(dense_spectrum, fit)
+    analysis.significance(dense_spectrum, 130.0, True, None, fit)
     assert made == []
+    analysis.default_bump_scan(dense_spectrum)
+    assert len(made) == 1
 
 
 def test_the_default_bump_scan_is_the_scan_at_the_default_step_over_the_whole_spectrum(dense_spectrum):
@@ -239,3 +243,63 @@ def test_the_default_bump_scan_is_the_scan_at_the_default_step_over_the_whole_sp
     for scan in (analysis.default_bump_scan(dense_spectrum), analysis.default_bump_scan(dense_spectrum, fit)):
         assert np.array_equal(scan.mass_grid_gev, expected.mass_grid_gev)
         assert np.array_equal(scan.z_local, expected.z_local)
+
+
+def test_significance_makes_the_fit_and_the_local_significance_it_is_not_given(dense_spectrum):
+    """`significance` fits the background and computes the local significance, with the spurious-signal
+    systematic or without, when they are not passed: the same result as when they are, and the systematic
+    lowers q0 at a mass with an excess."""
+    fit = analysis.background_fit(dense_spectrum)
+    mass = analysis.default_bump_scan(dense_spectrum, fit).best_mass_gev
+    spurious = analysis.spurious_signal_events(dense_spectrum, mass, fit)
+    assert spurious > 0
+    with_systematics = analysis.local_significance(dense_spectrum, mass, spurious, fit)
+    without = analysis.local_significance(dense_spectrum, mass, 0.0, fit)
+    assert 0 < with_systematics.q0 < without.q0
+    assert analysis.significance(dense_spectrum, mass, True) == analysis.significance(
+        dense_spectrum, mass, True, None, fit, with_systematics
+    )
+    assert analysis.significance(dense_spectrum, mass, False) == analysis.significance(
+        dense_spectrum, mass, False, None, fit, without
+    )
+
+
+def test_a_scans_upcrossings_replace_the_expected_ones_only_when_far_more(dense_spectrum):
+    """After a bump scan, its count of upcrossings of Z = 1 replaces the expected count where it exceeds it by
+    more than two Poisson standard deviations: more trials, a lower global Z. A scan that crosses less leaves
+    the expectation."""
+    fit = analysis.background_fit(dense_spectrum)
+    mass = analysis.default_bump_scan(dense_spectrum, fit).best_mass_gev
+    expected_upcrossings = analysis._spectrum_regions(dense_spectrum, fit).expected_upcrossings
+    threshold = expected_upcrossings + 2.0 * math.sqrt(expected_upcrossings)
+    assert 2.0 < expected_upcrossings and math.floor(threshold) > expected_upcrossings + 1.0  # room on both sides
+    crossing = SimpleNamespace(z_local=tuple([0.0, 2.0] * (math.floor(threshold) + 1)))  # just more upcrossings of 1
+    quiet = SimpleNamespace(z_local=tuple([0.0, 2.0] * math.floor(threshold)))  # just not
+    without_scan = analysis.significance(dense_spectrum, mass, True, None, fit)
+    after_crossing = analysis.significance(dense_spectrum, mass, True, crossing, fit)
+    after_quiet = analysis.significance(dense_spectrum, mass, True, quiet, fit)
+    assert without_scan["upcrossings_source"] == after_quiet["upcrossings_source"] == "analytic"
+    assert after_quiet == without_scan
+    assert after_crossing["upcrossings_source"] == "scan"
+    upcrossings = analysis.global_significance(
+        dense_spectrum,
+        mass,
+        analysis.local_significance(dense_spectrum, mass, 0.0, fit),
+        fit,
+        np.asarray(crossing.z_local),
+    ).upcrossings_z1
+    assert upcrossings == math.floor(threshold) + 1
+    assert after_crossing["z_local"] == without_scan["z_local"] > 0
+    assert after_crossing["trials_factor"] > without_scan["trials_factor"]
+    assert after_crossing["z_global"] < without_scan["z_global"]
+
+
+def test_no_excess_in_a_sparse_window_is_a_local_z_of_zero(sparse_tail_spectrum):
+    """Where the window expects fewer than 25 events the local p-value is the counting experiment's: with
+    q0 = 0 it is 1 and the local Z 0."""
+    fit = analysis.background_fit(sparse_tail_spectrum)
+    mass = 850.0
+    local = dataclasses.replace(analysis.local_significance(sparse_tail_spectrum, mass, 0.0, fit), q0=0.0)
+    result = analysis.global_significance(sparse_tail_spectrum, mass, local, fit)
+    assert result.local_method == "poisson_count"
+    assert (result.z_local, result.p_local, result.z_global, result.p_global) == (0.0, 1.0, 0.0, 1.0)
