@@ -229,9 +229,17 @@ def test_a_background_fit_handed_in_is_not_made_again(dense_spectrum, monkeypatc
     analysis.bump_scan(dense_spectrum, grid, fit)
     analysis.local_significance(dense_spectrum, 130.0, 0.0, fit)
     analysis.default_bump_scan(dense_spectrum, fit)
-    analysis.significance(dense_spectrum, 130.0, True, None, fit)
     assert made == []
     analysis.default_bump_scan(dense_spectrum)
+    assert len(made) == 1
+
+
+def test_significance_makes_no_fit_it_is_handed(dense_spectrum, monkeypatch):
+    fit = analysis.background_fit(dense_spectrum)
+    made = _count_background_fits(monkeypatch)
+    analysis.significance(dense_spectrum, 130.0, True, None, fit)
+    assert made == []
+    analysis.significance(dense_spectrum, 130.0, True)
     assert len(made) == 1
 
 
