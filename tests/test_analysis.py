@@ -1,7 +1,8 @@
 """The reference analysis's bookkeeping (`cernenv.analysis`), each rule read from its documentation:
 which bins a ±2σ_m window holds, where Rice's region ends and counting begins (`LOW_COUNT_BACKGROUND`:
 fewer events are counted, as many or more are not), the cache of a spectrum's regions, what a failed
-or negative q0 gives, and that a fit handed in is not made again.
+or negative q0 gives, that a fit handed in is not made again, what `significance` makes when it is not
+given it, and when a bump scan's upcrossings replace the expected ones.
 
 The numbers the analysis produces are checked against independent tools in `tests/test_physics.py`
 and `tests/test_scan_crosscheck.py`, and its global significance on background-only toys in
