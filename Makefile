@@ -65,7 +65,7 @@ $(error $(MISSPELT_VARIABLES))
 endif
 endif
 
-.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-smollm2-curve train-smollm2 promote-smollm2 bench-smollm2-speed bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
+.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-smollm2-curve train-smollm2 promote-smollm2 bench-smollm2-speed bench-smollm2-eval bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -260,6 +260,9 @@ promote-smollm2: setup ## copy a finished make train-smollm2's evidence (build/s
 
 bench-smollm2-speed: setup ## SmolLM2's LoRA training tokens/s (fp32/bf16, LoRA on all or fewer blocks, checkpointing on/off) and decoding tokens/s; run it idle
 	$(RUN_ENV) $(PY) bench/bench_smollm2_speed.py
+
+bench-smollm2-eval: setup ## how fast SmolLM2 plays a validation evaluation, batch size against batch size and SDPA's grouped-query switch; run it idle
+	$(RUN_ENV) $(PY) bench/bench_smollm2_eval.py $(SMOLLM2_EVAL_ARGS)
 
 bench-imitation: setup ## how well the warm start imitates the heuristic, per action type, on held-out campaigns (bench/bench_imitation.py)
 	$(RUN_ENV) $(PY) bench/bench_imitation.py $(IMITATION_ARGS)

@@ -1,0 +1,138 @@
+"""How fast SmolLM2-135M-Instruct plays an evaluation on this CPU, setting against setting.
+
+    python bench/bench_smollm2_eval.py --adapter build/smollm2/imitation/adapter --campaigns 24 \\
+        --batch-sizes 12 24 [--gqa] [--out build/smollm2-eval-speed]
+    make bench-smollm2-eval
+
+Each setting plays the validation split's first `--campaigns` campaigns greedily, as every
+evaluation of SmolLM2's pipeline does (`lib.training.imitation.evaluate_stage`: the adapter merged
+into the weights, replies held to the grammar of the references shown, the configuration's
+observations and limits), in a process of its own so that none inherits another's memory. The
+settings are the evaluation's batch (`eval_batch_size`: campaigns decoded together) and, with
+`--gqa`, each batch size again with transformers' own switch for grouped-query attention in
+PyTorch's SDPA (`TRANSFORMERS_SDPA_FORCE_GQA=1`: attention reads SmolLM2's 3 key-value heads for
+its 9 query heads as they are, instead of copying them to 9 at every pass when the batch is
+padded).
+
+For each setting: the wall-clock seconds, the seconds a campaign, the decisions played, the
+correct outcomes, and whether every campaign played the same actions as the first setting's (a
+batch pads its rows differently, and float sums in another order can turn a near tie between two
+tokens). `results.json` and a table on stdout. Run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = ROOT / "configs" / "train" / "smollm2-cpu.yaml"
+
+
+def play(config_path: Path, adapter: Optional[Path], campaigns: int, batch_size: int, target: Path) -> float:
+    """Play the setting in this process; returns the seconds (`evaluate_stage`'s)."""
+    from lib.measure.evaluation import validation_suite
+    from lib.training.cli import parse_train_config
+    from lib.training.imitation import evaluate_stage
+
+    config, _ = parse_train_config(["--config", str(config_path)])
+    config = dataclasses.replace(config, eval_batch_size=batch_size)
+    return evaluate_stage(config, adapter, validation_suite(campaigns), target, "bench")
+
+
+def actions(path: Path) -> List[List[Any]]:
+    """Per campaign, the actions it played, in order."""
+    from lib.episodes.records import load_episodes_jsonl
+
+    return [[step["action"] for step in episode["steps"]] for episode in load_episodes_jsonl(str(path))]
+
+
+def measures(path: Path) -> Dict[str, Any]:
+    from lib.episodes.records import load_episodes_jsonl
+
+    episodes = load_episodes_jsonl(str(path))
+    return {
+        "campaigns": len(episodes),
+        "decisions": sum(len(e["steps"]) for e in episodes),
+        "correct": sum(1 for e in episodes if e.get("correct_outcome")),
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the training configuration")
+    parser.add_argument("--adapter", type=Path, default=None, help="a LoRA adapter's folder (none: zero-shot)")
+    parser.add_argument("--campaigns", type=int, default=24, help="validation campaigns each setting plays")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[12, 24], help="eval_batch_size settings")
+    parser.add_argument("--gqa", action="store_true", help="each batch size again with SDPA's grouped-query attention")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "smollm2-eval-speed", help="results.json here")
+    parser.add_argument("--play", nargs=2, metavar=("BATCH", "TARGET"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.adapter is not None and not (args.adapter / "adapter_config.json").is_file():
+        parser.error(f"{args.adapter} holds no adapter_config.json: give a LoRA adapter's folder, or none")
+    if args.play:  # one setting, in the process the parent started
+        seconds = play(args.config, args.adapter, args.campaigns, int(args.play[0]), Path(args.play[1]))
+        print(json.dumps({"seconds": seconds}))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = [(batch, False) for batch in args.batch_sizes]
+    settings += [(batch, True) for batch in args.batch_sizes] if args.gqa else []
+    rows: List[Dict[str, Any]] = []
+    first: Optional[List[List[Any]]] = None
+    with tempfile.TemporaryDirectory(prefix="smollm2-eval-speed-") as work:
+        for batch, gqa in settings:
+            target = Path(work) / f"batch-{batch}-gqa-{int(gqa)}.jsonl.gz"
+            command = [sys.executable, __file__, "--config", str(args.config), "--campaigns", str(args.campaigns)]
+            command += ["--adapter", str(args.adapter)] if args.adapter is not None else []
+            command += ["--play", str(batch), str(target)]
+            env = {**os.environ, "TRANSFORMERS_SDPA_FORCE_GQA": "1" if gqa else "0"}
+            done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+            if done.returncode:
+                print(done.stderr[-4000:], file=sys.stderr)
+                return done.returncode
+            seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+            played = actions(target)
+            first = played if first is None else first
+            same = sum(1 for a, b in zip(played, first) if a == b)
+            row = {"eval_batch_size": batch, "sdpa_gqa": gqa, "seconds": round(seconds, 1), **measures(target)}
+            row["seconds_a_campaign"] = round(seconds / row["campaigns"], 2)
+            row["campaigns_as_first_setting"] = same
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    results = {
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "load_before": os.getloadavg(),
+        "adapter": None if args.adapter is None else str(args.adapter),
+        "campaigns": args.campaigns,
+        "settings": rows,
+    }
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print("| batch | SDPA GQA | seconds | s a campaign | decisions | correct | same actions as the first |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['eval_batch_size']} | {'on' if row['sdpa_gqa'] else 'off'} | {row['seconds']} | "
+            f"{row['seconds_a_campaign']} | {row['decisions']} | {row['correct']} | "
+            f"{row['campaigns_as_first_setting']} of {row['campaigns']} |"
+        )
+    return 0
+
+
+def _cpu_name() -> str:
+    from bench_smollm2_speed import cpu_name  # beside this script: Python puts its folder on the path
+
+    return cpu_name()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
