@@ -47,17 +47,13 @@ def play(config_path: Path, adapter: Optional[Path], campaigns: int, batch_size:
     return evaluate_stage(config, adapter, validation_suite(campaigns), target, "bench")
 
 
-def actions(path: Path) -> List[List[Any]]:
+def actions(episodes: List[Dict[str, Any]]) -> List[List[Any]]:
     """Per campaign, the actions it played, in order."""
-    from lib.episodes.records import load_episodes_jsonl
-
-    return [[step["action"] for step in episode["steps"]] for episode in load_episodes_jsonl(str(path))]
+    return [[step["action"] for step in episode["steps"]] for episode in episodes]
 
 
-def measures(path: Path) -> Dict[str, Any]:
-    from lib.episodes.records import load_episodes_jsonl
-
-    episodes = load_episodes_jsonl(str(path))
+def measures(episodes: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The campaigns, the decisions played and the correct outcomes of a setting's episodes."""
     return {
         "campaigns": len(episodes),
         "decisions": sum(len(e["steps"]) for e in episodes),
@@ -83,6 +79,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         seconds = play(args.config, args.adapter, args.campaigns, int(args.play[0]), Path(args.play[1]))
         print(json.dumps({"seconds": seconds}))
         return 0
+    from lib.episodes.records import load_episodes_jsonl
+
     args.out.mkdir(parents=True, exist_ok=True)
     settings = [(batch, False) for batch in args.batch_sizes]
     settings += [(batch, True) for batch in args.batch_sizes] if args.gqa else []
@@ -100,10 +98,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(done.stderr[-4000:], file=sys.stderr)
                 return done.returncode
             seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
-            played = actions(target)
+            episodes = load_episodes_jsonl(str(target))
+            played = actions(episodes)
             first = played if first is None else first
             same = sum(1 for a, b in zip(played, first) if a == b)
-            row = {"eval_batch_size": batch, "sdpa_gqa": gqa, "seconds": round(seconds, 1), **measures(target)}
+            row = {"eval_batch_size": batch, "sdpa_gqa": gqa, "seconds": round(seconds, 1), **measures(episodes)}
             row["seconds_a_campaign"] = round(seconds / row["campaigns"], 2)
             row["campaigns_as_first_setting"] = same
             rows.append(row)
