@@ -288,6 +288,23 @@ def use_cpu_threads(busy_elsewhere: Optional[float] = None) -> int:
     return threads
 
 
+SDPA_GROUPED_QUERY_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"
+"""transformers' switch that hands a grouped-query model's key-value heads to PyTorch's SDPA as they
+are (`enable_gqa`) wherever it runs, instead of copying each to the query heads it serves first."""
+
+
+def attend_grouped_queries() -> bool:
+    """Have a CPU run's attention read a grouped-query model's key-value heads in place (SmolLM2: 3
+    of them for 9 query heads) and return whether it does. transformers does so by itself only where
+    no mask is passed (one unpadded sequence); with a batch's padding mask it copies the keys and values of every
+    prefill (`repeat_kv`), a third of a SmolLM2 evaluation's attention time on a CPU. Set once a process
+    through transformers' own switch, read at every attention call; a value the caller set, either
+    way, is kept. Call it on a CPU only: on a GPU, SDPA with a mask and grouped heads may leave its
+    fused kernels."""
+    os.environ.setdefault(SDPA_GROUPED_QUERY_SWITCH, "1")
+    return os.environ[SDPA_GROUPED_QUERY_SWITCH] == "1"
+
+
 MALLOC_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 """glibc's largest mmap threshold: blocks up to this size come from the heap and are reused."""
 MALLOC_TRIM_THRESHOLD_BYTES = 2**31 - 1

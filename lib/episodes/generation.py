@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import torch
 
 from lib.agents.prompting import Sampling
-from lib.runtime import keep_freed_memory
+from lib.runtime import attend_grouped_queries, keep_freed_memory
 
 GenerateFn = Callable[..., List[tuple[List[int], List[float]]]]
 """Batched generation, `generate_fn(contexts, sampling, shown=None)`: token contexts → per context
@@ -49,6 +49,8 @@ class CachedGenerator:
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         keep_freed_memory()  # its caches are megabytes, allocated and freed at every pass
+        if next(model.parameters()).device.type == "cpu":
+            attend_grouped_queries()  # each turn's prefill reads the cached keys without copying them
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id

@@ -43,7 +43,14 @@ from lib.report.evidence import (
     render_reward_components,
     render_training_curve,
 )
-from lib.runtime import busy_cores_elsewhere, cpu_snapshot, keep_freed_memory, pinned_threads, use_cpu_threads
+from lib.runtime import (
+    attend_grouped_queries,
+    busy_cores_elsewhere,
+    cpu_snapshot,
+    keep_freed_memory,
+    pinned_threads,
+    use_cpu_threads,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +184,7 @@ class CpuThreads(TrainerCallback):
         if torch.cuda.is_available():
             return
         keep_freed_memory()  # a step's activations: megabytes allocated and freed at every pass
+        attend_grouped_queries()  # a campaign's forward and backward passes without copied keys
         if pinned_threads() is not None:
             return
         use_cpu_threads()
