@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -124,6 +126,8 @@ def test_the_pipeline_runs_every_stage_and_a_second_run_redoes_only_what_is_miss
         "grpo_heldout": 2,
     }
     assert "GRPO − imitation on the held-out campaigns" in (evidence / "smollm2_summary.md").read_text()
+    curve = list(csv.DictReader((evidence / "checkpoint_evals.csv").open()))
+    assert [(int(r["step"]), int(r["episodes"])) for r in curve] == [(0, 2), (1, 2)], "the adapter, then the policy"
     from lib.episodes.records import load_episodes_jsonl
 
     imitation_eval = out / "imitation" / "validation.jsonl.gz"
@@ -243,3 +247,54 @@ def test_the_imitation_stage_trains_on_the_configured_schedule(tiny_model_dir, t
     assert stage == {"campaigns": 3, "seconds": 2, "adapter": str(tmp_path / "imitation" / "adapter")}
     pipeline.imitation_stage(config, tmp_path)
     assert len(calls) == 1
+
+
+def test_the_checkpoint_curve_plays_every_kth_checkpoint_between_the_adapter_and_the_final_policy(
+    tmp_path, monkeypatch
+):
+    """The curve's rows are step 0 (the imitation adapter's episodes), every `every`-th saved checkpoint
+    played on the validation campaigns, and the last step (the final policy's episodes), each row the
+    success of the episodes it was computed from; a checkpoint that was not saved stops it with what to do."""
+    committed = Path(__file__).resolve().parents[1] / "evidence"
+    first, middle, last = (
+        committed / "smollm2" / "pre_eval.jsonl.gz",
+        committed / "smollm2-400" / "validation.jsonl.gz",
+        committed / "smollm2" / "post_eval.jsonl.gz",
+    )
+    out = tmp_path / "run"
+    for step in (2, 4):
+        (out / "grpo" / f"checkpoint-{step}").mkdir(parents=True)
+        (out / "grpo" / f"checkpoint-{step}" / "adapter_config.json").write_text("{}")
+    played = []
+
+    def evaluate_once(config, adapter, specs, target, name):
+        played.append(adapter.name)
+        shutil.copyfile(middle, target)
+        return 10.0
+
+    monkeypatch.setattr(pipeline, "evaluate_once", evaluate_once)
+    config = TrainConfig(max_steps=6)
+    seconds = pipeline.checkpoint_curve_stage(config, out, 2, [], first, last)
+    assert played == ["checkpoint-2", "checkpoint-4"] and seconds == 20.0
+    rows = list(csv.DictReader((out / "evidence" / "checkpoint_evals.csv").open()))
+    assert [int(r["step"]) for r in rows] == [0, 2, 4, 6]
+    assert [float(r["fraction_done"]) for r in rows] == [0.0, 2 / 6, 4 / 6, 1.0]
+    expected = [success_of(path) for path in (first, middle, middle, last)]
+    assert [float(r["success_rate"]) for r in rows] == pytest.approx(expected)
+    assert [int(r["episodes"]) for r in rows] == [120, 120, 120, 120]
+    assert (out / "evidence" / "checkpoint_progression.png").stat().st_size > 0
+    assert not list((out / "evidence").glob("*.partial*"))
+
+    with pytest.raises(FileNotFoundError, match="checkpoint-3 holds no adapter.*--skip checkpoint-curve"):
+        pipeline.checkpoint_curve_stage(config, out, 3, [], first, last)
+    with pytest.raises(ValueError, match="at least 1"):
+        pipeline.checkpoint_curve_stage(config, out, 0, [], first, last)
+
+
+def success_of(path: Path) -> float:
+    """The fraction of `path`'s episodes whose outcome was graded correct, read from the file itself."""
+    import gzip
+
+    with gzip.open(path, "rt") as handle:
+        episodes = [json.loads(line) for line in handle if line.strip()]
+    return sum(bool(e["correct_outcome"]) for e in episodes) / len(episodes)

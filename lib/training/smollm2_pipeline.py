@@ -18,6 +18,9 @@ first stage not written when started again with the same arguments:
    campaigns after it (`evidence/pre_eval.jsonl.gz`, `post_eval.jsonl.gz`, `before_after_metrics.json`
    with paired 95% intervals), the training log and figures in `evidence/`, the model in
    `grpo/final/`. A run killed during GRPO resumes from its last checkpoint.
+   `checkpoint-curve`, within it: the checkpoints every `--curve-every` steps played on the same
+   campaigns (`grpo/curve/step-N.jsonl.gz`), between the imitation adapter (step 0) and the final
+   policy: `evidence/checkpoint_evals.csv` and `checkpoint_progression.png`, rewritten whole.
 4. `zero-shot`: the model as it comes, on the same validation campaigns (`evidence/zero_shot_eval.jsonl.gz`).
 5. `held-out`: the imitation adapter and the GRPO policy on the held-out suite
    (`evidence/heldout_imitation.jsonl.gz`, `heldout_grpo.jsonl.gz`, `heldout_before_after.json`).
@@ -41,9 +44,9 @@ from lib.files import atomic_write, json_text
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "train" / "smollm2-cpu.yaml"
-STAGES = ("imitation", "imitation-eval", "grpo", "zero-shot", "held-out", "summary")
+STAGES = ("imitation", "imitation-eval", "grpo", "checkpoint-curve", "zero-shot", "held-out", "summary")
 """The pipeline's stages, in the order they run."""
-OPTIONAL_STAGES = ("zero-shot", "held-out")
+OPTIONAL_STAGES = ("checkpoint-curve", "zero-shot", "held-out")
 """The stages `--skip` may leave out."""
 EVIDENCE_DIR = ROOT / "evidence" / "smollm2"
 """Where `promote` copies a finished run's evidence (git-tracked)."""
@@ -120,6 +123,48 @@ def grpo_stage(config: Any, out: Path, pre_eval: Path) -> Dict[str, Any]:
         result = train(run, pre_eval=load_episodes_jsonl(str(pre_eval)))
         atomic_write(result_file, json_text(asdict(result)))
     return json.loads(result_file.read_text())
+
+
+def checkpoint_curve_stage(
+    config: Any, out: Path, every: int, validation: List[Any], first: Path, last: Path
+) -> Optional[float]:
+    """GRPO's saved checkpoints every `every` steps, each played greedily on the `validation` campaigns
+    (`grpo/curve/step-N.jsonl.gz`, kept once written), and the curve they make with `first` (the
+    imitation adapter's episodes: step 0) and `last` (the final policy's: the last step), in
+    `evidence/checkpoint_evals.csv` and `checkpoint_progression.png`, both rewritten whole. Returns the
+    seconds its evaluations took (None: all were written before their seconds were kept)."""
+    from lib.episodes.records import load_episodes_jsonl
+    from lib.measure.comparison import checkpoint_row
+    from lib.report.evidence_figures import render_checkpoint_progression
+    from lib.report.evidence_logs import CheckpointEvalWriter
+
+    if every < 1:
+        raise ValueError(f"--curve-every is a number of GRPO steps, at least 1 (got {every})")
+    grpo, steps = out / "grpo", config.max_steps
+    played, seconds = {0: first, steps: last}, []
+    for step in range(every, steps, every):
+        checkpoint = grpo / f"checkpoint-{step}"
+        target = grpo / "curve" / f"step-{step}.jsonl.gz"
+        if not target.is_file() and not (checkpoint / "adapter_config.json").is_file():
+            raise FileNotFoundError(
+                f"{checkpoint} holds no adapter: the curve reads the checkpoints GRPO saved (save_steps 1 keeps "
+                "each step's); run with --skip checkpoint-curve, or --curve-every a multiple of save_steps"
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        seconds.append(evaluate_once(config, checkpoint, validation, target, f"checkpoint {step}"))
+        played[step] = target
+    evidence = out / "evidence"
+    staging = evidence / "checkpoint_evals.partial.csv"
+    staging.unlink(missing_ok=True)
+    writer = CheckpointEvalWriter(staging)
+    for step, path in sorted(played.items()):
+        writer.append(**checkpoint_row(step, load_episodes_jsonl(str(path)), fraction_done=step / steps))
+    os.replace(staging, evidence / "checkpoint_evals.csv")
+    render_checkpoint_progression(
+        evidence / "checkpoint_evals.csv", evidence / "checkpoint_progression.png", "validation"
+    )
+    known = [s for s in seconds if s is not None]
+    return sum(known) if known or not seconds else None
 
 
 def evaluate_once(config: Any, adapter: Optional[Path], specs: List[Any], target: Path, name: str) -> Optional[float]:
@@ -235,6 +280,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "smollm2", help="where it all goes")
     parser.add_argument("--skip", nargs="*", default=[], choices=OPTIONAL_STAGES, help="stages to leave out")
     parser.add_argument(
+        "--curve-every",
+        type=int,
+        default=2,
+        help="GRPO steps between the checkpoints the curve plays on the validation campaigns (default: 2)",
+    )
+    parser.add_argument(
         "--heldout-episodes",
         type=int,
         default=None,
@@ -247,6 +298,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="TrainConfig fields after --, e.g. -- --max_steps 4")
     args = parser.parse_args(argv)
+    if args.curve_every < 1:
+        parser.error(f"--curve-every is a number of GRPO steps, at least 1 (got {args.curve_every})")
     if args.promote:
         try:
             written = promote(args.out)
@@ -281,6 +334,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     logger.info("stage 3 of 6: GRPO, %d steps, from the imitation adapter", config.max_steps)
     grpo = grpo_stage(config, args.out, imitation_eval)
     seconds.update({f"grpo_{k}": v for k, v in grpo["seconds"].items() if k != "total"})
+    if "checkpoint-curve" not in args.skip:
+        logger.info(
+            "GRPO's checkpoints every %d steps on the same %d validation campaigns", args.curve_every, len(validation)
+        )
+        seconds["checkpoint_curve"] = checkpoint_curve_stage(
+            config, args.out, args.curve_every, validation, imitation_eval, evidence / "post_eval.jsonl.gz"
+        )
     evaluations = {
         "imitation_validation": ("imitation", "validation", evidence / "pre_eval.jsonl.gz"),
         "grpo_validation": ("GRPO", "validation", evidence / "post_eval.jsonl.gz"),
