@@ -314,3 +314,35 @@ def test_the_family_bench_varies_each_parameter_alone_and_counts_contrast():
         changed = {name for name in member if member[name] != default[name]}
         assert changed and (len(changed) == 1 or changed == {"discovery_z_global", "first_block_fraction"})
     assert contrast([[True, True, False], [True, False, False]]) == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine", "linear"])
+def test_grpo_s_learning_rate_follows_its_schedule_over_the_run(tmp_path, schedule):
+    """GRPO's learning rate at each of 8 steps, from the scheduler transformers builds from `grpo_args`:
+    constant at its value, or decaying from it to 0 by the last step with no warm-up."""
+    import torch
+    from transformers import get_scheduler
+
+    from lib.training.run import grpo_args
+
+    args = grpo_args(TrainConfig(output_dir=str(tmp_path), learning_rate=4e-5, max_steps=8, lr_schedule=schedule))
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps, num_training_steps=args.max_steps
+    )
+    rates = []
+    for _ in range(args.max_steps):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert rates[0] == pytest.approx(4e-5), "no warm-up: the first step takes the whole rate"
+    if schedule == "constant":
+        assert rates == pytest.approx([4e-5] * 8)
+    else:
+        assert all(a > b for a, b in zip(rates, rates[1:])), rates
+        assert rates[-1] < 0.2 * 4e-5 and scheduler.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_an_unknown_grpo_schedule_is_refused_with_the_choices(tmp_path):
+    with pytest.raises(ValueError, match=r"lr_schedule must be one of \('constant', 'cosine', 'linear'\), got 'step'"):
+        TrainConfig(output_dir=str(tmp_path), lr_schedule="step")

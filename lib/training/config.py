@@ -49,6 +49,8 @@ POLICY_CONTEXTS = ("conversation", "turn")
 WARM_START_LOSSES = ("actions", "conversation")
 WARM_START_SCHEDULES = ("cosine", "linear", "constant")
 """`TrainConfig.warm_start_lr_schedule`: transformers' names of the warm start's learning-rate schedules."""
+GRPO_SCHEDULES = ("constant", "cosine", "linear")
+"""`TrainConfig.lr_schedule`: transformers' names of GRPO's learning-rate schedules ("constant": no warm-up)."""
 WARM_START_DEMONSTRATORS = ("heuristic", "family")
 """`TrainConfig.warm_start_demonstrators`: who demonstrates the warm start's campaigns."""
 SCALE_REWARDS = ("group", "batch", "none")
@@ -195,7 +197,10 @@ class TrainConfig:
     gradient_accumulation_steps, a multiple of num_generations (whole groups); all of a
     step's episodes are played by one rollout call, before the step's first pass."""
     learning_rate: float = 1e-4
-    """AdamW learning rate (constant after TRL's default warm-up of 0 steps)."""
+    """AdamW's learning rate in GRPO: its value throughout, or its start on a decaying `lr_schedule`."""
+    lr_schedule: str = "constant"
+    """How GRPO's learning rate moves over `max_steps` (`GRPO_SCHEDULES`), without a warm-up: "constant",
+    or "cosine" or "linear" decay to 0 at the last step (a long run's late steps move the policy less)."""
     beta: float = 0.04
     """KL penalty towards the initial policy (TRL's default is 0: no reference model). TRL's
     reference is the model its name loads: with `lora_r=0` the warm start itself (loaded from its
@@ -432,6 +437,8 @@ class TrainConfig:
                 f"warm_start_lr_schedule must be one of {WARM_START_SCHEDULES}, "
                 f"got {shown(self.warm_start_lr_schedule)}"
             )
+        if self.lr_schedule not in GRPO_SCHEDULES:
+            problems.append(f"lr_schedule must be one of {GRPO_SCHEDULES}, got {shown(self.lr_schedule)}")
         if self.warm_start_loss not in WARM_START_LOSSES:
             problems.append(f"warm_start_loss must be one of {WARM_START_LOSSES}, got {self.warm_start_loss!r}")
         if self.warm_start_episodes and self.beta and self.lora_r:

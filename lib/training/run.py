@@ -101,7 +101,7 @@ def grpo_args(config: TrainConfig, **overrides: Any):
         per_device_train_batch_size=config.per_device_train_batch_size * config.samples_per_episode,
         gradient_accumulation_steps=accumulation_per_process(config, num_processes()),
         learning_rate=config.learning_rate,
-        lr_scheduler_type="constant_with_warmup",
+        lr_scheduler_type="constant_with_warmup" if config.lr_schedule == "constant" else config.lr_schedule,
         warmup_steps=0,
         beta=config.beta,
         epsilon=config.epsilon,
