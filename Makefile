@@ -245,7 +245,7 @@ bench-train-gpu: setup ## on a GPU: Unsloth vs TRL+PEFT GRPO steps of a Qwen2.5-
 # campaigns, each stage's adapter played on the validation split (resumable: a stage or evaluation written
 # is kept; build/smollm2-curve/curve.csv and curve.png after each evaluation; docs/models.md has its figures).
 CURVE_SIZES ?= 50 100 200
-CURVE_ARGS ?= --eval-episodes 120
+CURVE_ARGS ?= --eval-episodes 120 -- --warm_start_lr_schedule constant
 bench-smollm2-curve: setup ## SmolLM2's imitation learning curve on the validation split, resumable (bench/bench_smollm2_curve.py; CURVE_SIZES="50 100 200")
 	$(RUN_ENV) $(PY) bench/bench_smollm2_curve.py --sizes $(CURVE_SIZES) $(CURVE_ARGS)
 
