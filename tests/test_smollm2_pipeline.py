@@ -118,6 +118,9 @@ def test_the_pipeline_runs_every_stage_and_a_second_run_redoes_only_what_is_miss
     evidence = out / "evidence"
     summary = json.loads((evidence / "smollm2_summary.json").read_text())
     assert summary["imitation_campaigns"] == 2
+    assert (evidence / "imitation_stage.json").read_bytes() == (
+        out / "imitation" / "adapter" / "stage.json"
+    ).read_bytes()
     assert {name: entry["evaluated"] for name, entry in summary["evaluations"].items()} == {
         "imitation_validation": 2,
         "grpo_validation": 2,

@@ -9,7 +9,7 @@ first stage not written when started again with the same arguments:
 
 1. `imitation`: a LoRA adapter trained once over the heuristic family's first
    `warm_start_episodes` campaigns from `warm_start_learning_rate` on `warm_start_lr_schedule`
-   (`lib.training.imitation.train_stage`): `imitation/adapter/`.
+   (`lib.training.imitation.train_stage`): `imitation/adapter/`, its losses in `evidence/imitation_stage.json`.
 2. `imitation-eval`: the imitation adapter played greedily on the validation campaigns
    (`imitation/validation.jsonl.gz`), made once for every GRPO run from that adapter: a second
    `--out` with a copy of `imitation/` tries another GRPO setting without playing it again.
@@ -66,7 +66,7 @@ def load_config(path: Path, overrides: List[str]) -> Any:
 
 def imitation_stage(config: Any, out: Path) -> Dict[str, Any]:
     """The LoRA adapter trained on the first `warm_start_episodes` demonstrations (stage.json holds
-    its count, seconds and losses)."""
+    its count, seconds and losses, copied to `evidence/imitation_stage.json`)."""
     from lib.seeds import DEMONSTRATION_SEED
     from lib.training.backends import model_source
     from lib.training.imitation import train_stage
@@ -85,7 +85,9 @@ def imitation_stage(config: Any, out: Path) -> Dict[str, Any]:
         )
         adapter.parent.mkdir(parents=True, exist_ok=True)
         train_stage(config, None, examples, adapter, checkpointing=False, lr_schedule=config.warm_start_lr_schedule)
-    stage = json.loads((adapter / "stage.json").read_text())
+    record = (adapter / "stage.json").read_bytes()
+    atomic_write(out / "evidence" / "imitation_stage.json", record)  # its losses, beside the evidence they made
+    stage = json.loads(record)
     return {"campaigns": stage["examples"], "seconds": round(stage["seconds"]), "adapter": str(adapter)}
 
 
