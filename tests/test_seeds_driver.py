@@ -48,6 +48,10 @@ class Recorder:
             outputs = Path(command[command.index("--output_dir") + 1])
             outputs.mkdir(parents=True, exist_ok=True)
             (outputs / "train_result.json").write_text(json.dumps(result(400.0, 100.0)))
+        if name == "sft":
+            evidence = Path(command[command.index("--evaluate") + 1])
+            evidence.mkdir(parents=True, exist_ok=True)
+            (evidence / "pre_eval.jsonl.gz").write_bytes(b"")
         with self.lock:
             self.events.append(("end", name))
         return 1 if name == self.fail else 0
@@ -155,3 +159,37 @@ def test_a_later_run_is_not_started_once_the_checkout_moved(tmp_path):
     assert saved["seed0"]["status"] == 0 and "moved" not in saved["seed0"]
     assert saved["seed1"]["status"] == 0 and "while it ran" in saved["seed1"]["moved"]
     assert saved["sft"]["status"] is None and saved["sft"]["moved"].startswith("not started:")
+
+
+def test_a_run_started_again_keeps_what_finished_on_the_same_checkout_and_runs_the_rest(tmp_path):
+    """After a failure (a kill, a session's end), the same command on the same checkout runs only the
+    commands that did not finish, and the report; a finished seed whose files are gone runs again, and
+    on another checkout every command runs again."""
+    checkout = {"commit": "a" * 40, "dirty": False, "changes_sha256": None}
+    with pytest.raises(RuntimeError, match="seed2 failed"):
+        run_seeds(
+            "configs/train/smoke.yaml", [0, 1, 2], tmp_path, runner=Recorder(fail="seed2"), state=lambda: checkout
+        )
+    again = Recorder()
+    record = run_seeds("configs/train/smoke.yaml", [0, 1, 2], tmp_path, runner=again, state=lambda: checkout)
+    assert sorted(recorder_starts(again)) == ["report", "seed2"]
+    saved = {e["name"]: e for e in json.loads((tmp_path / "seeds_run.json").read_text())["commands"]}
+    assert {name for name, e in saved.items() if e.get("kept")} == {"seed0", "seed1", "sft"}
+    assert saved["seed0"]["status"] == 0 and "seconds" in saved["seed0"], "the finished run's own record"
+    assert record["imitation_campaigns"] > 0
+
+    (tmp_path / "seed1" / "outputs" / "train_result.json").unlink()
+    lost = Recorder()
+    run_seeds("configs/train/smoke.yaml", [0, 1, 2], tmp_path, runner=lost, state=lambda: checkout)
+    assert sorted(recorder_starts(lost)) == ["report", "seed1"]
+
+    moved = Recorder()
+    other = {**checkout, "commit": "b" * 40}
+    run_seeds("configs/train/smoke.yaml", [0, 1, 2], tmp_path, runner=moved, state=lambda: other)
+    assert sorted(recorder_starts(moved)) == ["report", "seed0", "seed1", "seed2", "sft"]
+
+    changed = Recorder()
+    run_seeds(
+        "configs/train/smoke.yaml", [0, 1, 2], tmp_path, extra=["--max_steps", "2"], runner=changed, state=lambda: other
+    )
+    assert sorted(recorder_starts(changed)) == ["report", "seed0", "seed1", "seed2", "sft"], "another command"

@@ -21,6 +21,11 @@ starts and ends on the checkout the driver started on: one that would start afte
 uncommitted changes moved is not started, and one during which they moved counts as failed (its
 evidence could mix two trees); run the seeds from a clone of their own to keep working meanwhile.
 Extra flags after `--` go to every training run (`-- --max_steps 2` for a quick look).
+
+Started again with the same `--out` on the same checkout (after a kill, or at a session's end), it
+keeps each command that finished there before (exit status 0, the same command, what it leaves
+behind still there: `finished_before`) and runs the others: a seed cut short starts again, its warm
+start read from `.cache/warm_start/` when that was finished. The report is always made again.
 """
 
 from __future__ import annotations
@@ -145,6 +150,29 @@ def failure_note(record: Mapping[str, Any], out: Path, name: Optional[str] = Non
     return f"see {out / name / 'run.log'}" if name else f"see their run.log under {out}"
 
 
+LEFT_BEHIND = {"seed": Path("outputs") / "train_result.json", "sft": Path("evidence") / "pre_eval.jsonl.gz"}
+"""What a finished command leaves in its folder `OUT/NAME/`, by kind of name ("seed0" is a "seed")."""
+
+
+def finished_before(out: Path, checkout: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """The commands a previous run of the driver into `out` finished on `checkout` (a `git_state`:
+    the same commit, the same uncommitted changes), by name: exit status 0, its checkout unmoved while
+    it ran, and what it leaves behind (`LEFT_BEHIND`) still there. Empty without a readable record."""
+    try:
+        previous = json.loads((out / "seeds_run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(previous, dict) or checkout_moved(previous, checkout):
+        return {}
+    finished = {}
+    for entry in previous.get("commands") or []:
+        name = entry.get("name", "")
+        left = LEFT_BEHIND.get("seed" if name.startswith("seed") else name)
+        if entry.get("status") == 0 and not entry.get("moved") and left and (out / name / left).is_file():
+            finished[name] = entry
+    return finished
+
+
 def run_seeds(
     config: str,
     seeds: Sequence[int],
@@ -165,6 +193,7 @@ def run_seeds(
         raise ValueError("the configuration has no warm start (warm_start_episodes 0): nothing to compare GRPO with")
     out.mkdir(parents=True, exist_ok=True)
     started_on = state()
+    kept = finished_before(out, started_on)
     record: Dict[str, Any] = {**started_on, "config": config, "seeds": list(seeds), "jobs": jobs, "commands": []}
     lock = threading.Lock()
 
@@ -178,6 +207,12 @@ def run_seeds(
         if first_failed.is_set():
             return -1  # not started: the first seed, which sizes the comparison, failed
         entry: Dict[str, Any] = {"name": name, "command": recorded_command(command)}
+        before = kept.get(name)
+        if before is not None and before["command"] == entry["command"]:
+            with lock:
+                record["commands"].append({**before, "kept": True})
+            logger.info("%s: kept, finished by the run before on this checkout", name)
+            return 0
         moved = checkout_moved(started_on, state())
         if moved:
             entry.update(status=None, moved=f"not started: {moved} since the seeds started")
