@@ -18,7 +18,8 @@ def _section() -> str:
 
 
 def _signed(value: float) -> str:
-    return f"{value:+.3f}"
+    """A signed figure as the README writes it: +0.077, or −0.013 with the minus sign."""
+    return f"{value:+.3f}".replace("-", "−")
 
 
 def _flag(command, name):
@@ -64,7 +65,7 @@ def smollm2_sentence() -> str:
     return (
         f"plays {correct('pre_eval.jsonl.gz')} → {correct('post_eval.jsonl.gz')} of {validation} validation campaigns "
         f"and {correct('heldout_imitation.jsonl.gz')} → {correct('heldout_grpo.jsonl.gz')} of the "
-        f"{heldout['pre']['n']} held-out ones ({heldout['delta']['success_rate']:+.3f} [{low:+.3f}, {high:+.3f}]"
+        f"{heldout['pre']['n']} held-out ones ({_signed(heldout['delta']['success_rate'])} [{_signed(low)}, {_signed(high)}]"
     )
 
 

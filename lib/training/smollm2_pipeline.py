@@ -23,7 +23,9 @@ first stage not written when started again with the same arguments:
    policy: `evidence/checkpoint_evals.csv` and `checkpoint_progression.png`, rewritten whole.
 4. `zero-shot`: the model as it comes, on the same validation campaigns (`evidence/zero_shot_eval.jsonl.gz`).
 5. `held-out`: the imitation adapter and the GRPO policy on the held-out suite
-   (`evidence/heldout_imitation.jsonl.gz`, `heldout_grpo.jsonl.gz`, `heldout_before_after.json`).
+   (`evidence/heldout_imitation.jsonl.gz`, `heldout_grpo.jsonl.gz`, `heldout_before_after.json`), and
+   the checkpoint the curve found best on the validation campaigns when it lies between its ends
+   (`best_checkpoint`: `heldout_grpo_best.jsonl.gz`): chosen on one split, measured on the other.
 6. `summary`: `evidence/smollm2_summary.json` and `.md`: each stage's measures and seconds.
 
 Progress is logged as it goes (the GRPO steps, the evaluations' campaigns) on stderr.
@@ -169,6 +171,19 @@ def checkpoint_curve_stage(
     return sum(known) if known or not seconds else None
 
 
+def best_checkpoint(curve: Path, last_step: int) -> Optional[int]:
+    """The step of the highest validation success in a checkpoint curve's rows (`curve`, its
+    checkpoint_evals.csv; the earliest of a tie) when it is a checkpoint between the curve's ends,
+    else None: the imitation adapter (step 0) or the final policy (`last_step`) is played anyway."""
+    from lib.report.evidence_logs import read_records
+
+    rows = [r for r in read_records(curve).rows if r.get("success_rate") not in ("", None)] if curve.is_file() else []
+    if not rows:
+        return None
+    step = int(max(rows, key=lambda r: (float(r["success_rate"]), -int(r["step"])))["step"])
+    return step if 0 < step < last_step else None
+
+
 def evaluate_once(config: Any, adapter: Optional[Path], specs: List[Any], target: Path, name: str) -> Optional[float]:
     """Play `specs` greedily with the base model and `adapter` (none: as it comes) into `target`,
     unless it is written already (`lib.training.imitation.evaluate_stage`). Returns the seconds it
@@ -212,12 +227,17 @@ def summary_markdown(summary: Dict[str, Any]) -> str:
             f"{entry['mean_reward']:+.2f} [{entry['reward_low']:+.2f}, {entry['reward_high']:+.2f}] | "
             f"{entry['refused_per_campaign']:.2f} |"
         )
-    for label, key in (("validation", "validation_grpo_minus_imitation"), ("held-out", "heldout_grpo_minus_imitation")):
+    best = summary.get("best_checkpoint_step")
+    for policy, label, key in (
+        ("GRPO", "validation", "validation_grpo_minus_imitation"),
+        ("GRPO", "held-out", "heldout_grpo_minus_imitation"),
+        (f"GRPO step {best} (the validation curve's best)", "held-out", "heldout_best_minus_imitation"),
+    ):
         diff = summary.get(key)
         if diff:
             lines.append("")
             lines.append(
-                f"GRPO − imitation on the {label} campaigns (paired by task, 95% bootstrap): success "
+                f"{policy} − imitation on the {label} campaigns (paired by task, 95% bootstrap): success "
                 f"{_signed(diff.get('success_rate'))}, reward {_signed(diff.get('mean_reward'))}."
             )
     seconds = ", ".join(
@@ -352,7 +372,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         target = evidence / "zero_shot_eval.jsonl.gz"
         seconds["zero_shot_eval"] = evaluate_once(config, None, validation, target, "zero-shot")
         evaluations["zero_shot_validation"] = ("zero-shot", "validation", target)
-    heldout_diff = None
+    heldout_diff = best = best_diff = None
+    curve = evidence / "checkpoint_evals.csv"
     if "held-out" not in args.skip:
         suite = list(heldout_suite())[: args.heldout_episodes]
         logger.info("stage 5 of 6: imitation and GRPO on the %d held-out campaigns", len(suite))
@@ -372,6 +393,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
         atomic_write(evidence / "heldout_before_after.json", json_text(heldout))
         heldout_diff = difference(heldout)
+        best = None if "checkpoint-curve" in args.skip else best_checkpoint(curve, config.max_steps)
+        if best is not None:  # chosen on the validation campaigns, measured on the held-out ones
+            best_target = evidence / "heldout_grpo_best.jsonl.gz"
+            seconds["heldout_grpo_best_eval"] = evaluate_once(
+                heldout_config, args.out / "grpo" / f"checkpoint-{best}", suite, best_target, f"grpo step {best}"
+            )
+            evaluations["grpo_best_heldout"] = (f"GRPO step {best}, the curve's best", "held-out", best_target)
+            best_diff = difference(
+                before_after_metrics(load_episodes_jsonl(str(imitation_target)), load_episodes_jsonl(str(best_target)))
+            )
     logger.info("stage 6 of 6: summary")
     validation = grpo["before_after"]
     summary = {
@@ -385,6 +416,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         },
         "validation_grpo_minus_imitation": difference(validation),
         "heldout_grpo_minus_imitation": heldout_diff,
+        "best_checkpoint_step": best,
+        "heldout_best_minus_imitation": best_diff,
         "seconds": {k: None if v is None else round(v) for k, v in seconds.items()},
     }
     atomic_write(evidence / "smollm2_summary.json", json_text(summary))
