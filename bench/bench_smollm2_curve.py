@@ -4,11 +4,12 @@ family's campaigns, evaluated after each size of `--sizes`, and the model zero-s
     python bench/bench_smollm2_curve.py --sizes 50 100 200 --eval-episodes 120 --out build/smollm2-curve
 
 With `warm_start_lr_schedule` "constant" (`-- --warm_start_lr_schedule constant`, as `make
-bench-smollm2-curve` runs it), the warm start is one run over the demonstrations in order, cut into stages at the sizes: stage k
-trains the adapter that stage k-1 saved on demonstrations [N(k-1), N(k)) (each campaign once), so
-its adapter is what one run would hold after N(k) campaigns (less its optimiser's moments, which
-each stage starts afresh). With a decaying schedule (configs/train/smollm2-cpu.yaml's cosine) each
-size is a whole run of its own on the first N(k) campaigns, its rate decayed to 0 at its end.
+bench-smollm2-curve` runs it), the warm start is one run over the demonstrations in order, cut into
+stages at the sizes: stage k trains the adapter that stage k-1 saved on demonstrations [N(k-1), N(k))
+(each campaign once), so its adapter is what one run would hold after N(k) campaigns (less its
+optimiser's moments, which each stage starts afresh). With a decaying schedule
+(configs/train/smollm2-cpu.yaml's cosine) each size is a whole run of its own on the first N(k)
+campaigns, its rate decayed to 0 at its end.
 Each stage's adapter (`adapter-N/`) and each evaluation (`eval-N.jsonl.gz`: greedy,
 the validation split's first `--eval-episodes` campaigns, the configuration's setting) is written
 whole once done, so a run that is killed goes on from the last one written when started again with

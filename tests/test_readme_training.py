@@ -65,7 +65,8 @@ def smollm2_sentence() -> str:
     return (
         f"plays {correct('pre_eval.jsonl.gz')} → {correct('post_eval.jsonl.gz')} of {validation} validation campaigns "
         f"and {correct('heldout_imitation.jsonl.gz')} → {correct('heldout_grpo.jsonl.gz')} of the "
-        f"{heldout['pre']['n']} held-out ones ({_signed(heldout['delta']['success_rate'])} [{_signed(low)}, {_signed(high)}]"
+        f"{heldout['pre']['n']} held-out ones "
+        f"({_signed(heldout['delta']['success_rate'])} [{_signed(low)}, {_signed(high)}]"
     )
 
 
