@@ -12,7 +12,8 @@ settings are the evaluation's batch (`eval_batch_size`: campaigns decoded togeth
 `--gqa`, each batch size again with transformers' own switch for grouped-query attention in
 PyTorch's SDPA (`TRANSFORMERS_SDPA_FORCE_GQA=1`: attention reads SmolLM2's 3 key-value heads for
 its 9 query heads as they are, instead of copying them to 9 at every pass when the batch is
-padded).
+padded). Every CPU run sets it on (`lib.runtime.attend_grouped_queries`); each setting here sets it
+either way, so the settings without `--gqa` are the copies' path.
 
 For each setting: the wall-clock seconds, the seconds a campaign, the decisions played, the
 correct outcomes, and whether every campaign played the same actions as the first setting's (a
@@ -31,6 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+from lib.runtime import SDPA_GROUPED_QUERY_SWITCH
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "configs" / "train" / "smollm2-cpu.yaml"
@@ -92,7 +95,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             command = [sys.executable, __file__, "--config", str(args.config), "--campaigns", str(args.campaigns)]
             command += ["--adapter", str(args.adapter)] if args.adapter is not None else []
             command += ["--play", str(batch), str(target)]
-            env = {**os.environ, "TRANSFORMERS_SDPA_FORCE_GQA": "1" if gqa else "0"}
+            env = {**os.environ, SDPA_GROUPED_QUERY_SWITCH: "1" if gqa else "0"}
             done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
             if done.returncode:
                 print(done.stderr[-4000:], file=sys.stderr)

@@ -388,9 +388,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         )
         evaluations["imitation_heldout"] = ("imitation", "held-out", imitation_target)
         evaluations["grpo_heldout"] = ("GRPO", "held-out", grpo_target)
-        heldout = before_after_metrics(
-            load_episodes_jsonl(str(imitation_target)), load_episodes_jsonl(str(grpo_target))
-        )
+        imitation_played = load_episodes_jsonl(str(imitation_target))
+        heldout = before_after_metrics(imitation_played, load_episodes_jsonl(str(grpo_target)))
         atomic_write(evidence / "heldout_before_after.json", json_text(heldout))
         heldout_diff = difference(heldout)
         best = None if "checkpoint-curve" in args.skip else best_checkpoint(curve, config.max_steps)
@@ -400,9 +399,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 heldout_config, args.out / "grpo" / f"checkpoint-{best}", suite, best_target, f"grpo step {best}"
             )
             evaluations["grpo_best_heldout"] = (f"GRPO step {best}, the curve's best", "held-out", best_target)
-            best_diff = difference(
-                before_after_metrics(load_episodes_jsonl(str(imitation_target)), load_episodes_jsonl(str(best_target)))
-            )
+            best_diff = difference(before_after_metrics(imitation_played, load_episodes_jsonl(str(best_target))))
     logger.info("stage 6 of 6: summary")
     validation = grpo["before_after"]
     summary = {
