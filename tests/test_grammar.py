@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -274,3 +275,46 @@ def test_a_name_the_observation_alone_shows_is_forced_and_not_trained(tokenizer)
     mask = train_chosen_tokens_only(tokenizer, ids, [1] * len(ids), [shown])
     assert mask == [int(not f) for f in narrow]
     assert train_chosen_tokens_only(tokenizer, ids, [1] * len(ids)) == [int(not f) for f in wide]
+
+
+def test_a_rollout_scored_within_the_grammar_hands_the_trainer_what_it_admitted(tokenizer):
+    """With `renormalise_to_grammar`, each of the step's samples is found in the trainer's
+    `AdmittedTokens` by its tokens, with the grammar's rows of the observation it answered; the
+    next step's rollout replaces them."""
+    from trl import GRPOTrainer
+
+    from lib.episodes.grammar import reply_admitted
+    from lib.training import TrainConfig
+    from lib.training.grpo import CampaignRollout, training_dataset
+    from lib.training.trainer_class import padding_trimmed_trainer
+
+    config = TrainConfig(
+        warm_start_episodes=0,
+        max_steps=2,
+        num_generations=2,
+        gradient_accumulation_steps=2,
+        max_turns=1,
+        turn_samples=1,
+        renormalise_to_grammar=True,
+    )
+    ids = tokenizer('{"action_type":"configure_beam","parameters":{"beam_energy_tev":13.6}}', add_special_tokens=False)[
+        "input_ids"
+    ] + [tokenizer.eos_token_id]
+    rollout = CampaignRollout(
+        config,
+        tokenizer,
+        generate_fn_factory=lambda trainer: (
+            lambda contexts, sampling, shown=None: [(list(ids), [-0.5] * len(ids)) for _ in contexts]
+        ),
+    )
+    trainer_class = padding_trimmed_trainer(GRPOTrainer)
+    trainer = trainer_class.__new__(trainer_class)  # the rollout reads nothing else of it
+    dataset = training_dataset(config)
+    out = rollout([dataset[0]["prompt"]] * 2, trainer=trainer)
+    shown = rollout.last_episodes[0].shown
+    expected = reply_admitted(tokenizer, ids, [1] * len(ids), shown)
+    assert len(trainer.admitted_tokens) == 2
+    for prompt in out["prompt_ids"]:
+        assert np.array_equal(trainer.admitted_tokens.rows(prompt, ids), expected)
+    rollout([dataset[1]["prompt"]] * 2, trainer=trainer)
+    assert len(trainer.admitted_tokens) == 2 and trainer.admitted_tokens.rows(out["prompt_ids"][0], ids) is None

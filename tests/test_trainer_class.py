@@ -3,6 +3,7 @@ rows share gives TRL's log-probabilities and entropies, from narrower forward pa
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -124,3 +125,77 @@ def test_a_step_s_passes_are_dealt_its_samples_by_length_each_sample_whole():
             assert batch["advantages"][row] == i and batch["prompt_ids"][row].max() == i + 10
             assert torch.equal(batch["prompt_mask"][row], mask[i])
         assert batch["num_items_in_batch"] == 9 and batch["old_per_token_logps"] is None
+
+
+def test_replies_held_to_the_grammar_are_scored_as_they_were_sampled(tiny_model_dir, tmp_path):
+    """With what the grammar admitted at each token of a sample (`AdmittedTokens`), its reply's
+    log-probabilities are the model's renormalised over those tokens, as sampling drew them: the
+    numbers computed from the model by hand, 0 on a forced token, never below the whole-vocabulary
+    number; a sample the rollout did not add keeps TRL's numbers."""
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    from lib.episodes.grammar import forced_tokens, reply_admitted
+    from lib.training.tokenizer import load_tokenizer
+    from lib.training.trainer_class import admitted_tokens_of
+
+    tokenizer, model = load_tokenizer(tiny_model_dir), AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    reply = tokenizer(
+        '{"action_type":"configure_beam","parameters":{"beam_energy_tev":13.6,"pileup":"nominal"}}',
+        add_special_tokens=False,
+    )["input_ids"] + [tokenizer.eos_token_id]
+    prompt = tokenizer("the beam is not configured yet", add_special_tokens=False)["input_ids"]
+    other = prompt[2:]  # a shorter prompt, left-padded, whose sample the rollout did not add
+    width_p, keep = len(prompt), len(reply)
+    ids = torch.full((2, width_p + keep), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    ids[0] = torch.tensor(prompt + reply)
+    mask[0] = 1
+    ids[1, width_p - len(other) :] = torch.tensor(other + reply)
+    mask[1, width_p - len(other) :] = 1
+    trainer = _trainer(padding_trimmed_trainer(GRPOTrainer), model, tokenizer, tmp_path)
+    rows = reply_admitted(tokenizer, reply, [1] * len(reply))
+    with torch.no_grad():
+        whole = trainer._get_per_token_logps_and_entropies(model, ids, mask, keep, 2)[0]
+        admitted_tokens_of(trainer).add(prompt, reply, rows)
+        within, entropy, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, keep, 2, compute_entropy=True)
+        logits = model(input_ids=ids[:1]).logits[0, width_p - 1 : -1].float() / trainer.temperature
+    bits = torch.from_numpy(np.unpackbits(rows.view(np.uint8), axis=1, bitorder="little")[:, : logits.size(1)])
+    expected = logits.gather(1, torch.tensor(reply)[:, None])[:, 0] - torch.logsumexp(
+        logits.masked_fill(bits == 0, float("-inf")), dim=1
+    )
+    assert torch.allclose(within[0], expected, atol=1e-4)
+    forced = torch.tensor(forced_tokens(reply, rows))
+    assert 0 < int(forced.sum()) < len(reply)
+    assert torch.all(within[0][forced].abs() < 1e-5) and torch.all(entropy[0][forced].abs() < 1e-4)
+    assert torch.all(within[0] >= whole[0] - 1e-5) and torch.any(within[0][~forced] > whole[0][~forced] + 1e-3)
+    assert torch.isfinite(entropy).all()
+    assert torch.allclose(within[1], whole[1], atol=1e-6), "a sample the rollout did not add is scored as TRL scores it"
+
+
+def test_the_admitted_tokens_are_found_by_a_sample_s_tokens_and_checked_as_added():
+    """A sample is found by its prompt and its completion or the start of it; a completion whose
+    rows do not match its length is refused."""
+    from lib.training.trainer_class import AdmittedTokens
+
+    registry = AdmittedTokens()
+    rows = np.arange(6, dtype=np.int32).reshape(3, 2)
+    registry.add([1, 2], [7, 8, 9], rows)
+    assert np.array_equal(registry.rows([1, 2], [7, 8, 9]), rows)
+    assert np.array_equal(registry.rows([1, 2], [7, 8]), rows[:2])
+    assert registry.rows([1, 2], [7, 9]) is None and registry.rows([2], [7, 8, 9]) is None
+    with pytest.raises(ValueError, match="2 rows of admitted tokens for a completion of 3 tokens"):
+        registry.add([1], [7, 8, 9], rows[:2])
+    registry.clear()
+    assert len(registry) == 0 and registry.rows([1, 2], [7, 8, 9]) is None
+
+
+def test_replies_are_scored_within_the_grammar_only_where_they_were_held_to_it_by_trl_s_trainer():
+    """The setting needs replies held to the grammar, and the TRL backend's trainer."""
+    with pytest.raises(ValueError, match="needs constrained_replies: true"):
+        TrainConfig(renormalise_to_grammar=True, constrained_replies=False)
+    with pytest.raises(ValueError, match="set backend 'trl'"):
+        TrainConfig(renormalise_to_grammar=True, backend="unsloth")
+    assert "PaddingTrimmed" in grpo_trainer_class(TrainConfig(renormalise_to_grammar=True), "trl").__name__
+    with pytest.raises(ValueError, match="renormalise_to_grammar"):
+        grpo_trainer_class(TrainConfig(renormalise_to_grammar=True), "unsloth")

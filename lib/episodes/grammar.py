@@ -106,21 +106,29 @@ class ActionGrammar:
         allowed = np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[: self.n_vocab])
         return int(allowed[0]) if len(allowed) == 1 else None
 
-    def forced(self, tokens: Sequence[int], matcher: Any = None) -> List[bool]:
-        """For each token of a reply written under the grammar, whether the grammar allowed that
-        token alone there (`only_token`): a token the policy did not choose. Stops at the first
-        token the grammar refuses (a reply written without it); the rest count as chosen. `matcher`:
+    def admitted(self, tokens: Sequence[int], matcher: Any = None) -> np.ndarray:
+        """For each token of a reply written under the grammar, the tokens the grammar admitted at
+        its place, as llguidance's bitmask rows (int32, `n_vocab` bits each, token t at bit t % 32 of
+        word t // 32): the support of the distribution the token was sampled from. Rows from the
+        first token the grammar refuses on (a reply written without it) admit every token. `matcher`:
         a reply's start under another grammar of the same tokenizer (the one it was written under)."""
         matcher = self.matcher() if matcher is None else matcher
-        flags: List[bool] = []
-        for token in tokens:
+        rows = llguidance.torch.allocate_token_bitmask(len(tokens), self.n_vocab)
+        rows.fill_(-1)
+        for row, token in enumerate(tokens):
             if matcher.is_stopped() or matcher.is_error():
                 break
-            flags.append(self.only_token(matcher) == token)
+            llguidance.torch.fill_next_token_bitmask(matcher, rows, row)
             if not matcher.consume_token(token):
-                flags[-1] = False
+                rows[row].fill_(-1)
                 break
-        return flags + [False] * (len(tokens) - len(flags))
+        return rows.numpy()
+
+    def forced(self, tokens: Sequence[int], matcher: Any = None) -> List[bool]:
+        """For each token of a reply written under the grammar, whether the grammar allowed that
+        token alone there (`admitted` holds that one bit): a token the policy did not choose. Stops at
+        the first token the grammar refuses (a reply written without it); the rest count as chosen."""
+        return forced_tokens(tokens, self.admitted(tokens, matcher))
 
     @staticmethod
     def accept(matcher: Any, token: int) -> None:
@@ -129,28 +137,53 @@ class ActionGrammar:
             raise RuntimeError(f"the action grammar refused a token it allowed: {matcher.get_error()}")
 
 
+def forced_tokens(tokens: Sequence[int], admitted: np.ndarray) -> List[bool]:
+    """For each of `tokens`, whether its row of `admitted` (`ActionGrammar.admitted`) admits it alone."""
+    bits = np.unpackbits(admitted.view(np.uint8), axis=1, bitorder="little")
+    return [bool(bits[i, token]) and int(bits[i].sum()) == 1 for i, token in enumerate(tokens)]
+
+
+def reply_admitted(
+    tokenizer: Any,
+    completion_ids: Sequence[int],
+    env_mask: Sequence[int],
+    shown: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+    n_vocab: Optional[int] = None,
+) -> np.ndarray:
+    """What the grammar admitted at each token of a completion (`ActionGrammar.admitted`'s rows, one
+    per token of `completion_ids`; every token admitted where `env_mask` is 0, the environment's
+    text): each run of 1s in `env_mask` is one reply, read from its start under the grammar it was
+    written under: `shown[k]`, the references the observation showed before reply k
+    (`PlayedEpisode.shown`); without them, the grammar of every known name. `n_vocab`: the model's
+    logits' width (the tokenizer's size unless given)."""
+    n_vocab = len(tokenizer) if n_vocab is None else n_vocab
+    grammar = action_grammar(tokenizer, n_vocab)
+    rows = llguidance.torch.allocate_token_bitmask(len(completion_ids), n_vocab).numpy()
+    rows.fill(-1)
+    for k, (start, end) in enumerate(model_spans(env_mask)):
+        written = shown[k] if shown is not None and k < len(shown) else None
+        matcher = action_grammar(tokenizer, n_vocab, written).matcher() if written is not None else None
+        rows[start:end] = grammar.admitted(completion_ids[start:end], matcher)
+    return rows
+
+
 def train_chosen_tokens_only(
     tokenizer: Any,
     completion_ids: Sequence[int],
     env_mask: Sequence[int],
     shown: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+    admitted: Optional[np.ndarray] = None,
 ) -> List[int]:
-    """`env_mask` (1: a token the model wrote) with the tokens the grammar forced set to 0: each run
-    of 1s is one reply, read from its start (`ActionGrammar.forced`) under the grammar it was written
-    under: `shown[k]`, the references the observation showed before reply k (`PlayedEpisode.shown`);
-    without them, the grammar of every known name. Under the grammar a forced token had probability 1
-    whatever the model's, so it carries no gradient of the policy that sampled it; left in GRPO's
-    loss, its advantage pushes the model's own probability of it around (and its KL term with it),
-    which changes nothing the policy does."""
-    grammar = action_grammar(tokenizer, len(tokenizer))
-    mask = list(env_mask)
-    for k, (start, end) in enumerate(model_spans(env_mask)):
-        written = shown[k] if shown is not None and k < len(shown) else None
-        matcher = action_grammar(tokenizer, len(tokenizer), written).matcher() if written is not None else None
-        for offset, forced in enumerate(grammar.forced(completion_ids[start:end], matcher)):
-            if forced:
-                mask[start + offset] = 0
-    return mask
+    """`env_mask` (1: a token the model wrote) with the tokens the grammar forced set to 0, read from
+    what the grammar admitted at each token (`admitted`, or `reply_admitted(tokenizer, completion_ids,
+    env_mask, shown)`). Under the grammar a forced token had probability 1 whatever the model's, so it
+    carries no gradient of the policy that sampled it; left in GRPO's loss, its advantage pushes the
+    model's own probability of it around (and its KL term with it), which changes nothing the policy
+    does."""
+    if admitted is None:
+        admitted = reply_admitted(tokenizer, completion_ids, env_mask, shown)
+    forced = forced_tokens(completion_ids, admitted)
+    return [0 if chosen and forced[i] else chosen for i, chosen in enumerate(env_mask)]
 
 
 _TOKENIZERS: dict = {}

@@ -107,10 +107,11 @@ which would make `backend="unsloth"` and `backend="trl"` train differently."""
 
 
 def resolve_backend(config: TrainConfig) -> str:
-    """The backend `config` asks for, checked: `auto` becomes `unsloth` or `trl`."""
+    """The backend `config` asks for, checked: `auto` becomes `unsloth` or `trl` (`trl` for replies
+    scored within the grammar, `renormalise_to_grammar`, which only its trainer does)."""
     if config.use_vllm and not torch.cuda.is_available():
         raise RuntimeError("use_vllm=True needs a CUDA GPU (and the vllm package); set use_vllm=False on CPU.")
-    if config.backend == "trl":
+    if config.backend == "trl" or config.renormalise_to_grammar:
         return "trl"
     ok, why = unsloth_available()
     if config.backend == "unsloth" and not ok:

@@ -252,6 +252,13 @@ class TrainConfig:
     generated (`Sampling.constrained`, `lib.episodes.grammar`): a reply that would not parse cannot be
     written. GRPO then trains only the tokens the policy chose: those the grammar forced (a reply's
     opening, the keys the schema fixes) are masked out of its loss (`train_chosen_tokens_only`)."""
+    renormalise_to_grammar: bool = False
+    """With `constrained_replies`, GRPO scores each token a reply wrote by its log-probability under
+    the distribution it was sampled from: the model's renormalised over the tokens the grammar
+    admitted at its place (`lib.training.trainer_class.AdmittedTokens`), in the policy's loss and its
+    KL term to the reference alike. False: over the model's whole vocabulary, where a sampled token's
+    log-probability can fall without bound as the mass moves to tokens the grammar never admits.
+    Needs the TRL backend (`auto` picks it for such a run)."""
     max_new_tokens: int = 64
     """Longest action per turn [tokens] (the heuristic's longest, a claim, is under 60 on the
     stand-in's tokenizer; a reply cut here is sent as it is and usually refused)."""
@@ -436,6 +443,15 @@ class TrainConfig:
             problems.append(
                 f"warm_start_lr_schedule must be one of {WARM_START_SCHEDULES}, "
                 f"got {shown(self.warm_start_lr_schedule)}"
+            )
+        if self.renormalise_to_grammar and not self.constrained_replies:
+            problems.append(
+                "renormalise_to_grammar scores replies within the action grammar: it needs constrained_replies: true"
+            )
+        if self.renormalise_to_grammar and self.backend == "unsloth":
+            problems.append(
+                "renormalise_to_grammar is scored by the TRL backend's trainer: set backend 'trl' (or 'auto', "
+                "which trains it with TRL), or renormalise_to_grammar: false"
             )
         if self.lr_schedule not in GRPO_SCHEDULES:
             problems.append(f"lr_schedule must be one of {GRPO_SCHEDULES}, got {shown(self.lr_schedule)}")

@@ -52,6 +52,7 @@ from lib.training.config import VALIDATION_EPISODES, TrainConfig
 from lib.training.credit import ADVANTAGE_FIELD, credit_settings, decision_credit, episode_decisions
 from lib.training.policy_evaluation import adapter_merged
 from lib.training.processes import gather, process_index
+from lib.training.trainer_class import admitted_tokens_of
 
 logger = logging.getLogger(__name__)
 
@@ -324,12 +325,21 @@ class CampaignRollout:
             }
             shown = [e.shown for e in episodes]
         if self.config.constrained_replies:  # the tokens the grammar forced were not the policy's choice
-            from lib.episodes.grammar import train_chosen_tokens_only
+            from lib.episodes.grammar import reply_admitted, train_chosen_tokens_only
 
-            out["env_mask"] = [
-                train_chosen_tokens_only(self.tokenizer, ids, mask, written)
+            admitted = [
+                reply_admitted(self.tokenizer, ids, mask, written)
                 for ids, mask, written in zip(out["completion_ids"], out["env_mask"], shown)
             ]
+            out["env_mask"] = [
+                train_chosen_tokens_only(self.tokenizer, ids, mask, admitted=rows)
+                for ids, mask, rows in zip(out["completion_ids"], out["env_mask"], admitted)
+            ]
+            if self.config.renormalise_to_grammar:  # the trainer scores each token as it was sampled
+                registry = admitted_tokens_of(trainer)
+                registry.clear()
+                for prompt, completion, rows in zip(out["prompt_ids"], out["completion_ids"], admitted):
+                    registry.add(prompt, completion, rows)
         return out
 
     def _play(self, timed: "_TimedGenerate", tasks: List[Dict[str, Any]], seed: int) -> List[PlayedEpisode]:

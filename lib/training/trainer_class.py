@@ -13,11 +13,20 @@ small too: all of a step's passes add up to one update, and the loss (TRL's defa
 normalised by the step's token count) does not depend on which pass holds which sample.
 On a CPU, the LM head projects the completions' positions alone: TRL's fused head does that only
 where Triton runs, and elsewhere projects every position, the prompt's too.
+
+With `renormalise_to_grammar`, each token a reply held to the action grammar wrote is scored by its
+log-probability under the distribution it was sampled from: the model's, renormalised over the
+tokens the grammar admitted at its place (`AdmittedTokens`, filled by the rollout). Over the whole
+vocabulary, a sampled token's log-probability can fall without bound while the policy's behaviour
+barely moves (the mass goes to tokens the grammar never lets it write), and its KL term to the
+reference with it; within the grammar it cannot.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from lib.training.config import TrainConfig
 from lib.training.credit import decision_credit_trainer
@@ -26,6 +35,75 @@ PARTITION_FREE_LOSSES = ("dapo", "cispo", "grpo", "sapo", "dr_grpo", "luspo")
 """TRL's loss types whose step loss is the same however a step's samples are dealt into its passes
 (of equal sizes): token terms normalised by the step's tokens, or a mean over sequences. Not
 "bnpo", which normalises each pass by its own tokens, nor the others, left as TRL deals them."""
+
+
+class AdmittedTokens:
+    """What the action grammar admitted at each completion token of a step's samples
+    (`lib.episodes.grammar.reply_admitted`'s bitmask rows), found again from a sample's tokens: TRL
+    hands the log-probability computation a padded batch of token ids, not its samples' names."""
+
+    def __init__(self) -> None:
+        self._by_prompt: Dict[bytes, List[Tuple[np.ndarray, np.ndarray]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self._by_prompt.values())
+
+    def clear(self) -> None:
+        self._by_prompt.clear()
+
+    def add(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], rows: np.ndarray) -> None:
+        """Keep `rows` (one per token of `completion_ids`) for the sample (`prompt_ids`, `completion_ids`)."""
+        if len(rows) != len(completion_ids):
+            raise ValueError(f"{len(rows)} rows of admitted tokens for a completion of {len(completion_ids)} tokens")
+        key = np.asarray(prompt_ids, dtype=np.int64).tobytes()
+        self._by_prompt.setdefault(key, []).append((np.asarray(completion_ids, dtype=np.int64), rows))
+
+    def rows(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> Optional[np.ndarray]:
+        """The rows kept for the sample with these tokens (its completion, or the start of it that
+        the trainer attends to), or None for a sample never added. Samples alike in their tokens
+        have alike rows: the grammar of a reply follows from the tokens before it."""
+        completion = np.asarray(completion_ids, dtype=np.int64)
+        for kept, rows in self._by_prompt.get(np.asarray(prompt_ids, dtype=np.int64).tobytes(), []):
+            if len(kept) >= len(completion) and np.array_equal(kept[: len(completion)], completion):
+                return rows[: len(completion)]
+        return None
+
+    def allowed(self, ids: Any, mask: Any, keep: int, n_vocab: int) -> Optional[Any]:
+        """For a batch of token ids (`ids`, `mask`: prompt left-padded, completion right-padded, the
+        completion the last `keep` columns) a bool tensor (rows, `keep`, `n_vocab`): the tokens each
+        completion position may take, every token where no grammar held it; None where no sample of
+        the batch was added."""
+        import torch
+
+        allowed = torch.ones(ids.size(0), keep, n_vocab, dtype=torch.bool, device=ids.device)
+        found = False
+        for row in range(ids.size(0)):
+            visible = mask[row].bool()
+            prompt = ids[row, :-keep][visible[:-keep]].tolist()
+            completion = ids[row, -keep:][visible[-keep:]].tolist()
+            rows = self.rows(prompt, completion)
+            if rows is None:
+                continue
+            found = True
+            bits = np.unpackbits(np.ascontiguousarray(rows).view(np.uint8), axis=1, bitorder="little")
+            width = min(bits.shape[1], n_vocab)
+            held = torch.zeros(len(rows), n_vocab, dtype=torch.bool)
+            held[:, :width] = torch.from_numpy(bits[:, :width].astype(bool))
+            held[bits.all(axis=1)] = True  # no grammar there: every token, the logits' extra columns too
+            allowed[row, : len(rows)] = held.to(ids.device)
+        return allowed if found else None
+
+
+def admitted_tokens_of(trainer: Any) -> AdmittedTokens:
+    """The `AdmittedTokens` of `trainer` (a `padding_trimmed_trainer` class's instance), made on first use."""
+    if not hasattr(type(trainer), "_completion_logps"):
+        raise TypeError(
+            f"renormalise_to_grammar needs the trainer that scores replies within the grammar (TRL's backend); "
+            f"{type(trainer).__name__} does not: set renormalise_to_grammar: false, or train with backend 'trl'"
+        )
+    if getattr(trainer, "admitted_tokens", None) is None:
+        trainer.admitted_tokens = AdmittedTokens()
+    return trainer.admitted_tokens
 
 
 def padding_trimmed_trainer(base: type) -> type:
@@ -87,7 +165,8 @@ def padding_trimmed_trainer(base: type) -> type:
                 # completion's first, so the cut stays within each part's padding
                 first, end = int(used[0]), int(used[-1]) + 1
                 keep = logits_to_keep - (width - end)
-                if ids.device.type == "cpu" and not compute_aux_loss:
+                within_grammar = getattr(self, "admitted_tokens", None) is not None
+                if (ids.device.type == "cpu" or within_grammar) and not compute_aux_loss:
                     lp, entropy, aux = self._completion_logps(
                         model, ids[:, first:end], mask[:, first:end], keep, compute_entropy
                     )
@@ -117,11 +196,17 @@ def padding_trimmed_trainer(base: type) -> type:
             own forward with its LM head on those positions alone (`logits_to_keep`): TRL's fused head
             projects every position off a GPU (its compact path needs Triton), the prompt's too, which
             here is most of a sample. The numbers are TRL's (`selective_log_softmax`, at the trainer's
-            temperature)."""
+            temperature), over the tokens the grammar admitted where the trainer holds them
+            (`admitted_tokens`, GPU runs too)."""
+            import torch
             from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
 
             with self.accelerator.autocast():
                 logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep + 1).logits[:, :-1]
+            admitted = getattr(self, "admitted_tokens", None)
+            allowed = admitted.allowed(ids, mask, keep, logits.size(-1)) if admitted is not None else None
+            if allowed is not None:  # a finite floor: 0 * floor is 0 in the entropy, where -inf gives NaN
+                logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min / 4)
             targets, padding = ids[:, -keep:], mask[:, -keep:] == 0  # TRL's numbers are 0 on the padding
             if compute_entropy:
                 logps, entropy = selective_log_softmax_and_entropy(logits, targets, temperature=self.temperature)
@@ -171,9 +256,15 @@ def grouped_by_length(batches: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 def grpo_trainer_class(config: TrainConfig, backend: str = "trl") -> type:
     """The trainer class for `config` on `backend`: TRL's `GRPOTrainer` (Unsloth's patched one when
-    `backend` is "unsloth", left as Unsloth made it), padding trimmed on the TRL backend, with
-    decision credit when `config.credit` is "decision"."""
+    `backend` is "unsloth", left as Unsloth made it), padding trimmed on the TRL backend (which alone
+    scores replies within the grammar, `renormalise_to_grammar`), with decision credit when
+    `config.credit` is "decision"."""
     from trl import GRPOTrainer
 
+    if config.renormalise_to_grammar and backend != "trl":
+        raise ValueError(
+            f"renormalise_to_grammar scores replies within the grammar in the TRL backend's trainer, not "
+            f"{backend!r}'s: set renormalise_to_grammar: false, or train with the TRL backend"
+        )
     trainer_class = padding_trimmed_trainer(GRPOTrainer) if backend == "trl" else GRPOTrainer
     return decision_credit_trainer(trainer_class) if config.credit == "decision" else trainer_class
