@@ -65,7 +65,7 @@ $(error $(MISSPELT_VARIABLES))
 endif
 endif
 
-.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-smollm2-curve train-smollm2 promote-smollm2 bench-smollm2-speed bench-smollm2-eval bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-generate train evidence-seeds lab serve clean distclean FORCE
+.PHONY: mutants evaluate scored-run-example verify-scored-run help setup lint format test test-slow test-all test-gpu-set reproduce promote-evidence verify-evidence report report-assets docs bench bench-import bench-lee bench-report bench-server bench-server-attacks bench-train bench-train-gpu bench-smollm2-curve train-smollm2 promote-smollm2 bench-smollm2-speed bench-smollm2-eval bench-imitation bench-dagger bench-family bench-libm bench-pass-at-k bench-grpo-kl bench-generate train evidence-seeds lab serve clean distclean FORCE
 
 help: ## list targets
 	@echo "CERNenv Lab — make targets (VENV=$(VENV)):"
@@ -282,6 +282,11 @@ bench-libm: setup ## the same episodes on this processor and as one without AVX 
 
 bench-pass-at-k: setup ## greedy, pass@1 and pass@8 of the warm start on the unseen particles (bench/bench_pass_at_k.py)
 	$(RUN_ENV) $(PY) bench/bench_pass_at_k.py $(PASS_AT_K_ARGS)
+
+GRPO_KL_ARGS ?=
+
+bench-grpo-kl: setup ## which reply tokens carry a GRPO policy's KL to its warm start, whole vocabulary and within the grammar (bench/bench_grpo_kl.py; GRPO_KL_ARGS="--policy ... --reference ... --config ...")
+	$(RUN_ENV) $(PY) bench/bench_grpo_kl.py $(GRPO_KL_ARGS)
 
 bench-generate: setup ## generated tokens/s of each generation engine on one step's episodes (bench/bench_generate.py)
 	$(RUN_ENV) $(PY) bench/bench_generate.py $(TRAIN_ARGS)

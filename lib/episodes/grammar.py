@@ -139,8 +139,13 @@ class ActionGrammar:
 
 def forced_tokens(tokens: Sequence[int], admitted: np.ndarray) -> List[bool]:
     """For each of `tokens`, whether its row of `admitted` (`ActionGrammar.admitted`) admits it alone."""
-    bits = np.unpackbits(admitted.view(np.uint8), axis=1, bitorder="little")
-    return [bool(bits[i, token]) and int(bits[i].sum()) == 1 for i, token in enumerate(tokens)]
+    octets = np.ascontiguousarray(admitted).view(np.uint8)  # little-endian words: token t is bit t % 8 of octet t // 8
+    single = _BITS_SET[octets].sum(axis=1, dtype=np.int64) == 1
+    return [bool(single[i]) and bool(octets[i, token // 8] >> (token % 8) & 1) for i, token in enumerate(tokens)]
+
+
+_BITS_SET = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(axis=1).astype(np.uint8)
+"""The number of bits set in each octet value."""
 
 
 def reply_admitted(
