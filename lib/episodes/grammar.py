@@ -6,8 +6,9 @@ also use): it compiles the JSON schema against the tokenizer's vocabulary once a
 token, which tokens may come next, as a bitmask.
 
 The log-probability recorded with each token stays the model's own, over the whole vocabulary (as
-with top-p, the restriction picks from the distribution; it does not change the number the trainer
-scores), so what GRPO's loss recomputes from the model equals what sampling returned.
+with top-p, the restriction picks from the distribution; it does not change the number recorded),
+which is what GRPO's loss recomputes from the model by default; with `renormalise_to_grammar` the
+trainer scores each token within what the grammar admitted there (`reply_admitted`) instead.
 """
 
 from __future__ import annotations
