@@ -48,7 +48,7 @@ def main(argv: Any = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from lib.episodes.generation import hf_generate_fn
-    from lib.episodes.grammar import forced_tokens, reply_admitted
+    from lib.episodes.grammar import admitted_mask, forced_tokens, reply_admitted
     from lib.episodes.llm_rollouts import play_episodes
     from lib.measure.evaluation import PUBLISHED_KEY, validation_suite
     from lib.training.cli import load_config_file
@@ -87,8 +87,7 @@ def main(argv: Any = None) -> int:
                 scored = {}
                 for name, model in (("policy", policy), ("reference", reference)):
                     logits = model(input_ids=ids).logits[0, width - 1 : -1].float() / temperature
-                    bits = np.unpackbits(admitted.view(np.uint8), axis=1, bitorder="little")[:, : logits.size(1)]
-                    allowed = torch.from_numpy(bits.astype(bool))
+                    allowed = torch.from_numpy(admitted_mask(admitted, logits.size(1)))
                     whole = torch.log_softmax(logits, dim=-1)
                     within = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
                     target = torch.tensor(reply)[:, None]

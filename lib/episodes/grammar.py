@@ -145,6 +145,18 @@ def forced_tokens(tokens: Sequence[int], admitted: np.ndarray) -> List[bool]:
     return [bool(single[i]) and bool(octets[i, token // 8] >> (token % 8) & 1) for i, token in enumerate(tokens)]
 
 
+def admitted_mask(admitted: np.ndarray, n_vocab: int) -> np.ndarray:
+    """`admitted`'s rows (`ActionGrammar.admitted`) as a bool array (rows, `n_vocab`): True where a
+    token was admitted; a row that admits every token (no grammar held that place) is True across
+    all `n_vocab` columns, those past the grammar's own width too."""
+    bits = np.unpackbits(np.ascontiguousarray(admitted).view(np.uint8), axis=1, bitorder="little").astype(bool)
+    mask = np.zeros((len(admitted), n_vocab), dtype=bool)
+    width = min(bits.shape[1], n_vocab)
+    mask[:, :width] = bits[:, :width]
+    mask[bits.all(axis=1)] = True
+    return mask
+
+
 _BITS_SET = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(axis=1).astype(np.uint8)
 """The number of bits set in each octet value."""
 

@@ -75,6 +75,8 @@ class AdmittedTokens:
         the batch was added."""
         import torch
 
+        from lib.episodes.grammar import admitted_mask
+
         allowed = torch.ones(ids.size(0), keep, n_vocab, dtype=torch.bool, device=ids.device)
         found = False
         for row in range(ids.size(0)):
@@ -85,12 +87,7 @@ class AdmittedTokens:
             if rows is None:
                 continue
             found = True
-            bits = np.unpackbits(np.ascontiguousarray(rows).view(np.uint8), axis=1, bitorder="little")
-            width = min(bits.shape[1], n_vocab)
-            held = torch.zeros(len(rows), n_vocab, dtype=torch.bool)
-            held[:, :width] = torch.from_numpy(bits[:, :width].astype(bool))
-            held[bits.all(axis=1)] = True  # no grammar there: every token, the logits' extra columns too
-            allowed[row, : len(rows)] = held.to(ids.device)
+            allowed[row, : len(rows)] = torch.from_numpy(admitted_mask(rows, n_vocab)).to(ids.device)
         return allowed if found else None
 
 
