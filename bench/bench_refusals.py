@@ -1,5 +1,6 @@
-"""Refused actions per campaign with replies held to the grammar of every known reference name, and
-held to the grammar of the references each observation shows (what every run plays now).
+"""Refused actions per campaign with replies held to the grammar of every known reference name, to
+the grammar of the references each observation shows, and to that grammar with the channels and
+triggers each task offers (`ReplyScope`, what every run plays now).
 
     python bench/bench_refusals.py --episodes 30                     # the stand-in, random weights
     python bench/bench_refusals.py --episodes 30 --model smollm2-135m-instruct --observation-style brief
@@ -8,8 +9,9 @@ held to the grammar of the references each observation shows (what every run pla
 
 Plays the first `--episodes` campaigns of the validation split with the model (the CPU stand-in's
 architecture with random weights, a named model zero-shot, or a saved policy: `--policy`), sampled
-at `--temperature`, the same seeds both ways; prints, each way, the refused actions per campaign,
-how many of them were references to nothing the observation showed, and the most common refusal.
+at `--temperature`, the same seeds each way; prints, each way, the refused actions per campaign,
+how many of them were references to nothing the observation showed, how many a channel or trigger
+the task does not offer, and the most common refusal.
 """
 
 from __future__ import annotations
@@ -19,15 +21,21 @@ import sys
 from collections import Counter
 from typing import Any, Dict, List
 
+from cernenv.rules import Violation
+
 
 def refusals(episodes: List[Any]) -> Dict[str, float]:
-    """Refused actions per campaign, and those refused as references to nothing shown."""
+    """Refused actions per campaign, those refused as references to nothing shown, and those refused
+    as an option the task does not offer."""
     refused = [violation for e in episodes for step in e.record.steps for violation in step.rule_violations]
     unshown = [v for v in refused if "refers to nothing the observation shows" in v or "cannot be scaled" in v]
+    unoffered = [v for v in refused if v.startswith(Violation.UNAVAILABLE_OPTION.value)]
     common = Counter(v.split(":")[0] for v in refused).most_common(1)
     return {
         "per_campaign": len(refused) / len(episodes),
         "unshown_per_campaign": len(unshown) / len(episodes),
+        "unoffered_per_campaign": len(unoffered) / len(episodes),
+        "unoffered": ", ".join(f"{n} {kind}" for kind, n in Counter(v.split()[1] for v in unoffered).most_common()),
         "most_common": f"{common[0][0]} ({common[0][1]} of {len(refused)})" if common else "none",
     }
 
@@ -74,18 +82,28 @@ def main(argv=None) -> int:
     sampling = Sampling(temperature=args.temperature, max_new_tokens=96, constrained=True)
     specs = validation_suite(args.episodes)
 
-    def every_name(contexts, sampling, shown=None):  # the grammar before: no observation's references
+    def every_name(contexts, sampling, shown=None):  # the first grammar: no observation's references
         return generate(contexts, sampling)
 
+    def references_only(contexts, sampling, shown=None):  # the second: the references, not the options
+        return generate(contexts, sampling, shown=[dict(scope) for scope in shown])
+
     print(f"{args.policy or args.model}, {len(specs)} validation campaigns, temperature {args.temperature:g}:")
-    for label, engine in (("every known name", every_name), ("the references shown", generate)):
+    arms = (
+        ("every known name", every_name),
+        ("the references shown", references_only),
+        ("the references shown and the options offered", generate),
+    )
+    for label, engine in arms:
         played = play_episodes(
             engine, tokenizer, specs, sampling=sampling, observation_config=config, max_turns=args.max_turns, seed=0
         )
         counts = refusals(played)
         print(
             f"  held to the grammar of {label}: {counts['per_campaign']:.2f} refused actions a campaign, "
-            f"{counts['unshown_per_campaign']:.2f} of them references to nothing shown; "
+            f"{counts['unshown_per_campaign']:.2f} of them references to nothing shown, "
+            f"{counts['unoffered_per_campaign']:.2f} options the task does not offer "
+            f"({counts['unoffered'] or 'none'}); "
             f"most common: {counts['most_common']}"
         )
     return 0

@@ -111,6 +111,15 @@ class TaskInfo(BaseModel):
     time_total_days: float
     max_steps: int
 
+    def offered_options(self) -> Dict[str, List[Any]]:
+        """The values this task offers for each action parameter the environment holds to them
+        (refusing any other as `UNAVAILABLE_OPTION`): parameter name → the task's list."""
+        return {
+            "channel": list(self.available_channels),
+            "trigger": list(self.available_triggers),
+            "beam_energy_tev": list(self.available_beam_energies_tev),
+        }
+
 
 class ResourceUsage(BaseModel):
     """Money [M$], integrated luminosity [fb^-1] and calendar time [days], used and left."""

@@ -15,7 +15,7 @@ from cernenv import CERNCollisionEnvironment
 from cernenv.references import REFERENCES
 from cernenv.rules import RuleViolation, parse_action
 from lib.agents.baselines import HeuristicAgent
-from lib.agents.prompting import Sampling, _json_objects, action_to_json
+from lib.agents.prompting import ReplyScope, Sampling, _json_objects, action_to_json
 from lib.episodes.generation import hf_generate_fn
 from lib.episodes.grammar import action_grammar
 from lib.episodes.llm_rollouts import play_episodes
@@ -43,7 +43,12 @@ def test_every_reply_a_random_model_writes_is_held_to_the_grammar(tokenizer, mod
     )
     grammar = action_grammar(tokenizer, len(tokenizer))
     replies = 0
-    for episode in episodes:
+    for (seed, scenario, difficulty), episode in zip(SPECS, episodes):
+        task = CERNCollisionEnvironment().reset(seed=seed, scenario=scenario, difficulty=difficulty).task
+        assert all(
+            isinstance(s, ReplyScope) and s.offered == ReplyScope({}, task.offered_options()).offered
+            for s in episode.shown
+        )  # each reply was held to its task's options
         checked_shown: list = []
         runs, previous = [], 0  # the model's replies: the runs of its own tokens between the environment's
         for token, mine in zip(episode.completion_ids, episode.env_mask):
@@ -85,7 +90,8 @@ def test_every_reply_a_random_model_writes_is_held_to_the_grammar(tokenizer, mod
 def test_the_demonstrations_are_writable_under_the_grammar(tokenizer):
     """Every reply the warm start teaches (the heuristic's actions as `action_to_json` writes them,
     without the justification, then eos) is allowed token by token under the grammar of the
-    references its observation shows: the constraint never forbids what the policy learned."""
+    references its observation shows and the options its task offers: the constraint never forbids
+    what the policy learned."""
     env, agent = CERNCollisionEnvironment(), HeuristicAgent()
     checked = 0
     for seed in range(100_000, 100_012):
@@ -93,7 +99,7 @@ def test_the_demonstrations_are_writable_under_the_grammar(tokenizer):
         agent.reset()
         while not obs.done:
             action = agent.act(obs)
-            matcher = action_grammar(tokenizer, len(tokenizer), obs.references).matcher()
+            matcher = action_grammar(tokenizer, len(tokenizer), ReplyScope.of(obs)).matcher()
             ids = tokenizer(action_to_json(action, justification=False), add_special_tokens=False)["input_ids"]
             for token in ids + [tokenizer.eos_token_id]:
                 assert matcher.consume_token(token), (action_to_json(action, justification=False), matcher.get_error())
@@ -257,6 +263,42 @@ def test_a_reply_quotes_only_the_references_its_observation_shows(tokenizer):
     assert _writable(nothing, tokenizer, book.replace('"@luminosity.affordable_fb*0.4"', "32.0"))
     everything = action_grammar(tokenizer, len(tokenizer))  # without an observation: every known name
     assert _writable(everything, tokenizer, fit.replace("scan.candidates[0]", "fit.mass_gev"))
+
+
+def test_a_reply_names_only_the_channels_and_triggers_its_task_offers(tokenizer):
+    """Under the grammar of a `ReplyScope`, a channel or trigger written as text is one the task
+    offers, in every verb that takes one (a claim may still name no channel), and a reference to a
+    shown value is still writable; beam energies are left to the environment, written as the
+    demonstrations write them. A plain mapping of references holds no option."""
+    from cernenv.detector import CHANNELS, TRIGGERS
+
+    env, checked = CERNCollisionEnvironment(), 0
+    for seed in range(30, 36):
+        obs = env.reset(seed=seed, difficulty=("easy", "medium", "hard")[seed % 3])
+        offered = obs.task.offered_options()
+        assert set(offered["channel"]) < set(CHANNELS)  # a task that offers fewer than all
+        scope = ReplyScope({"fit.channel": offered["channel"][0]}, offered)
+        grammar = action_grammar(tokenizer, len(tokenizer), scope)
+        plain = action_grammar(tokenizer, len(tokenizer), {"fit.channel": offered["channel"][0]})
+        for channel in CHANNELS:
+            select = f'{{"action_type":"select_channel","parameters":{{"channel":"{channel}"}}}}'
+            claim = (
+                '{"action_type":"submit_discovery_claim","parameters":{"discovered":false,'
+                f'"channel":"{channel}","significance_sigma":1.0,"confidence":0.5}}}}'
+            )
+            for reply in (select, claim):
+                assert _writable(grammar, tokenizer, reply) == (channel in offered["channel"]), reply
+                assert _writable(plain, tokenizer, reply), reply
+                checked += 1
+        for trigger in TRIGGERS:
+            reply = f'{{"action_type":"set_trigger","parameters":{{"trigger":"{trigger}"}}}}'
+            assert _writable(grammar, tokenizer, reply) == (trigger in offered["trigger"]), reply
+        assert _writable(grammar, tokenizer, select.replace(f'"{channel}"', '"@fit.channel"'))
+        assert _writable(grammar, tokenizer, claim.replace(f'"{channel}"', "null"))
+        for energy in offered["beam_energy_tev"]:
+            beam = json.dumps({"action_type": "configure_beam", "parameters": {"beam_energy_tev": energy}})
+            assert _writable(grammar, tokenizer, beam.replace(" ", "")), beam
+    assert checked == 6 * 2 * len(CHANNELS)
 
 
 def test_a_name_the_observation_alone_shows_is_forced_and_not_trained(tokenizer):

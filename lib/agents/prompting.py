@@ -399,24 +399,69 @@ def _literal_text(field: Dict[str, Any]) -> Dict[str, Any]:
     return field
 
 
+class ReplyScope(dict):
+    """What a reply to one observation may name: the references the observation shows (the scope is
+    that mapping, name → value, as `CollisionObservation.references`) and the values its task offers
+    for the parameters the environment holds to them (`offered`, `TaskInfo.offered_options`). A plain
+    mapping of references is a scope that offers nothing in particular (any option may be written)."""
+
+    def __init__(self, references: Mapping[str, Any], offered: Optional[Mapping[str, Iterable[Any]]] = None):
+        super().__init__(references)
+        self.offered: Dict[str, tuple] = {name: tuple(values) for name, values in (offered or {}).items()}
+
+    @classmethod
+    def of(cls, observation: CollisionObservation) -> "ReplyScope":
+        """The scope of a reply to `observation`: its references and its task's options."""
+        return cls(observation.references, observation.task.offered_options())
+
+
+def offered_text(shown: Optional[Mapping[str, Any]]) -> Dict[str, tuple]:
+    """The options `shown` (a `ReplyScope`) holds a reply's text parameters to, sorted (a channel, a
+    trigger); nothing for a plain mapping or None. Numeric options (the beam energies) are not held: a
+    JSON schema cannot say how a number is written, and the grammar engine writes its own shortest
+    form (13 for 13.0), not the `13.0` the demonstrations write, so holding them would forbid what the
+    policy learned; the environment still refuses an energy the task does not offer."""
+    offered = getattr(shown, "offered", None) or {}
+    return {
+        name: tuple(sorted(values))
+        for name, values in offered.items()
+        if values and all(isinstance(value, str) for value in values)
+    }
+
+
+def _one_of(field: Dict[str, Any], values: tuple) -> Dict[str, Any]:
+    """`field`'s schema with its text branch replaced by one of `values` (a null branch kept)."""
+    if field.get("type") == "string":
+        return {"enum": list(values)}
+    if "anyOf" in field:
+        return {**field, "anyOf": [_one_of(option, values) for option in field["anyOf"]]}
+    return field
+
+
 def action_json_schema(shown: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """JSON schema of a valid action: one branch per verb of `ACTION_TABLE`, its `parameters`
     being that verb's parameter model (what `cernenv.rules.parse_action` validates), each parameter
     a literal value (a text one not starting with `@`) or a reference to a shown value
     (`cernenv.references`). `shown` (an observation's `references`): a reference may name only the
     values it shows, a numeric one alone scaled (`cernenv.references.shown_reference_pattern`), and
-    none where it shows none: the schema of a reply to that observation. Without it, any known name."""
+    none where it shows none: the schema of a reply to that observation. Without it, any known name.
+    Where `shown` is a `ReplyScope`, a channel or trigger written as text is also one its task offers
+    (`offered_text`)."""
     branches = []
     if shown is None:
         reference: Optional[Dict[str, Any]] = reference_json_schema()
     else:
         pattern = shown_reference_pattern(shown)
         reference = {"type": "string", "pattern": pattern} if pattern else None
+    offered = offered_text(shown)
     for spec in ACTION_TABLE.values():
         parameters = spec.params.model_json_schema()
-        parameters["properties"] = {
-            name: {"anyOf": [_literal_text(field), reference]} if reference else _literal_text(field)
+        literals = {
+            name: _one_of(field, offered[name]) if name in offered else _literal_text(field)
             for name, field in parameters.get("properties", {}).items()
+        }
+        parameters["properties"] = {
+            name: {"anyOf": [literal, reference]} if reference else literal for name, literal in literals.items()
         }
         branches.append(
             {

@@ -21,11 +21,12 @@ GenerateFn = Callable[..., List[tuple[List[int], List[float]]]]
 """Batched generation, `generate_fn(contexts, sampling, shown=None)`: token contexts → per context
 (new token ids, their log-probabilities), each stopped after the eos token (included) or at
 `max_new_tokens`. `shown` (given where `sampling.constrained`): per context, the references its
-observation shows (`CollisionObservation.references`), which its reply alone may quote
-(`lib.episodes.grammar.action_grammar`)."""
+observation shows and the options its task offers (`lib.agents.prompting.ReplyScope`), which its
+reply alone may name (`lib.episodes.grammar.action_grammar`)."""
 
 Shown = Optional[Sequence[Optional[Mapping[str, Any]]]]
-"""Per context, the references its reply may quote (None: every known name)."""
+"""Per context, the references its reply may quote, a `ReplyScope` where the task's options also
+hold it (None: every known name)."""
 
 
 SINGLE_THREAD_MAX_PARAMETERS = 10_000_000

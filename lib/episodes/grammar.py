@@ -20,7 +20,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from lib.agents.prompting import action_json_schema
+from lib.agents.prompting import action_json_schema, offered_text
 from lib.episodes.chat import model_spans
 from lib.extras import missing_modules
 
@@ -41,7 +41,8 @@ replies (the demonstrations the policy learns from)."""
 
 def action_grammar_text(shown: Optional[Mapping[str, Any]] = None) -> str:
     """The action schema as llguidance compiles it (`action_json_schema(shown)`: with `shown`, an
-    observation's `references`, a reply may quote only what it shows): its references' pattern
+    observation's `references` or `ReplyScope`, a reply may quote only what it shows and name only
+    the channels and triggers its task offers): its references' pattern
     without the trailing `(?!\\n)` look-ahead (which makes Python's `re` stop at the string's end, as
     llguidance's regular expressions, matched against whole strings, always do, and which they do not
     support)."""
@@ -50,19 +51,22 @@ def action_grammar_text(shown: Optional[Mapping[str, Any]] = None) -> str:
     return llguidance.grammar_from("json_schema", json.dumps(schema))
 
 
-def shown_key(shown: Optional[Mapping[str, Any]]) -> Optional[Tuple[Tuple[str, bool], ...]]:
+def shown_key(shown: Optional[Mapping[str, Any]]) -> Optional[Tuple[Any, ...]]:
     """What of an observation's `references` its reply grammar depends on: each name, and whether
-    its value is a number (which a reply may scale); None for the grammar of every known name."""
+    its value is a number (which a reply may scale), then the options a `ReplyScope` holds its text
+    to (`offered_text`); None for the grammar of every known name."""
     if shown is None:
         return None
-    return tuple(sorted((name, isinstance(v, (int, float)) and not isinstance(v, bool)) for name, v in shown.items()))
+    names = tuple(sorted((name, isinstance(v, (int, float)) and not isinstance(v, bool)) for name, v in shown.items()))
+    return names + tuple(sorted(offered_text(shown).items()))
 
 
 class ActionGrammar:
     """The action grammar for one tokenizer and vocabulary size (the model's logits' width, which
     may exceed the tokenizer's): `matcher()` starts a reply, `restrict` masks a batch of logits.
-    `shown` (an observation's `references`): the grammar of a reply to that observation, whose
-    references name only the values it shows (`action_json_schema`); None admits every known name.
+    `shown` (an observation's `references`, or its `ReplyScope`): the grammar of a reply to that
+    observation, whose references name only the values it shows and, for a scope, whose channels and
+    triggers are ones its task offers (`action_json_schema`); None admits every known name.
     `restrict`, `only_token` and `forced` read the matchers they are given, so one grammar's methods
     serve matchers of another's (the same tokenizer and width)."""
 
@@ -219,7 +223,7 @@ def _llguidance_tokenizer(tokenizer: Any, n_vocab: int) -> Any:
 _GRAMMARS: "OrderedDict[Any, ActionGrammar]" = OrderedDict()
 MAX_GRAMMARS = 512
 """Grammars a process keeps compiled (least recently used dropped first): one per tokenizer, width
-and set of shown references (`shown_key`); a campaign shows ten or so such sets."""
+and set of shown references and offered options (`shown_key`); a campaign shows ten or so such sets."""
 
 
 def action_grammar(tokenizer: Any, n_vocab: int, shown: Optional[Mapping[str, Any]] = None) -> ActionGrammar:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from cernenv import CERNCollisionEnvironment, CollisionObservation
-from lib.agents.prompting import LLMAgentConfig, Sampling, build_chat, parse_reply
+from lib.agents.prompting import LLMAgentConfig, ReplyScope, Sampling, build_chat, parse_reply
 from lib.episodes.agent_rollouts import episode_record, step_record
 from lib.episodes.chat import ChatLayout
 from lib.episodes.generation import GenerateFn
@@ -71,9 +71,9 @@ class PlayedEpisode:
     """True when the episode stopped before the environment ended it (`max_turns` or context length)."""
     turns: List[PlayedTurn] = field(default_factory=list)
     """Each decision's prompt and reply (`turn` context only)."""
-    shown: List[Dict[str, Any]] = field(default_factory=list)
-    """Before each reply, in order, the references its observation showed: which references a reply
-    held to the grammar could quote, so which of its tokens the grammar forced
+    shown: List[ReplyScope] = field(default_factory=list)
+    """Before each reply, in order, the references its observation showed and the options its task
+    offered: what a reply held to the grammar could name, so which of its tokens the grammar forced
     (`lib.episodes.grammar.train_chosen_tokens_only`)."""
 
     @property
@@ -174,14 +174,14 @@ def _play_batch(
                 active.remove(i)
         if not active:
             break
-        shown = {"shown": [last_obs[i].references for i in active]} if sampling.constrained else {}
+        shown = {"shown": [ReplyScope.of(last_obs[i]) for i in active]} if sampling.constrained else {}
         outputs = generate_fn([contexts[i] for i in active], sampling, **shown)
         still_active = []
         for i, (tokens, logprobs) in zip(active, outputs):
             episode, obs = episodes[i], last_obs[i]
             ended = bool(tokens) and tokens[-1] == layout.tokenizer.eos_token_id
             text = layout.tokenizer.decode(tokens[:-1] if ended else tokens, skip_special_tokens=True)
-            episode.shown.append(dict(obs.references))
+            episode.shown.append(ReplyScope.of(obs))
             if per_turn:
                 episode.turns.append(PlayedTurn(contexts[i], list(tokens), list(logprobs)))
             episode.completion_ids += tokens

@@ -465,8 +465,8 @@ def turn_samples(
     the model's), rewarded with the episode's return. A slot past an episode's last decision is
     an eos-only sample whose mask trains nothing. `advantages[i]` (`credit: decision`): sample i's
     episode's advantage per decision (`lib.training.credit`), written to each sample as
-    `ADVANTAGE_FIELD` (0 for an unused slot). `shown[i]`: the references sample i's reply could quote
-    (one entry, or none for an unused slot), which the caller takes out before the trainer sees it."""
+    `ADVANTAGE_FIELD` (0 for an unused slot). `shown[i]`: what sample i's reply could name (`ReplyScope`;
+    one entry, or none for an unused slot), which the caller takes out before the trainer sees it."""
     out: Dict[str, List[Any]] = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "shown")}
     out["reward_components"] = []
     if advantages is not None:

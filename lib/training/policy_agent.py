@@ -20,7 +20,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from cernenv.models import CollisionObservation
-from lib.agents.prompting import parse_reply
+from lib.agents.prompting import ReplyScope, parse_reply
 from lib.episodes.chat import ChatLayout
 from lib.episodes.generation import hf_generate_fn
 
@@ -104,7 +104,7 @@ class TrainedPolicyAgent:
         else:
             self.context += self.layout.environment_ids(self.messages, observation, reply_ended=self._reply_ended)
             self.messages.append(self.layout.followup_message(observation, self.messages))
-        shown = {"shown": [observation.references]} if self.sampling.constrained else {}
+        shown = {"shown": [ReplyScope.of(observation)]} if self.sampling.constrained else {}
         [(tokens, _)] = self.generate([list(self.context)], self.sampling, **shown)
         self._reply_ended = bool(tokens) and tokens[-1] == self.tokenizer.eos_token_id
         text = self.tokenizer.decode(tokens[:-1] if self._reply_ended else tokens, skip_special_tokens=True)
