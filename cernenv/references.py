@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
 REFERENCE_PREFIX = "@"
 
@@ -68,14 +68,18 @@ def reference_json_schema() -> Dict[str, Any]:
     }
 
 
-def shown_reference_pattern(shown: Mapping[str, Any]) -> Optional[str]:
+def shown_reference_pattern(
+    shown: Mapping[str, Any], accepts: Optional[Callable[[Any], bool]] = None, scaled: bool = True
+) -> Optional[str]:
     """The schema pattern of a reference to one of the values an observation shows now (`shown`, its
     `references` field): each shown name exactly (`@scan.candidates[2]`, not any index), a numeric one
-    optionally scaled (`*factor`, which `resolve_reference` refuses on a name or a spin); None when it
+    optionally scaled (`*factor`, which `resolve_reference` refuses on a text value); None when it
     shows none. What `SCHEMA_PATTERN` admits and the environment would refuse anyway ("refers to
-    nothing the observation shows now", "cannot be scaled") it leaves out. Same dialect as
-    `SCHEMA_PATTERN`."""
-    numeric = [name for name, value in shown.items() if _number(value)]
+    nothing the observation shows now", "cannot be scaled") it leaves out. `accepts`: which values the
+    parameter takes (None: any), the names of the others left out too; `scaled` False: no factor
+    (a parameter that takes whole numbers only). Same dialect as `SCHEMA_PATTERN`."""
+    shown = {name: value for name, value in shown.items() if accepts is None or accepts(value)}
+    numeric = [name for name, value in shown.items() if _number(value) and scaled]
     other = [name for name in shown if name not in numeric]
     branches = []
     if numeric:

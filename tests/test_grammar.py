@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from cernenv import CERNCollisionEnvironment
-from cernenv.references import REFERENCES
 from cernenv.rules import RuleViolation, parse_action
 from lib.agents.baselines import HeuristicAgent
 from lib.agents.prompting import ReplyScope, Sampling, _json_objects, action_to_json
@@ -21,8 +20,6 @@ from lib.episodes.grammar import action_grammar
 from lib.episodes.llm_rollouts import play_episodes
 
 SPECS = [(21, None, "easy"), (22, "higgs_4l_125", None), (23, None, "hard"), (24, None, "medium")]
-SHOWN = {**{name: 1.0 for name in REFERENCES}, **{f"scan.candidates[{i}]": 1.0 for i in range(1000)}}
-"""Every name a reference may quote, shown: a reply is then refused for its form or values only."""
 
 
 @pytest.mark.parametrize("engine", ["cached", "generate"])
@@ -78,12 +75,13 @@ def test_every_reply_a_random_model_writes_is_held_to_the_grammar(tokenizer, mod
             assert all(re.sub(r"\*.*$", "", v[1:]) in shown for v in quoted), (completion, sorted(shown))
             checked_shown.append(completion)
             try:
-                parse_action(objects[0], SHOWN)
-            except RuleViolation as refusal:  # only what a JSON schema cannot state: a rule between
-                # fields (a discovery claim needs a mass), or the type of the value a reference names
-                quoted = [v for v in objects[0].get("parameters", {}).values() if isinstance(v, str) and v[:1] == "@"]
+                parse_action(objects[0], shown)
+            except RuleViolation as refusal:  # only what a JSON schema of the values shown cannot
+                # state: a rule between fields (a discovery claim needs a mass), or a quoted value
+                # (scaled by any factor) outside its parameter's range; never a type
                 cross_field = "Value error" in str(refusal) and "is not a reference" not in str(refusal)
-                assert cross_field or (quoted and "Input should be" in str(refusal)), refusal
+                out_of_range = quoted and re.search(r"Input should be (less|greater) than", str(refusal))
+                assert cross_field or out_of_range, refusal
     assert replies >= len(SPECS[:3])
 
 
@@ -299,6 +297,37 @@ def test_a_reply_names_only_the_channels_and_triggers_its_task_offers(tokenizer)
             beam = json.dumps({"action_type": "configure_beam", "parameters": {"beam_energy_tev": energy}})
             assert _writable(grammar, tokenizer, beam.replace(" ", "")), beam
     assert checked == 6 * 2 * len(CHANNELS)
+
+
+def test_a_parameter_quotes_only_the_shown_values_it_can_take(tokenizer):
+    """Under the grammar of an observation's references a parameter may quote a shown value only of a
+    type it takes: a channel names text, a mass a number, a spin an integer, unscaled; an enum
+    parameter only a value of its own list; a flag nothing shown. The environment refuses the others
+    ("Input should be a valid string"), so none can be written."""
+    shown = {"fit.mass_gev": 500.0, "fit.channel": "dimuon", "angular.spin": 2}
+    grammar = action_grammar(tokenizer, len(tokenizer), shown)
+    select = '{"action_type":"select_channel","parameters":{"channel":"@fit.channel"}}'
+    assert _writable(grammar, tokenizer, select)
+    assert not _writable(grammar, tokenizer, select.replace("fit.channel", "fit.mass_gev"))
+    fit = '{"action_type":"fit_resonance","parameters":{"mass_hint_gev":"@fit.mass_gev*1.01"}}'
+    assert _writable(grammar, tokenizer, fit) and _writable(grammar, tokenizer, fit.replace("*1.01", ""))
+    assert _writable(grammar, tokenizer, fit.replace("fit.mass_gev*1.01", "angular.spin"))  # an integer is a number
+    assert not _writable(grammar, tokenizer, fit.replace("fit.mass_gev*1.01", "fit.channel"))
+    assert not _writable(
+        grammar, tokenizer, fit.replace('"@fit.mass_gev*1.01"}', '500.0,"float_width":"@fit.channel"}')
+    )
+    claim = (
+        '{"action_type":"submit_discovery_claim","parameters":{"discovered":true,"mass_gev":"@fit.mass_gev",'
+        '"mass_uncertainty_gev":2.0,"channel":"@fit.channel","spin":"@angular.spin","significance_sigma":5.1,'
+        '"confidence":0.9}}'
+    )
+    assert _writable(grammar, tokenizer, claim)
+    assert not _writable(grammar, tokenizer, claim.replace('"@angular.spin"', '"@angular.spin*1"'))
+    assert not _writable(grammar, tokenizer, claim.replace('"@angular.spin"', '"@fit.mass_gev"'))
+    assert not _writable(grammar, tokenizer, claim.replace('"channel":"@fit.channel"', '"channel":"@angular.spin"'))
+    beam = '{"action_type":"configure_beam","parameters":{"beam_energy_tev":13.6,"pileup":"@fit.channel"}}'
+    assert not _writable(grammar, tokenizer, beam)  # "dimuon" is no pileup setting
+    assert _writable(grammar, tokenizer, beam.replace('"@fit.channel"', '"low"'))
 
 
 def test_a_name_the_observation_alone_shows_is_forced_and_not_trained(tokenizer):

@@ -429,6 +429,16 @@ def offered_text(shown: Optional[Mapping[str, Any]]) -> Dict[str, tuple]:
     }
 
 
+def _reference_schema(shown: Optional[Mapping[str, Any]], field: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The reference branch of a parameter of schema `field` in a reply to an observation that shows
+    `shown` (None: any known name, `reference_json_schema`); None where it can quote nothing shown."""
+    if shown is None:
+        return reference_json_schema()
+    types, _ = _schema_values(field)
+    pattern = shown_reference_pattern(shown, _quotable(field), scaled="number" in types)
+    return {"type": "string", "pattern": pattern} if pattern else None
+
+
 def _one_of(field: Dict[str, Any], values: tuple) -> Dict[str, Any]:
     """`field`'s schema with its text branch replaced by one of `values` (a null branch kept)."""
     if field.get("type") == "string":
@@ -438,21 +448,48 @@ def _one_of(field: Dict[str, Any], values: tuple) -> Dict[str, Any]:
     return field
 
 
+def _schema_values(field: Dict[str, Any]) -> tuple:
+    """The JSON types `field` (a parameter's schema) admits and the values its enums and consts
+    list, through its `anyOf` branches."""
+    types = set(field["type"] if isinstance(field.get("type"), list) else [field["type"]] if "type" in field else [])
+    listed = list(field.get("enum", [])) + ([field["const"]] if "const" in field else [])
+    for option in field.get("anyOf", []):
+        more_types, more_listed = _schema_values(option)
+        types |= more_types
+        listed += more_listed
+    return types, listed
+
+
+def _quotable(field: Dict[str, Any]) -> Callable[[Any], bool]:
+    """Which shown values a parameter of schema `field` can take by reference: one its enum or const
+    lists, or one of a type it admits (a number for `number`, an integer for `integer`, text for
+    `string`, true or false for `boolean`); a list or an object is never a shown value."""
+    types, listed = _schema_values(field)
+    free = types - {"null"} if not listed else types - {"null", "string"}
+
+    def quotable(value: Any) -> bool:
+        if any(value == item and type(value) is type(item) for item in listed):
+            return True
+        if isinstance(value, bool):
+            return "boolean" in free
+        if isinstance(value, (int, float)):
+            return "number" in free or ("integer" in free and isinstance(value, int))
+        return isinstance(value, str) and "string" in free
+
+    return quotable
+
+
 def action_json_schema(shown: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """JSON schema of a valid action: one branch per verb of `ACTION_TABLE`, its `parameters`
     being that verb's parameter model (what `cernenv.rules.parse_action` validates), each parameter
     a literal value (a text one not starting with `@`) or a reference to a shown value
     (`cernenv.references`). `shown` (an observation's `references`): a reference may name only the
     values it shows, a numeric one alone scaled (`cernenv.references.shown_reference_pattern`), and
-    none where it shows none: the schema of a reply to that observation. Without it, any known name.
-    Where `shown` is a `ReplyScope`, a channel or trigger written as text is also one its task offers
-    (`offered_text`)."""
+    none where it shows none, each parameter quoting only the values it can take (`_quotable`: no
+    number as a channel, no text as a mass): the schema of a reply to that observation. Without it,
+    any known name. Where `shown` is a `ReplyScope`, a channel or trigger written as text is also one
+    its task offers (`offered_text`)."""
     branches = []
-    if shown is None:
-        reference: Optional[Dict[str, Any]] = reference_json_schema()
-    else:
-        pattern = shown_reference_pattern(shown)
-        reference = {"type": "string", "pattern": pattern} if pattern else None
     offered = offered_text(shown)
     for spec in ACTION_TABLE.values():
         parameters = spec.params.model_json_schema()
@@ -460,9 +497,10 @@ def action_json_schema(shown: Optional[Mapping[str, Any]] = None) -> Dict[str, A
             name: _one_of(field, offered[name]) if name in offered else _literal_text(field)
             for name, field in parameters.get("properties", {}).items()
         }
-        parameters["properties"] = {
-            name: {"anyOf": [literal, reference]} if reference else literal for name, literal in literals.items()
-        }
+        parameters["properties"] = {}
+        for name, literal in literals.items():
+            reference = _reference_schema(shown, literal)
+            parameters["properties"][name] = {"anyOf": [literal, reference]} if reference else literal
         branches.append(
             {
                 "title": spec.action_type.value,

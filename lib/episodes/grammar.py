@@ -52,12 +52,15 @@ def action_grammar_text(shown: Optional[Mapping[str, Any]] = None) -> str:
 
 
 def shown_key(shown: Optional[Mapping[str, Any]]) -> Optional[Tuple[Any, ...]]:
-    """What of an observation's `references` its reply grammar depends on: each name, and whether
-    its value is a number (which a reply may scale), then the options a `ReplyScope` holds its text
-    to (`offered_text`); None for the grammar of every known name."""
+    """What of an observation's `references` its reply grammar depends on: each name, and its value's
+    type (which parameters may quote it, and whether it may be scaled) or, for text, the value itself
+    (an enum parameter quotes only its own values), then the options a `ReplyScope` holds its text to
+    (`offered_text`); None for the grammar of every known name."""
     if shown is None:
         return None
-    names = tuple(sorted((name, isinstance(v, (int, float)) and not isinstance(v, bool)) for name, v in shown.items()))
+    names = tuple(
+        sorted((name, value if isinstance(value, str) else type(value).__name__) for name, value in shown.items())
+    )
     return names + tuple(sorted(offered_text(shown).items()))
 
 
