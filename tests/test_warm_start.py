@@ -440,34 +440,3 @@ def test_a_warm_start_s_fingerprint_names_a_schedule_other_than_the_default(tiny
     assert fingerprint(policy, constant) != default
     with pytest.raises(ValueError, match="warm_start_lr_schedule must be one of"):
         TrainConfig(model_name=tiny_model_dir, warm_start_lr_schedule="cosine_with_restarts")
-
-
-def test_batches_grouped_by_length_hold_examples_of_about_one_length(tiny_model_dir, tmp_path):
-    """With `warm_start_group_by_length`, each batch the trainer draws holds examples of about one
-    length, where random batches mix them, and every example is still drawn once an epoch; the
-    cached warm start's fingerprint says which it was (the default keeps its own)."""
-    from lib.training.warm_start import fingerprint
-
-    grouped = TrainConfig(
-        model_name=tiny_model_dir,
-        backend="trl",
-        warm_start_episodes=6,
-        warm_start_batch_size=4,
-        policy_context="turn",
-        warm_start_group_by_length=True,
-    )
-    plain = TrainConfig(
-        model_name=tiny_model_dir, backend="trl", warm_start_episodes=6, warm_start_batch_size=4, policy_context="turn"
-    )
-    policy = load_policy(plain, "trl")
-    examples = demonstration_examples(policy.tokenizer, 6, context="turn")
-    lengths = [len(e["input_ids"]) for e in examples]
-    assert len(examples) > 40 and max(lengths) > 1.3 * min(lengths)
-
-    def padded_tokens(config):
-        order = list(sft_trainer(policy, config, examples, str(tmp_path))._get_train_sampler())
-        assert sorted(order) == list(range(len(examples)))
-        return sum(max(lengths[i] for i in order[k : k + 4]) * len(order[k : k + 4]) for k in range(0, len(order), 4))
-
-    assert padded_tokens(grouped) < 0.5 * sum(lengths) + 0.5 * padded_tokens(plain)
-    assert fingerprint(policy, grouped) != fingerprint(policy, plain)

@@ -162,10 +162,6 @@ class TrainConfig:
     """Examples per warm-start step: decisions in the `turn` context (a few hundred tokens each),
     whole campaigns in the `conversation` one (where 1 avoids padding, which on a CPU keeps
     attention on PyTorch's fast causal path)."""
-    warm_start_group_by_length: bool = False
-    """Draw each warm-start batch from examples of about the same length (transformers'
-    `train_sampling_strategy="group_by_length"`: shuffled runs of 50 batches, each sorted by length
-    and cut into batches), so the steps compute fewer pad tokens; False: examples in random order."""
     warm_start_adapter: Optional[str] = None
     """A LoRA adapter's folder (one a warm start saved before: `make bench-smollm2-curve`'s
     `adapter-N/`) that GRPO goes on training, in place of a warm start (`warm_start_episodes` 0): the

@@ -167,10 +167,9 @@ def sft_trainer(
     `policy.peft_config` is given, loss on the `completion_mask` tokens, `warm_start_batch_size`
     examples per step, `epochs` passes (default `warm_start_epochs`) from `learning_rate` (default
     `warm_start_learning_rate`) on the `warm_start_lr_schedule` (or `lr_scheduler_type`, transformers'
-    name), batches grouped by length under `warm_start_group_by_length`, the device's precision
-    (float32 without autocast on a CPU; `bf16` True: bf16 autocast, False: none), gradient
-    checkpointing on a GPU and for an adapter unless `gradient_checkpointing` says otherwise, torch's
-    threads the cores free before each step (`lib.training.callbacks.CpuThreads`)."""
+    name), the device's precision (float32 without autocast on a CPU; `bf16` True: bf16 autocast,
+    False: none), gradient checkpointing on a GPU and for an adapter unless `gradient_checkpointing`
+    says otherwise, torch's threads the cores free before each step (`lib.training.callbacks.CpuThreads`)."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -195,7 +194,6 @@ def sft_trainer(
         use_cpu=not cuda,
         dataloader_num_workers=0,
         disable_tqdm=True,
-        train_sampling_strategy="group_by_length" if config.warm_start_group_by_length else "random",
         gradient_checkpointing=gradient_checkpointing_for(policy, config, gradient_checkpointing),
         **(precision_flags() if bf16 is None else {"bf16": bf16, "fp16": False}),
         **OPTIMISER_ARGS,
@@ -230,9 +228,9 @@ SETTINGS = (
     "system_prompt",
     "seed",
 )
-"""The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
-STYLE_SETTINGS = ("observation_style", "compact_followups", "warm_start_lr_schedule", "warm_start_group_by_length")
+STYLE_SETTINGS = ("observation_style", "compact_followups", "warm_start_lr_schedule")
 """Fields a warm start depends on when they are not their defaults (one with the defaults keeps its fingerprint)."""
+"""The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
 DAGGER_SETTINGS = ("warm_start_dagger_rounds", "warm_start_dagger_episodes", "warm_start_dagger_learning_rate")
 """The fields a warm start with DAgger rounds also depends on (one without keeps its fingerprint);
 likewise `warm_start_demonstrators` when it is not "heuristic"."""
