@@ -228,9 +228,9 @@ SETTINGS = (
     "system_prompt",
     "seed",
 )
+"""The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
 STYLE_SETTINGS = ("observation_style", "compact_followups", "warm_start_lr_schedule")
 """Fields a warm start depends on when they are not their defaults (one with the defaults keeps its fingerprint)."""
-"""The `TrainConfig` fields a warm start depends on (with the base model, the tokenizer and the demonstrations)."""
 DAGGER_SETTINGS = ("warm_start_dagger_rounds", "warm_start_dagger_episodes", "warm_start_dagger_learning_rate")
 """The fields a warm start with DAgger rounds also depends on (one without keeps its fingerprint);
 likewise `warm_start_demonstrators` when it is not "heuristic"."""
