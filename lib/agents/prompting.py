@@ -434,8 +434,8 @@ def _reference_schema(shown: Optional[Mapping[str, Any]], field: Dict[str, Any])
     `shown` (None: any known name, `reference_json_schema`); None where it can quote nothing shown."""
     if shown is None:
         return reference_json_schema()
-    types, _ = _schema_values(field)
-    pattern = shown_reference_pattern(shown, _quotable(field), scaled="number" in types)
+    types, listed = _schema_values(field)
+    pattern = shown_reference_pattern(shown, _quotable(types, listed), scaled="number" in types)
     return {"type": "string", "pattern": pattern} if pattern else None
 
 
@@ -460,11 +460,11 @@ def _schema_values(field: Dict[str, Any]) -> tuple:
     return types, listed
 
 
-def _quotable(field: Dict[str, Any]) -> Callable[[Any], bool]:
-    """Which shown values a parameter of schema `field` can take by reference: one its enum or const
-    lists, or one of a type it admits (a number for `number`, an integer for `integer`, text for
-    `string`, true or false for `boolean`); a list or an object is never a shown value."""
-    types, listed = _schema_values(field)
+def _quotable(types: set, listed: list) -> Callable[[Any], bool]:
+    """Which shown values a parameter can take by reference, from what its schema admits
+    (`_schema_values`: its JSON `types` and the values its enums and consts have `listed`): one of
+    those values, or one of a type it admits (a number for `number`, an integer for `integer`, text
+    for `string`, true or false for `boolean`); a list or an object is never a shown value."""
     free = types - {"null"} if not listed else types - {"null", "string"}
 
     def quotable(value: Any) -> bool:

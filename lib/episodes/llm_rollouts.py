@@ -174,14 +174,15 @@ def _play_batch(
                 active.remove(i)
         if not active:
             break
-        shown = {"shown": [ReplyScope.of(last_obs[i]) for i in active]} if sampling.constrained else {}
+        scopes = [ReplyScope.of(last_obs[i]) for i in active]
+        shown = {"shown": scopes} if sampling.constrained else {}
         outputs = generate_fn([contexts[i] for i in active], sampling, **shown)
         still_active = []
-        for i, (tokens, logprobs) in zip(active, outputs):
+        for i, scope, (tokens, logprobs) in zip(active, scopes, outputs):
             episode, obs = episodes[i], last_obs[i]
             ended = bool(tokens) and tokens[-1] == layout.tokenizer.eos_token_id
             text = layout.tokenizer.decode(tokens[:-1] if ended else tokens, skip_special_tokens=True)
-            episode.shown.append(ReplyScope.of(obs))
+            episode.shown.append(scope)
             if per_turn:
                 episode.turns.append(PlayedTurn(contexts[i], list(tokens), list(logprobs)))
             episode.completion_ids += tokens
