@@ -250,7 +250,8 @@ bench-smollm2-curve: setup ## SmolLM2's imitation learning curve on the validati
 	$(RUN_ENV) $(PY) bench/bench_smollm2_curve.py --sizes $(CURVE_SIZES) $(CURVE_ARGS)
 
 # SmolLM2-135M-Instruct from imitation to GRPO, then zero-shot and the held-out suite, resumable
-# (lib/training/smollm2_pipeline.py): build/smollm2/evidence/smollm2_summary.md; SMOLLM2_ARGS="--skip held-out".
+# (lib/training/smollm2_pipeline.py): build/smollm2/evidence/smollm2_summary.md; SMOLLM2_ARGS="--skip held-out",
+# or "--heldout-best" to play the checkpoint curve's best on the held-out suite too.
 SMOLLM2_ARGS ?=
 train-smollm2: setup ## SmolLM2 on a CPU: imitation -> GRPO -> zero-shot and held-out evaluations, resumable (docs/models.md)
 	$(RUN_ENV) $(PY) -m lib.training.smollm2_pipeline $(SMOLLM2_ARGS)

@@ -1,19 +1,20 @@
 """How fast SmolLM2-135M-Instruct plays an evaluation on this CPU, setting against setting.
 
-    python bench/bench_smollm2_eval.py --adapter build/smollm2/imitation/adapter --campaigns 24 \\
-        --batch-sizes 12 24 [--gqa] [--out build/smollm2-eval-speed]
+    python bench/bench_smollm2_eval.py --adapter build/smollm2/imitation/adapter --campaigns 48 \\
+        --batch-sizes 24 --processes 1 2 [--sdpa-gqa on off] [--out build/smollm2-eval-speed]
     make bench-smollm2-eval
 
 Each setting plays the validation split's first `--campaigns` campaigns greedily, as every
 evaluation of SmolLM2's pipeline does (`lib.training.imitation.evaluate_stage`: the adapter merged
 into the weights, replies held to the grammar of the references shown, the configuration's
 observations and limits), in a process of its own so that none inherits another's memory. The
-settings are the evaluation's batch (`eval_batch_size`: campaigns decoded together) and, with
-`--gqa`, each batch size again with transformers' own switch for grouped-query attention in
-PyTorch's SDPA (`TRANSFORMERS_SDPA_FORCE_GQA=1`: attention reads SmolLM2's 3 key-value heads for
-its 9 query heads as they are, instead of copying them to 9 at every pass when the batch is
-padded). Every CPU run sets it on (`lib.runtime.attend_grouped_queries`); each setting here sets it
-either way, so the settings without `--gqa` are the copies' path.
+settings are the evaluation's batch (`eval_batch_size`: campaigns decoded together), the processes
+that play the campaigns' shards side by side (`evaluate_stage`'s `processes`: one of two threads,
+or one of one thread per core) and transformers' own switch for grouped-query attention in
+PyTorch's SDPA (`--sdpa-gqa`; `TRANSFORMERS_SDPA_FORCE_GQA=1`: attention reads SmolLM2's 3
+key-value heads for its 9 query heads as they are, instead of copying them to 9 at every pass when
+the batch is padded). Every CPU run sets it on (`lib.runtime.attend_grouped_queries`), the
+default here; `off` is the copies' path.
 
 For each setting: the wall-clock seconds, the seconds a campaign, the decisions played, the
 correct outcomes, and whether every campaign played the same actions as the first setting's (a
@@ -39,15 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "configs" / "train" / "smollm2-cpu.yaml"
 
 
-def play(config_path: Path, adapter: Optional[Path], campaigns: int, batch_size: int, target: Path) -> float:
-    """Play the setting in this process; returns the seconds (`evaluate_stage`'s)."""
+def play(
+    config_path: Path, adapter: Optional[Path], campaigns: int, batch_size: int, processes: int, target: Path
+) -> float:
+    """Play the setting from this process; returns the seconds (`evaluate_stage`'s)."""
     from lib.measure.evaluation import validation_suite
     from lib.training.cli import parse_train_config
     from lib.training.imitation import evaluate_stage
 
     config, _ = parse_train_config(["--config", str(config_path)])
     config = dataclasses.replace(config, eval_batch_size=batch_size)
-    return evaluate_stage(config, adapter, validation_suite(campaigns), target, "bench")
+    return evaluate_stage(config, adapter, validation_suite(campaigns), target, "bench", processes=processes)
 
 
 def actions(episodes: List[Dict[str, Any]]) -> List[List[Any]]:
@@ -70,31 +73,42 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the training configuration")
     parser.add_argument("--adapter", type=Path, default=None, help="a LoRA adapter's folder (none: zero-shot)")
-    parser.add_argument("--campaigns", type=int, default=24, help="validation campaigns each setting plays")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[12, 24], help="eval_batch_size settings")
-    parser.add_argument("--gqa", action="store_true", help="each batch size again with SDPA's grouped-query attention")
+    parser.add_argument("--campaigns", type=int, default=48, help="validation campaigns each setting plays")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[24], help="eval_batch_size settings")
+    parser.add_argument(
+        "--processes", type=int, nargs="+", default=[1, 2], help="processes playing the shards side by side"
+    )
+    parser.add_argument(
+        "--sdpa-gqa",
+        nargs="+",
+        choices=("on", "off"),
+        default=["on"],
+        help="SDPA's grouped-query switch in each setting (on: every CPU run's; off: the key-value heads copied)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "smollm2-eval-speed", help="results.json here")
-    parser.add_argument("--play", nargs=2, metavar=("BATCH", "TARGET"), help=argparse.SUPPRESS)
+    parser.add_argument("--play", nargs=3, metavar=("BATCH", "PROCESSES", "TARGET"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.adapter is not None and not (args.adapter / "adapter_config.json").is_file():
         parser.error(f"{args.adapter} holds no adapter_config.json: give a LoRA adapter's folder, or none")
     if args.play:  # one setting, in the process the parent started
-        seconds = play(args.config, args.adapter, args.campaigns, int(args.play[0]), Path(args.play[1]))
+        batch, processes, target = int(args.play[0]), int(args.play[1]), Path(args.play[2])
+        seconds = play(args.config, args.adapter, args.campaigns, batch, processes, target)
         print(json.dumps({"seconds": seconds}))
         return 0
     from lib.episodes.records import load_episodes_jsonl
 
     args.out.mkdir(parents=True, exist_ok=True)
-    settings = [(batch, False) for batch in args.batch_sizes]
-    settings += [(batch, True) for batch in args.batch_sizes] if args.gqa else []
+    if min(args.processes) < 1:
+        parser.error(f"--processes are counts of processes, at least 1 (got {args.processes})")
+    settings = [(b, n, gqa == "on") for gqa in args.sdpa_gqa for b in args.batch_sizes for n in args.processes]
     rows: List[Dict[str, Any]] = []
     first: Optional[List[List[Any]]] = None
     with tempfile.TemporaryDirectory(prefix="smollm2-eval-speed-") as work:
-        for batch, gqa in settings:
-            target = Path(work) / f"batch-{batch}-gqa-{int(gqa)}.jsonl.gz"
+        for batch, processes, gqa in settings:
+            target = Path(work) / f"batch-{batch}-processes-{processes}-gqa-{int(gqa)}.jsonl.gz"
             command = [sys.executable, __file__, "--config", str(args.config), "--campaigns", str(args.campaigns)]
             command += ["--adapter", str(args.adapter)] if args.adapter is not None else []
-            command += ["--play", str(batch), str(target)]
+            command += ["--play", str(batch), str(processes), str(target)]
             env = {**os.environ, SDPA_GROUPED_QUERY_SWITCH: "1" if gqa else "0"}
             done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
             if done.returncode:
@@ -105,7 +119,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             played = actions(episodes)
             first = played if first is None else first
             same = sum(1 for a, b in zip(played, first) if a == b)
-            row = {"eval_batch_size": batch, "sdpa_gqa": gqa, "seconds": round(seconds, 1), **measures(episodes)}
+            row = {"eval_batch_size": batch, "processes": processes, "sdpa_gqa": gqa, "seconds": round(seconds, 1)}
+            row.update(measures(episodes))
             row["seconds_a_campaign"] = round(seconds / row["campaigns"], 2)
             row["campaigns_as_first_setting"] = same
             rows.append(row)
@@ -119,11 +134,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "settings": rows,
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    print("| batch | SDPA GQA | seconds | s a campaign | decisions | correct | same actions as the first |")
-    print("|---|---|---|---|---|---|---|")
+    print("| batch | processes | SDPA GQA | seconds | s a campaign | decisions | correct | same actions as the first |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['eval_batch_size']} | {'on' if row['sdpa_gqa'] else 'off'} | {row['seconds']} | "
+            f"| {row['eval_batch_size']} | {row['processes']} | {'on' if row['sdpa_gqa'] else 'off'} | "
+            f"{row['seconds']} | "
             f"{row['seconds_a_campaign']} | {row['decisions']} | {row['correct']} | "
             f"{row['campaigns_as_first_setting']} of {row['campaigns']} |"
         )

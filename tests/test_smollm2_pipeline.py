@@ -185,6 +185,53 @@ def test_an_adapter_plays_merged_and_computes_what_it_computes(tiny_model_dir):
         assert playing is plain
 
 
+def test_an_evaluation_played_in_shards_is_the_evaluation_played_whole(tiny_model_dir, tmp_path, monkeypatch):
+    """Campaigns split between processes side by side come back in the order given, each the record
+    one process playing them all writes (one campaign a batch in both, so each computes the same
+    sums)."""
+    from lib.episodes.records import load_episodes_jsonl
+    from lib.measure.evaluation import validation_suite
+    from lib.training import imitation
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    config = TrainConfig(model_name=tiny_model_dir, eval_batch_size=1, max_turns=4, report_to=["none"])
+    specs = list(validation_suite(3))
+    imitation.evaluate_stage(config, None, specs, tmp_path / "whole.jsonl.gz", "zero-shot", processes=1)
+    imitation.evaluate_stage(config, None, specs, tmp_path / "shards.jsonl.gz", "zero-shot", processes=2)
+    whole = load_episodes_jsonl(str(tmp_path / "whole.jsonl.gz"))
+    shards = load_episodes_jsonl(str(tmp_path / "shards.jsonl.gz"))
+    assert [e["seed"] for e in shards] == [spec.seed for spec in specs]
+    assert shards == whole
+
+
+@pytest.mark.parametrize(
+    "pinned, free_cores, campaigns, expected",
+    [
+        (None, 2, 120, (2, 1)),
+        (None, 4, 72, (3, 1)),
+        (None, 4, 48, (2, 2)),
+        (None, 2, 47, (1, 2)),
+        (None, 2, 2, (1, 2)),
+        (None, 1, 120, (1, 1)),
+        ("2", 8, 120, (1, 2)),
+    ],
+)
+def test_an_evaluation_plays_one_process_a_free_core_unless_its_threads_are_pinned(
+    monkeypatch, pinned, free_cores, campaigns, expected
+):
+    """One process of one thread per free core, as many as hold a whole batch (24 campaigns here), the
+    cores left shared among them; `OMP_NUM_THREADS` keeps one process of that many threads."""
+    from lib import runtime
+    from lib.training import imitation
+
+    if pinned is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", pinned)
+    monkeypatch.setattr(runtime, "cpu_threads", lambda: free_cores)
+    assert imitation.evaluation_processes(campaigns, 24) == expected
+
+
 def test_an_evaluation_s_seconds_outlive_the_run_that_measured_them(tmp_path, monkeypatch):
     """A stage's evaluation written by an earlier run reports the seconds that run measured, kept
     beside its episodes; one whose seconds were never kept says so in the summary instead of 0."""
@@ -320,3 +367,42 @@ def test_the_checkpoint_played_on_the_held_out_suite_is_the_curve_s_best_between
         writer.append(step=step, episodes=120, success_rate=success)
     assert pipeline.best_checkpoint(curve, 8) == best
     assert pipeline.best_checkpoint(tmp_path / "none.csv", 8) is None, "no curve, no choice"
+
+
+def test_a_shard_s_process_ends_when_the_process_that_started_it_is_killed(tmp_path):
+    """A worker watching its parent (`exit_with_parent`) ends once that parent is killed, instead of
+    playing on beside a run started again; while the parent lives it goes on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    worker = (
+        "import os, time; from lib.training.imitation import exit_with_parent; "
+        "exit_with_parent(os.getppid(), every_s=0.05); print('watching', flush=True); time.sleep(120)"
+    )
+    parent = (
+        "import subprocess, sys, time; "
+        f"w = subprocess.Popen([sys.executable, '-c', {worker!r}], stdout=subprocess.PIPE, text=True); "
+        "assert w.stdout.readline().strip() == 'watching'; print(w.pid, flush=True); time.sleep(120)"
+    )
+    started = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, cwd=pipeline.ROOT)
+    pid = int(started.stdout.readline())
+
+    def running() -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+        return state != "Z"  # reparented, a worker that ended may wait as a zombie for its reaper
+
+    time.sleep(0.5)
+    assert running(), "the worker lives while its parent does"
+    os.kill(started.pid, signal.SIGKILL)
+    started.wait()
+    for _ in range(600):  # a bounded wait for the worker's own exit, not a timing
+        if not running():
+            break
+        time.sleep(0.05)
+    assert not running(), "the worker outlived its killed parent"

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -92,13 +93,81 @@ def _ends(losses: List[float]) -> str:
     return f"{losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "not logged"
 
 
-def evaluate_stage(config: Any, adapter: Optional[Path], specs: Sequence[Any], target: Path, name: str) -> float:
+def evaluate_stage(
+    config: Any,
+    adapter: Optional[Path],
+    specs: Sequence[Any],
+    target: Path,
+    name: str,
+    processes: Optional[int] = None,
+) -> float:
     """Play `specs` (the validation split's first campaigns, say) greedily with the base model and
     `adapter` merged into it (none: zero-shot); write the episodes to `target`, whole or not at all.
-    Returns the seconds."""
+    On a CPU the campaigns are split into contiguous shards played side by side, one process of
+    `threads` compute threads each (`evaluation_processes`; `processes` fixes how many), and put
+    back in order: two processes of one thread play SmolLM2's campaigns faster than one of two
+    (docs/models.md). Returns the seconds, loading the model included."""
+    from lib.episodes.records import save_episodes_jsonl
+    from lib.training.processes import shard_bounds
+
+    specs = list(specs)
+    processes, threads = (
+        evaluation_processes(len(specs), config.eval_batch_size) if processes is None else (processes, None)
+    )
+    start = time.perf_counter()
+    if processes <= 1:
+        played = play_greedily(config, adapter, specs, name)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from lib.runtime import cpu_threads
+
+        threads = threads or max(1, cpu_threads() // processes)
+        bounds = [shard_bounds(len(specs), processes, index) for index in range(processes)]
+        logger.info("%s: %d campaigns in %d processes of %d thread(s)", name, len(specs), processes, threads)
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            shards = [
+                pool.submit(_play_shard, config, adapter, specs[lo:hi], name, threads, index == 0, (lo, hi, len(specs)))
+                for index, (lo, hi) in enumerate(bounds)
+            ]
+            played = [record for future in shards for record in future.result()]
+    seconds = time.perf_counter() - start
+    staging = target.with_name(target.name + ".partial.jsonl.gz")
+    save_episodes_jsonl(played, str(staging))
+    os.replace(staging, target)
+    logger.info("%s: %d campaigns in %.0f s", name, len(played), seconds)
+    return seconds
+
+
+def evaluation_processes(campaigns: int, batch_size: int) -> tuple[int, int]:
+    """(processes, threads each) an evaluation of `campaigns` is played with: on a CPU one process
+    of one thread per free core (`lib.runtime.cpu_threads`), as many as hold a whole batch of
+    `batch_size` campaigns each (a smaller share would decode a smaller batch), the free cores shared
+    among them; one process where `OMP_NUM_THREADS` pins the threads, and with a GPU."""
+    import torch
+
+    from lib.runtime import cpu_threads, pinned_threads
+
+    if torch.cuda.is_available() or pinned_threads() is not None:
+        return 1, pinned_threads() or 1
+    cores = cpu_threads()
+    processes = max(1, min(cores, campaigns // max(1, batch_size)))
+    return processes, max(1, cores // processes)
+
+
+def play_greedily(
+    config: Any,
+    adapter: Optional[Path],
+    specs: Sequence[Any],
+    name: str,
+    progress_note: str = "",
+    show_progress: bool = True,
+) -> List[Dict[str, Any]]:
+    """The episode records of `specs` played greedily, in this process, by the base model with
+    `adapter` merged into its weights (none: the model as it comes)."""
     from peft import PeftModel
 
-    from lib.episodes.records import save_episodes_jsonl
     from lib.training.backends import load_policy
     from lib.training.policy_evaluation import evaluate_policy
 
@@ -106,14 +175,37 @@ def evaluate_stage(config: Any, adapter: Optional[Path], specs: Sequence[Any], t
     model = policy.model
     if adapter is not None:  # merged into the weights: a third of the linear layers' calls, nothing to train here
         model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    start = time.perf_counter()
-    played = evaluate_policy(model, policy.tokenizer, list(specs), config, agent_name=name)
-    seconds = time.perf_counter() - start
-    staging = target.with_name(target.name + ".partial.jsonl.gz")
-    save_episodes_jsonl(played, str(staging))
-    os.replace(staging, target)
-    logger.info("%s: %d campaigns in %.0f s", name, len(played), seconds)
-    return seconds
+    return evaluate_policy(
+        model,
+        policy.tokenizer,
+        list(specs),
+        config,
+        agent_name=name,
+        progress_note=progress_note,
+        show_progress=show_progress,
+    )
+
+
+def _play_shard(
+    config: Any,
+    adapter: Optional[Path],
+    specs: Sequence[Any],
+    name: str,
+    threads: int,
+    shows_progress: bool,
+    place: tuple[int, int, int],
+) -> List[Dict[str, Any]]:
+    """One shard of `evaluate_stage`, in a process of its own with `threads` compute threads; the
+    first shard alone draws progress, for campaigns `place` = (start, stop, of how many). It ends
+    itself when the process that started it is gone (`exit_with_parent`)."""
+    exit_with_parent(os.getppid())
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by lib.runtime.pinned_threads, not only by OpenMP
+    import torch
+
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    note = f", campaigns {place[0] + 1}-{place[1]} of {place[2]} beside the other shards"
+    return play_greedily(config, adapter, specs, name, progress_note=note, show_progress=shows_progress)
 
 
 def evaluation_measures(path: Path) -> Dict[str, Any]:
@@ -184,3 +276,18 @@ def write_curve(out: Path, rows: List[Dict[str, Any]]) -> None:
     fig.tight_layout()
     fig.savefig(out / "curve.png", dpi=120)
     plt.close(fig)
+
+
+def exit_with_parent(parent: int, every_s: float = 1.0) -> threading.Thread:
+    """Start a daemon thread that ends this process (`os._exit`) once its parent process `parent` is
+    gone (the parent it reports is then another), checked every `every_s` seconds: a worker process
+    whose parent was killed stops rather than play on for nobody, beside a run started again."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
+    thread.start()
+    return thread

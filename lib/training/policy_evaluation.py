@@ -50,13 +50,16 @@ def evaluate_policy(
     backend: str = "trl",
     sampling: Optional[Sampling] = None,
     seed: Optional[int] = None,
+    progress_note: str = "",
+    show_progress: bool = True,
 ) -> List[Dict[str, Any]]:
     """Greedy episodes of `model` on `specs` (records as dicts, as the evidence files hold them),
     in the order of `specs`, drawn with the published evaluation key (`lib.measure.evaluation.PUBLISHED_KEY`:
     the project's own evidence, which a fresh clone replays). With several processes each plays
     its shard and every process gets all the records. It plays `adapter_merged` (an adapter merged, on a
     CPU). `sampling` and `seed` (default: the configuration's evaluation sampling and its seed) play
-    sampled episodes instead. On a CPU, torch's threads are first set to the cores free now
+    sampled episodes instead. `progress_note` is added to the progress line's label; `show_progress`
+    False plays without one. On a CPU, torch's threads are first set to the cores free now
     (`lib.runtime.use_cpu_threads`)."""
     if not torch.cuda.is_available() and pinned_threads() is None:
         use_cpu_threads()
@@ -76,6 +79,8 @@ def evaluate_policy(
             agent_name=agent_name,
             seed=config.seed if seed is None else seed,
             make_env=key.make_env,
-            progress=f"{split_name(config)} evaluation ({agent_name})" if is_main_process() else None,
+            progress=f"{split_name(config)} evaluation ({agent_name}){progress_note}"
+            if is_main_process() and show_progress
+            else None,
         )
     return gather([{**episode.record.to_dict(), "evaluation_key": key.record_fields()} for episode in played])

@@ -24,8 +24,9 @@ first stage not written when started again with the same arguments:
 4. `zero-shot`: the model as it comes, on the same validation campaigns (`evidence/zero_shot_eval.jsonl.gz`).
 5. `held-out`: the imitation adapter and the GRPO policy on the held-out suite
    (`evidence/heldout_imitation.jsonl.gz`, `heldout_grpo.jsonl.gz`, `heldout_before_after.json`), and
-   the checkpoint the curve found best on the validation campaigns when it lies between its ends
-   (`best_checkpoint`: `heldout_grpo_best.jsonl.gz`): chosen on one split, measured on the other.
+   with `--heldout-best` the checkpoint the curve found best on the validation campaigns when it lies
+   between its ends (`best_checkpoint`: `heldout_grpo_best.jsonl.gz`): chosen on one split, measured
+   on the other, a third play of the suite.
 6. `summary`: `evidence/smollm2_summary.json` and `.md`: each stage's measures and seconds.
 
 Progress is logged as it goes (the GRPO steps, the evaluations' campaigns) on stderr.
@@ -314,6 +315,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="held-out campaigns each policy plays (default: the whole suite; fewer for a quick look only)",
     )
     parser.add_argument(
+        "--heldout-best",
+        action="store_true",
+        help="also play the curve's best checkpoint between its ends on the held-out suite (a third play of it)",
+    )
+    parser.add_argument(
         "--promote",
         action="store_true",
         help=f"copy the finished run's evidence into {EVIDENCE_DIR.relative_to(ROOT)}/",
@@ -322,6 +328,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.curve_every < 1:
         parser.error(f"--curve-every is a number of GRPO steps, at least 1 (got {args.curve_every})")
+    if args.heldout_best and {"checkpoint-curve", "held-out"} & set(args.skip):
+        parser.error("--heldout-best plays the checkpoint curve's best on the held-out suite: skip neither of them")
     if args.promote:
         try:
             written = promote(args.out)
@@ -392,7 +400,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         heldout = before_after_metrics(imitation_played, load_episodes_jsonl(str(grpo_target)))
         atomic_write(evidence / "heldout_before_after.json", json_text(heldout))
         heldout_diff = difference(heldout)
-        best = None if "checkpoint-curve" in args.skip else best_checkpoint(curve, config.max_steps)
+        best = best_checkpoint(curve, config.max_steps) if args.heldout_best else None
         if best is not None:  # chosen on the validation campaigns, measured on the held-out ones
             best_target = evidence / "heldout_grpo_best.jsonl.gz"
             seconds["heldout_grpo_best_eval"] = evaluate_once(
