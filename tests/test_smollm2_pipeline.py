@@ -379,12 +379,13 @@ def test_a_shard_s_process_ends_when_the_process_that_started_it_is_killed(tmp_p
     import time
 
     worker = (
-        "import os, time; from lib.training.imitation import exit_with_parent; "
-        "exit_with_parent(os.getppid(), every_s=0.05); print('watching', flush=True); time.sleep(120)"
+        "import os, sys, time; from lib.training.imitation import exit_with_parent; "
+        "exit_with_parent(int(sys.argv[1]), every_s=0.05); print('watching', flush=True); time.sleep(120)"
     )
     parent = (
-        "import subprocess, sys, time; "
-        f"w = subprocess.Popen([sys.executable, '-c', {worker!r}], stdout=subprocess.PIPE, text=True); "
+        "import os, subprocess, sys, time; "
+        f"w = subprocess.Popen([sys.executable, '-c', {worker!r}, str(os.getpid())], "
+        "stdout=subprocess.PIPE, text=True); "
         "assert w.stdout.readline().strip() == 'watching'; print(w.pid, flush=True); time.sleep(120)"
     )
     started = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, cwd=pipeline.ROOT)
@@ -406,3 +407,18 @@ def test_a_shard_s_process_ends_when_the_process_that_started_it_is_killed(tmp_p
             break
         time.sleep(0.05)
     assert not running(), "the worker outlived its killed parent"
+
+
+def test_a_shard_whose_parent_is_gone_before_it_watches_ends_at_once():
+    """The pid a worker is handed is its parent's as the parent saw it: a worker that starts watching
+    after that parent is gone (its parent is then another process) ends rather than wait for a pid
+    it will never see again."""
+    import subprocess
+    import sys
+
+    worker = (
+        "import time; from lib.training.imitation import exit_with_parent; "
+        "exit_with_parent(-1, every_s=0.05); time.sleep(120)"
+    )
+    done = subprocess.run([sys.executable, "-c", worker], cwd=pipeline.ROOT, timeout=100)
+    assert done.returncode == 1

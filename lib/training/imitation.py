@@ -124,11 +124,14 @@ def evaluate_stage(
         from lib.runtime import cpu_threads
 
         threads = threads or max(1, cpu_threads() // processes)
+        parent = os.getpid()
         bounds = [shard_bounds(len(specs), processes, index) for index in range(processes)]
         logger.info("%s: %d campaigns in %d processes of %d thread(s)", name, len(specs), processes, threads)
         with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
             shards = [
-                pool.submit(_play_shard, config, adapter, specs[lo:hi], name, threads, index == 0, (lo, hi, len(specs)))
+                pool.submit(
+                    _play_shard, config, adapter, specs[lo:hi], name, threads, index == 0, (lo, hi, len(specs)), parent
+                )
                 for index, (lo, hi) in enumerate(bounds)
             ]
             played = [record for future in shards for record in future.result()]
@@ -194,11 +197,12 @@ def _play_shard(
     threads: int,
     shows_progress: bool,
     place: tuple[int, int, int],
+    parent: int,
 ) -> List[Dict[str, Any]]:
     """One shard of `evaluate_stage`, in a process of its own with `threads` compute threads; the
     first shard alone draws progress, for campaigns `place` = (start, stop, of how many). It ends
-    itself when the process that started it is gone (`exit_with_parent`)."""
-    exit_with_parent(os.getppid())
+    itself when `parent`, the process that started it, is gone (`exit_with_parent`)."""
+    exit_with_parent(parent)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # read by lib.runtime.pinned_threads, not only by OpenMP
     import torch
 
@@ -279,9 +283,10 @@ def write_curve(out: Path, rows: List[Dict[str, Any]]) -> None:
 
 
 def exit_with_parent(parent: int, every_s: float = 1.0) -> threading.Thread:
-    """Start a daemon thread that ends this process (`os._exit`) once its parent process `parent` is
-    gone (the parent it reports is then another), checked every `every_s` seconds: a worker process
-    whose parent was killed stops rather than play on for nobody, beside a run started again."""
+    """Start a daemon thread that ends this process (`os._exit`) once its parent process is no longer
+    `parent` (the pid the parent gave it: a parent gone before the thread started counts too),
+    checked every `every_s` seconds: a worker process whose parent was killed stops rather than play
+    on for nobody, beside a run started again."""
 
     def watch() -> None:
         while os.getppid() == parent:
