@@ -306,9 +306,17 @@ def test_smoke_training_run_writes_the_evidence_and_resumes(tmp_path, tiny_model
     resumed = smoke_config(
         tmp_path, tiny_model_dir, max_steps=3, resume_from_checkpoint="latest", checkpoint_eval_episodes=1
     )
-    train(resumed)
-    steps = [row.split(",")[0] for row in (evidence / "training_log.csv").read_text().splitlines()[1:]]
-    assert steps == ["1", "2", "3"]
+    log_path = evidence / "training_log.csv"
+    header, *rows = log_path.read_text().splitlines()
+    wall = header.split(",").index("wall_time_s")
+    row = rows[1].split(",")
+    row[wall] = "1000.0"  # as if the run before had spent 1,000 s to its step 2
+    log_path.write_text("\n".join([header, rows[0], ",".join(row)]) + "\n")
+    result = train(resumed)
+    logged = [row.split(",") for row in log_path.read_text().splitlines()[1:]]
+    assert [row[0] for row in logged] == ["1", "2", "3"]
+    assert float(logged[2][wall]) > 1000.0, "the resumed run's clock goes on from the steps logged before"
+    assert result.seconds["grpo"] > 1000.0
     # a fresh run moves the previous run's evidence aside instead of mixing or deleting it
     train(smoke_config(tmp_path, tiny_model_dir, max_steps=1, eval_every_steps=0))
     archived = list((Path(config.output_dir) / "previous_evidence").glob("*/training_log.csv"))
@@ -416,6 +424,19 @@ def test_drop_rows_after(tmp_path):
     path.write_text("step,loss\n1,0.5\n2,0.4\n3,0.3\n")
     drop_rows_after(path, 2)
     assert path.read_text() == "step,loss\n1,0.5\n2,0.4\n"
+
+
+def test_a_resumed_run_reads_the_seconds_its_steps_took_before(tmp_path):
+    """The wall time of the last step logged at or before the checkpoint a run resumes from; none
+    logged (or no log, or a log without the column), 0; a torn last line is not read."""
+    from lib.training.resume import logged_seconds
+
+    path = tmp_path / "training_log.csv"
+    path.write_text("step,loss,wall_time_s\n1,0.5,40.5\n2,0.4,81.0\n3,0.3,122.25\n4,0.2,16")
+    assert [logged_seconds(path, step) for step in (0, 1, 2, 3, 4, 9)] == [0.0, 40.5, 81.0, 122.25, 122.25, 122.25]
+    assert logged_seconds(tmp_path / "none.csv", 3) == 0.0
+    (tmp_path / "old.csv").write_text("step,loss\n1,0.5\n")
+    assert logged_seconds(tmp_path / "old.csv", 1) == 0.0
 
 
 def test_grpo_args_carry_the_sampling_and_advantage_settings(tmp_path):

@@ -69,7 +69,8 @@ class EvidenceCallback(TrainerCallback):
     """Evidence rows and plots during `GRPOTrainer.train()`.
 
     `evaluate(model)` plays the checkpoint episodes and returns their records (as dicts);
-    it is called every `eval_every_steps` optimisation steps (0: never).
+    it is called every `eval_every_steps` optimisation steps (0: never). `elapsed_s`: the seconds
+    a resumed run had logged before (its training log's `wall_time_s` goes on from them).
     """
 
     def __init__(
@@ -77,6 +78,7 @@ class EvidenceCallback(TrainerCallback):
         paths: EvidencePaths,
         *,
         eval_every_steps: int,
+        elapsed_s: float = 0.0,
         evaluate: Optional[Callable[[Any], Sequence[Dict[str, Any]]]] = None,
         max_steps: Optional[int] = None,
         render: bool = True,
@@ -96,7 +98,7 @@ class EvidenceCallback(TrainerCallback):
         self.render = render
         self.final_from_post_eval = final_from_post_eval
         """True: the caller records the last step's row itself (from its post-training evaluation)."""
-        self.started = time.perf_counter()
+        self.started = time.perf_counter() - elapsed_s
         self.eval_seconds = 0.0
         self.checkpoint_results: List[Dict[str, Any]] = []
 

@@ -50,7 +50,7 @@ from lib.training.grpo import REWARD_FUNCS, CampaignRollout, checkpoint_suite, e
 from lib.training.policy_evaluation import evaluate_policy, split_name
 from lib.training.processes import is_main_process, main_process_first, num_processes, wait_for_everyone
 from lib.training.publish import push_to_hub, save_merged
-from lib.training.resume import archive_previous_evidence, drop_rows_after, resolve_resume
+from lib.training.resume import archive_previous_evidence, drop_rows_after, logged_seconds, resolve_resume
 from lib.training.run_state import RunState, unfinished_run
 from lib.training.trainer_class import grpo_trainer_class
 from lib.training.warm_start import cached_warm_start_dir, sft_warm_start
@@ -374,8 +374,11 @@ def _train(
         keys = [task_key(s.seed, s.scenario, s.difficulty) for s in checkpoint_specs]
         return [by_key[k] for k in keys] if all(k in by_key for k in keys) else None
 
+    resumed_step = None if resume is None else int(Path(resume).name.rsplit("-", 1)[-1])
+    seconds_before = 0.0 if resumed_step is None else logged_seconds(paths.training_log_csv, resumed_step)
     callback = EvidenceCallback(
         paths,
+        elapsed_s=seconds_before,
         eval_every_steps=config.eval_every_steps,
         evaluate=evaluate_checkpoint,
         max_steps=config.max_steps,
@@ -385,9 +388,8 @@ def _train(
     if resume is None:  # step 0: the initial policy, from the pre-evaluation when it covers the subset
         callback.record_checkpoint(0, policy.model, episodes=checkpoint_subset(pre))
     elif main:
-        step = int(Path(resume).name.rsplit("-", 1)[-1])
         for name in ("training_log_csv", "reward_components_csv", "checkpoint_evals_csv"):
-            drop_rows_after(getattr(paths, name), step)
+            drop_rows_after(getattr(paths, name), resumed_step)
     wait_for_everyone()  # the logs are cut before any process appends to them
 
     rollout = CampaignRollout(config, tokenizer, evidence_dir=paths.root if main else None, backend=backend)
@@ -408,7 +410,7 @@ def _train(
         state.step = lambda: f"step {trainer.state.global_step + 1} of {config.max_steps}"
     t = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume)
-    seconds["grpo"] = time.perf_counter() - t
+    seconds["grpo"] = seconds_before + time.perf_counter() - t  # a resumed run's steps before it included
     seconds["checkpoint_evals"] = callback.eval_seconds
     final_dir = output_dir / "final"
     trainer.save_model(str(final_dir))  # the Trainer writes from the main process only
