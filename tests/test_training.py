@@ -428,15 +428,18 @@ def test_drop_rows_after(tmp_path):
 
 def test_a_resumed_run_reads_the_seconds_its_steps_took_before(tmp_path):
     """The wall time of the last step logged at or before the checkpoint a run resumes from; none
-    logged (or no log, or a log without the column), 0; a torn last line is not read."""
+    logged (or no log), 0; a torn last line is not read."""
+    from lib.report.evidence_logs import TrainingLogWriter
     from lib.training.resume import logged_seconds
 
     path = tmp_path / "training_log.csv"
-    path.write_text("step,loss,wall_time_s\n1,0.5,40.5\n2,0.4,81.0\n3,0.3,122.25\n4,0.2,16")
+    writer = TrainingLogWriter(path)
+    for step, wall in ((1, 40.5), (2, 81.0), (3, 122.25)):
+        writer.append({"step": step, "loss": 0.5, "wall_time_s": wall})
+    with path.open("a") as log:
+        log.write("4,,0.2,,,,,,16")  # a killed writer's torn line
     assert [logged_seconds(path, step) for step in (0, 1, 2, 3, 4, 9)] == [0.0, 40.5, 81.0, 122.25, 122.25, 122.25]
     assert logged_seconds(tmp_path / "none.csv", 3) == 0.0
-    (tmp_path / "old.csv").write_text("step,loss\n1,0.5\n")
-    assert logged_seconds(tmp_path / "old.csv", 1) == 0.0
 
 
 def test_grpo_args_carry_the_sampling_and_advantage_settings(tmp_path):

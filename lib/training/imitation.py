@@ -111,9 +111,7 @@ def evaluate_stage(
     from lib.training.processes import shard_bounds
 
     specs = list(specs)
-    processes, threads = (
-        evaluation_processes(len(specs), config.eval_batch_size) if processes is None else (processes, None)
-    )
+    processes, threads = evaluation_processes(len(specs), config.eval_batch_size, processes)
     start = time.perf_counter()
     if processes <= 1:
         played = play_greedily(config, adapter, specs, name)
@@ -121,9 +119,6 @@ def evaluate_stage(
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        from lib.runtime import cpu_threads
-
-        threads = threads or max(1, cpu_threads() // processes)
         parent = os.getpid()
         bounds = [shard_bounds(len(specs), processes, index) for index in range(processes)]
         logger.info("%s: %d campaigns in %d processes of %d thread(s)", name, len(specs), processes, threads)
@@ -143,19 +138,20 @@ def evaluate_stage(
     return seconds
 
 
-def evaluation_processes(campaigns: int, batch_size: int) -> tuple[int, int]:
+def evaluation_processes(campaigns: int, batch_size: int, processes: Optional[int] = None) -> tuple[int, int]:
     """(processes, threads each) an evaluation of `campaigns` is played with: on a CPU one process
     of one thread per free core (`lib.runtime.cpu_threads`), as many as hold a whole batch of
     `batch_size` campaigns each (a smaller share would decode a smaller batch), the free cores shared
-    among them; one process where `OMP_NUM_THREADS` pins the threads, and with a GPU."""
+    among them; one process where `OMP_NUM_THREADS` pins the threads, and with a GPU. `processes`
+    given: that many, the free cores shared among them."""
     import torch
 
     from lib.runtime import cpu_threads, pinned_threads
 
-    if torch.cuda.is_available() or pinned_threads() is not None:
+    if processes is None and (torch.cuda.is_available() or pinned_threads() is not None):
         return 1, pinned_threads() or 1
     cores = cpu_threads()
-    processes = max(1, min(cores, campaigns // max(1, batch_size)))
+    processes = processes or max(1, min(cores, campaigns // max(1, batch_size)))
     return processes, max(1, cores // processes)
 
 

@@ -58,25 +58,13 @@ def drop_rows_after(csv_path: Path, step: int) -> None:
 
 
 def logged_seconds(csv_path: Path, step: int) -> float:
-    """The `wall_time_s` a training log gave its last row at or before `step` (0.0 without one): the
-    GRPO seconds a run resumed from that step's checkpoint had spent before it stopped, which its
-    own clock goes on from."""
-    if not csv_path.exists():
-        return 0.0
-    text = csv_path.read_text()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-    rows = list(csv.reader(io.StringIO(text)))
-    if not rows or "wall_time_s" not in rows[0]:
-        return 0.0
-    at, wall = rows[0].index("step"), rows[0].index("wall_time_s")
-    logged = [
-        (_as_int(row[at]), float(row[wall]))
-        for row in rows[1:]
-        if len(row) == len(rows[0]) and _as_int(row[at]) is not None and row[wall]
-    ]
-    before = [seconds for logged_step, seconds in logged if logged_step <= step]
-    return before[-1] if before else 0.0
+    """The `wall_time_s` a training log (`lib.report.evidence_logs.read_records`: a torn last line is
+    not read) gave its last row at or before `step` (0.0 without one): the GRPO seconds a run
+    resumed from that step's checkpoint had spent before it stopped, which its own clock goes on from."""
+    from lib.report.evidence_logs import read_records
+
+    rows = [r for r in read_records(csv_path).rows if r.get("wall_time_s") not in ("", None) and int(r["step"]) <= step]
+    return float(rows[-1]["wall_time_s"]) if rows else 0.0
 
 
 def _as_int(value: str) -> Optional[int]:
