@@ -28,6 +28,15 @@ def test_grpo_trains_the_imitation_adapter_and_resumes_from_the_last_checkpoint(
     assert pipeline.grpo_config(config, tmp_path).resume_from_checkpoint == str(tmp_path / "grpo" / "checkpoint-10")
 
 
+def test_a_stage_runs_in_a_process_of_its_own_and_hands_back_its_result_or_its_error():
+    import os
+
+    assert pipeline.in_own_process(os.getpid) != os.getpid()
+    assert pipeline.in_own_process(divmod, 7, 2) == (3, 1)
+    with pytest.raises(ValueError, match="invalid literal"):
+        pipeline.in_own_process(int, "not a number")
+
+
 def test_the_difference_is_read_from_the_paired_comparison():
     comparison = {
         "delta": {"success_rate": 0.05, "mean_reward": -0.25, "median_reward": 0.0},
@@ -84,10 +93,18 @@ def test_a_finished_run_s_evidence_is_promoted_whole_and_an_unfinished_one_not_a
 
 @pytest.mark.slow  # an imitation, a GRPO step and four evaluations of the stand-in model
 def test_the_pipeline_runs_every_stage_and_a_second_run_redoes_only_what_is_missing(
-    tiny_model_dir, tmp_path, no_evidence_figures
+    tiny_model_dir, tmp_path, no_evidence_figures, monkeypatch
 ):
     """Every stage writes its files, the summary counts what each evaluation played, and a run after a
-    stage's file was lost makes that file again and leaves the others as they were."""
+    stage's file was lost makes that file again and leaves the others as they were. No stage loads a
+    model in the pipeline's own process (its stages' processes do): a model loaded here would raise."""
+    from lib.training import backends, run
+
+    def loaded_here(*args, **kwargs):
+        raise AssertionError("a model was loaded in the pipeline's own process")
+
+    monkeypatch.setattr(backends, "load_policy", loaded_here)
+    monkeypatch.setattr(run, "load_policy", loaded_here)
     out = tmp_path / "smollm2"
     args = [
         "--out",

@@ -103,33 +103,31 @@ def evaluate_stage(
 ) -> float:
     """Play `specs` (the validation split's first campaigns, say) greedily with the base model and
     `adapter` merged into it (none: zero-shot); write the episodes to `target`, whole or not at all.
-    On a CPU the campaigns are split into contiguous shards played side by side, one process of
-    `threads` compute threads each (`evaluation_processes`; `processes` fixes how many), and put
-    back in order: two processes of one thread play SmolLM2's campaigns faster than one of two
-    (docs/models.md). Returns the seconds, loading the model included."""
+    The campaigns are played in processes of their own, so the caller never holds the model: on a
+    CPU split into contiguous shards played side by side, one process of `threads` compute threads
+    each (`evaluation_processes`; `processes` fixes how many), and put back in order (two processes
+    of one thread play SmolLM2's campaigns faster than one of two: docs/models.md); one process with
+    a GPU or pinned threads. Returns the seconds, loading the model included."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     from lib.episodes.records import save_episodes_jsonl
     from lib.training.processes import shard_bounds
 
     specs = list(specs)
     processes, threads = evaluation_processes(len(specs), config.eval_batch_size, processes)
     start = time.perf_counter()
-    if processes <= 1:
-        played = play_greedily(config, adapter, specs, name)
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        parent = os.getpid()
-        bounds = [shard_bounds(len(specs), processes, index) for index in range(processes)]
-        logger.info("%s: %d campaigns in %d processes of %d thread(s)", name, len(specs), processes, threads)
-        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-            shards = [
-                pool.submit(
-                    _play_shard, config, adapter, specs[lo:hi], name, threads, index == 0, (lo, hi, len(specs)), parent
-                )
-                for index, (lo, hi) in enumerate(bounds)
-            ]
-            played = [record for future in shards for record in future.result()]
+    parent = os.getpid()
+    bounds = [shard_bounds(len(specs), processes, index) for index in range(processes)]
+    logger.info("%s: %d campaigns in %d process(es) of %d thread(s)", name, len(specs), processes, threads)
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        shards = [
+            pool.submit(
+                _play_shard, config, adapter, specs[lo:hi], name, threads, index == 0, (lo, hi, len(specs)), parent
+            )
+            for index, (lo, hi) in enumerate(bounds)
+        ]
+        played = [record for future in shards for record in future.result()]
     seconds = time.perf_counter() - start
     staging = target.with_name(target.name + ".partial.jsonl.gz")
     save_episodes_jsonl(played, str(staging))
@@ -204,7 +202,8 @@ def _play_shard(
 
     torch.set_num_threads(threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    note = f", campaigns {place[0] + 1}-{place[1]} of {place[2]} beside the other shards"
+    whole = place[1] - place[0] == place[2]
+    note = "" if whole else f", campaigns {place[0] + 1}-{place[1]} of {place[2]} beside the other shards"
     return play_greedily(config, adapter, specs, name, progress_note=note, show_progress=shows_progress)
 
 

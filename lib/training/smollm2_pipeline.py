@@ -29,6 +29,9 @@ first stage not written when started again with the same arguments:
    on the other, a third play of the suite.
 6. `summary`: `evidence/smollm2_summary.json` and `.md`: each stage's measures and seconds.
 
+The two training stages (imitation, GRPO) run in a process of their own each (`in_own_process`), and
+the evaluations in processes of their own too (`evaluate_stage`): the pipeline's own process never
+holds a model, so what a stage allocated is the system's again when it ends, before the next starts.
 Progress is logged as it goes (the GRPO steps, the evaluations' campaigns) on stderr.
 """
 
@@ -41,7 +44,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from lib.files import atomic_write, json_text
 
@@ -57,6 +60,7 @@ KEPT_ON_PROMOTION = ("README.md",)
 """The files of `EVIDENCE_DIR` written by hand, which a promotion leaves alone."""
 
 logger = logging.getLogger("smollm2")
+T = TypeVar("T")
 
 
 def load_config(path: Path, overrides: List[str]) -> Any:
@@ -92,6 +96,34 @@ def imitation_stage(config: Any, out: Path) -> Dict[str, Any]:
     atomic_write(out / "evidence" / "imitation_stage.json", record)  # its losses, beside the evidence they made
     stage = json.loads(record)
     return {"campaigns": stage["examples"], "seconds": round(stage["seconds"]), "adapter": str(adapter)}
+
+
+def configure_logging() -> None:
+    """The pipeline's log lines on stderr (its own, `lib`'s progress and stage lines), in each of its processes."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("lib").setLevel(logging.INFO)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+def in_own_process(stage: Callable[..., T], *args: Any) -> T:
+    """`stage(*args)` run in a spawned process of its own, its result handed back (pickled) and its
+    exception raised here: whatever the stage allocated (a model, an optimiser, glibc's kept heap)
+    is the system's again when it returns. The process ends itself if this one is killed
+    (`exit_with_parent`)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_run_stage, os.getpid(), stage, args).result()
+
+
+def _run_stage(parent: int, stage: Callable[..., T], args: tuple) -> T:
+    """`in_own_process`'s side in the stage's process."""
+    from lib.training.imitation import exit_with_parent
+
+    exit_with_parent(parent)
+    configure_logging()
+    return stage(*args)
 
 
 def grpo_config(config: Any, out: Path) -> Any:
@@ -338,9 +370,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
         print(f"promoted {len(written)} files to {EVIDENCE_DIR}: review with `git diff --stat evidence/smollm2`")
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("lib").setLevel(logging.INFO)
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    configure_logging()
     from lib.episodes.records import load_episodes_jsonl
     from lib.measure.comparison import before_after_metrics
     from lib.measure.evaluation import heldout_suite
@@ -354,7 +384,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     seconds: Dict[str, Optional[float]] = {}
 
     logger.info("stage 1 of 6: imitation on %d campaigns", config.warm_start_episodes)
-    imitation = imitation_stage(config, args.out)
+    imitation = in_own_process(imitation_stage, config, args.out)
     seconds["imitation"] = imitation["seconds"]
     imitation_eval, validation = args.out / "imitation" / "validation.jsonl.gz", evaluation_suite(config)
     logger.info("stage 2 of 6: the imitation adapter on %d validation campaigns", len(validation))
@@ -362,7 +392,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         config, Path(imitation["adapter"]), validation, imitation_eval, "imitation"
     )
     logger.info("stage 3 of 6: GRPO, %d steps, from the imitation adapter", config.max_steps)
-    grpo = grpo_stage(config, args.out, imitation_eval)
+    grpo = in_own_process(grpo_stage, config, args.out, imitation_eval)
     seconds.update({f"grpo_{k}": v for k, v in grpo["seconds"].items() if k != "total"})
     if "checkpoint-curve" not in args.skip:
         logger.info(
